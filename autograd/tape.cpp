@@ -1,0 +1,69 @@
+#include "autograd/tape.h"
+
+#include "ops/elementwise.h"
+
+namespace cast::autograd {
+
+namespace {
+struct Tape {
+  std::vector<std::unique_ptr<Node>> nodes;
+  bool enabled = true;
+};
+thread_local Tape tape;
+}  // namespace
+
+bool grad_enabled() { return tape.enabled; }
+
+NoGradGuard::NoGradGuard() : previous_(tape.enabled) { tape.enabled = false; }
+NoGradGuard::~NoGradGuard() { tape.enabled = previous_; }
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!tape.enabled) return false;
+  for (const Tensor* t : inputs)
+    if (t && t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+void record(std::unique_ptr<Node> node) {
+  for (Tensor& out : node->outputs) out.impl()->requires_grad = true;
+  tape.nodes.push_back(std::move(node));
+}
+
+size_t tape_size() { return tape.nodes.size(); }
+void clear_tape() { tape.nodes.clear(); }
+
+void backward(const Tensor& output, const Tensor& output_grad) {
+  CAST_CHECK(output.requires_grad(), "backward: the output does not require grad (nothing was recorded)");
+  Tensor out = output;
+  accumulate(out, output_grad);
+  NoGradGuard no_record;  // backward itself is not recorded
+  for (auto it = tape.nodes.rbegin(); it != tape.nodes.rend(); ++it) {
+    Node& node = **it;
+    bool has_grad = false;
+    for (const Tensor& o : node.outputs) has_grad = has_grad || o.grad().defined();
+    if (has_grad) node.backward();
+    // Every consumer of these outputs ran earlier in this reverse walk: their gradients are done.
+    for (Tensor& o : node.outputs)
+      if (!o.same_as(output)) o.reset_grad();
+  }
+  clear_tape();
+}
+
+void backward(const Tensor& loss) {
+  CAST_CHECK(loss.numel() == 1, "backward: loss must have one element, got {}", loss.describe());
+  backward(loss, Tensor::full(loss.shape(), 1.0, loss.dtype(), loss.device()));
+}
+
+void accumulate(Tensor& t, const Tensor& g) {
+  CAST_CHECK(g.shape() == t.shape(), "autograd: gradient {} does not match tensor {}", g.describe(), t.describe());
+  CAST_CHECK(g.dtype() == t.dtype() && g.device() == t.device(), "autograd: gradient {} does not match tensor {}",
+             g.describe(), t.describe());
+  if (!t.grad().defined()) {
+    t.set_grad(g.clone());
+    return;
+  }
+  Tensor acc = t.grad();
+  ops::add_into(acc, g);
+}
+
+}  // namespace cast::autograd

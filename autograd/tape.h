@@ -1,0 +1,52 @@
+#pragma once
+// The tape: a thread-local list of nodes in execution order. backward() walks it once in
+// reverse (a loop, not recursion, so deep graphs cannot overflow the stack), then clears it.
+//
+// A node is a struct per op with its saved tensors as named fields and a backward() that
+// ADDS into the gradients of its inputs. Outputs keep their gradient in tensor.grad().
+#include <memory>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace cast::autograd {
+
+struct Node {
+  virtual ~Node() = default;
+  virtual const char* name() const = 0;
+  virtual void backward() = 0;
+  std::vector<Tensor> outputs;  // released (their gradients freed) once this node has run
+};
+
+bool grad_enabled();
+
+// Disables recording in a scope (evaluation, optimizer updates).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// True when recording is on and any input requires grad.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+
+// Marks `outputs` as requiring grad and appends the node to the tape.
+void record(std::unique_ptr<Node> node);
+
+// Seeds d(loss)/d(loss) = 1 (loss must have one element), runs every node in reverse, clears the tape.
+void backward(const Tensor& loss);
+// Same with an explicit output gradient of loss's shape.
+void backward(const Tensor& output, const Tensor& output_grad);
+
+size_t tape_size();
+void clear_tape();
+
+// Adds `g` into t's gradient buffer, checking the shape (the accumulation contract).
+void accumulate(Tensor& t, const Tensor& g);
+
+}  // namespace cast::autograd

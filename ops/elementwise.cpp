@@ -1,0 +1,173 @@
+#include "ops/elementwise.h"
+
+#include <memory>
+
+#include "autograd/tape.h"
+#include "ops/dispatch.h"
+#include "ops/reduce.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/elementwise.h"
+#endif
+
+namespace cast::ops {
+
+static const char* binary_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::add: return "add";
+    case BinaryOp::sub: return "sub";
+    case BinaryOp::mul: return "mul";
+    default: return "div";
+  }
+}
+
+// ---------------------------------------------------------------- forward / backward pair
+void binary_forward(Tensor& out, BinaryOp op, const Tensor& a, const Tensor& b) {
+  const char* name = binary_name(op);
+  check_float(name, a, "a");
+  check_same_dtype(name, a, b);
+  check_same_device(name, a, b);
+  Shape shape = broadcast_shapes(name, a.shape(), b.shape());
+  CAST_CHECK(out.shape() == shape, "{}: output {} is not the broadcast shape {}", name, out.describe(),
+             shape_str(shape));
+  BroadcastIndex idx = make_broadcast_index(shape, a.shape(), b.shape());
+  CAST_ON_CUDA(a, cuda::binary_forward(out, op, a, b, idx));
+  CAST_DISPATCH_FLOAT(a.dtype(), name, [&] {
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* po = out.data<T>();
+    const int64_t n = out.numel();
+_Pragma("omp parallel for if (n > 65536)")
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t ia, ib;
+      idx.offsets(i, ia, ib);
+      po[i] = binary_apply(op, pa[ia], pb[ib]);
+    }
+  });
+}
+
+// Full-size partial gradients first, then summed down to each input's shape.
+void binary_backward(Tensor* da, Tensor* db, BinaryOp op, const Tensor& dout, const Tensor& a, const Tensor& b) {
+  BroadcastIndex idx = make_broadcast_index(dout.shape(), a.shape(), b.shape());
+  Tensor ga = da ? Tensor::empty(dout.shape(), dout.dtype(), dout.device()) : Tensor();
+  Tensor gb = db ? Tensor::empty(dout.shape(), dout.dtype(), dout.device()) : Tensor();
+  auto partials = [&] {
+    CAST_ON_CUDA(dout, cuda::binary_backward(da ? &ga : nullptr, db ? &gb : nullptr, op, dout, a, b, idx));
+    CAST_DISPATCH_FLOAT(a.dtype(), binary_name(op), [&] {
+      const T* pa = a.data<T>();
+      const T* pb = b.data<T>();
+      const T* pd = dout.data<T>();
+      T* pga = da ? ga.data<T>() : nullptr;
+      T* pgb = db ? gb.data<T>() : nullptr;
+      const int64_t n = dout.numel();
+_Pragma("omp parallel for if (n > 65536)")
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t ia, ib;
+        idx.offsets(i, ia, ib);
+        if (pga) pga[i] = pd[i] * binary_da(op, pa[ia], pb[ib]);
+        if (pgb) pgb[i] = pd[i] * binary_db(op, pa[ia], pb[ib]);
+      }
+    });
+  };
+  partials();
+  if (da) add_into(*da, sum_to_shape(ga, a.shape()));
+  if (db) add_into(*db, sum_to_shape(gb, b.shape()));
+}
+
+// ---------------------------------------------------------------- autograd
+struct BinaryNode final : autograd::Node {
+  BinaryOp op;
+  Tensor a, b;  // inputs, saved: mul and div need them for their derivatives
+  const char* name() const override { return binary_name(op); }
+  void backward() override {
+    Tensor da = a.requires_grad() ? a.grad_accumulator() : Tensor();
+    Tensor db = b.requires_grad() ? b.grad_accumulator() : Tensor();
+    binary_backward(da.defined() ? &da : nullptr, db.defined() ? &db : nullptr, op, outputs[0].grad(), a, b);
+  }
+};
+
+static Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  check_float(binary_name(op), a, "a");
+  check_float(binary_name(op), b, "b");
+  Tensor out = Tensor::empty(broadcast_shapes(binary_name(op), a.shape(), b.shape()), a.dtype(), a.device());
+  binary_forward(out, op, a, b);
+  if (autograd::needs_grad({&a, &b})) {
+    auto node = std::make_unique<BinaryNode>();
+    node->op = op;
+    node->a = a;
+    node->b = b;
+    node->outputs = {out};
+    autograd::record(std::move(node));
+  }
+  return out;
+}
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b); }
+
+// ---------------------------------------------------------------- affine
+void affine_forward(Tensor& y, const Tensor& x, double alpha, double beta) {
+  check_float("affine", x, "x");
+  check_same_shape("affine", y, x);
+  CAST_ON_CUDA(x, cuda::affine(y, x, alpha, beta, /*accumulate=*/false));
+  CAST_DISPATCH_FLOAT(x.dtype(), "affine", [&] {
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    for (int64_t i = 0; i < x.numel(); ++i) py[i] = static_cast<T>(alpha) * px[i] + static_cast<T>(beta);
+  });
+}
+
+void affine_backward(Tensor& dx, const Tensor& dy, double alpha) { add_into(dx, dy, alpha); }
+
+struct AffineNode final : autograd::Node {
+  double alpha = 1.0;
+  Tensor x;  // input; only its gradient is needed
+  const char* name() const override { return "affine"; }
+  void backward() override {
+    Tensor dx = x.grad_accumulator();
+    affine_backward(dx, outputs[0].grad(), alpha);
+  }
+};
+
+Tensor affine(const Tensor& x, double alpha, double beta) {
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  affine_forward(y, x, alpha, beta);
+  if (autograd::needs_grad({&x})) {
+    auto node = std::make_unique<AffineNode>();
+    node->alpha = alpha;
+    node->x = x;
+    node->outputs = {y};
+    autograd::record(std::move(node));
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------- helpers
+void add_into(Tensor& acc, const Tensor& g, double alpha) {
+  check_same_shape("add_into", acc, g);
+  check_same_dtype("add_into", acc, g);
+  check_same_device("add_into", acc, g);
+  CAST_ON_CUDA(acc, cuda::affine(acc, g, alpha, 0.0, /*accumulate=*/true));
+  CAST_DISPATCH_FLOAT(acc.dtype(), "add_into", [&] {
+    T* pa = acc.data<T>();
+    const T* pg = g.data<T>();
+    const int64_t n = acc.numel();
+_Pragma("omp parallel for if (n > 65536)")
+    for (int64_t i = 0; i < n; ++i) pa[i] += static_cast<T>(alpha) * pg[i];
+  });
+}
+
+Tensor sum_to_shape(const Tensor& g, const Shape& target) {
+  if (g.shape() == target) return g;
+  const Shape& s = g.shape();
+  size_t lead = s.size() - target.size();
+  Tensor r = g;
+  for (size_t i = 0; i < s.size(); ++i) {
+    bool broadcast = i < lead || target[i - lead] == 1;
+    if (broadcast && s[i] != 1) r = sum_axis_raw(r, static_cast<int>(i));
+  }
+  return r.view(target);
+}
+
+}  // namespace cast::ops

@@ -1,0 +1,90 @@
+#include "ops/loss.h"
+
+#include <cmath>
+#include <memory>
+
+#include "autograd/tape.h"
+#include "ops/dispatch.h"
+#include "ops/rows.h"
+#include "ops/softmax.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/loss.h"
+#endif
+
+namespace cast::ops {
+
+int64_t cross_entropy_forward(Tensor& loss, Tensor& logp, const Tensor& logits, const Tensor& labels) {
+  check_float("cross_entropy", logits, "logits");
+  check_ndim("cross_entropy", logits, 2, "logits");
+  check_index("cross_entropy", labels, "labels");
+  check_same_device("cross_entropy", logits, labels);
+  CAST_CHECK(labels.shape() == Shape{logits.dim(0)}, "cross_entropy: labels {} must be [{}] for logits {}",
+             labels.describe(), logits.dim(0), logits.describe());
+  check_index_range("cross_entropy", labels, -1, logits.dim(1));
+  softmax_forward(logp, logits, Tensor(), /*log=*/true);
+  const int64_t rows = logits.dim(0), classes = logits.dim(1);
+  int64_t count = 0;
+  CAST_ON_CUDA(logits, count = cuda::cross_entropy_forward(loss, logp, labels, rows, classes));
+  CAST_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&] {
+    CAST_DISPATCH_INDEX(labels.dtype(), "cross_entropy", [&] {
+      T total = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const I y = labels.data<I>()[r];
+        if (y < 0) continue;
+        total -= logp.data<T>()[r * classes + y];
+        ++count;
+      }
+      loss.data<T>()[0] = count ? total / static_cast<T>(count) : T(0);
+    });
+  });
+  return count;
+}
+
+void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logp, const Tensor& labels,
+                            int64_t count) {
+  if (count == 0) return;
+  const int64_t rows = logp.dim(0), classes = logp.dim(1);
+  CAST_ON_CUDA(logp, cuda::cross_entropy_backward(dlogits, dloss, logp, labels, rows, classes, count));
+  CAST_DISPATCH_FLOAT(logp.dtype(), "cross_entropy", [&] {
+    CAST_DISPATCH_INDEX(labels.dtype(), "cross_entropy", [&] {
+      const T g = dloss.data<T>()[0] / static_cast<T>(count);
+      for (int64_t r = 0; r < rows; ++r) {
+        const I y = labels.data<I>()[r];
+        if (y < 0) continue;
+        for (int64_t c = 0; c < classes; ++c)
+          dlogits.data<T>()[r * classes + c] += g * (std::exp(logp.data<T>()[r * classes + c]) - (c == y ? T(1) : T(0)));
+      }
+    });
+  });
+}
+
+struct CrossEntropyNode final : autograd::Node {
+  Tensor logits;  // input: (R, C)
+  Tensor labels;  // (R) ints
+  Tensor logp;    // saved log-probabilities: (R, C)
+  int64_t count = 0;
+  const char* name() const override { return "cross_entropy"; }
+  void backward() override {
+    Tensor dlogits = logits.grad_accumulator();
+    cross_entropy_backward(dlogits, outputs[0].grad(), logp, labels, count);
+  }
+};
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
+  check_float("cross_entropy", logits, "logits");
+  Tensor loss = Tensor::empty({1}, logits.dtype(), logits.device());
+  Tensor logp = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+  int64_t count = cross_entropy_forward(loss, logp, logits, labels);
+  if (autograd::needs_grad({&logits})) {
+    auto node = std::make_unique<CrossEntropyNode>();
+    node->logits = logits;
+    node->labels = labels;
+    node->logp = logp;
+    node->count = count;
+    node->outputs = {loss};
+    autograd::record(std::move(node));
+  }
+  return loss;
+}
+
+}  // namespace cast::ops

@@ -1,0 +1,173 @@
+#include "ops/matmul.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "ops/dispatch.h"
+#include "ops/layout.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/matmul.h"
+#endif
+
+namespace cast::ops {
+
+static bool g_allow_tf32 = false;
+void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
+bool allow_tf32() { return g_allow_tf32; }
+
+// ---------------------------------------------------------------- CPU kernel
+// Row-major copy of op(x) for one batch element, so the inner loop always streams rows.
+template <class T>
+static const T* as_row_major(const T* x, int64_t rows, int64_t cols, bool transposed, std::vector<T>& scratch) {
+  if (!transposed) return x;  // already (rows, cols)
+  scratch.resize(rows * cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) scratch[r * cols + c] = x[c * rows + r];
+  return scratch.data();
+}
+
+// Cache-blocked C = alpha A B + beta C for row-major A (M,K), B (K,N): the innermost loop runs
+// along a row of B and C, which the compiler vectorises; blocks keep B's panel in cache.
+template <class T>
+static void gemm_block_cpu(T* c, const T* a, const T* b, int64_t n, int64_t k, T alpha, T beta,
+                           int64_t i0, int64_t i1) {
+  constexpr int64_t kBlockK = 128, kBlockN = 512;
+  for (int64_t i = i0; i < i1; ++i)
+    for (int64_t j = 0; j < n; ++j) c[i * n + j] = beta == T(0) ? T(0) : beta * c[i * n + j];
+  for (int64_t j0 = 0; j0 < n; j0 += kBlockN) {
+    const int64_t j1 = std::min(n, j0 + kBlockN);
+    for (int64_t p0 = 0; p0 < k; p0 += kBlockK) {
+      const int64_t p1 = std::min(k, p0 + kBlockK);
+      for (int64_t i = i0; i < i1; ++i) {
+        T* crow = c + i * n;
+        for (int64_t p = p0; p < p1; ++p) {
+          const T aip = alpha * a[i * k + p];
+          const T* brow = b + p * n;
+_Pragma("omp simd")
+          for (int64_t j = j0; j < j1; ++j) crow[j] += aip * brow[j];
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+static void gemm_cpu(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, const GemmShape& s) {
+  constexpr int64_t kBlockM = 32;
+  const int64_t row_blocks = (s.m + kBlockM - 1) / kBlockM;
+_Pragma("omp parallel")
+  {
+    std::vector<T> scratch_a, scratch_b;
+    int64_t packed_batch = -1;
+    const T *pa = nullptr, *pb = nullptr;
+_Pragma("omp for schedule(static)")
+    for (int64_t job = 0; job < s.batch * row_blocks; ++job) {
+      const int64_t bi = job / row_blocks, rb = job % row_blocks;
+      if (bi != packed_batch) {  // pack this batch element's operands once per thread
+        pa = as_row_major(a + bi * s.m * s.k, s.m, s.k, ta, scratch_a);
+        pb = as_row_major(b + bi * s.k * s.n, s.k, s.n, tb, scratch_b);
+        packed_batch = bi;
+      }
+      gemm_block_cpu(c + bi * s.m * s.n, pa, pb, s.n, s.k, alpha, beta, rb * kBlockM,
+                     std::min(s.m, (rb + 1) * kBlockM));
+    }
+  }
+}
+
+void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha, double beta,
+          const GemmShape& s) {
+  CAST_ON_CUDA(c, cuda::gemm(c, a, b, ta, tb, alpha, beta, s.batch, s.m, s.n, s.k, g_allow_tf32));
+  CAST_DISPATCH_FLOAT(c.dtype(), "matmul", [&] {
+    gemm_cpu<T>(c.data<T>(), a.data<T>(), b.data<T>(), ta, tb, static_cast<T>(alpha), static_cast<T>(beta), s);
+  });
+}
+
+// ---------------------------------------------------------------- shapes
+GemmShape matmul_shape(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  check_float("matmul", a, "a");
+  check_same_dtype("matmul", a, b);
+  check_same_device("matmul", a, b);
+  CAST_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: operands need 2+ dims, got {} and {}", a.describe(),
+             b.describe());
+  CAST_CHECK(a.ndim() == b.ndim(), "matmul: batch dims of {} and {} differ (a 2-D b is folded by matmul())",
+             a.describe(), b.describe());
+  GemmShape s;
+  for (int d = 0; d < a.ndim() - 2; ++d) {
+    CAST_CHECK(a.shape()[d] == b.shape()[d], "matmul: batch dims of {} and {} differ", a.describe(), b.describe());
+    s.batch *= a.shape()[d];
+  }
+  s.m = ta ? a.dim(-1) : a.dim(-2);
+  s.k = ta ? a.dim(-2) : a.dim(-1);
+  int64_t kb = tb ? b.dim(-1) : b.dim(-2);
+  s.n = tb ? b.dim(-2) : b.dim(-1);
+  CAST_CHECK(s.k == kb, "matmul: inner dims differ: {}{} times {}{}", a.describe(), ta ? "ᵀ" : "", b.describe(),
+             tb ? "ᵀ" : "");
+  return s;
+}
+
+void matmul_forward(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  GemmShape s = matmul_shape(a, b, ta, tb);
+  CAST_CHECK(c.numel() == s.batch * s.m * s.n, "matmul: output {} has the wrong size", c.describe());
+  gemm(c, a, b, ta, tb, 1.0, 0.0, s);
+}
+
+void matmul_backward(Tensor* da, Tensor* db, const Tensor& dc, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  GemmShape s = matmul_shape(a, b, ta, tb);
+  if (da) {
+    // d op(a) = dc op(b)ᵀ : (m, k). Stored transposed when ta.
+    if (!ta) gemm(*da, dc, b, false, !tb, 1.0, 1.0, GemmShape{s.batch, s.m, s.k, s.n});
+    else gemm(*da, b, dc, tb, true, 1.0, 1.0, GemmShape{s.batch, s.k, s.m, s.n});
+  }
+  if (db) {
+    // d op(b) = op(a)ᵀ dc : (k, n). Stored transposed when tb.
+    if (!tb) gemm(*db, a, dc, !ta, false, 1.0, 1.0, GemmShape{s.batch, s.k, s.n, s.m});
+    else gemm(*db, dc, a, true, ta, 1.0, 1.0, GemmShape{s.batch, s.n, s.k, s.m});
+  }
+}
+
+// ---------------------------------------------------------------- autograd
+struct MatmulNode final : autograd::Node {
+  bool trans_a = false, trans_b = false;
+  Tensor a, b;  // both inputs are needed: each one's gradient uses the other
+  const char* name() const override { return "matmul"; }
+  void backward() override {
+    Tensor da = a.requires_grad() ? a.grad_accumulator() : Tensor();
+    Tensor db = b.requires_grad() ? b.grad_accumulator() : Tensor();
+    matmul_backward(da.defined() ? &da : nullptr, db.defined() ? &db : nullptr, outputs[0].grad(), a, b, trans_a,
+                    trans_b);
+  }
+};
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  check_float("matmul", a, "a");
+  check_float("matmul", b, "b");
+  if (b.ndim() == 2 && a.ndim() > 2) {  // shared weight: fold the batch into the rows of a
+    CAST_CHECK(!ta, "matmul: a transposed a with a shared 2-D b is not supported ({} and {})", a.describe(),
+               b.describe());
+    Shape out_shape = a.shape();
+    Tensor flat = reshape(a, {-1, a.dim(-1)});
+    Tensor c = matmul(flat, b, false, tb);
+    out_shape.back() = c.dim(-1);
+    return reshape(c, out_shape);
+  }
+  GemmShape s = matmul_shape(a, b, ta, tb);
+  Shape shape(a.shape().begin(), a.shape().end() - 2);
+  shape.push_back(s.m);
+  shape.push_back(s.n);
+  Tensor c = Tensor::empty(shape, a.dtype(), a.device());
+  matmul_forward(c, a, b, ta, tb);
+  if (autograd::needs_grad({&a, &b})) {
+    auto node = std::make_unique<MatmulNode>();
+    node->trans_a = ta;
+    node->trans_b = tb;
+    node->a = a;
+    node->b = b;
+    node->outputs = {c};
+    autograd::record(std::move(node));
+  }
+  return c;
+}
+
+}  // namespace cast::ops

@@ -1,0 +1,29 @@
+#pragma once
+// Matrix products. a: (..., M, K) (or (..., K, M) with trans_a), b: (..., K, N) (or (..., N, K)
+// with trans_b), same leading batch dims; b may also be 2-D and shared by every batch (a linear
+// layer), in which case trans_a must be false.
+#include "tensor/tensor.h"
+
+namespace cast::ops {
+
+struct GemmShape {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+};
+
+// c = alpha * op(a) op(b) + beta * c, batched over the leading dims (all contiguous).
+void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha, double beta,
+          const GemmShape& shape);
+
+GemmShape matmul_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+void matmul_forward(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+// da += dc op(b)ᵀ (arranged for trans_a), db += op(a)ᵀ dc (arranged for trans_b).
+void matmul_backward(Tensor* da, Tensor* db, const Tensor& dc, const Tensor& a, const Tensor& b, bool trans_a,
+                     bool trans_b);
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+// Allows TF32 tensor-core math in cuBLAS matmuls (off by default: full fp32).
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+}  // namespace cast::ops

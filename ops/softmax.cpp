@@ -1,0 +1,121 @@
+#include "ops/softmax.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "autograd/tape.h"
+#include "ops/dispatch.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/softmax.h"
+#endif
+
+namespace cast::ops {
+
+MaskRows mask_rows(const char* op, const Tensor& x, const Tensor& mask) {
+  MaskRows m;
+  m.len = x.ndim() ? x.dim(-1) : 1;
+  m.rows = m.len ? x.numel() / m.len : 0;
+  if (!mask.defined()) return m;
+  check_same_dtype(op, x, mask);
+  check_same_device(op, x, mask);
+  CAST_CHECK(mask.ndim() >= 1 && mask.dim(-1) == m.len, "{}: mask {} must end in x's last dim {}", op,
+             mask.describe(), m.len);
+  int64_t p = mask.numel() / m.len;
+  CAST_CHECK(p > 0 && m.rows % p == 0, "{}: mask {} has {} rows, which do not divide the {} rows of {}", op,
+             mask.describe(), p, m.rows, x.describe());
+  m.group = m.rows / p;
+  return m;
+}
+
+template <class T>
+static void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log) {
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j)
+    if (!mask || mask[j] != T(0)) mx = std::max(mx, x[j]);
+  if (mx == -std::numeric_limits<T>::infinity()) {  // fully masked row
+    for (int64_t j = 0; j < n; ++j) y[j] = 0;
+    return;
+  }
+  T total = 0;
+  for (int64_t j = 0; j < n; ++j) total += (!mask || mask[j] != T(0)) ? std::exp(x[j] - mx) : T(0);
+  const T log_total = std::log(total);
+  for (int64_t j = 0; j < n; ++j) {
+    bool keep = !mask || mask[j] != T(0);
+    y[j] = !keep ? T(0) : log ? x[j] - mx - log_total : std::exp(x[j] - mx) / total;
+  }
+}
+
+void softmax_forward(Tensor& y, const Tensor& x, const Tensor& mask, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  check_float(op, x, "x");
+  check_same_shape(op, y, x);
+  MaskRows m = mask_rows(op, x, mask);
+  CAST_ON_CUDA(x, cuda::softmax_forward(y, x, mask, m.rows, m.len, m.group, log));
+  CAST_DISPATCH_FLOAT(x.dtype(), op, [&] {
+    const T* pm = mask.defined() ? mask.data<T>() : nullptr;
+_Pragma("omp parallel for if (m.rows * m.len > 16384)")
+    for (int64_t r = 0; r < m.rows; ++r)
+      softmax_row(y.data<T>() + r * m.len, x.data<T>() + r * m.len, pm ? pm + (r / m.group) * m.len : nullptr,
+                  m.len, log);
+  });
+}
+
+void softmax_backward(Tensor& dx, const Tensor& dy, const Tensor& y, const Tensor& mask, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  MaskRows m = mask_rows(op, y, mask);
+  CAST_ON_CUDA(y, cuda::softmax_backward(dx, dy, y, mask, m.rows, m.len, m.group, log));
+  CAST_DISPATCH_FLOAT(y.dtype(), op, [&] {
+    const T* pm = mask.defined() ? mask.data<T>() : nullptr;
+_Pragma("omp parallel for if (m.rows * m.len > 16384)")
+    for (int64_t r = 0; r < m.rows; ++r) {
+      const T* yr = y.data<T>() + r * m.len;
+      const T* gr = dy.data<T>() + r * m.len;
+      const T* mr = pm ? pm + (r / m.group) * m.len : nullptr;
+      T* dr = dx.data<T>() + r * m.len;
+      T dot = 0;  // softmax: Σ y·dy ; log-softmax: Σ dy
+      for (int64_t j = 0; j < m.len; ++j)
+        if (!mr || mr[j] != T(0)) dot += log ? gr[j] : yr[j] * gr[j];
+      bool empty_row = true;
+      for (int64_t j = 0; j < m.len; ++j) empty_row = empty_row && mr && mr[j] == T(0);
+      if (empty_row) continue;
+      for (int64_t j = 0; j < m.len; ++j) {
+        if (mr && mr[j] == T(0)) continue;
+        dr[j] += log ? gr[j] - std::exp(yr[j]) * dot : yr[j] * (gr[j] - dot);
+      }
+    }
+  });
+}
+
+struct SoftmaxNode final : autograd::Node {
+  bool log = false;
+  Tensor x;     // input, receives the gradient
+  Tensor y;     // saved output: the backward is written in terms of it
+  Tensor mask;  // optional
+  const char* name() const override { return log ? "log_softmax" : "softmax"; }
+  void backward() override {
+    Tensor dx = x.grad_accumulator();
+    softmax_backward(dx, y.grad(), y, mask, log);
+  }
+};
+
+static Tensor softmax_op(const Tensor& x, const Tensor& mask, bool log) {
+  check_float(log ? "log_softmax" : "softmax", x, "x");
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  softmax_forward(y, x, mask, log);
+  if (autograd::needs_grad({&x})) {
+    auto node = std::make_unique<SoftmaxNode>();
+    node->log = log;
+    node->x = x;
+    node->y = y;
+    node->mask = mask;
+    node->outputs = {y};
+    autograd::record(std::move(node));
+  }
+  return y;
+}
+
+Tensor softmax(const Tensor& x, const Tensor& mask) { return softmax_op(x, mask, false); }
+Tensor log_softmax(const Tensor& x, const Tensor& mask) { return softmax_op(x, mask, true); }
+
+}  // namespace cast::ops
