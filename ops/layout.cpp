@@ -18,8 +18,7 @@ struct ReshapeNode final : autograd::Node {
   Tensor x;  // input; the gradient is viewed back to its shape
   const char* name() const override { return "reshape"; }
   void backward() override {
-    Tensor dx = x.grad_accumulator();
-    autograd::accumulate(dx, outputs[0].grad().view(x.shape()));
+    autograd::accumulate(x, outputs[0].grad().view(x.shape()));
   }
 };
 

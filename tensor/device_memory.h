@@ -12,6 +12,6 @@ void release(void* ptr, size_t bytes);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_device_to_device(void* dst, const void* src, size_t bytes);
-void fill_zero(void* dst, size_t bytes);
+void fill_bytes(void* dst, int value, size_t bytes);  // like memset
 
 }  // namespace cast::device_memory

@@ -14,6 +14,6 @@ void release(void*, size_t) {}
 void copy_to_device(void*, const void*, size_t) { no_cuda(); }
 void copy_to_host(void*, const void*, size_t) { no_cuda(); }
 void copy_device_to_device(void*, const void*, size_t) { no_cuda(); }
-void fill_zero(void*, size_t) { no_cuda(); }
+void fill_bytes(void*, int, size_t) { no_cuda(); }
 
 }  // namespace cast::device_memory

@@ -34,6 +34,9 @@ Storage::~Storage() {
   else device_memory::release(data, bytes);
 }
 
+static bool g_poison = false;  // see set_poison_new_tensors
+static void fill_bytes(Tensor& t, int value);
+
 // ---------------------------------------------------------------- construction
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) CAST_CHECK(d >= 0, "tensor: negative dimension in shape {}", shape_str(shape));
@@ -43,7 +46,10 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   impl->dtype = dtype;
   impl->device = device;
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
-  return Tensor(impl);
+  Tensor t(impl);
+  // Poison: NaN for floats (bytes 0xFF), a large negative number for indices (bytes 0x80).
+  if (g_poison) fill_bytes(t, is_float(dtype) ? 0xFF : 0x80);
+  return t;
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
@@ -202,10 +208,15 @@ double Tensor::item() const {
   return to_double_vector()[0];
 }
 
-void Tensor::fill_zero() {
-  if (device() == Device::cpu) std::memset(raw_data(), 0, nbytes());
-  else device_memory::fill_zero(raw_data(), nbytes());
+static void fill_bytes(Tensor& t, int value) {
+  if (t.device() == Device::cpu) std::memset(t.raw_data(), value, t.nbytes());
+  else device_memory::fill_bytes(t.raw_data(), value, t.nbytes());
 }
+
+void Tensor::fill_zero() { fill_bytes(*this, 0); }
+
+void set_poison_new_tensors(bool on) { g_poison = on; }
+bool poison_new_tensors() { return g_poison; }
 
 Tensor Tensor::view(const Shape& new_shape) const {
   Shape s = new_shape;

@@ -102,6 +102,11 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;
 };
 
+// Tests turn this on so that an op that fails to write part of its output shows NaN
+// (floats) or an invalid index (integers) instead of stale memory.
+void set_poison_new_tensors(bool on);
+bool poison_new_tensors();
+
 // Check helpers used at op boundaries; each message names the op.
 void check_dtype(const char* op, const Tensor& t, DType expected, const char* what);
 void check_float(const char* op, const Tensor& t, const char* what);

@@ -1,0 +1,182 @@
+// Layer 1: finite-difference gradient checks in f64 for every differentiable op,
+// over several shapes including odd sizes.
+#include "tests/test_util.h"
+
+using namespace cast;
+using namespace cast::testing;
+using Inputs = std::vector<Tensor>;
+
+// ---------------------------------------------------------------- broadcasting binary ops
+struct BinaryCase {
+  Shape a, b;
+};
+class BinaryGrad : public ::testing::TestWithParam<BinaryCase> {};
+
+TEST_P(BinaryGrad, AllFourOps) {
+  const BinaryCase c = GetParam();
+  Inputs in = {param(c.a, 1), param(c.b, 2, 0.5, 2.0)};  // b away from 0 for div
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::add(x[0], x[1]); }, in);
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::sub(x[0], x[1]); }, in);
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::mul(x[0], x[1]); }, in);
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::div(x[0], x[1]); }, in);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, BinaryGrad,
+                         ::testing::Values(BinaryCase{{3, 5}, {3, 5}}, BinaryCase{{3, 5}, {5}},
+                                           BinaryCase{{2, 1, 5}, {3, 1}}, BinaryCase{{7}, {2, 7}},
+                                           BinaryCase{{1}, {3, 2}}));
+
+TEST(Grad, Affine) {
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::affine(x[0], -0.7, 0.3); }, Inputs{param({3, 7}, 3)});
+}
+
+// ---------------------------------------------------------------- reductions
+class ReduceGrad : public ::testing::TestWithParam<int> {};
+TEST_P(ReduceGrad, SumAndMean) {
+  const int axis = GetParam();
+  Inputs in = {param({3, 5, 2}, 4)};
+  EXPECT_GRADCHECK([axis](const Inputs& x) { return ops::sum(x[0], axis); }, in);
+  EXPECT_GRADCHECK([axis](const Inputs& x) { return ops::mean(x[0], axis, true); }, in);
+}
+INSTANTIATE_TEST_SUITE_P(Axes, ReduceGrad, ::testing::Values(0, 1, 2, -1));
+
+TEST(Grad, SumAllMeanAll) {
+  Inputs in = {param({4, 3}, 5)};
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::sum_all(x[0]); }, in);
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::mean_all(x[0]); }, in);
+}
+
+// ---------------------------------------------------------------- elementwise functions
+struct UnaryCase {
+  UnaryOp op;
+  double lo, hi;  // input range: positive for log/sqrt, off the kink for relu
+};
+class UnaryGrad : public ::testing::TestWithParam<UnaryCase> {};
+TEST_P(UnaryGrad, OddShapes) {
+  const UnaryCase c = GetParam();
+  for (Shape s : {Shape{1}, Shape{7}, Shape{3, 5}}) {
+    Tensor x = param(s, 6, c.lo, c.hi);
+    if (c.op == UnaryOp::relu) {  // keep every element at least 0.1 from the kink
+      double* p = x.data<double>();
+      for (int64_t i = 0; i < x.numel(); ++i) p[i] += p[i] >= 0 ? 0.1 : -0.1;
+    }
+    EXPECT_GRADCHECK([&](const Inputs& in) { return ops::unary(c.op, in[0]); }, Inputs{x});
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Functions, UnaryGrad,
+                         ::testing::Values(UnaryCase{UnaryOp::exp, -2, 2}, UnaryCase{UnaryOp::log, 0.2, 3},
+                                           UnaryCase{UnaryOp::sqrt, 0.2, 3}, UnaryCase{UnaryOp::relu, -1, 1},
+                                           UnaryCase{UnaryOp::gelu, -3, 3}, UnaryCase{UnaryOp::sigmoid, -4, 4},
+                                           UnaryCase{UnaryOp::laplace, -1, 2}));
+
+// ---------------------------------------------------------------- softmax family
+TEST(Grad, SoftmaxAndLogSoftmax) {
+  for (Shape s : {Shape{1, 1}, Shape{3, 7}, Shape{2, 3, 5}}) {
+    Inputs in = {param(s, 7, -2, 2)};
+    EXPECT_GRADCHECK([](const Inputs& x) { return ops::softmax(x[0]); }, in);
+    EXPECT_GRADCHECK([](const Inputs& x) { return ops::log_softmax(x[0]); }, in);
+  }
+}
+
+TEST(Grad, SoftmaxWithKeyMask) {
+  // scores (B=2, H=2, N=3, N=4), key mask (B, N) with a fully masked batch row 1? no: one padded key each
+  Tensor mask = Tensor::from_vector<double>({1, 1, 0, 1, 1, 0, 0, 0}, {2, 4});
+  Inputs in = {param({2, 2, 3, 4}, 8, -2, 2)};
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::softmax(x[0], mask); }, in);
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::log_softmax(x[0], mask); }, in);
+}
+
+TEST(Grad, SoftmaxFullyMaskedRowHasZeroGradient) {
+  Tensor mask = Tensor::from_vector<double>({0, 0, 0, 1, 1, 1}, {2, 3});
+  Tensor x = param({2, 3}, 9);
+  Tensor y = ops::softmax(x, mask);
+  expect_values(ops::reshape(y, {6}).to(DType::f64), {0, 0, 0, y.data<double>()[3], y.data<double>()[4], y.data<double>()[5]});
+  autograd::backward(y, Tensor::full({2, 3}, 1.0, DType::f64));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(x.grad().data<double>()[i], 0.0);
+  EXPECT_GRADCHECK([&](const Inputs& in) { return ops::softmax(in[0], mask); }, Inputs{param({2, 3}, 10)});
+}
+
+TEST(Grad, LayerNorm) {
+  for (Shape s : {Shape{1, 3}, Shape{4, 5}, Shape{2, 3, 7}}) {
+    const int64_t d = s.back();
+    Inputs in = {param(s, 11, -2, 2), param({d}, 12, 0.5, 1.5), param({d}, 13)};
+    EXPECT_GRADCHECK([](const Inputs& x) { return ops::layernorm(x[0], x[1], x[2]); }, in);
+  }
+}
+
+// ---------------------------------------------------------------- matmul
+struct MatmulCase {
+  Shape a, b;
+  bool ta, tb;
+};
+class MatmulGrad : public ::testing::TestWithParam<MatmulCase> {};
+TEST_P(MatmulGrad, Shapes) {
+  const MatmulCase c = GetParam();
+  Inputs in = {param(c.a, 14), param(c.b, 15)};
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::matmul(x[0], x[1], c.ta, c.tb); }, in);
+}
+INSTANTIATE_TEST_SUITE_P(
+    Transposes, MatmulGrad,
+    ::testing::Values(MatmulCase{{3, 4}, {4, 5}, false, false}, MatmulCase{{4, 3}, {4, 5}, true, false},
+                      MatmulCase{{3, 4}, {5, 4}, false, true}, MatmulCase{{4, 3}, {5, 4}, true, true},
+                      MatmulCase{{2, 3, 4}, {2, 4, 5}, false, false}, MatmulCase{{2, 4, 3}, {2, 5, 4}, true, true},
+                      MatmulCase{{2, 3, 4}, {2, 5, 4}, false, true}, MatmulCase{{2, 3, 5, 7}, {7, 3}, false, false},
+                      MatmulCase{{1, 1}, {1, 1}, false, false}, MatmulCase{{2, 3, 4}, {5, 4}, false, true}));
+
+// ---------------------------------------------------------------- layout
+TEST(Grad, ReshapePermuteTranspose) {
+  Inputs in = {param({2, 3, 4}, 16)};
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::reshape(x[0], {4, -1}); }, in);
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::permute(x[0], {2, 0, 1}); }, in);
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::transpose(x[0], 0, 2); }, in);
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::permute(ops::reshape(x[0], {2, 3, 2, 2}), {0, 2, 1, 3}); },
+                   in);
+}
+
+TEST(Grad, ConcatAndSplit) {
+  for (int axis : {0, 1, 2}) {
+    Shape sa = {2, 3, 4}, sb = {2, 3, 4};
+    sb[axis] = 1;
+    Inputs in = {param(sa, 17), param(sb, 18)};
+    EXPECT_GRADCHECK([axis](const Inputs& x) { return ops::concat({x[0], x[1]}, axis); }, in);
+    EXPECT_GRADCHECK([axis](const Inputs& x) {
+      auto parts = ops::split(x[0], {1, x[0].dim(axis) - 1}, axis);
+      return ops::mul(parts[1], parts[1]);  // only one piece used: the other gets no gradient
+    }, Inputs{in[0]});
+  }
+}
+
+// ---------------------------------------------------------------- rows, embedding, pooling
+TEST(Grad, GatherAndScatterRows) {
+  Tensor idx = Tensor::from_vector<int32_t>({2, 0, -1, 2, 1, 1, 3, -1, 0, 0}, {2, 5});
+  Inputs in = {param({2, 4, 3}, 19)};
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::gather_rows(x[0], idx); }, in);
+  Inputs src = {param({2, 5, 3}, 20)};
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::scatter_add_rows(x[0], idx, 4); }, src);
+}
+
+TEST(Grad, Embedding) {
+  Tensor idx = Tensor::from_vector<int64_t>({3, 0, 3, 1, 4, 4}, {2, 3});
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::embedding(x[0], idx); }, Inputs{param({5, 3}, 21)});
+}
+
+TEST(Grad, MaskedMean) {
+  Tensor mask = Tensor::from_vector<double>({1, 1, 0, 1, 0, 0, 0, 0}, {2, 4});
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::masked_mean(x[0], mask); }, Inputs{param({2, 4, 3}, 22)});
+}
+
+TEST(Grad, CrossEntropy) {
+  Tensor labels = Tensor::from_vector<int32_t>({2, 0, -1, 4}, {4});
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::cross_entropy(x[0], labels); }, Inputs{param({4, 5}, 23, -2, 2)});
+}
+
+TEST(Grad, Dropout) {
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::dropout(x[0], 0.3, 99, 7); }, Inputs{param({5, 7}, 24)});
+}
+
+TEST(Grad, ComposedGraphReusesATensor) {
+  // x feeds three ops: gradients from every use must add up.
+  EXPECT_GRADCHECK([](const Inputs& x) {
+    Tensor h = ops::gelu(ops::matmul(x[0], x[1]));
+    return ops::add(ops::mul(h, x[0]), ops::softmax(x[0]));
+  }, (Inputs{param({3, 3}, 25), param({3, 3}, 26)}));
+}

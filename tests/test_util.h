@@ -1,0 +1,80 @@
+#pragma once
+// Helpers shared by the test suites.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "autograd/tape.h"
+#include "ops/ops.h"
+#include "tensor/device_memory.h"
+
+namespace cast::testing {
+
+// A random f64 CPU tensor in [lo, hi) that requires grad.
+inline Tensor param(const Shape& shape, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+  Tensor t = Tensor::uniform(shape, seed, 0, lo, hi, DType::f64);
+  t.set_requires_grad();
+  return t;
+}
+
+inline Tensor constant(const Shape& shape, uint64_t seed, double lo = -1.0, double hi = 1.0,
+                       DType dtype = DType::f64) {
+  return Tensor::uniform(shape, seed, 0, lo, hi, dtype);
+}
+
+// Asserts that the f64 finite-difference check passes at relative error 1e-6.
+#define EXPECT_GRADCHECK(fn, inputs)                                             \
+  do {                                                                           \
+    auto cast_gc = ::cast::autograd::gradcheck((fn), (inputs));                  \
+    EXPECT_TRUE(cast_gc.ok) << cast_gc.report;                                   \
+    EXPECT_LE(cast_gc.max_error, 1e-6) << cast_gc.report;                        \
+  } while (0)
+
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  auto va = a.to_double_vector(), vb = b.to_double_vector();
+  EXPECT_EQ(va.size(), vb.size());
+  double m = 0;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) m = std::max(m, std::abs(va[i] - vb[i]));
+  return m;
+}
+
+// ‖a − b‖ / ‖b‖ (NaN anywhere gives NaN, so a poisoned value never passes).
+inline double rel_diff(const Tensor& a, const Tensor& b) {
+  auto va = a.to_double_vector(), vb = b.to_double_vector();
+  if (va.size() != vb.size()) return 1e30;
+  double d = 0, n = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    d += (va[i] - vb[i]) * (va[i] - vb[i]);
+    n += vb[i] * vb[i];
+  }
+  return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
+}
+
+inline void expect_values(const Tensor& t, const std::vector<double>& expected, double tol = 1e-6) {
+  auto v = t.to_double_vector();
+  ASSERT_EQ(v.size(), expected.size()) << t.describe();
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(v[i], expected[i], tol) << "element " << i;
+}
+
+// Skips the calling test when no GPU is usable.
+#define SKIP_WITHOUT_GPU()                                                                       \
+  do {                                                                                           \
+    if (!::cast::device_memory::cuda_built()) GTEST_SKIP() << "built without CUDA";              \
+    if (!::cast::device_memory::cuda_available())                                                \
+      GTEST_SKIP() << "no CUDA GPU present (cudaGetDeviceCount found none or no driver)";        \
+  } while (0)
+
+// Expects `stmt` to throw cast::Error whose message contains `needle`.
+#define EXPECT_CAST_ERROR(stmt, needle)                                                   \
+  do {                                                                                    \
+    try {                                                                                 \
+      stmt;                                                                               \
+      ADD_FAILURE() << "expected an error containing '" << (needle) << "'";               \
+    } catch (const ::cast::Error& e) {                                                    \
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();       \
+    }                                                                                     \
+  } while (0)
+
+}  // namespace cast::testing
