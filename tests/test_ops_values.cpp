@@ -1,0 +1,230 @@
+// Ops against hand-computed results, and the errors each kind of bad call produces.
+#include <cmath>
+
+#include "tensor/philox.h"
+#include "tests/test_util.h"
+
+using namespace cast;
+using namespace cast::testing;
+
+TEST(Values, MatmulTwoByTwo) {
+  Tensor a = Tensor::from_vector<float>({1, 2, 3, 4}, {2, 2});
+  Tensor b = Tensor::from_vector<float>({5, 6, 7, 8}, {2, 2});
+  expect_values(ops::matmul(a, b), {19, 22, 43, 50});
+  expect_values(ops::matmul(a, b, true, false), {26, 30, 38, 44});
+  expect_values(ops::matmul(a, b, false, true), {17, 23, 39, 53});
+}
+
+TEST(Values, MatmulLargeMatchesNaiveLoops) {
+  // Exercises the blocked, parallel CPU path (sizes beyond one block) against three plain loops.
+  const int64_t m = 70, k = 300, n = 530;
+  Tensor a = constant({m, k}, 1), b = constant({k, n}, 2);
+  Tensor c = ops::matmul(a, b);
+  double worst = 0;
+  for (int64_t i = 0; i < m; i += 7)
+    for (int64_t j = 0; j < n; j += 13) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) s += a.data<double>()[i * k + p] * b.data<double>()[p * n + j];
+      worst = std::max(worst, std::abs(s - c.data<double>()[i * n + j]));
+    }
+  EXPECT_LT(worst, 1e-10);
+}
+
+TEST(Values, BroadcastAddAndDiv) {
+  Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor bias = Tensor::from_vector<float>({10, 20, 30}, {3});
+  expect_values(ops::add(a, bias), {11, 22, 33, 14, 25, 36});
+  Tensor col = Tensor::from_vector<float>({1, 2}, {2, 1});
+  expect_values(ops::div(a, col), {1, 2, 3, 2, 2.5, 3});
+}
+
+TEST(Values, SumMean) {
+  Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  expect_values(ops::sum(a, 0), {5, 7, 9});
+  expect_values(ops::mean(a, 1), {2, 5});
+  expect_values(ops::sum_all(a), {21});
+}
+
+TEST(Values, UnaryFunctions) {
+  Tensor x = Tensor::from_vector<double>({-1.0, 0.0, 1.0}, {3});
+  expect_values(ops::relu(x), {0, 0, 1});
+  expect_values(ops::sigmoid(x), {1 / (1 + std::exp(1.0)), 0.5, 1 / (1 + std::exp(-1.0))}, 1e-12);
+  expect_values(ops::gelu(x), {-0.15865525393145707, 0.0, 0.8413447460685429}, 1e-12);
+  // Laplace function: 1/2 at μ = √½, and Φ(1) one σ above it.
+  Tensor l = Tensor::from_vector<double>({kLaplaceMu, kLaplaceMu + kLaplaceSigma}, {2});
+  expect_values(ops::laplace(l), {0.5, 0.8413447460685429}, 1e-12);
+}
+
+TEST(Values, SoftmaxWithMask) {
+  Tensor x = Tensor::from_vector<double>({0, std::log(3.0), 5}, {1, 3});
+  Tensor mask = Tensor::from_vector<double>({1, 1, 0}, {1, 3});
+  expect_values(ops::softmax(x, mask), {0.25, 0.75, 0}, 1e-12);
+  expect_values(ops::log_softmax(x, mask), {std::log(0.25), std::log(0.75), 0}, 1e-12);
+}
+
+TEST(Values, LayerNorm) {
+  Tensor x = Tensor::from_vector<double>({1, 2, 3, 4}, {1, 4});
+  Tensor g = Tensor::from_vector<double>({1, 1, 2, 2}, {4});
+  Tensor b = Tensor::from_vector<double>({0, 0, 0, 1}, {4});
+  const double s = 1 / std::sqrt(1.25 + 1e-5);
+  expect_values(ops::layernorm(x, g, b), {-1.5 * s, -0.5 * s, 1.0 * s, 3.0 * s + 1}, 1e-12);
+}
+
+TEST(Values, CrossEntropyIgnoresNegativeLabels) {
+  Tensor logits = Tensor::from_vector<double>({0, 0, 0, 0, 5, 0}, {2, 3});
+  Tensor labels = Tensor::from_vector<int32_t>({1, -1}, {2});
+  expect_values(ops::cross_entropy(logits, labels), {std::log(3.0)}, 1e-12);
+}
+
+TEST(Values, EmbeddingGatherScatter) {
+  Tensor table = Tensor::from_vector<float>({0, 1, 10, 11, 20, 21}, {3, 2});
+  Tensor idx = Tensor::from_vector<int32_t>({2, 0, 2}, {3});
+  expect_values(ops::embedding(table, idx), {20, 21, 0, 1, 20, 21});
+  Tensor rows = Tensor::from_vector<int32_t>({1, -1}, {1, 2});
+  expect_values(ops::gather_rows(table.view({1, 3, 2}), rows), {10, 11, 0, 0});
+  Tensor src = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {1, 3, 2});
+  Tensor to = Tensor::from_vector<int32_t>({0, 0, 2}, {1, 3});
+  expect_values(ops::scatter_add_rows(src, to, 3), {4, 6, 0, 0, 5, 6});
+}
+
+TEST(Values, MaskedMeanExcludesPadding) {
+  Tensor x = Tensor::from_vector<float>({1, 2, 3, 100}, {1, 4, 1});
+  Tensor mask = Tensor::from_vector<float>({1, 1, 1, 0}, {1, 4});
+  expect_values(ops::masked_mean(x, mask), {2});
+  Tensor none = Tensor::zeros({1, 4});
+  expect_values(ops::masked_mean(x, none), {0});
+}
+
+TEST(Values, TopkOrderTiesAndMask) {
+  Tensor x = Tensor::from_vector<float>({1, 5, 3, 5, 2, 9, 0, 0}, {2, 4});
+  expect_values(ops::topk(x, 3), {1, 3, 2, 1, 0, 2});
+  Tensor mask = Tensor::from_vector<float>({1, 0, 1, 1, 0, 1, 0, 0}, {2, 4});
+  expect_values(ops::topk(x, 3, mask), {3, 2, 0, 1, -1, -1});
+}
+
+TEST(Values, DropoutKeepsExpectedFractionAndScales) {
+  Tensor x = Tensor::full({10000}, 1.0);
+  Tensor y = ops::dropout(x, 0.25, 5, 0);
+  double kept = 0, total = 0;
+  for (double v : y.to_double_vector()) {
+    kept += v != 0;
+    total += v;
+    if (v != 0) EXPECT_NEAR(v, 1 / 0.75, 1e-6);
+  }
+  EXPECT_NEAR(kept / 10000, 0.75, 0.02);
+  EXPECT_NEAR(total / 10000, 1.0, 0.03);
+}
+
+TEST(Values, SplitConcatRoundTrip) {
+  Tensor x = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  auto parts = ops::split(x, {1, 2}, 1);
+  expect_values(parts[0], {1, 4});
+  expect_values(parts[1], {2, 3, 5, 6});
+  expect_values(ops::concat({parts[1], parts[0]}, 1), {2, 3, 1, 5, 6, 4});
+  expect_values(ops::transpose(x, 0, 1), {1, 4, 2, 5, 3, 6});
+}
+
+// ---------------------------------------------------------------- RNG
+TEST(Rng, CounterBasedStreamIsReproducible) {
+  Tensor a = Tensor::uniform({100}, 42, 1000), b = Tensor::uniform({100}, 42, 1000);
+  EXPECT_EQ(max_abs_diff(a, b), 0.0);
+  Tensor c = Tensor::uniform({50}, 42, 1050);  // an offset continues the same stream
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.data<float>()[50 + i], c.data<float>()[i]);
+  Tensor d = Tensor::uniform({100}, 43, 1000);
+  EXPECT_GT(max_abs_diff(a, d), 0.1);
+}
+
+TEST(Rng, NormalMoments) {
+  auto v = Tensor::normal({20000}, 7, 0, 1.0, DType::f64).to_double_vector();
+  double m = 0, s = 0;
+  for (double x : v) m += x;
+  m /= v.size();
+  for (double x : v) s += (x - m) * (x - m);
+  EXPECT_NEAR(m, 0.0, 0.03);
+  EXPECT_NEAR(std::sqrt(s / v.size()), 1.0, 0.03);
+}
+
+TEST(Rng, PhiloxKnownAnswer) {
+  // Philox-4x32-10 with counter 0 and key 0 (the published known-answer vector).
+  philox::Block b = philox::generate(0, 0);
+  EXPECT_EQ(b.v[0], 0x6627e8d5u);
+  EXPECT_EQ(b.v[1], 0xe169c58du);
+  EXPECT_EQ(b.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(b.v[3], 0x9b00dbd8u);
+}
+
+// ---------------------------------------------------------------- autograd mechanics
+TEST(Autograd, NoGradRecordsNothing) {
+  Tensor x = param({3}, 1);
+  autograd::clear_tape();
+  {
+    autograd::NoGradGuard guard;
+    Tensor y = ops::exp(x);
+    EXPECT_FALSE(y.requires_grad());
+  }
+  EXPECT_EQ(autograd::tape_size(), 0u);
+}
+
+TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
+  Tensor x = param({2}, 2);
+  autograd::backward(ops::sum_all(ops::scale(x, 3.0)));
+  autograd::backward(ops::sum_all(ops::scale(x, 3.0)));
+  expect_values(x.grad(), {6, 6});
+  x.zero_grad();
+  expect_values(x.grad(), {0, 0});
+}
+
+TEST(Autograd, DeepChainDoesNotRecurse) {
+  Tensor x = param({4}, 3);
+  Tensor h = x;
+  for (int i = 0; i < 100000; ++i) h = ops::affine(h, 1.0, 0.0);
+  autograd::backward(ops::sum_all(h));
+  expect_values(x.grad(), {1, 1, 1, 1});
+}
+
+TEST(Autograd, ShapeCheckedAccumulation) {
+  Tensor x = param({2, 3}, 4);
+  EXPECT_CAST_ERROR(autograd::accumulate(x, Tensor::zeros({3, 2}, DType::f64)), "does not match");
+}
+
+// ---------------------------------------------------------------- bad calls
+TEST(Errors, ShapeMismatchNamesTheOp) {
+  EXPECT_CAST_ERROR(ops::matmul(Tensor::zeros({2, 3}), Tensor::zeros({4, 5})), "matmul");
+  EXPECT_CAST_ERROR(ops::add(Tensor::zeros({2, 3}), Tensor::zeros({4})), "add");
+  EXPECT_CAST_ERROR(ops::layernorm(Tensor::zeros({2, 3}), Tensor::zeros({4}), Tensor::zeros({4})), "layernorm");
+  EXPECT_CAST_ERROR(ops::concat({Tensor::zeros({2, 3}), Tensor::zeros({3, 3})}, 1), "concat");
+  EXPECT_CAST_ERROR(ops::split(Tensor::zeros({2, 3}), {1, 1}, 1), "split");
+  EXPECT_CAST_ERROR(ops::cross_entropy(Tensor::zeros({2, 3}), Tensor::zeros({3}, DType::i32)), "cross_entropy");
+  EXPECT_CAST_ERROR(ops::softmax(Tensor::zeros({4, 3}), Tensor::zeros({3, 3})), "softmax");
+  EXPECT_CAST_ERROR(ops::reshape(Tensor::zeros({2, 3}), {4, 2}), "view");
+  EXPECT_CAST_ERROR(ops::permute(Tensor::zeros({2, 3}), {0, 0}), "permute");
+}
+
+TEST(Errors, WrongDtypeNamesTheOp) {
+  Tensor ints = Tensor::zeros({3}, DType::i32);
+  EXPECT_CAST_ERROR(ops::exp(ints), "exp");
+  EXPECT_CAST_ERROR(ops::matmul(Tensor::zeros({2, 2}), Tensor::zeros({2, 2}, DType::f64)), "matmul");
+  EXPECT_CAST_ERROR(ops::embedding(Tensor::zeros({3, 2}), Tensor::zeros({2})), "embedding");
+  EXPECT_CAST_ERROR(ops::cross_entropy(Tensor::zeros({2, 3}), Tensor::zeros({2})), "cross_entropy");
+  EXPECT_CAST_ERROR(Tensor::zeros({2}).set_requires_grad(true).data<double>(), "data<f64>");
+}
+
+TEST(Errors, IndexOutOfRange) {
+  EXPECT_CAST_ERROR(ops::embedding(Tensor::zeros({3, 2}), Tensor::from_vector<int32_t>({0, 3}, {2})), "out of range");
+  EXPECT_CAST_ERROR(ops::gather_rows(Tensor::zeros({1, 3, 2}), Tensor::from_vector<int32_t>({-2}, {1, 1})),
+                    "out of range");
+  EXPECT_CAST_ERROR(ops::cross_entropy(Tensor::zeros({1, 3}), Tensor::from_vector<int32_t>({3}, {1})), "out of range");
+}
+
+TEST(Errors, WrongDeviceNamesTheOp) {
+  SKIP_WITHOUT_GPU();
+  Tensor gpu = Tensor::zeros({2, 2}, DType::f32, Device::cuda);
+  EXPECT_CAST_ERROR(ops::add(Tensor::zeros({2, 2}), gpu), "different devices");
+  EXPECT_CAST_ERROR(ops::matmul(Tensor::zeros({2, 2}), gpu), "different devices");
+  EXPECT_CAST_ERROR(Tensor::zeros({2}, DType::f64, Device::cuda), "f64");
+}
+
+TEST(Errors, CudaWithoutGpuIsAClearError) {
+  if (device_memory::cuda_available()) GTEST_SKIP() << "a GPU is present: the no-GPU error cannot occur";
+  EXPECT_THROW(Tensor::zeros({2}, DType::f32, Device::cuda), Error);
+}

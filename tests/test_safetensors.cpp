@@ -1,0 +1,76 @@
+// safetensors round trips and malformed files.
+#include <filesystem>
+#include <fstream>
+
+#include "tensor/safetensors.h"
+#include "tests/test_util.h"
+
+using namespace cast;
+using namespace cast::testing;
+
+static std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("cast_test_" + name)).string();
+}
+
+TEST(SafeTensors, RoundTripAllDtypes) {
+  std::map<std::string, Tensor> t = {
+      {"a", Tensor::uniform({2, 3}, 1, 0)},
+      {"b", Tensor::uniform({5}, 2, 0, -1, 1, DType::f64)},
+      {"c", Tensor::from_vector<int32_t>({-1, 7, 3}, {3})},
+      {"d", Tensor::from_vector<int64_t>({1LL << 40, -5}, {2, 1})},
+      {"empty", Tensor::zeros({0, 4})},
+  };
+  const std::string path = temp_path("roundtrip.safetensors");
+  write_safetensors(path, t, {{"config", "{\"x\": 1}"}});
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  TensorFile f = read_safetensors(path);
+  EXPECT_EQ(f.metadata.at("config"), "{\"x\": 1}");
+  ASSERT_EQ(f.tensors.size(), t.size());
+  for (auto& [name, tensor] : t) {
+    const Tensor& r = f.get(name, tensor.dtype(), tensor.shape());
+    EXPECT_EQ(max_abs_diff(r, tensor), 0.0) << name;
+  }
+}
+
+TEST(SafeTensors, GetNamesMissingAndMismatchedTensors) {
+  TensorFile f = parse_safetensors(serialize_safetensors({{"x", Tensor::zeros({2, 2})}}), "mem");
+  EXPECT_CAST_ERROR(f.get("y"), "missing tensor 'y'");
+  EXPECT_CAST_ERROR(f.get("x", DType::f64, {2, 2}), "'x' must be f64");
+  EXPECT_CAST_ERROR(f.get("x", DType::f32, {4}), "'x' must have shape [4]");
+}
+
+TEST(SafeTensors, EveryTruncationIsAClearError) {
+  std::vector<char> good = serialize_safetensors({{"w", Tensor::uniform({3, 4}, 3, 0)}, {"i", Tensor::zeros({2}, DType::i64)}});
+  for (size_t cut = 0; cut < good.size(); ++cut) {
+    std::vector<char> bad(good.begin(), good.begin() + cut);
+    EXPECT_THROW(parse_safetensors(bad, "cut"), Error) << "cut at " << cut;
+  }
+}
+
+TEST(SafeTensors, CorruptHeaders) {
+  auto make = [](const std::string& header, size_t data_bytes) {
+    std::vector<char> out(8 + header.size() + data_bytes, 0);
+    uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    std::copy(header.begin(), header.end(), out.begin() + 8);
+    return out;
+  };
+  EXPECT_CAST_ERROR(parse_safetensors(make("{not json", 0), "f"), "corrupt safetensors header");
+  EXPECT_CAST_ERROR(parse_safetensors(make("[1,2]", 0), "f"), "not a JSON object");
+  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})", 2), "f"),
+                    "unsupported dtype");
+  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "f"),
+                    "do not hold");
+  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4), "f"),
+                    "outside");
+  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "f"),
+                    "bad dimension");
+  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "f"), "lacks");
+  std::vector<char> huge = make("{}", 0);
+  huge[7] = 0x7f;  // header length far beyond the file
+  EXPECT_CAST_ERROR(parse_safetensors(huge, "f"), "exceeds the file size");
+}
+
+TEST(SafeTensors, MissingFile) {
+  EXPECT_CAST_ERROR(read_safetensors("/nonexistent/dir/x.safetensors"), "cannot open");
+}
