@@ -122,7 +122,8 @@ Tensor transpose(const Tensor& x, int axis0, int axis1) {
 void copy_rows(Tensor& dst, const Tensor& src, const RowBlock& b, bool accumulate) {
   check_same_dtype("copy_rows", dst, src);
   check_same_device("copy_rows", dst, src);
-  CAST_ON_CUDA(dst, cuda::copy_rows(dst, src, b, accumulate));
+  CAST_ON_CUDA(dst, cuda::copy_rows(dst, src, b.rows, b.row_len, b.dst_offset, b.dst_stride, b.src_offset,
+                                     b.src_stride, accumulate));
   CAST_DISPATCH_FLOAT(dst.dtype(), "copy_rows", [&] {
     const T* ps = src.data<T>();
     T* pd = dst.data<T>();

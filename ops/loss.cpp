@@ -13,7 +13,7 @@
 
 namespace cast::ops {
 
-int64_t cross_entropy_forward(Tensor& loss, Tensor& logp, const Tensor& logits, const Tensor& labels) {
+void cross_entropy_forward(Tensor& loss, Tensor& logp, int64_t& count, const Tensor& logits, const Tensor& labels) {
   check_float("cross_entropy", logits, "logits");
   check_ndim("cross_entropy", logits, 2, "logits");
   check_index("cross_entropy", labels, "labels");
@@ -23,7 +23,7 @@ int64_t cross_entropy_forward(Tensor& loss, Tensor& logp, const Tensor& logits, 
   check_index_range("cross_entropy", labels, -1, logits.dim(1));
   softmax_forward(logp, logits, Tensor(), /*log=*/true);
   const int64_t rows = logits.dim(0), classes = logits.dim(1);
-  int64_t count = 0;
+  count = 0;
   CAST_ON_CUDA(logits, count = cuda::cross_entropy_forward(loss, logp, labels, rows, classes));
   CAST_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&] {
     CAST_DISPATCH_INDEX(labels.dtype(), "cross_entropy", [&] {
@@ -37,7 +37,6 @@ int64_t cross_entropy_forward(Tensor& loss, Tensor& logp, const Tensor& logits, 
       loss.data<T>()[0] = count ? total / static_cast<T>(count) : T(0);
     });
   });
-  return count;
 }
 
 void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logp, const Tensor& labels,
@@ -74,7 +73,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   check_float("cross_entropy", logits, "logits");
   Tensor loss = Tensor::empty({1}, logits.dtype(), logits.device());
   Tensor logp = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
-  int64_t count = cross_entropy_forward(loss, logp, logits, labels);
+  int64_t count = 0;
+  cross_entropy_forward(loss, logp, count, logits, labels);
   if (autograd::needs_grad({&logits})) {
     auto node = std::make_unique<CrossEntropyNode>();
     node->logits = logits;

@@ -5,8 +5,8 @@
 namespace cast::ops {
 
 // logits: (R, C), labels: (R) int -> loss: (1); logp: (R, C) log-probabilities saved for backward;
-// returns the number of labelled rows.
-int64_t cross_entropy_forward(Tensor& loss, Tensor& logp, const Tensor& logits, const Tensor& labels);
+// count: the number of labelled rows.
+void cross_entropy_forward(Tensor& loss, Tensor& logp, int64_t& count, const Tensor& logits, const Tensor& labels);
 // dlogits += dloss / count · (softmax − onehot)
 void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logp, const Tensor& labels,
                             int64_t count);

@@ -1,0 +1,23 @@
+// Dropout from the same Philox stream as the CPU: identical masks on both devices.
+#include "cuda/common.cuh"
+#include "cuda/dropout.h"
+#include "tensor/philox.h"
+
+namespace cast::cuda {
+
+__global__ void dropout_kernel(float* y, const float* x, double p, float scale, uint64_t seed, uint64_t offset,
+                               bool accumulate, int64_t n) {
+  CAST_KERNEL_LOOP(i, n) {
+    const float v = philox::uniform(seed, offset + i) >= p ? x[i] * scale : 0.f;
+    y[i] = accumulate ? y[i] + v : v;
+  }
+}
+
+void dropout(Tensor& y, const Tensor& x, double p, uint64_t seed, uint64_t offset, bool accumulate) {
+  const int64_t n = x.numel();
+  dropout_kernel<<<blocks_for(n), kThreads>>>(fptr(y), fptr(x), p, static_cast<float>(1.0 / (1.0 - p)), seed, offset,
+                                              accumulate, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cast::cuda

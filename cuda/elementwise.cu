@@ -1,0 +1,55 @@
+// Broadcasting binary ops and affine maps (f32). Same math as ops/elementwise.cpp via binary_math.h.
+#include "cuda/common.cuh"
+#include "cuda/elementwise.h"
+
+namespace cast::cuda {
+
+__global__ void binary_forward_kernel(float* out, BinaryOp op, const float* a, const float* b, BroadcastIndex idx,
+                                      int64_t n) {
+  CAST_KERNEL_LOOP(i, n) {
+    int64_t ia, ib;
+    idx.offsets(i, ia, ib);
+    out[i] = binary_apply(op, a[ia], b[ib]);
+  }
+}
+
+// Full-size partials; ops/ sums them down to the input shapes.
+__global__ void binary_backward_kernel(float* ga, float* gb, BinaryOp op, const float* dout, const float* a,
+                                       const float* b, BroadcastIndex idx, int64_t n) {
+  CAST_KERNEL_LOOP(i, n) {
+    int64_t ia, ib;
+    idx.offsets(i, ia, ib);
+    if (ga) ga[i] = dout[i] * binary_da(op, a[ia], b[ib]);
+    if (gb) gb[i] = dout[i] * binary_db(op, a[ia], b[ib]);
+  }
+}
+
+__global__ void affine_kernel(float* y, const float* x, float alpha, float beta, bool accumulate, int64_t n) {
+  CAST_KERNEL_LOOP(i, n) {
+    float v = alpha * x[i] + beta;
+    y[i] = accumulate ? y[i] + v : v;
+  }
+}
+
+void binary_forward(Tensor& out, BinaryOp op, const Tensor& a, const Tensor& b, const BroadcastIndex& idx) {
+  const int64_t n = out.numel();
+  binary_forward_kernel<<<blocks_for(n), kThreads>>>(fptr(out), op, fptr(a), fptr(b), idx, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void binary_backward(Tensor* ga, Tensor* gb, BinaryOp op, const Tensor& dout, const Tensor& a, const Tensor& b,
+                     const BroadcastIndex& idx) {
+  const int64_t n = dout.numel();
+  binary_backward_kernel<<<blocks_for(n), kThreads>>>(ga ? fptr(*ga) : nullptr, gb ? fptr(*gb) : nullptr, op,
+                                                      fptr(dout), fptr(a), fptr(b), idx, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void affine(Tensor& y, const Tensor& x, double alpha, double beta, bool accumulate) {
+  const int64_t n = x.numel();
+  affine_kernel<<<blocks_for(n), kThreads>>>(fptr(y), fptr(x), static_cast<float>(alpha), static_cast<float>(beta),
+                                             accumulate, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cast::cuda

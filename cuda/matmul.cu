@@ -1,0 +1,22 @@
+// Matrix products through cuBLAS. cuBLAS is column-major: a row-major (m, n) matrix is its
+// column-major transpose, so C = op(A) op(B) is computed as Cᵀ = op(B)ᵀ op(A)ᵀ.
+#include "cuda/common.cuh"
+#include "cuda/matmul.h"
+#include "cuda/runtime.h"
+
+namespace cast::cuda {
+
+void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha, double beta, int64_t batch,
+          int64_t m, int64_t n, int64_t k, bool allow_tf32) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  cublasHandle_t h = cublas_handle();
+  CUBLAS_CHECK(cublasSetMathMode(h, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  const int ldb = static_cast<int>(tb ? k : n), lda = static_cast<int>(ta ? m : k), ldc = static_cast<int>(n);
+  CUBLAS_CHECK(cublasSgemmStridedBatched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha_f,
+                                         fptr(b), ldb, k * n, fptr(a), lda, m * k, &beta_f, fptr(c), ldc, m * n,
+                                         static_cast<int>(batch)));
+}
+
+}  // namespace cast::cuda

@@ -1,0 +1,76 @@
+// Row gather (-1 = zero row) and its adjoint, scatter-add with atomics; index range checks.
+#include <climits>
+
+#include "cuda/common.cuh"
+#include "cuda/rows.h"
+
+namespace cast::cuda {
+
+template <class I>
+__global__ void min_max_kernel(const I* idx, int64_t n, long long* out) {
+  CAST_KERNEL_LOOP(i, n) {
+    atomicMin(out, static_cast<long long>(idx[i]));
+    atomicMax(out + 1, static_cast<long long>(idx[i]));
+  }
+}
+
+template <class I>
+__global__ void gather_kernel(float* out, const float* x, const I* idx, int64_t total, int64_t n, int64_t m,
+                              int64_t d, bool accumulate) {
+  CAST_KERNEL_LOOP(e, total) {
+    const int64_t row = e / d, j = e % d, b = row / m;
+    const int64_t src = idx[row];
+    const float v = src >= 0 ? x[(b * n + src) * d + j] : 0.f;
+    out[e] = accumulate ? out[e] + v : v;
+  }
+}
+
+template <class I>
+__global__ void scatter_kernel(float* dx, const float* dout, const I* idx, int64_t total, int64_t n, int64_t m,
+                               int64_t d) {
+  CAST_KERNEL_LOOP(e, total) {
+    const int64_t row = e / d, j = e % d, b = row / m;
+    const int64_t dst = idx[row];
+    if (dst >= 0) atomicAdd(dx + (b * n + dst) * d + j, dout[e]);
+  }
+}
+
+void index_min_max(const Tensor& idx, int64_t& mn, int64_t& mx) {
+  long long host[2] = {LLONG_MAX, LLONG_MIN};
+  long long* dev = nullptr;
+  CUDA_CHECK(cudaMalloc(&dev, sizeof(host)));
+  CUDA_CHECK(cudaMemcpy(dev, host, sizeof(host), cudaMemcpyHostToDevice));
+  const int64_t n = idx.numel();
+  if (idx.dtype() == DType::i32) min_max_kernel<<<blocks_for(n), kThreads>>>(idx.data<int32_t>(), n, dev);
+  else min_max_kernel<<<blocks_for(n), kThreads>>>(idx.data<int64_t>(), n, dev);
+  cudaError_t launch = cudaGetLastError();
+  cudaError_t copy = cudaMemcpy(host, dev, sizeof(host), cudaMemcpyDeviceToHost);
+  cudaFree(dev);
+  CUDA_CHECK(launch);
+  CUDA_CHECK(copy);
+  mn = host[0];
+  mx = host[1];
+}
+
+void gather_rows(Tensor& out, const Tensor& x, const Tensor& idx, int64_t b, int64_t n, int64_t m, int64_t d,
+                 bool accumulate) {
+  const int64_t total = b * m * d;
+  if (total == 0) return;
+  if (idx.dtype() == DType::i32)
+    gather_kernel<<<blocks_for(total), kThreads>>>(fptr(out), fptr(x), idx.data<int32_t>(), total, n, m, d, accumulate);
+  else
+    gather_kernel<<<blocks_for(total), kThreads>>>(fptr(out), fptr(x), idx.data<int64_t>(), total, n, m, d, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+void scatter_add_rows(Tensor& dx, const Tensor& dout, const Tensor& idx, int64_t b, int64_t n, int64_t m, int64_t d) {
+  const int64_t total = b * m * d;
+  if (total == 0) return;
+  if (idx.dtype() == DType::i32)
+    scatter_kernel<<<blocks_for(total), kThreads>>>(fptr(dx), fptr(dout), idx.data<int32_t>(), total, n, m, d);
+  else
+    scatter_kernel<<<blocks_for(total), kThreads>>>(fptr(dx), fptr(dout), idx.data<int64_t>(), total, n, m, d);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cast::cuda

@@ -1,0 +1,31 @@
+#pragma once
+// The CUDA runtime services: the caching allocator, the cuBLAS handle, device facts.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <cublas_v2.h>
+
+namespace cast::cuda {
+
+struct MemoryStats {
+  size_t current = 0;   // bytes handed out to tensors now
+  size_t peak = 0;      // most bytes handed out at once since the last reset
+  size_t reserved = 0;  // bytes held from cudaMalloc (in use + cached)
+  size_t device_mallocs = 0;  // cudaMalloc calls so far
+};
+MemoryStats memory_stats();
+void reset_peak_memory();
+void release_cached_memory();
+
+cublasHandle_t cublas_handle();
+
+struct DeviceInfo {
+  std::string name;
+  int major = 0, minor = 0;
+  size_t total_bytes = 0, free_bytes = 0;
+};
+std::vector<DeviceInfo> devices();  // empty when there is no usable GPU
+void synchronize();
+
+}  // namespace cast::cuda

@@ -1,0 +1,115 @@
+// Layer 2: every op on CUDA against the CPU reference, forward and backward.
+// Skipped, with the reason, where no GPU is present.
+#include "tests/device_compare.h"
+
+using namespace cast;
+using namespace cast::testing;
+using Inputs = std::vector<Tensor>;
+
+TEST(CudaVsCpu, BinaryBroadcast) {
+  SKIP_WITHOUT_GPU();
+  for (auto [sa, sb] : std::vector<std::pair<Shape, Shape>>{{{33, 65}, {65}}, {{2, 1, 7}, {5, 1}}, {{1000}, {1000}}})
+    for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div})
+      expect_devices_agree([op](const Inputs& x) {
+        switch (op) {
+          case BinaryOp::add: return ops::add(x[0], x[1]);
+          case BinaryOp::sub: return ops::sub(x[0], x[1]);
+          case BinaryOp::mul: return ops::mul(x[0], x[1]);
+          default: return ops::div(x[0], x[1]);
+        }
+      }, Inputs{rand32(sa, 1), rand32(sb, 2, 0.5, 2.0)});
+}
+
+TEST(CudaVsCpu, AffineAndReductions) {
+  SKIP_WITHOUT_GPU();
+  Inputs in = {rand32({17, 33, 9}, 3)};
+  expect_devices_agree([](const Inputs& x) { return ops::affine(x[0], 0.5, -1.0); }, in);
+  for (int axis : {0, 1, 2})
+    expect_devices_agree([axis](const Inputs& x) { return ops::mean(x[0], axis); }, in);
+  expect_devices_agree([](const Inputs& x) { return ops::sum_all(x[0]); }, in);
+}
+
+TEST(CudaVsCpu, UnaryFunctions) {
+  SKIP_WITHOUT_GPU();
+  for (UnaryOp op : {UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::relu, UnaryOp::gelu, UnaryOp::sigmoid,
+                     UnaryOp::laplace}) {
+    const bool positive = op == UnaryOp::log || op == UnaryOp::sqrt;
+    expect_devices_agree([op](const Inputs& x) { return ops::unary(op, x[0]); },
+                         Inputs{rand32({257, 3}, 4, positive ? 0.1 : -2.0, 2.0)});
+  }
+}
+
+TEST(CudaVsCpu, Matmul) {
+  SKIP_WITHOUT_GPU();
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Shape sa = ta ? Shape{3, 70, 33} : Shape{3, 33, 70};
+      Shape sb = tb ? Shape{3, 45, 70} : Shape{3, 70, 45};
+      expect_devices_agree([ta, tb](const Inputs& x) { return ops::matmul(x[0], x[1], ta, tb); },
+                           Inputs{rand32(sa, 5), rand32(sb, 6)});
+    }
+  expect_devices_agree([](const Inputs& x) { return ops::matmul(x[0], x[1]); },
+                       Inputs{rand32({2, 5, 64}, 7), rand32({64, 31}, 8)});
+}
+
+TEST(CudaVsCpu, SoftmaxLayerNorm) {
+  SKIP_WITHOUT_GPU();
+  Tensor mask = Tensor::uniform({2, 300}, 9, 0).to(DType::f32);
+  {
+    auto v = mask.to_double_vector();
+    std::vector<float> m(v.size());
+    for (size_t i = 0; i < v.size(); ++i) m[i] = v[i] > 0.3 ? 1.f : 0.f;
+    mask = Tensor::from_vector<float>(m, {2, 300});
+  }
+  Tensor gmask = mask.to(Device::cuda);
+  Inputs in = {rand32({2, 3, 5, 300}, 10, -3, 3)};
+  expect_devices_agree([&](const Inputs& x) { return ops::softmax(x[0], x[0].is_cuda() ? gmask : mask); }, in);
+  expect_devices_agree([&](const Inputs& x) { return ops::log_softmax(x[0], x[0].is_cuda() ? gmask : mask); }, in);
+  expect_devices_agree([](const Inputs& x) { return ops::softmax(x[0]); }, Inputs{rand32({7, 1025}, 11, -3, 3)});
+  expect_devices_agree([](const Inputs& x) { return ops::layernorm(x[0], x[1], x[2]); },
+                       Inputs{rand32({37, 129}, 12), rand32({129}, 13), rand32({129}, 14)});
+}
+
+TEST(CudaVsCpu, LayoutOps) {
+  SKIP_WITHOUT_GPU();
+  Inputs in = {rand32({3, 4, 5, 6}, 15)};
+  expect_devices_agree([](const Inputs& x) { return ops::permute(x[0], {0, 2, 1, 3}); }, in);
+  expect_devices_agree([](const Inputs& x) { return ops::transpose(x[0], 1, 3); }, in);
+  expect_devices_agree([](const Inputs& x) { return ops::concat({x[0], x[1]}, 2); },
+                       Inputs{in[0], rand32({3, 4, 2, 6}, 16)});
+  expect_devices_agree([](const Inputs& x) {
+    auto p = ops::split(x[0], {2, 3}, 2);
+    return ops::mul(p[0], ops::sum(p[1], 2, true));
+  }, in);
+}
+
+TEST(CudaVsCpu, RowsEmbeddingPooling) {
+  SKIP_WITHOUT_GPU();
+  Tensor idx = Tensor::from_vector<int32_t>({4, 0, -1, 4, 2, 1, 3, -1, 0, 0, 4, 4}, {2, 6});
+  auto on = [&](const Tensor& t, const Tensor& like) { return like.is_cuda() ? t.to(Device::cuda) : t; };
+  expect_devices_agree([&](const Inputs& x) { return ops::gather_rows(x[0], on(idx, x[0])); },
+                       Inputs{rand32({2, 5, 33}, 17)});
+  expect_devices_agree([&](const Inputs& x) { return ops::scatter_add_rows(x[0], on(idx, x[0]), 5); },
+                       Inputs{rand32({2, 6, 33}, 18)});
+  Tensor tok = Tensor::from_vector<int64_t>({3, 0, 3, 1, 9, 9, 2}, {7});
+  expect_devices_agree([&](const Inputs& x) { return ops::embedding(x[0], on(tok, x[0])); },
+                       Inputs{rand32({10, 16}, 19)});
+  Tensor mask = Tensor::from_vector<float>({1, 1, 0, 1, 0, 0, 0, 0, 0, 0}, {2, 5});
+  expect_devices_agree([&](const Inputs& x) { return ops::masked_mean(x[0], on(mask, x[0])); },
+                       Inputs{rand32({2, 5, 33}, 20)});
+}
+
+TEST(CudaVsCpu, LossDropoutTopk) {
+  SKIP_WITHOUT_GPU();
+  auto on = [&](const Tensor& t, const Tensor& like) { return like.is_cuda() ? t.to(Device::cuda) : t; };
+  Tensor labels = Tensor::from_vector<int32_t>({2, 0, -1, 9, 5}, {5});
+  expect_devices_agree([&](const Inputs& x) { return ops::cross_entropy(x[0], on(labels, x[0])); },
+                       Inputs{rand32({5, 10}, 21, -3, 3)});
+  expect_devices_agree([](const Inputs& x) { return ops::dropout(x[0], 0.4, 1234, 99); }, Inputs{rand32({3001}, 22)});
+  Tensor mask = Tensor::from_vector<float>({1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1}, {2, 6});
+  expect_devices_agree([&](const Inputs& x) { return ops::topk(x[0], 4, on(mask, x[0])); },
+                       Inputs{rand32({2, 3, 6}, 23, -1, 1, false)});
+  // ties: many equal values must come out in ascending index order on both devices
+  Tensor ties = Tensor::from_vector<float>({1, 2, 2, 1, 2, 0, 2, 1}, {1, 8});
+  expect_devices_agree([](const Inputs& x) { return ops::topk(x[0], 6); }, Inputs{ties});
+}
