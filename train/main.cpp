@@ -1,2 +1,37 @@
-// placeholder replaced below
-int main() { return 0; }
+// cast: the command-line entry point. Library code throws; only this file decides exit codes:
+// 0 success, 1 an error (one line on stderr), 2 a usage error.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "tensor/error.h"
+#include "train/commands.h"
+
+static void usage() {
+  std::fputs("usage: cast <command> [options]   (cast <command> --help for its options)\n\ncommands:\n", stdout);
+  for (const auto& c : cast::commands()) std::printf("  %-10s %s\n", c.name, c.summary);
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string name = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  for (const auto& c : cast::commands()) {
+    if (name != c.name) continue;
+    try {
+      return c.run(args);
+    } catch (const cast::Error& e) {
+      std::fprintf(stderr, "cast %s: error: %s\n", name.c_str(), e.what());
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cast %s: unexpected error: %s\n", name.c_str(), e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "cast: unknown command '%s' (cast --help lists them)\n", name.c_str());
+  return 2;
+}

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The README's second command: installs what is missing, builds, and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh
+ctest --test-dir build --output-on-failure -j"$(nproc)"

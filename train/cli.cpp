@@ -1,0 +1,102 @@
+#include "train/cli.h"
+
+#include <cstdio>
+
+#include "tensor/error.h"
+
+namespace cast::cli {
+
+Args& Args::option(const std::string& name, const std::string& default_value, const std::string& help) {
+  specs_[name] = Spec{default_value, help, false};
+  order_.push_back(name);
+  return *this;
+}
+
+Args& Args::flag(const std::string& name, const std::string& help) {
+  specs_[name] = Spec{"", help, true};
+  order_.push_back(name);
+  return *this;
+}
+
+bool Args::parse(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(help().c_str(), stdout);
+      return false;
+    }
+    CAST_CHECK(a.rfind("--", 0) == 0, "unexpected argument '{}' (see cast {} --help)", a, command_);
+    std::string name = a.substr(2), value;
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    auto it = specs_.find(name);
+    CAST_CHECK(it != specs_.end(), "unknown option --{} (see cast {} --help)", name, command_);
+    if (it->second.is_flag) {
+      CAST_CHECK(eq == std::string::npos, "--{} takes no value", name);
+      values_[name] = "1";
+      continue;
+    }
+    if (eq == std::string::npos) {
+      CAST_CHECK(i + 1 < argv.size(), "--{} needs a value", name);
+      value = argv[++i];
+    }
+    values_[name] = value;
+  }
+  return true;
+}
+
+std::string Args::str(const std::string& name) const {
+  auto v = values_.find(name);
+  if (v != values_.end()) return v->second;
+  auto s = specs_.find(name);
+  CAST_CHECK(s != specs_.end(), "internal: undeclared option --{}", name);
+  return s->second.default_value;
+}
+
+int64_t Args::integer(const std::string& name) const {
+  const std::string v = str(name);
+  try {
+    size_t used = 0;
+    int64_t r = std::stoll(v, &used);
+    if (used == v.size()) return r;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("--{} expects an integer, got '{}'", name, v));
+}
+
+double Args::number(const std::string& name) const {
+  const std::string v = str(name);
+  try {
+    size_t used = 0;
+    double r = std::stod(v, &used);
+    if (used == v.size()) return r;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("--{} expects a number, got '{}'", name, v));
+}
+
+bool Args::is_set(const std::string& name) const { return values_.count(name) > 0; }
+
+std::string Args::choice(const std::string& name, const std::vector<std::string>& allowed) const {
+  const std::string v = str(name);
+  for (const auto& a : allowed)
+    if (a == v) return v;
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : "|") + a;
+  throw Error(fmt::format("--{} must be one of {}, got '{}'", name, list, v));
+}
+
+std::string Args::help() const {
+  std::string out = fmt::format("usage: cast {} [options]\n{}\n\noptions:\n", command_, summary_);
+  for (const auto& name : order_) {
+    const Spec& s = specs_.at(name);
+    std::string left = s.is_flag ? "--" + name : "--" + name + " <" + (s.default_value.empty() ? "value" : s.default_value) + ">";
+    out += fmt::format("  {:<30} {}\n", left, s.help);
+  }
+  return out;
+}
+
+}  // namespace cast::cli

@@ -1,0 +1,40 @@
+#pragma once
+// A small command-line parser: `--name value` options and `--flag` switches, each declared
+// with a help line, so every command gets `--help` and a clear error for an unknown option.
+#include <map>
+#include <string>
+#include <vector>
+
+namespace cast::cli {
+
+class Args {
+ public:
+  Args(std::string command, std::string summary) : command_(std::move(command)), summary_(std::move(summary)) {}
+
+  Args& option(const std::string& name, const std::string& default_value, const std::string& help);
+  Args& flag(const std::string& name, const std::string& help);
+
+  // Parses argv (after the command word). Returns false when --help was asked (help printed).
+  bool parse(const std::vector<std::string>& argv);
+
+  std::string str(const std::string& name) const;
+  int64_t integer(const std::string& name) const;
+  double number(const std::string& name) const;
+  bool is_set(const std::string& name) const;  // flags, and options given on the command line
+  // One of `allowed`, or a clear error naming the option.
+  std::string choice(const std::string& name, const std::vector<std::string>& allowed) const;
+
+  std::string help() const;
+
+ private:
+  struct Spec {
+    std::string default_value, help;
+    bool is_flag = false;
+  };
+  std::string command_, summary_;
+  std::vector<std::string> order_;
+  std::map<std::string, Spec> specs_;
+  std::map<std::string, std::string> values_;
+};
+
+}  // namespace cast::cli
