@@ -1,0 +1,183 @@
+#include "nn/attention.h"
+
+#include <cmath>
+
+#include "ops/clustering.h"
+#include "autograd/tape.h"
+#include "ops/ops.h"
+
+namespace cast::nn {
+
+Mechanism parse_mechanism(const std::string& name) {
+  if (name == "full") return Mechanism::full;
+  if (name == "cast") return Mechanism::cast;
+  if (name == "clustered") return Mechanism::clustered;
+  if (name == "iclustered") return Mechanism::iclustered;
+  throw Error(fmt::format("attention: unknown mechanism '{}' (full, cast, clustered, iclustered)", name));
+}
+
+const char* mechanism_name(Mechanism m) {
+  switch (m) {
+    case Mechanism::full: return "full";
+    case Mechanism::cast: return "cast";
+    case Mechanism::clustered: return "clustered";
+    default: return "iclustered";
+  }
+}
+
+int64_t default_clusters(int64_t n) {
+  int64_t c = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(std::max<int64_t>(n, 1)))));
+  return (c + 7) / 8 * 8;
+}
+
+Attention::Attention(const AttentionConfig& config, DType dtype, Device device) : config_(config) {
+  const int64_t D = config.dim, H = config.heads;
+  CAST_CHECK(D > 0 && H > 0 && D % H == 0, "attention: dim {} must be a positive multiple of heads {}", D, H);
+  const double s = 1.0 / std::sqrt(static_cast<double>(D));
+  uint64_t stream = 0;
+  auto init = [&](const std::string& name, const Shape& shape, double stddev) {
+    Tensor t = stddev > 0 ? Tensor::normal(shape, config.seed, stream, stddev, dtype, device)
+                          : Tensor::zeros(shape, dtype, device);
+    stream += shape_numel(shape);
+    params_[name] = t.set_requires_grad();
+  };
+  for (const char* name : {"wq", "wk", "wv", "wo"}) init(name, {D, D}, s);
+  if (config.mechanism == Mechanism::cast) {
+    CAST_CHECK(config.clusters > 0, "attention: CAST needs the number of clusters (set it, or use "
+                                    "default_clusters(N))");
+    const int64_t C = config.clusters, d = D / H;
+    if (config.shared_clustering) {
+      init("surrogates", {C, D}, 1.0);
+      init("gate_w", {D, 1}, s);
+      init("gate_b", {1}, 0.0);
+    } else {
+      init("surrogates", {H, C, d}, 1.0);
+      init("gate_w", {D, H}, s);
+      init("gate_b", {H}, 0.0);
+    }
+  }
+}
+
+// (B, N, D) -> (B, H, N, d)
+static Tensor split_heads(const Tensor& t, int64_t heads) {
+  const int64_t B = t.dim(0), N = t.dim(1), D = t.dim(2);
+  return ops::permute(ops::reshape(t, {B, N, heads, D / heads}), {0, 2, 1, 3});
+}
+
+// (B, H, N, d) -> (B, N, D)
+static Tensor merge_heads(const Tensor& t) {
+  const int64_t B = t.dim(0), H = t.dim(1), N = t.dim(2), d = t.dim(3);
+  return ops::reshape(ops::permute(t, {0, 2, 1, 3}), {B, N, H * d});
+}
+
+AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Tensor& assignment) {
+  check_float("attention", x, "x");
+  check_ndim("attention", x, 3, "x");
+  CAST_CHECK(x.dim(2) == config_.dim, "attention: x {} does not have the model dim {}", x.describe(), config_.dim);
+  if (mask.defined())
+    CAST_CHECK(mask.shape() == (Shape{x.dim(0), x.dim(1)}) && mask.dtype() == x.dtype(),
+               "attention: mask {} must be {}[{}, {}]", mask.describe(), dtype_name(x.dtype()), x.dim(0), x.dim(1));
+  Tensor q = split_heads(ops::matmul(x, params_.at("wq")), config_.heads);
+  Tensor k = split_heads(ops::matmul(x, params_.at("wk")), config_.heads);
+  Tensor v = split_heads(ops::matmul(x, params_.at("wv")), config_.heads);
+  AttentionOutput result;
+  Tensor heads_out;
+  switch (config_.mechanism) {
+    case Mechanism::full: heads_out = ops::full_attention(q, k, v, mask); break;
+    case Mechanism::cast: result = forward_cast(x, mask, q, k, v); heads_out = result.out; break;
+    default: result = forward_clustered(mask, q, k, v, assignment); heads_out = result.out; break;
+  }
+  ++forward_calls_;
+  result.out = ops::matmul(merge_heads(heads_out), params_.at("wo"));
+  if (mask.defined()) result.out = ops::mul(result.out, ops::reshape(mask, {x.dim(0), x.dim(1), 1}));
+  return result;
+}
+
+AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k,
+                                        const Tensor& v) {
+  const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
+  const int64_t C = config_.clusters;
+  const int64_t kappa = config_.cluster_size > 0 ? config_.cluster_size : default_clusters(N);
+  const Tensor& s = params_.at("surrogates");
+  // Steps 1–3 on per-head (G = H) or full-width (G = 1) queries and keys.
+  Tensor qg = q, kg = k, surrogates = s;
+  double factor = 1.0 / std::sqrt(static_cast<double>(d));
+  if (config_.shared_clustering) {
+    qg = ops::reshape(merge_heads(q), {B, 1, N, H * d});
+    kg = ops::reshape(merge_heads(k), {B, 1, N, H * d});
+    surrogates = ops::reshape(s, {1, C, H * d});
+    factor = 1.0 / std::sqrt(static_cast<double>(H * d));
+  }
+  Tensor a_q = ops::cluster_probabilities(ops::surrogate_scores(qg, surrogates, factor), config_.f);
+  Tensor a_k = ops::cluster_probabilities(ops::surrogate_scores(kg, surrogates, factor), config_.f);
+  Tensor a_g = ops::gated_affinity(x, params_.at("gate_w"), params_.at("gate_b"), a_q, a_k);  // (B, G, N, C)
+  // Step 4: clustering, an integer constant of the backward pass.
+  const int64_t G = a_g.dim(1);
+  Tensor flat = a_g.view({B * G, N, C});
+  Tensor members = config_.single_assignment ? ops::cluster_satopk(flat, mask, kappa)
+                                             : ops::cluster_topk(flat, mask, kappa);
+  Tensor w = config_.mix_query ? a_q : a_g;
+  if (G == 1) {  // shared: one clustering and one set of weights for every head
+    auto ids = members.to_double_vector();
+    std::vector<int32_t> repeated;
+    repeated.reserve(ids.size() * H);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t e = 0; e < C * kappa; ++e) repeated.push_back(static_cast<int32_t>(ids[b * C * kappa + e]));
+    members = Tensor::from_vector<int32_t>(repeated, {B, H, C, kappa}, q.device());
+    w = ops::expand(w, {B, H, N, C});
+    a_k = ops::expand(a_k, {B, H, N, C});
+  } else {
+    members = members.view({B, H, C, kappa});
+  }
+  // Steps 5–7.
+  Tensor r_intra = ops::intra_cluster_attention(q, k, v, members);
+  Tensor r_inter = config_.summaries ? ops::cluster_summaries(a_k, v, mask) : Tensor();
+  AttentionOutput result;
+  result.out = ops::combine_clusters(w, r_intra, r_inter, members);
+  result.clusters = members;
+  return result;
+}
+
+AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& supplied) {
+  const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
+  Tensor assignment;
+  int64_t C = config_.clusters > 0 ? config_.clusters : default_clusters(N);
+  if (supplied.defined()) {
+    check_dtype("attention", supplied, DType::i32, "assignment");
+    CAST_CHECK(supplied.shape() == (Shape{B, H, N}), "attention: assignment {} must be [{}, {}, {}]",
+               supplied.describe(), B, H, N);
+    assignment = supplied.to(q.device());
+    int64_t most = -1;
+    for (double a : assignment.to_double_vector()) most = std::max<int64_t>(most, static_cast<int64_t>(a));
+    if (config_.clusters <= 0) C = most + 1;
+    CAST_CHECK(most < C, "attention: assignment names cluster {} but there are {} clusters", most, C);
+  } else {
+    autograd::NoGradGuard constant;  // the hashes and the assignment carry no gradient
+    const uint64_t draw = config_.seed * 0x9E3779B97F4A7C15ull + forward_calls_;
+    Tensor planes = Tensor::normal({config_.bits, d + 1}, draw, 0, 1.0, q.dtype(), Device::cpu);
+    Tensor hashes = ops::lsh_hash(q.view({B * H, N, d}), planes);
+    assignment = ops::hamming_kmeans(hashes, mask, C, config_.iterations, draw).view({B, H, N});
+  }
+  Tensor centroids = ops::cluster_centroids(q, assignment, C);
+  Tensor a_c = ops::centroid_attention(centroids, k, mask);  // (B, H, C, N)
+  AttentionOutput result;
+  result.assignment = assignment;
+  if (config_.mechanism == Mechanism::clustered) {
+    result.out = ops::broadcast_to_members(ops::matmul(a_c, v), assignment);
+    return result;
+  }
+  const int64_t top = std::min(config_.topk, N);
+  Tensor top_keys;
+  {
+    autograd::NoGradGuard constant;
+    Tensor key_mask = mask.defined() ? mask : Tensor();
+    top_keys = ops::topk(a_c, top, key_mask);  // (B, H, C, top)
+  }
+  result.top_keys = top_keys;
+  result.out = ops::improved_clustered_output(q, k, v, a_c, top_keys, assignment);
+  return result;
+}
+
+}  // namespace cast::nn

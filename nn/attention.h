@@ -1,0 +1,68 @@
+#pragma once
+// Multi-head self-attention with a choice of mechanism, behind one config struct:
+// full softmax, CAST (Top-K / Single-Assignment Top-K clustering with surrogate tokens),
+// clustered and improved clustered attention. Projections have no bias (as in LRA).
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "ops/attention.h"
+#include "tensor/tensor.h"
+
+namespace cast::nn {
+
+enum class Mechanism { full, cast, clustered, iclustered };
+
+struct AttentionConfig {
+  Mechanism mechanism = Mechanism::full;
+  int64_t dim = 64;    // D
+  int64_t heads = 4;   // H; D must be a multiple
+  // CAST and clustered: 0 = the default ⌈√N⌉ rounded up to a multiple of 8
+  int64_t clusters = 0;
+  int64_t cluster_size = 0;  // κ (CAST)
+  bool single_assignment = false;                  // CAST clustering: topk | satopk
+  ops::AttentionFn f = ops::AttentionFn::softmax;  // CAST f: softmax | laplace
+  bool summaries = true;                           // CAST cluster summaries on | off
+  bool mix_query = false;                          // CAST mixing weights: affinity (false) | query
+  bool shared_clustering = false;                  // CAST clustering: per-head (false) | shared
+  int64_t topk = 32;        // improved clustered: keys per cluster
+  int64_t bits = 63;        // clustered: LSH hash bits
+  int64_t iterations = 10;  // clustered: Lloyd iterations
+  uint64_t seed = 0;        // parameter init and the LSH planes
+};
+
+Mechanism parse_mechanism(const std::string& name);
+const char* mechanism_name(Mechanism m);
+int64_t default_clusters(int64_t n);  // ⌈√N⌉ rounded up to a multiple of 8
+
+struct AttentionOutput {
+  Tensor out;         // (B, N, D)
+  Tensor clusters;    // CAST: (B, H, C, κ) i32, −1 in empty slots (shared clustering repeats per head)
+  Tensor assignment;  // clustered variants: (B, H, N) i32, −1 = no cluster
+  Tensor top_keys;    // improved clustered: (B, H, C, k) i32, each cluster's top keys, −1 = none
+};
+
+class Attention {
+ public:
+  Attention(const AttentionConfig& config, DType dtype = DType::f32, Device device = Device::cpu);
+
+  // x: (B, N, D); mask: (B, N) of x's dtype or undefined; assignment: (B, H, N) i32, optional,
+  // replaces the computed one in the clustered variants. Padded positions output 0, so padding
+  // neither contributes to nor receives any gradient.
+  AttentionOutput forward(const Tensor& x, const Tensor& mask, const Tensor& assignment = Tensor());
+
+  // Named parameters: wq, wk, wv, wo (D, D); CAST adds surrogates, gate_w, gate_b.
+  std::map<std::string, Tensor>& parameters() { return params_; }
+  const AttentionConfig& config() const { return config_; }
+
+ private:
+  AttentionOutput forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k,
+                               const Tensor& v);
+  AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& assignment);
+  AttentionConfig config_;
+  std::map<std::string, Tensor> params_;
+  uint64_t forward_calls_ = 0;  // the LSH planes are redrawn each forward
+};
+
+}  // namespace cast::nn

@@ -1,0 +1,38 @@
+#pragma once
+// The integer steps of the clustered mechanisms: which tokens go together. No gradient flows
+// through them (they are constants of the backward pass). They run on the host; CUDA inputs
+// are copied over and the result is copied back.
+//
+// Grouped mask convention (as softmax): inputs have G = B·heads groups; group g uses row
+// g / (G / B) of the (B, N) key mask (1 = real token, 0 = padding).
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace cast::ops {
+
+// CAST Top-K clustering (ATTENTION.md 2.4). affinity: (G, N, C) -> members (G, C, κ) i32:
+// for each cluster the κ real tokens of largest affinity (ties toward the lower index), kept
+// in ascending position order; −1 fills slots that real tokens cannot fill.
+Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa);
+
+// Single-Assignment Top-K: tokens in descending order of their best affinity (ties toward the
+// lower index) each take the cluster of highest affinity that still has room (ties toward the
+// lower cluster). Same output layout; with C·κ >= real tokens, every real token appears once.
+Tensor cluster_satopk(const Tensor& affinity, const Tensor& mask, int64_t kappa);
+
+// LSH of queries (clustered attention, 3.1). q: (G, N, d), planes: (bits, d + 1), the last
+// column a bias -> (G, N) i64, bit b set when q·a_b + a_b0 > 0. bits <= 63.
+Tensor lsh_hash(const Tensor& q, const Tensor& planes);
+
+// Hamming k-means (3.2) -> assignment (G, N) i32, −1 for padding. Centroids start from the
+// hashes of C distinct random real queries (a permutation drawn from `seed`); each of
+// `iterations` Lloyd steps assigns every query to the centroid at least Hamming distance
+// (ties toward the lower index), then sets each centroid bit by majority vote of its members
+// (an exact tie keeps the old bit); an empty cluster takes the hash of a random real query.
+Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters, int64_t iterations, uint64_t seed);
+
+// Number of members of each cluster: assignment (G, N) -> (G, C) float counts (dtype given).
+Tensor cluster_counts(const Tensor& assignment, int64_t clusters, DType dtype);
+
+}  // namespace cast::ops

@@ -1,0 +1,301 @@
+// Attention: finite differences of every step and of every whole layer variant, the
+// invariants of ATTENTION.md, padding invariance, and the clustering rules.
+#include <set>
+
+#include "nn/attention.h"
+#include "ops/attention.h"
+#include "ops/clustering.h"
+#include "tests/test_util.h"
+
+using namespace cast;
+using namespace cast::testing;
+using Inputs = std::vector<Tensor>;
+
+// ---------------------------------------------------------------- steps
+TEST(AttentionStepGrad, FullAttentionWithMask) {
+  Tensor mask = Tensor::from_vector<double>({1, 1, 1, 0, 1, 1, 0, 0}, {2, 4});
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::full_attention(x[0], x[1], x[2], mask); },
+                   (Inputs{param({2, 2, 4, 3}, 1), param({2, 2, 4, 3}, 2), param({2, 2, 4, 3}, 3)}));
+}
+
+TEST(AttentionStepGrad, SurrogateScoresAndProbabilities) {
+  Inputs in = {param({2, 3, 5, 4}, 4), param({3, 6, 4}, 5)};
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::surrogate_scores(x[0], x[1], 0.5); }, in);
+  for (auto f : {ops::AttentionFn::softmax, ops::AttentionFn::laplace})
+    EXPECT_GRADCHECK([f](const Inputs& x) { return ops::cluster_probabilities(x[0], f); },
+                     Inputs{param({2, 3, 5}, 6, -1.0, 2.0)});
+}
+
+TEST(AttentionStepGrad, GatedAffinity) {
+  Inputs in = {param({2, 5, 6}, 7), param({6, 3}, 8), param({3}, 9), param({2, 3, 5, 4}, 10, 0, 1),
+               param({2, 3, 5, 4}, 11, 0, 1)};
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::gated_affinity(x[0], x[1], x[2], x[3], x[4]); }, in);
+}
+
+static Tensor sample_members() {  // (B=1, H=2, C=3, κ=2), with empty slots and an empty cluster
+  return Tensor::from_vector<int32_t>({0, 3, 1, -1, -1, -1, 2, 4, 0, 1, 3, -1}, {1, 2, 3, 2});
+}
+
+TEST(AttentionStepGrad, IntraClusterAttention) {
+  Tensor members = sample_members();
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::intra_cluster_attention(x[0], x[1], x[2], members); },
+                   (Inputs{param({1, 2, 5, 3}, 12), param({1, 2, 5, 3}, 13), param({1, 2, 5, 3}, 14)}));
+}
+
+TEST(AttentionStepGrad, ClusterSummaries) {
+  Tensor mask = Tensor::from_vector<double>({1, 1, 1, 1, 0, 1, 1, 0, 0, 0}, {2, 5});
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::cluster_summaries(x[0], x[1], mask); },
+                   (Inputs{param({2, 2, 5, 3}, 15, 0.1, 1), param({2, 2, 5, 4}, 16)}));
+}
+
+TEST(AttentionStepGrad, CombineWithAndWithoutSummaries) {
+  Tensor members = sample_members();
+  Inputs in = {param({1, 2, 5, 3}, 17, 0, 1), param({1, 2, 3, 2, 4}, 18), param({1, 2, 3, 4}, 19)};
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::combine_clusters(x[0], x[1], x[2], members); }, in);
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::combine_clusters(x[0], x[1], Tensor(), members); },
+                   (Inputs{in[0], in[1]}));
+}
+
+TEST(AttentionStepGrad, ClusteredSteps) {
+  Tensor assign = Tensor::from_vector<int32_t>({0, 1, 0, 2, -1, 1, 1, 0, 2, 2}, {1, 2, 5});
+  Tensor mask = Tensor::from_vector<double>({1, 1, 1, 1, 0}, {1, 5});
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::cluster_centroids(x[0], assign, 3); },
+                   Inputs{param({1, 2, 5, 4}, 20)});
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::centroid_attention(x[0], x[1], mask); },
+                   (Inputs{param({1, 2, 3, 4}, 21), param({1, 2, 5, 4}, 22)}));
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::broadcast_to_members(x[0], assign); },
+                   Inputs{param({1, 2, 3, 4}, 23)});
+  Tensor top = Tensor::from_vector<int32_t>({0, 3, 1, 2, 2, -1, 4, 0, 1, 3, 2, 0}, {1, 2, 3, 2});
+  EXPECT_GRADCHECK([&](const Inputs& x) {
+    Tensor a_c = ops::softmax(x[3]);
+    return ops::improved_clustered_output(x[0], x[1], x[2], a_c, top, assign);
+  }, (Inputs{param({1, 2, 5, 4}, 24), param({1, 2, 5, 4}, 25), param({1, 2, 5, 4}, 26), param({1, 2, 3, 5}, 27)}));
+}
+
+TEST(AttentionStepGrad, TakeAlongAndExpand) {
+  Tensor idx = Tensor::from_vector<int32_t>({2, 0, -1, 1, 1, 3}, {2, 3});
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::take_along_last(x[0], idx); }, Inputs{param({2, 4}, 28)});
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::expand(x[0], {3, 2, 4}); }, Inputs{param({2, 1}, 29)});
+}
+
+// ---------------------------------------------------------------- whole layers
+struct LayerCase {
+  std::string name;
+  nn::AttentionConfig config;
+};
+
+static std::vector<LayerCase> all_variants(int64_t dim, int64_t heads, int64_t clusters, int64_t kappa) {
+  std::vector<LayerCase> out;
+  nn::AttentionConfig base;
+  base.dim = dim;
+  base.heads = heads;
+  base.seed = 3;
+  out.push_back({"full", base});
+  for (bool sa : {false, true})
+    for (auto f : {ops::AttentionFn::softmax, ops::AttentionFn::laplace})
+      for (bool summaries : {true, false})
+        for (bool mix_query : {false, true})
+          for (bool shared : {false, true}) {
+            nn::AttentionConfig c = base;
+            c.mechanism = nn::Mechanism::cast;
+            c.clusters = clusters;
+            c.cluster_size = kappa;
+            c.single_assignment = sa;
+            c.f = f;
+            c.summaries = summaries;
+            c.mix_query = mix_query;
+            c.shared_clustering = shared;
+            out.push_back({fmt::format("cast/{}/{}/summaries-{}/{}/{}", sa ? "satopk" : "topk",
+                                       f == ops::AttentionFn::softmax ? "softmax" : "laplace",
+                                       summaries ? "on" : "off", mix_query ? "query" : "affinity",
+                                       shared ? "shared" : "per-head"),
+                           c});
+          }
+  for (auto m : {nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
+    nn::AttentionConfig c = base;
+    c.mechanism = m;
+    c.clusters = clusters;
+    c.topk = 3;
+    c.bits = 8;
+    out.push_back({nn::mechanism_name(m), c});
+  }
+  return out;
+}
+
+// Checks every input and parameter gradient of a layer by finite differences, asserting first
+// that no perturbation changes a cluster membership (the indices are constants of backward).
+static void check_layer_gradients(const LayerCase& lc, const Tensor& mask) {
+  SCOPED_TRACE(lc.name);
+  const int64_t B = 2, N = 6;
+  nn::Attention layer(lc.config, DType::f64);
+  Tensor x = param({B, N, lc.config.dim}, 41);
+  nn::AttentionOutput ref = layer.forward(x, mask);
+  autograd::clear_tape();
+  Tensor assignment = ref.assignment;  // clustered: fixed, so LSH redraws cannot move it
+  bool membership_changed = false;
+  auto same = [](const Tensor& a, const Tensor& b) {
+    return !a.defined() || a.to_double_vector() == b.to_double_vector();
+  };
+  Inputs inputs = {x};
+  std::vector<std::string> names;
+  for (auto& [name, t] : layer.parameters()) {
+    inputs.push_back(t);
+    names.push_back(name);
+  }
+  auto fn = [&](const Inputs& in) {
+    nn::AttentionOutput o = layer.forward(in[0], mask, assignment);
+    if (!same(ref.clusters, o.clusters) || !same(ref.top_keys, o.top_keys)) membership_changed = true;
+    return o.out;
+  };
+  auto result = autograd::gradcheck(fn, inputs);
+  ASSERT_FALSE(membership_changed) << "a perturbation of ±ε moved a cluster membership: the check is invalid here";
+  EXPECT_TRUE(result.ok) << result.report;
+  EXPECT_LE(result.max_error, 1e-6) << result.report;
+}
+
+TEST(AttentionLayerGrad, EveryVariantWithPadding) {
+  Tensor mask = Tensor::from_vector<double>({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 6});
+  for (const LayerCase& lc : all_variants(8, 2, 3, 3)) check_layer_gradients(lc, mask);
+}
+
+TEST(AttentionLayerGrad, EveryVariantWithoutMask) {
+  for (const LayerCase& lc : all_variants(6, 3, 2, 4)) check_layer_gradients(lc, Tensor());
+}
+
+// ---------------------------------------------------------------- invariants
+static Tensor full_reference(const nn::Attention& like, const Tensor& x, const Tensor& mask) {
+  nn::AttentionConfig c = like.config();
+  c.mechanism = nn::Mechanism::full;
+  nn::Attention full(c, x.dtype());
+  for (const char* n : {"wq", "wk", "wv", "wo"}) full.parameters()[n] = const_cast<nn::Attention&>(like).parameters().at(n);
+  return full.forward(x, mask).out;
+}
+
+TEST(AttentionInvariants, ImprovedClusteredWithAllKeysEqualsFull) {
+  nn::AttentionConfig c;
+  c.mechanism = nn::Mechanism::iclustered;
+  c.dim = 8;
+  c.heads = 2;
+  c.clusters = 3;
+  c.topk = 7;
+  c.bits = 16;
+  nn::Attention layer(c, DType::f64);
+  Tensor x = constant({2, 7, 8}, 50);
+  Tensor mask = Tensor::from_vector<double>({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0}, {2, 7});
+  EXPECT_LT(max_abs_diff(layer.forward(x, mask).out, full_reference(layer, x, mask)), 1e-12);
+}
+
+TEST(AttentionInvariants, CastWithOneClusterHoldingEveryTokenEqualsFull) {
+  for (bool sa : {false, true})
+    for (auto f : {ops::AttentionFn::softmax, ops::AttentionFn::laplace})
+      for (bool shared : {false, true}) {
+        nn::AttentionConfig c;
+        c.mechanism = nn::Mechanism::cast;
+        c.dim = 8;
+        c.heads = 2;
+        c.clusters = 1;
+        c.cluster_size = 7;
+        c.single_assignment = sa;
+        c.f = f;
+        c.shared_clustering = shared;
+        nn::Attention layer(c, DType::f64);
+        Tensor x = constant({2, 7, 8}, 51);
+        Tensor mask = Tensor::from_vector<double>({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 7});
+        EXPECT_LT(max_abs_diff(layer.forward(x, mask).out, full_reference(layer, x, mask)), 1e-12);
+      }
+}
+
+TEST(AttentionInvariants, ClusteredWithEveryQueryItsOwnClusterEqualsFull) {
+  for (auto m : {nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
+    nn::AttentionConfig c;
+    c.mechanism = m;
+    c.dim = 8;
+    c.heads = 2;
+    c.topk = 2;  // improved: T_j holds 2 keys, the rest is carried exactly by A^c
+    nn::Attention layer(c, DType::f64);
+    Tensor x = constant({2, 5, 8}, 52);
+    std::vector<int32_t> own;
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 5; ++i) own.push_back(i);
+    Tensor assignment = Tensor::from_vector<int32_t>(own, {2, 2, 5});
+    EXPECT_LT(max_abs_diff(layer.forward(x, Tensor(), assignment).out, full_reference(layer, x, Tensor())), 1e-12)
+        << nn::mechanism_name(m);
+  }
+}
+
+TEST(AttentionInvariants, AppendingPaddingChangesNoRealOutput) {
+  const int64_t B = 2, N = 6, pad = 3, D = 8;
+  Tensor x = constant({B, N, D}, 53);
+  Tensor x_padded = ops::concat({x, constant({B, pad, D}, 54, -5, 5)}, 1);
+  std::vector<double> m(B * (N + pad), 0.0), m_short(B * N, 1.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < N; ++i) m[b * (N + pad) + i] = 1.0;
+  Tensor mask = Tensor::from_vector<double>(m, {B, N + pad}), mask_short = Tensor::from_vector<double>(m_short, {B, N});
+  for (const LayerCase& lc : all_variants(D, 2, 3, 3)) {
+    SCOPED_TRACE(lc.name);
+    nn::Attention a(lc.config, DType::f64), b(lc.config, DType::f64);  // same seed: same parameters
+    Tensor out_short = a.forward(x, mask_short).out;
+    Tensor out_long = b.forward(x_padded, mask).out;
+    Tensor real_part = ops::split(out_long, {N, pad}, 1)[0];
+    EXPECT_LT(max_abs_diff(real_part, out_short), 1e-12);
+    expect_values(ops::split(out_long, {N, pad}, 1)[1], std::vector<double>(B * pad * D, 0.0));
+  }
+}
+
+TEST(AttentionInvariants, PaddingReceivesNoGradient) {
+  Tensor mask = Tensor::from_vector<double>({1, 1, 1, 1, 0, 0}, {1, 6});
+  for (const LayerCase& lc : all_variants(8, 2, 2, 3)) {
+    SCOPED_TRACE(lc.name);
+    nn::Attention layer(lc.config, DType::f64);
+    Tensor x = param({1, 6, 8}, 55);
+    Tensor out = layer.forward(x, mask).out;
+    autograd::backward(out, Tensor::full(out.shape(), 1.0, DType::f64));
+    auto g = x.grad().to_double_vector();
+    for (int64_t i = 4 * 8; i < 6 * 8; ++i) EXPECT_EQ(g[i], 0.0) << "element " << i;
+  }
+}
+
+// ---------------------------------------------------------------- clustering rules
+TEST(Clustering, SingleAssignmentPlacesEveryRealTokenOnce) {
+  for (uint64_t seed : {1, 2, 3, 4, 5}) {
+    const int64_t G = 3, N = 23, C = 5, kappa = 5;  // C·κ = 25 >= 23
+    Tensor aff = Tensor::uniform({G, N, C}, seed, 0);
+    std::vector<double> m(N, 1.0);
+    m[4] = m[17] = 0.0;
+    Tensor mask = Tensor::from_vector<double>(m, {1, N}).to(DType::f32);
+    auto ids = ops::cluster_satopk(aff, mask, kappa).to_double_vector();
+    for (int64_t g = 0; g < G; ++g) {
+      std::multiset<int> seen;
+      for (int64_t e = 0; e < C * kappa; ++e)
+        if (ids[g * C * kappa + e] >= 0) seen.insert(static_cast<int>(ids[g * C * kappa + e]));
+      EXPECT_EQ(seen.size(), 21u);
+      for (int i = 0; i < N; ++i) EXPECT_EQ(seen.count(i), (i == 4 || i == 17) ? 0u : 1u) << "token " << i;
+    }
+  }
+}
+
+TEST(Clustering, TopKPicksLargestInPositionOrder) {
+  // one group, 5 tokens, 2 clusters, κ = 2; token 4 is padding
+  Tensor aff = Tensor::from_vector<float>({0.9f, 0.1f, 0.2f, 0.8f, 0.9f, 0.1f, 0.3f, 0.7f, 1.0f, 1.0f}, {1, 5, 2});
+  Tensor mask = Tensor::from_vector<float>({1, 1, 1, 1, 0}, {1, 5});
+  expect_values(ops::cluster_topk(aff, mask, 2), {0, 2, 1, 3});  // ties (0.9) toward lower index
+  // satopk: best affinities 0.9 (t0), 0.8 (t1), 0.9 (t2), 0.7 (t3): order t0, t2, t1, t3
+  expect_values(ops::cluster_satopk(aff, mask, 2), {0, 2, 1, 3});
+}
+
+TEST(Clustering, KMeansAssignsEveryRealQueryAndIsDeterministic) {
+  Tensor q = constant({2, 40, 4}, 60, -1, 1, DType::f32);
+  Tensor planes = Tensor::normal({16, 5}, 61, 0);
+  Tensor hashes = ops::lsh_hash(q, planes);
+  Tensor mask = Tensor::from_vector<float>(std::vector<float>(80, 1.0f), {2, 40});
+  auto a = ops::hamming_kmeans(hashes, mask, 6, 10, 7).to_double_vector();
+  auto b = ops::hamming_kmeans(hashes, mask, 6, 10, 7).to_double_vector();
+  EXPECT_EQ(a, b);
+  for (double c : a) EXPECT_TRUE(c >= 0 && c < 6);
+  // queries with identical hashes land in the same cluster
+  auto h = hashes.to_double_vector();
+  for (size_t i = 0; i < 40; ++i)
+    for (size_t j = 0; j < 40; ++j)
+      if (h[i] == h[j]) EXPECT_EQ(a[i], a[j]);
+}
