@@ -1,0 +1,60 @@
+// Layer 2 for attention: every step and every layer variant on CUDA against the CPU.
+// Skipped, with the reason, where no GPU is present.
+#include "nn/attention.h"
+#include "ops/attention.h"
+#include "tests/device_compare.h"
+
+using namespace cast;
+using namespace cast::testing;
+using Inputs = std::vector<Tensor>;
+
+static Tensor on(const Tensor& t, const Tensor& like) { return like.is_cuda() ? t.to(Device::cuda) : t; }
+
+TEST(CudaVsCpuAttention, Steps) {
+  SKIP_WITHOUT_GPU();
+  Tensor mask = Tensor::from_vector<float>({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 8});
+  Inputs qkv = {rand32({2, 2, 8, 4}, 1), rand32({2, 2, 8, 4}, 2), rand32({2, 2, 8, 4}, 3)};
+  expect_devices_agree([&](const Inputs& x) { return ops::full_attention(x[0], x[1], x[2], on(mask, x[0])); }, qkv);
+  expect_devices_agree([](const Inputs& x) { return ops::surrogate_scores(x[0], x[1], 0.5); },
+                       Inputs{qkv[0], rand32({2, 3, 4}, 4)});
+  for (auto f : {ops::AttentionFn::softmax, ops::AttentionFn::laplace})
+    expect_devices_agree([f](const Inputs& x) { return ops::cluster_probabilities(x[0], f); },
+                         Inputs{rand32({2, 2, 8, 3}, 5)});
+  Tensor members = Tensor::from_vector<int32_t>(
+      {0, 3, 5, 1, 2, -1, 4, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, -1, 0, 2, 4, 1, 3, 5, 6, 7, -1, 0, 1, 2, 3, 4, 5, -1, -1, -1},
+      {2, 2, 3, 3});
+  expect_devices_agree([&](const Inputs& x) { return ops::intra_cluster_attention(x[0], x[1], x[2], on(members, x[0])); },
+                       qkv);
+  expect_devices_agree([&](const Inputs& x) { return ops::cluster_summaries(x[0], x[1], on(mask, x[0])); },
+                       Inputs{rand32({2, 2, 8, 3}, 6, 0.1, 1), qkv[2]});
+  expect_devices_agree([&](const Inputs& x) { return ops::combine_clusters(x[0], x[1], x[2], on(members, x[0])); },
+                       Inputs{rand32({2, 2, 8, 3}, 7, 0, 1), rand32({2, 2, 3, 3, 4}, 8), rand32({2, 2, 3, 4}, 9)});
+}
+
+TEST(CudaVsCpuAttention, EveryLayerVariant) {
+  SKIP_WITHOUT_GPU();
+  Tensor mask = Tensor::from_vector<float>({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}, {2, 12});
+  for (auto m : {nn::Mechanism::full, nn::Mechanism::cast, nn::Mechanism::clustered, nn::Mechanism::iclustered})
+    for (bool sa : {false, true})
+      for (bool shared : {false, true}) {
+        nn::AttentionConfig c;
+        c.mechanism = m;
+        c.dim = 16;
+        c.heads = 2;
+        c.clusters = 4;
+        c.cluster_size = 4;
+        c.single_assignment = sa;
+        c.shared_clustering = shared;
+        c.topk = 4;
+        c.bits = 16;
+        nn::Attention cpu_layer(c, DType::f32, Device::cpu), gpu_layer(c, DType::f32, Device::cuda);
+        Tensor x = rand32({2, 12, 16}, 10);
+        // clustered: both devices use the assignment the CPU computed
+        Tensor assignment = cpu_layer.forward(x, mask).assignment;
+        autograd::clear_tape();
+        expect_devices_agree([&](const Inputs& in) {
+          nn::Attention& layer = in[0].is_cuda() ? gpu_layer : cpu_layer;
+          return layer.forward(in[0], on(mask, in[0]), assignment.defined() ? on(assignment, in[0]) : Tensor()).out;
+        }, Inputs{x});
+      }
+}

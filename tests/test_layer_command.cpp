@@ -1,0 +1,95 @@
+// Layer 3: the audit command against reference files computed outside the engine
+// (tests/reference/make_layer_reference.py: numpy forward from ATTENTION.md, gradients by
+// central differences), and its errors on files that do not match the options.
+#include <filesystem>
+
+#include "tensor/safetensors.h"
+#include "tests/test_util.h"
+#include "train/layer_command.h"
+
+using namespace cast;
+using namespace cast::testing;
+
+static std::string data_file(const std::string& name) { return std::string(CAST_TEST_DATA_DIR) + "/" + name; }
+static std::string temp_file(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("cast_layer_" + name)).string();
+}
+
+static void expect_matches_reference(const std::string& reference, std::vector<std::string> options) {
+  const std::string out = temp_file(reference);
+  options.insert(options.end(), {"--in", data_file(reference), "--out", out, "--dtype", "f64"});
+  ASSERT_EQ(command_layer(options), 0);
+  TensorFile ref = read_safetensors(data_file(reference)), got = read_safetensors(out);
+  int compared = 0;
+  for (const auto& [name, expected] : ref.tensors) {
+    if (name.rfind("expected.", 0) != 0) continue;
+    const std::string key = name.substr(9);
+    ASSERT_TRUE(got.has(key)) << key;
+    if (key == "clusters") {
+      EXPECT_EQ(max_abs_diff(got.get(key), expected), 0.0) << key;
+    } else {
+      // the reference gradients are central differences: accurate to about 1e-8
+      EXPECT_LT(rel_diff(got.get(key), expected), 1e-6) << key;
+    }
+    ++compared;
+  }
+  EXPECT_GE(compared, 6);
+}
+
+TEST(LayerCommand, FullAttentionMatchesIndependentReference) {
+  expect_matches_reference("layer_full.safetensors", {"--attention", "full", "--heads", "2"});
+}
+
+TEST(LayerCommand, CastMatchesIndependentReference) {
+  expect_matches_reference("layer_cast.safetensors", {"--attention", "cast", "--heads", "2", "--clusters", "3",
+                                                      "--cluster-size", "3", "--clustering", "topk", "--f", "softmax"});
+}
+
+TEST(LayerCommand, MismatchedFilesNameTheTensor) {
+  const std::string in = temp_file("bad_in.safetensors"), out = temp_file("bad_out.safetensors");
+  auto run = [&](std::map<std::string, Tensor> t, std::vector<std::string> opts) {
+    write_safetensors(in, t);
+    opts.insert(opts.end(), {"--in", in, "--out", out});
+    command_layer(opts);
+  };
+  std::map<std::string, Tensor> good = {{"x", Tensor::zeros({1, 4, 4})},   {"dout", Tensor::zeros({1, 4, 4})},
+                                        {"wq", Tensor::zeros({4, 4})},     {"wk", Tensor::zeros({4, 4})},
+                                        {"wv", Tensor::zeros({4, 4})},     {"wo", Tensor::zeros({4, 4})}};
+  auto without = [&](const std::string& name) { auto t = good; t.erase(name); return t; };
+  auto with = [&](const std::string& name, Tensor v) { auto t = good; t[name] = v; return t; };
+  EXPECT_CAST_ERROR(run(without("wk"), {}), "missing tensor 'wk'");
+  EXPECT_CAST_ERROR(run(with("wv", Tensor::zeros({4, 3})), {}), "'wv' must have shape [4, 4]");
+  EXPECT_CAST_ERROR(run(with("dout", Tensor::zeros({1, 4, 4}, DType::i32)), {}), "'dout' must be F32 or F64");
+  EXPECT_CAST_ERROR(run(with("mask", Tensor::zeros({1, 5})), {}), "'mask' must have shape [1, 4]");
+  EXPECT_CAST_ERROR(run(good, {"--attention", "cast", "--clusters", "2"}), "missing tensor 'gate_b'");
+  EXPECT_CAST_ERROR(run(with("assignment", Tensor::zeros({1, 1, 4})), {"--attention", "clustered"}),
+                    "'assignment' must be i32");
+  EXPECT_CAST_ERROR(run(good, {"--heads", "3"}), "--heads 3 must divide");
+  EXPECT_CAST_ERROR(run(good, {"--attention", "sparse"}), "--attention must be one of");
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST(LayerCommand, EveryMechanismRunsAndWritesItsIndices) {
+  const std::string in = temp_file("all_in.safetensors"), out = temp_file("all_out.safetensors");
+  const int64_t B = 1, N = 9, D = 8, H = 2, C = 2;
+  std::map<std::string, Tensor> t = {{"x", Tensor::normal({B, N, D}, 1, 0)}, {"dout", Tensor::normal({B, N, D}, 2, 0)}};
+  for (const char* w : {"wq", "wk", "wv", "wo"}) t[w] = Tensor::normal({D, D}, 3, 0, 0.3);
+  t["surrogates"] = Tensor::normal({H, C, D / H}, 4, 0);
+  t["gate_w"] = Tensor::normal({D, H}, 5, 0);
+  t["gate_b"] = Tensor::zeros({H});
+  write_safetensors(in, t);
+  for (std::string m : {"full", "cast", "clustered", "iclustered"}) {
+    ASSERT_EQ(command_layer({"--in", in, "--out", out, "--attention", m, "--heads", "2", "--clusters", "2",
+                             "--cluster-size", "5", "--topk", "3", "--bits", "8"}),
+              0);
+    TensorFile f = read_safetensors(out);
+    f.get("out", DType::f32, {B, N, D});
+    f.get("grad.x", DType::f32, {B, N, D});
+    f.get("grad.wo", DType::f32, {D, D});
+    if (m == "cast") {
+      f.get("clusters", DType::i32, {B, H, C, 5});
+      f.get("grad.gate_w", DType::f32, {D, H});
+    }
+    if (m == "clustered" || m == "iclustered") f.get("assignment", DType::i32, {B, H, N});
+  }
+}
