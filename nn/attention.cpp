@@ -58,6 +58,10 @@ Attention::Attention(const AttentionConfig& config, DType dtype, Device device) 
   }
 }
 
+void Attention::collect_parameters(ParamList& out, const std::string& prefix) {
+  for (auto& [name, t] : params_) out.push_back({join_name(prefix, name), &t});
+}
+
 // (B, N, D) -> (B, H, N, d)
 static Tensor split_heads(const Tensor& t, int64_t heads) {
   const int64_t B = t.dim(0), N = t.dim(1), D = t.dim(2);

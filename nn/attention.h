@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "nn/module.h"
 #include "ops/attention.h"
 #include "tensor/tensor.h"
 
@@ -42,7 +43,7 @@ struct AttentionOutput {
   Tensor top_keys;    // improved clustered: (B, H, C, k) i32, each cluster's top keys, −1 = none
 };
 
-class Attention {
+class Attention : public Module {
  public:
   Attention(const AttentionConfig& config, DType dtype = DType::f32, Device device = Device::cpu);
 
@@ -54,6 +55,7 @@ class Attention {
   // Named parameters: wq, wk, wv, wo (D, D); CAST adds surrogates, gate_w, gate_b.
   std::map<std::string, Tensor>& parameters() { return params_; }
   const AttentionConfig& config() const { return config_; }
+  void collect_parameters(ParamList& out, const std::string& prefix) override;
 
  private:
   AttentionOutput forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k,

@@ -2,11 +2,16 @@
 
 #include "train/info.h"
 #include "train/layer_command.h"
+#include "train/train_commands.h"
 
 namespace cast {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> list = {
+      {"train", "train a Transformer on an LRA task (no options: a small CAST model on short ListOps)", command_train},
+      {"eval", "evaluate a checkpoint on its task's validation and test splits", command_eval},
+      {"data", "generate ListOps, Pathfinder or Path-X in the LRA release layout", command_data},
+      {"clusters", "render a CAST model's clusters over an image input as a PNG", command_clusters},
       {"info", "build options, devices and their memory", command_info},
       {"demo", "one op's forward, backward and gradient check, step by step", command_demo},
       {"layer", "one attention layer forward+backward on a safetensors file (the audit interface)", command_layer},

@@ -1,0 +1,27 @@
+// AdamW update, one thread per element (same arithmetic as ops/adamw.cpp).
+#include "cuda/adamw.h"
+#include "cuda/common.cuh"
+
+namespace cast::cuda {
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float lr, float b1, float b2, float eps,
+                             float wd, float c1, float c2, int64_t n) {
+  CAST_KERNEL_LOOP(i, n) {
+    m[i] = b1 * m[i] + (1.f - b1) * g[i];
+    v[i] = b2 * v[i] + (1.f - b2) * g[i] * g[i];
+    const float mhat = m[i] / c1, vhat = v[i] / c2;
+    p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+  }
+}
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr, double beta1, double beta2,
+                  double eps, double weight_decay, double correction1, double correction2) {
+  const int64_t n = param.numel();
+  adamw_kernel<<<blocks_for(n), kThreads>>>(fptr(param), fptr(grad), fptr(m), fptr(v), static_cast<float>(lr),
+                                            static_cast<float>(beta1), static_cast<float>(beta2),
+                                            static_cast<float>(eps), static_cast<float>(weight_decay),
+                                            static_cast<float>(correction1), static_cast<float>(correction2), n);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cast::cuda

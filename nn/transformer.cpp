@@ -1,0 +1,159 @@
+#include "nn/transformer.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "ops/ops.h"
+
+namespace cast::nn {
+
+using json = nlohmann::json;
+
+json ModelConfig::to_json() const {
+  const AttentionConfig& a = attention;
+  return json{{"vocab", vocab}, {"max_len", max_len}, {"dim", dim}, {"heads", heads}, {"mlp_dim", mlp_dim},
+              {"layers", layers}, {"classes", classes}, {"learned_positions", learned_positions},
+              {"cls_pooling", cls_pooling}, {"dual", dual}, {"dropout", dropout}, {"seed", seed},
+              {"attention", {{"mechanism", mechanism_name(a.mechanism)}, {"clusters", a.clusters},
+                             {"cluster_size", a.cluster_size}, {"single_assignment", a.single_assignment},
+                             {"f", a.f == ops::AttentionFn::laplace ? "laplace" : "softmax"},
+                             {"summaries", a.summaries}, {"mix_query", a.mix_query},
+                             {"shared_clustering", a.shared_clustering}, {"topk", a.topk}, {"bits", a.bits},
+                             {"iterations", a.iterations}}}};
+}
+
+ModelConfig ModelConfig::from_json(const json& j) {
+  try {
+    ModelConfig c;
+    c.vocab = j.at("vocab");
+    c.max_len = j.at("max_len");
+    c.dim = j.at("dim");
+    c.heads = j.at("heads");
+    c.mlp_dim = j.at("mlp_dim");
+    c.layers = j.at("layers");
+    c.classes = j.at("classes");
+    c.learned_positions = j.at("learned_positions");
+    c.cls_pooling = j.at("cls_pooling");
+    c.dual = j.at("dual");
+    c.dropout = j.at("dropout");
+    c.seed = j.at("seed");
+    const json& a = j.at("attention");
+    c.attention.mechanism = parse_mechanism(a.at("mechanism"));
+    c.attention.clusters = a.at("clusters");
+    c.attention.cluster_size = a.at("cluster_size");
+    c.attention.single_assignment = a.at("single_assignment");
+    c.attention.f = a.at("f") == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
+    c.attention.summaries = a.at("summaries");
+    c.attention.mix_query = a.at("mix_query");
+    c.attention.shared_clustering = a.at("shared_clustering");
+    c.attention.topk = a.at("topk");
+    c.attention.bits = a.at("bits");
+    c.attention.iterations = a.at("iterations");
+    return c;
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("model config: {}", e.what()));
+  }
+}
+
+Block::Block(const ModelConfig& c, int index, Initializer& init)
+    : norm1(c.dim, init), norm2(c.dim, init), mlp(c.dim, c.mlp_dim, init), dropout(c.dropout), seed(c.seed) {
+  AttentionConfig a = c.attention;
+  a.dim = c.dim;
+  a.heads = c.heads;
+  a.seed = c.seed * 1000 + static_cast<uint64_t>(index) + 1;
+  const int64_t n = c.max_len + (c.cls_pooling ? 1 : 0);
+  if ((a.mechanism == Mechanism::cast || a.mechanism == Mechanism::clustered || a.mechanism == Mechanism::iclustered) &&
+      a.clusters <= 0)
+    a.clusters = default_clusters(n);
+  attention = std::make_unique<Attention>(a, init.dtype, init.device);
+}
+
+Tensor Block::forward(const Tensor& x, const Tensor& mask, bool train, uint64_t& rng) {
+  auto drop = [&](const Tensor& t) {
+    if (!train || dropout == 0.0) return t;
+    Tensor y = ops::dropout(t, dropout, seed, rng);
+    rng += static_cast<uint64_t>(t.numel());
+    return y;
+  };
+  last = attention->forward(norm1.forward(x), mask);
+  Tensor h = ops::add(x, drop(last.out));
+  return ops::add(h, drop(mlp.forward(norm2.forward(h))));
+}
+
+void Block::collect_parameters(ParamList& out, const std::string& prefix) {
+  norm1.collect_parameters(out, join_name(prefix, "norm1"));
+  attention->collect_parameters(out, join_name(prefix, "attention"));
+  norm2.collect_parameters(out, join_name(prefix, "norm2"));
+  mlp.collect_parameters(out, join_name(prefix, "mlp"));
+}
+
+// Fixed sinusoidal positions (Vaswani et al.): sin on even, cos on odd features.
+static Tensor sinusoidal(int64_t len, int64_t dim, DType dtype, Device device) {
+  std::vector<double> v(len * dim);
+  for (int64_t p = 0; p < len; ++p)
+    for (int64_t i = 0; i < dim; ++i) {
+      const double rate = std::pow(10000.0, -static_cast<double>(i / 2 * 2) / static_cast<double>(dim));
+      v[p * dim + i] = i % 2 == 0 ? std::sin(p * rate) : std::cos(p * rate);
+    }
+  return Tensor::from_vector<double>(v, {len, dim}).to(dtype).to(device);
+}
+
+Transformer::Transformer(const ModelConfig& c, DType dtype, Device device) : config_(c) {
+  CAST_CHECK(c.vocab > 0 && c.max_len > 0 && c.layers >= 0 && c.classes >= 2, "model: invalid config {}",
+             c.to_json().dump());
+  Initializer init{c.seed, 0, dtype, device};
+  token_table_ = init.normal({c.vocab, c.dim}, 1.0);
+  position_table_ = c.learned_positions ? init.normal({c.max_len, c.dim}, 0.02)
+                                        : sinusoidal(c.max_len, c.dim, dtype, device);
+  if (c.cls_pooling) cls_ = init.normal({1, 1, c.dim}, 0.02);
+  for (int i = 0; i < c.layers; ++i) blocks_.push_back(std::make_unique<Block>(c, i, init));
+  final_norm_ = LayerNorm(c.dim, init);
+  const int64_t head_in = c.dual ? 4 * c.dim : c.dim;
+  head1_ = Linear(head_in, c.mlp_dim, true, init);
+  head2_ = Linear(c.mlp_dim, c.classes, true, init);
+}
+
+Tensor Transformer::encode(const Tensor& tokens, const Tensor& mask, bool train) {
+  const int64_t B = tokens.dim(0), N = tokens.dim(1);
+  CAST_CHECK(N <= config_.max_len, "model: sequence of {} tokens exceeds max_len {}", N, config_.max_len);
+  std::vector<int32_t> positions(N);
+  for (int64_t i = 0; i < N; ++i) positions[i] = static_cast<int32_t>(i);
+  Tensor pos = ops::embedding(position_table_, Tensor::from_vector<int32_t>(positions, {N}, tokens.device()));
+  Tensor h = ops::add(ops::embedding(token_table_, tokens), pos);  // (B, N, D)
+  Tensor m = mask;
+  if (config_.cls_pooling) {
+    h = ops::concat({ops::expand(cls_, {B, 1, config_.dim}), h}, 1);
+    m = ops::concat({Tensor::full({B, 1}, 1.0, mask.dtype(), mask.device()), mask}, 1);
+  }
+  if (train && config_.dropout > 0) {
+    h = ops::dropout(h, config_.dropout, config_.seed, rng_offset);
+    rng_offset += static_cast<uint64_t>(h.numel());
+  }
+  for (auto& block : blocks_) h = block->forward(h, m, train, rng_offset);
+  h = final_norm_.forward(h);
+  if (config_.cls_pooling) return ops::reshape(ops::split(h, {1, N}, 1)[0], {B, config_.dim});
+  return ops::masked_mean(h, m);
+}
+
+Tensor Transformer::forward(const Batch& batch, bool train) {
+  Tensor features = encode(batch.tokens, batch.mask, train);
+  if (config_.dual) {
+    CAST_CHECK(batch.tokens2.defined(), "model: a dual encoder needs the second text of each pair");
+    Tensor e2 = encode(batch.tokens2, batch.mask2, train);
+    features = ops::concat({features, e2, ops::mul(features, e2), ops::sub(features, e2)}, 1);
+  }
+  return head2_.forward(ops::relu(head1_.forward(features)));
+}
+
+void Transformer::collect_parameters(ParamList& out, const std::string& prefix) {
+  out.push_back({join_name(prefix, "token_embedding"), &token_table_});
+  if (config_.learned_positions) out.push_back({join_name(prefix, "position_embedding"), &position_table_});
+  if (config_.cls_pooling) out.push_back({join_name(prefix, "cls"), &cls_});
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    blocks_[i]->collect_parameters(out, join_name(prefix, "blocks." + std::to_string(i)));
+  final_norm_.collect_parameters(out, join_name(prefix, "final_norm"));
+  head1_.collect_parameters(out, join_name(prefix, "head.dense1"));
+  head2_.collect_parameters(out, join_name(prefix, "head.dense2"));
+}
+
+}  // namespace cast::nn

@@ -1,0 +1,71 @@
+#pragma once
+// The LRA Transformer encoder: token embedding + positions, pre-LayerNorm blocks
+// (LN -> attention -> dropout -> residual; LN -> MLP (GELU) -> dropout -> residual), a final
+// LayerNorm, CLS or mean pooling (padding excluded), and a classifier head
+// (Dense -> ReLU -> Dense). The dual encoder (Retrieval) runs one encoder on both texts and
+// classifies [e1, e2, e1·e2, e1 − e2].
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "nn/attention.h"
+#include "nn/layers.h"
+
+namespace cast::nn {
+
+struct ModelConfig {
+  int64_t vocab = 16;    // token ids in [0, vocab)
+  int64_t max_len = 64;  // longest sequence (CLS excluded)
+  int64_t dim = 64, heads = 4, mlp_dim = 128, layers = 2, classes = 10;
+  bool learned_positions = false;  // else fixed sinusoidal
+  bool cls_pooling = true;         // else mean over real tokens
+  bool dual = false;               // two-tower Retrieval model
+  double dropout = 0.1;
+  AttentionConfig attention;  // mechanism and its options; dim, heads filled from above
+  uint64_t seed = 0;
+
+  nlohmann::json to_json() const;
+  static ModelConfig from_json(const nlohmann::json& j);
+};
+
+struct Batch {
+  Tensor tokens, mask;    // (B, N) i32 and (B, N) float, 1 = real token
+  Tensor tokens2, mask2;  // second text of a dual model
+  Tensor labels;          // (B) i32
+};
+
+class Block : public Module {
+ public:
+  Block(const ModelConfig& c, int index, Initializer& init);
+  Tensor forward(const Tensor& x, const Tensor& mask, bool train, uint64_t& rng);
+  void collect_parameters(ParamList& out, const std::string& prefix) override;
+  LayerNorm norm1, norm2;
+  std::unique_ptr<Attention> attention;
+  Mlp mlp;
+  double dropout;
+  uint64_t seed;
+  AttentionOutput last;  // the last forward's cluster indices, for `cast clusters`
+};
+
+class Transformer : public Module {
+ public:
+  Transformer(const ModelConfig& config, DType dtype = DType::f32, Device device = Device::cpu);
+  // logits (B, classes). `train` turns dropout on; the dropout stream advances `rng_offset`.
+  Tensor forward(const Batch& batch, bool train);
+  void collect_parameters(ParamList& out, const std::string& prefix) override;
+  const ModelConfig& config() const { return config_; }
+  std::vector<std::unique_ptr<Block>>& blocks() { return blocks_; }
+  uint64_t rng_offset = 0;
+
+ private:
+  Tensor encode(const Tensor& tokens, const Tensor& mask, bool train);
+  ModelConfig config_;
+  Tensor token_table_, position_table_, cls_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  LayerNorm final_norm_;
+  Linear head1_, head2_;
+};
+
+}  // namespace cast::nn

@@ -1,0 +1,78 @@
+#pragma once
+// LRA tasks as token sequences: generators (ListOps, Pathfinder), loaders for the release
+// formats, and batching. Every loader names the file and line of the first problem it finds.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/transformer.h"
+
+namespace cast::data {
+
+struct Example {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> tokens2;  // Retrieval: the second document
+  int32_t label = 0;
+};
+
+struct TaskData {
+  std::string name;
+  std::vector<Example> train, val, test;
+  int64_t vocab = 0, classes = 0, max_len = 0;
+  bool dual = false;
+  // Image tasks: every position is data (pixel value 0 included), never padding.
+  bool fixed_length = false;
+  int64_t image_side = 0;  // image tasks: width = height, for `cast clusters`
+};
+
+// Pads each sequence with 0 to the longest in the batch (all positions real for fixed-length tasks).
+nn::Batch make_batch(const TaskData& task, const std::vector<Example>& split, const std::vector<int64_t>& indices,
+                     DType dtype, Device device);
+// The majority-class rate of a split (the accuracy of always guessing the commonest label).
+double majority_rate(const std::vector<Example>& split, int64_t classes);
+
+// ---------------------------------------------------------------- ListOps
+struct ListOpsSpec {
+  int max_depth = 10, max_args = 10;
+  int min_length = 500, max_length = 2000;  // kept when min < length < max (digits + 2 per operator)
+  int64_t train = 96000, val = 2000, test = 2000;
+  static ListOpsSpec release();  // the LRA settings
+  static ListOpsSpec short_cpu();  // a small variant a CPU trains in minutes
+};
+// Writes basic_{train,val,test}.tsv (header Source\tTarget) into `dir`.
+void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed);
+// Reads the release layout; tokens: drop ( ), `]` is its own token, split on whitespace.
+TaskData load_listops(const std::string& dir, int64_t max_len);
+std::vector<int32_t> tokenize_listops(const std::string& source, const std::string& where);
+int evaluate_listops(const std::string& source);  // the value of a ListOps expression
+
+// ---------------------------------------------------------------- Text (IMDb)
+// aclImdb layout: {train,test}/{pos,neg}/*.txt; bytes as tokens (byte + 1, 0 = pad); val = test.
+TaskData load_imdb(const std::string& dir, int64_t max_len);
+
+// ---------------------------------------------------------------- Retrieval (AAN)
+// new_aan_pairs.{train,eval,test}.tsv: label, id1, id2, text1, text2; bytes as tokens, each text cut.
+TaskData load_aan(const std::string& dir, int64_t max_len);
+
+// ---------------------------------------------------------------- Image
+// CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin): to grayscale, pixels as tokens.
+TaskData load_cifar10(const std::string& dir);
+// Fashion-MNIST gzipped IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte.gz): 784 pixels.
+TaskData load_fashion_mnist(const std::string& dir);
+std::string default_fashion_mnist_dir();  // where the Debian package installs it
+
+// ---------------------------------------------------------------- Pathfinder / Path-X
+struct PathfinderSpec {
+  int side = 32;              // image width = height
+  int contour_length = 14;    // paddles per target snake
+  int distractors = 4;        // distractor snakes (length contour_length / 3)
+  int64_t count = 2000;       // images per generation
+  static PathfinderSpec pathfinder32();
+  static PathfinderSpec pathx128();
+};
+// Writes <dir>/imgs/0/sample_<i>.png and <dir>/metadata/0.npy (text lines: subdir file idx label).
+void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed);
+// Reads every metadata/*.npy of `dir`; splits 80/10/10 in file order.
+TaskData load_pathfinder(const std::string& dir);
+
+}  // namespace cast::data

@@ -1,0 +1,174 @@
+// Pathfinder / Path-X: a contour-image generator in the release layout and its loader.
+// Each image holds two target snakes and shorter distractor snakes made of short line
+// segments ("paddles") that turn by small angles, plus two round markers: on the two ends of
+// one snake (label 1) or on ends of different snakes (label 0). Drawn at twice the size and
+// averaged 2×2 down, which antialiases the strokes.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tensor/philox.h"
+#include "train/data.h"
+#include "train/png.h"
+
+namespace cast::data {
+
+namespace fs = std::filesystem;
+
+PathfinderSpec PathfinderSpec::pathfinder32() { return PathfinderSpec{}; }
+
+PathfinderSpec PathfinderSpec::pathx128() {
+  PathfinderSpec s;
+  s.side = 128;
+  s.contour_length = 56;
+  s.distractors = 20;
+  return s;
+}
+
+namespace {
+
+struct Rng {
+  uint64_t seed, n = 0;
+  double uniform() { return philox::uniform(seed, n++); }
+};
+
+struct Point {
+  double x, y;
+};
+
+struct Canvas {
+  int side;  // drawing resolution (2× the image)
+  std::vector<double> ink;
+  explicit Canvas(int s) : side(s), ink(static_cast<size_t>(s) * s, 0.0) {}
+  void disc(double cx, double cy, double r) {
+    for (int y = std::max(0, int(cy - r - 1)); y <= std::min(side - 1, int(cy + r + 1)); ++y)
+      for (int x = std::max(0, int(cx - r - 1)); x <= std::min(side - 1, int(cx + r + 1)); ++x)
+        if ((x + 0.5 - cx) * (x + 0.5 - cx) + (y + 0.5 - cy) * (y + 0.5 - cy) <= r * r) ink[y * side + x] = 1.0;
+  }
+  void segment(Point a, Point b, double half_width) {
+    const int steps = std::max(2, int(std::hypot(b.x - a.x, b.y - a.y) * 2));
+    for (int i = 0; i <= steps; ++i) disc(a.x + (b.x - a.x) * i / steps, a.y + (b.y - a.y) * i / steps, half_width);
+  }
+};
+
+// A snake of `paddles` segments; returns its two end points, or false when it leaves the canvas.
+bool draw_snake(Canvas& c, Rng& rng, int paddles, double paddle_len, double gap, Point& head, Point& tail,
+                bool draw) {
+  const double margin = 3;
+  Point p{margin + rng.uniform() * (c.side - 2 * margin), margin + rng.uniform() * (c.side - 2 * margin)};
+  double angle = rng.uniform() * 2 * 3.14159265358979;
+  std::vector<std::pair<Point, Point>> parts;
+  head = p;
+  for (int i = 0; i < paddles; ++i) {
+    angle += (rng.uniform() - 0.5) * 0.9;  // continuity: small turns between paddles
+    Point q{p.x + std::cos(angle) * paddle_len, p.y + std::sin(angle) * paddle_len};
+    if (q.x < margin || q.y < margin || q.x > c.side - margin || q.y > c.side - margin) return false;
+    parts.push_back({p, q});
+    p = {q.x + std::cos(angle) * gap, q.y + std::sin(angle) * gap};
+  }
+  tail = parts.back().second;
+  if (draw)
+    for (auto& [a, b] : parts) c.segment(a, b, 0.5);
+  return true;
+}
+
+}  // namespace
+
+void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed) {
+  fs::create_directories(dir + "/imgs/0");
+  fs::create_directories(dir + "/metadata");
+  const int hi = spec.side * 2;
+  const double scale = spec.side / 32.0;
+  const double paddle_len = 2.0 * 2 * scale * 0.9, gap = 1.2 * scale;
+  std::ostringstream meta;
+  for (int64_t i = 0; i < spec.count; ++i) {
+    Rng rng{seed * 1000003 + static_cast<uint64_t>(i)};
+    const int label = rng.uniform() < 0.5 ? 1 : 0;
+    Canvas c(hi);
+    Point a0, a1, b0, b1, d0, d1;
+    for (int tries = 0;; ++tries) {
+      Rng attempt = rng;
+      Canvas trial(hi);
+      if (draw_snake(trial, attempt, spec.contour_length, paddle_len, gap, a0, a1, true) &&
+          draw_snake(trial, attempt, spec.contour_length, paddle_len, gap, b0, b1, true) &&
+          std::hypot(a0.x - b0.x, a0.y - b0.y) > 7 * scale) {
+        c = trial;
+        rng = attempt;
+        break;
+      }
+      rng.n += 1000;
+      CAST_CHECK(tries < 10000, "pathfinder: could not place the snakes on a {}x{} image", spec.side, spec.side);
+    }
+    for (int k = 0; k < spec.distractors; ++k)
+      for (int tries = 0; tries < 50; ++tries)
+        if (draw_snake(c, rng, std::max(1, spec.contour_length / 3), paddle_len, gap, d0, d1, true)) break;
+    const double r = 1.5 * 2 * scale;
+    c.disc(a0.x, a0.y, r);
+    if (label == 1) c.disc(a1.x, a1.y, r);
+    else c.disc(b1.x, b1.y, r);
+    png::Image img{spec.side, spec.side, 1, std::vector<uint8_t>(static_cast<size_t>(spec.side) * spec.side)};
+    for (int y = 0; y < spec.side; ++y)
+      for (int x = 0; x < spec.side; ++x) {
+        double s = c.ink[(2 * y) * hi + 2 * x] + c.ink[(2 * y) * hi + 2 * x + 1] + c.ink[(2 * y + 1) * hi + 2 * x] +
+                   c.ink[(2 * y + 1) * hi + 2 * x + 1];
+        img.pixels[y * spec.side + x] = static_cast<uint8_t>(std::lround(255.0 * s / 4));
+      }
+    png::write(fmt::format("{}/imgs/0/sample_{}.png", dir, i), img);
+    meta << "imgs/0 sample_" << i << ".png " << i << ' ' << label << '\n';
+  }
+  std::ofstream out(dir + "/metadata/0.npy.tmp");
+  out << meta.str();
+  out.close();
+  CAST_CHECK(out.good(), "{}/metadata/0.npy: write failed", dir);
+  fs::rename(dir + "/metadata/0.npy.tmp", dir + "/metadata/0.npy");
+}
+
+TaskData load_pathfinder(const std::string& dir) {
+  const std::string meta_dir = dir + "/metadata";
+  CAST_CHECK(fs::is_directory(meta_dir), "{}: missing folder (generate the data with `cast data pathfinder`)", meta_dir);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(meta_dir))
+    if (e.path().extension() == ".npy") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  CAST_CHECK(!files.empty(), "{}: no metadata files", meta_dir);
+  std::vector<Example> all;
+  int side = 0;
+  for (const std::string& f : files) {
+    std::ifstream in(f);
+    std::string line;
+    for (int64_t number = 1; std::getline(in, line); ++number) {
+      if (line.empty()) continue;
+      const std::string where = fmt::format("{}:{}", f, number);
+      std::istringstream fields(line);
+      std::vector<std::string> cols;
+      for (std::string w; fields >> w;) cols.push_back(w);
+      CAST_CHECK(cols.size() >= 4, "{}: expected at least 4 fields (subdir file idx label), got {}", where, cols.size());
+      CAST_CHECK(cols[3] == "0" || cols[3] == "1", "{}: label '{}' is not 0 or 1", where, cols[3]);
+      png::Image img = png::read_gray(dir + "/" + cols[0] + "/" + cols[1]);
+      CAST_CHECK(img.width == img.height, "{}: image {}x{} is not square", where, img.width, img.height);
+      if (side == 0) side = img.width;
+      CAST_CHECK(img.width == side, "{}: image is {} wide, earlier ones {}", where, img.width, side);
+      Example e;
+      e.label = cols[3][0] - '0';
+      e.tokens.assign(img.pixels.begin(), img.pixels.end());
+      all.push_back(std::move(e));
+    }
+  }
+  CAST_CHECK(all.size() >= 3, "{}: fewer than 3 images", dir);
+  TaskData t;
+  t.name = side > 32 ? "pathx" : "pathfinder";
+  t.vocab = 256;
+  t.classes = 2;
+  t.max_len = static_cast<int64_t>(side) * side;
+  t.fixed_length = true;
+  t.image_side = side;
+  const size_t n_train = all.size() * 8 / 10, n_val = all.size() / 10;
+  t.train.assign(all.begin(), all.begin() + n_train);
+  t.val.assign(all.begin() + n_train, all.begin() + n_train + n_val);
+  t.test.assign(all.begin() + n_train + n_val, all.end());
+  return t;
+}
+
+}  // namespace cast::data

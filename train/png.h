@@ -1,0 +1,17 @@
+#pragma once
+// PNG read and write through libpng, with errors that name the file.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cast::png {
+
+struct Image {
+  int width = 0, height = 0, channels = 1;  // 1 = gray, 3 = RGB
+  std::vector<uint8_t> pixels;              // row-major, channels interleaved
+};
+
+void write(const std::string& path, const Image& image);  // atomic: temporary file, then rename
+Image read_gray(const std::string& path);                 // any PNG, converted to 8-bit gray
+
+}  // namespace cast::png

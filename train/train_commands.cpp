@@ -1,0 +1,237 @@
+// `cast train`, `cast eval`, `cast data`, `cast clusters`.
+#include "train/train_commands.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "autograd/tape.h"
+#include "train/cli.h"
+#include "train/png.h"
+#include "train/trainer.h"
+
+namespace cast {
+
+using json = nlohmann::json;
+
+namespace {
+
+// Settings that flags and JSON config files share, by the type of their value.
+const std::vector<std::pair<std::string, std::string>> kIntSettings = {
+    {"steps", "training steps"}, {"batch", "batch size"}, {"warmup", "warmup steps"},
+    {"log-every", "steps between progress lines"}, {"eval-every", "steps between validations (0: at the end)"},
+    {"checkpoint-every", "steps between checkpoints"}, {"eval-limit", "examples per evaluated split (0: all)"},
+    {"seed", "seed of data order, initialisation and dropout"}, {"max-len", "longest sequence"},
+    {"dim", "model dim D"}, {"heads", "attention heads"}, {"mlp-dim", "MLP hidden width"}, {"layers", "blocks"},
+    {"clusters", "clusters C (0: ceil(sqrt(N)) rounded up to 8)"}, {"cluster-size", "CAST cluster size (0: same default)"},
+    {"topk", "improved clustered: keys per cluster"}, {"bits", "clustered: hash bits"},
+    {"iterations", "clustered: Lloyd iterations"}};
+const std::vector<std::pair<std::string, std::string>> kFloatSettings = {
+    {"lr", "peak learning rate (rsqrt: the LRA base rate)"}, {"weight-decay", "AdamW weight decay"},
+    {"clip", "gradient norm clip (0: off)"}, {"dropout", "dropout rate"}};
+const std::vector<std::pair<std::string, std::string>> kStringSettings = {
+    {"data", "data folder (default: the task's)"}, {"run", "run folder (default: runs/<task>-<attention>)"},
+    {"schedule", "rsqrt | cosine | constant"}, {"device", "auto | cpu | cuda"},
+    {"positions", "sinusoidal | learned"}, {"pooling", "cls | mean"},
+    {"attention", "full | cast | clustered | iclustered"}, {"clustering", "CAST: topk | satopk"},
+    {"f", "CAST: softmax | laplace"}, {"summaries", "CAST: on | off"}, {"mix", "CAST: affinity | query"},
+    {"cast-heads", "CAST: per-head | shared"}};
+const std::vector<std::pair<std::string, std::string>> kBoolSettings = {
+    {"eval-best", "evaluate the best validation checkpoint instead of the final model"},
+    {"tf32", "allow TF32 tensor-core matmuls on the GPU"}};
+
+json settings_from_flags(const cli::Args& args) {
+  json j = json::object();
+  for (auto& [k, h] : kIntSettings)
+    if (args.is_set(k)) j[k] = args.integer(k);
+  for (auto& [k, h] : kFloatSettings)
+    if (args.is_set(k)) j[k] = args.number(k);
+  for (auto& [k, h] : kStringSettings)
+    if (args.is_set(k)) j[k] = args.str(k);
+  for (auto& [k, h] : kBoolSettings)
+    if (args.is_set(k)) j[k] = true;
+  return j;
+}
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  CAST_CHECK(in.good(), "{}: cannot open", path);
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{}: not valid JSON: {}", path, e.what()));
+  }
+}
+
+}  // namespace
+
+int command_train(const std::vector<std::string>& argv) {
+  cli::Args args("train",
+                 "Train a Transformer on an LRA task. With no options: generate short ListOps if missing and train a "
+                 "small CAST model\non the CPU in a few minutes. Settings: task preset, then --config FILE (JSON, keys "
+                 "as the flags), then flags.");
+  args.option("task", "listops-short", "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist")
+      .option("config", "", "JSON file of settings")
+      .option("resume", "", "checkpoint to continue from (its settings are used)");
+  for (auto& [k, h] : kIntSettings) args.option(k, "", h);
+  for (auto& [k, h] : kFloatSettings) args.option(k, "", h);
+  for (auto& [k, h] : kStringSettings) args.option(k, "", h);
+  for (auto& [k, h] : kBoolSettings) args.flag(k, h);
+  if (!args.parse(argv)) return 0;
+
+  train::TrainConfig config;
+  if (!args.str("resume").empty()) {
+    config = train::read_checkpoint_header(args.str("resume")).config;
+    json flags = settings_from_flags(args);
+    for (const char* model_key : {"max-len", "dim", "heads", "mlp-dim", "layers", "dropout", "positions", "pooling",
+                                  "attention", "clusters", "cluster-size", "clustering", "f", "summaries", "mix",
+                                  "cast-heads", "topk", "bits", "iterations", "seed"})
+      CAST_CHECK(!flags.contains(model_key), "--{} cannot change when resuming: the checkpoint fixes the model", model_key);
+    train::apply_overrides(config, flags);
+  } else {
+    config = train::preset(args.str("task"));
+    if (!args.str("config").empty()) train::apply_overrides(config, read_json_file(args.str("config")));
+    train::apply_overrides(config, settings_from_flags(args));
+  }
+  fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
+             config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
+             config.model.heads, config.steps, config.batch,
+             device_name(train::resolve_device(config.device)));
+  train::run_training(config, args.str("resume"));
+  return 0;
+}
+
+int command_eval(const std::vector<std::string>& argv) {
+  cli::Args args("eval", "Evaluate a checkpoint on the validation and test splits of its task.");
+  args.option("checkpoint", "", "checkpoint file (required)")
+      .option("data", "", "data folder (default: the one the run used)")
+      .option("device", "auto", "auto | cpu | cuda")
+      .option("eval-limit", "0", "examples per split (0: all)");
+  if (!args.parse(argv)) return 0;
+  CAST_CHECK(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
+  train::Checkpoint ck = train::read_checkpoint_header(args.str("checkpoint"));
+  if (!args.str("data").empty()) ck.config.data_dir = args.str("data");
+  const Device device = train::resolve_device(args.str("device"));
+  nn::Transformer model(ck.config.model, DType::f32, device);
+  train::load_checkpoint(args.str("checkpoint"), model, nullptr, nullptr);
+  data::TaskData task = train::load_task(ck.config, false);
+  const int64_t limit = args.integer("eval-limit");
+  auto val = train::evaluate(model, task, task.val, ck.config.batch, limit, device);
+  auto test = train::evaluate(model, task, task.test, ck.config.batch, limit, device);
+  fmt::print("{} (step {}, task {}, attention {})\n", args.str("checkpoint"), ck.step, ck.config.task,
+             nn::mechanism_name(ck.config.model.attention.mechanism));
+  fmt::print("  validation accuracy {:.2f}%  loss {:.4f}  ({} examples)\n", 100 * val.accuracy, val.loss, val.examples);
+  fmt::print("  test accuracy       {:.2f}%  loss {:.4f}  ({} examples)  majority class {:.2f}%\n", 100 * test.accuracy,
+             test.loss, test.examples, 100 * data::majority_rate(task.test, task.classes));
+  return 0;
+}
+
+int command_data(const std::vector<std::string>& argv) {
+  cli::Args args("data", "Generate a task in the LRA release layout: --task listops | listops-short | pathfinder | pathx.");
+  args.option("task", "", "listops | listops-short | pathfinder | pathx")
+      .option("out", "", "output folder (default: data/<name>)")
+      .option("count", "0", "pathfinder/pathx: images (0: the default 2000)")
+      .option("seed", "1", "seed");
+  std::vector<std::string> rest = argv;
+  if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--task");  // `cast data listops`
+  if (!args.parse(rest)) return 0;
+  const std::string task = args.choice("task", {"listops", "listops-short", "pathfinder", "pathx"});
+  const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
+  std::string out = args.str("out");
+  if (task == "listops" || task == "listops-short") {
+    if (out.empty()) out = task == "listops" ? "data/listops-1000" : "data/listops-short";
+    data::generate_listops(out, task == "listops" ? data::ListOpsSpec::release() : data::ListOpsSpec::short_cpu(), seed);
+  } else {
+    if (out.empty()) out = task == "pathx" ? "data/pathx128" : "data/pathfinder32";
+    data::PathfinderSpec spec = task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
+    if (args.integer("count") > 0) spec.count = args.integer("count");
+    data::generate_pathfinder(out, spec, seed);
+  }
+  fmt::print("cast data: wrote {} into {}\n", task, out);
+  return 0;
+}
+
+// One colour per cluster: evenly spaced hues.
+static void cluster_colour(int c, int clusters, uint8_t rgb[3]) {
+  const double h = 6.0 * c / std::max(1, clusters), x = 1 - std::abs(std::fmod(h, 2.0) - 1);
+  double r = 0, g = 0, b = 0;
+  switch (static_cast<int>(h) % 6) {
+    case 0: r = 1, g = x; break;
+    case 1: r = x, g = 1; break;
+    case 2: g = 1, b = x; break;
+    case 3: g = x, b = 1; break;
+    case 4: r = x, b = 1; break;
+    default: r = 1, b = x; break;
+  }
+  rgb[0] = static_cast<uint8_t>(40 + 215 * r), rgb[1] = static_cast<uint8_t>(40 + 215 * g), rgb[2] = static_cast<uint8_t>(40 + 215 * b);
+}
+
+int command_clusters(const std::vector<std::string>& argv) {
+  cli::Args args("clusters",
+                 "Render a trained CAST model's cluster assignment over one image-task input as a PNG: one panel per "
+                 "layer (rows) and head (columns), one colour per cluster; a pixel in several clusters takes the first, "
+                 "a pixel in none is black; the input image is the leftmost column.");
+  args.option("checkpoint", "", "CAST checkpoint of an image task (required)")
+      .option("out", "clusters.png", "output PNG")
+      .option("index", "0", "which test example")
+      .option("data", "", "data folder (default: the one the run used)")
+      .option("scale", "4", "pixels per image pixel");
+  if (!args.parse(argv)) return 0;
+  CAST_CHECK(!args.str("checkpoint").empty(), "--checkpoint is required (see cast clusters --help)");
+  train::Checkpoint ck = train::read_checkpoint_header(args.str("checkpoint"));
+  CAST_CHECK(ck.config.model.attention.mechanism == nn::Mechanism::cast, "{}: the model uses {} attention, not cast",
+             args.str("checkpoint"), nn::mechanism_name(ck.config.model.attention.mechanism));
+  if (!args.str("data").empty()) ck.config.data_dir = args.str("data");
+  data::TaskData task = train::load_task(ck.config, false);
+  CAST_CHECK(task.image_side > 0, "task {} is not an image task", task.name);
+  const int64_t index = args.integer("index");
+  CAST_CHECK(index >= 0 && index < static_cast<int64_t>(task.test.size()), "--index {} outside the {} test examples", index,
+             task.test.size());
+  nn::Transformer model(ck.config.model, DType::f32, Device::cpu);
+  train::load_checkpoint(args.str("checkpoint"), model, nullptr, nullptr);
+  {
+    autograd::NoGradGuard no_grad;
+    model.forward(data::make_batch(task, task.test, {index}, DType::f32, Device::cpu), false);
+  }
+  const int side = static_cast<int>(task.image_side), s = static_cast<int>(args.integer("scale")), pad = 4;
+  const int layers = static_cast<int>(model.blocks().size()), heads = static_cast<int>(ck.config.model.heads);
+  const int offset = ck.config.model.cls_pooling ? 1 : 0;  // token 0 is CLS
+  png::Image img{(heads + 1) * (side * s + pad) + pad, layers * (side * s + pad) + pad, 3, {}};
+  img.pixels.assign(static_cast<size_t>(img.width) * img.height * 3, 255);
+  auto put = [&](int panel_x, int panel_y, int px, int py, const uint8_t rgb[3]) {
+    for (int dy = 0; dy < s; ++dy)
+      for (int dx = 0; dx < s; ++dx) {
+        const int x = pad + panel_x * (side * s + pad) + px * s + dx, y = pad + panel_y * (side * s + pad) + py * s + dy;
+        std::copy(rgb, rgb + 3, &img.pixels[(static_cast<size_t>(y) * img.width + x) * 3]);
+      }
+  };
+  const auto& pixels = task.test[index].tokens;
+  for (int l = 0; l < layers; ++l) {
+    for (int p = 0; p < side * side; ++p) {
+      const uint8_t v = static_cast<uint8_t>(pixels[p]), rgb[3] = {v, v, v};
+      put(0, l, p % side, p / side, rgb);
+    }
+    const Tensor& clusters = model.blocks()[l]->last.clusters;  // (1, H, C, κ)
+    const int C = static_cast<int>(clusters.dim(2)), K = static_cast<int>(clusters.dim(3));
+    auto ids = clusters.to_double_vector();
+    for (int h = 0; h < heads; ++h) {
+      std::vector<int> owner(side * side, -1);
+      for (int c = 0; c < C; ++c)
+        for (int k = 0; k < K; ++k) {
+          const int token = static_cast<int>(ids[(h * C + c) * K + k]) - offset;
+          if (token >= 0 && token < side * side && owner[token] < 0) owner[token] = c;
+        }
+      for (int p = 0; p < side * side; ++p) {
+        uint8_t rgb[3] = {0, 0, 0};
+        if (owner[p] >= 0) cluster_colour(owner[p], C, rgb);
+        put(h + 1, l, p % side, p / side, rgb);
+      }
+    }
+  }
+  png::write(args.str("out"), img);
+  fmt::print("cast clusters: {} layers x {} heads of {} clusters -> {}\n", layers, heads,
+             model.blocks().empty() ? 0 : model.blocks()[0]->last.clusters.dim(2), args.str("out"));
+  return 0;
+}
+
+}  // namespace cast

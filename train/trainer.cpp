@@ -1,0 +1,456 @@
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "autograd/tape.h"
+#include "ops/adamw.h"
+#include "ops/ops.h"
+#include "tensor/device_memory.h"
+#include "tensor/philox.h"
+#include "tensor/safetensors.h"
+#include "train/plot.h"
+
+namespace cast::train {
+
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------- configuration
+json TrainConfig::to_json() const {
+  return json{{"task", task}, {"data", data_dir}, {"run", run_dir}, {"steps", steps}, {"batch", batch},
+              {"warmup", warmup}, {"log-every", log_every}, {"eval-every", eval_every},
+              {"checkpoint-every", checkpoint_every}, {"eval-limit", eval_limit}, {"lr", lr},
+              {"weight-decay", weight_decay}, {"clip", clip}, {"schedule", schedule}, {"seed", seed},
+              {"eval-best", eval_best}, {"device", device}, {"tf32", tf32}};
+}
+
+TrainConfig preset(const std::string& task) {
+  TrainConfig c;
+  c.task = task;
+  nn::ModelConfig& m = c.model;
+  m.attention.mechanism = nn::Mechanism::cast;
+  if (task == "listops-short") {  // small enough for a 2-core CPU in a few minutes
+    m.vocab = 16, m.max_len = 48, m.dim = 64, m.heads = 4, m.mlp_dim = 128, m.layers = 2, m.classes = 10;
+    m.dropout = 0.0;
+    c.steps = 1200, c.batch = 32, c.lr = 2e-3, c.warmup = 100, c.schedule = "cosine", c.weight_decay = 0.01;
+  } else if (task == "listops") {
+    m.vocab = 16, m.max_len = 2000, m.dim = 512, m.heads = 8, m.mlp_dim = 1024, m.layers = 4, m.classes = 10;
+    c.steps = 5000, c.batch = 32, c.lr = 0.05, c.warmup = 1000, c.schedule = "rsqrt";
+  } else if (task == "text") {
+    m.vocab = 257, m.max_len = 4096, m.dim = 256, m.heads = 4, m.mlp_dim = 1024, m.layers = 4, m.classes = 2;
+    c.steps = 20000, c.batch = 32, c.lr = 0.05, c.warmup = 8000, c.schedule = "rsqrt";
+  } else if (task == "retrieval") {
+    m.vocab = 257, m.max_len = 4000, m.dim = 128, m.heads = 4, m.mlp_dim = 512, m.layers = 4, m.classes = 2;
+    m.dual = true;
+    c.steps = 5000, c.batch = 32, c.lr = 0.05, c.warmup = 8000, c.schedule = "rsqrt";
+  } else if (task == "image") {
+    m.vocab = 256, m.max_len = 1024, m.dim = 128, m.heads = 8, m.mlp_dim = 128, m.layers = 1, m.classes = 10;
+    m.dropout = 0.3, m.learned_positions = true;
+    c.steps = 35000, c.batch = 256, c.lr = 5e-4, c.warmup = 1000, c.schedule = "cosine";
+  } else if (task == "pathfinder") {
+    m.vocab = 256, m.max_len = 1024, m.dim = 32, m.heads = 4, m.mlp_dim = 32, m.layers = 4, m.classes = 2;
+    m.cls_pooling = false;
+    c.steps = 62000, c.batch = 512, c.lr = 1e-3, c.warmup = 1000, c.schedule = "cosine";
+  } else if (task == "pathx") {
+    m.vocab = 256, m.max_len = 16384, m.dim = 32, m.heads = 2, m.mlp_dim = 32, m.layers = 1, m.classes = 2;
+    m.cls_pooling = false;
+    c.steps = 62000, c.batch = 32, c.lr = 1e-3, c.warmup = 1000, c.schedule = "cosine";
+  } else if (task == "fashion-mnist") {
+    m.vocab = 256, m.max_len = 784, m.dim = 64, m.heads = 4, m.mlp_dim = 128, m.layers = 1, m.classes = 10;
+    m.cls_pooling = false, m.learned_positions = true;
+    c.steps = 3000, c.batch = 64, c.lr = 1e-3, c.warmup = 200, c.schedule = "cosine";
+  } else {
+    throw Error(fmt::format("unknown task '{}' (listops-short, listops, text, retrieval, image, pathfinder, pathx, "
+                            "fashion-mnist)", task));
+  }
+  return c;
+}
+
+void apply_overrides(TrainConfig& c, const json& j) {
+  CAST_CHECK(j.is_object(), "config: expected a JSON object");
+  nn::ModelConfig& m = c.model;
+  nn::AttentionConfig& a = m.attention;
+  for (auto& [key, value] : j.items()) {
+    try {
+      if (key == "task") continue;  // chosen before the preset
+      else if (key == "data") c.data_dir = value.get<std::string>();
+      else if (key == "run") c.run_dir = value.get<std::string>();
+      else if (key == "steps") c.steps = value.get<int64_t>();
+      else if (key == "batch") c.batch = value.get<int64_t>();
+      else if (key == "warmup") c.warmup = value.get<int64_t>();
+      else if (key == "log-every") c.log_every = value.get<int64_t>();
+      else if (key == "eval-every") c.eval_every = value.get<int64_t>();
+      else if (key == "checkpoint-every") c.checkpoint_every = value.get<int64_t>();
+      else if (key == "eval-limit") c.eval_limit = value.get<int64_t>();
+      else if (key == "lr") c.lr = value.get<double>();
+      else if (key == "weight-decay") c.weight_decay = value.get<double>();
+      else if (key == "clip") c.clip = value.get<double>();
+      else if (key == "schedule") c.schedule = value.get<std::string>();
+      else if (key == "seed") c.seed = m.seed = value.get<uint64_t>();
+      else if (key == "eval-best") c.eval_best = value.get<bool>();
+      else if (key == "device") c.device = value.get<std::string>();
+      else if (key == "tf32") c.tf32 = value.get<bool>();
+      else if (key == "max-len") m.max_len = value.get<int64_t>();
+      else if (key == "dim") m.dim = value.get<int64_t>();
+      else if (key == "heads") m.heads = value.get<int64_t>();
+      else if (key == "mlp-dim") m.mlp_dim = value.get<int64_t>();
+      else if (key == "layers") m.layers = value.get<int64_t>();
+      else if (key == "dropout") m.dropout = value.get<double>();
+      else if (key == "positions") m.learned_positions = value.get<std::string>() == "learned";
+      else if (key == "pooling") m.cls_pooling = value.get<std::string>() == "cls";
+      else if (key == "attention") a.mechanism = nn::parse_mechanism(value.get<std::string>());
+      else if (key == "clusters") a.clusters = value.get<int64_t>();
+      else if (key == "cluster-size") a.cluster_size = value.get<int64_t>();
+      else if (key == "clustering") a.single_assignment = value.get<std::string>() == "satopk";
+      else if (key == "f") a.f = value.get<std::string>() == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
+      else if (key == "summaries") a.summaries = value.get<std::string>() == "on";
+      else if (key == "mix") a.mix_query = value.get<std::string>() == "query";
+      else if (key == "cast-heads") a.shared_clustering = value.get<std::string>() == "shared";
+      else if (key == "topk") a.topk = value.get<int64_t>();
+      else if (key == "bits") a.bits = value.get<int64_t>();
+      else if (key == "iterations") a.iterations = value.get<int64_t>();
+      else throw Error(fmt::format("config: unknown setting '{}'", key));
+    } catch (const json::exception& e) {
+      throw Error(fmt::format("config: setting '{}' has the wrong type: {}", key, value.dump()));
+    }
+  }
+  CAST_CHECK(c.schedule == "rsqrt" || c.schedule == "cosine" || c.schedule == "constant",
+             "config: schedule must be rsqrt, cosine or constant, got '{}'", c.schedule);
+  CAST_CHECK(c.steps >= 0 && c.batch > 0 && c.warmup >= 0, "config: steps, batch and warmup must be positive");
+  CAST_CHECK(m.dim % m.heads == 0, "config: dim {} must be a multiple of heads {}", m.dim, m.heads);
+}
+
+double learning_rate(const TrainConfig& c, int64_t step) {
+  const double s = static_cast<double>(step), w = static_cast<double>(std::max<int64_t>(c.warmup, 1));
+  if (c.schedule == "rsqrt") return c.lr * std::min(1.0, s / w) / std::sqrt(std::max(s, w));
+  if (c.schedule == "constant") return c.lr * std::min(1.0, s / w);
+  if (step <= c.warmup) return c.lr * s / w;
+  const double progress = (s - c.warmup) / std::max(1.0, static_cast<double>(c.steps - c.warmup));
+  return c.lr * 0.5 * (1.0 + std::cos(3.14159265358979323846 * std::min(1.0, progress)));
+}
+
+Device resolve_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu;
+  if (name == "cuda") {
+    CAST_CHECK(device_memory::cuda_available(), "--device cuda: no CUDA GPU is available");
+    return Device::cuda;
+  }
+  CAST_CHECK(name == "auto", "--device must be auto, cpu or cuda, got '{}'", name);
+  return device_memory::cuda_available() ? Device::cuda : Device::cpu;
+}
+
+data::TaskData load_task(const TrainConfig& c, bool generate_if_missing) {
+  const std::string& t = c.task;
+  std::string dir = c.data_dir;
+  const int64_t max_len = c.model.max_len;
+  if (t == "listops-short" || t == "listops") {
+    if (dir.empty()) dir = t == "listops" ? "data/listops-1000" : "data/listops-short";
+    if (generate_if_missing && t == "listops-short" && !std::filesystem::exists(dir + "/basic_train.tsv")) {
+      fmt::print("generating short ListOps into {}\n", dir);
+      data::generate_listops(dir, data::ListOpsSpec::short_cpu(), 1);
+    }
+    return data::load_listops(dir, max_len);
+  }
+  if (t == "text") return data::load_imdb(dir.empty() ? "data/aclImdb" : dir, max_len);
+  if (t == "retrieval") return data::load_aan(dir.empty() ? "data/aan" : dir, max_len);
+  if (t == "image") return data::load_cifar10(dir.empty() ? "data/cifar-10-batches-bin" : dir);
+  if (t == "fashion-mnist") return data::load_fashion_mnist(dir.empty() ? data::default_fashion_mnist_dir() : dir);
+  if (t == "pathfinder" || t == "pathx") {
+    if (dir.empty()) dir = t == "pathx" ? "data/pathx128" : "data/pathfinder32";
+    return data::load_pathfinder(dir);
+  }
+  throw Error(fmt::format("unknown task '{}'", t));
+}
+
+// ---------------------------------------------------------------- evaluation
+EvalResult evaluate(nn::Transformer& model, const data::TaskData& task, const std::vector<data::Example>& split,
+                    int64_t batch, int64_t limit, Device device) {
+  autograd::NoGradGuard no_grad;
+  EvalResult r;
+  const int64_t n = limit > 0 ? std::min<int64_t>(limit, split.size()) : static_cast<int64_t>(split.size());
+  double loss_sum = 0, correct = 0;
+  for (int64_t start = 0; start < n; start += batch) {
+    std::vector<int64_t> idx(std::min(batch, n - start));
+    std::iota(idx.begin(), idx.end(), start);
+    nn::Batch b = data::make_batch(task, split, idx, DType::f32, device);
+    Tensor logits = model.forward(b, false);
+    loss_sum += ops::cross_entropy(logits, b.labels).item() * static_cast<double>(idx.size());
+    Tensor predicted = ops::topk(logits, 1);
+    auto p = predicted.to_double_vector(), y = b.labels.to_double_vector();
+    for (size_t i = 0; i < p.size(); ++i) correct += p[i] == y[i];
+  }
+  r.examples = n;
+  r.loss = n ? loss_sum / n : 0;
+  r.accuracy = n ? correct / n : 0;
+  return r;
+}
+
+// ---------------------------------------------------------------- checkpoints
+static const char* kFormat = "cast-checkpoint-1";
+
+void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
+                     const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val) {
+  std::map<std::string, Tensor> tensors;
+  nn::ParamList params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    tensors["param/" + params[i].first] = *params[i].second;
+    if (!m.empty()) {
+      tensors["adam.m/" + params[i].first] = m[i];
+      tensors["adam.v/" + params[i].first] = v[i];
+    }
+  }
+  std::map<std::string, std::string> meta = {{"format", kFormat},
+                                             {"model", c.model.to_json().dump()},
+                                             {"train", c.to_json().dump()},
+                                             {"step", std::to_string(step)},
+                                             {"rng_offset", std::to_string(model.rng_offset)},
+                                             {"best_val", fmt::format("{:.17g}", best_val)}};
+  write_safetensors(path, tensors, meta);
+}
+
+Checkpoint read_checkpoint_header(const std::string& path) {
+  TensorFile f = read_safetensors(path);
+  auto get = [&](const char* key) {
+    auto it = f.metadata.find(key);
+    CAST_CHECK(it != f.metadata.end(), "{}: not a cast checkpoint (no '{}' metadata)", path, key);
+    return it->second;
+  };
+  CAST_CHECK(get("format") == kFormat, "{}: unsupported checkpoint format '{}'", path, get("format"));
+  Checkpoint ck;
+  try {
+    const json train = json::parse(get("train"));
+    ck.config = preset(train.at("task").get<std::string>());
+    json overrides = train;
+    overrides.erase("task");
+    apply_overrides(ck.config, overrides);
+    ck.config.model = nn::ModelConfig::from_json(json::parse(get("model")));
+    ck.step = std::stoll(get("step"));
+    ck.rng_offset = std::stoull(get("rng_offset"));
+    ck.best_val = std::stod(get("best_val"));
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, e.what()));
+  }
+  return ck;
+}
+
+void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v) {
+  TensorFile f = read_safetensors(path);
+  const std::string stored = f.metadata.count("model") ? f.metadata.at("model") : "";
+  const json mine = model.config().to_json();
+  if (stored != mine.dump()) {
+    json theirs = stored.empty() ? json::object() : json::parse(stored, nullptr, false);
+    std::string diff = "model config";
+    for (auto& [k, val] : mine.items())
+      if (!theirs.is_object() || !theirs.contains(k) || theirs[k] != val) {
+        diff = fmt::format("'{}' is {} in the checkpoint but {} in this model", k,
+                           theirs.is_object() && theirs.contains(k) ? theirs[k].dump() : "missing", val.dump());
+        break;
+      }
+    throw Error(fmt::format("{}: checkpoint does not match the model: {}", path, diff));
+  }
+  nn::ParamList params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, t] = params[i];
+    const Tensor& stored_t = f.get("param/" + name, DType::f32, t->shape());
+    t->copy_from(stored_t.to(t->device()));
+    if (m) (*m)[i].copy_from(f.get("adam.m/" + name, DType::f32, t->shape()).to(t->device()));
+    if (v) (*v)[i].copy_from(f.get("adam.v/" + name, DType::f32, t->shape()).to(t->device()));
+  }
+  model.rng_offset = std::stoull(f.metadata.at("rng_offset"));
+}
+
+// ---------------------------------------------------------------- the loop
+namespace {
+
+// The data order: epoch e visits the training set in a Philox permutation drawn from (seed, e),
+// so the batch of any step is known from the step alone (and a resumed run sees the same data).
+class Sampler {
+ public:
+  Sampler(int64_t n, uint64_t seed) : n_(n), seed_(seed) {}
+  std::vector<int64_t> batch(int64_t step, int64_t size) {  // step is 1-based
+    std::vector<int64_t> out;
+    for (int64_t j = 0; j < size; ++j) {
+      const int64_t global = (step - 1) * size + j, epoch = global / n_;
+      if (epoch != epoch_) shuffle(epoch);
+      out.push_back(order_[global % n_]);
+    }
+    return out;
+  }
+
+ private:
+  void shuffle(int64_t epoch) {
+    order_.resize(n_);
+    std::iota(order_.begin(), order_.end(), 0);
+    const uint64_t key = seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch);
+    for (int64_t i = n_ - 1; i > 0; --i)
+      std::swap(order_[i], order_[std::min<int64_t>(i, static_cast<int64_t>(philox::uniform(key, i) * (i + 1)))]);
+    epoch_ = epoch;
+  }
+  int64_t n_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> order_;
+};
+
+std::string format_duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds);
+  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+double clip_gradients(nn::ParamList& params, double max_norm) {
+  double total = 0;
+  for (auto& [name, t] : params)
+    if (t->grad().defined()) total += ops::sum_all(ops::mul(t->grad(), t->grad())).item();
+  const double norm = std::sqrt(total);
+  if (max_norm > 0 && norm > max_norm)
+    for (auto& [name, t] : params)
+      if (t->grad().defined()) {
+        Tensor g = t->grad();
+        ops::affine_forward(g, g, max_norm / norm, 0.0);
+      }
+  return norm;
+}
+
+}  // namespace
+
+TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t stop_after, bool quiet) {
+  int64_t start_step = 0;
+  double best_val = -1;
+  if (!resume_from.empty()) {
+    Checkpoint ck = read_checkpoint_header(resume_from);
+    if (c.model.to_json() != ck.config.model.to_json())
+      throw Error(fmt::format("{}: checkpoint does not match the model: the run was started with {}", resume_from,
+                              ck.config.model.to_json().dump()));
+    start_step = ck.step;
+    best_val = ck.best_val;
+  }
+  const Device device = resolve_device(c.device);
+  ops::set_allow_tf32(c.tf32);
+  if (c.run_dir.empty()) c.run_dir = fmt::format("runs/{}-{}", c.task, nn::mechanism_name(c.model.attention.mechanism));
+  std::filesystem::create_directories(c.run_dir);
+  const std::string ckpt_path = c.run_dir + "/checkpoint.safetensors";
+
+  data::TaskData task = load_task(c, true);
+  CAST_CHECK(task.vocab <= c.model.vocab && task.classes == c.model.classes && task.dual == c.model.dual,
+             "task {} (vocab {}, {} classes) does not fit the model (vocab {}, {} classes)", task.name, task.vocab,
+             task.classes, c.model.vocab, c.model.classes);
+  nn::Transformer model(c.model, DType::f32, device);
+  nn::ParamList params = model.parameters();
+  std::vector<Tensor> m, v;
+  for (auto& [name, t] : params) {
+    m.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
+    v.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
+  }
+  if (!resume_from.empty()) load_checkpoint(resume_from, model, &m, &v);
+
+  const bool terminal = !quiet && isatty(STDOUT_FILENO);
+  std::ofstream metrics(c.run_dir + "/metrics.jsonl", start_step > 0 ? std::ios::app : std::ios::trunc);
+  Sampler sampler(static_cast<int64_t>(task.train.size()), c.seed);
+  TrainResult result;
+  result.majority = data::majority_rate(task.test, task.classes);
+  std::vector<double> loss_curve, acc_curve;
+  const auto t0 = std::chrono::steady_clock::now();
+  double window_loss = 0, window_correct = 0, window_examples = 0, window_tokens = 0;
+  auto window_start = t0;
+  int64_t step = start_step;
+
+  auto run_eval = [&](const char* split_name, const std::vector<data::Example>& split) {
+    EvalResult r = evaluate(model, task, split, c.batch, c.eval_limit, device);
+    metrics << json{{"step", step}, {"split", split_name}, {"loss", r.loss}, {"accuracy", r.accuracy}}.dump() << '\n';
+    return r;
+  };
+
+  while (step < c.steps && (stop_after <= 0 || step - start_step < stop_after)) {
+    ++step;
+    nn::Batch batch = data::make_batch(task, task.train, sampler.batch(step, c.batch), DType::f32, device);
+    Tensor logits = model.forward(batch, true);
+    Tensor loss = ops::cross_entropy(logits, batch.labels);
+    const double loss_value = loss.item();
+    if (!std::isfinite(loss_value)) {
+      autograd::clear_tape();
+      throw Error(fmt::format("step {}: the loss is {}; training stopped. The last good checkpoint is {}", step,
+                              loss_value, std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)"));
+    }
+    autograd::backward(loss);
+    clip_gradients(params, c.clip);
+    ops::AdamWStep s{learning_rate(c, step), c.beta1, c.beta2, c.eps, 0.0, step};
+    for (size_t i = 0; i < params.size(); ++i) {
+      Tensor& p = *params[i].second;
+      if (!p.grad().defined()) continue;
+      s.weight_decay = p.ndim() >= 2 ? c.weight_decay : 0.0;  // no decay on biases, norms, the CLS vector
+      ops::adamw_update(p, p.grad(), m[i], v[i], s);
+      p.reset_grad();
+    }
+    // statistics
+    auto predicted = ops::topk(logits, 1).to_double_vector(), labels = batch.labels.to_double_vector();
+    double correct = 0;
+    for (size_t i = 0; i < predicted.size(); ++i) correct += predicted[i] == labels[i];
+    window_loss += loss_value * labels.size();
+    window_correct += correct;
+    window_examples += labels.size();
+    window_tokens += batch.mask.to(Device::cpu).to_double_vector().size();
+    result.losses.push_back(loss_value);
+    if (step % c.log_every == 0 || step == c.steps) {
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - window_start).count();
+      const double elapsed = std::chrono::duration<double>(now - t0).count();
+      const double eta = elapsed / std::max<int64_t>(1, step - start_step) * (c.steps - step);
+      const double l = window_loss / window_examples, a = window_correct / window_examples;
+      loss_curve.push_back(l);
+      acc_curve.push_back(a);
+      metrics << json{{"step", step}, {"split", "train"}, {"loss", l}, {"accuracy", a}, {"lr", s.lr},
+                      {"tokens_per_s", window_tokens / std::max(dt, 1e-9)}}.dump() << '\n';
+      metrics.flush();
+      if (!quiet) {
+        const std::string line = fmt::format("step {:>6}/{}  loss {:.4f}  acc {:5.1f}%  lr {:.2e}  {:.0f} tok/s  ETA {}",
+                                             step, c.steps, l, 100 * a, s.lr, window_tokens / std::max(dt, 1e-9),
+                                             format_duration(eta));
+        if (terminal) fmt::print("\r\033[K{}", line);
+        else fmt::print("{}\n", line);
+        std::fflush(stdout);
+      }
+      window_loss = window_correct = window_examples = window_tokens = 0;
+      window_start = now;
+    }
+    if (c.eval_every > 0 && step % c.eval_every == 0) {
+      EvalResult r = run_eval("val", task.val);
+      if (r.accuracy > best_val) {
+        best_val = r.accuracy;
+        save_checkpoint(c.run_dir + "/best.safetensors", c, model, m, v, step, best_val);
+      }
+      if (!quiet) fmt::print("{}step {}: validation accuracy {:.1f}%\n", terminal ? "\n" : "", step, 100 * r.accuracy);
+    }
+    if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0)
+      save_checkpoint(ckpt_path, c, model, m, v, step, best_val);
+  }
+  if (terminal) fmt::print("\n");
+  save_checkpoint(ckpt_path, c, model, m, v, step, best_val);
+  result.steps = step;
+  if (stop_after > 0 && step < c.steps) return result;
+
+  if (c.eval_best && std::filesystem::exists(c.run_dir + "/best.safetensors"))
+    load_checkpoint(c.run_dir + "/best.safetensors", model, nullptr, nullptr);
+  result.val = run_eval("val", task.val);
+  result.test = run_eval("test", task.test);
+  if (!loss_curve.empty()) plot_training_curves(c.run_dir + "/curves.png", loss_curve, acc_curve, c.log_every);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  json summary = {{"task", c.task}, {"attention", nn::mechanism_name(c.model.attention.mechanism)}, {"steps", step},
+                  {"seconds", seconds}, {"val_accuracy", result.val.accuracy}, {"test_accuracy", result.test.accuracy},
+                  {"majority_rate", result.majority}, {"evaluated", c.eval_best ? "best" : "final"}};
+  std::ofstream(c.run_dir + "/summary.json") << summary.dump(2) << '\n';
+  if (!quiet) {
+    fmt::print("done in {}: {} model after {} steps\n", format_duration(seconds), c.eval_best ? "best" : "final", step);
+    fmt::print("  validation accuracy {:.1f}%  (loss {:.4f})\n", 100 * result.val.accuracy, result.val.loss);
+    fmt::print("  test accuracy       {:.1f}%  (loss {:.4f})  vs majority class {:.1f}%\n", 100 * result.test.accuracy,
+               result.test.loss, 100 * result.majority);
+    fmt::print("  run folder {}: checkpoint.safetensors, metrics.jsonl, curves.png, summary.json\n", c.run_dir);
+  }
+  return result;
+}
+
+}  // namespace cast::train

@@ -1,0 +1,77 @@
+#pragma once
+// Training: AdamW with the LRA settings, warmup + rsqrt or cosine decay, gradient clipping,
+// evaluation, checkpoints that resume bit-identically on the CPU, metrics and a loss plot.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/transformer.h"
+#include "train/data.h"
+
+namespace cast::train {
+
+struct TrainConfig {
+  std::string task = "listops-short";
+  std::string data_dir;  // empty: the task's default
+  std::string run_dir;   // empty: runs/<task>-<mechanism>
+  int64_t steps = 1000, batch = 32, warmup = 100;
+  int64_t log_every = 20, eval_every = 0, checkpoint_every = 200;  // eval_every 0: at the end only
+  int64_t eval_limit = 0;  // evaluate on at most this many examples per split (0: all)
+  double lr = 1e-3, weight_decay = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.98, eps = 1e-9;
+  std::string schedule = "cosine";  // rsqrt | cosine | constant
+  uint64_t seed = 1;
+  bool eval_best = false;  // evaluate the checkpoint of best validation accuracy instead of the final model
+  std::string device = "auto";  // auto | cpu | cuda
+  bool tf32 = false;
+  nn::ModelConfig model;
+
+  nlohmann::json to_json() const;  // the training fields (the model has its own)
+};
+
+// The reference settings of a task (LRA.md), or the small CPU presets.
+TrainConfig preset(const std::string& task);
+// Sets the fields named in `j` (flat keys, as the command-line flags without dashes).
+void apply_overrides(TrainConfig& c, const nlohmann::json& j);
+
+double learning_rate(const TrainConfig& c, int64_t step);  // step is 1-based
+
+data::TaskData load_task(const TrainConfig& c, bool generate_if_missing);
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t examples = 0;
+};
+EvalResult evaluate(nn::Transformer& model, const data::TaskData& task, const std::vector<data::Example>& split,
+                    int64_t batch, int64_t limit, Device device);
+
+struct TrainResult {
+  EvalResult val, test;
+  double majority = 0;  // majority-class rate of the test split
+  int64_t steps = 0;
+  std::vector<double> losses;  // per-step training loss (this process only)
+};
+
+// Runs (or, with a checkpoint path, resumes) a training run. `stop_after` > 0 stops after that
+// many steps of this process (for tests of resume), leaving a checkpoint.
+TrainResult run_training(TrainConfig config, const std::string& resume_from = "", int64_t stop_after = 0,
+                         bool quiet = false);
+
+// Checkpoints: parameters, AdamW moments, step, RNG offset and both configs, written atomically.
+struct Checkpoint {
+  TrainConfig config;
+  int64_t step = 0;
+  uint64_t rng_offset = 0;
+  double best_val = -1;
+};
+void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
+                     const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val);
+// Reads the configs and counters; loads parameters (and moments when m, v are given) into
+// `model`, which must have been built from the same model config.
+Checkpoint read_checkpoint_header(const std::string& path);
+void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v);
+
+Device resolve_device(const std::string& name);
+
+}  // namespace cast::train
