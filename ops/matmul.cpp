@@ -57,12 +57,14 @@ template <class T>
 static void gemm_cpu(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, const GemmShape& s) {
   constexpr int64_t kBlockM = 32;
   const int64_t row_blocks = (s.m + kBlockM - 1) / kBlockM;
-_Pragma("omp parallel")
+  // Threads only pay off beyond a few tens of thousands of multiply-adds.
+  const bool parallel = s.batch * s.m * s.n * s.k > 32768;
+#pragma omp parallel if (parallel)
   {
     std::vector<T> scratch_a, scratch_b;
     int64_t packed_batch = -1;
     const T *pa = nullptr, *pb = nullptr;
-_Pragma("omp for schedule(static)")
+#pragma omp for schedule(static)
     for (int64_t job = 0; job < s.batch * row_blocks; ++job) {
       const int64_t bi = job / row_blocks, rb = job % row_blocks;
       if (bi != packed_batch) {  // pack this batch element's operands once per thread

@@ -119,6 +119,7 @@ void apply_overrides(TrainConfig& c, const json& j) {
       throw Error(fmt::format("config: setting '{}' has the wrong type: {}", key, value.dump()));
     }
   }
+  CAST_CHECK(std::isfinite(c.lr) && c.lr > 0, "config: lr must be a positive number, got {}", c.lr);
   CAST_CHECK(c.schedule == "rsqrt" || c.schedule == "cosine" || c.schedule == "constant",
              "config: schedule must be rsqrt, cosine or constant, got '{}'", c.schedule);
   CAST_CHECK(c.steps >= 0 && c.batch > 0 && c.warmup >= 0, "config: steps, batch and warmup must be positive");
@@ -224,10 +225,8 @@ Checkpoint read_checkpoint_header(const std::string& path) {
   Checkpoint ck;
   try {
     const json train = json::parse(get("train"));
-    ck.config = preset(train.at("task").get<std::string>());
-    json overrides = train;
-    overrides.erase("task");
-    apply_overrides(ck.config, overrides);
+    ck.config.task = train.at("task").get<std::string>();
+    apply_overrides(ck.config, train);
     ck.config.model = nn::ModelConfig::from_json(json::parse(get("model")));
     ck.step = std::stoll(get("step"));
     ck.rng_offset = std::stoull(get("rng_offset"));
@@ -319,6 +318,12 @@ double clip_gradients(nn::ParamList& params, double max_norm) {
 }  // namespace
 
 TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t stop_after, bool quiet) {
+  const data::TaskData task = load_task(c, true);
+  return train_on(c, task, resume_from, stop_after, quiet);
+}
+
+TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::string& resume_from, int64_t stop_after,
+                     bool quiet) {
   int64_t start_step = 0;
   double best_val = -1;
   if (!resume_from.empty()) {
@@ -335,7 +340,6 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
   std::filesystem::create_directories(c.run_dir);
   const std::string ckpt_path = c.run_dir + "/checkpoint.safetensors";
 
-  data::TaskData task = load_task(c, true);
   CAST_CHECK(task.vocab <= c.model.vocab && task.classes == c.model.classes && task.dual == c.model.dual,
              "task {} (vocab {}, {} classes) does not fit the model (vocab {}, {} classes)", task.name, task.vocab,
              task.classes, c.model.vocab, c.model.classes);
@@ -377,7 +381,9 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
                               loss_value, std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)"));
     }
     autograd::backward(loss);
-    clip_gradients(params, c.clip);
+    const double grad_norm = clip_gradients(params, c.clip);
+    CAST_CHECK(std::isfinite(grad_norm), "step {}: the gradient norm is {}; training stopped before the update. The last good "
+               "checkpoint is {}", step, grad_norm, std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)");
     ops::AdamWStep s{learning_rate(c, step), c.beta1, c.beta2, c.eps, 0.0, step};
     for (size_t i = 0; i < params.size(); ++i) {
       Tensor& p = *params[i].second;
@@ -393,7 +399,7 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
     window_loss += loss_value * labels.size();
     window_correct += correct;
     window_examples += labels.size();
-    window_tokens += batch.mask.to(Device::cpu).to_double_vector().size();
+    for (double real : batch.mask.to_double_vector()) window_tokens += real;
     result.losses.push_back(loss_value);
     if (step % c.log_every == 0 || step == c.steps) {
       const auto now = std::chrono::steady_clock::now();

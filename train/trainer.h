@@ -57,6 +57,9 @@ struct TrainResult {
 // many steps of this process (for tests of resume), leaving a checkpoint.
 TrainResult run_training(TrainConfig config, const std::string& resume_from = "", int64_t stop_after = 0,
                          bool quiet = false);
+// The same on task data already in memory (tests, synthetic tasks).
+TrainResult train_on(TrainConfig config, const data::TaskData& task, const std::string& resume_from = "",
+                     int64_t stop_after = 0, bool quiet = false);
 
 // Checkpoints: parameters, AdamW moments, step, RNG offset and both configs, written atomically.
 struct Checkpoint {
