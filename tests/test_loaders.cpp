@@ -1,0 +1,212 @@
+// Loaders on small files written here in the release formats, and on broken ones: each error
+// names the file (and line or record).
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/test_util.h"
+#include "train/data.h"
+#include "train/png.h"
+
+using namespace cast;
+using namespace cast::testing;
+namespace fs = std::filesystem;
+
+static std::string fresh_dir(const std::string& name) {
+  auto p = fs::temp_directory_path() / ("cast_data_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+static void write_text(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// ---------------------------------------------------------------- ListOps
+TEST(ListOps, EvaluatesTheFourOperators) {
+  EXPECT_EQ(data::evaluate_listops("( ( ( [MAX 2 ) 9 ) ] )"), 9);
+  EXPECT_EQ(data::evaluate_listops("[MAX 2 9 [MIN 4 7 ] 0 ]"), 9);
+  EXPECT_EQ(data::evaluate_listops("[MED 1 2 8 9 ]"), 5);  // (2 + 8) / 2
+  EXPECT_EQ(data::evaluate_listops("[MED 1 2 ]"), 1);      // 1.5 truncated
+  EXPECT_EQ(data::evaluate_listops("[SM 5 6 [MIN 9 3 ] ]"), 4);
+  EXPECT_EQ(data::tokenize_listops("( [MAX 2 ) ]", "x"), (std::vector<int32_t>{12, 3, 15}));
+}
+
+TEST(ListOps, GeneratorWritesTheReleaseLayoutAndLabelsMatch) {
+  const std::string dir = fresh_dir("listops");
+  data::ListOpsSpec spec = data::ListOpsSpec::short_cpu();
+  spec.train = 200, spec.val = 20, spec.test = 20;
+  data::generate_listops(dir, spec, 3);
+  std::ifstream in(dir + "/basic_train.tsv");
+  std::string header, line;
+  std::getline(in, header);
+  EXPECT_EQ(header, "Source\tTarget");
+  int rows = 0;
+  while (std::getline(in, line)) {
+    const size_t tab = line.find('\t');
+    EXPECT_EQ(data::evaluate_listops(line.substr(0, tab)), std::stoi(line.substr(tab + 1)));
+    EXPECT_NE(line.find('('), std::string::npos);  // parentheses as in the release
+    ++rows;
+  }
+  EXPECT_EQ(rows, 200);
+  data::TaskData t = data::load_listops(dir, 48);
+  EXPECT_EQ(t.train.size(), 200u);
+  EXPECT_EQ(t.test.size(), 20u);
+  for (const auto& e : t.train) {
+    EXPECT_GT(e.tokens.size(), 6u);
+    EXPECT_LT(e.tokens.size(), 48u);
+  }
+}
+
+TEST(ListOps, BrokenFilesNameFileAndLine) {
+  const std::string dir = fresh_dir("listops_bad");
+  auto with_train = [&](const std::string& text) {
+    write_text(dir + "/basic_train.tsv", text);
+    write_text(dir + "/basic_val.tsv", "Source\tTarget\n[MAX 1 2 ]\t2\n");
+    write_text(dir + "/basic_test.tsv", "Source\tTarget\n[MAX 1 2 ]\t2\n");
+    return data::load_listops(dir, 100);
+  };
+  EXPECT_CAST_ERROR(with_train("Input\tOutput\n"), "basic_train.tsv:1: expected the header");
+  EXPECT_CAST_ERROR(with_train("Source\tTarget\n[MAX 1 2 ]\t2\n[MIN 3 ]\t12\n"), "basic_train.tsv:3: label '12'");
+  EXPECT_CAST_ERROR(with_train("Source\tTarget\n[MAX 1 2 ]\n"), "basic_train.tsv:2: expected 2 tab-separated columns");
+  EXPECT_CAST_ERROR(with_train("Source\tTarget\n[MAX 1 2 ]\t2\textra\n"), "basic_train.tsv:2: expected 2");
+  EXPECT_CAST_ERROR(with_train("Source\tTarget\n[MAX 1 x ]\t2\n"), "basic_train.tsv:2: unknown ListOps token 'x'");
+  with_train("Source\tTarget\n[MAX 1 2 ]\t2\n");
+  fs::remove(dir + "/basic_test.tsv");
+  EXPECT_CAST_ERROR(data::load_listops(dir, 100), "basic_test.tsv: cannot open");
+}
+
+// ---------------------------------------------------------------- IMDb
+TEST(Imdb, ReadsTheAclImdbLayout) {
+  const std::string dir = fresh_dir("imdb");
+  for (const char* split : {"train", "test"}) {
+    write_text(fmt::format("{}/{}/pos/0_9.txt", dir, split), "Great film!");
+    write_text(fmt::format("{}/{}/neg/1_2.txt", dir, split), "Bad.\xff");
+  }
+  data::TaskData t = data::load_imdb(dir, 8);
+  ASSERT_EQ(t.train.size(), 2u);
+  EXPECT_EQ(t.train[0].label, 0);  // neg first
+  EXPECT_EQ(t.train[0].tokens, (std::vector<int32_t>{'B' + 1, 'a' + 1, 'd' + 1, '.' + 1, 256}));
+  EXPECT_EQ(t.train[1].tokens.size(), 8u);  // cut to max_len
+  EXPECT_EQ(t.train[1].label, 1);
+  fs::remove_all(dir + "/test/neg");
+  EXPECT_CAST_ERROR(data::load_imdb(dir, 8), "test/neg: missing folder");
+}
+
+// ---------------------------------------------------------------- AAN
+TEST(Aan, ReadsPairsAndRejectsBrokenRows) {
+  const std::string dir = fresh_dir("aan");
+  const std::string good = "1\tid1\tid2\tfirst paper\tsecond\n0\ta\tb\tx\ty\n";
+  for (const char* s : {"train", "eval", "test"}) write_text(fmt::format("{}/new_aan_pairs.{}.tsv", dir, s), good);
+  data::TaskData t = data::load_aan(dir, 5);
+  ASSERT_EQ(t.train.size(), 2u);
+  EXPECT_TRUE(t.dual);
+  EXPECT_EQ(t.train[0].label, 1);
+  EXPECT_EQ(t.train[0].tokens.size(), 5u);
+  EXPECT_EQ(t.train[0].tokens2.size(), 5u);
+  write_text(dir + "/new_aan_pairs.eval.tsv", good + "1\tonly\tthree\n");
+  EXPECT_CAST_ERROR(data::load_aan(dir, 5), "new_aan_pairs.eval.tsv:3: expected 5 tab-separated columns");
+  write_text(dir + "/new_aan_pairs.eval.tsv", "yes\ta\tb\tc\td\n");
+  EXPECT_CAST_ERROR(data::load_aan(dir, 5), "new_aan_pairs.eval.tsv:1: label 'yes'");
+}
+
+// ---------------------------------------------------------------- CIFAR-10
+TEST(Cifar, GrayscalePixelsAndTruncation) {
+  const std::string dir = fresh_dir("cifar");
+  std::string record(3073, '\0');
+  record[0] = 7;
+  for (int i = 0; i < 1024; ++i) record[1 + i] = static_cast<char>(200), record[1 + 1024 + i] = static_cast<char>(100);
+  std::string batch = record + record;
+  for (int b = 1; b <= 5; ++b) write_text(fmt::format("{}/data_batch_{}.bin", dir, b), batch);
+  write_text(dir + "/test_batch.bin", record);
+  data::TaskData t = data::load_cifar10(dir);
+  EXPECT_EQ(t.train.size() + t.val.size(), 10u);
+  EXPECT_EQ(t.test[0].label, 7);
+  EXPECT_EQ(t.test[0].tokens.size(), 1024u);
+  EXPECT_EQ(t.test[0].tokens[0], 118);  // round(0.2989·200 + 0.5870·100 + 0.1140·0) = round(118.48)
+  EXPECT_TRUE(t.fixed_length);          // pixel value 0 is data, not padding
+  nn::Batch b = data::make_batch(t, t.test, {0}, DType::f32, Device::cpu);
+  for (double m : b.mask.to_double_vector()) EXPECT_EQ(m, 1.0);
+  write_text(dir + "/data_batch_3.bin", batch.substr(0, 5000));
+  EXPECT_CAST_ERROR(data::load_cifar10(dir), "data_batch_3.bin: 5000 bytes is not a whole number");
+  std::string bad = record;
+  bad[0] = 12;
+  write_text(dir + "/data_batch_3.bin", bad);
+  EXPECT_CAST_ERROR(data::load_cifar10(dir), "data_batch_3.bin: record 0 has label 12");
+}
+
+// ---------------------------------------------------------------- Fashion-MNIST
+static void write_gz(const std::string& path, const std::string& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+  gzclose(f);
+}
+static std::string be32(uint32_t v) {
+  return std::string{char(v >> 24), char((v >> 16) & 255), char((v >> 8) & 255), char(v & 255)};
+}
+
+TEST(FashionMnist, ReadsGzippedIdxAndRejectsTruncation) {
+  const std::string dir = fresh_dir("fashion");
+  std::string images = be32(2051) + be32(3) + be32(28) + be32(28) + std::string(3 * 784, '\x05');
+  std::string labels = be32(2049) + be32(3) + std::string{1, 9, 0};
+  for (const char* s : {"train", "t10k"}) {
+    write_gz(fmt::format("{}/{}-images-idx3-ubyte.gz", dir, s), images);
+    write_gz(fmt::format("{}/{}-labels-idx1-ubyte.gz", dir, s), labels);
+  }
+  data::TaskData t = data::load_fashion_mnist(dir);
+  ASSERT_EQ(t.test.size(), 3u);
+  EXPECT_EQ(t.test[1].label, 9);
+  EXPECT_EQ(t.test[0].tokens.size(), 784u);
+  EXPECT_EQ(t.test[0].tokens[100], 5);
+  write_gz(dir + "/t10k-images-idx3-ubyte.gz", images.substr(0, 1000));
+  EXPECT_CAST_ERROR(data::load_fashion_mnist(dir), "t10k-images-idx3-ubyte.gz: 3 images declared");
+  write_gz(dir + "/t10k-images-idx3-ubyte.gz", be32(1234) + images.substr(4));
+  EXPECT_CAST_ERROR(data::load_fashion_mnist(dir), "not an IDX image file");
+}
+
+TEST(FashionMnist, TheDebianPackageLoads) {
+  if (!fs::exists(data::default_fashion_mnist_dir() + "/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";
+  data::TaskData t = data::load_fashion_mnist(data::default_fashion_mnist_dir());
+  EXPECT_EQ(t.train.size() + t.val.size(), 60000u);
+  EXPECT_EQ(t.test.size(), 10000u);
+}
+
+// ---------------------------------------------------------------- Pathfinder
+TEST(Pathfinder, GeneratesTheReleaseLayoutAndLoadsIt) {
+  const std::string dir = fresh_dir("pathfinder");
+  data::PathfinderSpec spec = data::PathfinderSpec::pathfinder32();
+  spec.count = 20;
+  data::generate_pathfinder(dir, spec, 5);
+  EXPECT_TRUE(fs::exists(dir + "/imgs/0/sample_19.png"));
+  data::TaskData t = data::load_pathfinder(dir);
+  EXPECT_EQ(t.train.size() + t.val.size() + t.test.size(), 20u);
+  EXPECT_EQ(t.max_len, 1024);
+  int ones = 0, inked = 0;
+  for (const auto& e : t.train) {
+    ones += e.label;
+    for (int32_t p : e.tokens) inked += p > 0;
+  }
+  EXPECT_GT(ones, 0);
+  EXPECT_LT(ones, static_cast<int>(t.train.size()));
+  EXPECT_GT(inked, 16 * 30);  // strokes and markers are drawn
+}
+
+TEST(Pathfinder, BrokenMetadataAndImages) {
+  const std::string dir = fresh_dir("pathfinder_bad");
+  data::PathfinderSpec spec;
+  spec.count = 4;
+  data::generate_pathfinder(dir, spec, 6);
+  write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png 0 1\nimgs/0 sample_1.png 1 7\n");
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:2: label '7'");
+  write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png\n");
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:1: expected at least 4 fields");
+  write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png 0 1\nimgs/0 missing.png 1 0\nimgs/0 sample_2.png 2 0\n");
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "missing.png: cannot open");
+  write_text(dir + "/imgs/0/sample_1.png", "not a png");
+  write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png 0 1\nimgs/0 sample_1.png 1 0\nimgs/0 sample_2.png 2 0\n");
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "sample_1.png: not a PNG file");
+}
