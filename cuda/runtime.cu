@@ -113,6 +113,21 @@ std::vector<DeviceInfo> devices() {
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
+double time_ms(const std::function<void()>& fn) {
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  CUDA_CHECK(cudaEventRecord(start));
+  fn();
+  CUDA_CHECK(cudaEventRecord(stop));
+  CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
 }  // namespace cast::cuda
 
 namespace cast::device_memory {

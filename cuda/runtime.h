@@ -1,6 +1,7 @@
 #pragma once
 // The CUDA runtime services: the caching allocator, the cuBLAS handle, device facts.
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,5 +28,7 @@ struct DeviceInfo {
 };
 std::vector<DeviceInfo> devices();  // empty when there is no usable GPU
 void synchronize();
+// Milliseconds `fn` takes on the GPU, between two CUDA events on the default stream.
+double time_ms(const std::function<void()>& fn);
 
 }  // namespace cast::cuda

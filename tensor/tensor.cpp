@@ -1,6 +1,7 @@
 #include "tensor/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fmt/ranges.h>
@@ -19,19 +20,32 @@ int64_t shape_numel(const Shape& s) {
 }
 
 // ---------------------------------------------------------------- storage
+static std::atomic<size_t> g_host_current{0}, g_host_peak{0};
+
+HostMemoryStats host_memory_stats() { return {g_host_current.load(), g_host_peak.load()}; }
+void reset_host_peak_memory() { g_host_peak = g_host_current.load(); }
+
 // Sizes are rounded up to 64 bytes (aligned_alloc needs a multiple of the alignment).
 Storage::Storage(size_t nbytes, Device dev) : bytes(std::max<size_t>(64, (nbytes + 63) / 64 * 64)), device(dev) {
   if (device == Device::cpu) {
     data = std::aligned_alloc(64, bytes);
     if (!data) throw Error(fmt::format("out of host memory allocating {} bytes", nbytes));
+    const size_t now = g_host_current += bytes;
+    size_t peak = g_host_peak.load();
+    while (now > peak && !g_host_peak.compare_exchange_weak(peak, now)) {
+    }
   } else {
     data = device_memory::allocate(bytes);
   }
 }
 
 Storage::~Storage() {
-  if (device == Device::cpu) std::free(data);
-  else device_memory::release(data, bytes);
+  if (device == Device::cpu) {
+    std::free(data);
+    g_host_current -= bytes;
+  } else {
+    device_memory::release(data, bytes);
+  }
 }
 
 static bool g_poison = false;  // see set_poison_new_tensors

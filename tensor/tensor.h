@@ -102,6 +102,13 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;
 };
 
+// Host memory held by tensors now and at most since the last reset (benchmarks report it).
+struct HostMemoryStats {
+  size_t current = 0, peak = 0;
+};
+HostMemoryStats host_memory_stats();
+void reset_host_peak_memory();
+
 // Tests turn this on so that an op that fails to write part of its output shows NaN
 // (floats) or an invalid index (integers) instead of stale memory.
 void set_poison_new_tensors(bool on);

@@ -1,5 +1,6 @@
 #include "train/commands.h"
 
+#include "train/bench.h"
 #include "train/info.h"
 #include "train/layer_command.h"
 #include "train/train_commands.h"
@@ -14,6 +15,7 @@ const std::vector<Command>& commands() {
       {"clusters", "render a CAST model's clusters over an image input as a PNG", command_clusters},
       {"info", "build options, devices and their memory", command_info},
       {"demo", "one op's forward, backward and gradient check, step by step", command_demo},
+      {"bench", "time and peak memory of attention layers and training steps", command_bench},
       {"layer", "one attention layer forward+backward on a safetensors file (the audit interface)", command_layer},
   };
   return list;

@@ -1,0 +1,240 @@
+// Benchmarks. Times are medians over repeated runs after warm-up: CUDA events on the GPU,
+// a steady clock on the CPU. Peak memory is what tensors held at most during one
+// forward+backward (device bytes from the caching allocator, or host bytes).
+#include "train/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "autograd/tape.h"
+#include "ops/adamw.h"
+#include "ops/ops.h"
+#include "train/cli.h"
+#include "train/trainer.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
+
+namespace cast {
+
+namespace {
+
+struct Variant {
+  std::string name;
+  nn::AttentionConfig config;
+};
+
+std::vector<Variant> variants(const std::string& list) {
+  std::vector<Variant> out;
+  std::stringstream ss(list);
+  for (std::string name; std::getline(ss, name, ',');) {
+    Variant v{name, {}};
+    if (name == "full") v.config.mechanism = nn::Mechanism::full;
+    else if (name == "cast-topk") v.config.mechanism = nn::Mechanism::cast;
+    else if (name == "cast-satopk") v.config.mechanism = nn::Mechanism::cast, v.config.single_assignment = true;
+    else if (name == "clustered") v.config.mechanism = nn::Mechanism::clustered;
+    else if (name == "iclustered") v.config.mechanism = nn::Mechanism::iclustered;
+    else throw Error(fmt::format("--mechanisms: unknown '{}' (full, cast-topk, cast-satopk, clustered, iclustered)", name));
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<int64_t> lengths(const std::string& list) {
+  std::vector<int64_t> out;
+  std::stringstream ss(list);
+  for (std::string n; std::getline(ss, n, ',');) {
+    try {
+      out.push_back(std::stoll(n));
+    } catch (const std::exception&) {
+      throw Error(fmt::format("--lengths: '{}' is not a number", n));
+    }
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+double time_once(Device device, const std::function<void()>& fn) {
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) return cuda::time_ms(fn);
+#endif
+  (void)device;
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void reset_peak(Device device) {
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) return cuda::reset_peak_memory();
+#endif
+  (void)device;
+  reset_host_peak_memory();
+}
+
+size_t peak_bytes(Device device) {
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) return cuda::memory_stats().peak;
+#endif
+  (void)device;
+  return host_memory_stats().peak;
+}
+
+std::string device_label(Device device) {
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) {
+    auto d = cuda::devices();
+    return d.empty() ? "cuda" : d[0].name;
+  }
+#endif
+  (void)device;
+  return "cpu";
+}
+
+int bench_attention(const cli::Args& args) {
+  const Device device = train::resolve_device(args.str("device"));
+  ops::set_allow_tf32(args.is_set("tf32"));
+  const int64_t B = args.integer("batch"), D = args.integer("dim"), H = args.integer("heads");
+  const int64_t warmup = args.integer("warmup"), repeats = args.integer("repeats");
+  std::string lens = args.str("lengths");
+  if (lens.empty()) lens = device == Device::cuda ? "1024,2048,4096,8192,16384" : "256,512,1024";
+  std::ofstream json_out;
+  if (!args.str("json").empty()) json_out.open(args.str("json"));
+  fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
+             device_label(device), B, D, H, repeats, warmup, args.is_set("tf32") ? ", TF32 matmuls" : "");
+  fmt::print("{:<12} {:>6} {:>12} {:>16} {:>12}\n", "mechanism", "N", "forward ms", "fwd+bwd ms", "peak MiB");
+  for (const Variant& v : variants(args.str("mechanisms"))) {
+    for (int64_t N : lengths(lens)) {
+      nn::AttentionConfig c = v.config;
+      c.dim = D;
+      c.heads = H;
+      c.clusters = nn::default_clusters(N);
+      c.seed = 1;
+      try {
+        nn::Attention layer(c, DType::f32, device);
+        Tensor x = Tensor::normal({B, N, D}, 2, 0, 1.0, DType::f32, device).set_requires_grad();
+        Tensor dout = Tensor::normal({B, N, D}, 3, 0, 1.0, DType::f32, device);
+        auto forward = [&] {
+          autograd::NoGradGuard no_grad;
+          layer.forward(x, Tensor());
+        };
+        auto both = [&] {
+          Tensor out = layer.forward(x, Tensor()).out;
+          autograd::backward(out, dout);
+          x.reset_grad();
+          for (auto& [name, p] : layer.parameters()) p.reset_grad();
+        };
+        for (int64_t i = 0; i < warmup; ++i) both();
+        std::vector<double> tf, tb;
+        for (int64_t i = 0; i < repeats; ++i) tf.push_back(time_once(device, forward));
+        reset_peak(device);
+        const size_t base = peak_bytes(device);
+        for (int64_t i = 0; i < repeats; ++i) tb.push_back(time_once(device, both));
+        const double peak_mib = static_cast<double>(peak_bytes(device) - std::min(base, peak_bytes(device))) / (1 << 20);
+        fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f}\n", v.name, N, median(tf), median(tb), peak_mib);
+        if (json_out.is_open())
+          json_out << nlohmann::json{{"mechanism", v.name}, {"n", N}, {"batch", B}, {"dim", D}, {"heads", H},
+                                     {"forward_ms", median(tf)}, {"forward_backward_ms", median(tb)},
+                                     {"peak_mib", peak_mib}, {"device", device_label(device)}}.dump()
+                   << '\n';
+      } catch (const Error& e) {
+        autograd::clear_tape();
+        fmt::print("{:<12} {:>6} failed: {}\n", v.name, N, e.what());
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+int bench_train(const cli::Args& args) {
+  const Device device = train::resolve_device(args.str("device"));
+  ops::set_allow_tf32(args.is_set("tf32"));
+  const int64_t steps = args.integer("repeats"), warmup = args.integer("warmup");
+  train::TrainConfig base = train::preset(args.str("task"));
+  const int64_t N = args.is_set("length") ? args.integer("length") : base.model.max_len;
+  const int64_t B = args.is_set("batch-size") ? args.integer("batch-size") : base.batch;
+  fmt::print("training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up\n",
+             device_label(device), base.task, N, B, steps, warmup);
+  fmt::print("{:<12} {:>10} {:>10} {:>12}\n", "mechanism", "ms/step", "steps/s", "peak MiB");
+  for (const Variant& v : variants(args.str("mechanisms"))) {
+    nn::ModelConfig m = base.model;
+    m.max_len = N;
+    m.attention = v.config;
+    m.dual = false;  // the benchmark feeds one sequence per example
+    try {
+      nn::Transformer model(m, DType::f32, device);
+      nn::ParamList params = model.parameters();
+      std::vector<Tensor> mo, ve;
+      for (auto& [name, t] : params) {
+        mo.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
+        ve.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
+      }
+      std::vector<int32_t> tok(B * N), labels(B);
+      for (int64_t i = 0; i < B * N; ++i) tok[i] = 1 + static_cast<int32_t>(i * 7919 % (m.vocab - 1));
+      for (int64_t b = 0; b < B; ++b) labels[b] = static_cast<int32_t>(b % m.classes);
+      nn::Batch batch;
+      batch.tokens = Tensor::from_vector<int32_t>(tok, {B, N}, device);
+      batch.mask = Tensor::full({B, N}, 1.0, DType::f32, device);
+      batch.labels = Tensor::from_vector<int32_t>(labels, {B}, device);
+      int64_t t = 0;
+      auto step = [&] {
+        Tensor loss = ops::cross_entropy(model.forward(batch, true), batch.labels);
+        autograd::backward(loss);
+        ops::AdamWStep s{1e-4, 0.9, 0.98, 1e-9, 0.0, ++t};
+        for (size_t i = 0; i < params.size(); ++i) {
+          Tensor& p = *params[i].second;
+          if (!p.grad().defined()) continue;
+          ops::adamw_update(p, p.grad(), mo[i], ve[i], s);
+          p.reset_grad();
+        }
+      };
+      for (int64_t i = 0; i < warmup; ++i) step();
+      reset_peak(device);
+      const size_t base_bytes = peak_bytes(device);
+      std::vector<double> times;
+      for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
+      const double ms = median(times), peak_mib = static_cast<double>(peak_bytes(device) - std::min(base_bytes, peak_bytes(device))) / (1 << 20);
+      fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f}\n", v.name, ms, 1000.0 / ms, peak_mib);
+    } catch (const Error& e) {
+      autograd::clear_tape();
+      fmt::print("{:<12} failed: {}\n", v.name, e.what());
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int command_bench(const std::vector<std::string>& argv) {
+  cli::Args args("bench", "Benchmark attention layers (`cast bench attention`) or training steps (`cast bench train`).");
+  args.option("what", "attention", "attention | train")
+      .option("device", "auto", "auto | cpu | cuda")
+      .option("mechanisms", "full,cast-topk,cast-satopk,clustered,iclustered", "comma-separated list")
+      .option("lengths", "", "attention: sequence lengths (default GPU 1024..16384, CPU 256,512,1024)")
+      .option("batch", "1", "attention: batch size")
+      .option("dim", "256", "attention: model dim (LRA Text: 256)")
+      .option("heads", "4", "attention: heads (LRA Text: 4)")
+      .option("task", "text", "train: task preset")
+      .option("length", "", "train: sequence length (default: the preset's)")
+      .option("batch-size", "", "train: batch size (default: the preset's)")
+      .option("warmup", "3", "untimed runs first")
+      .option("repeats", "20", "timed runs (the median is reported)")
+      .option("json", "", "attention: also write JSON lines to this file")
+      .flag("tf32", "allow TF32 matmuls on the GPU");
+  std::vector<std::string> rest = argv;
+  if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--what");  // `cast bench train`
+  if (!args.parse(rest)) return 0;
+  return args.choice("what", {"attention", "train"}) == "attention" ? bench_attention(args) : bench_train(args);
+}
+
+}  // namespace cast
