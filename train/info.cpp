@@ -3,6 +3,8 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <fstream>
+#include <thread>
 
 #include "autograd/gradcheck.h"
 #include "autograd/tape.h"
@@ -17,6 +19,18 @@ namespace cast {
 
 static std::string gib(size_t bytes) { return fmt::format("{:.1f} GiB", bytes / 1073741824.0); }
 
+// Total host memory from /proc/meminfo (0 where it cannot be read).
+static size_t host_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib * 1024;
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
+
 int command_info(const std::vector<std::string>& argv) {
   cli::Args args("info", "Print the build options and the devices found.");
   if (!args.parse(argv)) return 0;
@@ -28,7 +42,7 @@ int command_info(const std::vector<std::string>& argv) {
 #endif
   fmt::print("openmp:    {} threads\n", omp_get_max_threads());
   fmt::print("tf32:      {} for cuBLAS matmuls by default\n", ops::allow_tf32() ? "on" : "off");
-  fmt::print("devices:\n  cpu\n");
+  fmt::print("devices:\n  cpu: {} cores, {} memory\n", std::thread::hardware_concurrency(), gib(host_memory_bytes()));
 #ifdef CAST_WITH_CUDA
   auto gpus = cuda::devices();
   if (gpus.empty()) fmt::print("  (no CUDA GPU found: cudaGetDeviceCount reports none or no driver)\n");

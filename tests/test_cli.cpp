@@ -1,0 +1,86 @@
+// The binary as a user meets it: exit codes, one-line errors on stderr, --help, JSON configs.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "tests/test_util.h"
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int code;
+  std::string out, err;
+};
+
+static CliRun run(const std::string& args) {
+  const auto dir = fs::temp_directory_path();
+  const std::string out = (dir / "cast_cli_out.txt").string(), err = (dir / "cast_cli_err.txt").string();
+  const std::string cmd = std::string(CAST_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+  const int status = std::system(cmd.c_str());
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+static int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(Cli, InfoAndHelp) {
+  CliRun info = run("info");
+  EXPECT_EQ(info.code, 0);
+  EXPECT_NE(info.out.find("devices:"), std::string::npos);
+  CliRun help = run("--help");
+  EXPECT_EQ(help.code, 0);
+  for (const char* c : {"train", "eval", "data", "bench", "layer", "clusters", "info"})
+    EXPECT_NE(help.out.find(c), std::string::npos) << c;
+  for (const char* c : {"train", "eval", "data", "bench", "layer", "clusters", "info", "demo"}) {
+    CliRun h = run(std::string(c) + " --help");
+    EXPECT_EQ(h.code, 0) << c;
+    EXPECT_NE(h.out.find("usage: cast"), std::string::npos) << c;
+  }
+}
+
+TEST(Cli, ErrorsAreOneLineWithNonZeroExit) {
+  CliRun unknown = run("frobnicate");
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_EQ(lines(unknown.err), 1) << unknown.err;
+  for (const char* args : {"eval --checkpoint /nonexistent/c.safetensors", "train --steps many", "train --bogus 1",
+                           "layer --in /nonexistent.safetensors --out /tmp/x.safetensors", "data --task sudoku",
+                           "bench --mechanisms full,magic --lengths 8"}) {
+    CliRun r = run(args);
+    EXPECT_EQ(r.code, 1) << args;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("error:"), std::string::npos) << args;
+  }
+}
+
+TEST(Cli, DemoPassesItsGradientChecks) {
+  CliRun demo = run("demo");
+  EXPECT_EQ(demo.code, 0) << demo.out;
+  EXPECT_EQ(demo.out.find("FAIL"), std::string::npos);
+}
+
+TEST(Cli, TrainReadsAJsonConfigAndRejectsAWrongOne) {
+  const auto dir = fs::temp_directory_path() / "cast_cli_train";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string data = (dir / "listops").string(), cfg = (dir / "run.json").string();
+  ASSERT_EQ(run("data listops-short --out " + data).code, 0);
+  std::ofstream(cfg) << R"({"attention": "full", "steps": 3, "dim": 16, "heads": 2, "layers": 1, "mlp-dim": 16,
+                          "eval-limit": 20, "device": "cpu"})";
+  CliRun ok = run("train --config " + cfg + " --data " + data + " --run " + (dir / "run").string());
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("test accuracy"), std::string::npos);
+  EXPECT_TRUE(fs::exists(dir / "run" / "checkpoint.safetensors"));
+  EXPECT_TRUE(fs::exists(dir / "run" / "curves.png"));
+  CliRun ev = run("eval --checkpoint " + (dir / "run" / "checkpoint.safetensors").string() + " --data " + data);
+  EXPECT_EQ(ev.code, 0) << ev.err;
+  std::ofstream(cfg) << R"({"steps": "three"})";
+  CliRun bad = run("train --config " + cfg + " --data " + data);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("'steps' has the wrong type"), std::string::npos) << bad.err;
+}
