@@ -42,4 +42,14 @@ CAST_HD double normal(uint64_t seed, uint64_t ctr) {
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+// A host-side cursor over one stream, for generators that draw many numbers in sequence.
+struct Stream {
+  uint64_t seed = 0, counter = 0;
+  double uniform() { return philox::uniform(seed, counter++); }
+  int integer(int lo, int hi) {  // uniform in [lo, hi]
+    const int r = lo + static_cast<int>(uniform() * (hi - lo + 1));
+    return r > hi ? hi : r;
+  }
+};
+
 }  // namespace cast::philox

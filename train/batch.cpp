@@ -1,5 +1,6 @@
 // Batching and simple statistics over examples.
 #include <algorithm>
+#include <fstream>
 #include <map>
 
 #include "train/data.h"
@@ -40,6 +41,17 @@ nn::Batch make_batch(const TaskData& task, const std::vector<Example>& split, co
     b.mask2 = Tensor::from_vector<double>(mask2, {B, width2}).to(dtype).to(device);
   }
   return b;
+}
+
+void for_each_line(const std::string& path, const std::string& what,
+                   const std::function<void(const std::string&, const std::string&)>& fn) {
+  std::ifstream in(path);
+  CAST_CHECK(in.good(), "{}: cannot open ({})", path, what);
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) fn(line, fmt::format("{}:{}", path, number));
+  }
 }
 
 double majority_rate(const std::vector<Example>& split, int64_t classes) {

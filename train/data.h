@@ -2,6 +2,7 @@
 // LRA tasks as token sequences: generators (ListOps, Pathfinder), loaders for the release
 // formats, and batching. Every loader names the file and line of the first problem it finds.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ nn::Batch make_batch(const TaskData& task, const std::vector<Example>& split, co
                      DType dtype, Device device);
 // The majority-class rate of a split (the accuracy of always guessing the commonest label).
 double majority_rate(const std::vector<Example>& split, int64_t classes);
+
+// Calls fn(line, "path:number") for each non-empty line (a trailing \r removed); `what`
+// describes the expected file in the error when it cannot be opened.
+void for_each_line(const std::string& path, const std::string& what,
+                   const std::function<void(const std::string& line, const std::string& where)>& fn);
 
 // ---------------------------------------------------------------- ListOps
 struct ListOpsSpec {

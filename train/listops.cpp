@@ -28,11 +28,7 @@ namespace {
 
 const char* kOperators[] = {"[MIN", "[MAX", "[MED", "[SM"};
 
-struct Stream {
-  uint64_t seed, counter = 0;
-  double uniform() { return philox::uniform(seed, counter++); }
-  int integer(int lo, int hi) { return lo + std::min(hi - lo, static_cast<int>(uniform() * (hi - lo + 1))); }
-};
+using Stream = philox::Stream;
 
 // A random tree written in the release layout: ((((op v1) v2) ... ) ]) with parentheses.
 std::string random_tree(Stream& rng, int depth, const ListOpsSpec& spec, int& length) {
@@ -140,17 +136,15 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
 }
 
 static std::vector<Example> read_listops_tsv(const std::string& path, int64_t max_len) {
-  std::ifstream in(path);
-  CAST_CHECK(in.good(), "{}: cannot open (generate it with `cast data listops`)", path);
-  std::string line;
-  CAST_CHECK(std::getline(in, line), "{}:1: empty file", path);
-  if (!line.empty() && line.back() == '\r') line.pop_back();
-  CAST_CHECK(line == "Source\tTarget", "{}:1: expected the header 'Source<TAB>Target', got '{}'", path, line.substr(0, 40));
   std::vector<Example> out;
-  for (int64_t number = 2; std::getline(in, line); ++number) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
-    const std::string where = fmt::format("{}:{}", path, number);
+  bool header = true;
+  for_each_line(path, "generate it with `cast data listops`", [&](const std::string& line, const std::string& where) {
+    if (header) {
+      CAST_CHECK(line == "Source\tTarget", "{}: expected the header 'Source<TAB>Target', got '{}'", where,
+                 line.substr(0, 40));
+      header = false;
+      return;
+    }
     const size_t tab = line.find('\t');
     CAST_CHECK(tab != std::string::npos && line.find('\t', tab + 1) == std::string::npos,
                "{}: expected 2 tab-separated columns", where);
@@ -163,7 +157,8 @@ static std::vector<Example> read_listops_tsv(const std::string& path, int64_t ma
     if (static_cast<int64_t>(e.tokens.size()) > max_len) e.tokens.resize(max_len);
     e.label = target[0] - '0';
     out.push_back(std::move(e));
-  }
+  });
+  CAST_CHECK(!header, "{}:1: empty file", path);
   CAST_CHECK(!out.empty(), "{}: no examples", path);
   return out;
 }

@@ -65,18 +65,12 @@ TaskData load_imdb(const std::string& dir, int64_t max_len) {
 
 // ---------------------------------------------------------------- AAN
 static std::vector<Example> read_aan(const std::string& path, int64_t max_len) {
-  std::ifstream in(path);
-  CAST_CHECK(in.good(), "{}: cannot open (expected new_aan_pairs.{{train,eval,test}}.tsv)", path);
   std::vector<Example> out;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
+  for_each_line(path, "expected new_aan_pairs.{train,eval,test}.tsv", [&](const std::string& line, const std::string& where) {
     std::vector<std::string> cols;
     std::stringstream ss(line);
     for (std::string col; std::getline(ss, col, '\t');) cols.push_back(col);
-    if (!line.empty() && line.back() == '\t') cols.push_back("");
-    const std::string where = fmt::format("{}:{}", path, number);
+    if (line.back() == '\t') cols.push_back("");
     CAST_CHECK(cols.size() == 5, "{}: expected 5 tab-separated columns (label, id1, id2, text1, text2), got {}", where,
                cols.size());
     Example e;
@@ -88,7 +82,7 @@ static std::vector<Example> read_aan(const std::string& path, int64_t max_len) {
     e.tokens2 = bytes_as_tokens(cols[4], max_len);
     CAST_CHECK(!e.tokens.empty() && !e.tokens2.empty(), "{}: empty text", where);
     out.push_back(std::move(e));
-  }
+  });
   CAST_CHECK(!out.empty(), "{}: no examples", path);
   return out;
 }

@@ -29,10 +29,7 @@ PathfinderSpec PathfinderSpec::pathx128() {
 
 namespace {
 
-struct Rng {
-  uint64_t seed, n = 0;
-  double uniform() { return philox::uniform(seed, n++); }
-};
+using Rng = philox::Stream;
 
 struct Point {
   double x, y;
@@ -98,7 +95,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
         rng = attempt;
         break;
       }
-      rng.n += 1000;
+      rng.counter += 1000;
       CAST_CHECK(tries < 10000, "pathfinder: could not place the snakes on a {}x{} image", spec.side, spec.side);
     }
     for (int k = 0; k < spec.distractors; ++k)
@@ -135,12 +132,8 @@ TaskData load_pathfinder(const std::string& dir) {
   CAST_CHECK(!files.empty(), "{}: no metadata files", meta_dir);
   std::vector<Example> all;
   int side = 0;
-  for (const std::string& f : files) {
-    std::ifstream in(f);
-    std::string line;
-    for (int64_t number = 1; std::getline(in, line); ++number) {
-      if (line.empty()) continue;
-      const std::string where = fmt::format("{}:{}", f, number);
+  for (const std::string& f : files)
+    for_each_line(f, "pathfinder metadata", [&](const std::string& line, const std::string& where) {
       std::istringstream fields(line);
       std::vector<std::string> cols;
       for (std::string w; fields >> w;) cols.push_back(w);
@@ -154,8 +147,7 @@ TaskData load_pathfinder(const std::string& dir) {
       e.label = cols[3][0] - '0';
       e.tokens.assign(img.pixels.begin(), img.pixels.end());
       all.push_back(std::move(e));
-    }
-  }
+    });
   CAST_CHECK(all.size() >= 3, "{}: fewer than 3 images", dir);
   TaskData t;
   t.name = side > 32 ? "pathx" : "pathfinder";
