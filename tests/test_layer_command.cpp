@@ -40,10 +40,37 @@ TEST(LayerCommand, FullAttentionMatchesIndependentReference) {
   expect_matches_reference("layer_full.safetensors", {"--attention", "full", "--heads", "2"});
 }
 
-TEST(LayerCommand, CastMatchesIndependentReference) {
-  expect_matches_reference("layer_cast.safetensors", {"--attention", "cast", "--heads", "2", "--clusters", "3",
-                                                      "--cluster-size", "3", "--clustering", "topk", "--f", "softmax"});
+struct ReferenceCase {
+  std::string file;
+  std::vector<std::string> options;
+};
+
+class LayerReference : public ::testing::TestWithParam<ReferenceCase> {};
+
+TEST_P(LayerReference, MatchesIndependentImplementation) { expect_matches_reference(GetParam().file, GetParam().options); }
+
+static std::vector<std::string> cast_options(std::vector<std::string> extra) {
+  std::vector<std::string> o = {"--attention", "cast", "--heads", "2", "--clusters", "3", "--cluster-size", "3"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return o;
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Mechanisms, LayerReference,
+    ::testing::Values(
+        ReferenceCase{"layer_cast.safetensors", cast_options({"--clustering", "topk", "--f", "softmax"})},
+        ReferenceCase{"layer_cast_satopk_laplace.safetensors", cast_options({"--clustering", "satopk", "--f", "laplace"})},
+        ReferenceCase{"layer_cast_nosummaries_query.safetensors", cast_options({"--summaries", "off", "--mix", "query"})},
+        ReferenceCase{"layer_cast_shared.safetensors", cast_options({"--cast-heads", "shared"})},
+        ReferenceCase{"layer_cast_shared_satopk.safetensors",
+                      cast_options({"--cast-heads", "shared", "--clustering", "satopk", "--f", "laplace", "--mix", "query"})},
+        ReferenceCase{"layer_clustered.safetensors", {"--attention", "clustered", "--heads", "2", "--clusters", "3"}},
+        ReferenceCase{"layer_iclustered.safetensors",
+                      {"--attention", "iclustered", "--heads", "2", "--clusters", "3", "--topk", "3"}}),
+    [](const auto& info) {
+      std::string n = info.param.file.substr(6, info.param.file.size() - 6 - 12);
+      return n;
+    });
 
 TEST(LayerCommand, MismatchedFilesNameTheTensor) {
   const std::string in = temp_file("bad_in.safetensors"), out = temp_file("bad_out.safetensors");
