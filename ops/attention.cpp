@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "autograd/tape.h"
 #include "ops/clustering.h"
 #include "ops/ops.h"
 
@@ -36,44 +37,211 @@ static Tensor ints_like(const std::vector<int64_t>& v, const Shape& shape, const
   return Tensor::from_vector<int32_t>(w, shape, like_device.device());
 }
 
-// ---------------------------------------------------------------- full attention
-Tensor full_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
-  check_ndim("full_attention", q, 4, "q");
-  const double factor = 1.0 / std::sqrt(static_cast<double>(q.dim(3)));
-  Tensor scores = scale(matmul(q, k, false, true), factor);  // (B, H, N, N)
-  return matmul(softmax(scores, mask), v);
+// ---------------------------------------------------------------- raw building blocks
+// Inside a step's forward and backward only the primitive pair functions run (nothing is
+// recorded), so each step is exactly one node on the tape with its own backward.
+namespace {
+
+Tensor like(const Shape& shape, const Tensor& t) { return Tensor::empty(shape, t.dtype(), t.device()); }
+Tensor zeros(const Shape& shape, const Tensor& t) { return Tensor::zeros(shape, t.dtype(), t.device()); }
+
+// a op b with broadcasting, not recorded
+Tensor raw(BinaryOp op, const Tensor& a, const Tensor& b) {
+  Tensor out = like(broadcast_shapes("attention", a.shape(), b.shape()), a);
+  binary_forward(out, op, a, b);
+  return out;
 }
 
-// ---------------------------------------------------------------- CAST
+// c = alpha · op(a) op(b) + beta · c over matching leading batch dims
+void bmm(Tensor c, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha, double beta) {
+  gemm(c, a, b, ta, tb, alpha, beta, matmul_shape(a, b, ta, tb));
+}
+
+// 1 where a slot holds a token, 0 where it is empty (−1)
+Tensor slot_mask(const Tensor& members, const Shape& shape, const Tensor& like_t) {
+  auto ids = members.to_double_vector();
+  std::vector<double> m(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) m[i] = ids[i] >= 0 ? 1.0 : 0.0;
+  return constant_like(m, shape, like_t);
+}
+
+// The gradient buffer of t viewed with another shape (writes land in t's gradient).
+Tensor grad_view(Tensor& t, const Shape& shape) { return t.grad_accumulator().view(shape); }
+
+}  // namespace
+
+// ---------------------------------------------------------------- attention probabilities
+// P = softmax(Q Kᵀ/√d + key mask). q: (B, H, M, d), k: (B, H, N, d) -> (B, H, M, N)
+struct AttentionProbsNode final : autograd::Node {
+  Tensor q, k;      // inputs
+  Tensor mask;      // (B, N) or undefined
+  Tensor probs;     // saved output P
+  double factor;    // 1/√d
+  const char* name() const override { return "attention_probabilities"; }
+  void backward() override {
+    Tensor dscores = zeros(probs.shape(), probs);
+    softmax_backward(dscores, probs.grad(), probs, mask, false);            // dS = P ⊙ (dP − Σ P·dP)
+    if (q.requires_grad()) bmm(q.grad_accumulator(), dscores, k, false, false, factor, 1.0);  // dQ += dS K/√d
+    if (k.requires_grad()) bmm(k.grad_accumulator(), dscores, q, true, false, factor, 1.0);   // dK += dSᵀ Q/√d
+  }
+};
+
+Tensor attention_probabilities(const Tensor& q, const Tensor& k, const Tensor& mask) {
+  check_ndim("attention_probabilities", q, 4, "q");
+  check_ndim("attention_probabilities", k, 4, "k");
+  const double factor = 1.0 / std::sqrt(static_cast<double>(q.dim(3)));
+  Tensor scores = like({q.dim(0), q.dim(1), q.dim(2), k.dim(2)}, q);
+  bmm(scores, q, k, false, true, factor, 0.0);
+  Tensor probs = like(scores.shape(), q);
+  softmax_forward(probs, scores, mask, false);
+  if (autograd::needs_grad({&q, &k})) {
+    auto node = std::make_unique<AttentionProbsNode>();
+    node->q = q, node->k = k, node->mask = mask, node->probs = probs, node->factor = factor;
+    node->outputs = {probs};
+    autograd::record(std::move(node));
+  }
+  return probs;
+}
+
+Tensor full_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  return matmul(attention_probabilities(q, k, mask), v);
+}
+
+// ---------------------------------------------------------------- CAST step 1
+struct SurrogateScoresNode final : autograd::Node {
+  Tensor q;  // (B, G, N, w)
+  Tensor s;  // (G, C, w), shared by the batch
+  double factor;
+  const char* name() const override { return "surrogate_scores"; }
+  void backward() override {
+    const Tensor& dscores = outputs[0].grad();  // (B, G, N, C)
+    for (int64_t b = 0; b < q.dim(0); ++b) {
+      if (q.requires_grad()) bmm(q.grad_accumulator().slice0(b), dscores.slice0(b), s, false, false, factor, 1.0);
+      if (s.requires_grad()) bmm(s.grad_accumulator(), dscores.slice0(b), q.slice0(b), true, false, factor, 1.0);
+    }
+  }
+};
+
 Tensor surrogate_scores(const Tensor& q, const Tensor& s, double factor) {
   check_ndim("surrogate_scores", q, 4, "q");
   check_ndim("surrogate_scores", s, 3, "surrogates");
   CAST_CHECK(s.dim(0) == q.dim(1) && s.dim(2) == q.dim(3), "surrogate_scores: surrogates {} do not fit q {}",
              s.describe(), q.describe());
-  Tensor s_b = expand(reshape(s, {1, s.dim(0), s.dim(1), s.dim(2)}), {q.dim(0), s.dim(0), s.dim(1), s.dim(2)});
-  return scale(matmul(q, s_b, false, true), factor);
+  Tensor scores = like({q.dim(0), q.dim(1), q.dim(2), s.dim(1)}, q);
+  for (int64_t b = 0; b < q.dim(0); ++b) bmm(scores.slice0(b), q.slice0(b), s, false, true, factor, 0.0);
+  if (autograd::needs_grad({&q, &s})) {
+    auto node = std::make_unique<SurrogateScoresNode>();
+    node->q = q, node->s = s, node->factor = factor;
+    node->outputs = {scores};
+    autograd::record(std::move(node));
+  }
+  return scores;
 }
+
+// ---------------------------------------------------------------- CAST step 2
+// Laplace rows: u = f(x), A = u / (Σ u + 1e-30).
+struct LaplaceRowsNode final : autograd::Node {
+  Tensor x;      // input scores
+  Tensor u;      // f(x), for f'
+  Tensor total;  // row sums (…, 1)
+  Tensor a;      // saved output
+  const char* name() const override { return "laplace_rows"; }
+  void backward() override {
+    const Tensor& da = a.grad();
+    Tensor rowdot = sum_axis_raw(raw(BinaryOp::mul, da, a), -1);                            // Σ_c dA·A
+    Tensor du = raw(BinaryOp::div, raw(BinaryOp::sub, da, rowdot), total);                  // (dA − Σ dA·A)/Σu
+    Tensor dx = x.grad_accumulator();
+    unary_backward(dx, UnaryOp::laplace, du, x, u);                                         // dx += du ⊙ f'(x)
+  }
+};
 
 Tensor cluster_probabilities(const Tensor& scores, AttentionFn f) {
   if (f == AttentionFn::softmax) return softmax(scores);
-  Tensor u = laplace(scores);
+  check_float("cluster_probabilities", scores, "scores");
+  Tensor u = like(scores.shape(), scores);
+  unary_forward(u, UnaryOp::laplace, scores);
   // Rows whose every score lies far below μ underflow to 0; the floor keeps them finite (zeros).
-  Tensor total = affine(sum(u, -1, true), 1.0, 1e-30);
-  return div(u, total);
+  Tensor total = sum_axis_raw(u, -1);
+  affine_forward(total, total, 1.0, 1e-30);
+  Tensor a = raw(BinaryOp::div, u, total);
+  if (autograd::needs_grad({&scores})) {
+    auto node = std::make_unique<LaplaceRowsNode>();
+    node->x = scores, node->u = u, node->total = total, node->a = a;
+    node->outputs = {a};
+    autograd::record(std::move(node));
+  }
+  return a;
 }
+
+// ---------------------------------------------------------------- CAST step 3
+// A_g = A_k + g ⊙ (A_q − A_k)
+struct AffinityMixNode final : autograd::Node {
+  Tensor g;          // (B, G, N, 1)
+  Tensor a_q, a_k;   // (B, G, N, C)
+  Tensor diff;       // saved A_q − A_k
+  const char* name() const override { return "affinity_mix"; }
+  void backward() override {
+    const Tensor& da = outputs[0].grad();
+    if (g.requires_grad()) add_into(g.grad_accumulator(), sum_axis_raw(raw(BinaryOp::mul, da, diff), -1));
+    if (a_q.requires_grad()) add_into(a_q.grad_accumulator(), raw(BinaryOp::mul, da, g));
+    if (a_k.requires_grad()) {
+      Tensor one_minus_g = like(g.shape(), g);
+      affine_forward(one_minus_g, g, -1.0, 1.0);
+      add_into(a_k.grad_accumulator(), raw(BinaryOp::mul, da, one_minus_g));
+    }
+  }
+};
 
 Tensor gated_affinity(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& a_q,
                       const Tensor& a_k) {
   check_ndim("gated_affinity", x, 3, "x");
   check_ndim("gated_affinity", a_q, 4, "a_q");
+  check_same_shape("gated_affinity", a_q, a_k);
   const int64_t G = a_q.dim(1);
   CAST_CHECK(gate_w.shape() == (Shape{x.dim(2), G}) && gate_b.shape() == Shape{G},
              "gated_affinity: gate_w {} and gate_b {} must be [{}, {}] and [{}]", gate_w.describe(),
              gate_b.describe(), x.dim(2), G, G);
-  Tensor g = sigmoid(add(matmul(x, gate_w), gate_b));                          // (B, N, G)
-  Tensor g4 = reshape(permute(g, {0, 2, 1}), {x.dim(0), G, x.dim(1), 1});      // (B, G, N, 1)
-  return add(a_k, mul(g4, sub(a_q, a_k)));
+  // the gate is a linear layer and a sigmoid (recorded primitives)
+  Tensor g = sigmoid(add(matmul(x, gate_w), gate_b));                      // (B, N, G)
+  Tensor g4 = reshape(permute(g, {0, 2, 1}), {x.dim(0), G, x.dim(1), 1});  // (B, G, N, 1)
+  Tensor diff = raw(BinaryOp::sub, a_q, a_k);
+  Tensor a_g = raw(BinaryOp::add, a_k, raw(BinaryOp::mul, g4, diff));
+  if (autograd::needs_grad({&g4, &a_q, &a_k})) {
+    auto node = std::make_unique<AffinityMixNode>();
+    node->g = g4, node->a_q = a_q, node->a_k = a_k, node->diff = diff;
+    node->outputs = {a_g};
+    autograd::record(std::move(node));
+  }
+  return a_g;
 }
+
+// ---------------------------------------------------------------- CAST step 5
+struct IntraClusterNode final : autograd::Node {
+  Tensor q, k, v;        // inputs (B, H, N, d)
+  Tensor members;        // (B·H, C·κ) token per slot, −1 = empty
+  Tensor qc, kc, vc;     // gathered rows (B·H·C, κ, d)
+  Tensor probs;          // softmax(Qc Kcᵀ/√d + slot mask): (B·H·C, κ, κ)
+  Tensor slots;          // slot mask (B·H·C, κ)
+  double factor;
+  const char* name() const override { return "intra_cluster_attention"; }
+  void backward() override {
+    const int64_t BH = members.dim(0), N = q.dim(2), d = q.dim(3);
+    Tensor dout = outputs[0].grad().view(vc.shape());
+    Tensor dprobs = like(probs.shape(), probs), dscores = zeros(probs.shape(), probs);
+    bmm(dprobs, dout, vc, false, true, 1.0, 0.0);                  // dP = dO Vcᵀ
+    softmax_backward(dscores, dprobs, probs, slots, false);        // dS
+    auto scatter = [&](Tensor& input, const Tensor& a, const Tensor& b, bool ta, double alpha) {
+      if (!input.requires_grad()) return;
+      Tensor rows = like(qc.shape(), qc);
+      bmm(rows, a, b, ta, false, alpha, 0.0);
+      Tensor dx = grad_view(input, {BH, N, d});
+      gather_rows_backward(dx, rows.view({BH, members.dim(1), d}), members);  // back to token positions
+    };
+    scatter(q, dscores, kc, false, factor);  // dQc = dS Kc/√d
+    scatter(k, dscores, qc, true, factor);   // dKc = dSᵀ Qc/√d
+    scatter(v, probs, dout, true, 1.0);      // dVc = Pᵀ dO
+  }
+};
 
 Tensor intra_cluster_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& members) {
   check_ndim("intra_cluster_attention", members, 4, "members");
@@ -83,63 +251,163 @@ Tensor intra_cluster_attention(const Tensor& q, const Tensor& k, const Tensor& v
              members.describe(), q.describe());
   Tensor idx = members.view({B * H, C * kappa});
   auto gather = [&](const Tensor& t) {
-    return reshape(gather_rows(reshape(t, {B * H, N, d}), idx), {B * H * C, kappa, d});
+    Tensor rows = like({B * H, C * kappa, d}, t);
+    gather_rows_forward(rows, t.view({B * H, N, d}), idx);
+    return rows.view({B * H * C, kappa, d});
   };
-  std::vector<double> slot(B * H * C * kappa);
-  auto ids = host_ints(members);
-  for (size_t i = 0; i < slot.size(); ++i) slot[i] = ids[i] >= 0 ? 1.0 : 0.0;
-  Tensor slot_mask = constant_like(slot, {B * H * C, kappa}, q);
   Tensor qc = gather(q), kc = gather(k), vc = gather(v);
-  Tensor scores = scale(matmul(qc, kc, false, true), 1.0 / std::sqrt(static_cast<double>(d)));
-  Tensor out = matmul(softmax(scores, slot_mask), vc);  // (B·H·C, κ, d)
-  return reshape(out, {B, H, C, kappa, d});
+  const double factor = 1.0 / std::sqrt(static_cast<double>(d));
+  Tensor scores = like({B * H * C, kappa, kappa}, q), probs = like(scores.shape(), q);
+  bmm(scores, qc, kc, false, true, factor, 0.0);
+  Tensor slots = slot_mask(members, {B * H * C, kappa}, q);
+  softmax_forward(probs, scores, slots, false);
+  Tensor out = like({B * H * C, kappa, d}, q);
+  bmm(out, probs, vc, false, false, 1.0, 0.0);
+  out = out.view({B, H, C, kappa, d});
+  if (autograd::needs_grad({&q, &k, &v})) {
+    auto node = std::make_unique<IntraClusterNode>();
+    node->q = q, node->k = k, node->v = v, node->members = idx;
+    node->qc = qc, node->kc = kc, node->vc = vc, node->probs = probs, node->slots = slots, node->factor = factor;
+    node->outputs = {out};
+    autograd::record(std::move(node));
+  }
+  return out;
 }
 
+// ---------------------------------------------------------------- CAST step 6
+// W = A_k ⊙ m; P = W / Σ_tokens W (+1e-30); R_inter = Pᵀ V
+struct SummariesNode final : autograd::Node {
+  Tensor a_k, v;    // inputs (B, H, N, C), (B, H, N, d)
+  Tensor mask4;     // (B, 1, N, 1) or undefined
+  Tensor p;         // saved P
+  Tensor colsum;    // (B, H, 1, C)
+  const char* name() const override { return "cluster_summaries"; }
+  void backward() override {
+    const Tensor& dr = outputs[0].grad();  // (B, H, C, d)
+    if (v.requires_grad()) bmm(v.grad_accumulator(), p, dr, false, false, 1.0, 1.0);  // dV += P dR
+    if (!a_k.requires_grad()) return;
+    Tensor dp = like(p.shape(), p);
+    bmm(dp, v, dr, false, true, 1.0, 0.0);                                            // dP = V dRᵀ
+    Tensor coldot = sum_axis_raw(raw(BinaryOp::mul, dp, p), 2);                       // Σ_i dP·P per cluster
+    Tensor dw = raw(BinaryOp::div, raw(BinaryOp::sub, dp, coldot), colsum);          // (dP − Σ dP·P)/ΣW
+    add_into(a_k.grad_accumulator(), mask4.defined() ? raw(BinaryOp::mul, dw, mask4) : dw);
+  }
+};
+
 Tensor cluster_summaries(const Tensor& a_k, const Tensor& v, const Tensor& mask) {
-  const int64_t B = a_k.dim(0), N = a_k.dim(2);
-  Tensor weighted = a_k;
-  if (mask.defined()) weighted = mul(a_k, reshape(mask, {B, 1, N, 1}));
-  Tensor column_total = affine(sum(weighted, 2, true), 1.0, 1e-30);  // (B, H, 1, C)
-  Tensor p = div(weighted, column_total);                              // columns sum to 1
-  return matmul(p, v, true, false);                                    // (B, H, C, d)
+  const int64_t B = a_k.dim(0), H = a_k.dim(1), N = a_k.dim(2), C = a_k.dim(3);
+  Tensor mask4 = mask.defined() ? mask.view({B, 1, N, 1}) : Tensor();
+  Tensor w = mask4.defined() ? raw(BinaryOp::mul, a_k, mask4) : a_k;
+  Tensor colsum = sum_axis_raw(w, 2);
+  affine_forward(colsum, colsum, 1.0, 1e-30);
+  Tensor p = raw(BinaryOp::div, w, colsum);
+  Tensor r = like({B, H, C, v.dim(3)}, v);
+  bmm(r, p, v, true, false, 1.0, 0.0);
+  if (autograd::needs_grad({&a_k, &v})) {
+    auto node = std::make_unique<SummariesNode>();
+    node->a_k = a_k, node->v = v, node->mask4 = mask4, node->p = p, node->colsum = colsum;
+    node->outputs = {r};
+    autograd::record(std::move(node));
+  }
+  return r;
 }
+
+// ---------------------------------------------------------------- CAST step 7
+// O = W R_inter + Σ_{(c,p): I_c[p] = i} W[i,c] (R_intra[c][p] − R_inter[c])
+struct CombineNode final : autograd::Node {
+  Tensor w, r_intra, r_inter;  // inputs; r_inter undefined with summaries off
+  Tensor members;              // (B·H, C·κ) token per slot
+  Tensor weight_index;         // (B·H, C·κ) position of W[i, c] in W viewed as (B·H, N·C)
+  Tensor w_slot;               // saved W[I_c[p], c]: (B·H, C, κ, 1)
+  Tensor diff;                 // saved R_intra − R_inter (or R_intra): (B·H, C, κ, d)
+  const char* name() const override { return "combine_clusters"; }
+  void backward() override {
+    const int64_t BH = members.dim(0), N = w.dim(2), C = w.dim(3), kappa = diff.dim(2), d = diff.dim(3);
+    const Tensor& dout = outputs[0].grad();  // (B, H, N, d)
+    Tensor g_slot = like({BH, C * kappa, d}, dout);
+    gather_rows_forward(g_slot, dout.view({BH, N, d}), members);  // dO of each slot's token
+    Tensor g4 = g_slot.view({BH, C, kappa, d});
+    if (w.requires_grad()) {
+      if (r_inter.defined()) bmm(w.grad_accumulator(), dout, r_inter, false, true, 1.0, 1.0);  // dW += dO R_interᵀ
+      Tensor dw_slot = sum_axis_raw(raw(BinaryOp::mul, g4, diff), 3);                          // dO_i · diff
+      Tensor dw = grad_view(w, {BH, N * C, 1});
+      gather_rows_backward(dw, dw_slot.view({BH, C * kappa, 1}), weight_index);
+    }
+    Tensor ddiff = raw(BinaryOp::mul, w_slot, g4);  // W[i,c] dO_i per slot
+    if (r_intra.requires_grad()) add_into(r_intra.grad_accumulator(), ddiff.view(r_intra.shape()));
+    if (r_inter.defined() && r_inter.requires_grad()) {
+      Tensor dr = r_inter.grad_accumulator();
+      bmm(dr, w, dout, true, false, 1.0, 1.0);                                         // += Wᵀ dO
+      Tensor dr4 = dr.view({BH, C, 1, d});
+      add_into(dr4, sum_axis_raw(ddiff, 2), -1.0);                                     // −= Σ_p W dO
+    }
+  }
+};
 
 Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_inter, const Tensor& members) {
   const int64_t B = w.dim(0), H = w.dim(1), N = w.dim(2), C = w.dim(3);
-  const int64_t kappa = members.dim(3), d = r_intra.dim(4);
-  // W[i, c] for every slot (c, p) holding token i: a gather from W viewed as (B·H, N·C).
+  const int64_t kappa = members.dim(3), d = r_intra.dim(4), BH = B * H;
   auto ids = host_ints(members);
   std::vector<int64_t> flat(ids.size());
-  for (size_t e = 0; e < ids.size(); ++e) {
-    const int64_t c = (e / kappa) % C;
-    flat[e] = ids[e] >= 0 ? ids[e] * C + c : -1;
+  for (size_t e = 0; e < ids.size(); ++e) flat[e] = ids[e] >= 0 ? ids[e] * C + static_cast<int64_t>((e / kappa) % C) : -1;
+  Tensor weight_index = ints_like(flat, {BH, C * kappa}, w);
+  Tensor idx = members.view({BH, C * kappa});
+  Tensor w_slot = like({BH, C * kappa, 1}, w);
+  gather_rows_forward(w_slot, w.view({BH, N * C, 1}), weight_index);
+  w_slot = w_slot.view({BH, C, kappa, 1});
+  Tensor intra = r_intra.view({BH, C, kappa, d});
+  Tensor diff = r_inter.defined() ? raw(BinaryOp::sub, intra, r_inter.view({BH, C, 1, d})) : intra;
+  Tensor out = zeros({B, H, N, d}, w);
+  if (r_inter.defined()) bmm(out, w, r_inter, false, false, 1.0, 0.0);  // the dense part
+  Tensor out3 = out.view({BH, N, d});
+  gather_rows_backward(out3, raw(BinaryOp::mul, w_slot, diff).view({BH, C * kappa, d}), idx);  // the sparse part
+  if (autograd::needs_grad({&w, &r_intra, &r_inter})) {
+    auto node = std::make_unique<CombineNode>();
+    node->w = w, node->r_intra = r_intra, node->r_inter = r_inter, node->members = idx;
+    node->weight_index = weight_index, node->w_slot = w_slot, node->diff = diff;
+    node->outputs = {out};
+    autograd::record(std::move(node));
   }
-  Tensor w_slot = take_along_last(reshape(w, {B * H, N * C}), ints_like(flat, {B * H, C * kappa}, w));
-  Tensor w_slot4 = reshape(w_slot, {B * H, C, kappa, 1});
-  Tensor intra = reshape(r_intra, {B * H, C, kappa, d});
-  Tensor slot_values = intra;
-  if (r_inter.defined()) slot_values = sub(intra, reshape(r_inter, {B * H, C, 1, d}));  // correction terms
-  Tensor contributions = reshape(mul(w_slot4, slot_values), {B * H, C * kappa, d});
-  Tensor sparse = reshape(scatter_add_rows(contributions, members.view({B * H, C * kappa}), N), {B, H, N, d});
-  if (!r_inter.defined()) return sparse;
-  return add(matmul(w, r_inter), sparse);
+  return out;
 }
 
-// ---------------------------------------------------------------- clustered
+// ---------------------------------------------------------------- clustered step 3
+// Q̄_j = (1/|j|) Σ_{i in j} Q_i
+struct CentroidsNode final : autograd::Node {
+  Tensor q;           // (B, H, N, d)
+  Tensor assignment;  // (B·H, N)
+  Tensor inverse;     // 1/|j| (0 for an empty cluster): (B·H, C, 1)
+  const char* name() const override { return "cluster_centroids"; }
+  void backward() override {
+    const int64_t BH = assignment.dim(0), C = inverse.dim(1), d = q.dim(3);
+    Tensor scaled = raw(BinaryOp::mul, outputs[0].grad().view({BH, C, d}), inverse);
+    Tensor dq = grad_view(q, {BH, q.dim(2), d});
+    gather_rows_forward(dq, scaled, assignment, /*accumulate=*/true);  // each member gets its centroid's share
+  }
+};
+
 Tensor cluster_centroids(const Tensor& q, const Tensor& assignment, int64_t clusters) {
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
   Tensor assign = assignment.view({B * H, N});
-  Tensor sums = scatter_add_rows(reshape(q, {B * H, N, d}), assign, clusters);  // (B·H, C, d)
-  Tensor counts = cluster_counts(assign, clusters, q.dtype());
-  auto c = counts.to_double_vector();
-  for (double& x : c) x = x > 0 ? 1.0 / x : 0.0;  // an empty cluster's centroid is 0
-  Tensor inv = constant_like(c, {B * H, clusters, 1}, q);
-  return reshape(mul(sums, inv), {B, H, clusters, d});
+  check_index_range("cluster_centroids", assign, -1, clusters);
+  auto c = cluster_counts(assign, clusters, q.dtype()).to_double_vector();
+  for (double& x : c) x = x > 0 ? 1.0 / x : 0.0;
+  Tensor inverse = constant_like(c, {B * H, clusters, 1}, q);
+  Tensor sums = zeros({B * H, clusters, d}, q);
+  gather_rows_backward(sums, q.view({B * H, N, d}), assign);  // scatter-add members into their cluster
+  Tensor out = raw(BinaryOp::mul, sums, inverse).view({B, H, clusters, d});
+  if (autograd::needs_grad({&q})) {
+    auto node = std::make_unique<CentroidsNode>();
+    node->q = q, node->assignment = assign, node->inverse = inverse;
+    node->outputs = {out};
+    autograd::record(std::move(node));
+  }
+  return out;
 }
 
+// ---------------------------------------------------------------- clustered step 4
 Tensor centroid_attention(const Tensor& centroids, const Tensor& k, const Tensor& mask) {
-  const double factor = 1.0 / std::sqrt(static_cast<double>(k.dim(3)));
-  return softmax(scale(matmul(centroids, k, false, true), factor), mask);
+  return attention_probabilities(centroids, k, mask);
 }
 
 Tensor broadcast_to_members(const Tensor& per_cluster, const Tensor& assignment) {

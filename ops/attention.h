@@ -1,7 +1,10 @@
 #pragma once
-// The steps of every attention mechanism of ATTENTION.md, one function per numbered step.
-// Each step is composed of the engine's primitive ops (each with its explicit forward and
-// backward), so each step runs on both devices and its gradient is the chain of theirs.
+// The steps of every attention mechanism of ATTENTION.md, one op per numbered step.
+// Each step records one node whose backward is written out next to its forward
+// (ops/attention.cpp). Both are built from the primitive kernels' forward/backward pair
+// functions (gemm, softmax, row gather/scatter, broadcasting arithmetic), so every step runs
+// on both devices. The gate's linear layer and sigmoid, and the improved clustered output,
+// are compositions of recorded ops.
 //
 // Shapes: B batch, H heads, N tokens, d head width, C clusters, κ cluster size.
 // Per-head tensors are (B, H, N, d). mask: (B, N) float, 1 = real token, 0 = padding.
@@ -12,7 +15,10 @@
 namespace cast::ops {
 
 // ---------------------------------------------------------------- full attention (§1)
-// softmax(Q Kᵀ/√d + key mask) V -> (B, H, N, d)
+// P = softmax(Q Kᵀ/√d + key mask): q (B, H, M, d), k (B, H, N, d) -> (B, H, M, N).
+// One op: forward and backward written out in ops/attention.cpp.
+Tensor attention_probabilities(const Tensor& q, const Tensor& k, const Tensor& mask);
+// P V -> (B, H, N, d)
 Tensor full_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 
 // ---------------------------------------------------------------- CAST (§2)

@@ -144,7 +144,7 @@ Tensor affine(const Tensor& x, double alpha, double beta) {
 }
 
 // ---------------------------------------------------------------- helpers
-void add_into(Tensor& acc, const Tensor& g, double alpha) {
+void add_into(Tensor acc, const Tensor& g, double alpha) {
   check_same_shape("add_into", acc, g);
   check_same_dtype("add_into", acc, g);
   check_same_device("add_into", acc, g);

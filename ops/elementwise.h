@@ -24,7 +24,7 @@ Tensor affine(const Tensor& x, double alpha, double beta = 0.0);
 inline Tensor scale(const Tensor& x, double alpha) { return affine(x, alpha, 0.0); }
 
 // acc += alpha * g, same shape (no autograd).
-void add_into(Tensor& acc, const Tensor& g, double alpha = 1.0);
+void add_into(Tensor acc, const Tensor& g, double alpha = 1.0);  // acc: a handle, written through
 // Sums g over the dimensions that were broadcast to reach g's shape from `target`.
 Tensor sum_to_shape(const Tensor& g, const Shape& target);
 

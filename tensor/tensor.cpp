@@ -256,6 +256,16 @@ Tensor Tensor::view(const Shape& new_shape) const {
   return Tensor(impl);
 }
 
+Tensor Tensor::slice0(int64_t index) const {
+  CAST_CHECK(ndim() >= 1 && index >= 0 && index < shape()[0], "slice0: index {} outside {}", index, describe());
+  auto impl = std::make_shared<TensorImpl>(*impl_);
+  impl->shape.erase(impl->shape.begin());
+  impl->byte_offset += static_cast<size_t>(index) * static_cast<size_t>(shape_numel(impl->shape)) * dtype_size(dtype());
+  impl->requires_grad = false;
+  impl->grad.reset();
+  return Tensor(impl);
+}
+
 // ---------------------------------------------------------------- autograd fields
 bool Tensor::requires_grad() const { return checked(impl_).requires_grad; }
 Tensor& Tensor::set_requires_grad(bool value) {
