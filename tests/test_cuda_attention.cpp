@@ -29,6 +29,19 @@ TEST(CudaVsCpuAttention, Steps) {
                        Inputs{rand32({2, 2, 8, 3}, 6, 0.1, 1), qkv[2]});
   expect_devices_agree([&](const Inputs& x) { return ops::combine_clusters(x[0], x[1], x[2], on(members, x[0])); },
                        Inputs{rand32({2, 2, 8, 3}, 7, 0, 1), rand32({2, 2, 3, 3, 4}, 8), rand32({2, 2, 3, 4}, 9)});
+  expect_devices_agree([](const Inputs& x) { return ops::gated_affinity(x[0], x[1], x[2], x[3], x[4]); },
+                       Inputs{rand32({2, 8, 6}, 10), rand32({6, 2}, 11), rand32({2}, 12), rand32({2, 2, 8, 3}, 13, 0, 1),
+                              rand32({2, 2, 8, 3}, 14, 0, 1)});
+  Tensor assign = Tensor::from_vector<int32_t>({0, 1, 0, 2, 1, 1, 0, 2, 2, 2, 1, 0, 0, 1, -1, -1,
+                                                0, 0, 1, 1, 2, 2, 0, 1, 1, 0, 2, 2, 1, 0, -1, -1}, {2, 2, 8});
+  expect_devices_agree([&](const Inputs& x) { return ops::cluster_centroids(x[0], on(assign, x[0]), 3); }, Inputs{qkv[0]});
+  expect_devices_agree([&](const Inputs& x) { return ops::centroid_attention(x[0], x[1], on(mask, x[0])); },
+                       Inputs{rand32({2, 2, 3, 4}, 15), qkv[1]});
+  Tensor top = Tensor::from_vector<int32_t>({0, 3, 1, 2, 5, 4, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, -1, -1},
+                                            {2, 2, 3, 2});
+  expect_devices_agree([&](const Inputs& x) {
+    return ops::improved_clustered_output(x[0], x[1], x[2], ops::softmax(x[3]), on(top, x[0]), on(assign, x[0]));
+  }, Inputs{qkv[0], qkv[1], qkv[2], rand32({2, 2, 3, 8}, 16)});
 }
 
 TEST(CudaVsCpuAttention, EveryLayerVariant) {

@@ -1,5 +1,6 @@
 // Layer 2: every op on CUDA against the CPU reference, forward and backward.
 // Skipped, with the reason, where no GPU is present.
+#include "ops/adamw.h"
 #include "tests/device_compare.h"
 
 using namespace cast;
@@ -112,4 +113,18 @@ TEST(CudaVsCpu, LossDropoutTopk) {
   // ties: many equal values must come out in ascending index order on both devices
   Tensor ties = Tensor::from_vector<float>({1, 2, 2, 1, 2, 0, 2, 1}, {1, 8});
   expect_devices_agree([](const Inputs& x) { return ops::topk(x[0], 6); }, Inputs{ties});
+}
+
+TEST(CudaVsCpu, AdamWUpdate) {
+  SKIP_WITHOUT_GPU();
+  Tensor p = Tensor::uniform({1000}, 30, 0), g = Tensor::uniform({1000}, 31, 0, -0.1, 0.1);
+  Tensor m = Tensor::uniform({1000}, 32, 0, -0.01, 0.01), v = Tensor::uniform({1000}, 33, 0, 0.0, 0.01);
+  ops::AdamWStep s{1e-3, 0.9, 0.98, 1e-9, 0.1, 7};
+  Tensor pc = p.clone(), mc = m.clone(), vc = v.clone();
+  Tensor pg = p.to(Device::cuda), mg = m.to(Device::cuda), vg = v.to(Device::cuda);
+  ops::adamw_update(pc, g, mc, vc, s);
+  ops::adamw_update(pg, g.to(Device::cuda), mg, vg, s);
+  EXPECT_LT(rel_diff(pg, pc), 1e-6);
+  EXPECT_LT(rel_diff(mg, mc), 1e-6);
+  EXPECT_LT(rel_diff(vg, vc), 1e-6);
 }

@@ -1,6 +1,7 @@
 // Ops against hand-computed results, and the errors each kind of bad call produces.
 #include <cmath>
 
+#include "ops/adamw.h"
 #include "tensor/philox.h"
 #include "tests/test_util.h"
 
@@ -227,4 +228,15 @@ TEST(Errors, WrongDeviceNamesTheOp) {
 TEST(Errors, CudaWithoutGpuIsAClearError) {
   if (device_memory::cuda_available()) GTEST_SKIP() << "a GPU is present: the no-GPU error cannot occur";
   EXPECT_THROW(Tensor::zeros({2}, DType::f32, Device::cuda), Error);
+}
+
+TEST(Values, AdamWFirstStepMovesByTheLearningRate) {
+  // at t = 1 the bias-corrected step is g/|g| per element: each parameter moves by lr (+ decay)
+  Tensor p = Tensor::from_vector<double>({1.0, -2.0}, {2});
+  Tensor g = Tensor::from_vector<double>({0.5, -0.25}, {2});
+  Tensor m = Tensor::zeros({2}, DType::f64), v = Tensor::zeros({2}, DType::f64);
+  ops::adamw_update(p, g, m, v, ops::AdamWStep{0.1, 0.9, 0.98, 1e-12, 0.5, 1});
+  expect_values(p, {1.0 - 0.1 * (1.0 + 0.5 * 1.0), -2.0 - 0.1 * (-1.0 + 0.5 * -2.0)}, 1e-9);
+  expect_values(m, {0.05, -0.025}, 1e-12);
+  expect_values(v, {0.02 * 0.25, 0.02 * 0.0625}, 1e-12);
 }
