@@ -1,5 +1,6 @@
 // The binary as a user meets it: exit codes, one-line errors on stderr, --help, JSON configs.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -16,15 +17,21 @@ struct CliRun {
 };
 
 static CliRun run(const std::string& args) {
+  // ctest runs tests side by side: each call gets its own output files
+  static int calls = 0;
   const auto dir = fs::temp_directory_path();
-  const std::string out = (dir / "cast_cli_out.txt").string(), err = (dir / "cast_cli_err.txt").string();
+  const std::string tag = std::to_string(getpid()) + "_" + std::to_string(calls++);
+  const std::string out = (dir / ("cast_cli_out_" + tag)).string(), err = (dir / ("cast_cli_err_" + tag)).string();
   const std::string cmd = std::string(CAST_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
   const int status = std::system(cmd.c_str());
   auto slurp = [](const std::string& p) {
     std::ifstream in(p);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   };
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+  fs::remove(out);
+  fs::remove(err);
+  return r;
 }
 
 static int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
