@@ -3,8 +3,7 @@
 // Each step records one node whose backward is written out next to its forward
 // (ops/attention.cpp). Both are built from the primitive kernels' forward/backward pair
 // functions (gemm, softmax, row gather/scatter, broadcasting arithmetic), so every step runs
-// on both devices. The gate's linear layer and sigmoid, and the improved clustered output,
-// are compositions of recorded ops.
+// on both devices. The gate's linear layer and sigmoid are recorded primitive ops.
 //
 // Shapes: B batch, H heads, N tokens, d head width, C clusters, κ cluster size.
 // Per-head tensors are (B, H, N, d). mask: (B, N) float, 1 = real token, 0 = padding.
