@@ -12,3 +12,9 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
 ./build-gpu/cast bench attention --device cuda --json "$out/attention.jsonl" 2>&1 | tee "$out/attention.txt"
 ./build-gpu/cast bench attention --device cuda --tf32 2>&1 | tee "$out/attention_tf32.txt"
 ./build-gpu/cast bench train --task text --length 4096 --batch-size 32 --device cuda --repeats 10 2>&1 | tee "$out/train.txt"
+if python3 -c "import torch" 2>/dev/null; then
+  python3 bench/pytorch_compare.py attention 2>&1 | tee "$out/pytorch_attention.txt"
+  python3 bench/pytorch_compare.py train --length 4096 --train-batch 32 2>&1 | tee "$out/pytorch_train.txt"
+else
+  echo "PyTorch is not installed here: no comparison" | tee "$out/pytorch_attention.txt"
+fi
