@@ -176,8 +176,7 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
   Tensor top_keys;
   {
     autograd::NoGradGuard constant;
-    Tensor key_mask = mask.defined() ? mask : Tensor();
-    top_keys = ops::topk(a_c, top, key_mask);  // (B, H, C, top)
+    top_keys = ops::topk(a_c, top, mask);  // (B, H, C, top); masked keys never chosen
   }
   result.top_keys = top_keys;
   result.out = ops::improved_clustered_output(q, k, v, a_c, top_keys, assignment);

@@ -19,13 +19,6 @@ Tensor expand(const Tensor& x, const Shape& shape) {
   return add(x, Tensor::zeros(shape, x.dtype(), x.device()));
 }
 
-Tensor take_along_last(const Tensor& x, const Tensor& idx) {
-  check_ndim("take_along_last", x, 2, "x");
-  check_ndim("take_along_last", idx, 2, "idx");
-  Tensor rows = gather_rows(reshape(x, {x.dim(0), x.dim(1), 1}), idx);  // (R, M, 1)
-  return reshape(rows, {idx.dim(0), idx.dim(1)});
-}
-
 // Host copy of an integer tensor as int64 values.
 static std::vector<int64_t> host_ints(const Tensor& t) {
   auto v = t.to_double_vector();

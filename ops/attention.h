@@ -55,8 +55,6 @@ Tensor improved_clustered_output(const Tensor& q, const Tensor& k, const Tensor&
                                  const Tensor& top_keys, const Tensor& assignment);
 
 // ---------------------------------------------------------------- helpers
-// x: (R, L), idx: (R, M) int, −1 -> 0: out[r, m] = x[r, idx[r, m]]. Differentiable in x.
-Tensor take_along_last(const Tensor& x, const Tensor& idx);
 // Broadcasts x to `shape` (numpy rules); the gradient sums back.
 Tensor expand(const Tensor& x, const Shape& shape);
 // A constant tensor of x's dtype and device from host values.

@@ -109,12 +109,11 @@ int command_eval(const std::vector<std::string>& argv) {
       .option("eval-limit", "0", "examples per split (0: all)");
   if (!args.parse(argv)) return 0;
   CAST_CHECK(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
-  train::Checkpoint ck = train::read_checkpoint_header(args.str("checkpoint"));
-  if (!args.str("data").empty()) ck.config.data_dir = args.str("data");
   const Device device = train::resolve_device(args.str("device"));
-  nn::Transformer model(ck.config.model, DType::f32, device);
-  train::load_checkpoint(args.str("checkpoint"), model, nullptr, nullptr);
-  data::TaskData task = train::load_task(ck.config, false);
+  train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
+  const train::Checkpoint& ck = run.checkpoint;
+  nn::Transformer& model = *run.model;
+  const data::TaskData& task = run.task;
   const int64_t limit = args.integer("eval-limit");
   auto val = train::evaluate(model, task, task.val, ck.config.batch, limit, device);
   auto test = train::evaluate(model, task, task.test, ck.config.batch, limit, device);
@@ -178,17 +177,16 @@ int command_clusters(const std::vector<std::string>& argv) {
       .option("scale", "4", "pixels per image pixel");
   if (!args.parse(argv)) return 0;
   CAST_CHECK(!args.str("checkpoint").empty(), "--checkpoint is required (see cast clusters --help)");
-  train::Checkpoint ck = train::read_checkpoint_header(args.str("checkpoint"));
+  train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
+  const train::Checkpoint& ck = run.checkpoint;
   CAST_CHECK(ck.config.model.attention.mechanism == nn::Mechanism::cast, "{}: the model uses {} attention, not cast",
              args.str("checkpoint"), nn::mechanism_name(ck.config.model.attention.mechanism));
-  if (!args.str("data").empty()) ck.config.data_dir = args.str("data");
-  data::TaskData task = train::load_task(ck.config, false);
+  nn::Transformer& model = *run.model;
+  const data::TaskData& task = run.task;
   CAST_CHECK(task.image_side > 0, "task {} is not an image task", task.name);
   const int64_t index = args.integer("index");
   CAST_CHECK(index >= 0 && index < static_cast<int64_t>(task.test.size()), "--index {} outside the {} test examples", index,
              task.test.size());
-  nn::Transformer model(ck.config.model, DType::f32, Device::cpu);
-  train::load_checkpoint(args.str("checkpoint"), model, nullptr, nullptr);
   {
     autograd::NoGradGuard no_grad;
     model.forward(data::make_batch(task, task.test, {index}, DType::f32, Device::cpu), false);

@@ -263,6 +263,16 @@ void load_checkpoint(const std::string& path, nn::Transformer& model, std::vecto
   model.rng_offset = std::stoull(f.metadata.at("rng_offset"));
 }
 
+TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device) {
+  TrainedRun run;
+  run.checkpoint = read_checkpoint_header(path);
+  if (!data_dir.empty()) run.checkpoint.config.data_dir = data_dir;
+  run.model = std::make_unique<nn::Transformer>(run.checkpoint.config.model, DType::f32, device);
+  load_checkpoint(path, *run.model, nullptr, nullptr);
+  run.task = load_task(run.checkpoint.config, false);
+  return run;
+}
+
 // ---------------------------------------------------------------- the loop
 namespace {
 
@@ -327,10 +337,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   int64_t start_step = 0;
   double best_val = -1;
   if (!resume_from.empty()) {
-    Checkpoint ck = read_checkpoint_header(resume_from);
-    if (c.model.to_json() != ck.config.model.to_json())
-      throw Error(fmt::format("{}: checkpoint does not match the model: the run was started with {}", resume_from,
-                              ck.config.model.to_json().dump()));
+    Checkpoint ck = read_checkpoint_header(resume_from);  // a different model is refused by load_checkpoint
     start_step = ck.step;
     best_val = ck.best_val;
   }

@@ -3,6 +3,7 @@
 // evaluation, checkpoints that resume bit-identically on the CPU, metrics and a loss plot.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -76,5 +77,14 @@ Checkpoint read_checkpoint_header(const std::string& path);
 void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v);
 
 Device resolve_device(const std::string& name);
+
+// A checkpoint with its model loaded and its task's data read (for `cast eval`, `cast clusters`).
+struct TrainedRun {
+  Checkpoint checkpoint;
+  std::unique_ptr<nn::Transformer> model;
+  data::TaskData task;
+};
+// data_dir empty: the folder the run used.
+TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device);
 
 }  // namespace cast::train
