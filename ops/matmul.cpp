@@ -1,5 +1,8 @@
 #include "ops/matmul.h"
 
+#include <cblas.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -17,7 +20,13 @@ static bool g_allow_tf32 = false;
 void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
 bool allow_tf32() { return g_allow_tf32; }
 
-// ---------------------------------------------------------------- CPU kernel
+static CpuGemm g_cpu_gemm = CpuGemm::blas;
+void set_cpu_gemm(CpuGemm which) { g_cpu_gemm = which; }
+CpuGemm cpu_gemm() { return g_cpu_gemm; }
+
+// ---------------------------------------------------------------- CPU reference kernel
+// The readable version: plain loops, blocked for the cache. The BLAS path below is tested
+// against it (tests/test_ops_values.cpp).
 // Row-major copy of op(x) for one batch element, so the inner loop always streams rows.
 template <class T>
 static const T* as_row_major(const T* x, int64_t rows, int64_t cols, bool transposed, std::vector<T>& scratch) {
@@ -54,7 +63,7 @@ _Pragma("omp simd")
 }
 
 template <class T>
-static void gemm_cpu(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, const GemmShape& s) {
+void gemm_loops(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, const GemmShape& s) {
   constexpr int64_t kBlockM = 32;
   const int64_t row_blocks = (s.m + kBlockM - 1) / kBlockM;
   // Threads only pay off beyond a few tens of thousands of multiply-adds.
@@ -78,11 +87,55 @@ static void gemm_cpu(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T 
   }
 }
 
+template void gemm_loops<float>(float*, const float*, const float*, bool, bool, float, float, const GemmShape&);
+template void gemm_loops<double>(double*, const double*, const double*, bool, bool, double, double,
+                                 const GemmShape&);
+
+// ---------------------------------------------------------------- CPU BLAS kernel
+static void blas_call(float* c, const float* a, const float* b, bool ta, bool tb, float alpha, float beta,
+                      int m, int n, int k) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+              std::max(1, ta ? m : k), b, std::max(1, tb ? k : n), beta, c, std::max(1, n));
+}
+static void blas_call(double* c, const double* a, const double* b, bool ta, bool tb, double alpha, double beta,
+                      int m, int n, int k) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+              std::max(1, ta ? m : k), b, std::max(1, tb ? k : n), beta, c, std::max(1, n));
+}
+
+template <class T>
+void gemm_blas(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, const GemmShape& s) {
+  if (s.m == 0 || s.n == 0) return;
+  if (s.k == 0) {  // no products: c = beta c (a BLAS would be handed a leading dimension of 0)
+    for (int64_t i = 0; i < s.batch * s.m * s.n; ++i) c[i] = beta == T(0) ? T(0) : beta * c[i];
+    return;
+  }
+  CAST_CHECK(s.m <= INT32_MAX && s.n <= INT32_MAX && s.k <= INT32_MAX, "matmul: {}x{}x{} exceeds the BLAS's int sizes",
+             s.m, s.n, s.k);
+  const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
+  auto one = [&](int64_t bi) { blas_call(c + bi * s.m * s.n, a + bi * s.m * s.k, b + bi * s.k * s.n, ta, tb, alpha,
+                                         beta, m, n, k); };
+  // Many small products (attention heads, clusters): one product per thread, each BLAS call
+  // single-threaded (OpenBLAS's OpenMP build runs on the caller inside a parallel region).
+  // One big product: the BLAS threads it.
+  const bool small = s.m * s.n * s.k < (int64_t{1} << 21);
+  if (s.batch > 1 && small) {
+#pragma omp parallel for schedule(dynamic, 1) if (s.batch * s.m * s.n * s.k > 32768)
+    for (int64_t bi = 0; bi < s.batch; ++bi) one(bi);
+  } else {
+    for (int64_t bi = 0; bi < s.batch; ++bi) one(bi);
+  }
+}
+template void gemm_blas<float>(float*, const float*, const float*, bool, bool, float, float, const GemmShape&);
+template void gemm_blas<double>(double*, const double*, const double*, bool, bool, double, double,
+                                const GemmShape&);
+
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha, double beta,
           const GemmShape& s) {
   CAST_ON_CUDA(c, cuda::gemm(c, a, b, ta, tb, alpha, beta, s.batch, s.m, s.n, s.k, g_allow_tf32));
   CAST_DISPATCH_FLOAT(c.dtype(), "matmul", [&] {
-    gemm_cpu<T>(c.data<T>(), a.data<T>(), b.data<T>(), ta, tb, static_cast<T>(alpha), static_cast<T>(beta), s);
+    auto kernel = g_cpu_gemm == CpuGemm::blas ? gemm_blas<T> : gemm_loops<T>;
+    kernel(c.data<T>(), a.data<T>(), b.data<T>(), ta, tb, static_cast<T>(alpha), static_cast<T>(beta), s);
   });
 }
 

@@ -22,6 +22,17 @@ void matmul_backward(Tensor* da, Tensor* db, const Tensor& dc, const Tensor& a, 
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
+// The CPU kernel under gemm: the BLAS (default) or the plain-loop reference, for study and
+// as the oracle the BLAS path is tested against.
+enum class CpuGemm { blas, loops };
+void set_cpu_gemm(CpuGemm which);
+CpuGemm cpu_gemm();
+// Raw kernels on host pointers (row-major operands), for tests and fused CPU ops.
+template <class T>
+void gemm_loops(T* c, const T* a, const T* b, bool trans_a, bool trans_b, T alpha, T beta, const GemmShape& s);
+template <class T>
+void gemm_blas(T* c, const T* a, const T* b, bool trans_a, bool trans_b, T alpha, T beta, const GemmShape& s);
+
 // Allows TF32 tensor-core math in cuBLAS matmuls (off by default: full fp32).
 void set_allow_tf32(bool allow);
 bool allow_tf32();

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs PyTorch (and, when it builds, the fast-transformers library) into bench/.venv for
+# bench/pytorch_compare.py. Optional: only the comparison needs it, never the build or the tests.
+#   bench/setup_torch.sh            PyTorch only
+#   bench/setup_torch.sh --fast-transformers   also pytorch-fast-transformers (builds C++ sources)
+set -euo pipefail
+cd "$(dirname "$0")"
+python3 -m venv .venv
+.venv/bin/pip install --quiet --upgrade pip
+.venv/bin/pip install --quiet torch numpy
+if [ "${1:-}" = "--fast-transformers" ]; then
+  # its setup.py compiles the CPU extensions against the installed torch; CUDA ones only with a GPU
+  .venv/bin/pip install --quiet --no-build-isolation pytorch-fast-transformers
+fi
+.venv/bin/python -c "import torch; print('torch', torch.__version__, 'threads', torch.get_num_threads())"
