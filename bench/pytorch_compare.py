@@ -1,35 +1,52 @@
 #!/usr/bin/env python3
-"""The same full-attention layer and Transformer training step in PyTorch, timed the way
-`cast bench` times ours (CUDA events, median after warm-up, peak memory), for the comparison
-in bench/RESULTS.md. fp32 with TF32 allowed; attention through scaled_dot_product_attention,
-PyTorch's fastest kernel for that precision.
+"""cast against PyTorch on the same machine, in one run, interleaved.
 
-Not yet run: written without a GPU. Usage on a GPU machine with PyTorch:
-  python3 bench/pytorch_compare.py attention [--lengths 1024,2048,4096,8192,16384]
-  python3 bench/pytorch_compare.py train [--length 4096 --batch 32]
+Times the same work in both, with the same thread count:
+  * one full-attention layer forward+backward (B 1, D 256, 4 heads; PyTorch through
+    scaled_dot_product_attention, its fastest attention), at N 1024 and 4096;
+  * one `listops-short` training step (the `cast train` default model, full attention:
+    2 layers, D 64, 4 heads, MLP 128, batch 32, 48 tokens + CLS, AdamW);
+  * one Text-preset training step (4 layers, D 256, 4 heads, MLP 1024) at N 1024, batch 4;
+  * optionally (--fast-transformers) clustered and improved clustered attention at N 4096
+    against the authors' fast-transformers library.
+Our side runs `cast bench` (median after warm-up, in-process clock); PyTorch's side is timed
+the same way. Rounds alternate between the two so that a change in machine load hits both;
+the figure reported is the median over rounds. fp32 everywhere. On a GPU (--device cuda) the
+same script times CUDA with events.
+
+Setup (PyPI, into bench/.venv; never needed by the build or the tests):
+  bench/setup_torch.sh [--fast-transformers]
+  bench/.venv/bin/python bench/pytorch_compare.py [--threads 2] [--rounds 3]
 """
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
+import time
 
 import torch
 import torch.nn.functional as F
 
 
-def timed(fn, warmup, repeats):
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, warmup, repeats, device):
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
+    sync(device)
     times = []
     for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        t0 = time.perf_counter()
         fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
 
 
 class Attention(torch.nn.Module):  # projections without bias, as in cast
@@ -46,84 +63,158 @@ class Attention(torch.nn.Module):  # projections without bias, as in cast
 
 
 class Block(torch.nn.Module):  # pre-LN, GELU MLP, as cast's Transformer
-    def __init__(self, dim, heads, mlp):
+    def __init__(self, dim, heads, mlp, dropout):
         super().__init__()
         self.norm1, self.norm2 = torch.nn.LayerNorm(dim, eps=1e-6), torch.nn.LayerNorm(dim, eps=1e-6)
         self.attention = Attention(dim, heads)
         self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, mlp), torch.nn.GELU(), torch.nn.Linear(mlp, dim))
-        self.drop = torch.nn.Dropout(0.1)
+        self.drop = torch.nn.Dropout(dropout)
 
     def forward(self, x):
         x = x + self.drop(self.attention(self.norm1(x)))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
-class Model(torch.nn.Module):  # the LRA Text preset: 4 layers, D 256, 4 heads, MLP 1024, CLS pooling
-    def __init__(self, vocab=257, length=4096, dim=256, heads=4, mlp=1024, layers=4, classes=2):
+class Model(torch.nn.Module):  # cast's encoder: token + sinusoidal positions, CLS pooling, MLP head
+    def __init__(self, vocab, length, dim, heads, mlp, layers, classes, dropout):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, dim)
         self.cls = torch.nn.Parameter(torch.zeros(1, 1, dim))
         self.register_buffer("pos", torch.randn(length, dim) * 0.02)
-        self.blocks = torch.nn.ModuleList(Block(dim, heads, mlp) for _ in range(layers))
+        self.blocks = torch.nn.ModuleList(Block(dim, heads, mlp, dropout) for _ in range(layers))
+        self.drop = torch.nn.Dropout(dropout)
         self.norm = torch.nn.LayerNorm(dim, eps=1e-6)
         self.head = torch.nn.Sequential(torch.nn.Linear(dim, mlp), torch.nn.ReLU(), torch.nn.Linear(mlp, classes))
 
     def forward(self, tokens):
         h = self.embed(tokens) + self.pos[: tokens.shape[1]]
-        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1)
+        h = self.drop(torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1))
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h)[:, 0])
 
 
+PRESETS = {  # as train::preset in train/trainer.cpp
+    "listops-short": dict(vocab=16, length=48, dim=64, heads=4, mlp=128, layers=2, classes=10, dropout=0.0,
+                          batch=32, lr=2e-3, weight_decay=0.01),
+    "text": dict(vocab=257, length=4096, dim=256, heads=4, mlp=1024, layers=4, classes=2, dropout=0.1,
+                 batch=32, lr=0.05, weight_decay=0.1),
+}
+
+
+def torch_layer(n, device, warmup, repeats):
+    layer = Attention(256, 4).to(device)
+    x = torch.randn(1, n, 256, device=device, requires_grad=True)
+    dout = torch.randn_like(x)
+
+    def both():
+        layer(x).backward(dout)
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+
+    return timed(both, warmup, repeats, device)
+
+
+def torch_step(task, length, batch, device, warmup, repeats):
+    p = dict(PRESETS[task])
+    p["length"] = length
+    model = Model(**{k: p[k] for k in ("vocab", "length", "dim", "heads", "mlp", "layers", "classes", "dropout")})
+    model = model.to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=(0.9, 0.98), eps=1e-9,
+                            weight_decay=p["weight_decay"])
+    tokens = torch.randint(1, p["vocab"], (batch, length), device=device)
+    labels = torch.randint(0, p["classes"], (batch,), device=device)
+
+    def step():
+        loss = F.cross_entropy(model(tokens), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return timed(step, warmup, repeats, device)
+
+
+def torch_clustered(n, improved, device, warmup, repeats):
+    from fast_transformers.attention import ClusteredAttention, ImprovedClusteredAttention
+    from fast_transformers.masking import FullMask, LengthMask
+    B, H, D = 1, 4, 256
+    clusters = (int(n ** 0.5 + 0.999) + 7) // 8 * 8  # cast's default: ⌈√N⌉ to a multiple of 8
+    inner = (ImprovedClusteredAttention(clusters, iterations=10, bits=63, topk=32) if improved
+             else ClusteredAttention(clusters, iterations=10, bits=63))
+    layer = Attention(D, H).to(device)  # the same projections as cast's layer around it
+    x = torch.randn(B, n, D, device=device, requires_grad=True)
+    dout = torch.randn_like(x)
+    mask = FullMask(n, n, device=device)
+    lengths = LengthMask(torch.full((B,), n, dtype=torch.int64, device=device), max_len=n)
+
+    def both():
+        split = lambda t: t.view(B, n, H, D // H)
+        o = inner(split(layer.wq(x)), split(layer.wk(x)), split(layer.wv(x)), mask, lengths, lengths)
+        layer.wo(o.reshape(B, n, D)).backward(dout)
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+
+    return timed(both, warmup, repeats, device)
+
+
+def ours(binary, threads, argv):
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as out:
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        subprocess.run([binary, "bench", *argv, "--json", out.name], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+        rows = [json.loads(line) for line in open(out.name) if line.strip()]
+    if not rows:
+        raise SystemExit(f"cast bench {' '.join(argv)} wrote no result")
+    return rows[0].get("forward_backward_ms", rows[0].get("ms_per_step"))
+
+
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=["attention", "train"])
-    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384")
-    parser.add_argument("--length", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--train-batch", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cast", default=os.path.join(os.path.dirname(__file__), "..", "build", "cast"))
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lengths", default="1024,4096")
+    parser.add_argument("--fast-transformers", action="store_true", help="also clustered / improved clustered")
     args = parser.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    device = torch.device("cuda")
-    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: fp32, TF32 allowed")
-    if args.what == "attention":
-        print(f"{'mechanism':<12} {'N':>6} {'forward ms':>12} {'fwd+bwd ms':>16} {'peak MiB':>12}")
-        layer = Attention(256, 4).to(device)
-        for n in (int(v) for v in args.lengths.split(",")):
-            x = torch.randn(args.batch, n, 256, device=device, requires_grad=True)
-            dout = torch.randn_like(x)
-
-            def forward():
-                with torch.no_grad():
-                    layer(x)
-
-            def both():
-                layer(x).backward(dout)
-                x.grad = None
-                layer.zero_grad(set_to_none=True)
-
-            tf, _ = timed(forward, args.warmup, args.repeats)
-            tb, peak = timed(both, args.warmup, args.repeats)
-            print(f"{'torch-full':<12} {n:>6} {tf:>12.3f} {tb:>16.3f} {peak:>12.1f}")
-    else:
-        model = Model(length=args.length).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.1)
-        tokens = torch.randint(1, 257, (args.train_batch, args.length), device=device)
-        labels = torch.randint(0, 2, (args.train_batch,), device=device)
-
-        def step():
-            loss = F.cross_entropy(model(tokens), labels)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        ms, peak = timed(step, args.warmup, max(5, args.repeats // 2))
-        print(f"{'mechanism':<12} {'ms/step':>10} {'steps/s':>10} {'peak MiB':>12}")
-        print(f"{'torch-full':<12} {ms:>10.2f} {1000 / ms:>10.3f} {peak:>12.1f}")
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    r, w = str(args.repeats), "1"
+    work = []  # (label, ours argv, theirs callable)
+    for n in (int(v) for v in args.lengths.split(",")):
+        work.append((f"full attention layer fwd+bwd, N {n}",
+                     ["attention", "--mechanisms", "full", "--lengths", str(n), "--repeats", r, "--warmup", w,
+                      "--device", args.device],
+                     lambda n=n: torch_layer(n, device, 1, args.repeats)))
+    work.append(("listops-short training step (full attention)",
+                 ["train", "--task", "listops-short", "--mechanisms", "full", "--repeats", r, "--warmup", w,
+                  "--device", args.device],
+                 lambda: torch_step("listops-short", 48, 32, device, 1, args.repeats)))
+    work.append(("Text-preset training step, N 1024, batch 4 (full)",
+                 ["train", "--task", "text", "--length", "1024", "--batch-size", "4", "--mechanisms", "full",
+                  "--repeats", r, "--warmup", w, "--device", args.device],
+                 lambda: torch_step("text", 1024, 4, device, 1, args.repeats)))
+    if args.fast_transformers:
+        for name, improved in (("clustered", False), ("iclustered", True)):
+            work.append((f"{name} attention fwd+bwd, N 4096 (vs fast-transformers)",
+                         ["attention", "--mechanisms", name, "--lengths", "4096", "--repeats", r, "--warmup", w,
+                          "--device", args.device],
+                         lambda improved=improved: torch_clustered(4096, improved, device, 1, args.repeats)))
+    results = {label: ([], []) for label, _, _ in work}
+    for _ in range(args.rounds):
+        for label, argv, theirs in work:
+            results[label][0].append(ours(args.cast, args.threads, argv))
+            results[label][1].append(theirs())
+    load = os.getloadavg()[0]
+    print(f"cast vs PyTorch {torch.__version__} on {args.device}, {args.threads} threads, median of "
+          f"{args.rounds} interleaved rounds (each a median of {args.repeats} runs); load average {load:.2f}")
+    print(f"{'work':<58} {'cast ms':>10} {'torch ms':>10} {'cast/torch':>11}")
+    for label, (mine, theirs) in results.items():
+        a, b = statistics.median(mine), statistics.median(theirs)
+        print(f"{label:<58} {a:>10.1f} {b:>10.1f} {a / b:>10.2f}x")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

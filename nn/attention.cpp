@@ -2,8 +2,9 @@
 
 #include <cmath>
 
-#include "ops/clustering.h"
 #include "autograd/tape.h"
+#include "ops/clustering.h"
+#include "ops/flash_attention.h"
 #include "ops/ops.h"
 
 namespace cast::nn {
@@ -87,7 +88,9 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
   AttentionOutput result;
   Tensor heads_out;
   switch (config_.mechanism) {
-    case Mechanism::full: heads_out = ops::full_attention(q, k, v, mask); break;
+    case Mechanism::full:
+      heads_out = use_fused(x) ? ops::flash_attention(q, k, v, mask) : ops::full_attention(q, k, v, mask);
+      break;
     case Mechanism::cast: result = forward_cast(x, mask, q, k, v); heads_out = result.out; break;
     default: result = forward_clustered(mask, q, k, v, assignment); heads_out = result.out; break;
   }
@@ -165,13 +168,15 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
     assignment = ops::hamming_kmeans(hashes, mask, C, config_.iterations, draw).view({B, H, N});
   }
   Tensor centroids = ops::cluster_centroids(q, assignment, C);
-  Tensor a_c = ops::centroid_attention(centroids, k, mask);  // (B, H, C, N)
   AttentionOutput result;
   result.assignment = assignment;
   if (config_.mechanism == Mechanism::clustered) {
-    result.out = ops::broadcast_to_members(ops::matmul(a_c, v), assignment);
+    Tensor per_cluster = use_fused(q) ? ops::flash_attention(centroids, k, v, mask)  // A^c V, A^c never stored
+                                      : ops::matmul(ops::centroid_attention(centroids, k, mask), v);
+    result.out = ops::broadcast_to_members(per_cluster, assignment);
     return result;
   }
+  Tensor a_c = ops::centroid_attention(centroids, k, mask);  // (B, H, C, N): its top keys are needed
   const int64_t top = std::min(config_.topk, N);
   Tensor top_keys;
   {

@@ -30,6 +30,9 @@ struct AttentionConfig {
   int64_t bits = 63;        // clustered: LSH hash bits
   int64_t iterations = 10;  // clustered: Lloyd iterations
   uint64_t seed = 0;        // parameter init and the LSH planes
+  // CPU: the fused kernels (ops/flash_attention.h, ops/cluster_fused.h) instead of the
+  // step-by-step reference ops. Same values and gradients; off for study (--reference).
+  bool fused = true;
 };
 
 Mechanism parse_mechanism(const std::string& name);
@@ -62,6 +65,7 @@ class Attention : public Module {
                                const Tensor& v);
   AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& assignment);
+  bool use_fused(const Tensor& t) const { return config_.fused && !t.is_cuda(); }
   AttentionConfig config_;
   std::map<std::string, Tensor> params_;
   uint64_t forward_calls_ = 0;  // the LSH planes are redrawn each forward

@@ -118,6 +118,7 @@ int bench_attention(const cli::Args& args) {
       c.heads = H;
       c.clusters = nn::default_clusters(N);
       c.seed = 1;
+      c.fused = !args.is_set("reference");
       try {
         nn::Attention layer(c, DType::f32, device);
         Tensor x = Tensor::normal({B, N, D}, 2, 0, 1.0, DType::f32, device).set_requires_grad();
@@ -162,6 +163,8 @@ int bench_train(const cli::Args& args) {
   train::TrainConfig base = train::preset(args.str("task"));
   const int64_t N = args.is_set("length") ? args.integer("length") : base.model.max_len;
   const int64_t B = args.is_set("batch-size") ? args.integer("batch-size") : base.batch;
+  std::ofstream json_out;
+  if (!args.str("json").empty()) json_out.open(args.str("json"));
   fmt::print("training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up\n",
              device_label(device), base.task, N, B, steps, warmup);
   fmt::print("{:<12} {:>10} {:>10} {:>12}\n", "mechanism", "ms/step", "steps/s", "peak MiB");
@@ -169,6 +172,7 @@ int bench_train(const cli::Args& args) {
     nn::ModelConfig m = base.model;
     m.max_len = N;
     m.attention = v.config;
+    m.attention.fused = !args.is_set("reference");
     m.dual = false;  // the benchmark feeds one sequence per example
     try {
       nn::Transformer model(m, DType::f32, device);
@@ -204,6 +208,10 @@ int bench_train(const cli::Args& args) {
       for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
       const double ms = median(times), peak_mib = static_cast<double>(peak_bytes(device) - std::min(base_bytes, peak_bytes(device))) / (1 << 20);
       fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f}\n", v.name, ms, 1000.0 / ms, peak_mib);
+      if (json_out.is_open())
+        json_out << nlohmann::json{{"mechanism", v.name}, {"task", base.task}, {"n", N}, {"batch", B},
+                                   {"ms_per_step", ms}, {"peak_mib", peak_mib}, {"device", device_label(device)}}.dump()
+                 << '\n';
     } catch (const Error& e) {
       autograd::clear_tape();
       fmt::print("{:<12} failed: {}\n", v.name, e.what());
@@ -229,7 +237,8 @@ int command_bench(const std::vector<std::string>& argv) {
       .option("batch-size", "", "train: batch size (default: the preset's)")
       .option("warmup", "3", "untimed runs first")
       .option("repeats", "20", "timed runs (the median is reported)")
-      .option("json", "", "attention: also write JSON lines to this file")
+      .option("json", "", "also write the results as JSON lines to this file")
+      .flag("reference", "CPU: time the step-by-step reference attention ops instead of the fused kernels")
       .flag("tf32", "allow TF32 matmuls on the GPU");
   std::vector<std::string> rest = argv;
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--what");  // `cast bench train`

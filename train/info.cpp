@@ -8,6 +8,7 @@
 
 #include "autograd/gradcheck.h"
 #include "autograd/tape.h"
+#include "ops/cpu_runtime.h"
 #include "ops/ops.h"
 #include "tensor/device_memory.h"
 #include "train/cli.h"
@@ -40,7 +41,11 @@ int command_info(const std::vector<std::string>& argv) {
 #else
   fmt::print("cuda:      not built (CPU only)\n");
 #endif
-  fmt::print("openmp:    {} threads\n", omp_get_max_threads());
+  fmt::print("cpu isa:   {} (CMake option CAST_PORTABLE={})\n",
+             std::string(CAST_BUILD_ISA) == "native" ? "this machine's (-march=native)" : "baseline x86-64",
+             std::string(CAST_BUILD_ISA) == "native" ? "OFF" : "ON");
+  fmt::print("blas:      OpenBLAS, {} kernels\n", ops::blas_core());
+  fmt::print("openmp:    {} threads, wait policy {}\n", omp_get_max_threads(), ops::openmp_wait_policy());
   fmt::print("tf32:      {} for cuBLAS matmuls by default\n", ops::allow_tf32() ? "on" : "off");
   fmt::print("devices:\n  cpu: {} cores, {} memory\n", std::thread::hardware_concurrency(), gib(host_memory_bytes()));
 #ifdef CAST_WITH_CUDA

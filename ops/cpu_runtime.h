@@ -1,0 +1,22 @@
+#pragma once
+// The CPU runtime under the ops: OpenMP's wait policy and the BLAS's kernel choice. Both
+// libraries read their settings from the environment when they load, before main, so a
+// program that wants them changed sets the environment and starts itself again, once.
+#include <string>
+
+namespace cast::ops {
+
+// Call first thing in main. Sets, where the user has not:
+//  * OMP_WAIT_POLICY=passive: threads sleep at barriers instead of spinning, so another busy
+//    process on the machine no longer makes every step wait for a descheduled spinner;
+//  * OPENBLAS_CORETYPE to this CPU's vector ISA when OpenBLAS's own detection picked an older
+//    one (it does on virtual machines that report a generic CPU model: "Prescott" kernels
+//    run sgemm at a quarter of the speed of the AVX-512 ones).
+// If anything changed it re-executes the program (execv of /proc/self/exe); on failure it
+// returns and the program runs with the libraries' defaults.
+void restart_with_cpu_runtime(char** argv);
+
+std::string blas_core();         // the OpenBLAS kernel set in use, e.g. "Cooperlake"
+std::string openmp_wait_policy();  // OMP_WAIT_POLICY as set, or "default"
+
+}  // namespace cast::ops

@@ -1,0 +1,30 @@
+#pragma once
+// exp(x) for x ≤ 0, as the softmax of the fused attention ops needs it (scores minus their
+// row maximum or log-sum-exp). f32: range reduction to r ∈ [−ln2/2, ln2/2] and a degree-6
+// polynomial (the classic single-precision minimax coefficients, within 2 ulp of expf),
+// written so the compiler vectorises it inside `omp simd` loops, where std::exp would stay
+// a scalar call. f64 keeps std::exp: the finite-difference checks run in f64.
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace cast::ops {
+
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;  // exp(−87) ≈ 1.6e−38: the smallest normal result
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 split in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t exponent = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n ∈ [−126, 0]
+  return p * std::bit_cast<float>(exponent);
+}
+
+inline double exp_nonpositive(double x) { return std::exp(x); }
+
+}  // namespace cast::ops

@@ -1,0 +1,276 @@
+#include "ops/flash_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "ops/dispatch.h"
+#include "ops/fast_math.h"
+#include "ops/matmul.h"
+
+namespace cast::ops {
+
+namespace {
+
+// 64 queries × 128 keys: the score tile (32 KiB in f32) and the Q, K, V, O tiles of a head
+// width up to 128 stay within a core's L2 cache.
+constexpr int64_t kQueryTile = 64, kKeyTile = 128;
+
+template <class T>
+struct Problem {
+  const T *q, *k, *v, *mask;  // mask (B, N) or null
+  int64_t B, H, M, N, d;
+  T scale;
+  const T* q_rows(int64_t bh, int64_t i0) const { return q + (bh * M + i0) * d; }
+  const T* k_rows(int64_t bh, int64_t j0) const { return k + (bh * N + j0) * d; }
+  const T* v_rows(int64_t bh, int64_t j0) const { return v + (bh * N + j0) * d; }
+  const T* key_mask(int64_t bh, int64_t j0) const { return mask ? mask + (bh / H) * N + j0 : nullptr; }
+};
+
+template <class T>
+Problem<T> problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  return {q.data<T>(), k.data<T>(), v.data<T>(), mask.defined() ? mask.data<T>() : nullptr, q.dim(0), q.dim(1),
+          q.dim(2), k.dim(2), q.dim(3), static_cast<T>(1.0 / std::sqrt(static_cast<double>(q.dim(3))))};
+}
+
+// c (m, n) = alpha op(a) op(b) + beta c on the calling thread (inside a parallel region the
+// BLAS does not start threads of its own).
+template <class T>
+void tile_gemm(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, int64_t m, int64_t n, int64_t k) {
+  gemm_blas<T>(c, a, b, ta, tb, alpha, beta, GemmShape{1, m, n, k});
+}
+
+constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+
+// ---------------------------------------------------------------- forward
+// One tile of nq queries against all keys: the online softmax.
+template <class T>
+void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* out, T* lse, T* scores, T* acc,
+                  T* row_max, T* row_sum) {
+  const int64_t d = p.d;
+  std::fill(acc, acc + nq * d, T(0));
+  std::fill(row_max, row_max + nq, static_cast<T>(kMinusInf));
+  std::fill(row_sum, row_sum + nq, T(0));
+  for (int64_t j0 = 0; j0 < p.N; j0 += kKeyTile) {
+    const int64_t nk = std::min(kKeyTile, p.N - j0);
+    const T* mk = p.key_mask(bh, j0);
+    tile_gemm<T>(scores, p.q_rows(bh, i0), p.k_rows(bh, j0), false, true, p.scale, T(0), nq, nk, d);  // S = Q Kᵀ/√d
+    for (int64_t r = 0; r < nq; ++r) {
+      T* s = scores + r * nk;
+      T tile_max = static_cast<T>(kMinusInf);
+      for (int64_t c = 0; c < nk; ++c)
+        if (!mk || mk[c] != T(0)) tile_max = std::max(tile_max, s[c]);
+      const T new_max = std::max(row_max[r], tile_max);
+      if (new_max == static_cast<T>(kMinusInf)) {  // no real key yet: nothing to add
+        std::fill(s, s + nk, T(0));
+        continue;
+      }
+      T total = 0;
+#pragma omp simd reduction(+ : total)
+      for (int64_t c = 0; c < nk; ++c) {
+        const T e = exp_nonpositive(s[c] - new_max);
+        s[c] = (!mk || mk[c] != T(0)) ? e : T(0);
+        total += s[c];
+      }
+      // rescale what was accumulated under the old maximum (exp(−∞) = 0 on the first tile)
+      const T rescale = row_max[r] == static_cast<T>(kMinusInf) ? T(0) : exp_nonpositive(row_max[r] - new_max);
+      row_sum[r] = row_sum[r] * rescale + total;
+      row_max[r] = new_max;
+      T* a = acc + r * d;
+      for (int64_t e = 0; e < d; ++e) a[e] *= rescale;
+    }
+    tile_gemm<T>(acc, scores, p.v_rows(bh, j0), false, false, T(1), T(1), nq, d, nk);  // O += P V
+  }
+  for (int64_t r = 0; r < nq; ++r) {
+    const bool empty = row_sum[r] == T(0);
+    const T inv = empty ? T(0) : T(1) / row_sum[r];
+    for (int64_t e = 0; e < d; ++e) out[r * d + e] = acc[r * d + e] * inv;
+    lse[r] = empty ? static_cast<T>(kMinusInf) : row_max[r] + std::log(row_sum[r]);
+  }
+}
+
+template <class T>
+void forward_cpu(const Problem<T>& p, T* out, T* lse) {
+  const int64_t tiles = (p.M + kQueryTile - 1) / kQueryTile, tasks = p.B * p.H * tiles;
+#pragma omp parallel if (tasks > 1)
+  {
+    std::vector<T> scores(kQueryTile * kKeyTile), acc(kQueryTile * p.d), row_max(kQueryTile), row_sum(kQueryTile);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bh = task / tiles, i0 = (task % tiles) * kQueryTile, nq = std::min(kQueryTile, p.M - i0);
+      forward_tile(p, bh, i0, nq, out + (bh * p.M + i0) * p.d, lse + bh * p.M + i0, scores.data(), acc.data(),
+                   row_max.data(), row_sum.data());
+    }
+  }
+}
+
+// ---------------------------------------------------------------- backward
+template <class T>
+struct Grads {
+  T *dq, *dk, *dv;      // null when not wanted
+  const T *dout, *out;  // (B, H, M, d)
+  const T* lse;         // (B, H, M)
+  const T* delta;       // Δ: (B, H, M)
+};
+
+// The keys [j_begin, j_end) of head bh against every query. dK and dV of these keys are owned
+// by this call; dQ goes to dq_rows (the gradient itself, or this split's partial sum).
+template <class T>
+void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j_begin, int64_t j_end, T* dq_rows,
+                   T* probs, T* dprobs, T* dk_tile, T* dv_tile) {
+  const int64_t d = p.d;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyTile) {
+    const int64_t nk = std::min(kKeyTile, j_end - j0);
+    const T* mk = p.key_mask(bh, j0);
+    const T *kj = p.k_rows(bh, j0), *vj = p.v_rows(bh, j0);
+    std::fill(dk_tile, dk_tile + nk * d, T(0));
+    std::fill(dv_tile, dv_tile + nk * d, T(0));
+    for (int64_t i0 = 0; i0 < p.M; i0 += kQueryTile) {
+      const int64_t nq = std::min(kQueryTile, p.M - i0);
+      const T *qi = p.q_rows(bh, i0), *doi = g.dout + (bh * p.M + i0) * d;
+      const T *lse = g.lse + bh * p.M + i0, *delta = g.delta + bh * p.M + i0;
+      tile_gemm<T>(probs, qi, kj, false, true, p.scale, T(0), nq, nk, d);  // S = Q Kᵀ/√d
+      for (int64_t r = 0; r < nq; ++r) {                                     // P = exp(S − L)
+        T* s = probs + r * nk;
+        const bool empty = lse[r] == static_cast<T>(kMinusInf);
+#pragma omp simd
+        for (int64_t c = 0; c < nk; ++c)
+          s[c] = (!empty && (!mk || mk[c] != T(0))) ? exp_nonpositive(std::min(s[c] - lse[r], T(0))) : T(0);
+      }
+      if (g.dv) tile_gemm<T>(dv_tile, probs, doi, true, false, T(1), T(1), nk, d, nq);  // dV += Pᵀ dO
+      if (!g.dq && !g.dk) continue;
+      tile_gemm<T>(dprobs, doi, vj, false, true, T(1), T(0), nq, nk, d);  // dP = dO Vᵀ
+      for (int64_t r = 0; r < nq; ++r) {                                  // dS = P ⊙ (dP − Δ)
+        T *ds = dprobs + r * nk;
+        const T* s = probs + r * nk;
+#pragma omp simd
+        for (int64_t c = 0; c < nk; ++c) ds[c] = s[c] * (ds[c] - delta[r]);
+      }
+      if (g.dq) tile_gemm<T>(dq_rows + i0 * d, dprobs, kj, false, false, p.scale, T(1), nq, d, nk);  // dQ += dS K/√d
+      if (g.dk) tile_gemm<T>(dk_tile, dprobs, qi, true, false, p.scale, T(1), nk, d, nq);            // dK += dSᵀ Q/√d
+    }
+    const int64_t base = (bh * p.N + j0) * d;
+    if (g.dk)
+      for (int64_t e = 0; e < nk * d; ++e) g.dk[base + e] += dk_tile[e];
+    if (g.dv)
+      for (int64_t e = 0; e < nk * d; ++e) g.dv[base + e] += dv_tile[e];
+  }
+}
+
+template <class T>
+void backward_cpu(const Problem<T>& p, Grads<T> g) {
+  const int64_t BH = p.B * p.H, d = p.d;
+  // Δ_i = dO_i · O_i
+  std::vector<T> delta(BH * p.M);
+#pragma omp parallel for if (BH * p.M * d > 65536)
+  for (int64_t r = 0; r < BH * p.M; ++r) {
+    T s = 0;
+    for (int64_t e = 0; e < d; ++e) s += g.dout[r * d + e] * g.out[r * d + e];
+    delta[r] = s;
+  }
+  g.delta = delta.data();
+  // Tasks own whole key ranges, so dK and dV need no locks. With fewer heads than threads the
+  // keys of a head are split, and each split sums its dQ apart; the sums are added at the end.
+  const int64_t key_tiles = (p.N + kKeyTile - 1) / kKeyTile;
+  const int64_t threads = omp_get_max_threads();
+  const int64_t splits = std::clamp<int64_t>((threads + BH - 1) / BH, 1, std::max<int64_t>(key_tiles, 1));
+  const int64_t tiles_per_split = (key_tiles + splits - 1) / splits;
+  std::vector<T> partial;
+  if (g.dq && splits > 1) partial.assign(splits * BH * p.M * d, T(0));
+  const int64_t tasks = BH * splits;
+#pragma omp parallel if (tasks > 1)
+  {
+    std::vector<T> probs(kQueryTile * kKeyTile), dprobs(kQueryTile * kKeyTile), dk_tile(kKeyTile * d),
+        dv_tile(kKeyTile * d);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bh = task / splits, split = task % splits;
+      const int64_t j_begin = std::min(p.N, split * tiles_per_split * kKeyTile);
+      const int64_t j_end = std::min(p.N, (split + 1) * tiles_per_split * kKeyTile);
+      T* dq_rows = !g.dq ? nullptr
+                   : splits > 1 ? partial.data() + (split * BH + bh) * p.M * d
+                                : g.dq + bh * p.M * d;
+      backward_keys(p, g, bh, j_begin, j_end, dq_rows, probs.data(), dprobs.data(), dk_tile.data(), dv_tile.data());
+    }
+  }
+  if (!partial.empty()) {
+    const int64_t n = BH * p.M * d;
+#pragma omp parallel for if (n > 65536)
+    for (int64_t e = 0; e < n; ++e)
+      for (int64_t s = 0; s < splits; ++s) g.dq[e] += partial[s * n + e];
+  }
+}
+
+void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  const char* op = "flash_attention";
+  check_float(op, q, "q");
+  check_ndim(op, q, 4, "q");
+  check_ndim(op, k, 4, "k");
+  check_same_dtype(op, q, k);
+  check_same_shape(op, k, v);
+  CAST_CHECK(q.dim(0) == k.dim(0) && q.dim(1) == k.dim(1) && q.dim(3) == k.dim(3),
+             "flash_attention: q {} and k {} must share batch, heads and width", q.describe(), k.describe());
+  CAST_CHECK(!q.is_cuda(), "flash_attention: a CPU op, got q {} (the GPU runs the step ops)", q.describe());
+  if (mask.defined()) {
+    check_same_dtype(op, q, mask);
+    CAST_CHECK(mask.shape() == (Shape{k.dim(0), k.dim(2)}), "flash_attention: mask {} must be [{}, {}]",
+               mask.describe(), k.dim(0), k.dim(2));
+  }
+}
+
+}  // namespace
+
+void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& mask) {
+  check_inputs(q, k, v, mask);
+  CAST_DISPATCH_FLOAT(q.dtype(), "flash_attention", [&] {
+    forward_cpu(problem<T>(q, k, v, mask), out.data<T>(), lse.data<T>());
+  });
+}
+
+void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q,
+                              const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
+                              const Tensor& lse) {
+  check_inputs(q, k, v, mask);
+  CAST_DISPATCH_FLOAT(q.dtype(), "flash_attention", [&] {
+    Grads<T> g{dq ? dq->data<T>() : nullptr, dk ? dk->data<T>() : nullptr, dv ? dv->data<T>() : nullptr,
+               dout.data<T>(), out.data<T>(), lse.data<T>(), nullptr};
+    backward_cpu(problem<T>(q, k, v, mask), g);
+  });
+}
+
+struct FlashAttentionNode final : autograd::Node {
+  Tensor q, k, v;  // inputs (B, H, M|N, d)
+  Tensor mask;     // (B, N) or undefined
+  Tensor out;      // saved output O, for Δ
+  Tensor lse;      // saved row log-sum-exp L: (B, H, M)
+  const char* name() const override { return "flash_attention"; }
+  void backward() override {
+    Tensor dq = q.requires_grad() ? q.grad_accumulator() : Tensor();
+    Tensor dk = k.requires_grad() ? k.grad_accumulator() : Tensor();
+    Tensor dv = v.requires_grad() ? v.grad_accumulator() : Tensor();
+    flash_attention_backward(dq.defined() ? &dq : nullptr, dk.defined() ? &dk : nullptr,
+                             dv.defined() ? &dv : nullptr, out.grad(), q, k, v, mask, out, lse);
+  }
+};
+
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  check_inputs(q, k, v, mask);
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor lse = Tensor::empty({q.dim(0), q.dim(1), q.dim(2)}, q.dtype(), q.device());
+  flash_attention_forward(out, lse, q, k, v, mask);
+  if (autograd::needs_grad({&q, &k, &v})) {
+    auto node = std::make_unique<FlashAttentionNode>();
+    node->q = q, node->k = k, node->v = v, node->mask = mask, node->out = out, node->lse = lse;
+    node->outputs = {out};
+    autograd::record(std::move(node));
+  }
+  return out;
+}
+
+}  // namespace cast::ops

@@ -1,0 +1,180 @@
+// Fused CPU attention kernels against the step-by-step reference ops: f64 finite differences,
+// and values plus every gradient on random shapes with padding (every new tensor starts
+// poisoned, so an unwritten element fails). Tiles are 64 queries × 128 keys, so the shapes
+// below cover partial tiles, several tiles, and key splits (fewer heads than threads).
+#include <omp.h>
+
+#include "nn/attention.h"
+#include "ops/attention.h"
+#include "ops/flash_attention.h"
+#include "tests/test_util.h"
+
+using namespace cast;
+using namespace cast::testing;
+using Inputs = std::vector<Tensor>;
+
+namespace {
+
+// A (B, N) mask with `padding[b]` padded positions at the end of row b.
+Tensor tail_mask(int64_t N, const std::vector<int64_t>& padding, DType dtype) {
+  std::vector<double> m;
+  for (int64_t pad : padding)
+    for (int64_t i = 0; i < N; ++i) m.push_back(i < N - pad ? 1.0 : 0.0);
+  return Tensor::from_vector<double>(m, {static_cast<int64_t>(padding.size()), N}).to(dtype);
+}
+
+// Every element within atol + rtol·|reference|, and the whole within rtol in norm.
+void expect_close(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
+  auto g = got.to_double_vector(), w = want.to_double_vector();
+  ASSERT_EQ(g.size(), w.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < g.size(); ++i)
+    if (!(std::abs(g[i] - w[i]) <= atol + rtol * std::abs(w[i])) && bad++ < 3)
+      ADD_FAILURE() << what << " element " << i << ": " << g[i] << " vs reference " << w[i];
+  EXPECT_EQ(bad, 0) << what << ": elements off";
+  EXPECT_LE(rel_diff(got, want), rtol) << what;
+}
+
+struct Shape5 {
+  int64_t B, H, M, N, d;
+};
+
+std::string label(const Shape5& s) { return fmt::format("B{} H{} M{} N{} d{}", s.B, s.H, s.M, s.N, s.d); }
+
+}  // namespace
+
+// ---------------------------------------------------------------- finite differences (f64)
+TEST(FlashAttentionGrad, SmallWithPadding) {
+  Tensor mask = tail_mask(5, {0, 2}, DType::f64);
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::flash_attention(x[0], x[1], x[2], mask); },
+                   (Inputs{param({2, 2, 4, 3}, 1), param({2, 2, 5, 3}, 2), param({2, 2, 5, 3}, 3)}));
+}
+
+TEST(FlashAttentionGrad, SeveralTilesAndAFullyPaddedRow) {
+  // 70 queries (two query tiles), 140 keys (two key tiles); batch 1 is all padding.
+  Tensor mask = tail_mask(140, {3, 140}, DType::f64);
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::flash_attention(x[0], x[1], x[2], mask); },
+                   (Inputs{param({2, 1, 70, 2}, 4), param({2, 1, 140, 2}, 5), param({2, 1, 140, 2}, 6)}));
+}
+
+// ---------------------------------------------------------------- against the reference
+class FlashAgainstReference : public ::testing::TestWithParam<Shape5> {};
+
+TEST_P(FlashAgainstReference, ValuesAndEveryGradient) {
+  const Shape5 s = GetParam();
+  for (DType dtype : {DType::f32, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const double rtol = dtype == DType::f32 ? 2e-5 : 1e-11, atol = dtype == DType::f32 ? 2e-6 : 1e-13;
+    std::vector<int64_t> padding;
+    for (int64_t b = 0; b < s.B; ++b) padding.push_back((b * 37) % std::max<int64_t>(s.N / 2, 1));
+    Tensor mask = tail_mask(s.N, padding, dtype);
+    auto make = [&](int64_t rows, uint64_t seed) {
+      return Tensor::uniform({s.B, s.H, rows, s.d}, seed, 0, -2.0, 2.0, dtype).set_requires_grad();
+    };
+    Tensor q = make(s.M, 11), k = make(s.N, 12), v = make(s.N, 13);
+    Tensor dout = Tensor::uniform({s.B, s.H, s.M, s.d}, 14, 0, -1.0, 1.0, dtype);
+    std::vector<Tensor> grads[2];
+    Tensor outs[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor out = fused ? ops::flash_attention(q, k, v, mask) : ops::full_attention(q, k, v, mask);
+      autograd::backward(out, dout);
+      outs[fused] = out;
+      grads[fused] = {q.grad(), k.grad(), v.grad()};
+      for (Tensor* t : {&q, &k, &v}) t->reset_grad();
+    }
+    expect_close(outs[1], outs[0], rtol, atol, "output " + label(s));
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) expect_close(grads[1][i], grads[0][i], rtol, atol, names[i] + (" " + label(s)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashAgainstReference,
+                         ::testing::Values(Shape5{1, 1, 1, 1, 1}, Shape5{2, 3, 17, 29, 8}, Shape5{1, 1, 64, 128, 16},
+                                           Shape5{2, 2, 130, 300, 32}, Shape5{1, 1, 200, 257, 64},
+                                           Shape5{3, 1, 9, 400, 5}),
+                         [](const ::testing::TestParamInfo<Shape5>& info) {
+                           const Shape5& s = info.param;
+                           return fmt::format("B{}_H{}_M{}_N{}_d{}", s.B, s.H, s.M, s.N, s.d);
+                         });
+
+// The key splits (fewer heads than threads) sum dQ over partial buffers: run with 3 threads
+// even where ctest gives each test one.
+TEST(FlashAttention, KeySplitsAgreeWithOneThread) {
+  Tensor q = Tensor::uniform({1, 1, 90, 8}, 21, 0, -2.0, 2.0, DType::f64).set_requires_grad();
+  Tensor k = Tensor::uniform({1, 1, 500, 8}, 22, 0, -2.0, 2.0, DType::f64).set_requires_grad();
+  Tensor v = Tensor::uniform({1, 1, 500, 8}, 23, 0, -2.0, 2.0, DType::f64).set_requires_grad();
+  Tensor dout = Tensor::uniform({1, 1, 90, 8}, 24, 0, -1.0, 1.0, DType::f64);
+  const int saved = omp_get_max_threads();
+  std::vector<double> results[2];
+  for (int run = 0; run < 2; ++run) {
+    omp_set_num_threads(run == 0 ? 1 : 3);
+    Tensor out = ops::flash_attention(q, k, v, Tensor());
+    autograd::backward(out, dout);
+    for (Tensor* t : {&q, &k, &v}) {
+      auto g = t->grad().to_double_vector();
+      results[run].insert(results[run].end(), g.begin(), g.end());
+      t->reset_grad();
+    }
+  }
+  omp_set_num_threads(saved);
+  ASSERT_EQ(results[0].size(), results[1].size());
+  double worst = 0;
+  for (size_t i = 0; i < results[0].size(); ++i) worst = std::max(worst, std::abs(results[0][i] - results[1][i]));
+  EXPECT_LE(worst, 1e-12);
+}
+
+TEST(FlashAttention, RejectsMismatchedShapes) {
+  Tensor q = Tensor::zeros({1, 2, 4, 3}), k = Tensor::zeros({1, 2, 5, 4});
+  EXPECT_CAST_ERROR(ops::flash_attention(q, k, k, Tensor()), "share batch, heads and width");
+  Tensor k2 = Tensor::zeros({1, 2, 5, 3});
+  EXPECT_CAST_ERROR(ops::flash_attention(q, k2, k2, Tensor::zeros({1, 4})), "mask");
+}
+
+// ---------------------------------------------------------------- whole layers: fused vs reference
+struct LayerCase {
+  const char* name;
+  nn::Mechanism mechanism;
+  bool single_assignment;
+};
+
+class FusedLayer : public ::testing::TestWithParam<LayerCase> {};
+
+TEST_P(FusedLayer, MatchesReferenceLayer) {
+  const LayerCase lc = GetParam();
+  const int64_t B = 2, N = 150, D = 32;
+  nn::AttentionConfig c;
+  c.mechanism = lc.mechanism;
+  c.dim = D;
+  c.heads = 4;
+  c.clusters = 16;
+  c.cluster_size = 16;
+  c.single_assignment = lc.single_assignment;
+  c.topk = 8;
+  c.bits = 16;
+  c.seed = 5;
+  Tensor mask = tail_mask(N, {0, 41}, DType::f32);
+  Tensor x = Tensor::uniform({B, N, D}, 31, 0, -1.0, 1.0, DType::f32).set_requires_grad();
+  Tensor dout = Tensor::uniform({B, N, D}, 32, 0, -1.0, 1.0, DType::f32);
+  std::map<std::string, Tensor> grads[2];
+  Tensor outs[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    c.fused = fused == 1;
+    nn::Attention layer(c, DType::f32);
+    outs[fused] = layer.forward(x, mask).out;
+    autograd::backward(outs[fused], dout);
+    grads[fused]["x"] = x.grad();
+    x.reset_grad();
+    for (auto& [name, p] : layer.parameters()) grads[fused][name] = p.grad();
+  }
+  expect_close(outs[1], outs[0], 3e-5, 3e-6, std::string(lc.name) + " output");
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (auto& [name, g] : grads[0]) expect_close(grads[1][name], g, 3e-5, 3e-6, std::string(lc.name) + " d" + name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Mechanisms, FusedLayer,
+                         ::testing::Values(LayerCase{"full", nn::Mechanism::full, false},
+                                           LayerCase{"cast_topk", nn::Mechanism::cast, false},
+                                           LayerCase{"cast_satopk", nn::Mechanism::cast, true},
+                                           LayerCase{"clustered", nn::Mechanism::clustered, false},
+                                           LayerCase{"iclustered", nn::Mechanism::iclustered, false}),
+                         [](const ::testing::TestParamInfo<LayerCase>& info) { return info.param.name; });
