@@ -10,9 +10,12 @@
 
 namespace cast::ops {
 
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;  // exp(−87) ≈ 1.6e−38: the smallest normal result
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+inline float exp_nonpositive(float x_in) {
+  const float x = x_in < -87.0f ? -87.0f : x_in;  // exp(−87) ≈ 1.6e−38: the smallest normal result
+  // n = round(x / ln 2) by the 1.5·2^23 trick: no floor call, which stays a library call
+  // without -ffast-math and would stop the loop from vectorising
+  constexpr float kRound = 12582912.0f;
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 split in two parts
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -22,7 +25,7 @@ inline float exp_nonpositive(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
   const int32_t exponent = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n ∈ [−126, 0]
-  return p * std::bit_cast<float>(exponent);
+  return x_in < -87.0f ? 0.0f : p * std::bit_cast<float>(exponent);  // 0 for −∞ (a masked score)
 }
 
 inline double exp_nonpositive(double x) { return std::exp(x); }

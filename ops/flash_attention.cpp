@@ -47,6 +47,43 @@ void tile_gemm(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, 
 
 constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 
+// max of s[0..n), −∞ for n = 0. Sixteen running maxima, so the compiler emits vector max
+// instructions (a single running max is a serial chain it does not vectorise).
+template <class T>
+T max_of(const T* s, int64_t n) {
+  constexpr int kLanes = 16;
+  T lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) lanes[l] = static_cast<T>(kMinusInf);
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] = s[c + l] > lanes[l] ? s[c + l] : lanes[l];
+  for (; c < n; ++c) lanes[0] = s[c] > lanes[0] ? s[c] : lanes[0];
+  T m = lanes[0];
+  for (int l = 1; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
+  return m;
+}
+
+// s = exp(s − shift) in place (s ≤ shift but for rounding); returns Σ s.
+template <class T>
+T exp_shifted(T* __restrict s, int64_t n, T shift) {
+  T total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t c = 0; c < n; ++c) {
+    const T x = s[c] - shift;
+    s[c] = exp_nonpositive(x < T(0) ? x : T(0));
+    total += s[c];
+  }
+  return total;
+}
+
+// Scores of padded keys become −∞, so the softmax loops need no test per element.
+template <class T>
+void mask_columns(T* scores, const T* key_mask, int64_t rows, int64_t cols) {
+  for (int64_t c = 0; c < cols; ++c)
+    if (key_mask[c] == T(0))
+      for (int64_t r = 0; r < rows; ++r) scores[r * cols + c] = static_cast<T>(kMinusInf);
+}
+
 // ---------------------------------------------------------------- forward
 // One tile of nq queries against all keys: the online softmax.
 template <class T>
@@ -60,28 +97,22 @@ void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* ou
     const int64_t nk = std::min(kKeyTile, p.N - j0);
     const T* mk = p.key_mask(bh, j0);
     tile_gemm<T>(scores, p.q_rows(bh, i0), p.k_rows(bh, j0), false, true, p.scale, T(0), nq, nk, d);  // S = Q Kᵀ/√d
+    if (mk) mask_columns(scores, mk, nq, nk);
     for (int64_t r = 0; r < nq; ++r) {
       T* s = scores + r * nk;
-      T tile_max = static_cast<T>(kMinusInf);
-      for (int64_t c = 0; c < nk; ++c)
-        if (!mk || mk[c] != T(0)) tile_max = std::max(tile_max, s[c]);
+      const T tile_max = max_of(s, nk);
       const T new_max = std::max(row_max[r], tile_max);
       if (new_max == static_cast<T>(kMinusInf)) {  // no real key yet: nothing to add
         std::fill(s, s + nk, T(0));
         continue;
       }
-      T total = 0;
-#pragma omp simd reduction(+ : total)
-      for (int64_t c = 0; c < nk; ++c) {
-        const T e = exp_nonpositive(s[c] - new_max);
-        s[c] = (!mk || mk[c] != T(0)) ? e : T(0);
-        total += s[c];
-      }
+      const T total = exp_shifted(s, nk, new_max);  // a masked −∞ gives 0
       // rescale what was accumulated under the old maximum (exp(−∞) = 0 on the first tile)
-      const T rescale = row_max[r] == static_cast<T>(kMinusInf) ? T(0) : exp_nonpositive(row_max[r] - new_max);
+      const T rescale = exp_nonpositive(row_max[r] - new_max);
       row_sum[r] = row_sum[r] * rescale + total;
       row_max[r] = new_max;
       T* a = acc + r * d;
+#pragma omp simd
       for (int64_t e = 0; e < d; ++e) a[e] *= rescale;
     }
     tile_gemm<T>(acc, scores, p.v_rows(bh, j0), false, false, T(1), T(1), nq, d, nk);  // O += P V
@@ -135,12 +166,11 @@ void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j
       const T *qi = p.q_rows(bh, i0), *doi = g.dout + (bh * p.M + i0) * d;
       const T *lse = g.lse + bh * p.M + i0, *delta = g.delta + bh * p.M + i0;
       tile_gemm<T>(probs, qi, kj, false, true, p.scale, T(0), nq, nk, d);  // S = Q Kᵀ/√d
-      for (int64_t r = 0; r < nq; ++r) {                                     // P = exp(S − L)
+      if (mk) mask_columns(probs, mk, nq, nk);
+      for (int64_t r = 0; r < nq; ++r) {  // P = exp(S − L); a row with no real key has L = −∞ and P = 0
         T* s = probs + r * nk;
-        const bool empty = lse[r] == static_cast<T>(kMinusInf);
-#pragma omp simd
-        for (int64_t c = 0; c < nk; ++c)
-          s[c] = (!empty && (!mk || mk[c] != T(0))) ? exp_nonpositive(std::min(s[c] - lse[r], T(0))) : T(0);
+        const T shift = lse[r] == static_cast<T>(kMinusInf) ? static_cast<T>(-kMinusInf) : lse[r];
+        exp_shifted(s, nk, shift);
       }
       if (g.dv) tile_gemm<T>(dv_tile, probs, doi, true, false, T(1), T(1), nk, d, nq);  // dV += Pᵀ dO
       if (!g.dq && !g.dk) continue;

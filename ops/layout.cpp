@@ -68,10 +68,19 @@ void permute_forward(Tensor& y, const Tensor& x, const std::vector<int>& perm, b
     const T* px = x.data<T>();
     T* py = y.data<T>();
     const int64_t n = x.numel();
+    // One output row (the last output dim) at a time: its start in the input is computed once,
+    // then the row is read at a fixed stride (1 when the last axis stays last: a plain copy).
+    const int64_t len = idx.ndim ? idx.out_shape[idx.ndim - 1] : 1;
+    const int64_t step = idx.ndim ? idx.in_stride[idx.ndim - 1] : 1;
+    const int64_t rows = len ? n / len : 0;
 _Pragma("omp parallel for if (n > 65536)")
-    for (int64_t i = 0; i < n; ++i) {
-      T v = px[idx.input_offset(i)];
-      py[i] = accumulate ? py[i] + v : v;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* src = px + idx.input_offset(r * len);
+      T* dst = py + r * len;
+      if (accumulate)
+        for (int64_t j = 0; j < len; ++j) dst[j] += src[j * step];
+      else
+        for (int64_t j = 0; j < len; ++j) dst[j] = src[j * step];
     }
   });
 }
