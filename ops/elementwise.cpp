@@ -20,6 +20,39 @@ static const char* binary_name(BinaryOp op) {
   }
 }
 
+// ---------------------------------------------------------------- CPU loops
+// The output is walked one row (its last dim) at a time: the row's offsets into a and b are
+// computed once, then each input is read at a fixed stride (1, or 0 where it is broadcast),
+// so the inner loops vectorise.
+struct RowStrides {
+  int64_t len, a, b;
+};
+
+template <class F>
+static void for_each_row(const BroadcastIndex& idx, int64_t n, F&& row) {
+  const int last = idx.ndim - 1;
+  const RowStrides r{last >= 0 ? idx.shape[last] : 1, last >= 0 ? idx.stride_a[last] : 0,
+                     last >= 0 ? idx.stride_b[last] : 0};
+  const int64_t rows = r.len ? n / r.len : 0;
+_Pragma("omp parallel for if (n > 65536)")
+  for (int64_t k = 0; k < rows; ++k) {
+    int64_t ia, ib;
+    idx.offsets(k * r.len, ia, ib);
+    row(k * r.len, ia, ib, r);
+  }
+}
+
+// Calls body with the op as a function object, so the loop inside is compiled per op.
+template <class Body>
+static void with_op(BinaryOp op, Body&& body) {
+  switch (op) {
+    case BinaryOp::add: return body([](auto x, auto y) { return x + y; });
+    case BinaryOp::sub: return body([](auto x, auto y) { return x - y; });
+    case BinaryOp::mul: return body([](auto x, auto y) { return x * y; });
+    default: return body([](auto x, auto y) { return x / y; });
+  }
+}
+
 // ---------------------------------------------------------------- forward / backward pair
 void binary_forward(Tensor& out, BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = binary_name(op);
@@ -32,45 +65,51 @@ void binary_forward(Tensor& out, BinaryOp op, const Tensor& a, const Tensor& b) 
   BroadcastIndex idx = make_broadcast_index(shape, a.shape(), b.shape());
   CAST_ON_CUDA(a, cuda::binary_forward(out, op, a, b, idx));
   CAST_DISPATCH_FLOAT(a.dtype(), name, [&] {
-    const T* pa = a.data<T>();
-    const T* pb = b.data<T>();
+    const T *pa = a.data<T>(), *pb = b.data<T>();
     T* po = out.data<T>();
-    const int64_t n = out.numel();
-_Pragma("omp parallel for if (n > 65536)")
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t ia, ib;
-      idx.offsets(i, ia, ib);
-      po[i] = binary_apply(op, pa[ia], pb[ib]);
-    }
+    for_each_row(idx, out.numel(), [&](int64_t i, int64_t ia, int64_t ib, const RowStrides& r) {
+      with_op(op, [&](auto f) {
+        const T *ra = pa + ia, *rb = pb + ib;
+        T* ro = po + i;
+        if (r.a == 1 && r.b == 1)
+          for (int64_t j = 0; j < r.len; ++j) ro[j] = f(ra[j], rb[j]);
+        else if (r.a == 1 && r.b == 0)
+          for (int64_t j = 0; j < r.len; ++j) ro[j] = f(ra[j], rb[0]);
+        else if (r.a == 0 && r.b == 1)
+          for (int64_t j = 0; j < r.len; ++j) ro[j] = f(ra[0], rb[j]);
+        else
+          for (int64_t j = 0; j < r.len; ++j) ro[j] = f(ra[j * r.a], rb[j * r.b]);
+      });
+    });
   });
 }
 
-// Full-size partial gradients first, then summed down to each input's shape.
+// Partial gradients of full size, summed down to each input's shape; an input of the output's
+// shape takes its partial directly, with no full-size temporary.
 void binary_backward(Tensor* da, Tensor* db, BinaryOp op, const Tensor& dout, const Tensor& a, const Tensor& b) {
   BroadcastIndex idx = make_broadcast_index(dout.shape(), a.shape(), b.shape());
-  Tensor ga = da ? Tensor::empty(dout.shape(), dout.dtype(), dout.device()) : Tensor();
-  Tensor gb = db ? Tensor::empty(dout.shape(), dout.dtype(), dout.device()) : Tensor();
+  const bool direct_a = da && a.shape() == dout.shape() && !dout.is_cuda();
+  const bool direct_b = db && b.shape() == dout.shape() && !dout.is_cuda();
+  Tensor ga = da && !direct_a ? Tensor::empty(dout.shape(), dout.dtype(), dout.device()) : Tensor();
+  Tensor gb = db && !direct_b ? Tensor::empty(dout.shape(), dout.dtype(), dout.device()) : Tensor();
   auto partials = [&] {
     CAST_ON_CUDA(dout, cuda::binary_backward(da ? &ga : nullptr, db ? &gb : nullptr, op, dout, a, b, idx));
     CAST_DISPATCH_FLOAT(a.dtype(), binary_name(op), [&] {
-      const T* pa = a.data<T>();
-      const T* pb = b.data<T>();
-      const T* pd = dout.data<T>();
-      T* pga = da ? ga.data<T>() : nullptr;
-      T* pgb = db ? gb.data<T>() : nullptr;
-      const int64_t n = dout.numel();
-_Pragma("omp parallel for if (n > 65536)")
-      for (int64_t i = 0; i < n; ++i) {
-        int64_t ia, ib;
-        idx.offsets(i, ia, ib);
-        if (pga) pga[i] = pd[i] * binary_da(op, pa[ia], pb[ib]);
-        if (pgb) pgb[i] = pd[i] * binary_db(op, pa[ia], pb[ib]);
-      }
+      const T *pa = a.data<T>(), *pb = b.data<T>(), *pd = dout.data<T>();
+      T* pga = direct_a ? da->data<T>() : da ? ga.data<T>() : nullptr;
+      T* pgb = direct_b ? db->data<T>() : db ? gb.data<T>() : nullptr;
+      for_each_row(idx, dout.numel(), [&](int64_t i, int64_t ia, int64_t ib, const RowStrides& r) {
+        for (int64_t j = 0; j < r.len; ++j) {
+          const T x = pa[ia + j * r.a], y = pb[ib + j * r.b], g = pd[i + j];
+          if (pga) pga[i + j] = (direct_a ? pga[i + j] : T(0)) + g * binary_da(op, x, y);
+          if (pgb) pgb[i + j] = (direct_b ? pgb[i + j] : T(0)) + g * binary_db(op, x, y);
+        }
+      });
     });
   };
   partials();
-  if (da) add_into(*da, sum_to_shape(ga, a.shape()));
-  if (db) add_into(*db, sum_to_shape(gb, b.shape()));
+  if (da && !direct_a) add_into(*da, sum_to_shape(ga, a.shape()));
+  if (db && !direct_b) add_into(*db, sum_to_shape(gb, b.shape()));
 }
 
 // ---------------------------------------------------------------- autograd
