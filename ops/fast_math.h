@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace cast::ops {
 
@@ -29,5 +30,35 @@ inline float exp_nonpositive(float x_in) {
 }
 
 inline double exp_nonpositive(double x) { return std::exp(x); }
+
+// max of s[0..n), −∞ for n = 0. Sixteen running maxima, so the compiler emits vector max
+// instructions (a single running max is a serial chain it does not vectorise).
+template <class T>
+T max_of(const T* s, int64_t n) {
+  constexpr int kLanes = 16;
+  T lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) lanes[l] = -std::numeric_limits<T>::infinity();
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] = s[c + l] > lanes[l] ? s[c + l] : lanes[l];
+  for (; c < n; ++c) lanes[0] = s[c] > lanes[0] ? s[c] : lanes[0];
+  T m = lanes[0];
+  for (int l = 1; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
+  return m;
+}
+
+// s = exp(s − shift) in place (s ≤ shift but for rounding); returns Σ s.
+template <class T>
+T exp_shifted(T* __restrict s, int64_t n, T shift) {
+  T total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t c = 0; c < n; ++c) {
+    const T x = s[c] - shift;
+    s[c] = exp_nonpositive(x < T(0) ? x : T(0));
+    total += s[c];
+  }
+  return total;
+}
+
 
 }  // namespace cast::ops

@@ -47,35 +47,6 @@ void tile_gemm(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, 
 
 constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 
-// max of s[0..n), −∞ for n = 0. Sixteen running maxima, so the compiler emits vector max
-// instructions (a single running max is a serial chain it does not vectorise).
-template <class T>
-T max_of(const T* s, int64_t n) {
-  constexpr int kLanes = 16;
-  T lanes[kLanes];
-  for (int l = 0; l < kLanes; ++l) lanes[l] = static_cast<T>(kMinusInf);
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] = s[c + l] > lanes[l] ? s[c + l] : lanes[l];
-  for (; c < n; ++c) lanes[0] = s[c] > lanes[0] ? s[c] : lanes[0];
-  T m = lanes[0];
-  for (int l = 1; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
-  return m;
-}
-
-// s = exp(s − shift) in place (s ≤ shift but for rounding); returns Σ s.
-template <class T>
-T exp_shifted(T* __restrict s, int64_t n, T shift) {
-  T total = 0;
-#pragma omp simd reduction(+ : total)
-  for (int64_t c = 0; c < n; ++c) {
-    const T x = s[c] - shift;
-    s[c] = exp_nonpositive(x < T(0) ? x : T(0));
-    total += s[c];
-  }
-  return total;
-}
-
 // Scores of padded keys become −∞, so the softmax loops need no test per element.
 template <class T>
 void mask_columns(T* scores, const T* key_mask, int64_t rows, int64_t cols) {

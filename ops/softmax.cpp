@@ -1,11 +1,13 @@
 #include "ops/softmax.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
 
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
+#include "ops/fast_math.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/softmax.h"
 #endif
@@ -28,21 +30,27 @@ MaskRows mask_rows(const char* op, const Tensor& x, const Tensor& mask) {
   return m;
 }
 
+// One row: masked entries are set to −∞ first, so the max, exp and sum loops run without a
+// test per element and vectorise (ops/fast_math.h). A fully masked row gives zeros.
 template <class T>
 static void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log) {
-  T mx = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j < n; ++j)
-    if (!mask || mask[j] != T(0)) mx = std::max(mx, x[j]);
-  if (mx == -std::numeric_limits<T>::infinity()) {  // fully masked row
-    for (int64_t j = 0; j < n; ++j) y[j] = 0;
+  const T minus_inf = -std::numeric_limits<T>::infinity();
+  if (mask)
+    for (int64_t j = 0; j < n; ++j) y[j] = mask[j] != T(0) ? x[j] : minus_inf;
+  else
+    std::copy(x, x + n, y);
+  const T mx = max_of(y, n);
+  if (mx == minus_inf) {  // fully masked row
+    std::fill(y, y + n, T(0));
     return;
   }
-  T total = 0;
-  for (int64_t j = 0; j < n; ++j) total += (!mask || mask[j] != T(0)) ? std::exp(x[j] - mx) : T(0);
-  const T log_total = std::log(total);
-  for (int64_t j = 0; j < n; ++j) {
-    bool keep = !mask || mask[j] != T(0);
-    y[j] = !keep ? T(0) : log ? x[j] - mx - log_total : std::exp(x[j] - mx) / total;
+  const T total = exp_shifted(y, n, mx);  // y = exp(x − max), 0 where masked
+  if (log) {
+    const T shift = mx + std::log(total);
+    for (int64_t j = 0; j < n; ++j) y[j] = (!mask || mask[j] != T(0)) ? x[j] - shift : T(0);
+  } else {
+    const T inv = T(1) / total;
+    for (int64_t j = 0; j < n; ++j) y[j] *= inv;
   }
 }
 
