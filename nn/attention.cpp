@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "autograd/tape.h"
+#include "ops/cluster_fused.h"
 #include "ops/clustering.h"
 #include "ops/flash_attention.h"
 #include "ops/ops.h"
@@ -138,7 +139,8 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
     members = members.view({B, H, C, kappa});
   }
   // Steps 5–7.
-  Tensor r_intra = ops::intra_cluster_attention(q, k, v, members);
+  Tensor r_intra = use_fused(q) ? ops::intra_cluster_attention_fused(q, k, v, members)
+                                : ops::intra_cluster_attention(q, k, v, members);
   Tensor r_inter = config_.summaries ? ops::cluster_summaries(a_k, v, mask) : Tensor();
   AttentionOutput result;
   result.out = ops::combine_clusters(w, r_intra, r_inter, members);
@@ -184,7 +186,8 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
     top_keys = ops::topk(a_c, top, mask);  // (B, H, C, top); masked keys never chosen
   }
   result.top_keys = top_keys;
-  result.out = ops::improved_clustered_output(q, k, v, a_c, top_keys, assignment);
+  result.out = use_fused(q) ? ops::improved_clustered_output_fused(q, k, v, a_c, top_keys, assignment)
+                            : ops::improved_clustered_output(q, k, v, a_c, top_keys, assignment);
   return result;
 }
 

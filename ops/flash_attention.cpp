@@ -38,13 +38,6 @@ Problem<T> problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
           q.dim(2), k.dim(2), q.dim(3), static_cast<T>(1.0 / std::sqrt(static_cast<double>(q.dim(3))))};
 }
 
-// c (m, n) = alpha op(a) op(b) + beta c on the calling thread (inside a parallel region the
-// BLAS does not start threads of its own).
-template <class T>
-void tile_gemm(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, int64_t m, int64_t n, int64_t k) {
-  gemm_blas<T>(c, a, b, ta, tb, alpha, beta, GemmShape{1, m, n, k});
-}
-
 constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 
 // Scores of padded keys become −∞, so the softmax loops need no test per element.
@@ -67,7 +60,7 @@ void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* ou
   for (int64_t j0 = 0; j0 < p.N; j0 += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, p.N - j0);
     const T* mk = p.key_mask(bh, j0);
-    tile_gemm<T>(scores, p.q_rows(bh, i0), p.k_rows(bh, j0), false, true, p.scale, T(0), nq, nk, d);  // S = Q Kᵀ/√d
+    gemm_tile<T>(scores, p.q_rows(bh, i0), p.k_rows(bh, j0), false, true, p.scale, T(0), nq, nk, d);  // S = Q Kᵀ/√d
     if (mk) mask_columns(scores, mk, nq, nk);
     for (int64_t r = 0; r < nq; ++r) {
       T* s = scores + r * nk;
@@ -86,7 +79,7 @@ void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* ou
 #pragma omp simd
       for (int64_t e = 0; e < d; ++e) a[e] *= rescale;
     }
-    tile_gemm<T>(acc, scores, p.v_rows(bh, j0), false, false, T(1), T(1), nq, d, nk);  // O += P V
+    gemm_tile<T>(acc, scores, p.v_rows(bh, j0), false, false, T(1), T(1), nq, d, nk);  // O += P V
   }
   for (int64_t r = 0; r < nq; ++r) {
     const bool empty = row_sum[r] == T(0);
@@ -136,24 +129,24 @@ void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j
       const int64_t nq = std::min(kQueryTile, p.M - i0);
       const T *qi = p.q_rows(bh, i0), *doi = g.dout + (bh * p.M + i0) * d;
       const T *lse = g.lse + bh * p.M + i0, *delta = g.delta + bh * p.M + i0;
-      tile_gemm<T>(probs, qi, kj, false, true, p.scale, T(0), nq, nk, d);  // S = Q Kᵀ/√d
+      gemm_tile<T>(probs, qi, kj, false, true, p.scale, T(0), nq, nk, d);  // S = Q Kᵀ/√d
       if (mk) mask_columns(probs, mk, nq, nk);
       for (int64_t r = 0; r < nq; ++r) {  // P = exp(S − L); a row with no real key has L = −∞ and P = 0
         T* s = probs + r * nk;
         const T shift = lse[r] == static_cast<T>(kMinusInf) ? static_cast<T>(-kMinusInf) : lse[r];
         exp_shifted(s, nk, shift);
       }
-      if (g.dv) tile_gemm<T>(dv_tile, probs, doi, true, false, T(1), T(1), nk, d, nq);  // dV += Pᵀ dO
+      if (g.dv) gemm_tile<T>(dv_tile, probs, doi, true, false, T(1), T(1), nk, d, nq);  // dV += Pᵀ dO
       if (!g.dq && !g.dk) continue;
-      tile_gemm<T>(dprobs, doi, vj, false, true, T(1), T(0), nq, nk, d);  // dP = dO Vᵀ
+      gemm_tile<T>(dprobs, doi, vj, false, true, T(1), T(0), nq, nk, d);  // dP = dO Vᵀ
       for (int64_t r = 0; r < nq; ++r) {                                  // dS = P ⊙ (dP − Δ)
         T *ds = dprobs + r * nk;
         const T* s = probs + r * nk;
 #pragma omp simd
         for (int64_t c = 0; c < nk; ++c) ds[c] = s[c] * (ds[c] - delta[r]);
       }
-      if (g.dq) tile_gemm<T>(dq_rows + i0 * d, dprobs, kj, false, false, p.scale, T(1), nq, d, nk);  // dQ += dS K/√d
-      if (g.dk) tile_gemm<T>(dk_tile, dprobs, qi, true, false, p.scale, T(1), nk, d, nq);            // dK += dSᵀ Q/√d
+      if (g.dq) gemm_tile<T>(dq_rows + i0 * d, dprobs, kj, false, false, p.scale, T(1), nq, d, nk);  // dQ += dS K/√d
+      if (g.dk) gemm_tile<T>(dk_tile, dprobs, qi, true, false, p.scale, T(1), nk, d, nq);            // dK += dSᵀ Q/√d
     }
     const int64_t base = (bh * p.N + j0) * d;
     if (g.dk)

@@ -4,8 +4,13 @@
 // below cover partial tiles, several tiles, and key splits (fewer heads than threads).
 #include <omp.h>
 
+#include <algorithm>
+#include <array>
+#include <functional>
+
 #include "nn/attention.h"
 #include "ops/attention.h"
+#include "ops/cluster_fused.h"
 #include "ops/flash_attention.h"
 #include "tests/test_util.h"
 
@@ -178,3 +183,103 @@ INSTANTIATE_TEST_SUITE_P(Mechanisms, FusedLayer,
                                            LayerCase{"clustered", nn::Mechanism::clustered, false},
                                            LayerCase{"iclustered", nn::Mechanism::iclustered, false}),
                          [](const ::testing::TestParamInfo<LayerCase>& info) { return info.param.name; });
+
+// ---------------------------------------------------------------- fused clustering steps
+namespace {
+
+// (B, H, C, κ) random members: tokens in [0, N), a token may sit in several clusters, about
+// one slot in five empty (−1); ids distinct within a cluster.
+Tensor random_members(int64_t B, int64_t H, int64_t C, int64_t kappa, int64_t N, uint64_t seed) {
+  auto u = Tensor::uniform({B * H * C, N + 1}, seed, 0, 0.0, 1.0, DType::f64).to_double_vector();
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < B * H * C; ++r) {
+    std::vector<std::pair<double, int32_t>> order;
+    for (int64_t i = 0; i < N; ++i) order.push_back({u[r * (N + 1) + i], static_cast<int32_t>(i)});
+    std::sort(order.begin(), order.end());
+    for (int64_t s = 0; s < kappa; ++s) {
+      const bool empty = s >= N || u[r * (N + 1) + N] * 5 > 4 - 0.2 * static_cast<double>(s % 3);
+      ids.push_back(empty ? -1 : order[s].second);
+    }
+  }
+  return Tensor::from_vector<int32_t>(ids, {B, H, C, kappa});
+}
+
+Tensor random_assignment(int64_t B, int64_t H, int64_t N, int64_t C, uint64_t seed) {
+  auto u = Tensor::uniform({B * H * N}, seed, 0, 0.0, 1.0, DType::f64).to_double_vector();
+  std::vector<int32_t> a;
+  for (double x : u) a.push_back(x < 0.1 ? -1 : static_cast<int32_t>(x * 1000) % static_cast<int32_t>(C));
+  return Tensor::from_vector<int32_t>(a, {B, H, N});
+}
+
+// Values and every gradient of fn(fused) against fn(reference) on the same inputs.
+void expect_same_op(const std::function<Tensor(const Inputs&, bool)>& fn, Inputs inputs, double rtol, double atol,
+                    const std::string& what) {
+  Tensor outs[2];
+  std::vector<Tensor> grads[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    outs[fused] = fn(inputs, fused == 1);
+    Tensor dout = Tensor::uniform(outs[fused].shape(), 77, 0, -1.0, 1.0, outs[fused].dtype());
+    autograd::backward(outs[fused], dout);
+    for (Tensor& t : inputs) {
+      grads[fused].push_back(t.grad());
+      t.reset_grad();
+    }
+  }
+  expect_close(outs[1], outs[0], rtol, atol, what + " output");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    expect_close(grads[1][i], grads[0][i], rtol, atol, what + fmt::format(" gradient of input {}", i));
+}
+
+}  // namespace
+
+TEST(IntraClusterFusedGrad, FiniteDifferences) {
+  Tensor members = random_members(1, 2, 3, 4, 6, 40);
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::intra_cluster_attention_fused(x[0], x[1], x[2], members); },
+                   (Inputs{param({1, 2, 6, 3}, 41), param({1, 2, 6, 3}, 42), param({1, 2, 6, 3}, 43)}));
+}
+
+TEST(IntraClusterFused, MatchesReferenceOnRandomClusters) {
+  for (auto [B, H, N, C, kappa, d] : std::vector<std::array<int64_t, 6>>{
+           {1, 1, 5, 2, 3, 4}, {2, 3, 40, 6, 9, 8}, {1, 2, 300, 17, 24, 16}, {2, 1, 64, 8, 64, 32}}) {
+    const std::string what = fmt::format("B{} H{} N{} C{} kappa{} d{}", B, H, N, C, kappa, d);
+    Tensor members = random_members(B, H, C, kappa, N, 50 + N);
+    for (DType dt : {DType::f32, DType::f64}) {
+      auto make = [&](uint64_t seed) {
+        return Tensor::uniform({B, H, N, d}, seed, 0, -2.0, 2.0, dt).set_requires_grad();
+      };
+      expect_same_op([&](const Inputs& x, bool fused) {
+        return fused ? ops::intra_cluster_attention_fused(x[0], x[1], x[2], members)
+                     : ops::intra_cluster_attention(x[0], x[1], x[2], members);
+      }, Inputs{make(1), make(2), make(3)}, dt == DType::f32 ? 2e-5 : 1e-11, dt == DType::f32 ? 2e-6 : 1e-13,
+                     what + " " + dtype_name(dt));
+    }
+  }
+}
+
+TEST(ImprovedClusteredFusedGrad, FiniteDifferences) {
+  Tensor assign = Tensor::from_vector<int32_t>({0, 1, 0, 2, -1, 1, 1, 0, 2, 2}, {1, 2, 5});
+  Tensor top = Tensor::from_vector<int32_t>({0, 3, 1, 2, 2, -1, 4, 0, 1, 3, 2, 0}, {1, 2, 3, 2});
+  EXPECT_GRADCHECK([&](const Inputs& x) {
+    return ops::improved_clustered_output_fused(x[0], x[1], x[2], ops::softmax(x[3]), top, assign);
+  }, (Inputs{param({1, 2, 5, 4}, 44), param({1, 2, 5, 4}, 45), param({1, 2, 5, 4}, 46), param({1, 2, 3, 5}, 47)}));
+}
+
+TEST(ImprovedClusteredFused, MatchesReferenceOnRandomClusters) {
+  for (auto [B, H, N, C, top, d] : std::vector<std::array<int64_t, 6>>{
+           {1, 1, 6, 2, 3, 4}, {2, 3, 50, 7, 8, 8}, {1, 2, 257, 16, 32, 16}}) {
+    const std::string what = fmt::format("B{} H{} N{} C{} top{} d{}", B, H, N, C, top, d);
+    Tensor assign = random_assignment(B, H, N, C, 60 + N);
+    Tensor keys = random_members(B, H, C, top, N, 61 + N);  // distinct keys per cluster, some slots empty
+    for (DType dt : {DType::f32, DType::f64}) {
+      auto make = [&](const Shape& s, uint64_t seed) {
+        return Tensor::uniform(s, seed, 0, -2.0, 2.0, dt).set_requires_grad();
+      };
+      expect_same_op([&](const Inputs& x, bool fused) {
+        Tensor a_c = ops::softmax(x[3]);
+        return fused ? ops::improved_clustered_output_fused(x[0], x[1], x[2], a_c, keys, assign)
+                     : ops::improved_clustered_output(x[0], x[1], x[2], a_c, keys, assign);
+      }, Inputs{make({B, H, N, d}, 1), make({B, H, N, d}, 2), make({B, H, N, d}, 3), make({B, H, C, N}, 4)},
+                     dt == DType::f32 ? 2e-5 : 1e-11, dt == DType::f32 ? 2e-6 : 1e-13, what + " " + dtype_name(dt));
+    }
+  }
+}
