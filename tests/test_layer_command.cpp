@@ -38,6 +38,7 @@ static void expect_matches_reference(const std::string& reference, std::vector<s
 
 TEST(LayerCommand, FullAttentionMatchesIndependentReference) {
   expect_matches_reference("layer_full.safetensors", {"--attention", "full", "--heads", "2"});
+  expect_matches_reference("layer_full.safetensors", {"--attention", "full", "--heads", "2", "--reference"});
 }
 
 struct ReferenceCase {
@@ -47,7 +48,13 @@ struct ReferenceCase {
 
 class LayerReference : public ::testing::TestWithParam<ReferenceCase> {};
 
-TEST_P(LayerReference, MatchesIndependentImplementation) { expect_matches_reference(GetParam().file, GetParam().options); }
+// The fused kernels (the default) and the step-by-step reference ops (--reference) both match.
+TEST_P(LayerReference, MatchesIndependentImplementation) {
+  expect_matches_reference(GetParam().file, GetParam().options);
+  std::vector<std::string> reference = GetParam().options;
+  reference.push_back("--reference");
+  expect_matches_reference(GetParam().file, reference);
+}
 
 static std::vector<std::string> cast_options(std::vector<std::string> extra) {
   std::vector<std::string> o = {"--attention", "cast", "--heads", "2", "--clusters", "3", "--cluster-size", "3"};

@@ -34,7 +34,8 @@ cli::Args layer_args() {
       .option("iterations", "10", "clustered: Lloyd iterations")
       .option("seed", "0", "seed of the LSH planes and k-means draws")
       .option("device", "cpu", "cpu | cuda")
-      .option("dtype", "f32", "f32 | f64 (f64 on the CPU only)");
+      .option("dtype", "f32", "f32 | f64 (f64 on the CPU only)")
+      .flag("reference", "CPU: the step-by-step reference ops and plain-loop matmul instead of the fused kernels");
   return a;
 }
 
@@ -73,6 +74,8 @@ int command_layer(const std::vector<std::string>& argv) {
   config.single_assignment = args.choice("clustering", {"topk", "satopk"}) == "satopk";
   config.f = args.choice("f", {"softmax", "laplace"}) == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
   config.summaries = args.choice("summaries", {"on", "off"}) == "on";
+  config.fused = !args.is_set("reference");
+  ops::set_cpu_gemm(args.is_set("reference") ? ops::CpuGemm::loops : ops::CpuGemm::blas);
   config.mix_query = args.choice("mix", {"affinity", "query"}) == "query";
   config.shared_clustering = args.choice("cast-heads", {"per-head", "shared"}) == "shared";
   config.topk = args.integer("topk");

@@ -38,7 +38,9 @@ const std::vector<std::pair<std::string, std::string>> kStringSettings = {
     {"cast-heads", "CAST: per-head | shared"}};
 const std::vector<std::pair<std::string, std::string>> kBoolSettings = {
     {"eval-best", "evaluate the best validation checkpoint instead of the final model"},
-    {"tf32", "allow TF32 tensor-core matmuls on the GPU"}};
+    {"tf32", "allow TF32 tensor-core matmuls on the GPU"},
+    {"reference", "CPU: run the step-by-step reference attention ops and the plain-loop matmul instead of the fused "
+                  "kernels and the BLAS (same results, slower; for study)"}};
 
 json settings_from_flags(const cli::Args& args) {
   json j = json::object();

@@ -26,7 +26,8 @@ json TrainConfig::to_json() const {
               {"warmup", warmup}, {"log-every", log_every}, {"eval-every", eval_every},
               {"checkpoint-every", checkpoint_every}, {"eval-limit", eval_limit}, {"lr", lr},
               {"weight-decay", weight_decay}, {"clip", clip}, {"schedule", schedule}, {"seed", seed},
-              {"eval-best", eval_best}, {"device", device}, {"tf32", tf32}};
+              {"eval-best", eval_best}, {"device", device}, {"tf32", tf32},
+              {"reference", reference}};
 }
 
 TrainConfig preset(const std::string& task) {
@@ -95,6 +96,7 @@ void apply_overrides(TrainConfig& c, const json& j) {
       else if (key == "eval-best") c.eval_best = value.get<bool>();
       else if (key == "device") c.device = value.get<std::string>();
       else if (key == "tf32") c.tf32 = value.get<bool>();
+      else if (key == "reference") c.reference = value.get<bool>();
       else if (key == "max-len") m.max_len = value.get<int64_t>();
       else if (key == "dim") m.dim = value.get<int64_t>();
       else if (key == "heads") m.heads = value.get<int64_t>();
@@ -343,6 +345,8 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   }
   const Device device = resolve_device(c.device);
   ops::set_allow_tf32(c.tf32);
+  ops::set_cpu_gemm(c.reference ? ops::CpuGemm::loops : ops::CpuGemm::blas);
+  c.model.attention.fused = !c.reference;
   if (c.run_dir.empty()) c.run_dir = fmt::format("runs/{}-{}", c.task, nn::mechanism_name(c.model.attention.mechanism));
   std::filesystem::create_directories(c.run_dir);
   const std::string ckpt_path = c.run_dir + "/checkpoint.safetensors";

@@ -26,6 +26,7 @@ struct TrainConfig {
   bool eval_best = false;  // evaluate the checkpoint of best validation accuracy instead of the final model
   std::string device = "auto";  // auto | cpu | cuda
   bool tf32 = false;
+  bool reference = false;  // CPU: step-by-step attention ops and plain-loop matmul (for study)
   nn::ModelConfig model;
 
   nlohmann::json to_json() const;  // the training fields (the model has its own)
