@@ -9,7 +9,11 @@ python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 .venv/bin/pip install --quiet torch numpy
 if [ "${1:-}" = "--fast-transformers" ]; then
-  # its setup.py compiles the CPU extensions against the installed torch; CUDA ones only with a GPU
-  .venv/bin/pip install --quiet --no-build-isolation pytorch-fast-transformers
+  # Its setup.py compiles the CPU extensions against the installed torch, and the CUDA ones
+  # whenever `nvcc` is on PATH. Without a GPU those are useless (and fail with CUDA 13), so nvcc
+  # is hidden from it then.
+  path="$PATH"
+  command -v nvidia-smi > /dev/null 2>&1 || path="$(echo "$PATH" | tr ':' '\n' | grep -v cuda | paste -sd: -)"
+  PATH="$path" .venv/bin/pip install --quiet --no-build-isolation pytorch-fast-transformers
 fi
 .venv/bin/python -c "import torch; print('torch', torch.__version__, 'threads', torch.get_num_threads())"

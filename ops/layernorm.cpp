@@ -1,6 +1,9 @@
 #include "ops/layernorm.h"
 
+#include <omp.h>
+
 #include <cmath>
+#include <vector>
 #include <memory>
 
 #include "autograd/tape.h"
@@ -24,25 +27,58 @@ static int64_t check_layernorm(const Tensor& x, const Tensor& gamma, const Tenso
   return d;
 }
 
+// ---------------------------------------------------------------- CPU rows
+// Each row is a plain function with `omp simd` loops and raw pointers, so it vectorises.
+template <class T>
+static void layernorm_row(T* y, T& mean, T& rstd, const T* x, const T* gamma, const T* beta, int64_t d, T eps) {
+  T mu = 0, var = 0;
+#pragma omp simd reduction(+ : mu)
+  for (int64_t j = 0; j < d; ++j) mu += x[j];
+  mu /= static_cast<T>(d);
+#pragma omp simd reduction(+ : var)
+  for (int64_t j = 0; j < d; ++j) var += (x[j] - mu) * (x[j] - mu);
+  const T rs = T(1) / std::sqrt(var / static_cast<T>(d) + eps);
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j) y[j] = (x[j] - mu) * rs * gamma[j] + beta[j];
+  mean = mu;
+  rstd = rs;
+}
+
+// dx += rstd (dy γ − mean(dy γ) − x̂ mean(dy γ x̂)); dgamma += dy x̂ and dbeta += dy (either may be null)
+template <class T>
+static void layernorm_row_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* gamma, T mu, T rs,
+                                   int64_t d) {
+  T mean_g = 0, mean_gx = 0;
+#pragma omp simd reduction(+ : mean_g, mean_gx)
+  for (int64_t j = 0; j < d; ++j) {
+    const T xhat = (x[j] - mu) * rs;
+    mean_g += dy[j] * gamma[j];
+    mean_gx += dy[j] * gamma[j] * xhat;
+  }
+  mean_g /= static_cast<T>(d);
+  mean_gx /= static_cast<T>(d);
+  if (dgamma)
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) dgamma[j] += dy[j] * (x[j] - mu) * rs;
+  if (dbeta)
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) dbeta[j] += dy[j];
+  if (dx)
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) dx[j] += rs * (dy[j] * gamma[j] - mean_g - (x[j] - mu) * rs * mean_gx);
+}
+
 void layernorm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma,
                        const Tensor& beta, double eps) {
   const int64_t d = check_layernorm(x, gamma, beta);
   const int64_t rows = x.numel() / d;
   CAST_ON_CUDA(x, cuda::layernorm_forward(y, mean, rstd, x, gamma, beta, rows, d, eps));
   CAST_DISPATCH_FLOAT(x.dtype(), "layernorm", [&] {
+    const T *px = x.data<T>(), *pg = gamma.data<T>(), *pb = beta.data<T>();
+    T *py = y.data<T>(), *pm = mean.data<T>(), *pr = rstd.data<T>();
 _Pragma("omp parallel for if (rows * d > 16384)")
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = x.data<T>() + r * d;
-      T* yr = y.data<T>() + r * d;
-      T mu = 0, var = 0;
-      for (int64_t j = 0; j < d; ++j) mu += xr[j];
-      mu /= static_cast<T>(d);
-      for (int64_t j = 0; j < d; ++j) var += (xr[j] - mu) * (xr[j] - mu);
-      T rs = T(1) / std::sqrt(var / static_cast<T>(d) + static_cast<T>(eps));
-      for (int64_t j = 0; j < d; ++j) yr[j] = (xr[j] - mu) * rs * gamma.data<T>()[j] + beta.data<T>()[j];
-      mean.data<T>()[r] = mu;
-      rstd.data<T>()[r] = rs;
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      layernorm_row(py + r * d, pm[r], pr[r], px + r * d, pg, pb, d, static_cast<T>(eps));
   });
 }
 
@@ -51,28 +87,28 @@ void layernorm_backward(Tensor* dx, Tensor* dgamma, Tensor* dbeta, const Tensor&
   const int64_t d = x.dim(-1), rows = x.numel() / d;
   CAST_ON_CUDA(x, cuda::layernorm_backward(dx, dgamma, dbeta, dy, x, gamma, mean, rstd, rows, d));
   CAST_DISPATCH_FLOAT(x.dtype(), "layernorm", [&] {
-    const T* g = gamma.data<T>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = x.data<T>() + r * d;
-      const T* gr = dy.data<T>() + r * d;
-      const T mu = mean.data<T>()[r], rs = rstd.data<T>()[r];
-      T mean_g = 0, mean_gx = 0;  // means of dxhat and dxhat·xhat
-      for (int64_t j = 0; j < d; ++j) {
-        T xhat = (xr[j] - mu) * rs;
-        mean_g += gr[j] * g[j];
-        mean_gx += gr[j] * g[j] * xhat;
-        if (dgamma) dgamma->data<T>()[j] += gr[j] * xhat;
-        if (dbeta) dbeta->data<T>()[j] += gr[j];
-      }
-      mean_g /= static_cast<T>(d);
-      mean_gx /= static_cast<T>(d);
-      if (!dx) continue;
-      T* dr = dx->data<T>() + r * d;
-      for (int64_t j = 0; j < d; ++j) {
-        T xhat = (xr[j] - mu) * rs;
-        dr[j] += rs * (gr[j] * g[j] - mean_g - xhat * mean_gx);
-      }
+    const T *px = x.data<T>(), *pg = gamma.data<T>(), *pdy = dy.data<T>();
+    const T *pm = mean.data<T>(), *pr = rstd.data<T>();
+    T* pdx = dx ? dx->data<T>() : nullptr;
+    // The parameter gradients sum over rows: each thread sums its own block of rows, and the
+    // partial sums are added in thread order afterwards, so the result does not depend on
+    // which thread finished first (resumed runs stay bit-identical).
+    const int threads = rows * d > 16384 ? omp_get_max_threads() : 1;
+    std::vector<T> partial_g(dgamma ? threads * d : 0, T(0)), partial_b(dbeta ? threads * d : 0, T(0));
+_Pragma("omp parallel num_threads(threads)")
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      T* pg_t = dgamma ? partial_g.data() + t * d : nullptr;
+      T* pb_t = dbeta ? partial_b.data() + t * d : nullptr;
+      const int64_t begin = rows * t / nt, end = rows * (t + 1) / nt;
+      for (int64_t r = begin; r < end; ++r)
+        layernorm_row_backward(pdx ? pdx + r * d : nullptr, pg_t, pb_t, pdy + r * d, px + r * d, pg, pm[r], pr[r], d);
     }
+    for (int t = 0; t < threads; ++t)
+      for (int64_t j = 0; j < d; ++j) {
+        if (dgamma) dgamma->data<T>()[j] += partial_g[t * d + j];
+        if (dbeta) dbeta->data<T>()[j] += partial_b[t * d + j];
+      }
   });
 }
 

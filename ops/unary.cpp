@@ -1,5 +1,6 @@
 #include "ops/unary.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "autograd/tape.h"
@@ -22,9 +23,15 @@ inline float erfc_f32(float u) {
   const float a = u < 0 ? -u : u;
   const float t = 1.0f / (1.0f + 0.5f * a);
   float p = 0.17087277f;
-  for (float c : {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f, -0.18628806f, 0.09678418f, 0.37409196f,
-                  1.00002368f, -1.26551223f})
-    p = p * t + c;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
   const float r = t * exp_nonpositive(-a * a + p);
   return u >= 0 ? r : 2.0f - r;
 }
@@ -32,34 +39,54 @@ inline float erfc_f32(float u) {
 inline float normal_cdf_f32(float z) { return 0.5f * erfc_f32(-z * static_cast<float>(kInvSqrt2)); }
 inline float gaussian_f32(float z) { return static_cast<float>(kInvSqrt2Pi) * exp_nonpositive(-0.5f * z * z); }
 
-template <class T>
-inline T apply_cpu(UnaryOp op, T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    switch (op) {
-      case UnaryOp::gelu: return x * normal_cdf_f32(x);
-      case UnaryOp::laplace: return normal_cdf_f32((x - static_cast<float>(kLaplaceMu)) / static_cast<float>(kLaplaceSigma));
-      case UnaryOp::sigmoid: {
-        const float e = exp_nonpositive(x < 0 ? x : -x);  // exp(−|x|): no overflow either side
-        return x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
-      }
-      default: break;
-    }
+// The op is a template parameter: each loop below is compiled for one function, inlined.
+template <UnaryOp Op, class T>
+inline T apply_cpu(T x) {
+  if constexpr (std::is_same_v<T, float> && Op == UnaryOp::gelu) {
+    return x * normal_cdf_f32(x);
+  } else if constexpr (std::is_same_v<T, float> && Op == UnaryOp::laplace) {
+    return normal_cdf_f32((x - static_cast<float>(kLaplaceMu)) / static_cast<float>(kLaplaceSigma));
+  } else if constexpr (std::is_same_v<T, float> && Op == UnaryOp::sigmoid) {
+    const float e = exp_nonpositive(x < 0 ? x : -x);  // exp(−|x|): no overflow either side
+    return x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+  } else {
+    return unary_apply(Op, x);
   }
-  return unary_apply(op, x);
 }
 
-template <class T>
-inline T derivative_cpu(UnaryOp op, T x, T y) {
-  if constexpr (std::is_same_v<T, float>) {
-    switch (op) {
-      case UnaryOp::gelu: return normal_cdf_f32(x) + x * gaussian_f32(x);
-      case UnaryOp::laplace:
-        return gaussian_f32((x - static_cast<float>(kLaplaceMu)) / static_cast<float>(kLaplaceSigma)) /
-               static_cast<float>(kLaplaceSigma);
-      default: break;
-    }
+template <UnaryOp Op, class T>
+inline T derivative_cpu(T x, T y) {
+  if constexpr (std::is_same_v<T, float> && Op == UnaryOp::gelu) {
+    return normal_cdf_f32(x) + x * gaussian_f32(x);
+  } else if constexpr (std::is_same_v<T, float> && Op == UnaryOp::laplace) {
+    return gaussian_f32((x - static_cast<float>(kLaplaceMu)) / static_cast<float>(kLaplaceSigma)) /
+           static_cast<float>(kLaplaceSigma);
+  } else {
+    return unary_derivative(Op, x, y);
   }
-  return unary_derivative(op, x, y);
+}
+
+// The loops over a range are plain functions with `omp simd`: written inline in an
+// `omp parallel for` body, GCC left them scalar (the outlined region is not vectorised).
+template <UnaryOp Op, class T>
+void apply_range(T* y, const T* x, int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) y[i] = apply_cpu<Op, T>(x[i]);
+}
+
+template <UnaryOp Op, class T>
+void derivative_range(T* dx, const T* dy, const T* x, const T* y, int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) dx[i] += dy[i] * derivative_cpu<Op, T>(x[i], y[i]);
+}
+
+// fn(begin, end) over [0, n) in chunks of 16384, in parallel when n is large
+template <class Fn>
+void in_chunks(int64_t n, Fn&& fn) {
+  constexpr int64_t kChunk = 16384;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for if (n > 65536)
+  for (int64_t c = 0; c < chunks; ++c) fn(c * kChunk, std::min(n, (c + 1) * kChunk));
 }
 
 // Runs body with the op fixed at compile time, so each loop is compiled (and vectorised) per op.
@@ -87,8 +114,7 @@ void unary_forward(Tensor& y, UnaryOp op, const Tensor& x) {
     T* py = y.data<T>();
     const int64_t n = x.numel();
     with_unary_op(op, [&](auto fixed) {
-_Pragma("omp parallel for simd if (n > 65536)")
-      for (int64_t i = 0; i < n; ++i) py[i] = apply_cpu<T>(fixed.value, px[i]);
+      in_chunks(n, [&](int64_t begin, int64_t end) { apply_range<decltype(fixed)::value, T>(py, px, begin, end); });
     });
   });
 }
@@ -102,8 +128,9 @@ void unary_backward(Tensor& dx, UnaryOp op, const Tensor& dy, const Tensor& x, c
     T* pdx = dx.data<T>();
     const int64_t n = x.numel();
     with_unary_op(op, [&](auto fixed) {
-_Pragma("omp parallel for simd if (n > 65536)")
-      for (int64_t i = 0; i < n; ++i) pdx[i] += pdy[i] * derivative_cpu<T>(fixed.value, px[i], py[i]);
+      in_chunks(n, [&](int64_t begin, int64_t end) {
+        derivative_range<decltype(fixed)::value, T>(pdx, pdy, px, py, begin, end);
+      });
     });
   });
 }
