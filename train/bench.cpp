@@ -3,6 +3,8 @@
 // forward+backward (device bytes from the caching allocator, or host bytes).
 #include "train/bench.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -60,6 +62,27 @@ std::vector<int64_t> lengths(const std::string& list) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// The 1-minute load average, or −1 where /proc/loadavg cannot be read.
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  in >> load;
+  return load;
+}
+
+// A note for figures that cannot be trusted: the machine was busy (load above the thread
+// count, this process's own threads included), or the repeats disagree by more than half.
+std::string trust_note(const std::vector<double>& times) {
+  std::string note;
+  const double load = load_average(), threads = omp_get_max_threads();
+  if (load > threads + 0.5) note += fmt::format("  [busy machine: load {:.1f} on {} threads]", load, threads);
+  if (times.size() >= 3) {
+    const auto [lo, hi] = std::minmax_element(times.begin(), times.end());
+    if (*hi > 1.5 * *lo) note += fmt::format("  [repeats vary {:.0f}-{:.0f} ms]", *lo, *hi);
+  }
+  return note;
 }
 
 double time_once(Device device, const std::function<void()>& fn) {
@@ -140,7 +163,8 @@ int bench_attention(const cli::Args& args) {
         const size_t base = peak_bytes(device);
         for (int64_t i = 0; i < repeats; ++i) tb.push_back(time_once(device, both));
         const double peak_mib = static_cast<double>(peak_bytes(device) - std::min(base, peak_bytes(device))) / (1 << 20);
-        fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f}\n", v.name, N, median(tf), median(tb), peak_mib);
+        fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f}{}\n", v.name, N, median(tf), median(tb), peak_mib,
+                   trust_note(tb));
         if (json_out.is_open())
           json_out << nlohmann::json{{"mechanism", v.name}, {"n", N}, {"batch", B}, {"dim", D}, {"heads", H},
                                      {"forward_ms", median(tf)}, {"forward_backward_ms", median(tb)},
@@ -207,7 +231,7 @@ int bench_train(const cli::Args& args) {
       std::vector<double> times;
       for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
       const double ms = median(times), peak_mib = static_cast<double>(peak_bytes(device) - std::min(base_bytes, peak_bytes(device))) / (1 << 20);
-      fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f}\n", v.name, ms, 1000.0 / ms, peak_mib);
+      fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f}{}\n", v.name, ms, 1000.0 / ms, peak_mib, trust_note(times));
       if (json_out.is_open())
         json_out << nlohmann::json{{"mechanism", v.name}, {"task", base.task}, {"n", N}, {"batch", B},
                                    {"ms_per_step", ms}, {"peak_mib", peak_mib}, {"device", device_label(device)}}.dump()
