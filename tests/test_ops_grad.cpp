@@ -6,6 +6,13 @@ using namespace cast;
 using namespace cast::testing;
 using Inputs = std::vector<Tensor>;
 
+// Case names for ctest's output: shapes as 3x5, transposes as T.
+static std::string dims(const Shape& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "x" : "") + std::to_string(s[i]);
+  return out;
+}
+
 // ---------------------------------------------------------------- broadcasting binary ops
 struct BinaryCase {
   Shape a, b;
@@ -23,7 +30,8 @@ TEST_P(BinaryGrad, AllFourOps) {
 INSTANTIATE_TEST_SUITE_P(Shapes, BinaryGrad,
                          ::testing::Values(BinaryCase{{3, 5}, {3, 5}}, BinaryCase{{3, 5}, {5}},
                                            BinaryCase{{2, 1, 5}, {3, 1}}, BinaryCase{{7}, {2, 7}},
-                                           BinaryCase{{1}, {3, 2}}));
+                                           BinaryCase{{1}, {3, 2}}),
+                         [](const auto& info) { return dims(info.param.a) + "_with_" + dims(info.param.b); });
 
 TEST(Grad, Affine) {
   EXPECT_GRADCHECK([](const Inputs& x) { return ops::affine(x[0], -0.7, 0.3); }, Inputs{param({3, 7}, 3)});
@@ -37,7 +45,9 @@ TEST_P(ReduceGrad, SumAndMean) {
   EXPECT_GRADCHECK([axis](const Inputs& x) { return ops::sum(x[0], axis); }, in);
   EXPECT_GRADCHECK([axis](const Inputs& x) { return ops::mean(x[0], axis, true); }, in);
 }
-INSTANTIATE_TEST_SUITE_P(Axes, ReduceGrad, ::testing::Values(0, 1, 2, -1));
+INSTANTIATE_TEST_SUITE_P(Axes, ReduceGrad, ::testing::Values(0, 1, 2, -1), [](const auto& info) {
+  return info.param < 0 ? "axis_last" : "axis_" + std::to_string(info.param);
+});
 
 TEST(Grad, SumAllMeanAll) {
   Inputs in = {param({4, 3}, 5)};
@@ -66,7 +76,8 @@ INSTANTIATE_TEST_SUITE_P(Functions, UnaryGrad,
                          ::testing::Values(UnaryCase{UnaryOp::exp, -2, 2}, UnaryCase{UnaryOp::log, 0.2, 3},
                                            UnaryCase{UnaryOp::sqrt, 0.2, 3}, UnaryCase{UnaryOp::relu, -1, 1},
                                            UnaryCase{UnaryOp::gelu, -3, 3}, UnaryCase{UnaryOp::sigmoid, -4, 4},
-                                           UnaryCase{UnaryOp::laplace, -1, 2}));
+                                           UnaryCase{UnaryOp::laplace, -1, 2}),
+                         [](const auto& info) { return std::string(unary_name(info.param.op)); });
 
 // ---------------------------------------------------------------- softmax family
 TEST(Grad, SoftmaxAndLogSoftmax) {
@@ -120,7 +131,12 @@ INSTANTIATE_TEST_SUITE_P(
                       MatmulCase{{3, 4}, {5, 4}, false, true}, MatmulCase{{4, 3}, {5, 4}, true, true},
                       MatmulCase{{2, 3, 4}, {2, 4, 5}, false, false}, MatmulCase{{2, 4, 3}, {2, 5, 4}, true, true},
                       MatmulCase{{2, 3, 4}, {2, 5, 4}, false, true}, MatmulCase{{2, 3, 5, 7}, {7, 3}, false, false},
-                      MatmulCase{{1, 1}, {1, 1}, false, false}, MatmulCase{{2, 3, 4}, {5, 4}, false, true}));
+                      MatmulCase{{1, 1}, {1, 1}, false, false}, MatmulCase{{2, 3, 4}, {5, 4}, false, true}),
+    [](const auto& info) {
+      const MatmulCase& c = info.param;
+      return dims(c.a) + (c.ta ? "T" : "") + "_times_" + dims(c.b) + (c.tb ? "T" : "") + "_" +
+             std::to_string(info.index);
+    });
 
 // ---------------------------------------------------------------- layout
 TEST(Grad, ReshapePermuteTranspose) {
