@@ -185,3 +185,13 @@ TEST(Training, PresetsAndOverrides) {
   EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"steps", "many"}}), "wrong type");
   EXPECT_CAST_ERROR(train::preset("sudoku"), "unknown task");
 }
+
+TEST(Evaluation, MajorityRateCountsOnlyTheEvaluatedExamples) {
+  // labels 0 0 1 1 1 1: the first two alone are all class 0
+  std::vector<data::Example> split(6);
+  for (int i = 2; i < 6; ++i) split[i].label = 1;
+  EXPECT_DOUBLE_EQ(data::majority_rate(split, 2), 4.0 / 6.0);
+  EXPECT_DOUBLE_EQ(data::majority_rate(split, 2, 2), 1.0);
+  EXPECT_DOUBLE_EQ(data::majority_rate(split, 2, 3), 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(data::majority_rate({}, 2), 0.0);
+}

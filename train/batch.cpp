@@ -54,12 +54,13 @@ void for_each_line(const std::string& path, const std::string& what,
   }
 }
 
-double majority_rate(const std::vector<Example>& split, int64_t classes) {
-  if (split.empty()) return 0.0;
+double majority_rate(const std::vector<Example>& split, int64_t classes, int64_t limit) {
+  const int64_t n = limit > 0 ? std::min<int64_t>(limit, split.size()) : static_cast<int64_t>(split.size());
+  if (n == 0) return 0.0;
   std::vector<int64_t> count(std::max<int64_t>(classes, 1), 0);
-  for (const Example& e : split)
-    if (e.label >= 0 && e.label < classes) ++count[e.label];
-  return static_cast<double>(*std::max_element(count.begin(), count.end())) / static_cast<double>(split.size());
+  for (int64_t i = 0; i < n; ++i)
+    if (split[i].label >= 0 && split[i].label < classes) ++count[split[i].label];
+  return static_cast<double>(*std::max_element(count.begin(), count.end())) / static_cast<double>(n);
 }
 
 }  // namespace cast::data

@@ -30,7 +30,8 @@ struct TaskData {
 nn::Batch make_batch(const TaskData& task, const std::vector<Example>& split, const std::vector<int64_t>& indices,
                      DType dtype, Device device);
 // The majority-class rate of a split (the accuracy of always guessing the commonest label).
-double majority_rate(const std::vector<Example>& split, int64_t classes);
+// The share of the commonest label among the first `limit` examples (all when limit ≤ 0).
+double majority_rate(const std::vector<Example>& split, int64_t classes, int64_t limit = 0);
 
 // Calls fn(line, "path:number") for each non-empty line (a trailing \r removed); `what`
 // describes the expected file in the error when it cannot be opened.

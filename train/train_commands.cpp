@@ -121,9 +121,13 @@ int command_eval(const std::vector<std::string>& argv) {
   auto test = train::evaluate(model, task, task.test, ck.config.batch, limit, device);
   fmt::print("{} (step {}, task {}, attention {})\n", args.str("checkpoint"), ck.step, ck.config.task,
              nn::mechanism_name(ck.config.model.attention.mechanism));
-  fmt::print("  validation accuracy {:.2f}%  loss {:.4f}  ({} examples)\n", 100 * val.accuracy, val.loss, val.examples);
-  fmt::print("  test accuracy       {:.2f}%  loss {:.4f}  ({} examples)  majority class {:.2f}%\n", 100 * test.accuracy,
-             test.loss, test.examples, 100 * data::majority_rate(task.test, task.classes));
+  auto line = [](const char* name, const train::EvalResult& r) {
+    if (r.examples == 0) return fmt::print("  {:<19} no examples\n", name);
+    fmt::print("  {:<19} {:.2f}%  loss {:.4f}  ({} examples; majority class {:.2f}% of them)\n", name, 100 * r.accuracy,
+               r.loss, r.examples, 100 * r.majority);
+  };
+  line("validation accuracy", val);
+  line("test accuracy", test);
   return 0;
 }
 

@@ -188,6 +188,7 @@ EvalResult evaluate(nn::Transformer& model, const data::TaskData& task, const st
     for (size_t i = 0; i < p.size(); ++i) correct += p[i] == y[i];
   }
   r.examples = n;
+  r.majority = data::majority_rate(split, task.classes, n);
   r.loss = n ? loss_sum / n : 0;
   r.accuracy = n ? correct / n : 0;
   return r;
@@ -367,7 +368,6 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   std::ofstream metrics(c.run_dir + "/metrics.jsonl", start_step > 0 ? std::ios::app : std::ios::trunc);
   Sampler sampler(static_cast<int64_t>(task.train.size()), c.seed);
   TrainResult result;
-  result.majority = data::majority_rate(task.test, task.classes);
   std::vector<double> loss_curve, acc_curve;
   const auto t0 = std::chrono::steady_clock::now();
   double window_loss = 0, window_correct = 0, window_examples = 0, window_tokens = 0;
@@ -454,6 +454,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
     load_checkpoint(c.run_dir + "/best.safetensors", model, nullptr, nullptr);
   result.val = run_eval("val", task.val);
   result.test = run_eval("test", task.test);
+  result.majority = result.test.majority;
   if (!loss_curve.empty()) plot_training_curves(c.run_dir + "/curves.png", loss_curve, acc_curve, c.log_every);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   json summary = {{"task", c.task}, {"attention", nn::mechanism_name(c.model.attention.mechanism)}, {"steps", step},
@@ -462,9 +463,12 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   std::ofstream(c.run_dir + "/summary.json") << summary.dump(2) << '\n';
   if (!quiet) {
     fmt::print("done in {}: {} model after {} steps\n", format_duration(seconds), c.eval_best ? "best" : "final", step);
-    fmt::print("  validation accuracy {:.1f}%  (loss {:.4f})\n", 100 * result.val.accuracy, result.val.loss);
-    fmt::print("  test accuracy       {:.1f}%  (loss {:.4f})  vs majority class {:.1f}%\n", 100 * result.test.accuracy,
-               result.test.loss, 100 * result.majority);
+    if (result.val.examples) fmt::print("  validation accuracy {:.1f}%  (loss {:.4f})\n", 100 * result.val.accuracy, result.val.loss);
+    else fmt::print("  validation accuracy: no examples\n");
+    if (result.test.examples)
+      fmt::print("  test accuracy       {:.1f}%  (loss {:.4f})  vs majority class {:.1f}%\n", 100 * result.test.accuracy,
+                 result.test.loss, 100 * result.majority);
+    else fmt::print("  test accuracy: no examples\n");
     fmt::print("  run folder {}: checkpoint.safetensors, metrics.jsonl, curves.png, summary.json\n", c.run_dir);
   }
   return result;

@@ -43,6 +43,7 @@ data::TaskData load_task(const TrainConfig& c, bool generate_if_missing);
 
 struct EvalResult {
   double loss = 0, accuracy = 0;
+  double majority = 0;  // the commonest label's share among exactly the examples evaluated
   int64_t examples = 0;
 };
 EvalResult evaluate(nn::Transformer& model, const data::TaskData& task, const std::vector<data::Example>& split,
