@@ -39,7 +39,10 @@ static int lines(const std::string& s) { return static_cast<int>(std::count(s.be
 TEST(Cli, InfoAndHelp) {
   CliRun info = run("info");
   EXPECT_EQ(info.code, 0);
-  EXPECT_NE(info.out.find("devices:"), std::string::npos);
+  for (const char* line : {"cpu:", "vector isa:", "blas:", "openmp:", "cuda:"})
+    EXPECT_NE(info.out.find(line), std::string::npos) << line;
+  if (!device_memory::cuda_available())  // GPU settings only where a GPU is
+    EXPECT_EQ(info.out.find("TF32"), std::string::npos) << info.out;
   CliRun help = run("--help");
   EXPECT_EQ(help.code, 0);
   for (const char* c : {"train", "eval", "data", "bench", "layer", "clusters", "info"})

@@ -32,28 +32,54 @@ static size_t host_memory_bytes() {
   return 0;
 }
 
+// The CPU's model name from /proc/cpuinfo ("unknown" where it cannot be read).
+static std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos)
+      return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+// The widest vector ISA this build's host code uses (what -march allowed the compiler).
+static const char* build_vector_isa() {
+#if defined(__AVX512F__)
+  return "AVX-512";
+#elif defined(__AVX2__)
+  return "AVX2";
+#elif defined(__AVX__)
+  return "AVX";
+#elif defined(__SSE2__)
+  return "SSE2";
+#else
+  return "scalar";
+#endif
+}
+
 int command_info(const std::vector<std::string>& argv) {
   cli::Args args("info", "Print the build options and the devices found.");
   if (!args.parse(argv)) return 0;
   fmt::print("cast {} ({} build)\n", CAST_VERSION, CAST_BUILD_TYPE);
-#ifdef CAST_WITH_CUDA
-  fmt::print("cuda:      built for sm_{{{}}}\n", CAST_CUDA_ARCHS);
-#else
-  fmt::print("cuda:      not built (CPU only)\n");
-#endif
-  fmt::print("cpu isa:   {} (CMake option CAST_PORTABLE={})\n",
-             std::string(CAST_BUILD_ISA) == "native" ? "this machine's (-march=native)" : "baseline x86-64",
+  fmt::print("cpu:       {}, {} cores, {} memory\n", cpu_model(), std::thread::hardware_concurrency(),
+             gib(host_memory_bytes()));
+  fmt::print("vector isa: {} ({}; CMake option CAST_PORTABLE={})\n", build_vector_isa(),
+             std::string(CAST_BUILD_ISA) == "native" ? "built for this machine" : "portable build",
              std::string(CAST_BUILD_ISA) == "native" ? "OFF" : "ON");
   fmt::print("blas:      OpenBLAS, {} kernels\n", ops::blas_core());
   fmt::print("openmp:    {} threads, wait policy {}\n", omp_get_max_threads(), ops::openmp_wait_policy());
-  fmt::print("tf32:      {} for cuBLAS matmuls by default\n", ops::allow_tf32() ? "on" : "off");
-  fmt::print("devices:\n  cpu: {} cores, {} memory\n", std::thread::hardware_concurrency(), gib(host_memory_bytes()));
 #ifdef CAST_WITH_CUDA
   auto gpus = cuda::devices();
-  if (gpus.empty()) fmt::print("  (no CUDA GPU found: cudaGetDeviceCount reports none or no driver)\n");
-  for (size_t i = 0; i < gpus.size(); ++i)
-    fmt::print("  cuda:{} {} (sm_{}{}), {} total, {} free\n", i, gpus[i].name, gpus[i].major, gpus[i].minor,
-               gib(gpus[i].total_bytes), gib(gpus[i].free_bytes));
+  if (gpus.empty()) {
+    fmt::print("cuda:      built for sm_{{{}}}; no GPU on this machine\n", CAST_CUDA_ARCHS);
+  } else {
+    fmt::print("cuda:      built for sm_{{{}}}; TF32 {} for cuBLAS matmuls by default\n", CAST_CUDA_ARCHS,
+               ops::allow_tf32() ? "on" : "off");
+    for (size_t i = 0; i < gpus.size(); ++i)
+      fmt::print("  cuda:{} {} (sm_{}{}), {} total, {} free\n", i, gpus[i].name, gpus[i].major, gpus[i].minor,
+                 gib(gpus[i].total_bytes), gib(gpus[i].free_bytes));
+  }
+#else
+  fmt::print("cuda:      not built (CPU only)\n");
 #endif
   return 0;
 }
