@@ -41,7 +41,7 @@ TEST(Cli, InfoAndHelp) {
   EXPECT_EQ(info.code, 0);
   for (const char* line : {"cpu:", "vector isa:", "blas:", "openmp:", "cuda:"})
     EXPECT_NE(info.out.find(line), std::string::npos) << line;
-  if (!device_memory::cuda_available())  // GPU settings only where a GPU is
+  if (!::cast::device_memory::cuda_available())  // GPU settings only where a GPU is
     EXPECT_EQ(info.out.find("TF32"), std::string::npos) << info.out;
   CliRun help = run("--help");
   EXPECT_EQ(help.code, 0);
