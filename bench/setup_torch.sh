@@ -13,7 +13,9 @@ if [ "${1:-}" = "--fast-transformers" ]; then
   # whenever `nvcc` is on PATH. Without a GPU those are useless (and fail with CUDA 13), so nvcc
   # is hidden from it then.
   path="$PATH"
-  command -v nvidia-smi > /dev/null 2>&1 || path="$(echo "$PATH" | tr ':' '\n' | grep -v cuda | paste -sd: -)"
+  if ! command -v nvidia-smi > /dev/null 2>&1; then  # drop every PATH folder that holds an nvcc
+    path="$(echo "$PATH" | tr ':' '\n' | while read -r dir; do [ -e "$dir/nvcc" ] || echo "$dir"; done | paste -sd: -)"
+  fi
   PATH="$path" .venv/bin/pip install --quiet --no-build-isolation pytorch-fast-transformers
 fi
 .venv/bin/python -c "import torch; print('torch', torch.__version__, 'threads', torch.get_num_threads())"
