@@ -139,12 +139,12 @@ def torch_clustered(n, improved, device, warmup, repeats):
     from fast_transformers.masking import FullMask, LengthMask
     B, H, D = 1, 4, 256
     clusters = (int(n ** 0.5 + 0.999) + 7) // 8 * 8  # cast's default: ⌈√N⌉ to a multiple of 8
-    inner = (ImprovedClusteredAttention(clusters, iterations=10, bits=63, topk=32) if improved
-             else ClusteredAttention(clusters, iterations=10, bits=63))
+    inner = (ImprovedClusteredAttention(clusters, iterations=10, bits=63, topk=32, attention_dropout=0.0) if improved
+             else ClusteredAttention(clusters, iterations=10, bits=63, attention_dropout=0.0))
     layer = Attention(D, H).to(device)  # the same projections as cast's layer around it
     x = torch.randn(B, n, D, device=device, requires_grad=True)
     dout = torch.randn_like(x)
-    mask = FullMask(n, n, device=device)
+    mask = FullMask(N=n, M=n, device=device)
     lengths = LengthMask(torch.full((B,), n, dtype=torch.int64, device=device), max_len=n)
 
     def both():

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "cuda/check.h"
+#include "cuda/shared_memory.cuh"
 #include "tensor/tensor.h"
 
 namespace cast::cuda {
@@ -30,7 +31,7 @@ __device__ __forceinline__ float warp_max(float v) {
 // Sum (or max) over the whole block; every thread receives the result. blockDim.x % 32 == 0.
 template <bool IsMax>
 __device__ float block_reduce(float v) {
-  __shared__ float partial[32];
+  CAST_SHARED_ARRAY(float, partial, 32);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = IsMax ? warp_max(v) : warp_sum(v);
   __syncthreads();  // partial[] may still be read from a previous call

@@ -1,5 +1,6 @@
 // Broadcasting binary ops and affine maps (f32). Same math as ops/elementwise.cpp via binary_math.h.
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/elementwise.h"
 
 namespace cast::cuda {
@@ -33,21 +34,21 @@ __global__ void affine_kernel(float* y, const float* x, float alpha, float beta,
 
 void binary_forward(Tensor& out, BinaryOp op, const Tensor& a, const Tensor& b, const BroadcastIndex& idx) {
   const int64_t n = out.numel();
-  binary_forward_kernel<<<blocks_for(n), kThreads>>>(fptr(out), op, fptr(a), fptr(b), idx, n);
+  CAST_LAUNCH(binary_forward_kernel, blocks_for(n), kThreads, 0, fptr(out), op, fptr(a), fptr(b), idx, n);
   CUDA_CHECK_LAUNCH();
 }
 
 void binary_backward(Tensor* ga, Tensor* gb, BinaryOp op, const Tensor& dout, const Tensor& a, const Tensor& b,
                      const BroadcastIndex& idx) {
   const int64_t n = dout.numel();
-  binary_backward_kernel<<<blocks_for(n), kThreads>>>(ga ? fptr(*ga) : nullptr, gb ? fptr(*gb) : nullptr, op,
+  CAST_LAUNCH(binary_backward_kernel, blocks_for(n), kThreads, 0, ga ? fptr(*ga) : nullptr, gb ? fptr(*gb) : nullptr, op,
                                                       fptr(dout), fptr(a), fptr(b), idx, n);
   CUDA_CHECK_LAUNCH();
 }
 
 void affine(Tensor& y, const Tensor& x, double alpha, double beta, bool accumulate) {
   const int64_t n = x.numel();
-  affine_kernel<<<blocks_for(n), kThreads>>>(fptr(y), fptr(x), static_cast<float>(alpha), static_cast<float>(beta),
+  CAST_LAUNCH(affine_kernel, blocks_for(n), kThreads, 0, fptr(y), fptr(x), static_cast<float>(alpha), static_cast<float>(beta),
                                              accumulate, n);
   CUDA_CHECK_LAUNCH();
 }

@@ -1,5 +1,6 @@
 // LayerNorm: one block per row for the statistics and dx; one thread per column for dgamma, dbeta.
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/layernorm.h"
 
 namespace cast::cuda {
@@ -56,7 +57,7 @@ __global__ void layernorm_dparams_kernel(float* dgamma, float* dbeta, const floa
 void layernorm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma,
                        const Tensor& beta, int64_t rows, int64_t d, double eps) {
   if (rows == 0) return;
-  layernorm_forward_kernel<<<static_cast<unsigned>(rows), kThreads>>>(fptr(y), fptr(mean), fptr(rstd), fptr(x),
+  CAST_LAUNCH(layernorm_forward_kernel, static_cast<unsigned>(rows), kThreads, 0, fptr(y), fptr(mean), fptr(rstd), fptr(x),
                                                                      fptr(gamma), fptr(beta), d,
                                                                      static_cast<float>(eps));
   CUDA_CHECK_LAUNCH();
@@ -66,12 +67,12 @@ void layernorm_backward(Tensor* dx, Tensor* dgamma, Tensor* dbeta, const Tensor&
                         const Tensor& gamma, const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t d) {
   if (rows == 0) return;
   if (dx) {
-    layernorm_dx_kernel<<<static_cast<unsigned>(rows), kThreads>>>(fptr(*dx), fptr(dy), fptr(x), fptr(gamma),
+    CAST_LAUNCH(layernorm_dx_kernel, static_cast<unsigned>(rows), kThreads, 0, fptr(*dx), fptr(dy), fptr(x), fptr(gamma),
                                                                   fptr(mean), fptr(rstd), d);
     CUDA_CHECK_LAUNCH();
   }
   if (dgamma || dbeta) {
-    layernorm_dparams_kernel<<<blocks_for(d), kThreads>>>(dgamma ? fptr(*dgamma) : nullptr,
+    CAST_LAUNCH(layernorm_dparams_kernel, blocks_for(d), kThreads, 0, dgamma ? fptr(*dgamma) : nullptr,
                                                           dbeta ? fptr(*dbeta) : nullptr, fptr(dy), fptr(x),
                                                           fptr(mean), fptr(rstd), rows, d);
     CUDA_CHECK_LAUNCH();

@@ -1,5 +1,6 @@
 // Permutation copies and strided row copies (concat, split).
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/layout.h"
 
 namespace cast::cuda {
@@ -23,14 +24,14 @@ __global__ void copy_rows_kernel(float* dst, const float* src, int64_t rows, int
 
 void permute(Tensor& y, const Tensor& x, const PermuteIndex& idx, bool accumulate) {
   const int64_t n = x.numel();
-  permute_kernel<<<blocks_for(n), kThreads>>>(fptr(y), fptr(x), idx, accumulate, n);
+  CAST_LAUNCH(permute_kernel, blocks_for(n), kThreads, 0, fptr(y), fptr(x), idx, accumulate, n);
   CUDA_CHECK_LAUNCH();
 }
 
 void copy_rows(Tensor& dst, const Tensor& src, int64_t rows, int64_t row_len, int64_t dst_offset,
                int64_t dst_stride, int64_t src_offset, int64_t src_stride, bool accumulate) {
   if (rows * row_len == 0) return;
-  copy_rows_kernel<<<blocks_for(rows * row_len), kThreads>>>(fptr(dst), fptr(src), rows, row_len, dst_offset,
+  CAST_LAUNCH(copy_rows_kernel, blocks_for(rows * row_len), kThreads, 0, fptr(dst), fptr(src), rows, row_len, dst_offset,
                                                              dst_stride, src_offset, src_stride, accumulate);
   CUDA_CHECK_LAUNCH();
 }

@@ -1,5 +1,6 @@
 // Cross-entropy from log-probabilities (computed by the softmax kernel).
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/loss.h"
 
 namespace cast::cuda {
@@ -37,9 +38,9 @@ __global__ void ce_backward_kernel(float* dlogits, const float* dloss, const flo
 int64_t cross_entropy_forward(Tensor& loss, const Tensor& logp, const Tensor& labels, int64_t rows, int64_t classes) {
   Tensor count = Tensor::empty({1}, DType::f32, Device::cuda);
   if (labels.dtype() == DType::i32)
-    ce_forward_kernel<<<1, 1024>>>(fptr(loss), fptr(count), fptr(logp), labels.data<int32_t>(), rows, classes);
+    CAST_LAUNCH(ce_forward_kernel<int32_t>, 1, 1024, 0, fptr(loss), fptr(count), fptr(logp), labels.data<int32_t>(), rows, classes);
   else
-    ce_forward_kernel<<<1, 1024>>>(fptr(loss), fptr(count), fptr(logp), labels.data<int64_t>(), rows, classes);
+    CAST_LAUNCH(ce_forward_kernel<int64_t>, 1, 1024, 0, fptr(loss), fptr(count), fptr(logp), labels.data<int64_t>(), rows, classes);
   CUDA_CHECK_LAUNCH();
   return static_cast<int64_t>(count.item());
 }
@@ -48,10 +49,10 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& 
                             int64_t rows, int64_t classes, int64_t count) {
   const float inv = 1.f / static_cast<float>(count);
   if (labels.dtype() == DType::i32)
-    ce_backward_kernel<<<blocks_for(rows * classes), kThreads>>>(fptr(dlogits), fptr(dloss), fptr(logp),
+    CAST_LAUNCH(ce_backward_kernel<int32_t>, blocks_for(rows * classes), kThreads, 0, fptr(dlogits), fptr(dloss), fptr(logp),
                                                                  labels.data<int32_t>(), rows, classes, inv);
   else
-    ce_backward_kernel<<<blocks_for(rows * classes), kThreads>>>(fptr(dlogits), fptr(dloss), fptr(logp),
+    CAST_LAUNCH(ce_backward_kernel<int64_t>, blocks_for(rows * classes), kThreads, 0, fptr(dlogits), fptr(dloss), fptr(logp),
                                                                  labels.data<int64_t>(), rows, classes, inv);
   CUDA_CHECK_LAUNCH();
 }

@@ -1,5 +1,6 @@
 // Masked mean pooling over tokens.
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/pooling.h"
 
 namespace cast::cuda {
@@ -32,12 +33,12 @@ __global__ void masked_mean_backward_kernel(float* dx, const float* dy, const fl
 }
 
 void masked_mean_forward(Tensor& y, const Tensor& x, const Tensor& mask, int64_t B, int64_t N, int64_t D) {
-  masked_mean_forward_kernel<<<blocks_for(B * D), kThreads>>>(fptr(y), fptr(x), fptr(mask), B, N, D);
+  CAST_LAUNCH(masked_mean_forward_kernel, blocks_for(B * D), kThreads, 0, fptr(y), fptr(x), fptr(mask), B, N, D);
   CUDA_CHECK_LAUNCH();
 }
 
 void masked_mean_backward(Tensor& dx, const Tensor& dy, const Tensor& mask, int64_t B, int64_t N, int64_t D) {
-  masked_mean_backward_kernel<<<blocks_for(B * N * D), kThreads>>>(fptr(dx), fptr(dy), fptr(mask), B, N, D);
+  CAST_LAUNCH(masked_mean_backward_kernel, blocks_for(B * N * D), kThreads, 0, fptr(dx), fptr(dy), fptr(mask), B, N, D);
   CUDA_CHECK_LAUNCH();
 }
 

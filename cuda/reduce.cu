@@ -1,5 +1,6 @@
 // Sum over one axis of a tensor viewed as (outer, n, inner).
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/reduce.h"
 
 namespace cast::cuda {
@@ -33,16 +34,16 @@ __global__ void sum_backward_kernel(float* dx, const float* dy, int64_t outer, i
 
 void sum_axis_forward(Tensor& y, const Tensor& x, int64_t outer, int64_t n, int64_t inner, double scale) {
   if (inner == 1 && outer <= 2147483647) {
-    sum_rows_kernel<<<static_cast<unsigned>(outer), kThreads>>>(fptr(y), fptr(x), n, static_cast<float>(scale));
+    CAST_LAUNCH(sum_rows_kernel, static_cast<unsigned>(outer), kThreads, 0, fptr(y), fptr(x), n, static_cast<float>(scale));
   } else {
-    sum_strided_kernel<<<blocks_for(outer * inner), kThreads>>>(fptr(y), fptr(x), outer, n, inner,
+    CAST_LAUNCH(sum_strided_kernel, blocks_for(outer * inner), kThreads, 0, fptr(y), fptr(x), outer, n, inner,
                                                                static_cast<float>(scale));
   }
   CUDA_CHECK_LAUNCH();
 }
 
 void sum_axis_backward(Tensor& dx, const Tensor& dy, int64_t outer, int64_t n, int64_t inner, double scale) {
-  sum_backward_kernel<<<blocks_for(outer * n * inner), kThreads>>>(fptr(dx), fptr(dy), outer, n, inner,
+  CAST_LAUNCH(sum_backward_kernel, blocks_for(outer * n * inner), kThreads, 0, fptr(dx), fptr(dy), outer, n, inner,
                                                                    static_cast<float>(scale));
   CUDA_CHECK_LAUNCH();
 }

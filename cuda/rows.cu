@@ -2,6 +2,7 @@
 #include <climits>
 
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/rows.h"
 
 namespace cast::cuda {
@@ -41,8 +42,8 @@ void index_min_max(const Tensor& idx, int64_t& mn, int64_t& mx) {
   CUDA_CHECK(cudaMalloc(&dev, sizeof(host)));
   CUDA_CHECK(cudaMemcpy(dev, host, sizeof(host), cudaMemcpyHostToDevice));
   const int64_t n = idx.numel();
-  if (idx.dtype() == DType::i32) min_max_kernel<<<blocks_for(n), kThreads>>>(idx.data<int32_t>(), n, dev);
-  else min_max_kernel<<<blocks_for(n), kThreads>>>(idx.data<int64_t>(), n, dev);
+  if (idx.dtype() == DType::i32) CAST_LAUNCH(min_max_kernel<int32_t>, blocks_for(n), kThreads, 0, idx.data<int32_t>(), n, dev);
+  else CAST_LAUNCH(min_max_kernel<int64_t>, blocks_for(n), kThreads, 0, idx.data<int64_t>(), n, dev);
   cudaError_t launch = cudaGetLastError();
   cudaError_t copy = cudaMemcpy(host, dev, sizeof(host), cudaMemcpyDeviceToHost);
   cudaFree(dev);
@@ -57,9 +58,9 @@ void gather_rows(Tensor& out, const Tensor& x, const Tensor& idx, int64_t b, int
   const int64_t total = b * m * d;
   if (total == 0) return;
   if (idx.dtype() == DType::i32)
-    gather_kernel<<<blocks_for(total), kThreads>>>(fptr(out), fptr(x), idx.data<int32_t>(), total, n, m, d, accumulate);
+    CAST_LAUNCH(gather_kernel<int32_t>, blocks_for(total), kThreads, 0, fptr(out), fptr(x), idx.data<int32_t>(), total, n, m, d, accumulate);
   else
-    gather_kernel<<<blocks_for(total), kThreads>>>(fptr(out), fptr(x), idx.data<int64_t>(), total, n, m, d, accumulate);
+    CAST_LAUNCH(gather_kernel<int64_t>, blocks_for(total), kThreads, 0, fptr(out), fptr(x), idx.data<int64_t>(), total, n, m, d, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -67,9 +68,9 @@ void scatter_add_rows(Tensor& dx, const Tensor& dout, const Tensor& idx, int64_t
   const int64_t total = b * m * d;
   if (total == 0) return;
   if (idx.dtype() == DType::i32)
-    scatter_kernel<<<blocks_for(total), kThreads>>>(fptr(dx), fptr(dout), idx.data<int32_t>(), total, n, m, d);
+    CAST_LAUNCH(scatter_kernel<int32_t>, blocks_for(total), kThreads, 0, fptr(dx), fptr(dout), idx.data<int32_t>(), total, n, m, d);
   else
-    scatter_kernel<<<blocks_for(total), kThreads>>>(fptr(dx), fptr(dout), idx.data<int64_t>(), total, n, m, d);
+    CAST_LAUNCH(scatter_kernel<int64_t>, blocks_for(total), kThreads, 0, fptr(dx), fptr(dout), idx.data<int64_t>(), total, n, m, d);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,6 @@
 // Softmax / log-softmax over the last axis with a grouped row mask: one block per row.
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/softmax.h"
 
 namespace cast::cuda {
@@ -54,7 +55,7 @@ __global__ void softmax_backward_kernel(float* dx, const float* dy, const float*
 void softmax_forward(Tensor& y, const Tensor& x, const Tensor& mask, int64_t rows, int64_t len, int64_t group,
                      bool log) {
   if (rows == 0) return;
-  softmax_forward_kernel<<<static_cast<unsigned>(rows), kThreads>>>(fptr(y), fptr(x),
+  CAST_LAUNCH(softmax_forward_kernel, static_cast<unsigned>(rows), kThreads, 0, fptr(y), fptr(x),
                                                                    mask.defined() ? fptr(mask) : nullptr, len, group, log);
   CUDA_CHECK_LAUNCH();
 }
@@ -62,7 +63,7 @@ void softmax_forward(Tensor& y, const Tensor& x, const Tensor& mask, int64_t row
 void softmax_backward(Tensor& dx, const Tensor& dy, const Tensor& y, const Tensor& mask, int64_t rows, int64_t len,
                       int64_t group, bool log) {
   if (rows == 0) return;
-  softmax_backward_kernel<<<static_cast<unsigned>(rows), kThreads>>>(
+  CAST_LAUNCH(softmax_backward_kernel, static_cast<unsigned>(rows), kThreads, 0, 
       fptr(dx), fptr(dy), fptr(y), mask.defined() ? fptr(mask) : nullptr, len, group, log);
   CUDA_CHECK_LAUNCH();
 }

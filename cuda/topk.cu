@@ -3,6 +3,7 @@
 // at its rank. Deterministic and exactly the CPU order. O(len²) per row: fine for the
 // sizes used here; a faster selection belongs to the performance work.
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/topk.h"
 
 namespace cast::cuda {
@@ -30,7 +31,7 @@ __global__ void topk_kernel(int32_t* idx, const float* x, const float* mask, int
 
 void topk(Tensor& idx, const Tensor& x, const Tensor& mask, int64_t rows, int64_t len, int64_t group, int64_t k) {
   if (rows == 0 || k == 0) return;
-  topk_kernel<<<static_cast<unsigned>(rows), kThreads>>>(idx.data<int32_t>(), fptr(x),
+  CAST_LAUNCH(topk_kernel, static_cast<unsigned>(rows), kThreads, 0, idx.data<int32_t>(), fptr(x),
                                                         mask.defined() ? fptr(mask) : nullptr, len, group, k);
   CUDA_CHECK_LAUNCH();
 }

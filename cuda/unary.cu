@@ -1,5 +1,6 @@
 // Elementwise functions (f32); the math is ops/unary_math.h, shared with the CPU.
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/unary.h"
 
 namespace cast::cuda {
@@ -15,13 +16,13 @@ __global__ void unary_backward_kernel(float* dx, UnaryOp op, const float* dy, co
 
 void unary_forward(Tensor& y, UnaryOp op, const Tensor& x) {
   const int64_t n = x.numel();
-  unary_forward_kernel<<<blocks_for(n), kThreads>>>(fptr(y), op, fptr(x), n);
+  CAST_LAUNCH(unary_forward_kernel, blocks_for(n), kThreads, 0, fptr(y), op, fptr(x), n);
   CUDA_CHECK_LAUNCH();
 }
 
 void unary_backward(Tensor& dx, UnaryOp op, const Tensor& dy, const Tensor& x, const Tensor& y) {
   const int64_t n = x.numel();
-  unary_backward_kernel<<<blocks_for(n), kThreads>>>(fptr(dx), op, fptr(dy), fptr(x), fptr(y), n);
+  CAST_LAUNCH(unary_backward_kernel, blocks_for(n), kThreads, 0, fptr(dx), op, fptr(dy), fptr(x), fptr(y), n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -245,11 +245,29 @@ int bench_train(const cli::Args& args) {
   return 0;
 }
 
+// The machine's sgemm rate through the BLAS under matmul: the peak the attention kernels'
+// GFLOP/s are compared with.
+int bench_gemm(const cli::Args& args) {
+  const int64_t repeats = args.integer("repeats"), warmup = args.integer("warmup");
+  fmt::print("sgemm on the CPU BLAS ({} threads), median of {} after {} warm-up\n", omp_get_max_threads(), repeats,
+             warmup);
+  for (int64_t n : {512, 2048}) {
+    Tensor a = Tensor::normal({n, n}, 1, 0, 1.0), b = Tensor::normal({n, n}, 2, 0, 1.0), c = Tensor::empty({n, n});
+    auto run = [&] { ops::gemm(c, a, b, false, false, 1.0, 0.0, ops::GemmShape{1, n, n, n}); };
+    for (int64_t i = 0; i < warmup; ++i) run();
+    std::vector<double> times;
+    for (int64_t i = 0; i < repeats; ++i) times.push_back(time_once(Device::cpu, run));
+    const double ms = median(times);
+    fmt::print("  {}x{}x{}: {:.2f} ms, {:.1f} GFLOP/s{}\n", n, n, n, ms, 2.0 * n * n * n / ms / 1e6, trust_note(times));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int command_bench(const std::vector<std::string>& argv) {
   cli::Args args("bench", "Benchmark attention layers (`cast bench attention`) or training steps (`cast bench train`).");
-  args.option("what", "attention", "attention | train")
+  args.option("what", "attention", "attention | train | gemm")
       .option("device", "auto", "auto | cpu | cuda")
       .option("mechanisms", "full,cast-topk,cast-satopk,clustered,iclustered", "comma-separated list")
       .option("lengths", "", "attention: sequence lengths (default GPU 1024..16384, CPU 256,512,1024)")
@@ -267,7 +285,8 @@ int command_bench(const std::vector<std::string>& argv) {
   std::vector<std::string> rest = argv;
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--what");  // `cast bench train`
   if (!args.parse(rest)) return 0;
-  return args.choice("what", {"attention", "train"}) == "attention" ? bench_attention(args) : bench_train(args);
+  const std::string what = args.choice("what", {"attention", "train", "gemm"});
+  return what == "attention" ? bench_attention(args) : what == "train" ? bench_train(args) : bench_gemm(args);
 }
 
 }  // namespace cast

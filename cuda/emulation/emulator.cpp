@@ -1,0 +1,396 @@
+// The block scheduler of the CUDA emulation: fibers, barriers, warp collectives and the
+// shared-memory checker. See emulator.h for what it models and docs/engine.md for what it cannot.
+#include "cuda/emulation/emulator.h"
+
+#include <ucontext.h>
+
+#include <bit>
+#include <unordered_map>
+#include <vector>
+
+#include "tensor/error.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define CAST_EMU_ASAN 1
+#endif
+
+namespace cast::emu {
+
+namespace {
+
+enum class State { runnable, at_barrier, at_warp, done };
+
+struct Fiber {
+  ucontext_t context{};
+  std::vector<char> stack;
+  ThreadView view;
+  int tid = 0;
+  State state = State::done;
+  const char* file = nullptr;  // where it waits
+  int line = 0;
+  uint64_t awaited = 0;  // the warp generation it waits to see completed
+};
+
+struct WarpState {
+  int arrived = 0;
+  unsigned mask = 0;
+  WarpOp op = WarpOp::sync;
+  int width = 32;
+  const char* file = nullptr;
+  int line = 0;
+  uint64_t payload[32] = {}, result[32] = {};
+  int arg[32] = {};
+  uint64_t generation = 0;
+};
+
+// Who touched one shared element since the last barrier.
+struct Shadow {
+  uint32_t epoch = 0;
+  int32_t writer = -1, reader = -1;
+  bool many_readers = false;
+};
+
+struct Block {
+  const char* kernel = "";
+  Dim3 grid, dim, idx;
+  int threads = 0;
+  std::vector<WarpState> warps;
+  uint32_t epoch = 1;  // barrier phase: shadows of an earlier phase are stale
+  std::unordered_map<const void*, std::vector<Shadow>> shadows;
+  std::vector<unsigned char> dynamic_shared;
+  std::string error;  // the first failure found inside a fiber
+};
+
+#if defined(CAST_EMU_ASAN)
+constexpr size_t kStackBytes = 512 * 1024;  // ASan's redzones and fake frames
+#else
+constexpr size_t kStackBytes = 128 * 1024;
+#endif
+
+thread_local Block* g_block = nullptr;
+thread_local Fiber* g_fiber = nullptr;
+thread_local ucontext_t g_main;
+thread_local const std::function<void()>* g_kernel = nullptr;
+thread_local std::vector<Fiber> g_fibers;
+#if defined(CAST_EMU_ASAN)
+thread_local const void* g_main_stack_bottom = nullptr;
+thread_local size_t g_main_stack_size = 0;
+#endif
+Stats g_stats;
+
+std::string coords(const Dim3& d) { return fmt::format("({}, {}, {})", d.x, d.y, d.z); }
+
+std::string where() {
+  if (!g_block) return "outside a kernel";
+  std::string s = fmt::format("kernel {}, block {}", g_block->kernel, coords(g_block->idx));
+  if (g_fiber) s += fmt::format(", thread {}", coords(g_fiber->view.thread_idx));
+  return s;
+}
+
+// "0-31, 64, 70-71": a compact list of thread numbers
+std::string thread_list(const std::vector<int>& tids) {
+  std::string s;
+  for (size_t i = 0; i < tids.size();) {
+    size_t j = i;
+    while (j + 1 < tids.size() && tids[j + 1] == tids[j] + 1) ++j;
+    s += (s.empty() ? "" : ", ") + (j == i ? std::to_string(tids[i]) : fmt::format("{}-{}", tids[i], tids[j]));
+    i = j + 1;
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------- switching
+void switch_to_fiber(Fiber& f) {
+  g_fiber = &f;
+#if defined(CAST_EMU_ASAN)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack.data(), f.stack.size());
+  swapcontext(&g_main, &f.context);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  swapcontext(&g_main, &f.context);
+#endif
+  g_fiber = nullptr;
+}
+
+// From the running fiber back to the scheduler; returns when the fiber is resumed.
+void yield_to_scheduler(bool dying = false) {
+  Fiber& f = *g_fiber;
+#if defined(CAST_EMU_ASAN)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(dying ? nullptr : &fake, g_main_stack_bottom, g_main_stack_size);
+  swapcontext(&f.context, &g_main);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  (void)dying;
+  swapcontext(&f.context, &g_main);
+#endif
+}
+
+// A failure inside a fiber: recorded, and the fiber never runs again; the scheduler throws.
+[[noreturn]] void fail(const std::string& message) {
+  if (g_block->error.empty()) g_block->error = "CUDA emulation: " + message + " (" + where() + ")";
+  g_fiber->state = State::done;
+  yield_to_scheduler(true);
+  __builtin_unreachable();
+}
+
+void fiber_entry() {
+#if defined(CAST_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &g_main_stack_bottom, &g_main_stack_size);
+#endif
+  (*g_kernel)();
+  g_fiber->state = State::done;
+  yield_to_scheduler(true);
+}
+
+// ---------------------------------------------------------------- one block
+void start_fibers(Block& b) {
+  if (g_fibers.size() < static_cast<size_t>(b.threads)) g_fibers.resize(b.threads);
+  for (int t = 0; t < b.threads; ++t) {
+    Fiber& f = g_fibers[t];
+    if (f.stack.empty()) f.stack.resize(kStackBytes);
+    f.tid = t;
+    f.state = State::runnable;
+    f.view.thread_idx = {static_cast<unsigned>(t % b.dim.x), static_cast<unsigned>(t / b.dim.x % b.dim.y),
+                         static_cast<unsigned>(t / (b.dim.x * b.dim.y))};
+    f.view.block_idx = b.idx;
+    f.view.block_dim = b.dim;
+    f.view.grid_dim = b.grid;
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack.data();
+    f.context.uc_stack.ss_size = f.stack.size();
+    f.context.uc_link = nullptr;
+    makecontext(&f.context, fiber_entry, 0);
+  }
+}
+
+// Every live thread waits at a barrier and none can move: release them, or report divergence.
+void release_barrier(Block& b) {
+  std::vector<int> exited, first, other;
+  const Fiber* site = nullptr;
+  for (int t = 0; t < b.threads; ++t) {
+    const Fiber& f = g_fibers[t];
+    if (f.state == State::done) {
+      exited.push_back(t);
+      continue;
+    }
+    if (!site) site = &f;
+    if (f.file == site->file && f.line == site->line) first.push_back(t);
+    else other.push_back(t);
+  }
+  const std::string at = fmt::format("{}:{}", site->file, site->line);
+  if (!other.empty()) {
+    const Fiber& o = g_fibers[other.front()];
+    throw Error(fmt::format("CUDA emulation: barrier divergence in kernel {}, block {}: threads {} wait at "
+                            "__syncthreads() {} while threads {} wait at {}:{}",
+                            b.kernel, coords(b.idx), thread_list(first), at, thread_list(other), o.file, o.line));
+  }
+  if (!exited.empty())
+    throw Error(fmt::format("CUDA emulation: barrier divergence in kernel {}, block {}: threads {} wait at "
+                            "__syncthreads() {} but threads {} have exited",
+                            b.kernel, coords(b.idx), thread_list(first), at, thread_list(exited)));
+  for (int t = 0; t < b.threads; ++t) g_fibers[t].state = State::runnable;
+  ++b.epoch;
+  ++g_stats.barriers;
+}
+
+[[noreturn]] void report_stuck_warp(Block& b) {
+  for (int t = 0; t < b.threads; ++t) {
+    const Fiber& f = g_fibers[t];
+    if (f.state != State::at_warp) continue;
+    const WarpState& w = b.warps[t / 32];
+    std::vector<int> missing;
+    for (int lane = 0; lane < 32; ++lane) {
+      const int u = t / 32 * 32 + lane;
+      if ((w.mask >> lane & 1u) && (u >= b.threads || g_fibers[u].state != State::at_warp)) missing.push_back(u);
+    }
+    throw Error(fmt::format("CUDA emulation: warp collective at {}:{} never completes in kernel {}, block {}: "
+                            "thread {} waits for threads {} of its mask 0x{:08x}, which exited, do not exist or "
+                            "wait elsewhere",
+                            f.file, f.line, b.kernel, coords(b.idx), t, thread_list(missing), w.mask));
+  }
+  throw Error(fmt::format("CUDA emulation: kernel {} block {} cannot progress", b.kernel, coords(b.idx)));
+}
+
+void run_block(Block& b) {
+  g_block = &b;
+  start_fibers(b);
+  for (;;) {
+    bool ran = false, live = false;
+    for (int t = 0; t < b.threads; ++t) {
+      Fiber& f = g_fibers[t];
+      if (f.state == State::at_warp && b.warps[t / 32].generation > f.awaited) f.state = State::runnable;
+      if (f.state != State::runnable) {
+        live = live || f.state != State::done;
+        continue;
+      }
+      switch_to_fiber(f);
+      ran = true;
+      if (!b.error.empty()) throw Error(b.error);
+      live = live || f.state != State::done;
+    }
+    if (!live) break;
+    if (ran) continue;
+    bool any_warp = false;
+    for (int t = 0; t < b.threads; ++t) any_warp = any_warp || g_fibers[t].state == State::at_warp;
+    if (any_warp) report_stuck_warp(b);
+    release_barrier(b);
+  }
+  g_block = nullptr;
+}
+
+struct BlockGuard {  // g_block is cleared however the block ends
+  ~BlockGuard() {
+    g_block = nullptr;
+    g_fiber = nullptr;
+  }
+};
+
+}  // namespace
+
+const ThreadView& current() {
+  if (!g_fiber) throw Error("CUDA emulation: threadIdx/blockIdx used outside a kernel");
+  return g_fiber->view;
+}
+
+int linear_thread_index() { return g_fiber ? g_fiber->tid : 0; }
+
+void launch(const char* kernel_name, Dim3 grid, Dim3 block, size_t dynamic_shared_bytes,
+            const std::function<void()>& kernel) {
+  CAST_CHECK(!g_block, "CUDA emulation: kernel {} launched from inside kernel {} (not supported)", kernel_name,
+             g_block ? g_block->kernel : "");
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  CAST_CHECK(grid.x > 0 && grid.y > 0 && grid.z > 0 && block.x > 0 && block.y > 0 && block.z > 0,
+             "CUDA emulation: kernel {} launched with grid {} and block {}: every dimension must be positive "
+             "(invalid configuration)",
+             kernel_name, coords(grid), coords(block));
+  CAST_CHECK(threads <= 1024 && block.z <= 64, "CUDA emulation: kernel {} launched with block {}: at most 1024 "
+             "threads per block (invalid configuration)", kernel_name, coords(block));
+  CAST_CHECK(grid.y <= 65535 && grid.z <= 65535, "CUDA emulation: kernel {} grid {} exceeds 65535 in y or z",
+             kernel_name, coords(grid));
+  CAST_CHECK(dynamic_shared_bytes <= 48 * 1024, "CUDA emulation: kernel {} asks for {} bytes of dynamic shared "
+             "memory (48 KiB without an opt-in)", kernel_name, dynamic_shared_bytes);
+  ++g_stats.launches;
+  BlockGuard guard;
+  g_kernel = &kernel;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        Block b;
+        b.kernel = kernel_name;
+        b.grid = grid;
+        b.dim = block;
+        b.idx = {x, y, z};
+        b.threads = static_cast<int>(threads);
+        b.warps.resize((threads + 31) / 32);
+        b.dynamic_shared.assign(dynamic_shared_bytes, 0xCD);  // garbage, as on a GPU
+        run_block(b);
+        ++g_stats.blocks;
+        g_stats.threads += threads;
+      }
+}
+
+void barrier(const char* file, int line) {
+  if (!g_fiber) throw Error(fmt::format("CUDA emulation: __syncthreads() at {}:{} outside a kernel", file, line));
+  g_fiber->state = State::at_barrier;
+  g_fiber->file = file;
+  g_fiber->line = line;
+  yield_to_scheduler();
+}
+
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, int width, const char* file, int line) {
+  if (!g_fiber) throw Error(fmt::format("CUDA emulation: warp function at {}:{} outside a kernel", file, line));
+  Block& b = *g_block;
+  Fiber& f = *g_fiber;
+  const int lane = f.tid % 32, warp = f.tid / 32;
+  WarpState& w = b.warps[warp];
+  if (!(mask >> lane & 1u)) fail(fmt::format("warp function at {}:{} called by lane {} outside its mask 0x{:08x}",
+                                             file, line, lane, mask));
+  if (width <= 0 || width > 32 || (width & (width - 1)))
+    fail(fmt::format("warp function at {}:{}: width {} is not a power of two up to 32", file, line, width));
+  if (w.arrived == 0) {
+    w.mask = mask, w.op = op, w.width = width, w.file = file, w.line = line;
+  } else if (w.mask != mask || w.op != op || w.file != file || w.line != line) {
+    fail(fmt::format("lanes of warp {} meet at different warp functions: {}:{} (mask 0x{:08x}) and {}:{} "
+                     "(mask 0x{:08x})", warp, w.file, w.line, w.mask, file, line, mask));
+  }
+  w.payload[lane] = payload;
+  w.arg[lane] = arg;
+  const uint64_t generation = w.generation;
+  if (++w.arrived == std::popcount(mask)) {  // the last lane computes every lane's result
+    uint64_t vote = 0;
+    for (int l = 0; l < 32; ++l)
+      if (mask >> l & 1u) vote |= uint64_t{w.payload[l] != 0} << l;
+    for (int l = 0; l < 32; ++l) {
+      if (!(mask >> l & 1u)) continue;
+      const int base = l / width * width, a = w.arg[l];
+      int src = l;
+      switch (op) {
+        case WarpOp::shfl: src = base + ((a % width) + width) % width; break;
+        case WarpOp::shfl_xor: src = (l ^ a) / width == l / width ? (l ^ a) : l; break;
+        case WarpOp::shfl_down: src = l % width + a < width ? l + a : l; break;
+        case WarpOp::shfl_up: src = l % width >= a ? l - a : l; break;
+        default: break;
+      }
+      if ((op == WarpOp::shfl || op == WarpOp::shfl_xor || op == WarpOp::shfl_down || op == WarpOp::shfl_up) &&
+          !(mask >> src & 1u))
+        fail(fmt::format("warp shuffle at {}:{}: lane {} reads lane {}, which is not in the mask 0x{:08x}", file,
+                         line, l, src, mask));
+      switch (op) {
+        case WarpOp::ballot: w.result[l] = vote; break;
+        case WarpOp::any: w.result[l] = vote != 0; break;
+        case WarpOp::all: w.result[l] = vote == (mask & 0xffffffffull); break;
+        case WarpOp::sync: w.result[l] = 0; break;
+        default: w.result[l] = w.payload[src];
+      }
+    }
+    w.arrived = 0;
+    ++w.generation;
+    ++g_stats.warp_collectives;
+  } else {
+    f.state = State::at_warp;
+    f.awaited = generation;
+    f.file = file;
+    f.line = line;
+    yield_to_scheduler();
+  }
+  return w.result[lane];
+}
+
+void shared_access(const void* base, int64_t index, int64_t size, bool write, const char* name) {
+  if (!g_fiber) return;  // host code touching the storage: nothing to check
+  if (index < 0 || index >= size)
+    fail(fmt::format("shared memory '{}' index {} out of bounds [0, {})", name, index, size));
+  std::vector<Shadow>& shadow = g_block->shadows[base];
+  if (static_cast<int64_t>(shadow.size()) < size) shadow.resize(size);
+  Shadow& s = shadow[index];
+  if (s.epoch != g_block->epoch) s = Shadow{g_block->epoch, -1, -1, false};
+  const int t = g_fiber->tid;
+  auto race = [&](const char* what, int other) {
+    fail(fmt::format("shared-memory race on '{}'[{}]: thread {} {} since the last __syncthreads()", name, index,
+                     other, what));
+  };
+  if (write) {
+    if (s.writer >= 0 && s.writer != t) race("wrote it, and this thread writes it", s.writer);
+    if (s.reader >= 0 && s.reader != t) race("read it, and this thread writes it", s.reader);
+    if (s.many_readers) race("and others read it, and this thread writes it", s.reader);
+    s.writer = t;
+  } else {
+    if (s.writer >= 0 && s.writer != t) race("wrote it, and this thread reads it", s.writer);
+    if (s.reader < 0) s.reader = t;
+    else if (s.reader != t) s.many_readers = true;
+  }
+}
+
+void* dynamic_shared_memory() {
+  if (!g_block) throw Error("CUDA emulation: dynamic shared memory used outside a kernel");
+  return g_block->dynamic_shared.data();
+}
+
+size_t dynamic_shared_bytes() { return g_block ? g_block->dynamic_shared.size() : 0; }
+
+Stats stats() { return g_stats; }
+
+}  // namespace cast::emu

@@ -1,0 +1,57 @@
+#pragma once
+// The CUDA execution model on the CPU, for running the kernels of cuda/ in tests without a GPU.
+//
+// A launch runs its blocks one after another. The threads of a block are fibers (ucontext)
+// scheduled cooperatively on the calling thread: each runs until it reaches __syncthreads(),
+// a warp collective or its end. __syncthreads() releases the block when every live thread waits
+// at the same barrier; a warp collective completes when every lane of its mask has arrived at
+// the same call. Anything else is reported as an error naming the kernel, block and threads:
+// threads waiting at a barrier while others exited or wait elsewhere (divergence), a warp
+// collective that can never complete, a shared-memory race (two threads touching one address
+// between two barriers, one of them writing), a shared-memory index out of bounds.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace cast::emu {
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+// What a running CUDA thread sees: its indices and its block's shape.
+struct ThreadView {
+  Dim3 thread_idx, block_idx, block_dim, grid_dim;
+};
+
+// The view of the fiber that is running now (valid only inside a kernel).
+const ThreadView& current();
+
+// Runs `kernel` (a closure calling the __global__ function with its arguments) on every thread
+// of every block. Throws cast::Error on the first check that fails.
+void launch(const char* kernel_name, Dim3 grid, Dim3 block, size_t dynamic_shared_bytes,
+            const std::function<void()>& kernel);
+
+// __syncthreads() at file:line.
+void barrier(const char* file, int line);
+
+// Warp collectives. Each lane passes its 64-bit payload; the result is computed once every lane
+// of `mask` has arrived at the same call site.
+enum class WarpOp { shfl, shfl_xor, shfl_down, shfl_up, ballot, any, all, sync };
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, int width, const char* file, int line);
+
+// Shared memory checks, called by SharedArray (cuda/emulation/shared_array.h).
+void shared_access(const void* base, int64_t index, int64_t size, bool write, const char* name);
+void* dynamic_shared_memory();
+size_t dynamic_shared_bytes();
+
+// Lane and linear thread index of the running fiber within its block.
+int linear_thread_index();
+
+// Counters for tests of the emulator itself.
+struct Stats {
+  uint64_t launches = 0, blocks = 0, threads = 0, barriers = 0, warp_collectives = 0;
+};
+Stats stats();
+
+}  // namespace cast::emu

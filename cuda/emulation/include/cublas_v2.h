@@ -1,0 +1,19 @@
+#pragma once
+// The part of cuBLAS that cuda/ uses, for the emulation build: column-major strided-batched
+// sgemm computed on the CPU with plain loops (cuda/emulation/runtime_api.cpp).
+#include "cuda_runtime.h"
+
+struct cublasContext;
+using cublasHandle_t = cublasContext*;
+enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7 };
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
+enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle);
+cublasStatus_t cublasDestroy(cublasHandle_t handle);
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float* alpha, const float* a, int lda,
+                                         long long stride_a, const float* b, int ldb, long long stride_b,
+                                         const float* beta, float* c, int ldc, long long stride_c, int batch);

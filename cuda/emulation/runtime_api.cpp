@@ -1,0 +1,221 @@
+// The CUDA runtime and cuBLAS calls of the emulation: device memory is host memory, copies
+// are memcpy, streams and events are host-side markers, sgemm is a loop on the CPU.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace {
+
+std::mutex g_mutex;
+std::unordered_map<void*, size_t> g_allocations;  // live cudaMalloc blocks
+cast::emu::RuntimeCounts g_counts;
+thread_local cudaError_t g_last_error = cudaSuccess;
+
+cudaError_t fail(cudaError_t err) {
+  g_last_error = err;
+  return err;
+}
+
+size_t host_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib * 1024;
+    in.ignore(256, '\n');
+  }
+  return size_t{16} << 30;
+}
+
+void count_copy(cudaMemcpyKind kind) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (kind == cudaMemcpyHostToDevice) ++g_counts.to_device;
+  else if (kind == cudaMemcpyDeviceToHost) ++g_counts.to_host;
+  else if (kind == cudaMemcpyDeviceToDevice) ++g_counts.device_to_device;
+}
+
+struct Event {
+  std::chrono::steady_clock::time_point when;
+};
+
+}  // namespace
+
+namespace cast::emu {
+RuntimeCounts runtime_counts() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_counts;
+}
+}  // namespace cast::emu
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  if (!ptr) return fail(cudaErrorInvalidValue);
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + (bytes == 0 ? 256 : 0));
+  if (!p) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_allocations[p] = bytes;
+  ++g_counts.mallocs;
+  g_counts.bytes_in_use += bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_allocations.find(ptr);
+  if (it == g_allocations.end()) return fail(cudaErrorInvalidDevicePointer);
+  g_counts.bytes_in_use -= it->second;
+  g_allocations.erase(it);
+  ++g_counts.frees;
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes && (!dst || !src)) return fail(cudaErrorInvalidValue);
+  if (bytes) std::memmove(dst, src, bytes);
+  count_copy(kind);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (bytes && !dst) return fail(cudaErrorInvalidValue);
+  if (bytes) std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) { return cudaMemset(dst, value, bytes); }
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = g_last_error;
+  g_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return g_last_error; }
+
+const char* cudaGetErrorString(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    default: return "invalid device ordinal";
+  }
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;  // the emulated device
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::strncpy(prop->name, "CUDA emulation on the CPU", sizeof(prop->name) - 1);
+  prop->totalGlobalMem = host_memory();
+  prop->major = 9, prop->minor = 0, prop->multiProcessorCount = 1, prop->warpSize = 32;
+  prop->sharedMemPerBlock = 48 * 1024, prop->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  *total_bytes = host_memory();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  *free_bytes = *total_bytes > g_counts.bytes_in_use ? *total_bytes - g_counts.bytes_in_use : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  ++g_counts.synchronizations;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaDeviceSynchronize(); }
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  *stream = reinterpret_cast<cudaStream_t>(new char);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete reinterpret_cast<char*>(stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = reinterpret_cast<cudaEvent_t>(new Event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  reinterpret_cast<Event*>(event)->when = std::chrono::steady_clock::now();  // work before it has finished
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaDeviceSynchronize(); }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
+  *ms = std::chrono::duration<float, std::milli>(reinterpret_cast<Event*>(stop)->when -
+                                                 reinterpret_cast<Event*>(start)->when).count();
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete reinterpret_cast<Event*>(event);
+  return cudaSuccess;
+}
+
+// ---------------------------------------------------------------- cuBLAS
+struct cublasContext {
+  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+};
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  handle->mode = mode;  // TF32 is not emulated: products stay in fp32
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+
+// Column-major: C (m, n) = alpha op(A) op(B) + beta C, A element (i, p) at a[i + p·lda] (or its
+// transpose), with cuBLAS's rule that beta = 0 never reads C.
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                         int n, int k, const float* alpha, const float* a, int lda,
+                                         long long stride_a, const float* b, int ldb, long long stride_b,
+                                         const float* beta, float* c, int ldc, long long stride_c, int batch) {
+  const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) ||
+      ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  for (int bi = 0; bi < batch; ++bi) {
+    const float *ab = a + bi * stride_a, *bb = b + bi * stride_b;
+    float* cb = c + bi * stride_c;
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        float s = 0;
+        for (int p = 0; p < k; ++p) {
+          const float av = transa == CUBLAS_OP_N ? ab[i + static_cast<long long>(p) * lda] : ab[p + static_cast<long long>(i) * lda];
+          const float bv = transb == CUBLAS_OP_N ? bb[p + static_cast<long long>(j) * ldb] : bb[j + static_cast<long long>(p) * ldb];
+          s += av * bv;
+        }
+        float& out = cb[i + static_cast<long long>(j) * ldc];
+        out = *beta == 0.f ? *alpha * s : *alpha * s + *beta * out;
+      }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}

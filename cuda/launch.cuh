@@ -1,0 +1,30 @@
+#pragma once
+// Every kernel launch goes through CAST_LAUNCH, so one kernel source serves the GPU build
+// (a triple-chevron launch) and the emulation build (cuda/emulation/: the blocks run as fiber
+// threads on the CPU, with barrier, race and bounds checks).
+//   CAST_LAUNCH(kernel, grid, block, shared_bytes, args...);
+#include <cstddef>
+#include <utility>
+
+#if defined(CAST_CUDA_EMULATION)
+#include "cuda/emulation/emulator.h"
+#endif
+
+namespace cast::cuda {
+
+template <class... Params, class... Args>
+void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                   Args&&... args) {
+#if defined(CAST_CUDA_EMULATION)
+  emu::launch(name, {grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes,
+              [&] { kernel(static_cast<Params>(args)...); });
+#else
+  (void)name;
+  kernel<<<grid, block, shared_bytes>>>(std::forward<Args>(args)...);
+#endif
+}
+
+}  // namespace cast::cuda
+
+#define CAST_LAUNCH(kernel, grid, block, shared_bytes, ...) \
+  ::cast::cuda::launch_kernel(#kernel, kernel, grid, block, shared_bytes, __VA_ARGS__)

@@ -1,0 +1,212 @@
+// The CUDA emulation's own tests: small kernels, correct and deliberately broken, show that a
+// barrier is a real rendezvous, that warp functions exchange lanes' values, and that a missing
+// barrier (race), a barrier in divergent code, an off-by-one shared index and a warp function
+// some lane never reaches are each reported with the kernel, block and thread.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "cuda/launch.cuh"
+#include "cuda/shared_memory.cuh"
+#include "tests/test_util.h"
+
+using namespace cast;
+
+namespace {
+
+// ---------------------------------------------------------------- kernels
+// Block sum through shared memory, the textbook tree: correct.
+__global__ void tree_sum(const float* x, float* out, int n) {
+  CAST_SHARED_ARRAY(float, buf, 256);
+  const int t = threadIdx.x;
+  buf[t] = t < n ? x[blockIdx.x * 256 + t] : 0.f;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (t < s) buf[t] = buf[t] + buf[t + s];
+    __syncthreads();
+  }
+  if (t == 0) out[blockIdx.x] = buf[0];
+}
+
+// The same with the barrier inside the loop missing: thread t reads buf[t + s] that thread
+// t + s writes in the same phase.
+__global__ void tree_sum_missing_barrier(const float* x, float* out, int n) {
+  CAST_SHARED_ARRAY(float, buf, 256);
+  const int t = threadIdx.x;
+  buf[t] = t < n ? x[t] : 0.f;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1)
+    if (t < s) buf[t] = buf[t] + buf[t + s];
+  if (t == 0) out[0] = buf[0];
+}
+
+// A barrier inside a branch that half of the block takes.
+__global__ void barrier_in_branch(float* out) {
+  CAST_SHARED_ARRAY(float, buf, 256);
+  const int t = threadIdx.x;
+  buf[t] = static_cast<float>(t);
+  if (t < 128) __syncthreads();
+  out[t] = buf[t];
+}
+
+// Shifting the block's values by one writes one element past the end.
+__global__ void shift_off_by_one(const float* x, float* out) {
+  CAST_SHARED_ARRAY(float, buf, 256);
+  const int t = threadIdx.x;
+  buf[t + 1] = x[t];
+  __syncthreads();
+  out[t] = t > 0 ? buf[t] : 0.f;
+}
+
+// Warp sums by xor-shuffles, a broadcast from lane 3, a ballot and a shift down.
+__global__ void warp_functions(const float* x, float* sum, float* from3, unsigned* ballot, float* down) {
+  const int t = threadIdx.x;
+  float v = x[t];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  sum[t] = v;
+  from3[t] = __shfl_sync(0xffffffffu, x[t], 3);
+  ballot[t] = __ballot_sync(0xffffffffu, x[t] > 0.f);
+  down[t] = __shfl_down_sync(0xffffffffu, x[t], 1);
+}
+
+// Lane 0 leaves before the others call a warp function over the full mask.
+__global__ void warp_function_after_exit(float* out) {
+  const int t = threadIdx.x;
+  if (t == 0) return;
+  out[t] = __shfl_xor_sync(0xffffffffu, 1.f, 1);
+}
+
+__global__ void grid_stride_fill(int* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    out[i] += 1;
+}
+
+__global__ void atomic_total(float* total, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    atomicAdd(total, 1.f);
+}
+
+// Reverses the block's values through dynamic shared memory of `count` floats.
+__global__ void reverse_dynamic(const float* x, float* out, int count) {
+  CAST_DYNAMIC_SHARED(float, tile, count);
+  const int t = threadIdx.x;
+  tile[t] = x[t];
+  __syncthreads();
+  out[t] = tile[blockDim.x - 1 - t];
+}
+
+// Runs `launch` and returns the emulation's error message ("" when none).
+template <class Fn>
+std::string error_of(Fn&& launch) {
+  try {
+    launch();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<float> iota_floats(int n) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = static_cast<float>(i % 7) - 3.f;
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- correct kernels pass
+TEST(Emulation, CorrectReductionPassesAndIsRight) {
+  std::vector<float> x = iota_floats(512), out(2, -1.f);
+  CAST_LAUNCH(tree_sum, 2, 256, 0, x.data(), out.data(), 256);
+  for (int b = 0; b < 2; ++b) {
+    float want = 0;
+    for (int i = 0; i < 256; ++i) want += x[b * 256 + i];
+    EXPECT_FLOAT_EQ(out[b], want) << "block " << b;
+  }
+}
+
+TEST(Emulation, WarpFunctionsExchangeLanes) {
+  std::vector<float> x = iota_floats(64), sum(64), from3(64), down(64);
+  std::vector<unsigned> ballot(64);
+  CAST_LAUNCH(warp_functions, 1, 64, 0, x.data(), sum.data(), from3.data(), ballot.data(), down.data());
+  for (int w = 0; w < 2; ++w) {
+    float total = 0;
+    unsigned bits = 0;
+    for (int l = 0; l < 32; ++l) {
+      total += x[w * 32 + l];
+      bits |= (x[w * 32 + l] > 0.f ? 1u : 0u) << l;
+    }
+    for (int l = 0; l < 32; ++l) {
+      const int t = w * 32 + l;
+      EXPECT_FLOAT_EQ(sum[t], total) << t;
+      EXPECT_EQ(from3[t], x[w * 32 + 3]) << t;
+      EXPECT_EQ(ballot[t], bits) << t;
+      EXPECT_EQ(down[t], l < 31 ? x[t + 1] : x[t]) << t;  // the last lane keeps its own value
+    }
+  }
+}
+
+TEST(Emulation, GridStrideLoopsAndAtomicsOverManyBlocks) {
+  const int64_t n = 100000;
+  std::vector<int> hits(n, 0);
+  CAST_LAUNCH(grid_stride_fill, 7, 128, 0, hits.data(), n);  // fewer threads than elements
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << i;
+  float total = 0;
+  CAST_LAUNCH(atomic_total, 13, 64, 0, &total, int64_t{5000});
+  EXPECT_EQ(total, 5000.f);
+}
+
+TEST(Emulation, DynamicSharedMemory) {
+  std::vector<float> x = iota_floats(96), out(96);
+  CAST_LAUNCH(reverse_dynamic, 1, 96, 96 * sizeof(float), x.data(), out.data(), 96);
+  for (int t = 0; t < 96; ++t) EXPECT_EQ(out[t], x[95 - t]);
+  // asking for more elements than the launch gave is an error, not a silent overrun
+  const std::string e = error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 96, 64 * sizeof(float), x.data(), out.data(), 96); });
+  EXPECT_NE(e.find("dynamic shared memory 'tile'"), std::string::npos) << e;
+}
+
+// ---------------------------------------------------------------- broken kernels are caught
+TEST(Emulation, MissingBarrierIsReportedAsARace) {
+  std::vector<float> x = iota_floats(256), out(1);
+  const std::string e = error_of([&] { CAST_LAUNCH(tree_sum_missing_barrier, 1, 256, 0, x.data(), out.data(), 256); });
+  EXPECT_NE(e.find("shared-memory race on 'buf'"), std::string::npos) << e;
+  EXPECT_NE(e.find("kernel tree_sum_missing_barrier, block (0, 0, 0), thread"), std::string::npos) << e;
+}
+
+TEST(Emulation, BarrierInDivergentBranchIsReported) {
+  std::vector<float> out(256);
+  const std::string e = error_of([&] { CAST_LAUNCH(barrier_in_branch, 1, 256, 0, out.data()); });
+  EXPECT_NE(e.find("barrier divergence in kernel barrier_in_branch, block (0, 0, 0)"), std::string::npos) << e;
+  EXPECT_NE(e.find("threads 0-127 wait at __syncthreads()"), std::string::npos) << e;
+  EXPECT_NE(e.find("threads 128-255 have exited"), std::string::npos) << e;
+}
+
+TEST(Emulation, OffByOneSharedIndexIsOutOfBounds) {
+  std::vector<float> x = iota_floats(256), out(256);
+  const std::string e = error_of([&] { CAST_LAUNCH(shift_off_by_one, 1, 256, 0, x.data(), out.data()); });
+  EXPECT_NE(e.find("shared memory 'buf' index 256 out of bounds [0, 256)"), std::string::npos) << e;
+  EXPECT_NE(e.find("thread (255, 0, 0)"), std::string::npos) << e;
+}
+
+TEST(Emulation, WarpFunctionWaitingForAnExitedLane) {
+  std::vector<float> out(32);
+  const std::string e = error_of([&] { CAST_LAUNCH(warp_function_after_exit, 1, 32, 0, out.data()); });
+  EXPECT_NE(e.find("never completes"), std::string::npos) << e;
+  EXPECT_NE(e.find("waits for threads 0"), std::string::npos) << e;
+}
+
+TEST(Emulation, InvalidLaunchConfigurations) {
+  std::vector<float> out(1);
+  EXPECT_CAST_ERROR(CAST_LAUNCH(barrier_in_branch, 0, 256, 0, out.data()), "invalid configuration");
+  EXPECT_CAST_ERROR(CAST_LAUNCH(barrier_in_branch, 1, 2048, 0, out.data()), "at most 1024 threads");
+}
+
+TEST(Emulation, TheCorrectKernelsRaiseNoError) {
+  // the same three checks on the correct versions: nothing is reported
+  std::vector<float> x = iota_floats(256), out(256);
+  EXPECT_EQ(error_of([&] { CAST_LAUNCH(tree_sum, 1, 256, 0, x.data(), out.data(), 256); }), "");
+  EXPECT_EQ(error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 256, 256 * sizeof(float), x.data(), out.data(), 256); }),
+            "");
+}
