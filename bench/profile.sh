@@ -11,8 +11,8 @@ top() {  # $1 title, rest: the cast command
   perf record -q -o "$tmp/perf.data" "$cast" "$@" > /dev/null 2>&1
   echo "### $title"
   echo '```'
-  perf report -i "$tmp/perf.data" --no-children --sort dso,symbol 2>/dev/null |
-    grep -E '^ +[0-9]' | head -10 | sed -E 's/ +$//' | cut -c1-150
+  perf report -i "$tmp/perf.data" --no-children --sort dso,symbol 2>/dev/null > "$tmp/report.txt" || true
+  grep -E '^ +[0-9]' "$tmp/report.txt" | head -10 | sed -E 's/ +$//' | cut -c1-150 || true
   echo '```'
 }
 top "default training step (listops-short, CAST top-k), 30 steps" \

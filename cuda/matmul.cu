@@ -1,5 +1,7 @@
 // Matrix products through cuBLAS. cuBLAS is column-major: a row-major (m, n) matrix is its
 // column-major transpose, so C = op(A) op(B) is computed as Cᵀ = op(B)ᵀ op(A)ᵀ.
+#include <algorithm>
+
 #include "cuda/common.cuh"
 #include "cuda/matmul.h"
 #include "cuda/runtime.h"
@@ -12,7 +14,10 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double 
   cublasHandle_t h = cublas_handle();
   CUBLAS_CHECK(cublasSetMathMode(h, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  const int ldb = static_cast<int>(tb ? k : n), lda = static_cast<int>(ta ? m : k), ldc = static_cast<int>(n);
+  // Leading dimensions of at least 1: with k = 0 a transposed operand has 0 columns, and cuBLAS
+  // rejects a leading dimension of 0 (the product is then C = beta C).
+  const int ldb = static_cast<int>(std::max<int64_t>(1, tb ? k : n));
+  const int lda = static_cast<int>(std::max<int64_t>(1, ta ? m : k)), ldc = static_cast<int>(n);
   CUBLAS_CHECK(cublasSgemmStridedBatched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                          static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha_f,
                                          fptr(b), ldb, k * n, fptr(a), lda, m * k, &beta_f, fptr(c), ldc, m * n,

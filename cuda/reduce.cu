@@ -33,6 +33,7 @@ __global__ void sum_backward_kernel(float* dx, const float* dy, int64_t outer, i
 }
 
 void sum_axis_forward(Tensor& y, const Tensor& x, int64_t outer, int64_t n, int64_t inner, double scale) {
+  if (outer * inner == 0) return;  // nothing to write (and a 0-block launch is an error)
   if (inner == 1 && outer <= 2147483647) {
     CAST_LAUNCH(sum_rows_kernel, static_cast<unsigned>(outer), kThreads, 0, fptr(y), fptr(x), n, static_cast<float>(scale));
   } else {
@@ -43,6 +44,7 @@ void sum_axis_forward(Tensor& y, const Tensor& x, int64_t outer, int64_t n, int6
 }
 
 void sum_axis_backward(Tensor& dx, const Tensor& dy, int64_t outer, int64_t n, int64_t inner, double scale) {
+  if (outer * n * inner == 0) return;
   CAST_LAUNCH(sum_backward_kernel, blocks_for(outer * n * inner), kThreads, 0, fptr(dx), fptr(dy), outer, n, inner,
                                                                    static_cast<float>(scale));
   CUDA_CHECK_LAUNCH();

@@ -36,19 +36,18 @@ __global__ void scatter_kernel(float* dx, const float* dout, const I* idx, int64
   }
 }
 
+// The two results live in a tensor from the caching allocator: after the first call a check
+// allocates nothing.
 void index_min_max(const Tensor& idx, int64_t& mn, int64_t& mx) {
   long long host[2] = {LLONG_MAX, LLONG_MIN};
-  long long* dev = nullptr;
-  CUDA_CHECK(cudaMalloc(&dev, sizeof(host)));
+  Tensor result = Tensor::empty({2}, DType::i64, Device::cuda);
+  long long* dev = reinterpret_cast<long long*>(result.data<int64_t>());
   CUDA_CHECK(cudaMemcpy(dev, host, sizeof(host), cudaMemcpyHostToDevice));
   const int64_t n = idx.numel();
   if (idx.dtype() == DType::i32) CAST_LAUNCH(min_max_kernel<int32_t>, blocks_for(n), kThreads, 0, idx.data<int32_t>(), n, dev);
   else CAST_LAUNCH(min_max_kernel<int64_t>, blocks_for(n), kThreads, 0, idx.data<int64_t>(), n, dev);
-  cudaError_t launch = cudaGetLastError();
-  cudaError_t copy = cudaMemcpy(host, dev, sizeof(host), cudaMemcpyDeviceToHost);
-  cudaFree(dev);
-  CUDA_CHECK(launch);
-  CUDA_CHECK(copy);
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaMemcpy(host, dev, sizeof(host), cudaMemcpyDeviceToHost));
   mn = host[0];
   mx = host[1];
 }

@@ -1,10 +1,11 @@
 // Top-k indices per row by ranking: an eligible element's rank is the number of eligible
-// elements ahead of it (larger value, or equal value at a lower index); rank < k is written
-// at its rank. Deterministic and exactly the CPU order. O(len²) per row: fine for the
+// elements ahead of it in the order of ops/topk_order.h (NaN last, ties by position); rank < k
+// is written at its rank. Deterministic and exactly the CPU order. O(len²) per row: fine for the
 // sizes used here; a faster selection belongs to the performance work.
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/topk.h"
+#include "ops/topk_order.h"
 
 namespace cast::cuda {
 
@@ -23,7 +24,7 @@ __global__ void topk_kernel(int32_t* idx, const float* x, const float* mask, int
     int64_t rank = 0;
     for (int64_t i = 0; i < len && rank < k; ++i) {
       if (mr && mr[i] == 0.f) continue;
-      rank += (xr[i] > v || (xr[i] == v && i < j)) ? 1 : 0;
+      rank += ranks_before(xr[i], i, v, j) ? 1 : 0;
     }
     if (rank < k) out[rank] = static_cast<int32_t>(j);
   }

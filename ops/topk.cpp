@@ -6,6 +6,7 @@
 
 #include "ops/dispatch.h"
 #include "ops/softmax.h"
+#include "ops/topk_order.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/topk.h"
 #endif
@@ -30,9 +31,8 @@ _Pragma("omp parallel for if (m.rows * m.len > 16384)")
       for (int64_t j = 0; j < m.len; ++j)
         if (!mr || mr[j] != T(0)) order.push_back(static_cast<int32_t>(j));
       const int64_t take = std::min<int64_t>(k, order.size());
-      std::partial_sort(order.begin(), order.begin() + take, order.end(), [&](int32_t a, int32_t b) {
-        return xr[a] > xr[b] || (xr[a] == xr[b] && a < b);
-      });
+      std::partial_sort(order.begin(), order.begin() + take, order.end(),
+                        [&](int32_t a, int32_t b) { return ranks_before(xr[a], a, xr[b], b); });
       int32_t* out = idx.data<int32_t>() + r * k;
       for (int64_t j = 0; j < k; ++j) out[j] = j < take ? order[j] : -1;
     }

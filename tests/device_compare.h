@@ -2,6 +2,10 @@
 // Layer 2 harness: run the same function on CPU and CUDA copies of the same f32 inputs,
 // backpropagate the same output gradient, and compare outputs and every input gradient.
 // New tensors start poisoned (tests/test_env.cpp), so unwritten outputs show up as NaN.
+#include <functional>
+#include <string>
+#include <utility>
+
 #include "tests/test_util.h"
 
 namespace cast::testing {
@@ -18,25 +22,65 @@ inline std::vector<Tensor> copy_inputs(const std::vector<Tensor>& inputs, Device
   return out;
 }
 
-// Relative tolerance ‖cuda − cpu‖/‖cpu‖ (ATTENTION.md: 1e-5 in fp32).
-inline void expect_devices_agree(const DeviceFn& fn, const std::vector<Tensor>& inputs, double tol = 1e-5) {
-  std::vector<Tensor> cpu = copy_inputs(inputs, Device::cpu), gpu = copy_inputs(inputs, Device::cuda);
-  Tensor out_cpu = fn(cpu);
-  Tensor out_gpu = fn(gpu);
+// Every element within atol + rtol·|cpu|, and ‖cuda − cpu‖/‖cpu‖ ≤ rtol (ATTENTION.md: 1e-5
+// in fp32): one wrong element cannot hide in a large tensor.
+inline void expect_close_per_element(const Tensor& gpu, const Tensor& cpu, double rtol, double atol,
+                                     const std::string& what) {
+  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
+  auto g = gpu.to_double_vector(), c = cpu.to_double_vector();
+  int64_t bad = 0;
+  for (size_t i = 0; i < c.size(); ++i)
+    if (!(std::abs(g[i] - c[i]) <= atol + rtol * std::abs(c[i])) && bad++ < 3)
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA and " << c[i] << " on the CPU";
+  EXPECT_EQ(bad, 0) << what << ": elements that differ";
+  if (!c.empty()) EXPECT_LE(rel_diff(gpu, cpu), rtol) << what;
+}
+
+// Runs fn on CPU copies of the inputs, then backward with a fixed output gradient; then the same
+// on CUDA copies. Each forward is walked by its own backward: one tape holds one device's graph
+// at a time (recording both first would leave the second backward nothing to walk). Compares
+// outputs, every input gradient and every tensor `extra(device)` names (parameters).
+using ExtraFn = std::function<std::vector<std::pair<std::string, Tensor>>(Device)>;
+
+inline void expect_devices_agree(const DeviceFn& fn, const std::vector<Tensor>& inputs, double rtol = 1e-5,
+                                 const ExtraFn& extra = nullptr, double atol = 1e-5) {
+  struct Run {
+    std::vector<Tensor> in;
+    Tensor out;
+    std::vector<Tensor> grads;
+    std::vector<std::pair<std::string, Tensor>> extra;
+  } runs[2];
+  Tensor dout;
+  for (int r = 0; r < 2; ++r) {
+    const Device device = r == 0 ? Device::cpu : Device::cuda;
+    Run& run = runs[r];
+    run.in = copy_inputs(inputs, device);
+    run.out = fn(run.in);
+    if (r == 0 && is_float(run.out.dtype())) dout = Tensor::uniform(run.out.shape(), 777, 0, -1.0, 1.0);
+    if (run.out.requires_grad()) autograd::backward(run.out, dout.to(device));
+    autograd::clear_tape();  // a forward that recorded nothing to walk leaves nothing behind
+    for (const Tensor& t : run.in) run.grads.push_back(t.requires_grad() ? t.grad() : Tensor());
+    if (extra) run.extra = extra(device);
+  }
+  const Tensor &out_cpu = runs[0].out, &out_gpu = runs[1].out;
   ASSERT_EQ(out_cpu.shape(), out_gpu.shape());
   if (!is_float(out_cpu.dtype())) {
     EXPECT_EQ(max_abs_diff(out_gpu, out_cpu), 0.0) << "integer outputs differ";
     return;
   }
-  EXPECT_LT(rel_diff(out_gpu, out_cpu), tol) << "forward outputs differ";
+  expect_close_per_element(out_gpu, out_cpu, rtol, atol, "forward output");
   if (!out_cpu.requires_grad()) return;
-  Tensor dout = Tensor::uniform(out_cpu.shape(), 777, 0, -1.0, 1.0);
-  autograd::backward(out_cpu, dout);
-  autograd::backward(out_gpu, dout.to(Device::cuda));
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].requires_grad()) continue;
-    ASSERT_TRUE(cpu[i].grad().defined() && gpu[i].grad().defined()) << "input " << i << " got no gradient";
-    EXPECT_LT(rel_diff(gpu[i].grad(), cpu[i].grad()), tol) << "gradient of input " << i << " differs";
+    ASSERT_TRUE(runs[0].grads[i].defined() && runs[1].grads[i].defined()) << "input " << i << " got no gradient";
+    expect_close_per_element(runs[1].grads[i], runs[0].grads[i], rtol, atol, fmt::format("gradient of input {}", i));
+  }
+  ASSERT_EQ(runs[0].extra.size(), runs[1].extra.size());
+  for (size_t i = 0; i < runs[0].extra.size(); ++i) {
+    const auto& [name, cpu] = runs[0].extra[i];
+    const Tensor& gpu = runs[1].extra[i].second;
+    ASSERT_TRUE(cpu.defined() && gpu.defined()) << name << " is missing";
+    expect_close_per_element(gpu, cpu, rtol, atol, name);
   }
 }
 

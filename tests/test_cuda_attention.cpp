@@ -65,9 +65,15 @@ TEST(CudaVsCpuAttention, EveryLayerVariant) {
         // clustered: both devices use the assignment the CPU computed
         Tensor assignment = cpu_layer.forward(x, mask).assignment;
         autograd::clear_tape();
+        SCOPED_TRACE(fmt::format("{} satopk {} shared {}", nn::mechanism_name(m), sa, shared));
         expect_devices_agree([&](const Inputs& in) {
           nn::Attention& layer = in[0].is_cuda() ? gpu_layer : cpu_layer;
           return layer.forward(in[0], on(mask, in[0]), assignment.defined() ? on(assignment, in[0]) : Tensor()).out;
-        }, Inputs{x});
+        }, Inputs{x}, 1e-5, [&](Device device) {  // and the gradient of every parameter
+          std::vector<std::pair<std::string, Tensor>> grads;
+          for (auto& [name, p] : (device == Device::cuda ? gpu_layer : cpu_layer).parameters())
+            grads.push_back({"gradient of " + name, p.grad()});
+          return grads;
+        });
       }
 }

@@ -1,6 +1,10 @@
 // Layer 2: every op on CUDA against the CPU reference, forward and backward.
 // Skipped, with the reason, where no GPU is present.
+#include <cuda_runtime.h>
+
+#include "cuda/runtime.h"
 #include "ops/adamw.h"
+#include "ops/rows.h"
 #include "tests/device_compare.h"
 
 using namespace cast;
@@ -127,4 +131,78 @@ TEST(CudaVsCpu, AdamWUpdate) {
   EXPECT_LT(rel_diff(pg, pc), 1e-6);
   EXPECT_LT(rel_diff(mg, mc), 1e-6);
   EXPECT_LT(rel_diff(vg, vc), 1e-6);
+}
+
+// ---------------------------------------------------------------- cases a review found untested
+TEST(CudaVsCpu, Int64LabelsAndEmptyTensors) {
+  SKIP_WITHOUT_GPU();
+  auto on = [&](const Tensor& t, const Tensor& like) { return like.is_cuda() ? t.to(Device::cuda) : t; };
+  Tensor labels = Tensor::from_vector<int64_t>({2, 0, -1, 9, 5, 3, 3}, {7});
+  expect_devices_agree([&](const Inputs& x) { return ops::cross_entropy(x[0], on(labels, x[0])); },
+                       Inputs{rand32({7, 10}, 40, -3, 3)});
+  // zero rows: every op must accept them (no 0-block launch)
+  expect_devices_agree([](const Inputs& x) { return ops::add(x[0], x[1]); }, Inputs{rand32({0, 5}, 41), rand32({5}, 42)});
+  expect_devices_agree([](const Inputs& x) { return ops::sum(x[0], 1); }, Inputs{rand32({0, 5}, 43)});
+  expect_devices_agree([](const Inputs& x) { return ops::sum(x[0], 0); }, Inputs{rand32({0, 5}, 44)});
+  expect_devices_agree([](const Inputs& x) { return ops::softmax(x[0]); }, Inputs{rand32({0, 7}, 45)});
+  expect_devices_agree([](const Inputs& x) { return ops::layernorm(x[0], x[1], x[2]); },
+                       Inputs{rand32({0, 9}, 46), rand32({9}, 47), rand32({9}, 48)});
+  expect_devices_agree([](const Inputs& x) { return ops::gelu(x[0]); }, Inputs{rand32({0}, 49)});
+}
+
+TEST(CudaVsCpu, GemmWithEmptyInnerDimension) {
+  SKIP_WITHOUT_GPU();
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      expect_devices_agree([ta, tb](const Inputs& x) { return ops::matmul(x[0], x[1], ta, tb); },
+                           Inputs{rand32(ta ? Shape{2, 0, 3} : Shape{2, 3, 0}, 50),
+                                  rand32(tb ? Shape{2, 4, 0} : Shape{2, 0, 4}, 51)});
+}
+
+TEST(CudaVsCpu, TopkRowsShortLongAndWithNaN) {
+  SKIP_WITHOUT_GPU();
+  auto on = [&](const Tensor& t, const Tensor& like) { return like.is_cuda() ? t.to(Device::cuda) : t; };
+  // rows of 700 (longer than a block), and rows with fewer real entries than k
+  expect_devices_agree([](const Inputs& x) { return ops::topk(x[0], 40); }, Inputs{rand32({3, 700}, 52, -1, 1, false)});
+  std::vector<float> m(2 * 9, 0.f);
+  for (int j = 0; j < 3; ++j) m[j] = 1.f;  // row 0: 3 real entries for k = 5
+  for (int j = 0; j < 9; ++j) m[9 + j] = 1.f;
+  Tensor mask = Tensor::from_vector<float>(m, {2, 9});
+  expect_devices_agree([&](const Inputs& x) { return ops::topk(x[0], 5, on(mask, x[0])); },
+                       Inputs{rand32({2, 9}, 53, -1, 1, false)});
+  // NaN ranks below every number (ties by position): every slot holds a distinct index
+  const float nan = std::nanf("");
+  Tensor with_nan = Tensor::from_vector<float>({0.5f, nan, 2.f, nan, -1.f, 0.5f, nan, 3.f}, {1, 8});
+  expect_devices_agree([](const Inputs& x) { return ops::topk(x[0], 8); }, Inputs{with_nan});
+  Tensor cpu_idx = ops::topk(with_nan, 8);
+  auto v = cpu_idx.to_double_vector();
+  EXPECT_EQ(v, (std::vector<double>{7, 2, 0, 5, 4, 1, 3, 6}));
+}
+
+TEST(CudaVsCpu, WideRowsAndSeveralBlocks) {
+  SKIP_WITHOUT_GPU();
+  expect_devices_agree([](const Inputs& x) { return ops::layernorm(x[0], x[1], x[2]); },
+                       Inputs{rand32({5, 700}, 54), rand32({700}, 55), rand32({700}, 56)});  // D > 256
+  expect_devices_agree([](const Inputs& x) { return ops::mul(ops::gelu(x[0]), x[1]); },
+                       Inputs{rand32({300, 333}, 57), rand32({333}, 58)});  // ~400 blocks
+  expect_devices_agree([](const Inputs& x) { return ops::sum(x[0], 0); }, Inputs{rand32({600, 301}, 59)});
+  expect_devices_agree([](const Inputs& x) { return ops::softmax(x[0]); }, Inputs{rand32({3, 2000}, 60, -3, 3)});
+}
+
+TEST(CudaVsCpu, IndexRangeCheckAllocatesNothingPerCall) {
+  SKIP_WITHOUT_GPU();
+  Tensor table = Tensor::uniform({4, 6}, 61, 0).to(Device::cuda);
+  Tensor idx = Tensor::from_vector<int32_t>({0, 3, -1, 2}, {4}).to(Device::cuda);
+  ops::check_index_range("test", idx, -1, 4);  // warm-up: the allocator's cache fills
+  auto mallocs = [] {
+#if defined(CAST_CUDA_EMULATION)
+    return emu::runtime_counts().mallocs;  // every cudaMalloc, the allocator's or not
+#else
+    return cuda::memory_stats().device_mallocs;
+#endif
+  };
+  const uint64_t before = mallocs();
+  for (int i = 0; i < 5; ++i) ops::check_index_range("test", idx, -1, 4);
+  EXPECT_EQ(mallocs(), before);
+  EXPECT_CAST_ERROR(ops::check_index_range("test", idx, -1, 3), "test");
 }

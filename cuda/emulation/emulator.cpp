@@ -2,17 +2,56 @@
 // shared-memory checker. See emulator.h for what it models and docs/engine.md for what it cannot.
 #include "cuda/emulation/emulator.h"
 
-#include <ucontext.h>
-
 #include <bit>
+#include <cstring>
+#include <exception>
 #include <unordered_map>
 #include <vector>
 
 #include "tensor/error.h"
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define CAST_EMU_ASAN 1
+#endif
+
+// ---------------------------------------------------------------- context switch
+// x86-64 (System V): a fiber switch saves the callee-saved registers and the FP control words
+// on the old stack and restores them from the new one. No system call, where ucontext's
+// swapcontext makes two (signal masks) and made the emulated tests several times slower.
+#if defined(__x86_64__)
+extern "C" void cast_emu_switch(void** save_sp, void* new_sp);
+asm(R"(
+  .text
+  .globl cast_emu_switch
+  .type cast_emu_switch, @function
+cast_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size cast_emu_switch, .-cast_emu_switch
+)");
+#else
+#include <ucontext.h>
 #endif
 
 namespace cast::emu {
@@ -22,7 +61,11 @@ namespace {
 enum class State { runnable, at_barrier, at_warp, done };
 
 struct Fiber {
+#if defined(__x86_64__)
+  void* sp = nullptr;  // saved stack pointer while suspended
+#else
   ucontext_t context{};
+#endif
   std::vector<char> stack;
   ThreadView view;
   int tid = 0;
@@ -70,7 +113,11 @@ constexpr size_t kStackBytes = 128 * 1024;
 
 thread_local Block* g_block = nullptr;
 thread_local Fiber* g_fiber = nullptr;
+#if defined(__x86_64__)
+thread_local void* g_main_sp = nullptr;
+#else
 thread_local ucontext_t g_main;
+#endif
 thread_local const std::function<void()>* g_kernel = nullptr;
 thread_local std::vector<Fiber> g_fibers;
 #if defined(CAST_EMU_ASAN)
@@ -101,15 +148,31 @@ std::string thread_list(const std::vector<int>& tids) {
 }
 
 // ---------------------------------------------------------------- switching
+void raw_switch_to(Fiber& f) {
+#if defined(__x86_64__)
+  cast_emu_switch(&g_main_sp, f.sp);
+#else
+  swapcontext(&g_main, &f.context);
+#endif
+}
+
+void raw_switch_back(Fiber& f) {
+#if defined(__x86_64__)
+  cast_emu_switch(&f.sp, g_main_sp);
+#else
+  swapcontext(&f.context, &g_main);
+#endif
+}
+
 void switch_to_fiber(Fiber& f) {
   g_fiber = &f;
 #if defined(CAST_EMU_ASAN)
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack.data(), f.stack.size());
-  swapcontext(&g_main, &f.context);
+  raw_switch_to(f);
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
-  swapcontext(&g_main, &f.context);
+  raw_switch_to(f);
 #endif
   g_fiber = nullptr;
 }
@@ -120,11 +183,11 @@ void yield_to_scheduler(bool dying = false) {
 #if defined(CAST_EMU_ASAN)
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(dying ? nullptr : &fake, g_main_stack_bottom, g_main_stack_size);
-  swapcontext(&f.context, &g_main);
+  raw_switch_back(f);
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
   (void)dying;
-  swapcontext(&f.context, &g_main);
+  raw_switch_back(f);
 #endif
 }
 
@@ -136,13 +199,20 @@ void yield_to_scheduler(bool dying = false) {
   __builtin_unreachable();
 }
 
+// A fiber's first frame. An exception thrown by kernel code (a check of the emulation's own
+// helpers) cannot unwind across stacks: it is recorded and reported by the scheduler.
 void fiber_entry() {
 #if defined(CAST_EMU_ASAN)
   __sanitizer_finish_switch_fiber(nullptr, &g_main_stack_bottom, &g_main_stack_size);
 #endif
-  (*g_kernel)();
+  try {
+    (*g_kernel)();
+  } catch (const std::exception& e) {
+    if (g_block->error.empty()) g_block->error = std::string(e.what()) + " (" + where() + ")";
+  }
   g_fiber->state = State::done;
   yield_to_scheduler(true);
+  __builtin_unreachable();
 }
 
 // ---------------------------------------------------------------- one block
@@ -158,11 +228,32 @@ void start_fibers(Block& b) {
     f.view.block_idx = b.idx;
     f.view.block_dim = b.dim;
     f.view.grid_dim = b.grid;
+#if defined(CAST_EMU_ASAN)
+    ASAN_UNPOISON_MEMORY_REGION(f.stack.data(), f.stack.size());  // redzones of the last frames run on it
+#endif
+#if defined(__x86_64__)
+    // A fresh stack as cast_emu_switch leaves it: FP control words, six callee-saved registers,
+    // then the "return address" fiber_entry, placed so that it starts with the alignment of a
+    // called function.
+    auto top = reinterpret_cast<uintptr_t>(f.stack.data() + f.stack.size()) & ~uintptr_t{15};
+    auto* frame = reinterpret_cast<uint64_t*>(top) - 10;
+    frame[9] = 0;  // fiber_entry never returns
+    frame[8] = reinterpret_cast<uint64_t>(&fiber_entry);
+    for (int r = 2; r < 8; ++r) frame[r] = 0;  // rbp rbx r12 r13 r14 r15 (popped in reverse)
+    uint32_t mxcsr = 0;
+    uint16_t fpu_cw = 0;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpu_cw));
+    std::memcpy(&frame[1], &mxcsr, 4);
+    std::memcpy(reinterpret_cast<char*>(&frame[1]) + 4, &fpu_cw, 2);
+    f.sp = &frame[1];
+#else
     getcontext(&f.context);
     f.context.uc_stack.ss_sp = f.stack.data();
     f.context.uc_stack.ss_size = f.stack.size();
     f.context.uc_link = nullptr;
     makecontext(&f.context, fiber_entry, 0);
+#endif
   }
 }
 
