@@ -18,9 +18,11 @@ void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 
 #if defined(CAST_CUDA_EMULATION)
   emu::launch(name, {grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes,
               [&] { kernel(static_cast<Params>(args)...); });
-#else
+#elif defined(__CUDACC__)
   (void)name;
   kernel<<<grid, block, shared_bytes>>>(std::forward<Args>(args)...);
+#else
+  static_assert(sizeof...(Params) < 0, "kernels are launched from .cu files (or the emulation build)");
 #endif
 }
 

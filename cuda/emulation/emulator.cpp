@@ -191,12 +191,13 @@ void yield_to_scheduler(bool dying = false) {
 #endif
 }
 
-// A failure inside a fiber: recorded, and the fiber never runs again; the scheduler throws.
+// Unwinds a failing fiber's own stack (so its frames' destructors run) up to fiber_entry.
+struct KernelStop {};
+
+// A failure inside a fiber: recorded, the fiber ends, and the scheduler throws the error.
 [[noreturn]] void fail(const std::string& message) {
   if (g_block->error.empty()) g_block->error = "CUDA emulation: " + message + " (" + where() + ")";
-  g_fiber->state = State::done;
-  yield_to_scheduler(true);
-  __builtin_unreachable();
+  throw KernelStop{};
 }
 
 // A fiber's first frame. An exception thrown by kernel code (a check of the emulation's own
@@ -207,6 +208,7 @@ void fiber_entry() {
 #endif
   try {
     (*g_kernel)();
+  } catch (const KernelStop&) {  // the error is recorded
   } catch (const std::exception& e) {
     if (g_block->error.empty()) g_block->error = std::string(e.what()) + " (" + where() + ")";
   }
