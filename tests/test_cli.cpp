@@ -86,7 +86,7 @@ TEST(Cli, TrainReadsAJsonConfigAndRejectsAWrongOne) {
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_NE(ok.out.find("test accuracy"), std::string::npos);
   EXPECT_TRUE(fs::exists(dir / "run" / "checkpoint.safetensors"));
-  EXPECT_TRUE(fs::exists(dir / "run" / "curves.png"));
+  EXPECT_TRUE(fs::exists(dir / "run" / "curves.svg"));
   CliRun ev = run("eval --checkpoint " + (dir / "run" / "checkpoint.safetensors").string() + " --data " + data);
   EXPECT_EQ(ev.code, 0) << ev.err;
   std::ofstream(cfg) << R"({"steps": "three"})";

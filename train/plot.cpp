@@ -1,59 +1,234 @@
-// A minimal rasteriser for the loss and accuracy curves: axes, a light grid, a polyline.
+// SVG figures of training runs: two panels (loss; accuracy) with axes, ticks, labels, legend.
 #include "train/plot.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
-#include "train/png.h"
+#include "tensor/error.h"
 
 namespace cast::train {
 
 namespace {
 
-struct Canvas {
-  png::Image img;
-  Canvas(int w, int h) { img = png::Image{w, h, 3, std::vector<uint8_t>(static_cast<size_t>(w) * h * 3, 255)}; }
-  void dot(int x, int y, uint8_t r, uint8_t g, uint8_t b) {
-    if (x < 0 || y < 0 || x >= img.width || y >= img.height) return;
-    uint8_t* p = &img.pixels[(static_cast<size_t>(y) * img.width + x) * 3];
-    p[0] = r, p[1] = g, p[2] = b;
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
   }
-  void line(int x0, int y0, int x1, int y1, uint8_t r, uint8_t g, uint8_t b) {
-    const int steps = std::max({std::abs(x1 - x0), std::abs(y1 - y0), 1});
-    for (int i = 0; i <= steps; ++i) {
-      const int x = x0 + (x1 - x0) * i / steps, y = y0 + (y1 - y0) * i / steps;
-      dot(x, y, r, g, b);
-      dot(x, y + 1, r, g, b);
-    }
-  }
+  return out;
+}
+
+std::string hex(const uint8_t rgb[3]) { return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]); }
+
+// 1, 2 or 5 times a power of ten: about `target` intervals over [lo, hi]
+double nice_step(double lo, double hi, int target) {
+  const double raw = (hi - lo) / std::max(target, 1);
+  if (!(raw > 0) || !std::isfinite(raw)) return 1.0;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * p) return m * p;
+  return 10 * p;
+}
+
+std::string tick_label(double v, double step) {
+  if (std::abs(v) >= 10000 && step >= 1000) return fmt::format("{:g}k", v / 1000);
+  const int decimals = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step)));
+  return fmt::format("{:.{}f}", v, decimals);
+}
+
+struct Series {
+  std::string label;
+  std::vector<double> xs, ys;
+  std::string colour;
+  bool dashed = false;
 };
 
-void panel(Canvas& c, int left, int top, int w, int h, const std::vector<double>& ys, double lo, double hi,
-           uint8_t r, uint8_t g, uint8_t b) {
-  for (int i = 0; i <= 4; ++i) {  // grid
-    const int y = top + h * i / 4;
-    c.line(left, y, left + w, y, 225, 225, 225);
+// One panel at (x0, y0) of size (w, h) in the SVG being built.
+void panel(std::string& svg, double x0, double y0, double w, double h, const std::string& title,
+           const std::string& y_label, const std::vector<Series>& series, bool unit_interval) {
+  double xmin = 0, xmax = 1, ymin = 0, ymax = unit_interval ? 1.0 : 0.0;
+  bool any = false;
+  for (const Series& s : series)
+    for (size_t i = 0; i < s.xs.size(); ++i) {
+      if (!std::isfinite(s.ys[i])) continue;
+      xmax = any ? std::max(xmax, s.xs[i]) : std::max(1.0, s.xs[i]);
+      if (!unit_interval) ymax = std::max(ymax, s.ys[i]);
+      any = true;
+    }
+  if (!unit_interval) ymax = ymax > 0 ? ymax * 1.05 : 1.0;
+  auto px = [&](double x) { return x0 + w * (x - xmin) / (xmax - xmin); };
+  auto py = [&](double y) { return y0 + h - h * std::clamp((y - ymin) / (ymax - ymin), 0.0, 1.0); };
+  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="15" font-weight="bold" text-anchor="middle">{}</text>)"
+                     "\n", x0 + w / 2, y0 - 12, escape(title));
+  // grid, ticks and tick values
+  const double xs = nice_step(xmin, xmax, 6), ys = nice_step(ymin, ymax, 5);
+  for (double t = 0; t <= xmax + 1e-9; t += xs) {
+    svg += fmt::format(R"(<line x1="{0:.1f}" y1="{1:.1f}" x2="{0:.1f}" y2="{2:.1f}" stroke="#e4e4e4"/>)"
+                       R"(<text x="{0:.1f}" y="{3:.1f}" font-size="12" text-anchor="middle">{4}</text>)" "\n",
+                       px(t), y0, y0 + h, y0 + h + 16, tick_label(t, xs));
   }
-  c.line(left, top, left, top + h, 0, 0, 0);
-  c.line(left, top + h, left + w, top + h, 0, 0, 0);
-  if (ys.empty() || hi <= lo) return;
-  auto px = [&](size_t i) { return left + static_cast<int>(w * (ys.size() == 1 ? 0.5 : double(i) / (ys.size() - 1))); };
-  auto py = [&](double v) { return top + h - static_cast<int>(h * std::clamp((v - lo) / (hi - lo), 0.0, 1.0)); };
-  for (size_t i = 1; i < ys.size(); ++i) c.line(px(i - 1), py(ys[i - 1]), px(i), py(ys[i]), r, g, b);
-  if (ys.size() == 1) c.line(px(0) - 2, py(ys[0]), px(0) + 2, py(ys[0]), r, g, b);
+  for (double t = 0; t <= ymax + 1e-9; t += ys) {
+    svg += fmt::format(R"(<line x1="{0:.1f}" y1="{1:.1f}" x2="{2:.1f}" y2="{1:.1f}" stroke="#e4e4e4"/>)"
+                       R"(<text x="{3:.1f}" y="{4:.1f}" font-size="12" text-anchor="end">{5}</text>)" "\n",
+                       x0, py(t), x0 + w, x0 - 6, py(t) + 4, unit_interval ? fmt::format("{:.0f}%", 100 * t)
+                                                                            : tick_label(t, ys));
+  }
+  svg += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="none" stroke="#333"/>)" "\n",
+                     x0, y0, w, h);
+  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="13" text-anchor="middle">training step</text>)" "\n",
+                     x0 + w / 2, y0 + h + 36);
+  svg += fmt::format(R"(<text transform='translate({:.1f},{:.1f}) rotate(-90)' font-size="13" text-anchor="middle">{}</text>)"
+                     "\n", x0 - 46, y0 + h / 2, escape(y_label));
+  if (!any) {
+    svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="13" text-anchor="middle" fill="#888">no data</text>)"
+                       "\n", x0 + w / 2, y0 + h / 2);
+    return;
+  }
+  // the lines (a single point gets a dot)
+  for (const Series& s : series) {
+    std::string points;
+    for (size_t i = 0; i < s.xs.size(); ++i)
+      if (std::isfinite(s.ys[i])) points += fmt::format("{:.1f},{:.1f} ", px(s.xs[i]), py(s.ys[i]));
+    if (points.empty()) continue;
+    svg += fmt::format(R"(<polyline points="{}" fill="none" stroke="{}" stroke-width="2"{}/>)" "\n", points,
+                       s.colour, s.dashed ? R"( stroke-dasharray="6,4")" : "");
+    if (s.xs.size() <= 12)
+      for (size_t i = 0; i < s.xs.size(); ++i)
+        if (std::isfinite(s.ys[i]))
+          svg += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="{}"/>)" "\n", px(s.xs[i]), py(s.ys[i]),
+                             s.colour);
+  }
+  // legend, top right inside the panel
+  double ly = y0 + 16;
+  const double lx = x0 + w - 200;
+  svg += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="192" height="{:.1f}" fill="white" fill-opacity="0.85" stroke="#ccc"/>)"
+                     "\n", lx - 6, y0 + 4, 18.0 * series.size() + 8);
+  for (const Series& s : series) {
+    svg += fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="3"{}/>)"
+                       R"(<text x="{:.1f}" y="{:.1f}" font-size="12">{}</text>)" "\n",
+                       lx, ly - 4, lx + 24, ly - 4, s.colour, s.dashed ? R"( stroke-dasharray="6,4")" : "", lx + 30,
+                       ly, escape(s.label));
+    ly += 18;
+  }
 }
 
 }  // namespace
 
-void plot_training_curves(const std::string& path, const std::vector<double>& loss, const std::vector<double>& accuracy,
-                          int64_t) {
-  Canvas c(840, 320);
-  double hi = 0;
-  for (double v : loss)
-    if (std::isfinite(v)) hi = std::max(hi, v);
-  panel(c, 30, 20, 370, 270, loss, 0.0, hi * 1.05, 200, 40, 40);         // loss from 0 to its maximum
-  panel(c, 440, 20, 370, 270, accuracy, 0.0, 1.0, 30, 90, 200);           // accuracy from 0 to 1
-  png::write(path, c.img);
+void write_text_atomically(const std::string& path, const std::string& content) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    CAST_CHECK(out.good(), "{}: cannot open for writing", tmp);
+    out << content;
+    out.flush();
+    if (!out.good()) {
+      out.close();
+      std::remove(tmp.c_str());
+      throw Error(fmt::format("{}: write failed (disk full?)", tmp));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("{}: cannot move the new file into place: {}", path, ec.message()));
+  }
+}
+
+namespace {
+
+std::string figure(const std::string& title, const std::vector<Series>& left, const std::vector<Series>& right,
+                   const std::string& left_title, const std::string& right_title) {
+  const int width = 1100, height = 440;
+  std::string svg = fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
+                                R"(font-family="DejaVu Sans, Arial, sans-serif">)" "\n"
+                                R"(<rect width="100%" height="100%" fill="white"/>)" "\n"
+                                R"(<text x="{2}" y="26" font-size="18" font-weight="bold" text-anchor="middle">{3}</text>)" "\n",
+                                width, height, width / 2, escape(title));
+  panel(svg, 80, 70, 440, 300, left_title, "loss (cross-entropy)", left, false);
+  panel(svg, 620, 70, 440, 300, right_title, "accuracy", right, true);
+  return svg + "</svg>\n";
+}
+
+}  // namespace
+
+void category_colour(int index, int count, uint8_t rgb[3]) {
+  // hues spread by the golden angle, three lightness levels in turn: adjacent indices differ
+  // in both, so 32 clusters stay tellable apart
+  (void)count;
+  const double hue = std::fmod(index * 137.508, 360.0) / 60.0;
+  const double light[3] = {0.50, 0.33, 0.68}, sat = 0.75;
+  const double l = light[index % 3];
+  const double c = (1 - std::abs(2 * l - 1)) * sat, x = c * (1 - std::abs(std::fmod(hue, 2.0) - 1)), m = l - c / 2;
+  double r = 0, g = 0, b = 0;
+  switch (static_cast<int>(hue)) {
+    case 0: r = c, g = x; break;
+    case 1: r = x, g = c; break;
+    case 2: g = c, b = x; break;
+    case 3: g = x, b = c; break;
+    case 4: r = x, b = c; break;
+    default: r = c, b = x;
+  }
+  rgb[0] = static_cast<uint8_t>(std::lround(255 * (r + m)));
+  rgb[1] = static_cast<uint8_t>(std::lround(255 * (g + m)));
+  rgb[2] = static_cast<uint8_t>(std::lround(255 * (b + m)));
+}
+
+Curves read_curves(const std::string& run_dir) {
+  Curves c;
+  c.label = std::filesystem::path(run_dir).filename().string();
+  if (c.label.empty()) c.label = std::filesystem::path(run_dir).parent_path().filename().string();
+  const std::string path = run_dir + "/metrics.jsonl";
+  std::ifstream in(path);
+  CAST_CHECK(in.good(), "{}: cannot open (is {} a run folder?)", path, run_dir);
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.empty()) continue;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      const std::string split = j.at("split");
+      const double step = j.at("step").get<double>();
+      if (split == "train") {
+        c.steps.push_back(step);
+        c.loss.push_back(j.at("loss").get<double>());
+        c.accuracy.push_back(j.at("accuracy").get<double>());
+      } else if (split == "val") {
+        c.val_steps.push_back(step);
+        c.val_accuracy.push_back(j.at("accuracy").get<double>());
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("{}:{}: not a metrics line ({})", path, line_no, e.what()));
+    }
+  }
+  return c;
+}
+
+void plot_run(const std::string& svg_path, const std::string& title, const Curves& run) {
+  const std::string train = "#1f77b4", val = "#d62728";
+  std::vector<Series> left = {{"training loss", run.steps, run.loss, train, false}};
+  std::vector<Series> right = {{"training accuracy", run.steps, run.accuracy, train, false},
+                               {"validation accuracy", run.val_steps, run.val_accuracy, val, true}};
+  write_text_atomically(svg_path, figure(title, left, right, "Training loss", "Accuracy"));
+}
+
+void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs) {
+  std::vector<Series> left, right;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    uint8_t rgb[3];
+    category_colour(static_cast<int>(i), static_cast<int>(runs.size()), rgb);
+    left.push_back({runs[i].label, runs[i].steps, runs[i].loss, hex(rgb), false});
+    right.push_back({runs[i].label, runs[i].val_steps, runs[i].val_accuracy, hex(rgb), false});
+  }
+  write_text_atomically(svg_path, figure(title, left, right, "Training loss", "Validation accuracy"));
 }
 
 }  // namespace cast::train

@@ -1,10 +1,32 @@
 #pragma once
+// Training curves as SVG: text needs no font file, and every browser opens it. A figure has two
+// panels, training loss and accuracy (training and validation) against the step, with a
+// title, axis labels, tick values and a legend; a comparison puts several runs in the same
+// two panels, one colour per run.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace cast::train {
-// Two panels, training loss (left) and training accuracy (right), one point per log interval.
-void plot_training_curves(const std::string& path, const std::vector<double>& loss, const std::vector<double>& accuracy,
-                          int64_t steps_per_point);
+
+struct Curves {
+  std::string label;  // the run, in legends
+  std::vector<double> steps, loss, accuracy;  // training: one point per log interval
+  std::vector<double> val_steps, val_accuracy;
+};
+
+// Reads a run folder's metrics.jsonl (train and val lines); the label is the folder's name.
+Curves read_curves(const std::string& run_dir);
+
+// One run: loss, and accuracy with training and validation lines.
+void plot_run(const std::string& svg_path, const std::string& title, const Curves& run);
+// Several runs: training loss and validation accuracy of each, one colour per run.
+void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs);
+
+// Writes a text file through a temporary beside it and a rename: never half a file.
+void write_text_atomically(const std::string& path, const std::string& content);
+
+// A qualitative palette for categories: neighbouring indices differ in hue and lightness.
+void category_colour(int index, int count, uint8_t rgb[3]);
+
 }  // namespace cast::train

@@ -7,6 +7,7 @@
 
 #include "autograd/tape.h"
 #include "train/cli.h"
+#include "train/plot.h"
 #include "train/png.h"
 #include "train/trainer.h"
 
@@ -156,28 +157,19 @@ int command_data(const std::vector<std::string>& argv) {
   return 0;
 }
 
-// One colour per cluster: evenly spaced hues.
-static void cluster_colour(int c, int clusters, uint8_t rgb[3]) {
-  const double h = 6.0 * c / std::max(1, clusters), x = 1 - std::abs(std::fmod(h, 2.0) - 1);
-  double r = 0, g = 0, b = 0;
-  switch (static_cast<int>(h) % 6) {
-    case 0: r = 1, g = x; break;
-    case 1: r = x, g = 1; break;
-    case 2: g = 1, b = x; break;
-    case 3: g = x, b = 1; break;
-    case 4: r = x, b = 1; break;
-    default: r = 1, b = x; break;
-  }
-  rgb[0] = static_cast<uint8_t>(40 + 215 * r), rgb[1] = static_cast<uint8_t>(40 + 215 * g), rgb[2] = static_cast<uint8_t>(40 + 215 * b);
+static std::string escape_xml(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
+  return out;
 }
 
 int command_clusters(const std::vector<std::string>& argv) {
   cli::Args args("clusters",
-                 "Render a trained CAST model's cluster assignment over one image-task input as a PNG: one panel per "
-                 "layer (rows) and head (columns), one colour per cluster; a pixel in several clusters takes the first, "
-                 "a pixel in none is black; the input image is the leftmost column.");
+                 "Render a trained CAST model's cluster assignment over one image-task input as an SVG: one panel per "
+                 "layer (rows) and head (columns), one colour per cluster with a legend; a pixel in several clusters "
+                 "takes the first, a pixel in none is black; the input image is the leftmost column.");
   args.option("checkpoint", "", "CAST checkpoint of an image task (required)")
-      .option("out", "clusters.png", "output PNG")
+      .option("out", "clusters.svg", "output SVG")
       .option("index", "0", "which test example")
       .option("data", "", "data folder (default: the one the run used)")
       .option("scale", "4", "pixels per image pixel");
@@ -197,26 +189,45 @@ int command_clusters(const std::vector<std::string>& argv) {
     autograd::NoGradGuard no_grad;
     model.forward(data::make_batch(task, task.test, {index}, DType::f32, Device::cpu), false);
   }
-  const int side = static_cast<int>(task.image_side), s = static_cast<int>(args.integer("scale")), pad = 4;
+  const int side = static_cast<int>(task.image_side), s = static_cast<int>(args.integer("scale"));
+  CAST_CHECK(s >= 1 && s <= 64, "--scale {}: must be in [1, 64] pixels per image pixel", s);
   const int layers = static_cast<int>(model.blocks().size()), heads = static_cast<int>(ck.config.model.heads);
   const int offset = ck.config.model.cls_pooling ? 1 : 0;  // token 0 is CLS
-  png::Image img{(heads + 1) * (side * s + pad) + pad, layers * (side * s + pad) + pad, 3, {}};
-  img.pixels.assign(static_cast<size_t>(img.width) * img.height * 3, 255);
-  auto put = [&](int panel_x, int panel_y, int px, int py, const uint8_t rgb[3]) {
-    for (int dy = 0; dy < s; ++dy)
-      for (int dx = 0; dx < s; ++dx) {
-        const int x = pad + panel_x * (side * s + pad) + px * s + dx, y = pad + panel_y * (side * s + pad) + py * s + dy;
-        std::copy(rgb, rgb + 3, &img.pixels[(static_cast<size_t>(y) * img.width + x) * 3]);
-      }
+  const int C = layers ? static_cast<int>(model.blocks()[0]->last.clusters.dim(2)) : 0;
+  // An SVG: a column of labels, then per layer (row) the input and one panel per head, each
+  // image pixel a square coloured by its cluster; a legend of the clusters; what black means.
+  const int panel = side * s, gap = 14, left = 80, top = 60;
+  const int width = std::max(left + (heads + 1) * (panel + gap) + 10, 940);
+  const int legend_cols = std::max(1, (width - 40) / 70), legend_rows = (C + legend_cols - 1) / legend_cols;
+  const int legend_top = top + layers * (panel + gap + 18) + 10, height = legend_top + 22 * legend_rows + 74;
+  std::string svg = fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
+                                R"(font-family="DejaVu Sans, Arial, sans-serif" shape-rendering="crispEdges">)" "\n"
+                                R"(<rect width="100%" height="100%" fill="white"/>)" "\n"
+                                R"(<text x="10" y="22" font-size="16" font-weight="bold">CAST clusters ({2}): test example {3}, {4} clusters of {5} tokens per head</text>)" "\n",
+                                width, height, ck.config.model.attention.single_assignment ? "Single-Assignment Top-K" : "Top-K",
+                                index, C, ck.config.model.attention.cluster_size > 0 ? ck.config.model.attention.cluster_size : C);
+  auto colour = [](int c, int count) {
+    uint8_t rgb[3];
+    train::category_colour(c, count, rgb);
+    return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]);
+  };
+  auto square = [&](int x, int y, const std::string& fill) {
+    svg += fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>)", x, y, s, s, fill);
   };
   const auto& pixels = task.test[index].tokens;
+  for (int h = 0; h <= heads; ++h)
+    svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>)" "\n",
+                       left + h * (panel + gap) + panel / 2, top - 8, h == 0 ? std::string("input") : fmt::format("head {}", h));
   for (int l = 0; l < layers; ++l) {
+    const int y0 = top + l * (panel + gap + 18);
+    svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="end">layer {}</text>)" "\n", left - 10,
+                       y0 + panel / 2 + 4, l + 1);
     for (int p = 0; p < side * side; ++p) {
-      const uint8_t v = static_cast<uint8_t>(pixels[p]), rgb[3] = {v, v, v};
-      put(0, l, p % side, p / side, rgb);
+      const int v = pixels[p];
+      square(left + (p % side) * s, y0 + (p / side) * s, fmt::format("#{0:02x}{0:02x}{0:02x}", std::clamp(v, 0, 255)));
     }
     const Tensor& clusters = model.blocks()[l]->last.clusters;  // (1, H, C, κ)
-    const int C = static_cast<int>(clusters.dim(2)), K = static_cast<int>(clusters.dim(3));
+    const int K = static_cast<int>(clusters.dim(3));
     auto ids = clusters.to_double_vector();
     for (int h = 0; h < heads; ++h) {
       std::vector<int> owner(side * side, -1);
@@ -225,16 +236,66 @@ int command_clusters(const std::vector<std::string>& argv) {
           const int token = static_cast<int>(ids[(h * C + c) * K + k]) - offset;
           if (token >= 0 && token < side * side && owner[token] < 0) owner[token] = c;
         }
-      for (int p = 0; p < side * side; ++p) {
-        uint8_t rgb[3] = {0, 0, 0};
-        if (owner[p] >= 0) cluster_colour(owner[p], C, rgb);
-        put(h + 1, l, p % side, p / side, rgb);
-      }
+      const int x0 = left + (h + 1) * (panel + gap);
+      for (int p = 0; p < side * side; ++p)
+        square(x0 + (p % side) * s, y0 + (p / side) * s, owner[p] >= 0 ? colour(owner[p], C) : "#000000");
+      svg += "\n";
     }
   }
-  png::write(args.str("out"), img);
-  fmt::print("cast clusters: {} layers x {} heads of {} clusters -> {}\n", layers, heads,
-             model.blocks().empty() ? 0 : model.blocks()[0]->last.clusters.dim(2), args.str("out"));
+  svg += fmt::format(R"(<text x="10" y="{}" font-size="13" font-weight="bold">clusters</text>)" "\n", legend_top);
+  for (int c = 0; c < C; ++c) {
+    const int x = 20 + (c % legend_cols) * 70, y = legend_top + 10 + (c / legend_cols) * 22;
+    svg += fmt::format(R"(<rect x="{}" y="{}" width="16" height="16" fill="{}" stroke="#555"/><text x="{}" y="{}" font-size="12">{}</text>)"
+                       "\n", x, y, colour(c, C), x + 22, y + 13, c + 1);
+  }
+  const int note = legend_top + 22 * legend_rows + 26;
+  svg += fmt::format(R"(<text x="10" y="{}" font-size="12">Black: in no cluster. Top-K picks each cluster's tokens independently: )"
+                     R"(some tokens land in several clusters, others in none;</text>)" "\n"
+                     R"(<text x="10" y="{}" font-size="12">Single-Assignment Top-K places each token at most once and leaves )"
+                     R"(the last ones out when C·κ &lt; N. In several clusters: the first is shown.</text>)" "\n"
+                     R"(<text x="10" y="{}" font-size="12" fill="#555">{}: {} layers, {} heads.</text>)" "\n</svg>\n",
+                     note, note + 17, note + 36, escape_xml(args.str("checkpoint")), layers, heads);
+  train::write_text_atomically(args.str("out"), svg);
+  fmt::print("cast clusters: {} layers x {} heads of {} clusters -> {}\n", layers, heads, C, args.str("out"));
+  return 0;
+}
+
+}  // namespace cast
+
+namespace cast {
+
+int command_plot(const std::vector<std::string>& argv) {
+  cli::Args args("plot",
+                 "Plot run folders' metrics.jsonl as SVG: one folder gives training loss and training/validation "
+                 "accuracy against the step; several give a comparison (training loss and validation accuracy of each).");
+  args.option("out", "", "output SVG (one run: <run>/curves.svg; several: comparison.svg)")
+      .option("title", "", "figure title (default: the run folders)");
+  std::vector<std::string> runs, options;  // run folders are the words that are not options or their values
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--out" || argv[i] == "--title") {
+      options.push_back(argv[i]);
+      if (i + 1 < argv.size()) options.push_back(argv[++i]);
+    } else if (argv[i].rfind("-", 0) == 0) {
+      options.push_back(argv[i]);
+    } else {
+      runs.push_back(argv[i]);
+    }
+  }
+  if (!args.parse(options)) return 0;
+  CAST_CHECK(!runs.empty(), "name at least one run folder (see cast plot --help)");
+  std::vector<train::Curves> curves;
+  for (const std::string& r : runs) curves.push_back(train::read_curves(r));
+  std::string out = args.str("out"), title = args.str("title");
+  if (curves.size() == 1) {
+    if (out.empty()) out = runs[0] + "/curves.svg";
+    train::plot_run(out, title.empty() ? curves[0].label : title, curves[0]);
+  } else {
+    if (out.empty()) out = "comparison.svg";
+    std::string names;
+    for (const auto& c : curves) names += (names.empty() ? "" : ", ") + c.label;
+    train::plot_comparison(out, title.empty() ? names : title, curves);
+  }
+  fmt::print("cast plot: {} -> {}\n", curves.size() == 1 ? runs[0] : fmt::format("{} runs", curves.size()), out);
   return 0;
 }
 

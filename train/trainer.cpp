@@ -170,6 +170,11 @@ data::TaskData load_task(const TrainConfig& c, bool generate_if_missing) {
   throw Error(fmt::format("unknown task '{}'", t));
 }
 
+std::string run_title(const TrainConfig& c) {
+  return fmt::format("{}, {} attention, {} layers, D {}: {} steps of batch {}", c.task,
+                     nn::mechanism_name(c.model.attention.mechanism), c.model.layers, c.model.dim, c.steps, c.batch);
+}
+
 // ---------------------------------------------------------------- evaluation
 EvalResult evaluate(nn::Transformer& model, const data::TaskData& task, const std::vector<data::Example>& split,
                     int64_t batch, int64_t limit, Device device) {
@@ -368,7 +373,6 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   std::ofstream metrics(c.run_dir + "/metrics.jsonl", start_step > 0 ? std::ios::app : std::ios::trunc);
   Sampler sampler(static_cast<int64_t>(task.train.size()), c.seed);
   TrainResult result;
-  std::vector<double> loss_curve, acc_curve;
   const auto t0 = std::chrono::steady_clock::now();
   double window_loss = 0, window_correct = 0, window_examples = 0, window_tokens = 0;
   auto window_start = t0;
@@ -418,8 +422,6 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
       const double elapsed = std::chrono::duration<double>(now - t0).count();
       const double eta = elapsed / std::max<int64_t>(1, step - start_step) * (c.steps - step);
       const double l = window_loss / window_examples, a = window_correct / window_examples;
-      loss_curve.push_back(l);
-      acc_curve.push_back(a);
       metrics << json{{"step", step}, {"split", "train"}, {"loss", l}, {"accuracy", a}, {"lr", s.lr},
                       {"tokens_per_s", window_tokens / std::max(dt, 1e-9)}}.dump() << '\n';
       metrics.flush();
@@ -455,7 +457,8 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   result.val = run_eval("val", task.val);
   result.test = run_eval("test", task.test);
   result.majority = result.test.majority;
-  if (!loss_curve.empty()) plot_training_curves(c.run_dir + "/curves.png", loss_curve, acc_curve, c.log_every);
+  metrics.flush();
+  plot_run(c.run_dir + "/curves.svg", run_title(c), read_curves(c.run_dir));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   json summary = {{"task", c.task}, {"attention", nn::mechanism_name(c.model.attention.mechanism)}, {"steps", step},
                   {"seconds", seconds}, {"val_accuracy", result.val.accuracy}, {"test_accuracy", result.test.accuracy},
@@ -469,7 +472,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
       fmt::print("  test accuracy       {:.1f}%  (loss {:.4f})  vs majority class {:.1f}%\n", 100 * result.test.accuracy,
                  result.test.loss, 100 * result.majority);
     else fmt::print("  test accuracy: no examples\n");
-    fmt::print("  run folder {}: checkpoint.safetensors, metrics.jsonl, curves.png, summary.json\n", c.run_dir);
+    fmt::print("  run folder {}: checkpoint.safetensors, metrics.jsonl, curves.svg, summary.json\n", c.run_dir);
   }
   return result;
 }

@@ -41,6 +41,9 @@ double learning_rate(const TrainConfig& c, int64_t step);  // step is 1-based
 
 data::TaskData load_task(const TrainConfig& c, bool generate_if_missing);
 
+// "task, mechanism attention, L layers, D d: S steps of batch B": the title of a run's figures.
+std::string run_title(const TrainConfig& c);
+
 struct EvalResult {
   double loss = 0, accuracy = 0;
   double majority = 0;  // the commonest label's share among exactly the examples evaluated
