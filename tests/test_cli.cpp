@@ -36,6 +36,26 @@ static CliRun run(const std::string& args) {
 
 static int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 
+TEST(Cli, HelpShowsDefaultsAndExamples) {
+  CliRun train = run("train --help");
+  EXPECT_EQ(train.code, 0);
+  // per-task defaults from the presets themselves
+  EXPECT_NE(train.out.find("--steps <value>                training steps; default 5000 (listops-short 1200, "
+                           "text 20000"), std::string::npos) << train.out;
+  EXPECT_NE(train.out.find("--attention <value>            full | cast | clustered | iclustered; default cast"),
+            std::string::npos);
+  EXPECT_EQ(train.out.find("; default \n"), std::string::npos) << "a setting without its default";
+  CliRun bench = run("bench --help");
+  EXPECT_NE(bench.out.find("usage: cast bench attention|train|gemm"), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find("cast bench attention --lengths"), std::string::npos);
+  EXPECT_NE(bench.out.find("cast bench train --task"), std::string::npos);
+  for (const char* command : {"train", "eval", "data", "clusters", "plot", "layer", "bench", "info", "demo"}) {
+    CliRun help = run(std::string(command) + " --help");
+    EXPECT_EQ(help.code, 0) << command;
+    EXPECT_NE(help.out.find("examples:\n  cast " + std::string(command)), std::string::npos) << command << ":\n" << help.out;
+  }
+}
+
 TEST(Cli, InfoAndHelp) {
   CliRun info = run("info");
   EXPECT_EQ(info.code, 0);

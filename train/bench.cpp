@@ -281,7 +281,13 @@ int command_bench(const std::vector<std::string>& argv) {
       .option("repeats", "20", "timed runs (the median is reported)")
       .option("json", "", "also write the results as JSON lines to this file")
       .flag("reference", "CPU: time the step-by-step reference attention ops instead of the fused kernels")
-      .flag("tf32", "allow TF32 matmuls on the GPU");
+      .flag("tf32", "allow TF32 matmuls on the GPU")
+      .usage("cast bench attention|train|gemm [options]")
+      .example("cast bench attention --lengths 1024,4096 --mechanisms full,cast-topk")
+      .example("cast bench attention --lengths 16384 --mechanisms cast-topk,clustered --reference")
+      .example("cast bench train --task listops-short --mechanisms full,cast-topk")
+      .example("cast bench train --task text --length 1024 --batch-size 4")
+      .example("cast bench gemm");
   std::vector<std::string> rest = argv;
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--what");  // `cast bench train`
   if (!args.parse(rest)) return 0;

@@ -89,13 +89,26 @@ std::string Args::choice(const std::string& name, const std::vector<std::string>
   throw Error(fmt::format("--{} must be one of {}, got '{}'", name, list, v));
 }
 
+Args& Args::usage(const std::string& line) {
+  usage_ = line;
+  return *this;
+}
+
+Args& Args::example(const std::string& command_line) {
+  examples_.push_back(command_line);
+  return *this;
+}
+
 std::string Args::help() const {
-  std::string out = fmt::format("usage: cast {} [options]\n{}\n\noptions:\n", command_, summary_);
+  std::string out = fmt::format("usage: {}\n{}\n\noptions:\n",
+                                usage_.empty() ? fmt::format("cast {} [options]", command_) : usage_, summary_);
   for (const auto& name : order_) {
     const Spec& s = specs_.at(name);
     std::string left = s.is_flag ? "--" + name : "--" + name + " <" + (s.default_value.empty() ? "value" : s.default_value) + ">";
     out += fmt::format("  {:<30} {}\n", left, s.help);
   }
+  if (!examples_.empty()) out += "\nexamples:\n";
+  for (const auto& e : examples_) out += "  " + e + "\n";
   return out;
 }
 

@@ -13,6 +13,10 @@ class Args {
 
   Args& option(const std::string& name, const std::string& default_value, const std::string& help);
   Args& flag(const std::string& name, const std::string& help);
+  // The usage line after "usage: " (default: "cast <command> [options]") and example commands,
+  // both shown by --help.
+  Args& usage(const std::string& line);
+  Args& example(const std::string& command_line);
 
   // Parses argv (after the command word). Returns false when --help was asked (help printed).
   bool parse(const std::vector<std::string>& argv);
@@ -31,7 +35,8 @@ class Args {
     std::string default_value, help;
     bool is_flag = false;
   };
-  std::string command_, summary_;
+  std::string command_, summary_, usage_;
+  std::vector<std::string> examples_;
   std::vector<std::string> order_;
   std::map<std::string, Spec> specs_;
   std::map<std::string, std::string> values_;

@@ -58,6 +58,7 @@ static const char* build_vector_isa() {
 
 int command_info(const std::vector<std::string>& argv) {
   cli::Args args("info", "Print the build options and the devices found.");
+  args.example("cast info");
   if (!args.parse(argv)) return 0;
   fmt::print("cast {} ({} build)\n", CAST_VERSION, CAST_BUILD_TYPE);
   fmt::print("cpu:       {}, {} cores, {} memory\n", cpu_model(), std::thread::hardware_concurrency(),
@@ -94,6 +95,7 @@ static void print_tensor(const char* name, const Tensor& t) {
 int command_demo(const std::vector<std::string>& argv) {
   cli::Args args("demo", "Walk one op (softmax with a mask, then layernorm) through forward, backward and a "
                          "finite-difference gradient check.");
+  args.example("cast demo");
   if (!args.parse(argv)) return 0;
   fmt::print("forward: y = softmax(x) over the last axis, the third key masked out\n");
   Tensor x = Tensor::from_vector<double>({0.5, -1.0, 2.0, 0.0, 1.5, 1.5, -0.5, 0.25}, {2, 4});

@@ -35,7 +35,10 @@ cli::Args layer_args() {
       .option("seed", "0", "seed of the LSH planes and k-means draws")
       .option("device", "cpu", "cpu | cuda")
       .option("dtype", "f32", "f32 | f64 (f64 on the CPU only)")
-      .flag("reference", "CPU: the step-by-step reference ops and plain-loop matmul instead of the fused kernels");
+      .flag("reference", "CPU: the step-by-step reference ops and plain-loop matmul instead of the fused kernels")
+      .example("cast layer --in tests/data/layer_full.safetensors --out out.safetensors --attention full --heads 2")
+      .example("cast layer --in my_layer.safetensors --out out.safetensors --attention cast --heads 2 --clusters 3 "
+               "--cluster-size 3 --dtype f64 --reference");
   return a;
 }
 

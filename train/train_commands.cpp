@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "autograd/tape.h"
@@ -31,7 +32,7 @@ const std::vector<std::pair<std::string, std::string>> kFloatSettings = {
     {"lr", "peak learning rate (rsqrt: the LRA base rate)"}, {"weight-decay", "AdamW weight decay"},
     {"clip", "gradient norm clip (0: off)"}, {"dropout", "dropout rate"}};
 const std::vector<std::pair<std::string, std::string>> kStringSettings = {
-    {"data", "data folder (default: the task's)"}, {"run", "run folder (default: runs/<task>-<attention>)"},
+    {"data", "data folder"}, {"run", "run folder"},
     {"schedule", "rsqrt | cosine | constant"}, {"device", "auto | cpu | cuda"},
     {"positions", "sinusoidal | learned"}, {"pooling", "cls | mean"},
     {"attention", "full | cast | clustered | iclustered"}, {"clustering", "CAST: topk | satopk"},
@@ -42,6 +43,24 @@ const std::vector<std::pair<std::string, std::string>> kBoolSettings = {
     {"tf32", "allow TF32 tensor-core matmuls on the GPU"},
     {"reference", "CPU: run the step-by-step reference attention ops and the plain-loop matmul instead of the fused "
                   "kernels and the BLAS (same results, slower; for study)"}};
+
+// "1200" when every task's preset agrees, else the commonest value and the exceptions:
+// "32 (image 256, pathfinder 512)".
+std::string preset_defaults(const std::string& key) {
+  std::vector<std::pair<std::string, std::string>> values;
+  std::map<std::string, int> count;
+  for (const std::string& task : train::task_names()) {
+    values.push_back({task, train::setting_value(train::preset(task), key)});
+    ++count[values.back().second];
+  }
+  std::string common;
+  for (auto& [v, n] : count)
+    if (common.empty() || n > count[common]) common = v;
+  std::string rest;
+  for (auto& [task, v] : values)
+    if (v != common) rest += fmt::format("{}{} {}", rest.empty() ? "" : ", ", task, v);
+  return rest.empty() ? common : fmt::format("{} ({})", common, rest);
+}
 
 json settings_from_flags(const cli::Args& args) {
   json j = json::object();
@@ -76,10 +95,14 @@ int command_train(const std::vector<std::string>& argv) {
   args.option("task", "listops-short", "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist")
       .option("config", "", "JSON file of settings")
       .option("resume", "", "checkpoint to continue from (its settings are used)");
-  for (auto& [k, h] : kIntSettings) args.option(k, "", h);
-  for (auto& [k, h] : kFloatSettings) args.option(k, "", h);
-  for (auto& [k, h] : kStringSettings) args.option(k, "", h);
+  // Each setting's default is its task preset's: the help lists them per task.
+  for (const auto* list : {&kIntSettings, &kFloatSettings, &kStringSettings})
+    for (auto& [k, h] : *list) args.option(k, "", h + "; default " + preset_defaults(k));
   for (auto& [k, h] : kBoolSettings) args.flag(k, h);
+  args.example("cast train                                     (short ListOps, a small CAST model)")
+      .example("cast train --task fashion-mnist --attention full --steps 3000")
+      .example("cast train --task listops --config settings.json --run runs/my-listops")
+      .example("cast train --resume runs/listops-short-cast/checkpoint.safetensors --steps 2400");
   if (!args.parse(argv)) return 0;
 
   train::TrainConfig config;
@@ -109,7 +132,9 @@ int command_eval(const std::vector<std::string>& argv) {
   args.option("checkpoint", "", "checkpoint file (required)")
       .option("data", "", "data folder (default: the one the run used)")
       .option("device", "auto", "auto | cpu | cuda")
-      .option("eval-limit", "0", "examples per split (0: all)");
+      .option("eval-limit", "0", "examples per split (0: all)")
+      .example("cast eval --checkpoint runs/listops-short-cast/checkpoint.safetensors")
+      .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000");
   if (!args.parse(argv)) return 0;
   CAST_CHECK(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
   const Device device = train::resolve_device(args.str("device"));
@@ -137,7 +162,11 @@ int command_data(const std::vector<std::string>& argv) {
   args.option("task", "", "listops | listops-short | pathfinder | pathx")
       .option("out", "", "output folder (default: data/<name>)")
       .option("count", "0", "pathfinder/pathx: images (0: the default 2000)")
-      .option("seed", "1", "seed");
+      .option("seed", "1", "seed")
+      .usage("cast data <task> [options]   (or --task <task>)")
+      .example("cast data listops")
+      .example("cast data pathfinder --count 500 --out data/pf-small")
+      .example("cast data pathx --count 200 --seed 3");
   std::vector<std::string> rest = argv;
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--task");  // `cast data listops`
   if (!args.parse(rest)) return 0;
@@ -172,7 +201,8 @@ int command_clusters(const std::vector<std::string>& argv) {
       .option("out", "clusters.svg", "output SVG")
       .option("index", "0", "which test example")
       .option("data", "", "data folder (default: the one the run used)")
-      .option("scale", "4", "pixels per image pixel");
+      .option("scale", "4", "pixels per image pixel")
+      .example("cast clusters --checkpoint runs/fashion-mnist-cast/checkpoint.safetensors --index 3 --out fm.svg");
   if (!args.parse(argv)) return 0;
   CAST_CHECK(!args.str("checkpoint").empty(), "--checkpoint is required (see cast clusters --help)");
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
@@ -269,7 +299,10 @@ int command_plot(const std::vector<std::string>& argv) {
                  "Plot run folders' metrics.jsonl as SVG: one folder gives training loss and training/validation "
                  "accuracy against the step; several give a comparison (training loss and validation accuracy of each).");
   args.option("out", "", "output SVG (one run: <run>/curves.svg; several: comparison.svg)")
-      .option("title", "", "figure title (default: the run folders)");
+      .option("title", "", "figure title (default: the run folders)")
+      .usage("cast plot <run folder> [<run folder> ...] [options]")
+      .example("cast plot runs/listops-short-cast                 (writes runs/listops-short-cast/curves.svg)")
+      .example("cast plot runs/fm-full runs/fm-cast --out fm.svg --title \"Fashion-MNIST: full vs CAST\"");
   std::vector<std::string> runs, options;  // run folders are the words that are not options or their values
   for (size_t i = 0; i < argv.size(); ++i) {
     if (argv[i] == "--out" || argv[i] == "--title") {

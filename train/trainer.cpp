@@ -128,6 +128,52 @@ void apply_overrides(TrainConfig& c, const json& j) {
   CAST_CHECK(m.dim % m.heads == 0, "config: dim {} must be a multiple of heads {}", m.dim, m.heads);
 }
 
+std::string setting_value(const TrainConfig& c, const std::string& key) {
+  const nn::ModelConfig& m = c.model;
+  const nn::AttentionConfig& a = m.attention;
+  if (key == "data") return c.data_dir.empty() ? "the task's folder under data/" : c.data_dir;
+  if (key == "run") return c.run_dir.empty() ? "runs/<task>-<attention>" : c.run_dir;
+  if (key == "steps") return std::to_string(c.steps);
+  if (key == "batch") return std::to_string(c.batch);
+  if (key == "warmup") return std::to_string(c.warmup);
+  if (key == "log-every") return std::to_string(c.log_every);
+  if (key == "eval-every") return std::to_string(c.eval_every);
+  if (key == "checkpoint-every") return std::to_string(c.checkpoint_every);
+  if (key == "eval-limit") return std::to_string(c.eval_limit);
+  if (key == "lr") return fmt::format("{:g}", c.lr);
+  if (key == "weight-decay") return fmt::format("{:g}", c.weight_decay);
+  if (key == "clip") return fmt::format("{:g}", c.clip);
+  if (key == "schedule") return c.schedule;
+  if (key == "seed") return std::to_string(c.seed);
+  if (key == "device") return c.device;
+  if (key == "max-len") return std::to_string(m.max_len);
+  if (key == "dim") return std::to_string(m.dim);
+  if (key == "heads") return std::to_string(m.heads);
+  if (key == "mlp-dim") return std::to_string(m.mlp_dim);
+  if (key == "layers") return std::to_string(m.layers);
+  if (key == "dropout") return fmt::format("{:g}", m.dropout);
+  if (key == "positions") return m.learned_positions ? "learned" : "sinusoidal";
+  if (key == "pooling") return m.cls_pooling ? "cls" : "mean";
+  if (key == "attention") return nn::mechanism_name(a.mechanism);
+  if (key == "clusters") return std::to_string(a.clusters);
+  if (key == "cluster-size") return std::to_string(a.cluster_size);
+  if (key == "clustering") return a.single_assignment ? "satopk" : "topk";
+  if (key == "f") return a.f == ops::AttentionFn::laplace ? "laplace" : "softmax";
+  if (key == "summaries") return a.summaries ? "on" : "off";
+  if (key == "mix") return a.mix_query ? "query" : "affinity";
+  if (key == "cast-heads") return a.shared_clustering ? "shared" : "per-head";
+  if (key == "topk") return std::to_string(a.topk);
+  if (key == "bits") return std::to_string(a.bits);
+  if (key == "iterations") return std::to_string(a.iterations);
+  throw Error(fmt::format("no setting '{}'", key));
+}
+
+const std::vector<std::string>& task_names() {
+  static const std::vector<std::string> names = {"listops-short", "listops", "text", "retrieval", "image",
+                                                 "pathfinder", "pathx", "fashion-mnist"};
+  return names;
+}
+
 double learning_rate(const TrainConfig& c, int64_t step) {
   const double s = static_cast<double>(step), w = static_cast<double>(std::max<int64_t>(c.warmup, 1));
   if (c.schedule == "rsqrt") return c.lr * std::min(1.0, s / w) / std::sqrt(std::max(s, w));

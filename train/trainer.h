@@ -36,6 +36,9 @@ struct TrainConfig {
 TrainConfig preset(const std::string& task);
 // Sets the fields named in `j` (flat keys, as the command-line flags without dashes).
 void apply_overrides(TrainConfig& c, const nlohmann::json& j);
+// A setting's value in `c`, as its flag would spell it (the inverse of apply_overrides).
+std::string setting_value(const TrainConfig& c, const std::string& key);
+const std::vector<std::string>& task_names();  // every preset
 
 double learning_rate(const TrainConfig& c, int64_t step);  // step is 1-based
 
