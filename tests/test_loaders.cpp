@@ -195,6 +195,33 @@ TEST(Pathfinder, GeneratesTheReleaseLayoutAndLoadsIt) {
   EXPECT_GT(inked, 16 * 30);  // strokes and markers are drawn
 }
 
+TEST(Pathfinder, PathXGeneratesWithEverySeed) {
+  // 128 x 128 images: the long snakes must fit whatever the seed (they steer off the border)
+  int ones = 0, total = 0;
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    const std::string dir = fresh_dir("pathx_" + std::to_string(seed));
+    data::PathfinderSpec spec = data::PathfinderSpec::pathx128();
+    spec.count = 5;
+    data::generate_pathfinder(dir, spec, seed);
+    for (int i = 0; i < 5; ++i) EXPECT_TRUE(fs::exists(dir + "/imgs/0/sample_" + std::to_string(i) + ".png")) << seed;
+    data::TaskData t = data::load_pathfinder(dir);
+    EXPECT_EQ(t.max_len, 128 * 128);
+    for (const auto* split : {&t.train, &t.val, &t.test})
+      for (const auto& e : *split) {
+        ASSERT_EQ(e.tokens.size(), 128u * 128u);
+        int inked = 0, bright = 0;
+        for (int32_t p : e.tokens) inked += p > 0, bright += p == 255;
+        EXPECT_GT(inked, 128 * 6) << "seed " << seed;  // two long snakes and distractors
+        EXPECT_GT(bright, 2 * 60) << "seed " << seed;  // two filled markers
+        ones += e.label;
+        ++total;
+      }
+  }
+  EXPECT_EQ(total, 20);
+  EXPECT_GT(ones, 0);
+  EXPECT_LT(ones, total);
+}
+
 TEST(Pathfinder, BrokenMetadataAndImages) {
   const std::string dir = fresh_dir("pathfinder_bad");
   data::PathfinderSpec spec;

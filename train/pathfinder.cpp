@@ -19,11 +19,13 @@ namespace fs = std::filesystem;
 
 PathfinderSpec PathfinderSpec::pathfinder32() { return PathfinderSpec{}; }
 
+// Path-X: the same contours on a 128 × 128 image (16384 tokens); paddles scale with the image,
+// and the target snakes are longer (18 paddles: about the image's width end to end).
 PathfinderSpec PathfinderSpec::pathx128() {
   PathfinderSpec s;
   s.side = 128;
-  s.contour_length = 56;
-  s.distractors = 20;
+  s.contour_length = 18;
+  s.distractors = 12;
   return s;
 }
 
@@ -50,24 +52,45 @@ struct Canvas {
   }
 };
 
-// A snake of `paddles` segments; returns its two end points, or false when it leaves the canvas.
+// A snake of `paddles` segments with small random turns between them; returns its two end
+// points. A paddle that would leave the canvas steers instead: the turn sweeps wider to either
+// side until the paddle stays inside, so a snake of any length fits (it coils, as the long
+// contours of Path-X do). Returns false only if no direction fits, which a point inside the
+// margin cannot meet.
 bool draw_snake(Canvas& c, Rng& rng, int paddles, double paddle_len, double gap, Point& head, Point& tail,
                 bool draw) {
   const double margin = 3;
-  Point p{margin + rng.uniform() * (c.side - 2 * margin), margin + rng.uniform() * (c.side - 2 * margin)};
+  auto inside = [&](Point q) { return q.x >= margin && q.y >= margin && q.x <= c.side - margin && q.y <= c.side - margin; };
+  // start in the middle 70% of the canvas, so long snakes meet the border less often
+  Point p{c.side * (0.15 + 0.7 * rng.uniform()), c.side * (0.15 + 0.7 * rng.uniform())};
   double angle = rng.uniform() * 2 * 3.14159265358979;
   std::vector<std::pair<Point, Point>> parts;
   head = p;
   for (int i = 0; i < paddles; ++i) {
-    angle += (rng.uniform() - 0.5) * 0.9;  // continuity: small turns between paddles
-    Point q{p.x + std::cos(angle) * paddle_len, p.y + std::sin(angle) * paddle_len};
-    if (q.x < margin || q.y < margin || q.x > c.side - margin || q.y > c.side - margin) return false;
+    double a = angle + (rng.uniform() - 0.5) * 0.9;  // continuity: small turns between paddles
+    bool fits = false;
+    Point q{};
+    for (int k = 0; k < 26 && !fits; ++k) {  // a, a+0.27, a−0.27, a+0.54, ... around the circle
+      q = {p.x + std::cos(a) * paddle_len, p.y + std::sin(a) * paddle_len};
+      fits = inside(q) && inside({q.x + std::cos(a) * gap, q.y + std::sin(a) * gap});
+      if (!fits) a += (k % 2 == 0 ? 1 : -1) * 0.27 * (k + 1);
+    }
+    if (!fits) return false;
+    angle = a;
     parts.push_back({p, q});
     p = {q.x + std::cos(angle) * gap, q.y + std::sin(angle) * gap};
   }
   tail = parts.back().second;
   if (draw)
     for (auto& [a, b] : parts) c.segment(a, b, 0.5);
+  return true;
+}
+// Every two of the snake ends (where markers may go) at least `d` apart, so neither label can
+// be read off two markers that touch.
+bool ends_apart(std::initializer_list<Point> ends, double d) {
+  for (auto i = ends.begin(); i != ends.end(); ++i)
+    for (auto j = i + 1; j != ends.end(); ++j)
+      if (std::hypot(i->x - j->x, i->y - j->y) <= d) return false;
   return true;
 }
 
@@ -90,7 +113,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
       Canvas trial(hi);
       if (draw_snake(trial, attempt, spec.contour_length, paddle_len, gap, a0, a1, true) &&
           draw_snake(trial, attempt, spec.contour_length, paddle_len, gap, b0, b1, true) &&
-          std::hypot(a0.x - b0.x, a0.y - b0.y) > 7 * scale) {
+          ends_apart({a0, a1, b0, b1}, 7 * scale)) {
         c = trial;
         rng = attempt;
         break;
