@@ -217,8 +217,9 @@ data::TaskData load_task(const TrainConfig& c, bool generate_if_missing) {
 }
 
 std::string run_title(const TrainConfig& c) {
-  return fmt::format("{}, {} attention, {} layers, D {}: {} steps of batch {}", c.task,
-                     nn::mechanism_name(c.model.attention.mechanism), c.model.layers, c.model.dim, c.steps, c.batch);
+  return fmt::format("{}, {} attention, {} layer{}, D {}: {} steps of batch {}", c.task,
+                     nn::mechanism_name(c.model.attention.mechanism), c.model.layers, c.model.layers == 1 ? "" : "s",
+                     c.model.dim, c.steps, c.batch);
 }
 
 // ---------------------------------------------------------------- evaluation
