@@ -14,7 +14,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${options[@]}" > build.log 2>&1 
 grep -E "^-- cast:" build.log || true
 start=$(date +%s)
 if cmake --build build -j"$(nproc)" "${targets[@]}" 2>&1 | tee -a build.log |
-   { grep --line-buffered -E "^\[ *[0-9]+%\] (Building|Linking)" | sed -u -E 's| object [^ ]*/([^/ ]+)\.o$| \1|' || true; }; then
+   { grep --line-buffered -E "^\[ *[0-9]+%\] (Building|Linking)" | sed -u -E 's| object CMakeFiles/[^/]+\.dir/(.+)\.o$| \1|' || true; }; then
   echo "build: ok in $(( $(date +%s) - start )) s"
 else
   tail -n 60 build.log
