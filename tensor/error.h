@@ -11,6 +11,13 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A command used wrongly (unknown option, a value out of its range, a word not among the
+// choices): main exits with 2 for it, 1 for every other Error.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Always-on check (not removed by NDEBUG). The message should name the op or file.
 #define CAST_CHECK(cond, ...)                                   \
   do {                                                          \

@@ -1,5 +1,7 @@
 #include "tensor/tensor.h"
 
+#include <climits>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -14,9 +16,20 @@ namespace cast {
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 int64_t shape_numel(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
+  // Overflow-checked over the nonzero dimensions as well: [2^39, 2^39, 0] holds no element, but
+  // it is no shape a file may declare.
+  int64_t nonzero = 1;
+  bool empty = false;
+  for (int64_t d : s) {
+    CAST_CHECK(d >= 0, "shape {}: negative dimension", shape_str(s));
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    CAST_CHECK(nonzero <= INT64_MAX / d, "shape {}: more than 2^63 elements", shape_str(s));
+    nonzero *= d;
+  }
+  return empty ? 0 : nonzero;
 }
 
 // ---------------------------------------------------------------- storage

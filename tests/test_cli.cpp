@@ -56,6 +56,29 @@ TEST(Cli, HelpShowsDefaultsAndExamples) {
   }
 }
 
+TEST(Cli, SettingsOutOfRangeAreUsageErrorsBeforeAnyWork) {
+  // each of these once crashed (SIGFPE) or silently meant something else
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --heads 0", "setting 'heads' is 0: it must be in [1, 1024]"},
+      {"train --log-every 0", "setting 'log-every' is 0"},
+      {"train --summaries yes", "setting 'summaries' is 'yes': it must be one of on | off"},
+      {"train --pooling avg", "setting 'pooling' is 'avg'"},
+      {"train --cast-heads all", "setting 'cast-heads' is 'all'"},
+      {"train --dropout 1.5", "setting 'dropout' is 1.5: it must be in [0, 1)"},
+      {"train --attention iclustered --topk 0", "setting 'topk' is 0"},
+      {"train --steps 12x", "--steps expects an integer, got '12x'"},
+      {"bench attention --lengths 0", "--lengths: '0' is not a length"},
+      {"bench attention --repeats 0", "--repeats is 0"},
+      {"bench attention --mechanisms bogus", "--mechanisms: unknown 'bogus'"},
+  };
+  for (const auto& [args, message] : cases) {
+    CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+  }
+}
+
 TEST(Cli, InfoAndHelp) {
   CliRun info = run("info");
   EXPECT_EQ(info.code, 0);
@@ -78,11 +101,13 @@ TEST(Cli, ErrorsAreOneLineWithNonZeroExit) {
   CliRun unknown = run("frobnicate");
   EXPECT_EQ(unknown.code, 2);
   EXPECT_EQ(lines(unknown.err), 1) << unknown.err;
-  for (const char* args : {"eval --checkpoint /nonexistent/c.safetensors", "train --steps many", "train --bogus 1",
-                           "layer --in /nonexistent.safetensors --out /tmp/x.safetensors", "data --task sudoku",
-                           "bench --mechanisms full,magic --lengths 8"}) {
+  // a command used wrongly exits 2; a command that fails on its input exits 1
+  for (auto [args, code] : std::vector<std::pair<const char*, int>>{
+           {"eval --checkpoint /nonexistent/c.safetensors", 1}, {"train --steps many", 2}, {"train --bogus 1", 2},
+           {"layer --in /nonexistent.safetensors --out /tmp/x.safetensors", 1}, {"data --task sudoku", 2},
+           {"bench --mechanisms full,magic --lengths 8", 2}}) {
     CliRun r = run(args);
-    EXPECT_EQ(r.code, 1) << args;
+    EXPECT_EQ(r.code, code) << args;
     EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
     EXPECT_NE(r.err.find("error:"), std::string::npos) << args;
   }
@@ -111,6 +136,6 @@ TEST(Cli, TrainReadsAJsonConfigAndRejectsAWrongOne) {
   EXPECT_EQ(ev.code, 0) << ev.err;
   std::ofstream(cfg) << R"({"steps": "three"})";
   CliRun bad = run("train --config " + cfg + " --data " + data);
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("'steps' has the wrong type"), std::string::npos) << bad.err;
 }

@@ -47,6 +47,17 @@ TEST(SafeTensors, EveryTruncationIsAClearError) {
   }
 }
 
+TEST(SafeTensors, HugeShapesWithAZeroDimensionAreRefused) {
+  // [2^39, 2^39, 0] has a byte count of 0, which once let the product 2^78 overflow silently
+  const std::string header = R"({"a":{"dtype":"F32","shape":[549755813888,549755813888,0],"data_offsets":[0,0]}})";
+  std::vector<char> bytes(8 + header.size(), 0);
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((uint64_t{header.size()} >> (8 * i)) & 0xff);
+  std::copy(header.begin(), header.end(), bytes.begin() + 8);
+  EXPECT_CAST_ERROR(parse_safetensors(bytes, "f"), "more than 2^63 elements");
+  EXPECT_CAST_ERROR(shape_numel({-1, 2}), "negative dimension");
+  EXPECT_EQ(shape_numel({7, 0, 9}), 0);
+}
+
 TEST(SafeTensors, CorruptHeaders) {
   auto make = [](const std::string& header, size_t data_bytes) {
     std::vector<char> out(8 + header.size() + data_bytes, 0);

@@ -2,7 +2,10 @@
 // uninterrupted one bit for bit; checkpoints round-trip and refuse a different model.
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "tensor/philox.h"
+#include "tensor/safetensors.h"
 #include "tests/test_util.h"
 #include "train/trainer.h"
 
@@ -194,4 +197,35 @@ TEST(Evaluation, MajorityRateCountsOnlyTheEvaluatedExamples) {
   EXPECT_DOUBLE_EQ(data::majority_rate(split, 2, 2), 1.0);
   EXPECT_DOUBLE_EQ(data::majority_rate(split, 2, 3), 2.0 / 3.0);
   EXPECT_DOUBLE_EQ(data::majority_rate({}, 2), 0.0);
+}
+
+TEST(Training, CheckpointMetadataIsParsedStrictly) {
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("strict_ckpt"));
+  std::filesystem::create_directories(c.run_dir);
+  nn::Transformer model(c.model);
+  std::vector<Tensor> m, v;
+  for (auto& [name, t] : model.parameters()) {
+    m.push_back(Tensor::zeros(t->shape()));
+    v.push_back(Tensor::zeros(t->shape()));
+  }
+  const std::string good = c.run_dir + "/good.safetensors";
+  train::save_checkpoint(good, c, model, m, v, 3, 0.5);
+  TensorFile f = read_safetensors(good);
+  auto with = [&](const std::string& key, const std::string& value) {
+    const std::string path = c.run_dir + "/bad_" + key + ".safetensors";
+    auto meta = f.metadata;
+    meta[key] = value;
+    write_safetensors(path, f.tensors, meta);
+    return path;
+  };
+  // a step of "12oops" once read as 12; a negative one indexed the sampler out of bounds
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("step", "12oops")), "'step' is '12oops', not a number");
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("step", "-4")), "'step' is -4");
+  // sizes stored in a checkpoint are input too
+  auto model_json = nlohmann::json::parse(f.metadata.at("model"));
+  model_json["layers"] = 1000000;
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())), "setting 'layers' is 1000000");
+  model_json["layers"] = 2;
+  model_json["heads"] = 0;
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())), "setting 'heads' is 0");
 }

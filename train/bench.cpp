@@ -40,7 +40,7 @@ std::vector<Variant> variants(const std::string& list) {
     else if (name == "cast-satopk") v.config.mechanism = nn::Mechanism::cast, v.config.single_assignment = true;
     else if (name == "clustered") v.config.mechanism = nn::Mechanism::clustered;
     else if (name == "iclustered") v.config.mechanism = nn::Mechanism::iclustered;
-    else throw Error(fmt::format("--mechanisms: unknown '{}' (full, cast-topk, cast-satopk, clustered, iclustered)", name));
+    else throw UsageError(fmt::format("--mechanisms: unknown '{}' (full, cast-topk, cast-satopk, clustered, iclustered)", name));
     out.push_back(v);
   }
   return out;
@@ -50,13 +50,24 @@ std::vector<int64_t> lengths(const std::string& list) {
   std::vector<int64_t> out;
   std::stringstream ss(list);
   for (std::string n; std::getline(ss, n, ',');) {
+    size_t used = 0;
+    int64_t v = -1;
     try {
-      out.push_back(std::stoll(n));
+      v = std::stoll(n, &used);
     } catch (const std::exception&) {
-      throw Error(fmt::format("--lengths: '{}' is not a number", n));
     }
+    if (used != n.size() || v < 1 || v > (int64_t{1} << 20))
+      throw UsageError(fmt::format("--lengths: '{}' is not a length in [1, {}]", n, int64_t{1} << 20));
+    out.push_back(v);
   }
   return out;
+}
+
+// A count option within [lo, hi], or a usage error naming it.
+int64_t bounded(const cli::Args& args, const std::string& name, int64_t lo, int64_t hi) {
+  const int64_t v = args.integer(name);
+  if (v < lo || v > hi) throw UsageError(fmt::format("--{} is {}: it must be in [{}, {}]", name, v, lo, hi));
+  return v;
 }
 
 double median(std::vector<double> v) {
@@ -125,17 +136,22 @@ std::string device_label(Device device) {
 int bench_attention(const cli::Args& args) {
   const Device device = train::resolve_device(args.str("device"));
   ops::set_allow_tf32(args.is_set("tf32"));
-  const int64_t B = args.integer("batch"), D = args.integer("dim"), H = args.integer("heads");
-  const int64_t warmup = args.integer("warmup"), repeats = args.integer("repeats");
+  const int64_t B = bounded(args, "batch", 1, 4096), D = bounded(args, "dim", 1, 65536),
+                H = bounded(args, "heads", 1, 1024);
+  if (D % H != 0) throw UsageError(fmt::format("--dim {} must be a multiple of --heads {}", D, H));
+  const int64_t warmup = bounded(args, "warmup", 0, 100000), repeats = bounded(args, "repeats", 1, 100000);
+  bool failed = false;
   std::string lens = args.str("lengths");
   if (lens.empty()) lens = device == Device::cuda ? "1024,2048,4096,8192,16384" : "256,512,1024";
+  const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));  // usage errors before any output
+  const std::vector<int64_t> ns = lengths(lens);
   std::ofstream json_out;
   if (!args.str("json").empty()) json_out.open(args.str("json"));
   fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
              device_label(device), B, D, H, repeats, warmup, args.is_set("tf32") ? ", TF32 matmuls" : "");
   fmt::print("{:<12} {:>6} {:>12} {:>16} {:>12}\n", "mechanism", "N", "forward ms", "fwd+bwd ms", "peak MiB");
-  for (const Variant& v : variants(args.str("mechanisms"))) {
-    for (int64_t N : lengths(lens)) {
+  for (const Variant& v : mechanisms) {
+    for (int64_t N : ns) {
       nn::AttentionConfig c = v.config;
       c.dim = D;
       c.heads = H;
@@ -173,26 +189,29 @@ int bench_attention(const cli::Args& args) {
       } catch (const Error& e) {
         autograd::clear_tape();
         fmt::print("{:<12} {:>6} failed: {}\n", v.name, N, e.what());
+        failed = true;
       }
       std::fflush(stdout);
     }
   }
-  return 0;
+  return failed ? 1 : 0;  // a failed row is a failed benchmark
 }
 
 int bench_train(const cli::Args& args) {
   const Device device = train::resolve_device(args.str("device"));
   ops::set_allow_tf32(args.is_set("tf32"));
-  const int64_t steps = args.integer("repeats"), warmup = args.integer("warmup");
+  const int64_t steps = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
+  bool failed = false;
   train::TrainConfig base = train::preset(args.str("task"));
-  const int64_t N = args.is_set("length") ? args.integer("length") : base.model.max_len;
-  const int64_t B = args.is_set("batch-size") ? args.integer("batch-size") : base.batch;
+  const int64_t N = args.is_set("length") ? bounded(args, "length", 1, int64_t{1} << 20) : base.model.max_len;
+  const int64_t B = args.is_set("batch-size") ? bounded(args, "batch-size", 1, 4096) : base.batch;
+  const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));
   std::ofstream json_out;
   if (!args.str("json").empty()) json_out.open(args.str("json"));
   fmt::print("training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up\n",
              device_label(device), base.task, N, B, steps, warmup);
   fmt::print("{:<12} {:>10} {:>10} {:>12}\n", "mechanism", "ms/step", "steps/s", "peak MiB");
-  for (const Variant& v : variants(args.str("mechanisms"))) {
+  for (const Variant& v : mechanisms) {
     nn::ModelConfig m = base.model;
     m.max_len = N;
     m.attention = v.config;
@@ -239,16 +258,17 @@ int bench_train(const cli::Args& args) {
     } catch (const Error& e) {
       autograd::clear_tape();
       fmt::print("{:<12} failed: {}\n", v.name, e.what());
+      failed = true;
     }
     std::fflush(stdout);
   }
-  return 0;
+  return failed ? 1 : 0;
 }
 
 // The machine's sgemm rate through the BLAS under matmul: the peak the attention kernels'
 // GFLOP/s are compared with.
 int bench_gemm(const cli::Args& args) {
-  const int64_t repeats = args.integer("repeats"), warmup = args.integer("warmup");
+  const int64_t repeats = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
   fmt::print("sgemm on the CPU BLAS ({} threads), median of {} after {} warm-up\n", omp_get_max_threads(), repeats,
              warmup);
   for (int64_t n : {512, 2048}) {

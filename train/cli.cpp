@@ -4,6 +4,12 @@
 
 #include "tensor/error.h"
 
+// A wrong command line is a usage error (exit code 2).
+#define CAST_USAGE_CHECK(cond, ...) \
+  do {                              \
+    if (!(cond)) throw ::cast::UsageError(fmt::format(__VA_ARGS__)); \
+  } while (0)
+
 namespace cast::cli {
 
 Args& Args::option(const std::string& name, const std::string& default_value, const std::string& help) {
@@ -25,7 +31,7 @@ bool Args::parse(const std::vector<std::string>& argv) {
       std::fputs(help().c_str(), stdout);
       return false;
     }
-    CAST_CHECK(a.rfind("--", 0) == 0, "unexpected argument '{}' (see cast {} --help)", a, command_);
+    CAST_USAGE_CHECK(a.rfind("--", 0) == 0, "unexpected argument '{}' (see cast {} --help)", a, command_);
     std::string name = a.substr(2), value;
     const size_t eq = name.find('=');
     if (eq != std::string::npos) {
@@ -33,14 +39,14 @@ bool Args::parse(const std::vector<std::string>& argv) {
       name = name.substr(0, eq);
     }
     auto it = specs_.find(name);
-    CAST_CHECK(it != specs_.end(), "unknown option --{} (see cast {} --help)", name, command_);
+    CAST_USAGE_CHECK(it != specs_.end(), "unknown option --{} (see cast {} --help)", name, command_);
     if (it->second.is_flag) {
-      CAST_CHECK(eq == std::string::npos, "--{} takes no value", name);
+      CAST_USAGE_CHECK(eq == std::string::npos, "--{} takes no value", name);
       values_[name] = "1";
       continue;
     }
     if (eq == std::string::npos) {
-      CAST_CHECK(i + 1 < argv.size(), "--{} needs a value", name);
+      CAST_USAGE_CHECK(i + 1 < argv.size(), "--{} needs a value", name);
       value = argv[++i];
     }
     values_[name] = value;
@@ -52,7 +58,7 @@ std::string Args::str(const std::string& name) const {
   auto v = values_.find(name);
   if (v != values_.end()) return v->second;
   auto s = specs_.find(name);
-  CAST_CHECK(s != specs_.end(), "internal: undeclared option --{}", name);
+  CAST_USAGE_CHECK(s != specs_.end(), "internal: undeclared option --{}", name);
   return s->second.default_value;
 }
 
@@ -64,7 +70,7 @@ int64_t Args::integer(const std::string& name) const {
     if (used == v.size()) return r;
   } catch (const std::exception&) {
   }
-  throw Error(fmt::format("--{} expects an integer, got '{}'", name, v));
+  throw UsageError(fmt::format("--{} expects an integer, got '{}'", name, v));
 }
 
 double Args::number(const std::string& name) const {
@@ -75,7 +81,7 @@ double Args::number(const std::string& name) const {
     if (used == v.size()) return r;
   } catch (const std::exception&) {
   }
-  throw Error(fmt::format("--{} expects a number, got '{}'", name, v));
+  throw UsageError(fmt::format("--{} expects a number, got '{}'", name, v));
 }
 
 bool Args::is_set(const std::string& name) const { return values_.count(name) > 0; }
@@ -86,7 +92,7 @@ std::string Args::choice(const std::string& name, const std::vector<std::string>
     if (a == v) return v;
   std::string list;
   for (const auto& a : allowed) list += (list.empty() ? "" : "|") + a;
-  throw Error(fmt::format("--{} must be one of {}, got '{}'", name, list, v));
+  throw UsageError(fmt::format("--{} must be one of {}, got '{}'", name, list, v));
 }
 
 Args& Args::usage(const std::string& line) {

@@ -148,9 +148,9 @@ static std::string read_gzip(const std::string& path) {
   int n;
   while ((n = gzread(f, buffer, sizeof(buffer))) > 0) out.append(buffer, n);
   int err = 0;
-  const char* message = gzerror(f, &err);
+  const std::string message = gzerror(f, &err);  // a copy: gzclose frees zlib's string
   gzclose(f);
-  CAST_CHECK(n == 0 && err == Z_OK, "{}: corrupt gzip data ({})", path, message);
+  CAST_CHECK(n == 0 && err == Z_OK, "{}: corrupt or truncated gzip data ({})", path, message);
   return out;
 }
 

@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
     if (name != c.name) continue;
     try {
       return c.run(args);
+    } catch (const cast::UsageError& e) {
+      std::fprintf(stderr, "cast %s: error: %s\n", name.c_str(), e.what());
+      return 2;
     } catch (const cast::Error& e) {
       std::fprintf(stderr, "cast %s: error: %s\n", name.c_str(), e.what());
       return 1;

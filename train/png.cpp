@@ -33,6 +33,7 @@ void write(const std::string& path, const Image& image) {
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &where, on_error, on_warning);
     png_infop info = png_create_info_struct(png);
     try {
+      if (!png || !info) throw Error(fmt::format("{}: out of memory for the PNG writer", path));
       png_init_io(png, file.f);
       png_set_IHDR(png, info, image.width, image.height, 8, image.channels == 3 ? PNG_COLOR_TYPE_RGB : PNG_COLOR_TYPE_GRAY,
                    PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
@@ -42,11 +43,27 @@ void write(const std::string& path, const Image& image) {
       png_write_end(png, nullptr);
     } catch (...) {
       png_destroy_write_struct(&png, &info);
+      std::fclose(file.f);
+      file.f = nullptr;
+      std::remove(tmp.c_str());
       throw;
     }
     png_destroy_write_struct(&png, &info);
+    // a full disk shows up at the flush or the close: check both, and leave no partial file
+    const bool written = std::fflush(file.f) == 0 && !std::ferror(file.f);
+    const bool closed = std::fclose(file.f) == 0;
+    file.f = nullptr;
+    if (!written || !closed) {
+      std::remove(tmp.c_str());
+      throw Error(fmt::format("{}: write failed (disk full?)", tmp));
+    }
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("{}: cannot move the new file into place: {}", path, ec.message()));
+  }
 }
 
 Image read_gray(const std::string& path) {

@@ -22,7 +22,7 @@ namespace {
 const std::vector<std::pair<std::string, std::string>> kIntSettings = {
     {"steps", "training steps"}, {"batch", "batch size"}, {"warmup", "warmup steps"},
     {"log-every", "steps between progress lines"}, {"eval-every", "steps between validations (0: at the end)"},
-    {"checkpoint-every", "steps between checkpoints"}, {"eval-limit", "examples per evaluated split (0: all)"},
+    {"checkpoint-every", "steps between checkpoints (0: at the end only)"}, {"eval-limit", "examples per evaluated split (0: all)"},
     {"seed", "seed of data order, initialisation and dropout"}, {"max-len", "longest sequence"},
     {"dim", "model dim D"}, {"heads", "attention heads"}, {"mlp-dim", "MLP hidden width"}, {"layers", "blocks"},
     {"clusters", "clusters C (0: ceil(sqrt(N)) rounded up to 8)"}, {"cluster-size", "CAST cluster size (0: same default)"},

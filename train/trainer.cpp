@@ -72,6 +72,56 @@ TrainConfig preset(const std::string& task) {
   return c;
 }
 
+// One of the words a choice setting accepts, or a usage error naming the setting.
+static std::string choice(const std::string& key, const json& value, std::initializer_list<const char*> words) {
+  const std::string v = value.get<std::string>();
+  std::string list;
+  for (const char* w : words) {
+    if (v == w) return v;
+    list += (list.empty() ? "" : " | ") + std::string(w);
+  }
+  throw UsageError(fmt::format("setting '{}' is '{}': it must be one of {}", key, v, list));
+}
+
+// Every numeric setting within its range, checked where settings enter (flags, a JSON file, a
+// checkpoint): one line naming the setting, its value and what it accepts.
+void validate(const TrainConfig& c) {
+  const nn::ModelConfig& m = c.model;
+  const nn::AttentionConfig& a = m.attention;
+  auto in_range = [](const char* key, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) throw UsageError(fmt::format("setting '{}' is {}: it must be in [{}, {}]", key, v, lo, hi));
+  };
+  constexpr int64_t kBig = int64_t{1} << 40;
+  in_range("steps", c.steps, 0, kBig);
+  in_range("batch", c.batch, 1, 1 << 20);
+  in_range("warmup", c.warmup, 0, kBig);
+  in_range("log-every", c.log_every, 1, kBig);
+  in_range("eval-every", c.eval_every, 0, kBig);
+  in_range("checkpoint-every", c.checkpoint_every, 0, kBig);  // 0: at the end only
+  in_range("eval-limit", c.eval_limit, 0, kBig);
+  in_range("max-len", m.max_len, 1, 1 << 22);
+  in_range("dim", m.dim, 1, 1 << 16);
+  in_range("heads", m.heads, 1, 1024);
+  in_range("mlp-dim", m.mlp_dim, 1, 1 << 18);
+  in_range("layers", m.layers, 1, 1024);
+  in_range("clusters", a.clusters, 0, 1 << 16);
+  in_range("cluster-size", a.cluster_size, 0, 1 << 22);
+  in_range("topk", a.topk, 1, 1 << 22);
+  in_range("bits", a.bits, 1, 63);
+  in_range("iterations", a.iterations, 0, 100000);
+  if (m.dim % m.heads != 0)
+    throw UsageError(fmt::format("setting 'dim' is {}: it must be a multiple of 'heads' ({})", m.dim, m.heads));
+  auto positive = [](const char* key, double v, bool zero_ok) {
+    if (!std::isfinite(v) || v < 0 || (!zero_ok && v == 0))
+      throw UsageError(fmt::format("setting '{}' is {}: it must be a {} number", key, v, zero_ok ? "non-negative" : "positive"));
+  };
+  positive("lr", c.lr, false);
+  positive("weight-decay", c.weight_decay, true);
+  positive("clip", c.clip, true);
+  if (!(m.dropout >= 0 && m.dropout < 1))
+    throw UsageError(fmt::format("setting 'dropout' is {}: it must be in [0, 1)", m.dropout));
+}
+
 void apply_overrides(TrainConfig& c, const json& j) {
   CAST_CHECK(j.is_object(), "config: expected a JSON object");
   nn::ModelConfig& m = c.model;
@@ -91,10 +141,10 @@ void apply_overrides(TrainConfig& c, const json& j) {
       else if (key == "lr") c.lr = value.get<double>();
       else if (key == "weight-decay") c.weight_decay = value.get<double>();
       else if (key == "clip") c.clip = value.get<double>();
-      else if (key == "schedule") c.schedule = value.get<std::string>();
+      else if (key == "schedule") c.schedule = choice(key, value, {"rsqrt", "cosine", "constant"});
       else if (key == "seed") c.seed = m.seed = value.get<uint64_t>();
       else if (key == "eval-best") c.eval_best = value.get<bool>();
-      else if (key == "device") c.device = value.get<std::string>();
+      else if (key == "device") c.device = choice(key, value, {"auto", "cpu", "cuda"});
       else if (key == "tf32") c.tf32 = value.get<bool>();
       else if (key == "reference") c.reference = value.get<bool>();
       else if (key == "max-len") m.max_len = value.get<int64_t>();
@@ -103,29 +153,26 @@ void apply_overrides(TrainConfig& c, const json& j) {
       else if (key == "mlp-dim") m.mlp_dim = value.get<int64_t>();
       else if (key == "layers") m.layers = value.get<int64_t>();
       else if (key == "dropout") m.dropout = value.get<double>();
-      else if (key == "positions") m.learned_positions = value.get<std::string>() == "learned";
-      else if (key == "pooling") m.cls_pooling = value.get<std::string>() == "cls";
+      else if (key == "positions") m.learned_positions = choice(key, value, {"sinusoidal", "learned"}) == "learned";
+      else if (key == "pooling") m.cls_pooling = choice(key, value, {"cls", "mean"}) == "cls";
       else if (key == "attention") a.mechanism = nn::parse_mechanism(value.get<std::string>());
       else if (key == "clusters") a.clusters = value.get<int64_t>();
       else if (key == "cluster-size") a.cluster_size = value.get<int64_t>();
-      else if (key == "clustering") a.single_assignment = value.get<std::string>() == "satopk";
-      else if (key == "f") a.f = value.get<std::string>() == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
-      else if (key == "summaries") a.summaries = value.get<std::string>() == "on";
-      else if (key == "mix") a.mix_query = value.get<std::string>() == "query";
-      else if (key == "cast-heads") a.shared_clustering = value.get<std::string>() == "shared";
+      else if (key == "clustering") a.single_assignment = choice(key, value, {"topk", "satopk"}) == "satopk";
+      else if (key == "f")
+        a.f = choice(key, value, {"softmax", "laplace"}) == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
+      else if (key == "summaries") a.summaries = choice(key, value, {"on", "off"}) == "on";
+      else if (key == "mix") a.mix_query = choice(key, value, {"affinity", "query"}) == "query";
+      else if (key == "cast-heads") a.shared_clustering = choice(key, value, {"per-head", "shared"}) == "shared";
       else if (key == "topk") a.topk = value.get<int64_t>();
       else if (key == "bits") a.bits = value.get<int64_t>();
       else if (key == "iterations") a.iterations = value.get<int64_t>();
-      else throw Error(fmt::format("config: unknown setting '{}'", key));
+      else throw UsageError(fmt::format("config: unknown setting '{}'", key));
     } catch (const json::exception& e) {
-      throw Error(fmt::format("config: setting '{}' has the wrong type: {}", key, value.dump()));
+      throw UsageError(fmt::format("config: setting '{}' has the wrong type: {}", key, value.dump()));
     }
   }
-  CAST_CHECK(std::isfinite(c.lr) && c.lr > 0, "config: lr must be a positive number, got {}", c.lr);
-  CAST_CHECK(c.schedule == "rsqrt" || c.schedule == "cosine" || c.schedule == "constant",
-             "config: schedule must be rsqrt, cosine or constant, got '{}'", c.schedule);
-  CAST_CHECK(c.steps >= 0 && c.batch > 0 && c.warmup >= 0, "config: steps, batch and warmup must be positive");
-  CAST_CHECK(m.dim % m.heads == 0, "config: dim {} must be a multiple of heads {}", m.dim, m.heads);
+  validate(c);
 }
 
 std::string setting_value(const TrainConfig& c, const std::string& key) {
@@ -283,9 +330,20 @@ Checkpoint read_checkpoint_header(const std::string& path) {
     ck.config.task = train.at("task").get<std::string>();
     apply_overrides(ck.config, train);
     ck.config.model = nn::ModelConfig::from_json(json::parse(get("model")));
-    ck.step = std::stoll(get("step"));
-    ck.rng_offset = std::stoull(get("rng_offset"));
-    ck.best_val = std::stod(get("best_val"));
+    validate(ck.config);  // a checkpoint's sizes are input too: `layers: 1000000` is refused here
+    // whole-string numbers: "12oops" is no step
+    auto whole = [&](const char* key, auto parse) {
+      const std::string text = get(key);
+      size_t used = 0;
+      const auto value = parse(text, &used);
+      CAST_CHECK(used == text.size() && !text.empty(), "'{}' is '{}', not a number", key, text);
+      return value;
+    };
+    ck.step = whole("step", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
+    ck.rng_offset = whole("rng_offset", [](const std::string& t, size_t* u) { return std::stoull(t, u); });
+    ck.best_val = whole("best_val", [](const std::string& t, size_t* u) { return std::stod(t, u); });
+    CAST_CHECK(ck.step >= 0 && ck.step <= ck.config.steps, "'step' is {}, outside [0, {}] (the run's steps)", ck.step,
+               ck.config.steps);
   } catch (const std::exception& e) {
     throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, e.what()));
   }

@@ -35,7 +35,9 @@ struct TrainConfig {
 // The reference settings of a task (LRA.md), or the small CPU presets.
 TrainConfig preset(const std::string& task);
 // Sets the fields named in `j` (flat keys, as the command-line flags without dashes).
-void apply_overrides(TrainConfig& c, const nlohmann::json& j);
+void apply_overrides(TrainConfig& c, const nlohmann::json& j);  // then validate(c)
+// Every setting within its range; a UsageError naming the setting, its value and the range.
+void validate(const TrainConfig& c);
 // A setting's value in `c`, as its flag would spell it (the inverse of apply_overrides).
 std::string setting_value(const TrainConfig& c, const std::string& key);
 const std::vector<std::string>& task_names();  // every preset
