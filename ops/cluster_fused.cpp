@@ -48,9 +48,11 @@ void softmax_rows(T* s, const int32_t* col_ids, int64_t rows, int64_t cols, T* l
     for (int64_t c = 0; c < cols; ++c)
       if (col_ids[c] < 0) row[c] = static_cast<T>(-kInf);
     const T mx = max_of(row, cols);
-    if (mx == static_cast<T>(-kInf)) {
-      std::fill(row, row + cols, T(0));
-      lse[r] = static_cast<T>(-kInf);
+    if (mx == static_cast<T>(-kInf)) {  // no valid column, or only NaN: NaN must stay NaN
+      bool nan = false;
+      for (int64_t c = 0; c < cols; ++c) nan = nan || std::isnan(row[c]);
+      std::fill(row, row + cols, nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
+      lse[r] = nan ? std::numeric_limits<T>::quiet_NaN() : static_cast<T>(-kInf);
       continue;
     }
     const T total = exp_shifted(row, cols, mx);

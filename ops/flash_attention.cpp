@@ -66,7 +66,10 @@ void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* ou
       T* s = scores + r * nk;
       const T tile_max = max_of(s, nk);
       const T new_max = std::max(row_max[r], tile_max);
-      if (new_max == static_cast<T>(kMinusInf)) {  // no real key yet: nothing to add
+      if (new_max == static_cast<T>(kMinusInf)) {  // no real key yet: nothing to add, unless NaN came in
+        bool nan = false;
+        for (int64_t c = 0; c < nk; ++c) nan = nan || std::isnan(s[c]);
+        if (nan) row_sum[r] = std::numeric_limits<T>::quiet_NaN();  // NaN propagates to the output
         std::fill(s, s + nk, T(0));
         continue;
       }

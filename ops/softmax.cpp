@@ -39,9 +39,11 @@ static void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log) {
     for (int64_t j = 0; j < n; ++j) y[j] = mask[j] != T(0) ? x[j] : minus_inf;
   else
     std::copy(x, x + n, y);
-  const T mx = max_of(y, n);
-  if (mx == minus_inf) {  // fully masked row
-    std::fill(y, y + n, T(0));
+  const T mx = max_of(y, n);  // NaN compares false: an all-NaN row also gives −∞ here
+  if (mx == minus_inf) {
+    bool nan = false;
+    for (int64_t j = 0; j < n; ++j) nan = nan || std::isnan(y[j]);
+    std::fill(y, y + n, nan ? std::numeric_limits<T>::quiet_NaN() : T(0));  // NaN stays NaN; a masked row is 0
     return;
   }
   const T total = exp_shifted(y, n, mx);  // y = exp(x − max), 0 where masked

@@ -1,6 +1,7 @@
 // The CPU fast paths under the primitive ops against their readable references: the BLAS
 // matmul against the plain loops (every transpose case, batches, empty and k = 0 products),
 // and the row-wise broadcasting loops against element-by-element arithmetic.
+#include "ops/flash_attention.h"
 #include "ops/matmul.h"
 #include "tests/test_util.h"
 
@@ -116,4 +117,16 @@ TEST(UnaryF32Forms, AgreeWithDoublePrecision) {
     x32.reset_grad();
     x64.reset_grad();
   }
+}
+
+TEST(NaNInputs, PropagateThroughSoftmaxAndTheFusedAttention) {
+  // a NaN must reach the loss (training stops on it), not turn into a masked-looking zero
+  const float nan = std::nanf("");
+  Tensor row = Tensor::from_vector<float>({nan, nan, nan}, {1, 3});
+  for (double v : ops::softmax(row).to_double_vector()) EXPECT_TRUE(std::isnan(v));
+  Tensor q = Tensor::full({1, 1, 2, 4}, nan), k = Tensor::full({1, 1, 3, 4}, 0.5), v = Tensor::full({1, 1, 3, 4}, 1.0);
+  for (double x : ops::flash_attention(q, k, v, Tensor()).to_double_vector()) EXPECT_TRUE(std::isnan(x));
+  // a fully masked row is still zeros
+  Tensor masked = ops::softmax(Tensor::from_vector<float>({1, 2, 3}, {1, 3}), Tensor::zeros({1, 3}));
+  for (double x : masked.to_double_vector()) EXPECT_EQ(x, 0.0);
 }

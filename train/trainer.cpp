@@ -498,12 +498,14 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
     if (!std::isfinite(loss_value)) {
       autograd::clear_tape();
       throw Error(fmt::format("step {}: the loss is {}; training stopped. The last good checkpoint is {}", step,
-                              loss_value, std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)"));
+                              std::isnan(loss_value) ? "nan" : loss_value > 0 ? "inf" : "-inf",
+                              std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)"));
     }
     autograd::backward(loss);
     const double grad_norm = clip_gradients(params, c.clip);
     CAST_CHECK(std::isfinite(grad_norm), "step {}: the gradient norm is {}; training stopped before the update. The last good "
-               "checkpoint is {}", step, grad_norm, std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)");
+               "checkpoint is {}", step, std::isnan(grad_norm) ? "nan" : "inf",
+               std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)");
     ops::AdamWStep s{learning_rate(c, step), c.beta1, c.beta2, c.eps, 0.0, step};
     for (size_t i = 0; i < params.size(); ++i) {
       Tensor& p = *params[i].second;
