@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config libfmt-dev nlohmann-json3-dev libgtest-dev
-          libpng-dev zlib1g-dev libomp-dev libopenblas-openmp-dev dataset-fashion-mnist)
+          libpng-dev zlib1g-dev libomp-dev libopenblas-openmp-dev dataset-fashion-mnist
+          clang libclang-rt-14-dev)
 
 missing=()
 for p in "${packages[@]}"; do

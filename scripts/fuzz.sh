@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of fuzz/ with clang (AddressSanitizer and UBSan on) into
+# build-fuzz/ and runs each for a bounded time from a seed it writes itself. A crash, a
+# sanitizer report, a timeout or running out of the memory cap fails the script and leaves the
+# input in build-fuzz/findings/.
+#   scripts/fuzz.sh [seconds per target]     (default 10; CI runs the default)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-10}"
+targets=(safetensors checkpoint config listops imdb aan cifar pathfinder_metadata pathfinder_png fashion_mnist)
+echo "fuzz: building ${#targets[@]} targets with clang (log in build-fuzz.log)"
+cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DCAST_FUZZ=ON \
+  -DCAST_ENABLE_CUDA=OFF -DCAST_ENABLE_EMULATION=OFF > build-fuzz.log 2>&1 || { tail -n 40 build-fuzz.log; exit 1; }
+cmake --build build-fuzz -j"$(nproc)" $(printf -- "--target fuzz_%s " "${targets[@]}") >> build-fuzz.log 2>&1 ||
+  { tail -n 40 build-fuzz.log; exit 1; }
+mkdir -p build-fuzz/findings
+status=0
+for t in "${targets[@]}"; do
+  corpus="build-fuzz/corpus/$t"
+  mkdir -p "$corpus"
+  "build-fuzz/fuzz_$t" --write-seeds "$corpus" > /dev/null 2>&1
+  if "build-fuzz/fuzz_$t" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=200000 \
+       -artifact_prefix="build-fuzz/findings/${t}_" -print_final_stats=1 > "build-fuzz/$t.log" 2>&1; then
+    echo "fuzz: $t: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "build-fuzz/$t.log" | grep -o '[0-9]*$') inputs in ${seconds} s, no finding"
+  else
+    echo "fuzz: $t: FAILED (build-fuzz/$t.log, input in build-fuzz/findings/)"
+    grep -E "ERROR|runtime error|SUMMARY|terminate|what\(\)" "build-fuzz/$t.log" | head -5 || true
+    status=1
+  fi
+done
+exit $status
