@@ -225,7 +225,19 @@ TEST(Training, CheckpointMetadataIsParsedStrictly) {
   auto model_json = nlohmann::json::parse(f.metadata.at("model"));
   model_json["layers"] = 1000000;
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())), "setting 'layers' is 1000000");
+  model_json["layers"] = 1e30;  // a float where an integer belongs: once undefined behaviour
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())), "'layers' is 1e+30, not an integer");
   model_json["layers"] = 2;
   model_json["heads"] = 0;
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())), "setting 'heads' is 0");
+}
+
+TEST(Training, ConfigIntegersMustBeIntegers) {
+  // found by the config fuzzer: a float for an integer setting converted with undefined behaviour
+  train::TrainConfig c = train::preset("listops-short");
+  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"steps": 6.66667e+24})")),
+                    "setting 'steps' is 6.66667e+24: it must be an integer");
+  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"seed": -3})")), "setting 'seed' is -3");
+  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"heads": 18446744073709551615})")),
+                    "must be an integer");
 }

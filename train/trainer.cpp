@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -72,6 +73,14 @@ TrainConfig preset(const std::string& task) {
   return c;
 }
 
+// An integer setting: a JSON integer that fits int64. A float such as 6.7e24 is refused here
+// (converting it to an integer is undefined behaviour; the fuzzer found it).
+static int64_t integer_setting(const std::string& key, const json& v) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}))
+    throw UsageError(fmt::format("setting '{}' is {}: it must be an integer", key, v.dump()));
+  return v.get<int64_t>();
+}
+
 // One of the words a choice setting accepts, or a usage error naming the setting.
 static std::string choice(const std::string& key, const json& value, std::initializer_list<const char*> words) {
   const std::string v = value.get<std::string>();
@@ -131,42 +140,46 @@ void apply_overrides(TrainConfig& c, const json& j) {
       if (key == "task") continue;  // chosen before the preset
       else if (key == "data") c.data_dir = value.get<std::string>();
       else if (key == "run") c.run_dir = value.get<std::string>();
-      else if (key == "steps") c.steps = value.get<int64_t>();
-      else if (key == "batch") c.batch = value.get<int64_t>();
-      else if (key == "warmup") c.warmup = value.get<int64_t>();
-      else if (key == "log-every") c.log_every = value.get<int64_t>();
-      else if (key == "eval-every") c.eval_every = value.get<int64_t>();
-      else if (key == "checkpoint-every") c.checkpoint_every = value.get<int64_t>();
-      else if (key == "eval-limit") c.eval_limit = value.get<int64_t>();
+      else if (key == "steps") c.steps = integer_setting(key, value);
+      else if (key == "batch") c.batch = integer_setting(key, value);
+      else if (key == "warmup") c.warmup = integer_setting(key, value);
+      else if (key == "log-every") c.log_every = integer_setting(key, value);
+      else if (key == "eval-every") c.eval_every = integer_setting(key, value);
+      else if (key == "checkpoint-every") c.checkpoint_every = integer_setting(key, value);
+      else if (key == "eval-limit") c.eval_limit = integer_setting(key, value);
       else if (key == "lr") c.lr = value.get<double>();
       else if (key == "weight-decay") c.weight_decay = value.get<double>();
       else if (key == "clip") c.clip = value.get<double>();
       else if (key == "schedule") c.schedule = choice(key, value, {"rsqrt", "cosine", "constant"});
-      else if (key == "seed") c.seed = m.seed = value.get<uint64_t>();
+      else if (key == "seed") {
+        const int64_t seed = integer_setting(key, value);
+        if (seed < 0) throw UsageError(fmt::format("setting 'seed' is {}: it must be at least 0", seed));
+        c.seed = m.seed = static_cast<uint64_t>(seed);
+      }
       else if (key == "eval-best") c.eval_best = value.get<bool>();
       else if (key == "device") c.device = choice(key, value, {"auto", "cpu", "cuda"});
       else if (key == "tf32") c.tf32 = value.get<bool>();
       else if (key == "reference") c.reference = value.get<bool>();
-      else if (key == "max-len") m.max_len = value.get<int64_t>();
-      else if (key == "dim") m.dim = value.get<int64_t>();
-      else if (key == "heads") m.heads = value.get<int64_t>();
-      else if (key == "mlp-dim") m.mlp_dim = value.get<int64_t>();
-      else if (key == "layers") m.layers = value.get<int64_t>();
+      else if (key == "max-len") m.max_len = integer_setting(key, value);
+      else if (key == "dim") m.dim = integer_setting(key, value);
+      else if (key == "heads") m.heads = integer_setting(key, value);
+      else if (key == "mlp-dim") m.mlp_dim = integer_setting(key, value);
+      else if (key == "layers") m.layers = integer_setting(key, value);
       else if (key == "dropout") m.dropout = value.get<double>();
       else if (key == "positions") m.learned_positions = choice(key, value, {"sinusoidal", "learned"}) == "learned";
       else if (key == "pooling") m.cls_pooling = choice(key, value, {"cls", "mean"}) == "cls";
       else if (key == "attention") a.mechanism = nn::parse_mechanism(value.get<std::string>());
-      else if (key == "clusters") a.clusters = value.get<int64_t>();
-      else if (key == "cluster-size") a.cluster_size = value.get<int64_t>();
+      else if (key == "clusters") a.clusters = integer_setting(key, value);
+      else if (key == "cluster-size") a.cluster_size = integer_setting(key, value);
       else if (key == "clustering") a.single_assignment = choice(key, value, {"topk", "satopk"}) == "satopk";
       else if (key == "f")
         a.f = choice(key, value, {"softmax", "laplace"}) == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
       else if (key == "summaries") a.summaries = choice(key, value, {"on", "off"}) == "on";
       else if (key == "mix") a.mix_query = choice(key, value, {"affinity", "query"}) == "query";
       else if (key == "cast-heads") a.shared_clustering = choice(key, value, {"per-head", "shared"}) == "shared";
-      else if (key == "topk") a.topk = value.get<int64_t>();
-      else if (key == "bits") a.bits = value.get<int64_t>();
-      else if (key == "iterations") a.iterations = value.get<int64_t>();
+      else if (key == "topk") a.topk = integer_setting(key, value);
+      else if (key == "bits") a.bits = integer_setting(key, value);
+      else if (key == "iterations") a.iterations = integer_setting(key, value);
       else throw UsageError(fmt::format("config: unknown setting '{}'", key));
     } catch (const json::exception& e) {
       throw UsageError(fmt::format("config: setting '{}' has the wrong type: {}", key, value.dump()));
