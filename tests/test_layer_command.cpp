@@ -1,6 +1,7 @@
 // Layer 3: the audit command against reference files computed outside the engine
 // (tests/reference/make_layer_reference.py: numpy forward from ATTENTION.md, gradients by
 // central differences), and its errors on files that do not match the options.
+#include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <filesystem>
 
 #include "tensor/safetensors.h"
@@ -12,7 +13,7 @@ using namespace cast::testing;
 
 static std::string data_file(const std::string& name) { return std::string(CAST_TEST_DATA_DIR) + "/" + name; }
 static std::string temp_file(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("cast_layer_" + name)).string();
+  return (std::filesystem::temp_directory_path() / ("cast_layer_" + std::to_string(getpid()) + "_" + name)).string();
 }
 
 static void expect_matches_reference(const std::string& reference, std::vector<std::string> options) {

@@ -1,5 +1,6 @@
 // Loaders on small files written here in the release formats, and on broken ones: each error
 // names the file (and line or record).
+#include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <zlib.h>
 
 #include <filesystem>
@@ -14,7 +15,7 @@ using namespace cast::testing;
 namespace fs = std::filesystem;
 
 static std::string fresh_dir(const std::string& name) {
-  auto p = fs::temp_directory_path() / ("cast_data_" + name);
+  auto p = fs::temp_directory_path() / ("cast_data_" + std::to_string(getpid()) + "_" + name);
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();

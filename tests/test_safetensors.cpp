@@ -1,4 +1,5 @@
 // safetensors round trips and malformed files.
+#include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <filesystem>
 #include <fstream>
 
@@ -9,7 +10,7 @@ using namespace cast;
 using namespace cast::testing;
 
 static std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("cast_test_" + name)).string();
+  return (std::filesystem::temp_directory_path() / ("cast_test_" + std::to_string(getpid()) + "_" + name)).string();
 }
 
 TEST(SafeTensors, RoundTripAllDtypes) {

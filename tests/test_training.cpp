@@ -1,5 +1,6 @@
 // Layer 3: a tiny model learns a tiny task with every mechanism; a resumed run reproduces the
 // uninterrupted one bit for bit; checkpoints round-trip and refuse a different model.
+#include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -67,7 +68,7 @@ static train::TrainConfig tiny_config(nn::Mechanism mechanism, const std::string
 }
 
 static std::string temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() / ("cast_train_" + name);
+  auto p = std::filesystem::temp_directory_path() / ("cast_train_" + std::to_string(getpid()) + "_" + name);
   std::filesystem::remove_all(p);
   return p.string();
 }
@@ -185,7 +186,8 @@ TEST(Training, PresetsAndOverrides) {
   EXPECT_EQ(c.model.attention.mechanism, nn::Mechanism::iclustered);
   EXPECT_EQ(c.steps, 10);
   EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"stepz", 1}}), "unknown setting 'stepz'");
-  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"steps", "many"}}), "wrong type");
+  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"steps", "many"}}), "it must be an integer");
+  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"lr", "fast"}}), "wrong type");
   EXPECT_CAST_ERROR(train::preset("sudoku"), "unknown task");
 }
 
