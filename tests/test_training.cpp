@@ -243,3 +243,23 @@ TEST(Training, ConfigIntegersMustBeIntegers) {
   EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"heads": 18446744073709551615})")),
                     "must be an integer");
 }
+
+TEST(Training, NamedOrStoredDataFoldersAreNeverGenerated) {
+  // resuming once generated a new data set wherever the checkpoint said the data had been
+  train::TrainConfig c = train::preset("listops-short");
+  const std::string missing = temp_dir("no_data") + "/listops";
+  c.data_dir = missing;
+  c.run_dir = temp_dir("no_data_run");
+  c.steps = 1;
+  EXPECT_CAST_ERROR(train::run_training(c, "", 0, true), missing);
+  EXPECT_FALSE(std::filesystem::exists(missing));
+}
+
+TEST(Training, EmptyTrainingSplitAndUnwritableRunFolderFailBeforeTraining) {
+  data::TaskData task = counting_task(0, 8, 3);  // no training examples: once a division by zero
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("empty_split"));
+  EXPECT_CAST_ERROR(train::train_on(c, task, "", 0, true), "the training split has no examples");
+  data::TaskData ok = counting_task(16, 8, 3);
+  c.run_dir = "/proc/cast_cannot_write_here";
+  EXPECT_CAST_ERROR(train::train_on(c, ok, "", 0, true), "run folder /proc/cast_cannot_write_here: cannot write");
+}

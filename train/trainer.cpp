@@ -454,7 +454,10 @@ double clip_gradients(nn::ParamList& params, double max_norm) {
 }  // namespace
 
 TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t stop_after, bool quiet) {
-  const data::TaskData task = load_task(c, true);
+  // Data is generated only for a new run in the default folder: a resumed run's stored folder,
+  // or a folder the user named, is read, never created (a missing one is an error).
+  const bool may_generate = resume_from.empty() && c.data_dir.empty();
+  const data::TaskData task = load_task(c, may_generate);
   return train_on(c, task, resume_from, stop_after, quiet);
 }
 
@@ -472,8 +475,17 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   ops::set_cpu_gemm(c.reference ? ops::CpuGemm::loops : ops::CpuGemm::blas);
   c.model.attention.fused = !c.reference;
   if (c.run_dir.empty()) c.run_dir = fmt::format("runs/{}-{}", c.task, nn::mechanism_name(c.model.attention.mechanism));
-  std::filesystem::create_directories(c.run_dir);
+  {  // the run folder must take files before any step is spent
+    std::error_code ec;
+    std::filesystem::create_directories(c.run_dir, ec);
+    const std::string probe = c.run_dir + "/.write_test.tmp";
+    std::ofstream(probe) << "ok";
+    CAST_CHECK(!ec && std::filesystem::file_size(probe, ec) == 2 && !ec, "run folder {}: cannot write files there{}",
+               c.run_dir, ec ? " (" + ec.message() + ")" : "");
+    std::filesystem::remove(probe, ec);
+  }
   const std::string ckpt_path = c.run_dir + "/checkpoint.safetensors";
+  CAST_CHECK(!task.train.empty(), "task {}: the training split has no examples (check the data folder)", task.name);
 
   CAST_CHECK(task.vocab <= c.model.vocab && task.classes == c.model.classes && task.dual == c.model.dual,
              "task {} (vocab {}, {} classes) does not fit the model (vocab {}, {} classes)", task.name, task.vocab,
@@ -499,6 +511,8 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   auto run_eval = [&](const char* split_name, const std::vector<data::Example>& split) {
     EvalResult r = evaluate(model, task, split, c.batch, c.eval_limit, device);
     metrics << json{{"step", step}, {"split", split_name}, {"loss", r.loss}, {"accuracy", r.accuracy}}.dump() << '\n';
+    metrics.flush();
+    CAST_CHECK(metrics.good(), "{}/metrics.jsonl: write failed (disk full?)", c.run_dir);
     return r;
   };
 
@@ -545,6 +559,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
       metrics << json{{"step", step}, {"split", "train"}, {"loss", l}, {"accuracy", a}, {"lr", s.lr},
                       {"tokens_per_s", window_tokens / std::max(dt, 1e-9)}}.dump() << '\n';
       metrics.flush();
+      CAST_CHECK(metrics.good(), "{}/metrics.jsonl: write failed (disk full?)", c.run_dir);
       if (!quiet) {
         const std::string line = fmt::format("step {:>6}/{}  loss {:.4f}  acc {:5.1f}%  lr {:.2e}  {:.0f} tok/s  ETA {}",
                                              step, c.steps, l, 100 * a, s.lr, window_tokens / std::max(dt, 1e-9),
@@ -583,7 +598,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   json summary = {{"task", c.task}, {"attention", nn::mechanism_name(c.model.attention.mechanism)}, {"steps", step},
                   {"seconds", seconds}, {"val_accuracy", result.val.accuracy}, {"test_accuracy", result.test.accuracy},
                   {"majority_rate", result.majority}, {"evaluated", c.eval_best ? "best" : "final"}};
-  std::ofstream(c.run_dir + "/summary.json") << summary.dump(2) << '\n';
+  write_text_atomically(c.run_dir + "/summary.json", summary.dump(2) + "\n");
   if (!quiet) {
     fmt::print("done in {}: {} model after {} steps\n", format_duration(seconds), c.eval_best ? "best" : "final", step);
     if (result.val.examples) fmt::print("  validation accuracy {:.1f}%  (loss {:.4f})\n", 100 * result.val.accuracy, result.val.loss);
