@@ -1,5 +1,9 @@
 #include "tensor/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -104,9 +108,20 @@ TensorFile parse_safetensors(const std::vector<char>& bytes, const std::string& 
 }
 
 TensorFile read_safetensors(const std::string& path) {
+  // A regular file of known size, read once: a device such as /dev/zero never ends, and its
+  // bytes would be read until memory ran out.
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  CAST_CHECK(!ec && std::filesystem::exists(status), "{}: cannot open file", path);
+  CAST_CHECK(std::filesystem::is_regular_file(status), "{}: not a regular file", path);
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  CAST_CHECK(!ec, "{}: cannot read its size: {}", path, ec.message());
+  CAST_CHECK(size <= (uintmax_t{1} << 40), "{}: {} bytes is larger than any file this reads (1 TiB)", path, size);
   std::ifstream in(path, std::ios::binary);
   CAST_CHECK(in.good(), "{}: cannot open file", path);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<char> bytes(static_cast<size_t>(size));
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  CAST_CHECK(static_cast<uintmax_t>(in.gcount()) == size, "{}: read {} of {} bytes", path, in.gcount(), size);
   return parse_safetensors(bytes, path);
 }
 
@@ -135,20 +150,59 @@ std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& ten
   return out;
 }
 
-void write_file_atomic(const std::string& path, const std::vector<char>& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    CAST_CHECK(out.good(), "{}: cannot open for writing", tmp);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    CAST_CHECK(out.good(), "{}: write failed (disk full?)", tmp);
-  }
+std::string output_path(const std::string& path) {
+  // A symlink is followed on purpose: its target is replaced and the link stays a link. The file
+  // to replace must be a regular file or not exist yet: a device (/dev/full), a folder or a pipe
+  // is refused, never replaced by a regular file.
+  namespace fs = std::filesystem;
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw Error(fmt::format("{}: cannot rename temporary file into place: {}", path, ec.message()));
+  std::string target = path;
+  if (fs::is_symlink(fs::symlink_status(path, ec))) {
+    const fs::path link = fs::read_symlink(path, ec);
+    CAST_CHECK(!ec, "{}: cannot read the symbolic link: {}", path, ec.message());
+    target = (link.is_absolute() ? link : fs::path(path).parent_path() / link).string();
+  }
+  const auto status = fs::status(target, ec);
+  CAST_CHECK(!fs::exists(status) || fs::is_regular_file(status), "{}: exists and is not a regular file; not replacing it",
+             path);
+  return target;
+}
+
+void write_file_atomic(const std::string& path, const std::vector<char>& bytes) {
+  // The new content goes to a temporary file beside the target, is flushed to disk, and is
+  // renamed over the target; the folder is flushed after. On any failure the temporary file
+  // is removed and the old file stays as it was.
+  const std::string target = output_path(path), tmp = target + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  CAST_CHECK(fd >= 0, "{}: cannot open for writing: {}", tmp, std::strerror(errno));
+  auto fail = [&](const std::string& what) {
+    const std::string reason = std::strerror(errno);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("{}: {}: {}", tmp, what, reason));
+  };
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("write failed");
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) fail("flush to disk failed");
+  if (::close(fd) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("{}: close failed: {}", tmp, reason));
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("{}: cannot move the new file into place: {}", target, reason));
+  }
+  const std::string folder = std::filesystem::path(target).parent_path().string();
+  const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {  // the rename itself reaches the disk
+    ::fsync(dir);
+    ::close(dir);
   }
 }
 

@@ -29,6 +29,9 @@ std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& ten
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// The file a write to `path` replaces: the target of a symlink, refused unless it is a regular
+// file or does not exist.
+std::string output_path(const std::string& path);
 // Writes a file atomically (temporary file, flush, rename).
 void write_file_atomic(const std::string& path, const std::vector<char>& bytes);
 

@@ -59,6 +59,34 @@ TEST(SafeTensors, HugeShapesWithAZeroDimensionAreRefused) {
   EXPECT_EQ(shape_numel({7, 0, 9}), 0);
 }
 
+TEST(SafeTensors, DevicesAndFoldersAreRefused) {
+  // `--in /dev/zero` once read until memory ran out
+  EXPECT_CAST_ERROR(read_safetensors("/dev/zero"), "/dev/zero: not a regular file");
+  EXPECT_CAST_ERROR(read_safetensors("/tmp"), "/tmp: not a regular file");
+}
+
+TEST(SafeTensors, WritesReplaceOnlyRegularFilesAndFollowSymlinks) {
+  // `--out /dev/full` once replaced the device node with a regular file
+  std::map<std::string, Tensor> t = {{"w", Tensor::zeros({2})}};
+  EXPECT_CAST_ERROR(write_safetensors("/dev/full", t), "/dev/full: exists and is not a regular file");
+  EXPECT_TRUE(std::filesystem::is_character_file("/dev/full"));
+  const std::string dir = temp_path("dir_target");
+  std::filesystem::create_directories(dir);
+  EXPECT_CAST_ERROR(write_safetensors(dir, t), "not a regular file");
+  // through a symlink: the target gets the new content, the link stays a link
+  const std::string target = temp_path("link_target.safetensors"), link = temp_path("link.safetensors");
+  std::filesystem::remove(link);
+  write_safetensors(target, {{"w", Tensor::zeros({1})}});
+  std::filesystem::create_symlink(target, link);
+  write_safetensors(link, t);
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(read_safetensors(target).get("w").numel(), 2);
+  EXPECT_FALSE(std::filesystem::exists(target + ".tmp"));
+  // a failed write leaves no temporary behind and the old file as it was
+  EXPECT_CAST_ERROR(write_safetensors("/proc/cast_nowhere.safetensors", t), "cannot open for writing");
+  EXPECT_FALSE(std::filesystem::exists("/proc/cast_nowhere.safetensors.tmp"));
+}
+
 TEST(SafeTensors, CorruptHeaders) {
   auto make = [](const std::string& header, size_t data_bytes) {
     std::vector<char> out(8 + header.size() + data_bytes, 0);

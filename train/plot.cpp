@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tensor/error.h"
+#include "tensor/safetensors.h"
 
 namespace cast::train {
 
@@ -123,24 +124,7 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
 }  // namespace
 
 void write_text_atomically(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    CAST_CHECK(out.good(), "{}: cannot open for writing", tmp);
-    out << content;
-    out.flush();
-    if (!out.good()) {
-      out.close();
-      std::remove(tmp.c_str());
-      throw Error(fmt::format("{}: write failed (disk full?)", tmp));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("{}: cannot move the new file into place: {}", path, ec.message()));
-  }
+  write_file_atomic(path, std::vector<char>(content.begin(), content.end()));
 }
 
 namespace {

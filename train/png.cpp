@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "tensor/error.h"
+#include "tensor/safetensors.h"
 
 namespace cast::png {
 
@@ -24,9 +25,10 @@ struct File {
 void on_warning(png_structp, png_const_charp) {}
 }  // namespace
 
-void write(const std::string& path, const Image& image) {
+void write(const std::string& original_path, const Image& image) {
+  const std::string path = output_path(original_path);  // a symlink's target; never a device or folder
   const std::string tmp = path + ".tmp";
-  std::string where = path;
+  std::string where = original_path;
   {
     File file{std::fopen(tmp.c_str(), "wb")};
     CAST_CHECK(file.f, "{}: cannot open for writing", tmp);
