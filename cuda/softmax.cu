@@ -15,8 +15,11 @@ __global__ void softmax_forward_kernel(float* y, const float* x, const float* ma
   for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
     if (!mr || mr[j] != 0.f) mx = fmaxf(mx, xr[j]);
   mx = block_reduce<true>(mx);
-  if (mx == -INFINITY) {  // fully masked row
-    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) yr[j] = 0.f;
+  if (mx == -INFINITY) {  // no real entry above −∞: a masked row gives 0, a row of NaN gives NaN (as the CPU)
+    float nans = 0;
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) nans += (!mr || mr[j] != 0.f) && xr[j] != xr[j] ? 1.f : 0.f;  // x != x: NaN
+    nans = block_reduce<false>(nans);
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) yr[j] = nans > 0.f ? NAN : 0.f;
     return;
   }
   float total = 0;

@@ -147,6 +147,19 @@ TEST(CudaVsCpu, Int64LabelsAndEmptyTensors) {
   expect_devices_agree([](const Inputs& x) { return ops::gelu(x[0]); }, Inputs{rand32({0}, 49)});
 }
 
+TEST(CudaVsCpu, SoftmaxOfNaNRowsIsNaNOnBothDevices) {
+  SKIP_WITHOUT_GPU();
+  // an all-NaN row must stay NaN (the training loop stops on it), a fully masked row is 0
+  const float nan = std::nanf("");
+  Tensor x = Tensor::from_vector<float>({nan, nan, nan, 1, 2, 3}, {2, 3});
+  Tensor mask = Tensor::from_vector<float>({1, 1, 1, 0, 0, 0}, {2, 3});
+  for (Device d : {Device::cpu, Device::cuda}) {
+    auto y = ops::softmax(x.to(d), mask.to(d)).to_double_vector();
+    for (int j = 0; j < 3; ++j) EXPECT_TRUE(std::isnan(y[j])) << device_name(d) << " " << j;
+    for (int j = 3; j < 6; ++j) EXPECT_EQ(y[j], 0.0) << device_name(d) << " " << j;
+  }
+}
+
 TEST(CudaVsCpu, GemmWithEmptyInnerDimension) {
   SKIP_WITHOUT_GPU();
   for (bool ta : {false, true})
