@@ -206,6 +206,10 @@ void write_file_atomic(const std::string& path, const std::vector<char>& bytes) 
   }
 }
 
+void write_file_atomic(const std::string& path, const std::string& text) {
+  write_file_atomic(path, std::vector<char>(text.begin(), text.end()));
+}
+
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   write_file_atomic(path, serialize_safetensors(tensors, metadata));

@@ -34,5 +34,6 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
 std::string output_path(const std::string& path);
 // Writes a file atomically (temporary file, flush, rename).
 void write_file_atomic(const std::string& path, const std::vector<char>& bytes);
+void write_file_atomic(const std::string& path, const std::string& text);
 
 }  // namespace cast

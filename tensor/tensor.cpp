@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <fmt/ranges.h>
 
 #include "tensor/device_memory.h"
@@ -36,6 +37,17 @@ int64_t shape_numel(const Shape& s) {
 static std::atomic<size_t> g_host_current{0}, g_host_peak{0};
 
 HostMemoryStats host_memory_stats() { return {g_host_current.load(), g_host_peak.load()}; }
+
+size_t host_memory_total() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib * 1024;
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
 void reset_host_peak_memory() { g_host_peak = g_host_current.load(); }
 
 // Sizes are rounded up to 64 bytes (aligned_alloc needs a multiple of the alignment).

@@ -108,6 +108,8 @@ struct HostMemoryStats {
   size_t current = 0, peak = 0;
 };
 HostMemoryStats host_memory_stats();
+// The machine's total memory from /proc/meminfo, or 0 where it cannot be read.
+size_t host_memory_total();
 void reset_host_peak_memory();
 
 // Tests turn this on so that an op that fails to write part of its output shows NaN

@@ -22,20 +22,6 @@ inline std::vector<Tensor> copy_inputs(const std::vector<Tensor>& inputs, Device
   return out;
 }
 
-// Every element within atol + rtol·|cpu|, and ‖cuda − cpu‖/‖cpu‖ ≤ rtol (ATTENTION.md: 1e-5
-// in fp32): one wrong element cannot hide in a large tensor.
-inline void expect_close_per_element(const Tensor& gpu, const Tensor& cpu, double rtol, double atol,
-                                     const std::string& what) {
-  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
-  auto g = gpu.to_double_vector(), c = cpu.to_double_vector();
-  int64_t bad = 0;
-  for (size_t i = 0; i < c.size(); ++i)
-    if (!(std::abs(g[i] - c[i]) <= atol + rtol * std::abs(c[i])) && bad++ < 3)
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA and " << c[i] << " on the CPU";
-  EXPECT_EQ(bad, 0) << what << ": elements that differ";
-  if (!c.empty()) EXPECT_LE(rel_diff(gpu, cpu), rtol) << what;
-}
-
 // Runs fn on CPU copies of the inputs, then backward with a fixed output gradient; then the same
 // on CUDA copies. Each forward is walked by its own backward: one tape holds one device's graph
 // at a time (recording both first would leave the second backward nothing to walk). Compares

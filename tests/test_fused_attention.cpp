@@ -28,18 +28,6 @@ Tensor tail_mask(int64_t N, const std::vector<int64_t>& padding, DType dtype) {
   return Tensor::from_vector<double>(m, {static_cast<int64_t>(padding.size()), N}).to(dtype);
 }
 
-// Every element within atol + rtol·|reference|, and the whole within rtol in norm.
-void expect_close(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
-  auto g = got.to_double_vector(), w = want.to_double_vector();
-  ASSERT_EQ(g.size(), w.size()) << what;
-  int64_t bad = 0;
-  for (size_t i = 0; i < g.size(); ++i)
-    if (!(std::abs(g[i] - w[i]) <= atol + rtol * std::abs(w[i])) && bad++ < 3)
-      ADD_FAILURE() << what << " element " << i << ": " << g[i] << " vs reference " << w[i];
-  EXPECT_EQ(bad, 0) << what << ": elements off";
-  EXPECT_LE(rel_diff(got, want), rtol) << what;
-}
-
 struct Shape5 {
   int64_t B, H, M, N, d;
 };
@@ -87,9 +75,9 @@ TEST_P(FlashAgainstReference, ValuesAndEveryGradient) {
       grads[fused] = {q.grad(), k.grad(), v.grad()};
       for (Tensor* t : {&q, &k, &v}) t->reset_grad();
     }
-    expect_close(outs[1], outs[0], rtol, atol, "output " + label(s));
+    expect_close_per_element(outs[1], outs[0], rtol, atol, "output " + label(s));
     const char* names[] = {"dq", "dk", "dv"};
-    for (int i = 0; i < 3; ++i) expect_close(grads[1][i], grads[0][i], rtol, atol, names[i] + (" " + label(s)));
+    for (int i = 0; i < 3; ++i) expect_close_per_element(grads[1][i], grads[0][i], rtol, atol, names[i] + (" " + label(s)));
   }
 }
 
@@ -171,9 +159,9 @@ TEST_P(FusedLayer, MatchesReferenceLayer) {
     x.reset_grad();
     for (auto& [name, p] : layer.parameters()) grads[fused][name] = p.grad();
   }
-  expect_close(outs[1], outs[0], 3e-5, 3e-6, std::string(lc.name) + " output");
+  expect_close_per_element(outs[1], outs[0], 3e-5, 3e-6, std::string(lc.name) + " output");
   ASSERT_EQ(grads[0].size(), grads[1].size());
-  for (auto& [name, g] : grads[0]) expect_close(grads[1][name], g, 3e-5, 3e-6, std::string(lc.name) + " d" + name);
+  for (auto& [name, g] : grads[0]) expect_close_per_element(grads[1][name], g, 3e-5, 3e-6, std::string(lc.name) + " d" + name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Mechanisms, FusedLayer,
@@ -225,9 +213,9 @@ void expect_same_op(const std::function<Tensor(const Inputs&, bool)>& fn, Inputs
       t.reset_grad();
     }
   }
-  expect_close(outs[1], outs[0], rtol, atol, what + " output");
+  expect_close_per_element(outs[1], outs[0], rtol, atol, what + " output");
   for (size_t i = 0; i < inputs.size(); ++i)
-    expect_close(grads[1][i], grads[0][i], rtol, atol, what + fmt::format(" gradient of input {}", i));
+    expect_close_per_element(grads[1][i], grads[0][i], rtol, atol, what + fmt::format(" gradient of input {}", i));
 }
 
 }  // namespace

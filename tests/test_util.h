@@ -52,6 +52,20 @@ inline double rel_diff(const Tensor& a, const Tensor& b) {
   return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
 }
 
+// Every element of `got` within atol + rtol·|want|, and ‖got − want‖/‖want‖ ≤ rtol
+// (ATTENTION.md: 1e-5 in fp32): one wrong element cannot hide in a large tensor.
+inline void expect_close_per_element(const Tensor& got, const Tensor& want, double rtol, double atol,
+                                     const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  auto g = got.to_double_vector(), c = want.to_double_vector();
+  int64_t bad = 0;
+  for (size_t i = 0; i < c.size(); ++i)
+    if (!(std::abs(g[i] - c[i]) <= atol + rtol * std::abs(c[i])) && bad++ < 3)
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << ", the reference " << c[i];
+  EXPECT_EQ(bad, 0) << what << ": elements that differ";
+  if (!c.empty()) EXPECT_LE(rel_diff(got, want), rtol) << what;
+}
+
 inline void expect_values(const Tensor& t, const std::vector<double>& expected, double tol = 1e-6) {
   auto v = t.to_double_vector();
   ASSERT_EQ(v.size(), expected.size()) << t.describe();

@@ -20,18 +20,6 @@ namespace cast {
 
 static std::string gib(size_t bytes) { return fmt::format("{:.1f} GiB", bytes / 1073741824.0); }
 
-// Total host memory from /proc/meminfo (0 where it cannot be read).
-static size_t host_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  size_t kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemTotal:") return kib * 1024;
-    in.ignore(256, '\n');
-  }
-  return 0;
-}
-
 // The CPU's model name from /proc/cpuinfo ("unknown" where it cannot be read).
 static std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -62,7 +50,7 @@ int command_info(const std::vector<std::string>& argv) {
   if (!args.parse(argv)) return 0;
   fmt::print("cast {} ({} build)\n", CAST_VERSION, CAST_BUILD_TYPE);
   fmt::print("cpu:       {}, {} cores, {} memory\n", cpu_model(), std::thread::hardware_concurrency(),
-             gib(host_memory_bytes()));
+             gib(host_memory_total()));
   fmt::print("vector isa: {} ({}; CMake option CAST_PORTABLE={})\n", build_vector_isa(),
              std::string(CAST_BUILD_ISA) == "native" ? "built for this machine" : "portable build",
              std::string(CAST_BUILD_ISA) == "native" ? "OFF" : "ON");

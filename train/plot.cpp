@@ -13,9 +13,7 @@
 
 namespace cast::train {
 
-namespace {
-
-std::string escape(const std::string& s) {
+std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     if (c == '<') out += "&lt;";
@@ -26,6 +24,8 @@ std::string escape(const std::string& s) {
   }
   return out;
 }
+
+namespace {
 
 std::string hex(const uint8_t rgb[3]) { return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]); }
 
@@ -68,7 +68,7 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
   auto px = [&](double x) { return x0 + w * (x - xmin) / (xmax - xmin); };
   auto py = [&](double y) { return y0 + h - h * std::clamp((y - ymin) / (ymax - ymin), 0.0, 1.0); };
   svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="15" font-weight="bold" text-anchor="middle">{}</text>)"
-                     "\n", x0 + w / 2, y0 - 12, escape(title));
+                     "\n", x0 + w / 2, y0 - 12, xml_escape(title));
   // grid, ticks and tick values
   const double xs = nice_step(xmin, xmax, 6), ys = nice_step(ymin, ymax, 5);
   for (double t = 0; t <= xmax + 1e-9; t += xs) {
@@ -87,7 +87,7 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
   svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="13" text-anchor="middle">training step</text>)" "\n",
                      x0 + w / 2, y0 + h + 36);
   svg += fmt::format(R"(<text transform='translate({:.1f},{:.1f}) rotate(-90)' font-size="13" text-anchor="middle">{}</text>)"
-                     "\n", x0 - 46, y0 + h / 2, escape(y_label));
+                     "\n", x0 - 46, y0 + h / 2, xml_escape(y_label));
   if (!any) {
     svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="13" text-anchor="middle" fill="#888">no data</text>)"
                        "\n", x0 + w / 2, y0 + h / 2);
@@ -116,16 +116,12 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
     svg += fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="3"{}/>)"
                        R"(<text x="{:.1f}" y="{:.1f}" font-size="12">{}</text>)" "\n",
                        lx, ly - 4, lx + 24, ly - 4, s.colour, s.dashed ? R"( stroke-dasharray="6,4")" : "", lx + 30,
-                       ly, escape(s.label));
+                       ly, xml_escape(s.label));
     ly += 18;
   }
 }
 
 }  // namespace
-
-void write_text_atomically(const std::string& path, const std::string& content) {
-  write_file_atomic(path, std::vector<char>(content.begin(), content.end()));
-}
 
 namespace {
 
@@ -136,7 +132,7 @@ std::string figure(const std::string& title, const std::vector<Series>& left, co
                                 R"(font-family="DejaVu Sans, Arial, sans-serif">)" "\n"
                                 R"(<rect width="100%" height="100%" fill="white"/>)" "\n"
                                 R"(<text x="{2}" y="26" font-size="18" font-weight="bold" text-anchor="middle">{3}</text>)" "\n",
-                                width, height, width / 2, escape(title));
+                                width, height, width / 2, xml_escape(title));
   panel(svg, 80, 70, 440, 300, left_title, "loss (cross-entropy)", left, false);
   panel(svg, 620, 70, 440, 300, right_title, "accuracy", right, true);
   return svg + "</svg>\n";
@@ -144,10 +140,9 @@ std::string figure(const std::string& title, const std::vector<Series>& left, co
 
 }  // namespace
 
-void category_colour(int index, int count, uint8_t rgb[3]) {
+void category_colour(int index, uint8_t rgb[3]) {
   // hues spread by the golden angle, three lightness levels in turn: adjacent indices differ
   // in both, so 32 clusters stay tellable apart
-  (void)count;
   const double hue = std::fmod(index * 137.508, 360.0) / 60.0;
   const double light[3] = {0.50, 0.33, 0.68}, sat = 0.75;
   const double l = light[index % 3];
@@ -201,18 +196,18 @@ void plot_run(const std::string& svg_path, const std::string& title, const Curve
   std::vector<Series> left = {{"training loss", run.steps, run.loss, train, false}};
   std::vector<Series> right = {{"training accuracy", run.steps, run.accuracy, train, false},
                                {"validation accuracy", run.val_steps, run.val_accuracy, val, true}};
-  write_text_atomically(svg_path, figure(title, left, right, "Training loss", "Accuracy"));
+  write_file_atomic(svg_path, figure(title, left, right, "Training loss", "Accuracy"));
 }
 
 void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs) {
   std::vector<Series> left, right;
   for (size_t i = 0; i < runs.size(); ++i) {
     uint8_t rgb[3];
-    category_colour(static_cast<int>(i), static_cast<int>(runs.size()), rgb);
+    category_colour(static_cast<int>(i), rgb);
     left.push_back({runs[i].label, runs[i].steps, runs[i].loss, hex(rgb), false});
     right.push_back({runs[i].label, runs[i].val_steps, runs[i].val_accuracy, hex(rgb), false});
   }
-  write_text_atomically(svg_path, figure(title, left, right, "Training loss", "Validation accuracy"));
+  write_file_atomic(svg_path, figure(title, left, right, "Training loss", "Validation accuracy"));
 }
 
 }  // namespace cast::train

@@ -23,10 +23,10 @@ void plot_run(const std::string& svg_path, const std::string& title, const Curve
 // Several runs: training loss and validation accuracy of each, one colour per run.
 void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs);
 
-// Writes a text file through a temporary beside it and a rename: never half a file.
-void write_text_atomically(const std::string& path, const std::string& content);
+// Text for SVG and XML: & < > " escaped.
+std::string xml_escape(const std::string& s);
 
 // A qualitative palette for categories: neighbouring indices differ in hue and lightness.
-void category_colour(int index, int count, uint8_t rgb[3]);
+void category_colour(int index, uint8_t rgb[3]);
 
 }  // namespace cast::train

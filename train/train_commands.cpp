@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/tape.h"
+#include "tensor/safetensors.h"
 #include "train/cli.h"
 #include "train/plot.h"
-#include "train/png.h"
 #include "train/trainer.h"
 
 namespace cast {
@@ -186,12 +186,6 @@ int command_data(const std::vector<std::string>& argv) {
   return 0;
 }
 
-static std::string escape_xml(const std::string& s) {
-  std::string out;
-  for (char c : s) out += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
-  return out;
-}
-
 int command_clusters(const std::vector<std::string>& argv) {
   cli::Args args("clusters",
                  "Render a trained CAST model's cluster assignment over one image-task input as an SVG: one panel per "
@@ -236,9 +230,9 @@ int command_clusters(const std::vector<std::string>& argv) {
                                 R"(<text x="10" y="22" font-size="16" font-weight="bold">CAST clusters ({2}): test example {3}, {4} clusters of {5} tokens per head</text>)" "\n",
                                 width, height, ck.config.model.attention.single_assignment ? "Single-Assignment Top-K" : "Top-K",
                                 index, C, ck.config.model.attention.cluster_size > 0 ? ck.config.model.attention.cluster_size : C);
-  auto colour = [](int c, int count) {
+  auto colour = [](int c) {
     uint8_t rgb[3];
-    train::category_colour(c, count, rgb);
+    train::category_colour(c, rgb);
     return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]);
   };
   auto square = [&](int x, int y, const std::string& fill) {
@@ -268,7 +262,7 @@ int command_clusters(const std::vector<std::string>& argv) {
         }
       const int x0 = left + (h + 1) * (panel + gap);
       for (int p = 0; p < side * side; ++p)
-        square(x0 + (p % side) * s, y0 + (p / side) * s, owner[p] >= 0 ? colour(owner[p], C) : "#000000");
+        square(x0 + (p % side) * s, y0 + (p / side) * s, owner[p] >= 0 ? colour(owner[p]) : "#000000");
       svg += "\n";
     }
   }
@@ -276,7 +270,7 @@ int command_clusters(const std::vector<std::string>& argv) {
   for (int c = 0; c < C; ++c) {
     const int x = 20 + (c % legend_cols) * 70, y = legend_top + 10 + (c / legend_cols) * 22;
     svg += fmt::format(R"(<rect x="{}" y="{}" width="16" height="16" fill="{}" stroke="#555"/><text x="{}" y="{}" font-size="12">{}</text>)"
-                       "\n", x, y, colour(c, C), x + 22, y + 13, c + 1);
+                       "\n", x, y, colour(c), x + 22, y + 13, c + 1);
   }
   const int note = legend_top + 22 * legend_rows + 26;
   svg += fmt::format(R"(<text x="10" y="{}" font-size="12">Black: in no cluster. Top-K picks each cluster's tokens independently: )"
@@ -284,8 +278,8 @@ int command_clusters(const std::vector<std::string>& argv) {
                      R"(<text x="10" y="{}" font-size="12">Single-Assignment Top-K places each token at most once and leaves )"
                      R"(the last ones out when C·κ &lt; N. In several clusters: the first is shown.</text>)" "\n"
                      R"(<text x="10" y="{}" font-size="12" fill="#555">{}: {} layers, {} heads.</text>)" "\n</svg>\n",
-                     note, note + 17, note + 36, escape_xml(args.str("checkpoint")), layers, heads);
-  train::write_text_atomically(args.str("out"), svg);
+                     note, note + 17, note + 36, train::xml_escape(args.str("checkpoint")), layers, heads);
+  write_file_atomic(args.str("out"), svg);
   fmt::print("cast clusters: {} layers x {} heads of {} clusters -> {}\n", layers, heads, C, args.str("out"));
   return 0;
 }

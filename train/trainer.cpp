@@ -598,7 +598,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   json summary = {{"task", c.task}, {"attention", nn::mechanism_name(c.model.attention.mechanism)}, {"steps", step},
                   {"seconds", seconds}, {"val_accuracy", result.val.accuracy}, {"test_accuracy", result.test.accuracy},
                   {"majority_rate", result.majority}, {"evaluated", c.eval_best ? "best" : "final"}};
-  write_text_atomically(c.run_dir + "/summary.json", summary.dump(2) + "\n");
+  write_file_atomic(c.run_dir + "/summary.json", summary.dump(2) + "\n");
   if (!quiet) {
     fmt::print("done in {}: {} model after {} steps\n", format_duration(seconds), c.eval_best ? "best" : "final", step);
     if (result.val.examples) fmt::print("  validation accuracy {:.1f}%  (loss {:.4f})\n", 100 * result.val.accuracy, result.val.loss);
