@@ -24,4 +24,10 @@ class UsageError : public Error {
     if (!(cond)) throw ::cast::Error(fmt::format(__VA_ARGS__)); \
   } while (0)
 
+// The same for a command's arguments: a UsageError (exit code 2).
+#define CAST_CHECK_USAGE(cond, ...)                                  \
+  do {                                                               \
+    if (!(cond)) throw ::cast::UsageError(fmt::format(__VA_ARGS__)); \
+  } while (0)
+
 }  // namespace cast

@@ -49,7 +49,7 @@ TEST(Cli, HelpShowsDefaultsAndExamples) {
   EXPECT_NE(bench.out.find("usage: cast bench attention|train|gemm"), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("cast bench attention --lengths"), std::string::npos);
   EXPECT_NE(bench.out.find("cast bench train --task"), std::string::npos);
-  for (const char* command : {"train", "eval", "data", "clusters", "plot", "layer", "bench", "info", "demo"}) {
+  for (const char* command : {"train", "compare", "eval", "data", "clusters", "plot", "layer", "bench", "info", "demo"}) {
     CliRun help = run(std::string(command) + " --help");
     EXPECT_EQ(help.code, 0) << command;
     EXPECT_NE(help.out.find("examples:\n  cast " + std::string(command)), std::string::npos) << command << ":\n" << help.out;
@@ -70,6 +70,26 @@ TEST(Cli, SettingsOutOfRangeAreUsageErrorsBeforeAnyWork) {
       {"bench attention --lengths 0", "--lengths: '0' is not a length"},
       {"bench attention --repeats 0", "--repeats is 0"},
       {"bench attention --mechanisms bogus", "--mechanisms: unknown 'bogus'"},
+      {"data listops --count -1", "--count is -1: it must be in [0, 10000000]"},
+      {"data pathfinder --count 99999999", "--count is 99999999: it must be in [0, 1000000]"},
+      {"data pathfinder --max-length 100", "--max-length and --min-length are ListOps options"},
+      {"data listops --max-length 40 --min-length 39", "--min-length 39 must be at least 1 and below"},
+      {"data listops --seed -3", "--seed is -3"},
+      {"compare --seeds 1,x", "--seeds: 'x' is not a seed"},
+      {"compare --seeds 1,,2", "--seeds: '1,,2' has an empty item"},
+      {"compare --attention full,full", "--attention: 'full' is listed twice"},
+      {"compare --attention full,bogus", "unknown mechanism 'bogus'"},
+      {"compare --vary summaries", "--vary expects SETTING=V1,V2,..., got 'summaries'"},
+      {"compare --vary colour=red,blue", "'colour' is not a setting of cast train"},
+      {"compare --vary heads=2,two", "setting 'heads': 'two' is not a whole number"},
+      {"compare --vary summaries=on,maybe", "setting 'summaries' is 'maybe': it must be one of on | off"},
+      {"compare --vary seed=1,2", "--vary seed: use --attention, --seeds or --out for that"},
+      {"compare --attention cast,full --vary f=softmax,laplace", "--attention names one mechanism when --vary is given"},
+      {"compare --heads 0", "setting 'heads' is 0"},
+      {"layer --in x --clusters -1", "--clusters is -1"},
+      {"layer --in x --iterations -5", "--iterations is -5"},
+      {"layer --in x --seed -1", "--seed is -1"},
+      {"eval --checkpoint x --eval-limit -2", "--eval-limit is -2"},
   };
   for (const auto& [args, message] : cases) {
     CliRun r = run(args);

@@ -2,6 +2,7 @@
 // uninterrupted one bit for bit; checkpoints round-trip and refuse a different model.
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -104,6 +105,43 @@ TEST(Training, ResumeIsBitIdentical) {
   ASSERT_EQ(joined.size(), straight.losses.size());
   for (size_t i = 0; i < joined.size(); ++i) EXPECT_EQ(joined[i], straight.losses[i]) << "step " << i + 1;
   EXPECT_EQ(second.test.accuracy, straight.test.accuracy);
+}
+
+TEST(Training, ANewRunRefusesAFolderHoldingARun) {
+  data::TaskData task = counting_task(200, 20, 13);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("occupied"));
+  c.steps = 4;
+  train::train_on(c, task, "", 0, true);
+  const std::string ckpt = c.run_dir + "/checkpoint.safetensors";
+  const auto written = std::filesystem::last_write_time(ckpt);
+  EXPECT_CAST_ERROR(train::train_on(c, task, "", 0, true), "already holds a run");
+  EXPECT_EQ(std::filesystem::last_write_time(ckpt), written) << "the old run's checkpoint was touched";
+  c.overwrite = true;
+  c.eval_best = true;
+  c.eval_every = 2;
+  train::train_on(c, task, "", 0, true);
+  EXPECT_GT(std::filesystem::last_write_time(ckpt), written);
+}
+
+TEST(Training, AResumedRunDropsMetricsWrittenAfterItsCheckpoint) {
+  data::TaskData task = counting_task(200, 20, 14);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("metrics_after_kill"));
+  c.steps = 20;
+  c.log_every = 5;
+  train::train_on(c, task, "", 10, true);  // checkpoint at step 10
+  {  // what a process killed at step 15 would have appended
+    std::ofstream more(c.run_dir + "/metrics.jsonl", std::ios::app);
+    more << R"({"step": 15, "split": "train", "loss": 99.0, "accuracy": 0.0})" << '\n';
+  }
+  train::train_on(c, task, c.run_dir + "/checkpoint.safetensors", 0, true);
+  std::ifstream in(c.run_dir + "/metrics.jsonl");
+  std::vector<int64_t> train_steps;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_NE(j["loss"].get<double>(), 99.0) << "a line from after the checkpoint survived";
+    if (j["split"] == "train") train_steps.push_back(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(train_steps, (std::vector<int64_t>{5, 10, 15, 20}));
 }
 
 TEST(Training, CheckpointRoundTripAndMismatch) {

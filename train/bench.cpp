@@ -106,22 +106,6 @@ double time_once(Device device, const std::function<void()>& fn) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void reset_peak(Device device) {
-#ifdef CAST_WITH_CUDA
-  if (device == Device::cuda) return cuda::reset_peak_memory();
-#endif
-  (void)device;
-  reset_host_peak_memory();
-}
-
-size_t peak_bytes(Device device) {
-#ifdef CAST_WITH_CUDA
-  if (device == Device::cuda) return cuda::memory_stats().peak;
-#endif
-  (void)device;
-  return host_memory_stats().peak;
-}
-
 std::string device_label(Device device) {
 #ifdef CAST_WITH_CUDA
   if (device == Device::cuda) {
@@ -175,10 +159,10 @@ int bench_attention(const cli::Args& args) {
         for (int64_t i = 0; i < warmup; ++i) both();
         std::vector<double> tf, tb;
         for (int64_t i = 0; i < repeats; ++i) tf.push_back(time_once(device, forward));
-        reset_peak(device);
-        const size_t base = peak_bytes(device);
+        train::reset_peak_memory(device);
+        const size_t base = train::peak_memory(device);
         for (int64_t i = 0; i < repeats; ++i) tb.push_back(time_once(device, both));
-        const double peak_mib = static_cast<double>(peak_bytes(device) - std::min(base, peak_bytes(device))) / (1 << 20);
+        const double peak_mib = static_cast<double>(train::peak_memory(device) - std::min(base, train::peak_memory(device))) / (1 << 20);
         fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f}{}\n", v.name, N, median(tf), median(tb), peak_mib,
                    trust_note(tb));
         if (json_out.is_open())
@@ -245,11 +229,11 @@ int bench_train(const cli::Args& args) {
         }
       };
       for (int64_t i = 0; i < warmup; ++i) step();
-      reset_peak(device);
-      const size_t base_bytes = peak_bytes(device);
+      train::reset_peak_memory(device);
+      const size_t base_bytes = train::peak_memory(device);
       std::vector<double> times;
       for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
-      const double ms = median(times), peak_mib = static_cast<double>(peak_bytes(device) - std::min(base_bytes, peak_bytes(device))) / (1 << 20);
+      const double ms = median(times), peak_mib = static_cast<double>(train::peak_memory(device) - std::min(base_bytes, train::peak_memory(device))) / (1 << 20);
       fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f}{}\n", v.name, ms, 1000.0 / ms, peak_mib, trust_note(times));
       if (json_out.is_open())
         json_out << nlohmann::json{{"mechanism", v.name}, {"task", base.task}, {"n", N}, {"batch", B},

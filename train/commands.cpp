@@ -10,6 +10,8 @@ namespace cast {
 const std::vector<Command>& commands() {
   static const std::vector<Command> list = {
       {"train", "train a Transformer on an LRA task (no options: a small CAST model on short ListOps)", command_train},
+      {"compare", "train several mechanisms (or values of a setting) and seeds on a task; results table and figure",
+       command_compare},
       {"eval", "evaluate a checkpoint on its task's validation and test splits", command_eval},
       {"data", "generate ListOps, Pathfinder or Path-X in the LRA release layout", command_data},
       {"clusters", "render a CAST model's clusters over an image input (SVG, with a legend)", command_clusters},

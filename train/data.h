@@ -65,7 +65,8 @@ TaskData load_aan(const std::string& dir, int64_t max_len);
 // CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin): to grayscale, pixels as tokens.
 TaskData load_cifar10(const std::string& dir);
 // Fashion-MNIST gzipped IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte.gz): 784 pixels.
-TaskData load_fashion_mnist(const std::string& dir);
+// pool 2: each 2 × 2 block averaged into one pixel (14 × 14 images, 196 tokens).
+TaskData load_fashion_mnist(const std::string& dir, int pool = 1);
 std::string default_fashion_mnist_dir();  // where the Debian package installs it
 
 // ---------------------------------------------------------------- Pathfinder / Path-X

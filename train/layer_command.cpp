@@ -1,5 +1,7 @@
 #include "train/layer_command.h"
 
+#include <climits>
+
 #include "autograd/tape.h"
 #include "nn/attention.h"
 #include "ops/ops.h"
@@ -56,6 +58,16 @@ Tensor load_float(const TensorFile& f, const std::string& name, const Shape& sha
 int command_layer(const std::vector<std::string>& argv) {
   cli::Args args = layer_args();
   if (!args.parse(argv)) return 0;
+  // Every number is checked before any file is read: each sizes an allocation or a loop.
+  const auto bounded = [&](const char* name, int64_t lo, int64_t hi) {
+    const int64_t v = args.integer(name);
+    CAST_CHECK_USAGE(v >= lo && v <= hi, "--{} is {}: it must be in [{}, {}]", name, v, lo, hi);
+    return v;
+  };
+  const int64_t heads = bounded("heads", 1, 1024), clusters = bounded("clusters", 0, 1 << 16);
+  const int64_t cluster_size = bounded("cluster-size", 0, 1 << 20), topk = bounded("topk", 1, 1 << 22);
+  const int64_t bits = bounded("bits", 1, 63), iterations = bounded("iterations", 0, 100000);
+  const int64_t seed = bounded("seed", 0, INT64_MAX);
   CAST_CHECK(!args.str("in").empty() && !args.str("out").empty(), "--in and --out are required (see cast layer --help)");
   const DType dtype = args.choice("dtype", {"f32", "f64"}) == "f64" ? DType::f64 : DType::f32;
   const Device device = args.choice("device", {"cpu", "cuda"}) == "cuda" ? Device::cuda : Device::cpu;
@@ -69,10 +81,10 @@ int command_layer(const std::vector<std::string>& argv) {
   nn::AttentionConfig config;
   config.mechanism = nn::parse_mechanism(args.choice("attention", {"full", "cast", "clustered", "iclustered"}));
   config.dim = D;
-  config.heads = args.integer("heads");
-  CAST_CHECK(config.heads > 0 && D % config.heads == 0, "--heads {} must divide the model dim D = {}", config.heads, D);
-  config.clusters = args.integer("clusters");
-  config.cluster_size = args.integer("cluster-size");
+  config.heads = heads;
+  CAST_CHECK(D % config.heads == 0, "--heads {} must divide the model dim D = {}", config.heads, D);
+  config.clusters = clusters;
+  config.cluster_size = cluster_size;
   if (config.mechanism == nn::Mechanism::cast && config.clusters <= 0) config.clusters = nn::default_clusters(N);
   config.single_assignment = args.choice("clustering", {"topk", "satopk"}) == "satopk";
   config.f = args.choice("f", {"softmax", "laplace"}) == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
@@ -81,12 +93,10 @@ int command_layer(const std::vector<std::string>& argv) {
   ops::set_cpu_gemm(args.is_set("reference") ? ops::CpuGemm::loops : ops::CpuGemm::blas);
   config.mix_query = args.choice("mix", {"affinity", "query"}) == "query";
   config.shared_clustering = args.choice("cast-heads", {"per-head", "shared"}) == "shared";
-  config.topk = args.integer("topk");
-  config.bits = args.integer("bits");
-  config.iterations = args.integer("iterations");
-  config.seed = static_cast<uint64_t>(args.integer("seed"));
-  CAST_CHECK(config.topk >= 1, "--topk must be >= 1");
-  CAST_CHECK(config.bits >= 1 && config.bits <= 63, "--bits must be in 1..63");
+  config.topk = topk;
+  config.bits = bits;
+  config.iterations = iterations;
+  config.seed = static_cast<uint64_t>(seed);
 
   nn::Attention layer(config, dtype, device);
   const int64_t H = config.heads, d = D / H, C = config.clusters;

@@ -181,16 +181,37 @@ static std::vector<Example> read_idx_pair(const std::string& images_path, const 
 
 std::string default_fashion_mnist_dir() { return "/usr/share/datasets/fashion-mnist"; }
 
-TaskData load_fashion_mnist(const std::string& dir) {
+// Each pool × pool block of a 28 × 28 image becomes one pixel, the rounded mean of the block.
+static void pool_images(std::vector<Example>& images, int pool) {
+  const int side = 28 / pool;
+  for (Example& e : images) {
+    std::vector<int32_t> pooled(size_t(side) * side);
+    for (int r = 0; r < side; ++r)
+      for (int c = 0; c < side; ++c) {
+        int sum = 0;
+        for (int i = 0; i < pool; ++i)
+          for (int j = 0; j < pool; ++j) sum += e.tokens[size_t(r * pool + i) * 28 + size_t(c * pool + j)];
+        pooled[size_t(r) * side + c] = (sum + pool * pool / 2) / (pool * pool);
+      }
+    e.tokens = std::move(pooled);
+  }
+}
+
+TaskData load_fashion_mnist(const std::string& dir, int pool) {
+  CAST_CHECK(pool == 1 || pool == 2 || pool == 4, "Fashion-MNIST pooling {} is not 1, 2 or 4", pool);
   TaskData t;
-  t.name = "fashion-mnist";
+  t.name = pool == 1 ? "fashion-mnist" : fmt::format("fashion-mnist-{}", 28 / pool);
   t.vocab = 256;
   t.classes = 10;
-  t.max_len = 784;
+  t.image_side = 28 / pool;
+  t.max_len = t.image_side * t.image_side;
   t.fixed_length = true;
-  t.image_side = 28;
   t.train = read_idx_pair(dir + "/train-images-idx3-ubyte.gz", dir + "/train-labels-idx1-ubyte.gz");
   t.test = read_idx_pair(dir + "/t10k-images-idx3-ubyte.gz", dir + "/t10k-labels-idx1-ubyte.gz");
+  if (pool > 1) {
+    pool_images(t.train, pool);
+    pool_images(t.test, pool);
+  }
   const size_t val = std::min<size_t>(5000, t.train.size() / 10);
   t.val.assign(t.train.end() - val, t.train.end());
   t.train.resize(t.train.size() - val);

@@ -1,6 +1,7 @@
 // `cast train`, `cast eval`, `cast data`, `cast clusters`.
 #include "train/train_commands.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -62,6 +63,8 @@ std::string preset_defaults(const std::string& key) {
   return rest.empty() ? common : fmt::format("{} ({})", common, rest);
 }
 
+}  // namespace
+
 json settings_from_flags(const cli::Args& args) {
   json j = json::object();
   for (auto& [k, h] : kIntSettings)
@@ -85,20 +88,52 @@ json read_json_file(const std::string& path) {
   }
 }
 
-}  // namespace
+void declare_train_settings(cli::Args& args, const std::vector<std::string>& except) {
+  auto wanted = [&](const std::string& k) { return std::find(except.begin(), except.end(), k) == except.end(); };
+  // Each setting's default is its task preset's: the help lists them per task.
+  for (const auto* list : {&kIntSettings, &kFloatSettings, &kStringSettings})
+    for (auto& [k, h] : *list)
+      if (wanted(k)) args.option(k, "", h + "; default " + preset_defaults(k));
+  for (auto& [k, h] : kBoolSettings)
+    if (wanted(k)) args.flag(k, h);
+}
+
+json setting_from_text(const std::string& key, const std::string& text) {
+  auto listed = [&](const auto& list) {
+    return std::any_of(list.begin(), list.end(), [&](const auto& kv) { return kv.first == key; });
+  };
+  try {
+    size_t used = 0;
+    if (listed(kIntSettings)) {
+      const int64_t v = std::stoll(text, &used);
+      if (used == text.size()) return json(v);
+    } else if (listed(kFloatSettings)) {
+      const double v = std::stod(text, &used);
+      if (used == text.size()) return json(v);
+    } else if (listed(kStringSettings)) {
+      return json(text);
+    } else if (listed(kBoolSettings)) {
+      if (text == "true" || text == "false") return json(text == "true");
+    } else {
+      throw UsageError(fmt::format("'{}' is not a setting of cast train (see cast train --help)", key));
+    }
+  } catch (const std::invalid_argument&) {
+  } catch (const std::out_of_range&) {
+  }
+  throw UsageError(fmt::format("setting '{}': '{}' is not a {}", key, text,
+                               listed(kIntSettings) ? "whole number" : listed(kFloatSettings) ? "number" : "true or false"));
+}
 
 int command_train(const std::vector<std::string>& argv) {
   cli::Args args("train",
                  "Train a Transformer on an LRA task. With no options: generate short ListOps if missing and train a "
                  "small CAST model\non the CPU in a few minutes. Settings: task preset, then --config FILE (JSON, keys "
                  "as the flags), then flags.");
-  args.option("task", "listops-short", "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist")
+  args.option("task", "listops-short", "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
       .option("config", "", "JSON file of settings")
       .option("resume", "", "checkpoint to continue from (its settings are used)");
-  // Each setting's default is its task preset's: the help lists them per task.
-  for (const auto* list : {&kIntSettings, &kFloatSettings, &kStringSettings})
-    for (auto& [k, h] : *list) args.option(k, "", h + "; default " + preset_defaults(k));
-  for (auto& [k, h] : kBoolSettings) args.flag(k, h);
+  declare_train_settings(args, {});
+  args.flag("overwrite", "replace the run already in the run folder (without it, such a folder is refused)");
   args.example("cast train                                     (short ListOps, a small CAST model)")
       .example("cast train --task fashion-mnist --attention full --steps 3000")
       .example("cast train --task listops --config settings.json --run runs/my-listops")
@@ -119,6 +154,7 @@ int command_train(const std::vector<std::string>& argv) {
     if (!args.str("config").empty()) train::apply_overrides(config, read_json_file(args.str("config")));
     train::apply_overrides(config, settings_from_flags(args));
   }
+  config.overwrite = args.is_set("overwrite");
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
              config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
              config.model.heads, config.steps, config.batch,
@@ -136,6 +172,8 @@ int command_eval(const std::vector<std::string>& argv) {
       .example("cast eval --checkpoint runs/listops-short-cast/checkpoint.safetensors")
       .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000");
   if (!args.parse(argv)) return 0;
+  CAST_CHECK_USAGE(args.integer("eval-limit") >= 0, "--eval-limit is {}: it must be 0 (all) or more",
+                   args.integer("eval-limit"));
   CAST_CHECK(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
   const Device device = train::resolve_device(args.str("device"));
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
@@ -161,26 +199,48 @@ int command_data(const std::vector<std::string>& argv) {
   cli::Args args("data", "Generate a task in the LRA release layout: --task listops | listops-short | pathfinder | pathx.");
   args.option("task", "", "listops | listops-short | pathfinder | pathx")
       .option("out", "", "output folder (default: data/<name>)")
-      .option("count", "0", "pathfinder/pathx: images (0: the default 2000)")
+      .option("count", "0", "training examples for ListOps (0: 96000, short 6000); images for pathfinder/pathx "
+                            "(0: 2000)")
+      .option("max-length", "0", "ListOps: longest expression in tokens (0: 2000 as in LRA, short 48)")
+      .option("min-length", "0", "ListOps: shortest expression (0: a quarter of --max-length, as LRA's 500 of 2000)")
       .option("seed", "1", "seed")
       .usage("cast data <task> [options]   (or --task <task>)")
       .example("cast data listops")
+      .example("cast data listops --max-length 512 --count 20000 --out data/listops-512")
       .example("cast data pathfinder --count 500 --out data/pf-small")
       .example("cast data pathx --count 200 --seed 3");
   std::vector<std::string> rest = argv;
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--task");  // `cast data listops`
   if (!args.parse(rest)) return 0;
   const std::string task = args.choice("task", {"listops", "listops-short", "pathfinder", "pathx"});
-  const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
+  const int64_t seed = args.integer("seed"), count = args.integer("count");
+  const int64_t max_length = args.integer("max-length"), min_length = args.integer("min-length");
+  CAST_CHECK_USAGE(seed >= 0, "--seed is {}: it must be 0 or more", seed);
+  const bool listops = task == "listops" || task == "listops-short";
+  const int64_t max_count = listops ? 10'000'000 : 1'000'000;  // a bound on what a disk and a run can take
+  CAST_CHECK_USAGE(count >= 0 && count <= max_count, "--count is {}: it must be in [0, {}]", count, max_count);
+  CAST_CHECK_USAGE(listops || (!args.is_set("max-length") && !args.is_set("min-length")),
+                   "--max-length and --min-length are ListOps options");
+  CAST_CHECK_USAGE(max_length >= 0 && max_length <= 100000, "--max-length is {}: it must be in [0, 100000]", max_length);
   std::string out = args.str("out");
-  if (task == "listops" || task == "listops-short") {
+  if (listops) {
     if (out.empty()) out = task == "listops" ? "data/listops-1000" : "data/listops-short";
-    data::generate_listops(out, task == "listops" ? data::ListOpsSpec::release() : data::ListOpsSpec::short_cpu(), seed);
+    data::ListOpsSpec spec = task == "listops" ? data::ListOpsSpec::release() : data::ListOpsSpec::short_cpu();
+    if (count > 0) spec.train = count;
+    if (max_length > 0) {
+      spec.max_length = static_cast<int>(max_length);
+      spec.min_length = static_cast<int>(max_length / 4);
+    }
+    if (min_length > 0) spec.min_length = static_cast<int>(min_length);
+    CAST_CHECK_USAGE(spec.min_length >= 1 && spec.min_length + 1 < spec.max_length,
+                     "--min-length {} must be at least 1 and below --max-length {} minus 1 (lengths strictly between "
+                     "them are kept)", spec.min_length, spec.max_length);
+    data::generate_listops(out, spec, static_cast<uint64_t>(seed));
   } else {
     if (out.empty()) out = task == "pathx" ? "data/pathx128" : "data/pathfinder32";
     data::PathfinderSpec spec = task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
-    if (args.integer("count") > 0) spec.count = args.integer("count");
-    data::generate_pathfinder(out, spec, seed);
+    if (count > 0) spec.count = count;
+    data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed));
   }
   fmt::print("cast data: wrote {} into {}\n", task, out);
   return 0;

@@ -16,6 +16,9 @@
 #include "tensor/philox.h"
 #include "tensor/safetensors.h"
 #include "train/plot.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 
 namespace cast::train {
 
@@ -66,9 +69,13 @@ TrainConfig preset(const std::string& task) {
     m.vocab = 256, m.max_len = 784, m.dim = 64, m.heads = 4, m.mlp_dim = 128, m.layers = 1, m.classes = 10;
     m.cls_pooling = false, m.learned_positions = true;
     c.steps = 3000, c.batch = 64, c.lr = 1e-3, c.warmup = 200, c.schedule = "cosine";
+  } else if (task == "fashion-mnist-14") {  // the comparison preset of docs/results.md: 196 tokens
+    m.vocab = 256, m.max_len = 196, m.dim = 64, m.heads = 4, m.mlp_dim = 128, m.layers = 1, m.classes = 10;
+    m.cls_pooling = false, m.learned_positions = true, m.dropout = 0.0;
+    c.steps = 2000, c.batch = 64, c.lr = 2e-3, c.warmup = 100, c.schedule = "cosine", c.eval_every = 500;
   } else {
     throw Error(fmt::format("unknown task '{}' (listops-short, listops, text, retrieval, image, pathfinder, pathx, "
-                            "fashion-mnist)", task));
+                            "fashion-mnist, fashion-mnist-14)", task));
   }
   return c;
 }
@@ -230,7 +237,8 @@ std::string setting_value(const TrainConfig& c, const std::string& key) {
 
 const std::vector<std::string>& task_names() {
   static const std::vector<std::string> names = {"listops-short", "listops", "text", "retrieval", "image",
-                                                 "pathfinder", "pathx", "fashion-mnist"};
+                                                 "pathfinder", "pathx", "fashion-mnist",
+                                                 "fashion-mnist-14"};
   return names;
 }
 
@@ -268,7 +276,8 @@ data::TaskData load_task(const TrainConfig& c, bool generate_if_missing) {
   if (t == "text") return data::load_imdb(dir.empty() ? "data/aclImdb" : dir, max_len);
   if (t == "retrieval") return data::load_aan(dir.empty() ? "data/aan" : dir, max_len);
   if (t == "image") return data::load_cifar10(dir.empty() ? "data/cifar-10-batches-bin" : dir);
-  if (t == "fashion-mnist") return data::load_fashion_mnist(dir.empty() ? data::default_fashion_mnist_dir() : dir);
+  if (t == "fashion-mnist" || t == "fashion-mnist-14")
+    return data::load_fashion_mnist(dir.empty() ? data::default_fashion_mnist_dir() : dir, t == "fashion-mnist" ? 1 : 2);
   if (t == "pathfinder" || t == "pathx") {
     if (dir.empty()) dir = t == "pathx" ? "data/pathx128" : "data/pathfinder32";
     return data::load_pathfinder(dir);
@@ -310,7 +319,8 @@ EvalResult evaluate(nn::Transformer& model, const data::TaskData& task, const st
 static const char* kFormat = "cast-checkpoint-1";
 
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
-                     const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val) {
+                     const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
+                     const RunCost& cost) {
   std::map<std::string, Tensor> tensors;
   nn::ParamList params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -325,7 +335,10 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
                                              {"train", c.to_json().dump()},
                                              {"step", std::to_string(step)},
                                              {"rng_offset", std::to_string(model.rng_offset)},
-                                             {"best_val", fmt::format("{:.17g}", best_val)}};
+                                             {"best_val", fmt::format("{:.17g}", best_val)},
+                                             {"wall_seconds", fmt::format("{:.17g}", cost.wall_seconds)},
+                                             {"step_seconds", fmt::format("{:.17g}", cost.step_seconds)},
+                                             {"peak_bytes", std::to_string(cost.peak_bytes)}};
   write_safetensors(path, tensors, meta);
 }
 
@@ -355,6 +368,14 @@ Checkpoint read_checkpoint_header(const std::string& path) {
     ck.step = whole("step", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
     ck.rng_offset = whole("rng_offset", [](const std::string& t, size_t* u) { return std::stoull(t, u); });
     ck.best_val = whole("best_val", [](const std::string& t, size_t* u) { return std::stod(t, u); });
+    if (f.metadata.count("wall_seconds")) {
+      ck.cost.wall_seconds = whole("wall_seconds", [](const std::string& t, size_t* u) { return std::stod(t, u); });
+      ck.cost.step_seconds = whole("step_seconds", [](const std::string& t, size_t* u) { return std::stod(t, u); });
+      ck.cost.peak_bytes = whole("peak_bytes", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
+      CAST_CHECK(std::isfinite(ck.cost.wall_seconds) && ck.cost.wall_seconds >= 0 &&
+                     std::isfinite(ck.cost.step_seconds) && ck.cost.step_seconds >= 0 && ck.cost.peak_bytes >= 0,
+                 "'wall_seconds', 'step_seconds' or 'peak_bytes' is negative or not finite");
+    }
     CAST_CHECK(ck.step >= 0 && ck.step <= ck.config.steps, "'step' is {}, outside [0, {}] (the run's steps)", ck.step,
                ck.config.steps);
   } catch (const std::exception& e) {
@@ -437,6 +458,19 @@ std::string format_duration(double seconds) {
   return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
 }
 
+// Rewrites a metrics file keeping only the lines of steps up to `last_step` (atomically).
+void keep_metrics_until(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= last_step)
+      kept += line + '\n';
+  }
+  write_file_atomic(path, kept);
+}
+
 double clip_gradients(nn::ParamList& params, double max_norm) {
   double total = 0;
   for (auto& [name, t] : params)
@@ -453,6 +487,22 @@ double clip_gradients(nn::ParamList& params, double max_norm) {
 
 }  // namespace
 
+void reset_peak_memory(Device device) {
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) return cuda::reset_peak_memory();
+#endif
+  (void)device;
+  reset_host_peak_memory();
+}
+
+size_t peak_memory(Device device) {
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) return cuda::memory_stats().peak;
+#endif
+  (void)device;
+  return host_memory_stats().peak;
+}
+
 TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t stop_after, bool quiet) {
   // Data is generated only for a new run in the default folder: a resumed run's stored folder,
   // or a folder the user named, is read, never created (a missing one is an error).
@@ -465,10 +515,12 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
                      bool quiet) {
   int64_t start_step = 0;
   double best_val = -1;
+  RunCost earlier;  // what the processes before this one spent
   if (!resume_from.empty()) {
     Checkpoint ck = read_checkpoint_header(resume_from);  // a different model is refused by load_checkpoint
     start_step = ck.step;
     best_val = ck.best_val;
+    earlier = ck.cost;
   }
   const Device device = resolve_device(c.device);
   ops::set_allow_tf32(c.tf32);
@@ -485,6 +537,12 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
     std::filesystem::remove(probe, ec);
   }
   const std::string ckpt_path = c.run_dir + "/checkpoint.safetensors";
+  if (resume_from.empty() && std::filesystem::exists(ckpt_path)) {
+    CAST_CHECK(c.overwrite, "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
+               "--run, or pass --overwrite to replace it", c.run_dir, ckpt_path, ckpt_path);
+    for (const char* stale : {"/best.safetensors", "/summary.json", "/curves.svg"})
+      std::filesystem::remove(c.run_dir + stale);  // the old run's, never to be mistaken for the new one's
+  }
   CAST_CHECK(!task.train.empty(), "task {}: the training split has no examples (check the data folder)", task.name);
 
   CAST_CHECK(task.vocab <= c.model.vocab && task.classes == c.model.classes && task.dual == c.model.dual,
@@ -500,10 +558,22 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   if (!resume_from.empty()) load_checkpoint(resume_from, model, &m, &v);
 
   const bool terminal = !quiet && isatty(STDOUT_FILENO);
+  // A resumed run continues the metrics of its checkpoint's step: lines an interrupted process
+  // wrote after that step are dropped, so no step appears twice.
+  if (start_step > 0) keep_metrics_until(c.run_dir + "/metrics.jsonl", start_step);
   std::ofstream metrics(c.run_dir + "/metrics.jsonl", start_step > 0 ? std::ios::app : std::ios::trunc);
   Sampler sampler(static_cast<int64_t>(task.train.size()), c.seed);
   TrainResult result;
   const auto t0 = std::chrono::steady_clock::now();
+  reset_peak_memory(device);
+  double step_seconds = 0;  // this process's, steps only
+  auto cost_now = [&] {
+    RunCost cost = earlier;
+    cost.wall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    cost.step_seconds += step_seconds;
+    cost.peak_bytes = std::max<int64_t>(cost.peak_bytes, static_cast<int64_t>(peak_memory(device)));
+    return cost;
+  };
   double window_loss = 0, window_correct = 0, window_examples = 0, window_tokens = 0;
   auto window_start = t0;
   int64_t step = start_step;
@@ -518,6 +588,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
 
   while (step < c.steps && (stop_after <= 0 || step - start_step < stop_after)) {
     ++step;
+    const auto step_start = std::chrono::steady_clock::now();
     nn::Batch batch = data::make_batch(task, task.train, sampler.batch(step, c.batch), DType::f32, device);
     Tensor logits = model.forward(batch, true);
     Tensor loss = ops::cross_entropy(logits, batch.labels);
@@ -550,6 +621,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
     window_examples += labels.size();
     for (double real : batch.mask.to_double_vector()) window_tokens += real;
     result.losses.push_back(loss_value);
+    step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     if (step % c.log_every == 0 || step == c.steps) {
       const auto now = std::chrono::steady_clock::now();
       const double dt = std::chrono::duration<double>(now - window_start).count();
@@ -575,15 +647,15 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
       EvalResult r = run_eval("val", task.val);
       if (r.accuracy > best_val) {
         best_val = r.accuracy;
-        save_checkpoint(c.run_dir + "/best.safetensors", c, model, m, v, step, best_val);
+        save_checkpoint(c.run_dir + "/best.safetensors", c, model, m, v, step, best_val, cost_now());
       }
       if (!quiet) fmt::print("{}step {}: validation accuracy {:.1f}%\n", terminal ? "\n" : "", step, 100 * r.accuracy);
     }
     if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0)
-      save_checkpoint(ckpt_path, c, model, m, v, step, best_val);
+      save_checkpoint(ckpt_path, c, model, m, v, step, best_val, cost_now());
   }
   if (terminal) fmt::print("\n");
-  save_checkpoint(ckpt_path, c, model, m, v, step, best_val);
+  save_checkpoint(ckpt_path, c, model, m, v, step, best_val, cost_now());
   result.steps = step;
   if (stop_after > 0 && step < c.steps) return result;
 
@@ -594,9 +666,13 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   result.majority = result.test.majority;
   metrics.flush();
   plot_run(c.run_dir + "/curves.svg", run_title(c), read_curves(c.run_dir));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const RunCost cost = cost_now();
+  const double seconds = cost.wall_seconds;
   json summary = {{"task", c.task}, {"attention", nn::mechanism_name(c.model.attention.mechanism)}, {"steps", step},
-                  {"seconds", seconds}, {"val_accuracy", result.val.accuracy}, {"test_accuracy", result.test.accuracy},
+                  {"seconds", seconds}, {"step_seconds", step > 0 ? cost.step_seconds / step : 0.0},
+                  {"peak_bytes", cost.peak_bytes}, {"device", device_name(device)},
+                  {"val_accuracy", result.val.accuracy}, {"test_accuracy", result.test.accuracy},
+                  {"val_examples", result.val.examples}, {"test_examples", result.test.examples},
                   {"majority_rate", result.majority}, {"evaluated", c.eval_best ? "best" : "final"}};
   write_file_atomic(c.run_dir + "/summary.json", summary.dump(2) + "\n");
   if (!quiet) {

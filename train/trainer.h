@@ -27,6 +27,9 @@ struct TrainConfig {
   std::string device = "auto";  // auto | cpu | cuda
   bool tf32 = false;
   bool reference = false;  // CPU: step-by-step attention ops and plain-loop matmul (for study)
+  // A new run refuses a run folder that already holds a checkpoint unless this is set. Not a
+  // setting of the run: it is never stored.
+  bool overwrite = false;
   nn::ModelConfig model;
 
   nlohmann::json to_json() const;  // the training fields (the model has its own)
@@ -73,20 +76,31 @@ TrainResult train_on(TrainConfig config, const data::TaskData& task, const std::
                      int64_t stop_after = 0, bool quiet = false);
 
 // Checkpoints: parameters, AdamW moments, step, RNG offset and both configs, written atomically.
+// What a run has spent so far, summed over every process that worked on it.
+struct RunCost {
+  double wall_seconds = 0;   // steps, evaluations and checkpoints
+  double step_seconds = 0;   // training steps only
+  int64_t peak_bytes = 0;    // most memory tensors held at once (host, or the GPU's allocator)
+};
 struct Checkpoint {
   TrainConfig config;
   int64_t step = 0;
   uint64_t rng_offset = 0;
   double best_val = -1;
+  RunCost cost;  // zero in checkpoints written before it was recorded
 };
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
-                     const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val);
+                     const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
+                     const RunCost& cost = {});
 // Reads the configs and counters; loads parameters (and moments when m, v are given) into
 // `model`, which must have been built from the same model config.
 Checkpoint read_checkpoint_header(const std::string& path);
 void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v);
 
 Device resolve_device(const std::string& name);
+// Memory tensors hold on a device: the peak since the last reset.
+void reset_peak_memory(Device device);
+size_t peak_memory(Device device);
 
 // A checkpoint with its model loaded and its task's data read (for `cast eval`, `cast clusters`).
 struct TrainedRun {

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The learning results of docs/results.md, every command in the order it ran. Each
+# `cast compare` keeps finished runs and resumes unfinished ones, so after any interruption
+# rerun the same stream. The machine has 2 cores: the two streams ran side by side, one
+# thread each.
+#   scripts/results.sh fashion-mnist        # Fashion-MNIST 14x14: mechanisms, ablations, seeds
+#   scripts/results.sh listops-pathfinder   # generated ListOps (length <= 512), Pathfinder-32
+# CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cast=${CAST:-build/cast}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+fashion_mnist() {
+  local out=runs/results/fashion-mnist-14
+  # every mechanism, seed 1 (results-seed1.md keeps this table; the last command rewrites results.md)
+  "$cast" compare --task fashion-mnist-14 --attention full,cast,clustered,iclustered --seeds 1 --out $out
+  cp $out/results.md $out/results-seed1.md
+  cp $out/comparison.svg $out/comparison-seed1.svg
+  # the CAST ablations: each baseline value is the run above, reused
+  for vary in clustering=topk,satopk summaries=on,off mix=affinity,query cast-heads=per-head,shared f=softmax,laplace; do
+    "$cast" compare --task fashion-mnist-14 --attention cast --vary $vary --seeds 1 --out $out
+  done
+  # three seeds of full attention and CAST
+  "$cast" compare --task fashion-mnist-14 --attention full,cast --seeds 1,2,3 --out $out
+}
+
+listops_pathfinder() {
+  # ListOps with the LRA generator's rules (depth 10, 10 arguments), lengths 128-512 instead of
+  # 500-2000: the longest a 1-thread step allows for four mechanisms in a session.
+  [ -f data/listops-512/basic_train.tsv ] || "$cast" data listops --max-length 512 --count 20000 --out data/listops-512
+  "$cast" compare --task listops --data data/listops-512 --max-len 512 --dim 64 --heads 4 --mlp-dim 128 --layers 2 \
+    --steps 1000 --batch 32 --lr 1e-3 --schedule cosine --warmup 100 --eval-every 250 --eval-limit 1000 \
+    --attention full,cast,clustered,iclustered --seeds 1 --out runs/results/listops-512
+  # Pathfinder-32 (LRA's hardest-but-one task): full attention and CAST, as far as the time allows.
+  [ -d data/pathfinder32-20k/metadata ] ||
+    "$cast" data pathfinder --count 20000 --out data/pathfinder32-20k
+  "$cast" compare --task pathfinder --data data/pathfinder32-20k --dim 32 --heads 4 --mlp-dim 64 --layers 2 \
+    --steps 1000 --batch 32 --lr 1e-3 --warmup 100 --eval-every 250 --eval-limit 1000 \
+    --attention full,cast --seeds 1 --out runs/results/pathfinder32
+}
+
+case "${1:-}" in
+  fashion-mnist) fashion_mnist ;;
+  listops-pathfinder) listops_pathfinder ;;
+  *) echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder" >&2; exit 2 ;;
+esac

@@ -1,0 +1,171 @@
+// `cast compare`: the table says what the runs' own summaries say; an interrupted comparison
+// resumes its unfinished run instead of restarting it; a run with equal settings is reused;
+// a folder holding a run with other settings is refused.
+#include <unistd.h>  // getpid: the plain and the emulated test process run side by side
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+#include "train/compare.h"
+#include "train/trainer.h"
+
+using namespace cast;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("cast_compare_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(p);
+  return p.string();
+}
+
+// Short ListOps (depth 2, length under 20) and a model of a few thousand parameters.
+train::CompareSpec tiny_spec(const std::string& data_dir, const std::string& out_dir) {
+  if (!fs::exists(data_dir + "/basic_train.tsv")) {
+    data::ListOpsSpec s = data::ListOpsSpec::short_cpu();
+    s.max_depth = 2, s.max_args = 3, s.min_length = 4, s.max_length = 20;
+    s.train = 200, s.val = 40, s.test = 40;
+    data::generate_listops(data_dir, s, 5);
+  }
+  train::CompareSpec spec;
+  spec.task = "listops-short";
+  spec.out_dir = out_dir;
+  spec.variants = {{"full", {{"attention", "full"}}}, {"cast", {{"attention", "cast"}}}};
+  spec.seeds = {1, 2};
+  spec.settings = {{"data", data_dir}, {"steps", 12},  {"batch", 8},       {"dim", 16},
+                   {"heads", 2},       {"mlp-dim", 32}, {"layers", 1},     {"log-every", 4},
+                   {"checkpoint-every", 4}, {"eval-every", 6}, {"device", "cpu"}, {"warmup", 2}};
+  return spec;
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST(Compare, InterruptedComparisonResumesAndItsTableMatchesTheRuns) {
+  const std::string data = fresh_dir("data"), out = fresh_dir("out");
+  const train::CompareSpec spec = tiny_spec(data, out);
+
+  // A process that dies 7 steps into the first run leaves its checkpoint and no summary.
+  train::CompareResult first = train::run_comparison(spec, 7, true);
+  ASSERT_FALSE(first.complete);
+  ASSERT_EQ(first.runs.size(), 1u);
+  EXPECT_EQ(first.runs[0].steps_this_process, 7);
+  EXPECT_TRUE(fs::exists(out + "/full-seed1/checkpoint.safetensors"));
+  EXPECT_FALSE(fs::exists(out + "/full-seed1/summary.json"));
+  EXPECT_FALSE(fs::exists(out + "/results.md"));
+
+  // The same comparison again: the first run goes on from step 7, the rest run whole.
+  train::CompareResult second = train::run_comparison(spec, 0, true);
+  ASSERT_TRUE(second.complete);
+  ASSERT_EQ(second.runs.size(), 4u);
+  EXPECT_TRUE(second.runs[0].resumed);
+  EXPECT_EQ(second.runs[0].steps_this_process, 12 - 7);
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(second.runs[i].steps_this_process, 12) << i;
+
+  // Each logged step appears once in the resumed run's metrics.
+  std::multiset<int64_t> steps;
+  std::ifstream metrics(out + "/full-seed1/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const json j = json::parse(line);
+    if (j["split"] == "train") steps.insert(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(steps, (std::multiset<int64_t>{4, 8, 12}));
+
+  // The resumed run ends where an uninterrupted one with the same settings ends.
+  train::TrainConfig straight = train::preset("listops-short");
+  train::apply_overrides(straight, spec.settings);
+  train::apply_overrides(straight, {{"attention", "full"}, {"seed", 1}});
+  straight.run_dir = fresh_dir("straight");
+  const train::TrainResult reference = train::run_training(straight, "", 0, true);
+  const json resumed = read_json(out + "/full-seed1/summary.json");
+  EXPECT_EQ(resumed["test_accuracy"].get<double>(), reference.test.accuracy);
+  EXPECT_EQ(resumed["val_accuracy"].get<double>(), reference.val.accuracy);
+  EXPECT_EQ(resumed["steps"].get<int64_t>(), 12);
+  EXPECT_GT(resumed["seconds"].get<double>(), 0.0);
+  EXPECT_GT(resumed["peak_bytes"].get<int64_t>(), 0);
+
+  // The table: every figure is the runs' own summaries, averaged over the seeds.
+  const json results = read_json(out + "/results.json");
+  ASSERT_EQ(results["variants"].size(), 2u);
+  const std::string md = slurp(out + "/results.md");
+  for (const json& variant : results["variants"]) {
+    const std::string label = variant["variant"];
+    double test_sum = 0, val_sum = 0;
+    std::vector<double> tests;
+    for (uint64_t seed : {1, 2}) {
+      const json s = read_json(out + "/" + train::compare_run_name(label, seed) + "/summary.json");
+      tests.push_back(s["test_accuracy"].get<double>());
+      test_sum += s["test_accuracy"].get<double>();
+      val_sum += s["val_accuracy"].get<double>();
+      // each run's row in the Markdown table
+      EXPECT_NE(md.find(fmt::format("| {} | {} | {} | {:.2f} | {:.2f} |", label, seed,
+                                    train::compare_run_name(label, seed), 100 * s["test_accuracy"].get<double>(),
+                                    100 * s["val_accuracy"].get<double>())),
+                std::string::npos)
+          << label << " seed " << seed << "\n" << md;
+    }
+    const double mean = test_sum / 2, sd = std::sqrt((tests[0] - mean) * (tests[0] - mean) + (tests[1] - mean) * (tests[1] - mean));
+    EXPECT_DOUBLE_EQ(variant["test_accuracy"]["mean"].get<double>(), mean) << label;
+    EXPECT_NEAR(variant["test_accuracy"]["sd"].get<double>(), sd, 1e-12) << label;
+    EXPECT_DOUBLE_EQ(variant["val_accuracy"]["mean"].get<double>(), val_sum / 2) << label;
+    EXPECT_EQ(variant["steps"].get<int64_t>(), 12);
+    EXPECT_NE(md.find(fmt::format("| {} | 2 | {:.2f} ± {:.2f} |", label, 100 * mean, 100 * sd)), std::string::npos)
+        << label << "\n" << md;
+  }
+  // The figure names every variant and says it averages seeds.
+  const std::string svg = slurp(out + "/comparison.svg");
+  EXPECT_NE(svg.find("full (mean of 2 seeds)"), std::string::npos);
+  EXPECT_NE(svg.find("cast (mean of 2 seeds)"), std::string::npos);
+
+  // A third invocation finds everything finished and trains nothing.
+  train::CompareResult third = train::run_comparison(spec, 0, true);
+  ASSERT_TRUE(third.complete);
+  for (const auto& r : third.runs) EXPECT_EQ(r.steps_this_process, 0) << r.dir;
+
+  // An ablation in the same folder reuses the run whose settings equal its baseline's.
+  train::CompareSpec ablation = spec;
+  ablation.variants = {{"clustering=topk", {{"attention", "cast"}, {"clustering", "topk"}}},
+                       {"clustering=satopk", {{"attention", "cast"}, {"clustering", "satopk"}}}};
+  ablation.seeds = {1};
+  ablation.name = "clustering";
+  train::CompareResult ab = train::run_comparison(ablation, 0, true);
+  ASSERT_TRUE(ab.complete);
+  EXPECT_EQ(ab.runs[0].dir, out + "/cast-seed1");
+  EXPECT_EQ(ab.runs[0].steps_this_process, 0);
+  EXPECT_EQ(ab.runs[1].steps_this_process, 12);
+  EXPECT_TRUE(fs::exists(out + "/results-clustering.md"));
+  EXPECT_TRUE(fs::exists(out + "/comparison-clustering.svg"));
+  EXPECT_TRUE(fs::exists(out + "/results.md"));  // the mechanism table stays
+}
+
+TEST(Compare, AFolderHoldingARunWithOtherSettingsIsRefused) {
+  const std::string data = fresh_dir("data2"), out = fresh_dir("other");
+  train::CompareSpec spec = tiny_spec(data, out);
+  spec.variants.resize(1);
+  spec.seeds = {1};
+  ASSERT_FALSE(train::run_comparison(spec, 5, true).complete);  // leaves full-seed1 unfinished
+  spec.settings["dim"] = 24;
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "this run was started with model setting 'dim' = 16, but "
+                                                          "this comparison asks for 24");
+  spec.settings["dim"] = 16;
+  spec.settings["lr"] = 0.5;
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "this run was started with 'lr'");
+  spec.settings.erase("lr");
+  spec.settings["seed"] = 3;
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "use --out and --seeds instead");
+}

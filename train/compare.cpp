@@ -1,0 +1,401 @@
+// `cast compare`: runs, resumption, the results table and the comparison figure.
+#include "train/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "tensor/error.h"
+#include "tensor/safetensors.h"
+#include "train/cli.h"
+#include "train/plot.h"
+#include "train/train_commands.h"
+#include "train/trainer.h"
+
+namespace cast::train {
+
+using json = nlohmann::json;
+
+std::string compare_run_name(const std::string& variant, uint64_t seed) {
+  std::string name;
+  for (char ch : variant) name += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' ? ch : '-';
+  return fmt::format("{}-seed{}", name, seed);
+}
+
+namespace {
+
+TrainConfig run_config(const CompareSpec& spec, const json& variant, uint64_t seed) {
+  TrainConfig c = preset(spec.task);
+  apply_overrides(c, spec.settings);
+  apply_overrides(c, variant);
+  apply_overrides(c, {{"seed", seed}});  // the data order, the initialisation and dropout
+  return c;
+}
+
+// The run's settings as stored, without the folder (a comparison folder may be moved).
+json comparable(const TrainConfig& c) {
+  json j = c.to_json();
+  j.erase("run");
+  j["model"] = c.model.to_json();
+  return j;
+}
+
+// A run folder left by an earlier invocation must hold the run this invocation asks for.
+void check_same_run(const std::string& checkpoint, const TrainConfig& wanted) {
+  const json stored = comparable(read_checkpoint_header(checkpoint).config), asked = comparable(wanted);
+  if (stored == asked) return;
+  for (auto& [key, value] : asked.items()) {
+    if (key == "model") {
+      for (auto& [mk, mv] : value.items())
+        if (!stored["model"].contains(mk) || stored["model"][mk] != mv)
+          throw Error(fmt::format("{}: this run was started with model setting '{}' = {}, but this comparison asks "
+                                  "for {}; use another --out, or the settings it was started with",
+                                  checkpoint, mk, stored["model"].value(mk, json()).dump(), mv.dump()));
+    } else if (!stored.contains(key) || stored[key] != value) {
+      throw Error(fmt::format("{}: this run was started with '{}' = {}, but this comparison asks for {}; use another "
+                              "--out, or the settings it was started with",
+                              checkpoint, key, stored.value(key, json()).dump(), value.dump()));
+    }
+  }
+}
+
+// A finished run folder under `out_dir` trained with exactly `config` (seed included), or "".
+std::string finished_run_like(const std::string& out_dir, const TrainConfig& config) {
+  const json wanted = comparable(config);
+  std::vector<std::filesystem::path> folders;
+  for (const auto& entry : std::filesystem::directory_iterator(out_dir))
+    if (entry.is_directory()) folders.push_back(entry.path());
+  std::sort(folders.begin(), folders.end());
+  for (const auto& folder : folders) {
+    const std::string checkpoint = (folder / "checkpoint.safetensors").string();
+    if (!std::filesystem::exists(folder / "summary.json") || !std::filesystem::exists(checkpoint)) continue;
+    if (comparable(read_checkpoint_header(checkpoint).config) == wanted) return folder.string();
+  }
+  return "";
+}
+
+json read_summary(const std::string& path) {
+  std::ifstream in(path);
+  const json j = json::parse(in, nullptr, false);
+  CAST_CHECK(j.is_object() && j.contains("test_accuracy") && j.contains("steps"),
+             "{}: not a run summary (delete it to let the run finish again)", path);
+  return j;
+}
+
+struct Stats {
+  double mean = 0, sd = 0;  // sd: sample standard deviation, 0 for one run
+  int n = 0;
+};
+Stats stats(const std::vector<double>& xs) {
+  Stats s;
+  s.n = static_cast<int>(xs.size());
+  if (xs.empty()) return s;
+  for (double x : xs) s.mean += x / xs.size();
+  if (xs.size() > 1) {
+    double ss = 0;
+    for (double x : xs) ss += (x - s.mean) * (x - s.mean);
+    s.sd = std::sqrt(ss / (xs.size() - 1));
+  }
+  return s;
+}
+
+std::string percent(const Stats& s) {
+  return s.n > 1 ? fmt::format("{:.2f} ± {:.2f}", 100 * s.mean, 100 * s.sd) : fmt::format("{:.2f}", 100 * s.mean);
+}
+
+std::string duration(double seconds) {
+  if (seconds < 60) return fmt::format("{:.1f} s", seconds);
+  const int64_t s = std::llround(seconds);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+  return fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+// The curves of a variant's runs, averaged over seeds at the steps every run logged.
+Curves mean_curves(const std::string& label, const std::vector<Curves>& runs) {
+  Curves mean;
+  mean.label = runs.size() > 1 ? fmt::format("{} (mean of {} seeds)", label, runs.size()) : label;
+  auto average = [&](auto steps_of, auto values_of, std::vector<double>& steps_out, std::vector<double>& values_out) {
+    const std::vector<double>& steps = steps_of(runs[0]);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (i > 0 && steps[i] == steps[i - 1]) continue;  // the final validation repeats the last periodic one
+      double sum = 0;
+      bool everywhere = true;
+      for (const Curves& r : runs) {
+        const auto& s = steps_of(r);
+        auto at = std::find(s.begin(), s.end(), steps[i]);
+        if (at == s.end()) {
+          everywhere = false;
+          break;
+        }
+        sum += values_of(r)[static_cast<size_t>(at - s.begin())];
+      }
+      if (!everywhere) continue;
+      steps_out.push_back(steps[i]);
+      values_out.push_back(sum / runs.size());
+    }
+  };
+  average([](const Curves& c) -> const std::vector<double>& { return c.steps; },
+          [](const Curves& c) -> const std::vector<double>& { return c.loss; }, mean.steps, mean.loss);
+  average([](const Curves& c) -> const std::vector<double>& { return c.val_steps; },
+          [](const Curves& c) -> const std::vector<double>& { return c.val_accuracy; }, mean.val_steps,
+          mean.val_accuracy);
+  return mean;
+}
+
+std::string output_name(const CompareSpec& spec, const std::string& stem, const std::string& extension) {
+  return spec.name.empty() ? stem + extension : stem + "-" + spec.name + extension;
+}
+
+void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs) {
+  json variants = json::array();
+  std::string md = fmt::format("# Comparison: {}\n\n", spec.task);
+  if (!spec.command.empty()) md += fmt::format("Command: `{}`\n\n", spec.command);
+  md += fmt::format("Test and validation accuracy: mean ± sample standard deviation over seeds ({}). Wall time is "
+                    "per run, steps, evaluations and checkpoints included; step time is the mean training step; "
+                    "peak memory is the most that tensors held at once.\n\n",
+                    fmt::join(spec.seeds, ", "));
+  md += "| variant | runs | test accuracy % | validation accuracy % | steps | wall time per run | step ms | peak MiB |\n"
+        "|---|---|---|---|---|---|---|---|\n";
+  std::vector<Curves> figure;
+  for (const auto& [label, settings] : spec.variants) {
+    std::vector<double> test, val, wall, step_ms;
+    double peak = 0;
+    int64_t steps = 0;
+    std::vector<Curves> curves;
+    json run_rows = json::array();
+    for (const CompareRun& r : runs) {
+      if (r.variant != label) continue;
+      const json& s = r.summary;
+      test.push_back(s["test_accuracy"].get<double>());
+      val.push_back(s["val_accuracy"].get<double>());
+      wall.push_back(s.value("seconds", 0.0));
+      step_ms.push_back(1000 * s.value("step_seconds", 0.0));
+      peak = std::max(peak, s.value("peak_bytes", 0.0) / (1 << 20));
+      steps = s["steps"].get<int64_t>();
+      curves.push_back(read_curves(r.dir));
+      run_rows.push_back({{"seed", r.seed}, {"folder", std::filesystem::path(r.dir).filename().string()},
+                          {"summary", s}});
+    }
+    const Stats t = stats(test), v = stats(val), w = stats(wall), ms = stats(step_ms);
+    md += fmt::format("| {} | {} | {} | {} | {} | {} | {:.1f} | {:.1f} |\n", label, t.n, percent(t), percent(v), steps,
+                      duration(w.mean), ms.mean, peak);
+    variants.push_back({{"variant", label}, {"settings", settings}, {"runs", run_rows},
+                        {"test_accuracy", {{"mean", t.mean}, {"sd", t.sd}}},
+                        {"val_accuracy", {{"mean", v.mean}, {"sd", v.sd}}}, {"steps", steps},
+                        {"wall_seconds_mean", w.mean}, {"step_ms_mean", ms.mean}, {"peak_mib", peak}});
+    figure.push_back(mean_curves(label, curves));
+  }
+  md += "\n## Runs\n\n| variant | seed | folder | test % | validation % | majority % | steps | wall time | step ms |\n"
+        "|---|---|---|---|---|---|---|---|---|\n";
+  for (const CompareRun& r : runs) {
+    const json& s = r.summary;
+    md += fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {} | {} | {:.1f} |\n", r.variant, r.seed,
+                      std::filesystem::path(r.dir).filename().string(), 100 * s["test_accuracy"].get<double>(),
+                      100 * s["val_accuracy"].get<double>(), 100 * s.value("majority_rate", 0.0),
+                      s["steps"].get<int64_t>(), duration(s.value("seconds", 0.0)),
+                      1000 * s.value("step_seconds", 0.0));
+  }
+  md += fmt::format("\n![validation accuracy and training loss of every variant]({})\n",
+                    output_name(spec, "comparison", ".svg"));
+  const json results = {{"task", spec.task}, {"seeds", spec.seeds}, {"settings", spec.settings},
+                        {"command", spec.command}, {"variants", variants}};
+  write_file_atomic(spec.out_dir + "/" + output_name(spec, "results", ".json"), results.dump(2) + "\n");
+  write_file_atomic(spec.out_dir + "/" + output_name(spec, "results", ".md"), md);
+  plot_comparison(spec.out_dir + "/" + output_name(spec, "comparison", ".svg"),
+                  fmt::format("{}: {} variants, {} seed{}", spec.task, spec.variants.size(), spec.seeds.size(),
+                              spec.seeds.size() == 1 ? "" : "s"),
+                  figure);
+}
+
+}  // namespace
+
+CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool quiet) {
+  CAST_CHECK(!spec.variants.empty() && !spec.seeds.empty(), "a comparison needs at least one variant and one seed");
+  CAST_CHECK(!spec.settings.contains("run") && !spec.settings.contains("seed"),
+             "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
+  // Every run's settings are checked before the first step is spent.
+  std::vector<std::pair<CompareRun, TrainConfig>> plan;
+  for (const auto& [label, settings] : spec.variants)
+    for (uint64_t seed : spec.seeds) {
+      CompareRun r;
+      r.variant = label;
+      r.seed = seed;
+      r.dir = spec.out_dir + "/" + compare_run_name(label, seed);
+      TrainConfig c = run_config(spec, settings, seed);
+      c.run_dir = r.dir;
+      plan.push_back({r, c});
+    }
+  std::filesystem::create_directories(spec.out_dir);
+  CompareResult result;
+  int index = 0;
+  for (auto& [run, config] : plan) {
+    ++index;
+    const std::string checkpoint = run.dir + "/checkpoint.safetensors", summary = run.dir + "/summary.json";
+    const bool started = std::filesystem::exists(checkpoint);
+    if (!started) {
+      const std::string same = finished_run_like(spec.out_dir, config);
+      if (!same.empty()) {
+        run.dir = same;
+        run.summary = read_summary(same + "/summary.json");
+        if (!quiet)
+          fmt::print("[{}/{}] {} seed {}: the same settings as the finished run {}; using it\n", index, plan.size(),
+                     run.variant, run.seed, same);
+        result.runs.push_back(run);
+        continue;
+      }
+    }
+    if (started) check_same_run(checkpoint, config);
+    if (started && std::filesystem::exists(summary)) {
+      run.summary = read_summary(summary);
+      if (!quiet) fmt::print("[{}/{}] {} seed {}: finished earlier ({})\n", index, plan.size(), run.variant, run.seed, run.dir);
+      result.runs.push_back(run);
+      continue;
+    }
+    if (!quiet) {
+      if (started)
+        fmt::print("[{}/{}] {} seed {}: resuming from step {} of {} ({})\n", index, plan.size(), run.variant, run.seed,
+                   read_checkpoint_header(checkpoint).step, config.steps, run.dir);
+      else
+        fmt::print("[{}/{}] {} seed {}: {} steps ({})\n", index, plan.size(), run.variant, run.seed, config.steps, run.dir);
+      std::fflush(stdout);
+    }
+    // A resumed run takes its settings from its checkpoint (checked equal above).
+    TrainConfig to_run = config;
+    if (started) {
+      to_run = read_checkpoint_header(checkpoint).config;
+      to_run.run_dir = run.dir;
+    }
+    const TrainResult r = run_training(to_run, started ? checkpoint : "", stop_after, quiet);
+    run.resumed = started;
+    run.steps_this_process = static_cast<int64_t>(r.losses.size());
+    if (!std::filesystem::exists(summary)) {  // interrupted (tests): what a killed process leaves
+      result.runs.push_back(run);
+      return result;
+    }
+    run.summary = read_summary(summary);
+    result.runs.push_back(run);
+  }
+  write_results(spec, result.runs);
+  result.complete = true;
+  if (!quiet)
+    fmt::print("cast compare: {} runs -> {}/{}, {}, {}\n", result.runs.size(), spec.out_dir,
+               output_name(spec, "results", ".md"), output_name(spec, "results", ".json"),
+               output_name(spec, "comparison", ".svg"));
+  return result;
+}
+
+}  // namespace cast::train
+
+// ---------------------------------------------------------------- the command
+namespace cast {
+
+using json = nlohmann::json;
+
+namespace {
+
+std::vector<std::string> comma_list(const std::string& option, const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    items.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    CAST_CHECK_USAGE(!items.back().empty(), "--{}: '{}' has an empty item", option, text);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (size_t i = 0; i < items.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      CAST_CHECK_USAGE(items[i] != items[j], "--{}: '{}' is listed twice", option, items[i]);
+  return items;
+}
+
+void usage_mechanism(const std::string& name) {
+  try {
+    nn::parse_mechanism(name);
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("--attention: {}", e.what()));
+  }
+}
+
+}  // namespace
+
+int command_compare(const std::vector<std::string>& argv) {
+  cli::Args args("compare",
+                 "Train one task with several attention mechanisms (or several values of one setting) and seeds, each "
+                 "an ordinary run\nin its own folder under --out, then write results.md and results.json (accuracy "
+                 "mean ± standard deviation over\nseeds, steps, wall time, step time, peak memory) and comparison.svg "
+                 "(validation accuracy and training loss\nagainst step). Run the same command again after an "
+                 "interruption: finished runs are kept, unfinished ones resume\nfrom their checkpoints.");
+  args.option("task", "listops-short",
+              "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
+      .option("attention", "", "comma-separated mechanisms (default full,cast,clustered,iclustered); with --vary, one")
+      .option("vary", "", "SETTING=V1,V2,...: compare values of any train setting instead of mechanisms")
+      .option("seeds", "1", "comma-separated seeds; each variant runs once per seed")
+      .option("out", "", "comparison folder (default runs/compare-<task>); with --vary the files are "
+                         "results-<setting>.md and so on, and a run equal to one already there is reused")
+      .option("config", "", "JSON file of settings shared by every run");
+  declare_train_settings(args, {"attention", "run", "seed"});
+  args.example("cast compare --task listops-short --steps 300")
+      .example("cast compare --task fashion-mnist-14 --attention full,cast --seeds 1,2,3")
+      .example("cast compare --task fashion-mnist-14 --attention cast --vary clustering=topk,satopk --seeds 1,2")
+      .example("cast compare --task fashion-mnist-14 --attention cast --vary summaries=on,off --out runs/ablation-summaries");
+  if (!args.parse(argv)) return 0;
+
+  train::CompareSpec spec;
+  spec.task = args.str("task");
+  train::preset(spec.task);  // an unknown task fails here, before any folder is made
+  if (!args.str("config").empty()) spec.settings = read_json_file(args.str("config"));
+  CAST_CHECK_USAGE(spec.settings.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+  const json flags = settings_from_flags(args);
+  for (auto& [k, v] : flags.items()) spec.settings[k] = v;
+  spec.settings.erase("attention");
+
+  const std::string default_out = "runs/compare-" + spec.task;
+  if (args.str("vary").empty()) {
+    const std::string list = args.is_set("attention") ? args.str("attention") : "full,cast,clustered,iclustered";
+    for (const std::string& name : comma_list("attention", list)) {
+      usage_mechanism(name);  // an unknown mechanism fails before any run
+      spec.variants.push_back({name, {{"attention", name}}});
+    }
+  } else {
+    const std::string vary = args.str("vary");
+    const size_t eq = vary.find('=');
+    CAST_CHECK_USAGE(eq != std::string::npos && eq > 0, "--vary expects SETTING=V1,V2,..., got '{}'", vary);
+    const std::string key = vary.substr(0, eq);
+    CAST_CHECK_USAGE(key != "attention" && key != "seed" && key != "run",
+                     "--vary {}: use --attention, --seeds or --out for that", key);
+    if (args.is_set("attention")) {
+      CAST_CHECK_USAGE(args.str("attention").find(',') == std::string::npos,
+                       "--attention names one mechanism when --vary is given, got '{}'", args.str("attention"));
+      usage_mechanism(args.str("attention"));
+      spec.settings["attention"] = args.str("attention");
+    }
+    for (const std::string& value : comma_list("vary", vary.substr(eq + 1)))
+      spec.variants.push_back({key + "=" + value, {{key, setting_from_text(key, value)}}});
+    spec.name = key;
+  }
+  for (const std::string& seed : comma_list("seeds", args.str("seeds"))) {
+    size_t used = 0;
+    int64_t s = -1;
+    try {
+      s = std::stoll(seed, &used);
+    } catch (const std::exception&) {
+    }
+    CAST_CHECK_USAGE(used == seed.size() && s >= 0, "--seeds: '{}' is not a seed (a whole number, 0 or more)", seed);
+    spec.seeds.push_back(static_cast<uint64_t>(s));
+  }
+  spec.out_dir = args.is_set("out") ? args.str("out") : default_out;
+  spec.command = "cast compare";
+  for (const std::string& a : argv) spec.command += " " + a;
+  // Every run's settings are validated before any folder is made or step spent.
+  for (const auto& [label, settings] : spec.variants) {
+    train::TrainConfig c = train::preset(spec.task);
+    train::apply_overrides(c, spec.settings);
+    train::apply_overrides(c, settings);
+  }
+  train::run_comparison(spec);
+  return 0;
+}
+
+}  // namespace cast
