@@ -159,7 +159,14 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
                supplied.describe(), B, H, N);
     assignment = supplied.to(q.device());
     int64_t most = -1;
-    for (double a : assignment.to_double_vector()) most = std::max<int64_t>(most, static_cast<int64_t>(a));
+    for (double a : assignment.to_double_vector()) {
+      CAST_CHECK(a >= -1, "attention: assignment holds {}; ids are -1 (no cluster) or 0 and up", a);
+      most = std::max<int64_t>(most, static_cast<int64_t>(a));
+    }
+    // Without a cluster count the largest id sets it; N tokens fill at most N clusters.
+    CAST_CHECK(config_.clusters > 0 || most < std::max<int64_t>(N, 1),
+               "attention: assignment names cluster {} but {} tokens fill at most {} clusters (give --clusters)",
+               most, N, N);
     if (config_.clusters <= 0) C = most + 1;
     CAST_CHECK(most < C, "attention: assignment names cluster {} but there are {} clusters", most, C);
   } else {

@@ -297,3 +297,19 @@ TEST(Clustering, KMeansAssignsEveryRealQueryAndIsDeterministic) {
     for (size_t j = 0; j < 40; ++j)
       if (h[i] == h[j]) EXPECT_EQ(a[i], a[j]);
 }
+
+// A supplied assignment is input (cast layer reads it from a file): an id below -1, or one so
+// large that it would size the centroid tensors, is refused with a message.
+TEST(ClusteredAttention, SuppliedAssignmentIdsAreChecked) {
+  nn::AttentionConfig c;
+  c.mechanism = nn::Mechanism::clustered;
+  c.dim = 8;
+  c.heads = 2;
+  nn::Attention layer(c, DType::f32);
+  Tensor x = Tensor::normal({1, 5, 8}, 4, 0, 1.0, DType::f32, Device::cpu);
+  auto ids = [](std::vector<int32_t> v) { return Tensor::from_vector<int32_t>(v, {1, 2, 5}, Device::cpu); };
+  EXPECT_CAST_ERROR(layer.forward(x, Tensor(), ids({0, 1, 2, 3, 4, 0, 1, 2, 3, 2147483647})),
+                    "assignment names cluster 2147483647 but 5 tokens fill at most 5 clusters");
+  EXPECT_CAST_ERROR(layer.forward(x, Tensor(), ids({0, 1, 2, 3, 4, 0, 1, -7, 3, 2})), "assignment holds -7");
+  EXPECT_EQ(layer.forward(x, Tensor(), ids({0, 1, 2, 3, 4, 0, 1, -1, 3, 2})).out.shape(), (Shape{1, 5, 8}));
+}

@@ -99,6 +99,24 @@ TEST(Cli, SettingsOutOfRangeAreUsageErrorsBeforeAnyWork) {
   }
 }
 
+TEST(Cli, WorkTooBigForTheMachineStopsBeforeAllocating) {
+  // the README's `cast bench train --task text` once grew until the kernel killed it
+  for (const auto& [args, message] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"bench train --task text --batch-size 4096", "a full training step of batch 4096 at length 4096 needs about"},
+           {"bench attention --lengths 1048576 --batch 512 --mechanisms full", "full attention at N 1048576 (batch 512"},
+           {"train --task listops-short --batch 1048576 --dim 1024 --mlp-dim 4096 --attention full --run "
+            "/tmp/cast_cli_too_big --overwrite",
+            "a training step of batch 1048576 at length"}}) {
+    CliRun r = run(args);
+    EXPECT_EQ(r.code, 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("(an estimate that errs high) but this machine has"), std::string::npos) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_EQ(r.out.find("mechanism "), std::string::npos) << "a table was started: " << r.out;
+  }
+}
+
 TEST(Cli, InfoAndHelp) {
   CliRun info = run("info");
   EXPECT_EQ(info.code, 0);

@@ -9,6 +9,7 @@
 #include "tests/test_util.h"
 #include "train/data.h"
 #include "train/png.h"
+#include "train/trainer.h"
 
 using namespace cast;
 using namespace cast::testing;
@@ -168,12 +169,65 @@ TEST(FashionMnist, ReadsGzippedIdxAndRejectsTruncation) {
   EXPECT_CAST_ERROR(data::load_fashion_mnist(dir), "not an IDX image file");
 }
 
+TEST(FashionMnist, PoolingAveragesBlocksAndNoImagesFailBeforeTraining) {
+  const std::string dir = fresh_dir("fashion_pool");
+  std::string pixels(784, '\0');
+  pixels[0] = 10, pixels[1] = 20, pixels[28] = 30, pixels[29] = 41;  // the top-left 2 x 2 block
+  pixels[783] = static_cast<char>(255);
+  const std::string images = be32(2051) + be32(1) + be32(28) + be32(28) + pixels, labels = be32(2049) + be32(1) + "\x04";
+  for (const char* s : {"train", "t10k"}) {
+    write_gz(fmt::format("{}/{}-images-idx3-ubyte.gz", dir, s), images);
+    write_gz(fmt::format("{}/{}-labels-idx1-ubyte.gz", dir, s), labels);
+  }
+  const data::TaskData t = data::load_fashion_mnist(dir, 2);
+  EXPECT_EQ(t.name, "fashion-mnist-14");
+  EXPECT_EQ(t.max_len, 196);
+  EXPECT_EQ(t.image_side, 14);
+  ASSERT_EQ(t.test[0].tokens.size(), 196u);
+  EXPECT_EQ(t.test[0].tokens[0], 25);    // (10 + 20 + 30 + 41) / 4 = 25.25
+  EXPECT_EQ(t.test[0].tokens[195], 64);  // 255 / 4 = 63.75, rounded
+  EXPECT_EQ(t.test[0].tokens[1], 0);
+
+  // A folder whose files hold no images: a clear error before any step (this once divided by zero).
+  const std::string empty_images = be32(2051) + be32(0) + be32(28) + be32(28), empty_labels = be32(2049) + be32(0);
+  for (const char* s : {"train", "t10k"}) {
+    write_gz(fmt::format("{}/{}-images-idx3-ubyte.gz", dir, s), empty_images);
+    write_gz(fmt::format("{}/{}-labels-idx1-ubyte.gz", dir, s), empty_labels);
+  }
+  EXPECT_TRUE(data::load_fashion_mnist(dir).train.empty());
+  train::TrainConfig c = train::preset("fashion-mnist");
+  c.data_dir = dir;
+  c.run_dir = fresh_dir("fashion_empty_run");
+  c.device = "cpu";
+  EXPECT_CAST_ERROR(train::run_training(c, "", 0, true), "the training split has no examples");
+}
+
 TEST(FashionMnist, TheDebianPackageLoads) {
   if (!fs::exists(data::default_fashion_mnist_dir() + "/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";
   data::TaskData t = data::load_fashion_mnist(data::default_fashion_mnist_dir());
   EXPECT_EQ(t.train.size() + t.val.size(), 60000u);
   EXPECT_EQ(t.test.size(), 10000u);
+}
+
+// ---------------------------------------------------------------- PNG
+// A PNG whose header claims a huge image is refused before its rows are allocated.
+TEST(Png, AHugeHeaderIsRefusedBeforeAllocating) {
+  const std::string dir = fresh_dir("png_huge");
+  auto chunk = [](const std::string& type, const std::string& body) {
+    const std::string typed = type + body;
+    const uLong crc = crc32(0, reinterpret_cast<const Bytef*>(typed.data()), static_cast<uInt>(typed.size()));
+    return be32(static_cast<uint32_t>(body.size())) + typed + be32(static_cast<uint32_t>(crc));
+  };
+  const std::string signature = "\x89PNG\r\n\x1a\n";
+  for (auto [w, h] : {std::pair<uint32_t, uint32_t>{100000, 100000}, {5000, 1}, {1, 4097}}) {
+    const std::string ihdr = be32(w) + be32(h) + std::string{8, 0, 0, 0, 0};  // 8-bit gray
+    // the header is read up to the first data chunk; the check fires there, before any row
+    write_text(dir + "/huge.png", signature + chunk("IHDR", ihdr) + chunk("IDAT", "\x78\x9c\x03\x00\x00\x00\x00\x01") +
+                                      chunk("IEND", ""));
+    EXPECT_CAST_ERROR(png::read_gray(dir + "/huge.png"), fmt::format("huge.png: the image is {} x {} pixels; at most "
+                                                                     "4096 x 4096", w, h));
+  }
 }
 
 // ---------------------------------------------------------------- Pathfinder

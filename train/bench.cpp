@@ -16,6 +16,7 @@
 #include "ops/adamw.h"
 #include "ops/ops.h"
 #include "train/cli.h"
+#include "train/memory_estimate.h"
 #include "train/trainer.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/runtime.h"
@@ -133,15 +134,26 @@ int bench_attention(const cli::Args& args) {
   if (!args.str("json").empty()) json_out.open(args.str("json"));
   fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
              device_label(device), B, D, H, repeats, warmup, args.is_set("tf32") ? ", TF32 matmuls" : "");
-  fmt::print("{:<12} {:>6} {:>12} {:>16} {:>12}\n", "mechanism", "N", "forward ms", "fwd+bwd ms", "peak MiB");
+  auto layer_config = [&](const Variant& v, int64_t N) {
+    nn::AttentionConfig c = v.config;
+    c.dim = D;
+    c.heads = H;
+    c.clusters = nn::default_clusters(N);
+    c.seed = 1;
+    c.fused = !args.is_set("reference");
+    return c;
+  };
+  for (const Variant& v : mechanisms)  // every row must fit before the first is timed
+    for (int64_t N : ns)
+      train::require_memory(train::attention_layer_bytes(layer_config(v, N), B, N, D, device == Device::cuda), device,
+                            fmt::format("{} attention at N {} (batch {}, D {})", v.name, N, B, D),
+                            "lower --lengths or --batch");
+  fmt::print("{:<12} {:>6} {:>12} {:>16} {:>12} {:>14}\n", "mechanism", "N", "forward ms", "fwd+bwd ms", "peak MiB",
+             "estimate MiB");
   for (const Variant& v : mechanisms) {
     for (int64_t N : ns) {
-      nn::AttentionConfig c = v.config;
-      c.dim = D;
-      c.heads = H;
-      c.clusters = nn::default_clusters(N);
-      c.seed = 1;
-      c.fused = !args.is_set("reference");
+      const nn::AttentionConfig c = layer_config(v, N);
+      const double estimate = train::attention_layer_bytes(c, B, N, D, device == Device::cuda);
       try {
         nn::Attention layer(c, DType::f32, device);
         Tensor x = Tensor::normal({B, N, D}, 2, 0, 1.0, DType::f32, device).set_requires_grad();
@@ -163,8 +175,8 @@ int bench_attention(const cli::Args& args) {
         const size_t base = train::peak_memory(device);
         for (int64_t i = 0; i < repeats; ++i) tb.push_back(time_once(device, both));
         const double peak_mib = static_cast<double>(train::peak_memory(device) - std::min(base, train::peak_memory(device))) / (1 << 20);
-        fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f}{}\n", v.name, N, median(tf), median(tb), peak_mib,
-                   trust_note(tb));
+        fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f} {:>14.1f}{}\n", v.name, N, median(tf), median(tb),
+                   peak_mib, estimate / (1 << 20), trust_note(tb));
         if (json_out.is_open())
           json_out << nlohmann::json{{"mechanism", v.name}, {"n", N}, {"batch", B}, {"dim", D}, {"heads", H},
                                      {"forward_ms", median(tf)}, {"forward_backward_ms", median(tb)},
@@ -190,12 +202,25 @@ int bench_train(const cli::Args& args) {
   const int64_t N = args.is_set("length") ? bounded(args, "length", 1, int64_t{1} << 20) : base.model.max_len;
   const int64_t B = args.is_set("batch-size") ? bounded(args, "batch-size", 1, 4096) : base.batch;
   const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));
+  std::vector<double> estimates;  // every variant must fit before the first is timed
+  for (const Variant& v : mechanisms) {
+    nn::ModelConfig m = base.model;
+    m.max_len = N;
+    m.attention = v.config;
+    m.attention.fused = !args.is_set("reference");
+    m.dual = false;
+    estimates.push_back(train::training_step_bytes(m, B, N, device == Device::cuda));
+    train::require_memory(estimates.back(), device,
+                          fmt::format("a {} training step of batch {} at length {}", v.name, B, N),
+                          "lower --batch-size or --length");
+  }
   std::ofstream json_out;
   if (!args.str("json").empty()) json_out.open(args.str("json"));
   fmt::print("training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up\n",
              device_label(device), base.task, N, B, steps, warmup);
-  fmt::print("{:<12} {:>10} {:>10} {:>12}\n", "mechanism", "ms/step", "steps/s", "peak MiB");
-  for (const Variant& v : mechanisms) {
+  fmt::print("{:<12} {:>10} {:>10} {:>12} {:>14}\n", "mechanism", "ms/step", "steps/s", "peak MiB", "estimate MiB");
+  for (size_t vi = 0; vi < mechanisms.size(); ++vi) {
+    const Variant& v = mechanisms[vi];
     nn::ModelConfig m = base.model;
     m.max_len = N;
     m.attention = v.config;
@@ -234,7 +259,8 @@ int bench_train(const cli::Args& args) {
       std::vector<double> times;
       for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
       const double ms = median(times), peak_mib = static_cast<double>(train::peak_memory(device) - std::min(base_bytes, train::peak_memory(device))) / (1 << 20);
-      fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f}{}\n", v.name, ms, 1000.0 / ms, peak_mib, trust_note(times));
+      fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f} {:>14.1f}{}\n", v.name, ms, 1000.0 / ms, peak_mib,
+                 estimates[vi] / (1 << 20), trust_note(times));
       if (json_out.is_open())
         json_out << nlohmann::json{{"mechanism", v.name}, {"task", base.task}, {"n", N}, {"batch", B},
                                    {"ms_per_step", ms}, {"peak_mib", peak_mib}, {"device", device_label(device)}}.dump()

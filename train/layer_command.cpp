@@ -4,6 +4,7 @@
 
 #include "autograd/tape.h"
 #include "nn/attention.h"
+#include "train/memory_estimate.h"
 #include "ops/ops.h"
 #include "tensor/safetensors.h"
 #include "train/cli.h"
@@ -98,6 +99,11 @@ int command_layer(const std::vector<std::string>& argv) {
   config.iterations = iterations;
   config.seed = static_cast<uint64_t>(seed);
 
+  train::require_memory(train::attention_layer_bytes(config, B, N, D, device == Device::cuda) *
+                            (dtype == DType::f64 ? 2 : 1),
+                        device, fmt::format("{}: one {} attention layer on (B {}, N {}, D {})", file.source,
+                                            nn::mechanism_name(config.mechanism), B, N, D),
+                        "a smaller input, or fewer --clusters");
   nn::Attention layer(config, dtype, device);
   const int64_t H = config.heads, d = D / H, C = config.clusters;
   std::map<std::string, Shape> weight_shapes = {{"wq", {D, D}}, {"wk", {D, D}}, {"wv", {D, D}}, {"wo", {D, D}}};

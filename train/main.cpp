@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,17 @@ int main(int argc, char** argv) {
       return 2;
     } catch (const cast::Error& e) {
       std::fprintf(stderr, "cast %s: error: %s\n", name.c_str(), e.what());
+      return 1;
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "cast %s: error: out of memory (a size in the settings or an input file is more than this "
+                   "machine holds)\n", name.c_str());
+      return 1;
+    } catch (const std::length_error&) {
+      std::fprintf(stderr, "cast %s: error: a size in the settings or an input file is beyond what can be allocated\n",
+                   name.c_str());
+      return 1;
+    } catch (const std::filesystem::filesystem_error& e) {
+      std::fprintf(stderr, "cast %s: error: %s: %s\n", name.c_str(), e.path1().c_str(), e.code().message().c_str());
       return 1;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "cast %s: unexpected error: %s\n", name.c_str(), e.what());

@@ -68,6 +68,8 @@ void write(const std::string& original_path, const Image& image) {
   }
 }
 
+constexpr png_uint_32 kMaxSide = 4096;
+
 Image read_gray(const std::string& path) {
   File file{std::fopen(path.c_str(), "rb")};
   CAST_CHECK(file.f, "{}: cannot open", path);
@@ -81,6 +83,10 @@ Image read_gray(const std::string& path) {
     png_init_io(png, file.f);
     png_set_sig_bytes(png, 8);
     png_read_info(png, info);
+    // the header's size is input: checked before a row is allocated (Path-X, the largest task, is 128 x 128)
+    const png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
+    CAST_CHECK(w >= 1 && h >= 1 && w <= kMaxSide && h <= kMaxSide, "{}: the image is {} x {} pixels; at most {} x {} "
+               "are read", path, w, h, kMaxSide, kMaxSide);
     png_set_strip_16(png);
     png_set_strip_alpha(png);
     png_set_expand(png);

@@ -15,6 +15,7 @@
 #include "tensor/device_memory.h"
 #include "tensor/philox.h"
 #include "tensor/safetensors.h"
+#include "train/memory_estimate.h"
 #include "train/plot.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/runtime.h"
@@ -548,6 +549,10 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   CAST_CHECK(task.vocab <= c.model.vocab && task.classes == c.model.classes && task.dual == c.model.dual,
              "task {} (vocab {}, {} classes) does not fit the model (vocab {}, {} classes)", task.name, task.vocab,
              task.classes, c.model.vocab, c.model.classes);
+  require_memory(training_step_bytes(c.model, c.batch, std::min(c.model.max_len, task.max_len), device == Device::cuda),
+                 device, fmt::format("a training step of batch {} at length {}", c.batch,
+                                     std::min(c.model.max_len, task.max_len)),
+                 "lower --batch or --max-len");
   nn::Transformer model(c.model, DType::f32, device);
   nn::ParamList params = model.parameters();
   std::vector<Tensor> m, v;

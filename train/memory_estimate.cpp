@@ -1,0 +1,76 @@
+#include "train/memory_estimate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tensor/device_memory.h"
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
+
+namespace cast::train {
+
+namespace {
+constexpr double kFloat = 4;  // bytes of f32
+}
+
+double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N, int64_t D, bool gpu) {
+  const double b = static_cast<double>(B), n = static_cast<double>(N), d = static_cast<double>(D);
+  const double h = static_cast<double>(a.heads), dh = d / std::max<double>(h, 1);
+  double floats = b * n * d * 8;  // the input's gradient, q, k, v, their head layouts, the output
+  const double c = static_cast<double>(a.clusters > 0 ? a.clusters : nn::default_clusters(N));
+  switch (a.mechanism) {
+    case nn::Mechanism::full:
+      // the step ops keep scores and probabilities (B, H, N, N); the fused CPU kernel a row of each
+      floats += a.fused && !gpu ? b * h * n * 2 : b * h * n * n * 3;
+      break;
+    case nn::Mechanism::cast: {
+      const double kappa = static_cast<double>(a.cluster_size > 0 ? a.cluster_size : nn::default_clusters(N));
+      floats += b * h * n * c * 4;                         // affinities, their softmaxes, mixing weights
+      floats += b * h * c * kappa * (kappa * 3 + dh * 4);  // intra-cluster scores and gathered q, k, v, out
+      floats += b * h * c * dh * 4;                        // summaries
+      break;
+    }
+    case nn::Mechanism::clustered:
+    case nn::Mechanism::iclustered:
+      floats += b * h * c * n * 3 + b * h * c * dh * 4;  // centroid scores, centroids, per-cluster outputs
+      if (a.mechanism == nn::Mechanism::iclustered) floats += b * h * c * static_cast<double>(a.topk) * (dh * 2 + 3);
+      break;
+  }
+  return floats * kFloat * 2;  // and the gradients of as much again
+}
+
+double training_step_bytes(const nn::ModelConfig& m, int64_t B, int64_t N, bool gpu) {
+  const int64_t towers = m.dual ? 2 : 1, tokens = N + (m.cls_pooling ? 1 : 0);
+  const double bn = static_cast<double>(B * towers) * static_cast<double>(tokens);
+  const double d = static_cast<double>(m.dim), mlp = static_cast<double>(m.mlp_dim);
+  nn::AttentionConfig a = m.attention;
+  a.dim = m.dim;
+  a.heads = m.heads;
+  // per block: two LayerNorms, residuals, projections, the MLP's hidden activations and GELU
+  const double block = bn * (d * 6 + mlp * 3) * kFloat * 2 + attention_layer_bytes(a, B * towers, tokens, m.dim, gpu);
+  const double params = static_cast<double>(m.layers) * (4 * d * d + 2 * d * mlp) +
+                        static_cast<double>(m.vocab + m.max_len + 1) * d;
+  return static_cast<double>(m.layers) * block + bn * d * 2 * kFloat + params * 4 * kFloat;
+}
+
+void require_memory(double bytes, Device device, const std::string& what, const std::string& hint) {
+  double available = static_cast<double>(host_memory_total());
+  const char* where = "this machine has";
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) {
+    const auto gpus = cuda::devices();
+    available = gpus.empty() ? 0.0 : static_cast<double>(gpus[0].total_bytes);
+    where = "the GPU has";
+  }
+#endif
+  (void)device;
+  if (available <= 0 || bytes <= available) return;
+  constexpr double GiB = 1024.0 * 1024 * 1024;
+  throw Error(fmt::format("{} needs about {:.1f} GiB (an estimate that errs high) but {} {:.1f} GiB: {}", what,
+                          bytes / GiB, where, available / GiB, hint));
+}
+
+}  // namespace cast::train
