@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's first command: installs what is missing, builds the binary, and runs the main
-# job: `cast train` with no options (short ListOps generated if missing, a small CAST model).
+# job: `cast train` with no options (short ListOps generated if missing, a small CAST model);
+# --overwrite: running this script again replaces the run it made before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -11,4 +12,4 @@ else
   scripts/build.sh -DCAST_ENABLE_CUDA=OFF cast
 fi
 ./build/cast info
-./build/cast train
+./build/cast train --overwrite
