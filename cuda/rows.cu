@@ -4,6 +4,7 @@
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/rows.h"
+#include "tensor/device_memory.h"
 
 namespace cast::cuda {
 
@@ -42,12 +43,12 @@ void index_min_max(const Tensor& idx, int64_t& mn, int64_t& mx) {
   long long host[2] = {LLONG_MAX, LLONG_MIN};
   Tensor result = Tensor::empty({2}, DType::i64, Device::cuda);
   long long* dev = reinterpret_cast<long long*>(result.data<int64_t>());
-  CUDA_CHECK(cudaMemcpy(dev, host, sizeof(host), cudaMemcpyHostToDevice));
+  device_memory::copy_to_device(dev, host, sizeof(host));
   const int64_t n = idx.numel();
   if (idx.dtype() == DType::i32) CAST_LAUNCH(min_max_kernel<int32_t>, blocks_for(n), kThreads, 0, idx.data<int32_t>(), n, dev);
   else CAST_LAUNCH(min_max_kernel<int64_t>, blocks_for(n), kThreads, 0, idx.data<int64_t>(), n, dev);
   CUDA_CHECK_LAUNCH();
-  CUDA_CHECK(cudaMemcpy(host, dev, sizeof(host), cudaMemcpyDeviceToHost));
+  device_memory::copy_to_host(host, dev, sizeof(host));
   mn = host[0];
   mx = host[1];
 }

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda/check.h"
@@ -11,51 +12,83 @@
 namespace cast::cuda {
 
 namespace {
-// Freed blocks are kept by exact (rounded) size and handed out again, so a training step that
-// repeats the same shapes makes no cudaMalloc after the first one.
+// Size classes and best fit (the scheme of PyTorch's and TensorFlow's caching allocators, made
+// smaller): a request is rounded up to a multiple of 512 B below 1 MiB, and above that to a
+// quarter of its power of two, so at most a fifth of a block goes unused. Freed blocks wait in a
+// map ordered by size; a request takes the smallest cached block that fits (see `fits`). Blocks
+// therefore serve other sizes: a batch padded shorter than an earlier one
+// reuses that batch's blocks, and training with varying shapes stops calling cudaMalloc once its
+// largest shapes have been seen. Out of memory: the cache goes back to the driver and the
+// cudaMalloc is tried once more, then one error names the size asked for and the bytes in use.
 struct CachingAllocator {
   std::mutex mutex;
-  std::map<size_t, std::vector<void*>> free_blocks;
+  std::multimap<size_t, void*> free_blocks;  // cached: size -> block
+  std::unordered_map<void*, size_t> live;    // handed out: block -> its size
   MemoryStats stats;
 
-  static size_t round(size_t bytes) { return bytes < 512 ? 512 : (bytes + 511) / 512 * 512; }
+  static size_t size_class(size_t bytes) {
+    if (bytes <= (size_t{1} << 20)) return bytes < 512 ? 512 : (bytes + 511) / 512 * 512;
+    size_t power = size_t{1} << 20;
+    while (power < bytes / 2) power <<= 1;  // power < bytes <= 2 * power
+    const size_t quarter = power / 4;
+    return (bytes + quarter - 1) / quarter * quarter;
+  }
+
+  // Small blocks (up to 1 MiB) serve any small request they hold; a large block serves requests
+  // of at least a quarter of its size, so a large block is never tied up by a small tensor.
+  static bool fits(size_t want, size_t block) {
+    constexpr size_t small = size_t{1} << 20;
+    return block <= small ? want <= small : block <= 4 * want;
+  }
 
   void* allocate(size_t bytes) {
-    bytes = round(bytes);
+    const size_t want = size_class(bytes);
     std::lock_guard<std::mutex> lock(mutex);
     void* ptr = nullptr;
-    auto it = free_blocks.find(bytes);
-    if (it != free_blocks.end() && !it->second.empty()) {
-      ptr = it->second.back();
-      it->second.pop_back();
+    size_t size = want;
+    auto it = free_blocks.lower_bound(want);
+    if (it != free_blocks.end() && fits(want, it->first)) {
+      size = it->first;
+      ptr = it->second;
+      free_blocks.erase(it);
     } else {
-      cudaError_t err = cudaMalloc(&ptr, bytes);
+      cudaError_t err = cudaMalloc(&ptr, want);
       if (err != cudaSuccess) {  // give the cache back to the driver and try once more
         (void)cudaGetLastError();
         release_locked();
-        CUDA_CHECK(cudaMalloc(&ptr, bytes));
+        err = cudaMalloc(&ptr, want);
       }
-      stats.reserved += bytes;
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        constexpr double MiB = 1024.0 * 1024.0;
+        throw Error(fmt::format("CUDA out of memory: {:.1f} MiB asked for while tensors hold {:.1f} MiB (peak "
+                                "{:.1f} MiB); lower the batch size or the sequence length",
+                                static_cast<double>(want) / MiB, static_cast<double>(stats.current) / MiB,
+                                static_cast<double>(stats.peak) / MiB));
+      }
+      stats.reserved += want;
       ++stats.device_mallocs;
     }
-    stats.current += bytes;
+    live[ptr] = size;
+    stats.current += size;
     stats.peak = std::max(stats.peak, stats.current);
     return ptr;
   }
 
-  void release(void* ptr, size_t bytes) {
-    bytes = round(bytes);
+  void release(void* ptr) {
     std::lock_guard<std::mutex> lock(mutex);
-    free_blocks[bytes].push_back(ptr);
-    stats.current -= bytes;
+    auto it = live.find(ptr);
+    CAST_CHECK(it != live.end(), "CUDA allocator: release of a block it never handed out");
+    free_blocks.insert({it->second, ptr});
+    stats.current -= it->second;
+    live.erase(it);
   }
 
   void release_locked() {
-    for (auto& [size, blocks] : free_blocks)
-      for (void* p : blocks) {
-        cudaFree(p);
-        stats.reserved -= size;
-      }
+    for (auto& [size, block] : free_blocks) {
+      cudaFree(block);
+      stats.reserved -= size;
+    }
     free_blocks.clear();
   }
 };
@@ -111,7 +144,11 @@ std::vector<DeviceInfo> devices() {
   return out;
 }
 
-void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+void synchronize() {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::lock_guard<std::mutex> lock(allocator().mutex);
+  ++allocator().stats.synchronizations;
+}
 
 double time_ms(const std::function<void()>& fn) {
   cudaEvent_t start, stop;
@@ -146,9 +183,17 @@ void* allocate(size_t bytes) {
   CAST_CHECK(cuda_available(), "cuda device requested, but no CUDA GPU is available");
   return cuda::allocator().allocate(bytes);
 }
-void release(void* ptr, size_t bytes) { cuda::allocator().release(ptr, bytes); }
-void copy_to_device(void* dst, const void* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice)); }
-void copy_to_host(void* dst, const void* src, size_t n) { CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost)); }
+void release(void* ptr, size_t) { cuda::allocator().release(ptr); }
+void copy_to_device(void* dst, const void* src, size_t n) {
+  CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+  std::lock_guard<std::mutex> lock(cuda::allocator().mutex);
+  ++cuda::allocator().stats.to_device;
+}
+void copy_to_host(void* dst, const void* src, size_t n) {
+  CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+  std::lock_guard<std::mutex> lock(cuda::allocator().mutex);
+  ++cuda::allocator().stats.to_host;
+}
 void copy_device_to_device(void* dst, const void* src, size_t n) {
   CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice));
 }

@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "cuda/launch.cuh"
+#include "cuda/runtime.h"
 #include "cuda/shared_memory.cuh"
+#include "tensor/tensor.h"
 #include "tests/test_util.h"
 
 using namespace cast;
@@ -209,4 +211,40 @@ TEST(Emulation, TheCorrectKernelsRaiseNoError) {
   EXPECT_EQ(error_of([&] { CAST_LAUNCH(tree_sum, 1, 256, 0, x.data(), out.data(), 256); }), "");
   EXPECT_EQ(error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 256, 256 * sizeof(float), x.data(), out.data(), 256); }),
             "");
+}
+
+// Out of device memory: the allocator gives its cache back and retries once; when that is not
+// enough, one error names the size asked for and the bytes tensors hold.
+TEST(Emulation, OutOfDeviceMemoryFreesTheCacheThenSaysWhatItAskedFor) {
+  cuda::release_cached_memory();
+  const size_t in_use = emu::runtime_counts().bytes_in_use;
+  {
+    Tensor cached = Tensor::empty({3 << 18}, DType::f32, Device::cuda);  // 3 MiB, cached when freed
+  }
+  const size_t cached_mallocs = cuda::memory_stats().device_mallocs;
+  // 6 MiB fits only if the cached 3 MiB go back to the driver first
+  emu::set_device_memory_limit(in_use + (7 << 20));
+  {
+    Tensor big = Tensor::empty({6 << 18}, DType::f32, Device::cuda);
+    EXPECT_EQ(cuda::memory_stats().device_mallocs, cached_mallocs + 1);
+    EXPECT_CAST_ERROR(Tensor::empty({4 << 18}, DType::f32, Device::cuda),
+                      "CUDA out of memory: 4.0 MiB asked for while tensors hold 6.0 MiB");
+  }
+  emu::set_device_memory_limit(0);
+  Tensor after = Tensor::empty({4 << 18}, DType::f32, Device::cuda);  // the device is usable again
+  EXPECT_EQ(after.numel(), 4 << 18);
+}
+
+// Size classes and best fit: a freed block serves a smaller request of another size.
+TEST(Emulation, CachedBlocksServeOtherSizes) {
+  cuda::release_cached_memory();
+  { Tensor a = Tensor::empty({1000000}, DType::f32, Device::cuda); }  // 4 MB, cached
+  const size_t mallocs = cuda::memory_stats().device_mallocs;
+  { Tensor b = Tensor::empty({700000}, DType::f32, Device::cuda); }  // 2.8 MB: the 4 MB block
+  { Tensor c = Tensor::empty({999999}, DType::f32, Device::cuda); }
+  EXPECT_EQ(cuda::memory_stats().device_mallocs, mallocs);
+  { Tensor d = Tensor::empty({200000}, DType::f32, Device::cuda); }  // 0.8 MB: not from a block 5 times its size
+  EXPECT_EQ(cuda::memory_stats().device_mallocs, mallocs + 1);
+  { Tensor e = Tensor::empty({1000}, DType::f32, Device::cuda); }  // 4 KB: the cached 0.8 MB small block
+  EXPECT_EQ(cuda::memory_stats().device_mallocs, mallocs + 1);
 }

@@ -107,6 +107,25 @@ double time_once(Device device, const std::function<void()>& fn) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The GPU's copies, waits and allocations (zero on the CPU).
+struct TransferCounts {
+  double to_host = 0, to_device = 0, synchronizations = 0, mallocs = 0;
+  TransferCounts operator-(const TransferCounts& o) const {
+    return {to_host - o.to_host, to_device - o.to_device, synchronizations - o.synchronizations, mallocs - o.mallocs};
+  }
+  TransferCounts operator/(double n) const { return {to_host / n, to_device / n, synchronizations / n, mallocs / n}; }
+};
+TransferCounts transfer_counts(Device device) {
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) {
+    const cuda::MemoryStats s = cuda::memory_stats();
+    return {double(s.to_host), double(s.to_device), double(s.synchronizations), double(s.device_mallocs)};
+  }
+#endif
+  (void)device;
+  return {};
+}
+
 std::string device_label(Device device) {
 #ifdef CAST_WITH_CUDA
   if (device == Device::cuda) {
@@ -256,14 +275,23 @@ int bench_train(const cli::Args& args) {
       for (int64_t i = 0; i < warmup; ++i) step();
       train::reset_peak_memory(device);
       const size_t base_bytes = train::peak_memory(device);
+      const TransferCounts before = transfer_counts(device);
       std::vector<double> times;
       for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
+      const TransferCounts per_step = (transfer_counts(device) - before) / static_cast<double>(steps);
       const double ms = median(times), peak_mib = static_cast<double>(train::peak_memory(device) - std::min(base_bytes, train::peak_memory(device))) / (1 << 20);
       fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f} {:>14.1f}{}\n", v.name, ms, 1000.0 / ms, peak_mib,
                  estimates[vi] / (1 << 20), trust_note(times));
+      if (device == Device::cuda)
+        fmt::print("{:<12} per step: {:.1f} device-to-host copies, {:.1f} host-to-device copies, {:.1f} "
+                   "synchronisations, {:.1f} cudaMalloc calls\n", "", per_step.to_host, per_step.to_device,
+                   per_step.synchronizations, per_step.mallocs);
       if (json_out.is_open())
         json_out << nlohmann::json{{"mechanism", v.name}, {"task", base.task}, {"n", N}, {"batch", B},
-                                   {"ms_per_step", ms}, {"peak_mib", peak_mib}, {"device", device_label(device)}}.dump()
+                                   {"ms_per_step", ms}, {"peak_mib", peak_mib}, {"device", device_label(device)},
+                                   {"to_host_per_step", per_step.to_host}, {"to_device_per_step", per_step.to_device},
+                                   {"synchronizations_per_step", per_step.synchronizations},
+                                   {"mallocs_per_step", per_step.mallocs}}.dump()
                  << '\n';
     } catch (const Error& e) {
       autograd::clear_tape();

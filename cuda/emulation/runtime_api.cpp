@@ -23,8 +23,12 @@ cudaError_t fail(cudaError_t err) {
   return err;
 }
 
-// The emulated device's memory is the host's (16 GiB where /proc/meminfo cannot be read).
+size_t g_memory_limit = 0;  // 0: the host's memory
+
+// The emulated device's memory is the host's (16 GiB where /proc/meminfo cannot be read), or
+// the limit a test set.
 size_t host_memory() {
+  if (g_memory_limit) return g_memory_limit;
   const size_t total = cast::host_memory_total();
   return total ? total : size_t{16} << 30;
 }
@@ -47,10 +51,18 @@ RuntimeCounts runtime_counts() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_counts;
 }
+void set_device_memory_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_memory_limit = bytes;
+}
 }  // namespace cast::emu
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (!ptr) return fail(cudaErrorInvalidValue);
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_memory_limit && g_counts.bytes_in_use + bytes > g_memory_limit) return fail(cudaErrorMemoryAllocation);
+  }
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + (bytes == 0 ? 256 : 0));
   if (!p) return fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(g_mutex);

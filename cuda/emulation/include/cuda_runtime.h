@@ -210,4 +210,7 @@ struct RuntimeCounts {
   size_t bytes_in_use = 0;
 };
 RuntimeCounts runtime_counts();
+// Tests of running out of memory: cudaMalloc fails once the blocks it has handed out would
+// exceed `bytes`, and cudaMemGetInfo reports it as the total (0: the host's memory, the default).
+void set_device_memory_limit(size_t bytes);
 }  // namespace cast::emu
