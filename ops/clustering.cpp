@@ -187,11 +187,10 @@ Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters
           centroid[c] = code[g * N + pick];
           continue;
         }
-        int64_t next = centroid[c];
-        for (int b = 0; b < 64; ++b) {
+        // majority vote; an exact tie sets the bit to 0 (the authors' rule)
+        int64_t next = 0;
+        for (int b = 0; b < 64; ++b)
           if (2 * ones[c][b] > members[c]) next |= int64_t(1) << b;
-          else if (2 * ones[c][b] < members[c]) next &= ~(int64_t(1) << b);
-        }
         centroid[c] = next;
       }
       assign_all();
