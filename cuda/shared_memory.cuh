@@ -16,6 +16,7 @@ class SharedArray {
  public:
   __device__ SharedArray(T* data, int64_t size, const char*) : data_(data) { (void)size; }
   __device__ T& operator[](int64_t i) const { return data_[i]; }
+  __device__ T atomic_add(int64_t i, T v) const { return atomicAdd(data_ + i, v); }
 
  private:
   T* data_;

@@ -6,7 +6,11 @@
 #include <numeric>
 #include <vector>
 
+#include "ops/topk_order.h"
 #include "tensor/philox.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/clustering.h"
+#endif
 
 namespace cast::ops {
 
@@ -45,9 +49,25 @@ Tensor to_device_i32(const std::vector<int32_t>& v, const Shape& shape, Device d
 }  // namespace
 
 Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
+  CAST_CHECK(kappa >= 1, "cluster_topk: cluster size must be >= 1, got {}", kappa);
+#ifdef CAST_WITH_CUDA
+  if (affinity.is_cuda()) {  // selected on the device: nothing crosses to the host
+    check_dtype("cluster_topk", affinity, DType::f32, "affinity");
+    check_ndim("cluster_topk", affinity, 3, "affinity");
+    if (mask.defined()) {
+      check_dtype("cluster_topk", mask, DType::f32, "mask");
+      check_ndim("cluster_topk", mask, 2, "mask");
+      CAST_CHECK(mask.is_cuda() && mask.dim(1) == affinity.dim(1) && mask.dim(0) > 0 &&
+                     affinity.dim(0) % mask.dim(0) == 0,
+                 "cluster_topk: mask {} does not fit affinity {}", mask.describe(), affinity.describe());
+    }
+    Tensor out = Tensor::empty({affinity.dim(0), affinity.dim(2), kappa}, DType::i32, Device::cuda);
+    cuda::cluster_topk(out, affinity, mask, kappa);
+    return out;
+  }
+#endif
   HostGroups h = host_groups("cluster_topk", affinity, mask);
   const int64_t C = h.width;
-  CAST_CHECK(kappa >= 1, "cluster_topk: cluster size must be >= 1, got {}", kappa);
   std::vector<int32_t> out(h.groups * C * kappa, -1);
   // Clusters are independent: one (group, cluster) per task, its affinity column copied to a
   // contiguous row first (the affinities are stored token-major, C apart).
@@ -64,12 +84,12 @@ Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
         if (h.real(g, i)) order.push_back(static_cast<int32_t>(i));
       }
       const int64_t take = std::min<int64_t>(kappa, order.size());
-      // the comparator is a strict total order (ties go to the earlier token), so selecting
+      // the order (ops/topk_order.h) is a strict total order (NaN last, ties to the earlier
+      // token), so selecting
       // the first `take` (O(n)) picks exactly the set a full sort would
       if (take < static_cast<int64_t>(order.size()))
-        std::nth_element(order.begin(), order.begin() + take, order.end(), [&](int32_t x, int32_t y) {
-          return column[x] > column[y] || (column[x] == column[y] && x < y);
-        });
+        std::nth_element(order.begin(), order.begin() + take, order.end(),
+                         [&](int32_t x, int32_t y) { return ranks_before(column[x], x, column[y], y); });
       std::sort(order.begin(), order.begin() + take);  // members in position order
       std::copy(order.begin(), order.begin() + take, out.begin() + task * kappa);
     }

@@ -1,7 +1,8 @@
 #pragma once
 // The integer steps of the clustered mechanisms: which tokens go together. No gradient flows
-// through them (they are constants of the backward pass). They run on the host; CUDA inputs
-// are copied over and the result is copied back.
+// through them (they are constants of the backward pass). CAST Top-K runs on the device for
+// CUDA inputs (cuda/clustering.cu, the same members bit for bit); the others run on the host,
+// CUDA inputs copied over and the result copied back.
 //
 // Grouped mask convention (as softmax): inputs have G = B·heads groups; group g uses row
 // g / (G / B) of the (B, N) key mask (1 = real token, 0 = padding).
@@ -12,8 +13,8 @@
 namespace cast::ops {
 
 // CAST Top-K clustering (ATTENTION.md 2.4). affinity: (G, N, C) -> members (G, C, κ) i32:
-// for each cluster the κ real tokens of largest affinity (ties toward the lower index), kept
-// in ascending position order; −1 fills slots that real tokens cannot fill.
+// for each cluster the κ real tokens of largest affinity (ties toward the lower index, NaN
+// after every number: ops/topk_order.h), kept in ascending position order; −1 fills slots that real tokens cannot fill.
 Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa);
 
 // Single-Assignment Top-K: tokens in descending order of their best affinity (ties toward the
@@ -29,7 +30,7 @@ Tensor lsh_hash(const Tensor& q, const Tensor& planes);
 // hashes of C distinct random real queries (a permutation drawn from `seed`); each of
 // `iterations` Lloyd steps assigns every query to the centroid at least Hamming distance
 // (ties toward the lower index), then sets each centroid bit by majority vote of its members
-// (an exact tie keeps the old bit); an empty cluster takes the hash of a random real query.
+// (an exact tie sets the bit to 0); an empty cluster takes the hash of a random real query.
 Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters, int64_t iterations, uint64_t seed);
 
 // Number of members of each cluster: assignment (G, N) -> (G, C) float counts (dtype given).

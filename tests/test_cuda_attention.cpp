@@ -1,6 +1,10 @@
 // Layer 2 for attention: every step and every layer variant on CUDA against the CPU.
 // Skipped, with the reason, where no GPU is present.
+#include <cmath>
+
 #include "nn/attention.h"
+#include "ops/clustering.h"
+#include "tensor/philox.h"
 #include "ops/attention.h"
 #include "tests/device_compare.h"
 
@@ -76,4 +80,38 @@ TEST(CudaVsCpuAttention, EveryLayerVariant) {
           return grads;
         });
       }
+}
+
+// CAST Top-K on the device picks the CPU op's members bit for bit: random affinities with many
+// exact ties (values on a coarse grid), -0 beside +0, NaN, padding, one batch row with no real
+// token, and κ below, at and above N, so that C·κ falls below, at and above the real tokens.
+TEST(CudaVsCpuAttention, TopKClusteringSelectsTheSameMembers) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 3, H = 2, C = 5;
+  for (int64_t N : {7, 40, 300}) {
+    for (int64_t kappa : {int64_t{1}, N / C, N / C + 1, N, N + 3}) {
+      if (kappa < 1) continue;
+      std::vector<float> values(B * H * N * C), mask(B * N, 1.f);
+      uint64_t draw = 0;
+      for (float& v : values) {
+        const double u = philox::uniform(static_cast<uint64_t>(N * 131 + kappa), draw++);
+        v = static_cast<float>(std::floor(u * 8) / 4 - 1);  // 8 levels: many ties
+        if (u < 0.03) v = -0.0f;
+        if (u > 0.985) v = std::nanf("");
+      }
+      for (int64_t i = N - N / 3; i < N; ++i) mask[0 * N + i] = 0.f;  // padding at the end
+      for (int64_t i = 0; i < N; ++i) mask[1 * N + i] = i % 2 ? 1.f : 0.f;  // every other token
+      for (int64_t i = 0; i < N; ++i) mask[2 * N + i] = 0.f;  // no real token at all
+      const Tensor affinity = Tensor::from_vector<float>(values, {B * H, N, C});
+      const Tensor m = Tensor::from_vector<float>(mask, {B, N});
+      const Tensor cpu = ops::cluster_topk(affinity, m, kappa);
+      const Tensor gpu = ops::cluster_topk(affinity.to(Device::cuda), m.to(Device::cuda), kappa);
+      ASSERT_TRUE(gpu.is_cuda());
+      EXPECT_EQ(gpu.to(Device::cpu).to_double_vector(), cpu.to_double_vector()) << "N " << N << ", kappa " << kappa;
+      // without a mask
+      EXPECT_EQ(ops::cluster_topk(affinity.to(Device::cuda), Tensor(), kappa).to(Device::cpu).to_double_vector(),
+                ops::cluster_topk(affinity, Tensor(), kappa).to_double_vector())
+          << "N " << N << ", kappa " << kappa << ", no mask";
+    }
+  }
 }

@@ -92,6 +92,8 @@ struct Shadow {
   uint32_t epoch = 0;
   int32_t writer = -1, reader = -1;
   bool many_readers = false;
+  int32_t atomic_by = -1;  // a thread that updated it atomically this epoch
+  bool many_atomics = false;
 };
 
 struct Block {
@@ -452,19 +454,31 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, in
   return w.result[lane];
 }
 
-void shared_access(const void* base, int64_t index, int64_t size, bool write, const char* name) {
+void shared_access(const void* base, int64_t index, int64_t size, SharedAccess kind, const char* name) {
   if (!g_fiber) return;  // host code touching the storage: nothing to check
   if (index < 0 || index >= size)
     fail(fmt::format("shared memory '{}' index {} out of bounds [0, {})", name, index, size));
   std::vector<Shadow>& shadow = g_block->shadows[base];
   if (static_cast<int64_t>(shadow.size()) < size) shadow.resize(size);
   Shadow& s = shadow[index];
-  if (s.epoch != g_block->epoch) s = Shadow{g_block->epoch, -1, -1, false};
+  if (s.epoch != g_block->epoch) s = Shadow{g_block->epoch, -1, -1, false, -1, false};
   const int t = g_fiber->tid;
   auto race = [&](const char* what, int other) {
     fail(fmt::format("shared-memory race on '{}'[{}]: thread {} {} since the last __syncthreads()", name, index,
                      other, what));
   };
+  // Atomic updates may meet each other; a plain access by another thread may meet none.
+  if (kind == SharedAccess::atomic) {
+    if (s.writer >= 0 && s.writer != t) race("wrote it, and this thread updates it atomically", s.writer);
+    if ((s.reader >= 0 && s.reader != t) || s.many_readers)
+      race("read it, and this thread updates it atomically", s.reader);
+    if (s.atomic_by >= 0 && s.atomic_by != t) s.many_atomics = true;
+    s.atomic_by = t;
+    return;
+  }
+  if (s.many_atomics || (s.atomic_by >= 0 && s.atomic_by != t))
+    race("updated it atomically, and this thread accesses it plainly", s.atomic_by);
+  const bool write = kind == SharedAccess::write;
   if (write) {
     if (s.writer >= 0 && s.writer != t) race("wrote it, and this thread writes it", s.writer);
     if (s.reader >= 0 && s.reader != t) race("read it, and this thread writes it", s.reader);

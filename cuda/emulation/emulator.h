@@ -41,7 +41,8 @@ enum class WarpOp { shfl, shfl_xor, shfl_down, shfl_up, ballot, any, all, sync }
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, int width, const char* file, int line);
 
 // Shared memory checks, called by SharedArray (cuda/emulation/shared_array.h).
-void shared_access(const void* base, int64_t index, int64_t size, bool write, const char* name);
+enum class SharedAccess { read, write, atomic };
+void shared_access(const void* base, int64_t index, int64_t size, SharedAccess kind, const char* name);
 void* dynamic_shared_memory();
 size_t dynamic_shared_bytes();
 

@@ -13,11 +13,11 @@ class SharedRef {
  public:
   SharedRef(T* base, int64_t i, int64_t size, const char* name) : base_(base), i_(i), size_(size), name_(name) {}
   operator T() const {  // a read
-    emu::shared_access(base_, i_, size_, false, name_);
+    emu::shared_access(base_, i_, size_, emu::SharedAccess::read, name_);
     return base_[i_];
   }
   const SharedRef& operator=(const T& v) const {  // a write
-    emu::shared_access(base_, i_, size_, true, name_);
+    emu::shared_access(base_, i_, size_, emu::SharedAccess::write, name_);
     base_[i_] = v;
     return *this;
   }
@@ -37,6 +37,13 @@ class SharedArray {
  public:
   SharedArray(T* data, int64_t size, const char* name) : data_(data), size_(size), name_(name) {}
   SharedRef<T> operator[](int64_t i) const { return SharedRef<T>(data_, i, size_, name_); }
+  // atomicAdd on element i: atomic updates by several threads are no race with each other
+  T atomic_add(int64_t i, T v) const {
+    emu::shared_access(data_, i, size_, emu::SharedAccess::atomic, name_);
+    const T old = data_[i];
+    data_[i] = old + v;
+    return old;
+  }
 
  private:
   T* data_;

@@ -139,6 +139,7 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __saturatef(float x) { return x < 0.f ? 0.f : x > 1.f ? 1.f : x; }
 inline int __float_as_int(float x) { int i; std::memcpy(&i, &x, 4); return i; }
+inline unsigned __float_as_uint(float x) { unsigned u; std::memcpy(&u, &x, 4); return u; }
 inline float __int_as_float(int i) { float x; std::memcpy(&x, &i, 4); return x; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
