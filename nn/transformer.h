@@ -34,6 +34,9 @@ struct Batch {
   Tensor tokens, mask;    // (B, N) i32 and (B, N) float, 1 = real token
   Tensor tokens2, mask2;  // second text of a dual model
   Tensor labels;          // (B) i32
+  // What the host knew when it built the batch, so that statistics need no copy back.
+  std::vector<int32_t> host_labels;
+  int64_t real_tokens = 0;
 };
 
 class Block : public Module {

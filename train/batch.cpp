@@ -36,6 +36,8 @@ nn::Batch make_batch(const TaskData& task, const std::vector<Example>& split, co
   b.tokens = Tensor::from_vector<int32_t>(tok, {B, width}, device);
   b.mask = Tensor::from_vector<double>(mask, {B, width}).to(dtype).to(device);
   b.labels = Tensor::from_vector<int32_t>(labels, {B}, device);
+  b.host_labels = labels;
+  for (double m : mask) b.real_tokens += m != 0.0;
   if (task.dual) {
     b.tokens2 = Tensor::from_vector<int32_t>(tok2, {B, width2}, device);
     b.mask2 = Tensor::from_vector<double>(mask2, {B, width2}).to(dtype).to(device);

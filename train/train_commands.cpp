@@ -120,8 +120,8 @@ json setting_from_text(const std::string& key, const std::string& text) {
   } catch (const std::invalid_argument&) {
   } catch (const std::out_of_range&) {
   }
-  throw UsageError(fmt::format("setting '{}': '{}' is not a {}", key, text,
-                               listed(kIntSettings) ? "whole number" : listed(kFloatSettings) ? "number" : "true or false"));
+  throw UsageError(fmt::format("setting '{}': '{}' is not {}", key, text,
+                               listed(kIntSettings) ? "a whole number" : listed(kFloatSettings) ? "a number" : "'true' or 'false'"));
 }
 
 int command_train(const std::vector<std::string>& argv) {
@@ -233,8 +233,9 @@ int command_data(const std::vector<std::string>& argv) {
     }
     if (min_length > 0) spec.min_length = static_cast<int>(min_length);
     CAST_CHECK_USAGE(spec.min_length >= 1 && spec.min_length + 1 < spec.max_length,
-                     "--min-length {} must be at least 1 and below --max-length {} minus 1 (lengths strictly between "
-                     "them are kept)", spec.min_length, spec.max_length);
+                     "ListOps keeps lengths strictly between the shortest ({}) and the longest ({}): none are; use "
+                     "--max-length 8 or more, and --min-length at least 1 and below it minus 1",
+                     spec.min_length, spec.max_length);
     data::generate_listops(out, spec, static_cast<uint64_t>(seed));
   } else {
     if (out.empty()) out = task == "pathx" ? "data/pathx128" : "data/pathfinder32";

@@ -75,7 +75,7 @@ TrainConfig preset(const std::string& task) {
     m.cls_pooling = false, m.learned_positions = true, m.dropout = 0.0;
     c.steps = 2000, c.batch = 64, c.lr = 2e-3, c.warmup = 100, c.schedule = "cosine", c.eval_every = 500;
   } else {
-    throw Error(fmt::format("unknown task '{}' (listops-short, listops, text, retrieval, image, pathfinder, pathx, "
+    throw UsageError(fmt::format("unknown task '{}' (listops-short, listops, text, retrieval, image, pathfinder, pathx, "
                             "fashion-mnist, fashion-mnist-14)", task));
   }
   return c;
@@ -474,8 +474,14 @@ void keep_metrics_until(const std::string& path, int64_t last_step) {
 
 double clip_gradients(nn::ParamList& params, double max_norm) {
   double total = 0;
-  for (auto& [name, t] : params)
-    if (t->grad().defined()) total += ops::sum_all(ops::mul(t->grad(), t->grad())).item();
+  Tensor on_device;  // on a GPU the squares are summed there: one copy back, not one per parameter
+  for (auto& [name, t] : params) {
+    if (!t->grad().defined()) continue;
+    Tensor square = ops::sum_all(ops::mul(t->grad(), t->grad()));
+    if (!square.is_cuda()) total += square.item();
+    else on_device = on_device.defined() ? ops::add(on_device, square) : square;
+  }
+  if (on_device.defined()) total += on_device.item();
   const double norm = std::sqrt(total);
   if (max_norm > 0 && norm > max_norm)
     for (auto& [name, t] : params)
@@ -618,13 +624,15 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
       p.reset_grad();
     }
     // statistics
-    auto predicted = ops::topk(logits, 1).to_double_vector(), labels = batch.labels.to_double_vector();
+    // labels and token counts are the host's own: only the predictions are copied back
+    const auto predicted = ops::topk(logits, 1).to_double_vector();
+    const std::vector<int32_t>& labels = batch.host_labels;
     double correct = 0;
     for (size_t i = 0; i < predicted.size(); ++i) correct += predicted[i] == labels[i];
-    window_loss += loss_value * labels.size();
+    window_loss += loss_value * static_cast<double>(labels.size());
     window_correct += correct;
-    window_examples += labels.size();
-    for (double real : batch.mask.to_double_vector()) window_tokens += real;
+    window_examples += static_cast<double>(labels.size());
+    window_tokens += static_cast<double>(batch.real_tokens);
     result.losses.push_back(loss_value);
     step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     if (step % c.log_every == 0 || step == c.steps) {
