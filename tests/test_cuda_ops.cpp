@@ -70,6 +70,10 @@ TEST(CudaVsCpu, SoftmaxLayerNorm) {
   expect_devices_agree([](const Inputs& x) { return ops::softmax(x[0]); }, Inputs{rand32({7, 1025}, 11, -3, 3)});
   expect_devices_agree([](const Inputs& x) { return ops::layernorm(x[0], x[1], x[2]); },
                        Inputs{rand32({37, 129}, 12), rand32({129}, 13), rand32({129}, 14)});
+  // many rows: the parameter gradients' two-stage reduction over 16 chunks, the last one short,
+  // and a partial tile of columns
+  expect_devices_agree([](const Inputs& x) { return ops::layernorm(x[0], x[1], x[2]); },
+                       Inputs{rand32({1000, 40}, 15), rand32({40}, 16), rand32({40}, 17)});
 }
 
 TEST(CudaVsCpu, LayoutOps) {
