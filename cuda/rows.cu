@@ -16,6 +16,14 @@ __global__ void min_max_kernel(const I* idx, int64_t n, long long* out) {
   }
 }
 
+// The starting values of the min/max pair, written on the device (no copy from the host).
+__global__ void min_max_init_kernel(long long* out) {
+  if (threadIdx.x == 0) {
+    out[0] = LLONG_MAX;
+    out[1] = LLONG_MIN;
+  }
+}
+
 template <class I>
 __global__ void gather_kernel(float* out, const float* x, const I* idx, int64_t total, int64_t n, int64_t m,
                               int64_t d, bool accumulate) {
@@ -38,12 +46,12 @@ __global__ void scatter_kernel(float* dx, const float* dout, const I* idx, int64
 }
 
 // The two results live in a tensor from the caching allocator: after the first call a check
-// allocates nothing.
+// allocates nothing, and its one copy is the result's way back to the host.
 void index_min_max(const Tensor& idx, int64_t& mn, int64_t& mx) {
-  long long host[2] = {LLONG_MAX, LLONG_MIN};
+  long long host[2];
   Tensor result = Tensor::empty({2}, DType::i64, Device::cuda);
   long long* dev = reinterpret_cast<long long*>(result.data<int64_t>());
-  device_memory::copy_to_device(dev, host, sizeof(host));
+  CAST_LAUNCH(min_max_init_kernel, 1, 32, 0, dev);
   const int64_t n = idx.numel();
   if (idx.dtype() == DType::i32) CAST_LAUNCH(min_max_kernel<int32_t>, blocks_for(n), kThreads, 0, idx.data<int32_t>(), n, dev);
   else CAST_LAUNCH(min_max_kernel<int64_t>, blocks_for(n), kThreads, 0, idx.data<int64_t>(), n, dev);
