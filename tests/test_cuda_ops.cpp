@@ -68,6 +68,19 @@ TEST(CudaVsCpu, SoftmaxLayerNorm) {
   expect_devices_agree([&](const Inputs& x) { return ops::softmax(x[0], x[0].is_cuda() ? gmask : mask); }, in);
   expect_devices_agree([&](const Inputs& x) { return ops::log_softmax(x[0], x[0].is_cuda() ? gmask : mask); }, in);
   expect_devices_agree([](const Inputs& x) { return ops::softmax(x[0]); }, Inputs{rand32({7, 1025}, 11, -3, 3)});
+  // short rows, one warp each: 111 rows (a partial block of 8), lengths on both sides of 128,
+  // a grouped mask (37 rows to each mask row) with a fully masked row
+  for (int64_t len : {5, 50, 128, 129}) {
+    std::vector<float> m(3 * len, 1.f);
+    for (int64_t j = len / 2; j < len; ++j) m[j] = 0.f;
+    for (int64_t j = 0; j < len; ++j) m[2 * len + j] = 0.f;
+    const Tensor short_mask = Tensor::from_vector<float>(m, {3, len}), short_gmask = short_mask.to(Device::cuda);
+    expect_devices_agree([&](const Inputs& x) { return ops::softmax(x[0], x[0].is_cuda() ? short_gmask : short_mask); },
+                         Inputs{rand32({3 * 37, len}, 19 + len, -3, 3)});
+    expect_devices_agree(
+        [&](const Inputs& x) { return ops::log_softmax(x[0], x[0].is_cuda() ? short_gmask : short_mask); },
+        Inputs{rand32({3 * 37, len}, 20 + len, -3, 3)});
+  }
   expect_devices_agree([](const Inputs& x) { return ops::layernorm(x[0], x[1], x[2]); },
                        Inputs{rand32({37, 129}, 12), rand32({129}, 13), rand32({129}, 14)});
   // many rows: the parameter gradients' two-stage reduction over 16 chunks, the last one short,
