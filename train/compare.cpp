@@ -202,8 +202,10 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
                         {"command", spec.command}, {"variants", variants}};
   write_file_atomic(spec.out_dir + "/" + output_name(spec, "results", ".json"), results.dump(2) + "\n");
   write_file_atomic(spec.out_dir + "/" + output_name(spec, "results", ".md"), md);
+  std::vector<std::string> labels;
+  for (const auto& v : spec.variants) labels.push_back(v.first);
   plot_comparison(spec.out_dir + "/" + output_name(spec, "comparison", ".svg"),
-                  fmt::format("{}: {} variants, {} seed{}", spec.task, spec.variants.size(), spec.seeds.size(),
+                  fmt::format("{}: {} ({} seed{})", spec.task, fmt::join(labels, ", "), spec.seeds.size(),
                               spec.seeds.size() == 1 ? "" : "s"),
                   figure);
 }

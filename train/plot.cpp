@@ -53,18 +53,27 @@ struct Series {
 };
 
 // One panel at (x0, y0) of size (w, h) in the SVG being built.
+// unit_interval: accuracies, shown in percent, from 0 to 100% or, with `zoom` (comparisons,
+// where curves lie close together), over the tenths of the range the data spans.
 void panel(std::string& svg, double x0, double y0, double w, double h, const std::string& title,
-           const std::string& y_label, const std::vector<Series>& series, bool unit_interval) {
+           const std::string& y_label, const std::vector<Series>& series, bool unit_interval, bool zoom = false) {
   double xmin = 0, xmax = 1, ymin = 0, ymax = unit_interval ? 1.0 : 0.0;
+  double lowest = 1.0, highest = 0.0;
   bool any = false;
   for (const Series& s : series)
     for (size_t i = 0; i < s.xs.size(); ++i) {
       if (!std::isfinite(s.ys[i])) continue;
       xmax = any ? std::max(xmax, s.xs[i]) : std::max(1.0, s.xs[i]);
       if (!unit_interval) ymax = std::max(ymax, s.ys[i]);
+      lowest = std::min(lowest, s.ys[i]);
+      highest = std::max(highest, s.ys[i]);
       any = true;
     }
   if (!unit_interval) ymax = ymax > 0 ? ymax * 1.05 : 1.0;
+  if (unit_interval && zoom && any) {
+    ymin = std::clamp(std::floor((lowest - 0.02) * 10) / 10, 0.0, 0.9);
+    ymax = std::clamp(std::ceil((highest + 0.02) * 10) / 10, ymin + 0.1, 1.0);
+  }
   auto px = [&](double x) { return x0 + w * (x - xmin) / (xmax - xmin); };
   auto py = [&](double y) { return y0 + h - h * std::clamp((y - ymin) / (ymax - ymin), 0.0, 1.0); };
   svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="15" font-weight="bold" text-anchor="middle">{}</text>)"
@@ -76,7 +85,9 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
                        R"(<text x="{0:.1f}" y="{3:.1f}" font-size="12" text-anchor="middle">{4}</text>)" "\n",
                        px(t), y0, y0 + h, y0 + h + 16, tick_label(t, xs));
   }
-  for (double t = 0; t <= ymax + 1e-9; t += ys) {
+  double first_tick = std::ceil(ymin / ys - 1e-9) * ys;
+  if (first_tick == 0) first_tick = 0;  // never "-0.0"
+  for (double t = first_tick; t <= ymax + 1e-9; t += ys) {
     svg += fmt::format(R"(<line x1="{0:.1f}" y1="{1:.1f}" x2="{2:.1f}" y2="{1:.1f}" stroke="#e4e4e4"/>)"
                        R"(<text x="{3:.1f}" y="{4:.1f}" font-size="12" text-anchor="end">{5}</text>)" "\n",
                        x0, py(t), x0 + w, x0 - 6, py(t) + 4, unit_interval ? fmt::format("{:.0f}%", 100 * t)
@@ -107,11 +118,12 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
           svg += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="{}"/>)" "\n", px(s.xs[i]), py(s.ys[i]),
                              s.colour);
   }
-  // legend, top right inside the panel
-  double ly = y0 + 16;
+  // legend inside the panel: top right for losses (they fall), bottom right for accuracies (they rise)
+  const double legend_height = 18.0 * series.size() + 8, legend_top = unit_interval ? y0 + h - 4 - legend_height : y0 + 4;
+  double ly = legend_top + 12;
   const double lx = x0 + w - 200;
   svg += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="192" height="{:.1f}" fill="white" fill-opacity="0.85" stroke="#ccc"/>)"
-                     "\n", lx - 6, y0 + 4, 18.0 * series.size() + 8);
+                     "\n", lx - 6, legend_top, legend_height);
   for (const Series& s : series) {
     svg += fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="3"{}/>)"
                        R"(<text x="{:.1f}" y="{:.1f}" font-size="12">{}</text>)" "\n",
@@ -126,7 +138,7 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
 namespace {
 
 std::string figure(const std::string& title, const std::vector<Series>& left, const std::vector<Series>& right,
-                   const std::string& left_title, const std::string& right_title) {
+                   const std::string& left_title, const std::string& right_title, bool zoom = false) {
   const int width = 1100, height = 440;
   std::string svg = fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
                                 R"(font-family="DejaVu Sans, Arial, sans-serif">)" "\n"
@@ -134,7 +146,7 @@ std::string figure(const std::string& title, const std::vector<Series>& left, co
                                 R"(<text x="{2}" y="26" font-size="18" font-weight="bold" text-anchor="middle">{3}</text>)" "\n",
                                 width, height, width / 2, xml_escape(title));
   panel(svg, 80, 70, 440, 300, left_title, "loss (cross-entropy)", left, false);
-  panel(svg, 620, 70, 440, 300, right_title, "accuracy", right, true);
+  panel(svg, 620, 70, 440, 300, right_title, "accuracy", right, true, zoom);
   return svg + "</svg>\n";
 }
 
@@ -207,7 +219,7 @@ void plot_comparison(const std::string& svg_path, const std::string& title, cons
     left.push_back({runs[i].label, runs[i].steps, runs[i].loss, hex(rgb), false});
     right.push_back({runs[i].label, runs[i].val_steps, runs[i].val_accuracy, hex(rgb), false});
   }
-  write_file_atomic(svg_path, figure(title, left, right, "Training loss", "Validation accuracy"));
+  write_file_atomic(svg_path, figure(title, left, right, "Training loss", "Validation accuracy", true));
 }
 
 }  // namespace cast::train
