@@ -90,7 +90,7 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
   Tensor heads_out;
   switch (config_.mechanism) {
     case Mechanism::full:
-      heads_out = use_fused(x) ? ops::flash_attention(q, k, v, mask) : ops::full_attention(q, k, v, mask);
+      heads_out = use_flash(q) ? ops::flash_attention(q, k, v, mask) : ops::full_attention(q, k, v, mask);
       break;
     case Mechanism::cast: result = forward_cast(x, mask, q, k, v); heads_out = result.out; break;
     default: result = forward_clustered(mask, q, k, v, assignment); heads_out = result.out; break;
@@ -180,7 +180,7 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
   AttentionOutput result;
   result.assignment = assignment;
   if (config_.mechanism == Mechanism::clustered) {
-    Tensor per_cluster = use_fused(q) ? ops::flash_attention(centroids, k, v, mask)  // A^c V, A^c never stored
+    Tensor per_cluster = use_flash(q) ? ops::flash_attention(centroids, k, v, mask)  // A^c V, A^c never stored
                                       : ops::matmul(ops::centroid_attention(centroids, k, mask), v);
     result.out = ops::broadcast_to_members(per_cluster, assignment);
     return result;

@@ -65,7 +65,10 @@ class Attention : public Module {
                                const Tensor& v);
   AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& assignment);
+  // The fused kernels: on the CPU all of them; on CUDA flash attention (full attention, and
+  // clustered attention's centroids), the others not yet written there.
   bool use_fused(const Tensor& t) const { return config_.fused && !t.is_cuda(); }
+  bool use_flash(const Tensor& t) const { return config_.fused && (!t.is_cuda() || t.dim(-1) <= 128); }
   AttentionConfig config_;
   std::map<std::string, Tensor> params_;
   uint64_t forward_calls_ = 0;  // the LSH planes are redrawn each forward

@@ -12,6 +12,9 @@
 #include "ops/dispatch.h"
 #include "ops/fast_math.h"
 #include "ops/matmul.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/flash_attention.h"
+#endif
 
 namespace cast::ops {
 
@@ -212,7 +215,8 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   check_same_shape(op, k, v);
   CAST_CHECK(q.dim(0) == k.dim(0) && q.dim(1) == k.dim(1) && q.dim(3) == k.dim(3),
              "flash_attention: q {} and k {} must share batch, heads and width", q.describe(), k.describe());
-  CAST_CHECK(!q.is_cuda(), "flash_attention: a CPU op, got q {} (the GPU runs the step ops)", q.describe());
+  check_same_device(op, q, k);
+  check_same_device(op, k, v);
   if (mask.defined()) {
     check_same_dtype(op, q, mask);
     CAST_CHECK(mask.shape() == (Shape{k.dim(0), k.dim(2)}), "flash_attention: mask {} must be [{}, {}]",
@@ -225,6 +229,7 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& mask) {
   check_inputs(q, k, v, mask);
+  CAST_ON_CUDA(q, cuda::flash_attention_forward(out, lse, q, k, v, mask));
   CAST_DISPATCH_FLOAT(q.dtype(), "flash_attention", [&] {
     forward_cpu(problem<T>(q, k, v, mask), out.data<T>(), lse.data<T>());
   });
@@ -234,6 +239,7 @@ void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& 
                               const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
                               const Tensor& lse) {
   check_inputs(q, k, v, mask);
+  CAST_ON_CUDA(q, cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, mask, out, lse));
   CAST_DISPATCH_FLOAT(q.dtype(), "flash_attention", [&] {
     Grads<T> g{dq ? dq->data<T>() : nullptr, dk ? dk->data<T>() : nullptr, dv ? dv->data<T>() : nullptr,
                dout.data<T>(), out.data<T>(), lse.data<T>(), nullptr};

@@ -1,6 +1,7 @@
 #pragma once
-// Full softmax attention without an M×N matrix: the CPU twin of flash attention, beside the
-// step-by-step reference `full_attention` (ops/attention.h), which it must equal.
+// Full softmax attention without an M×N matrix, flash attention's algorithm, beside the
+// step-by-step reference `full_attention` (ops/attention.h), which it must equal. On CUDA
+// tensors it runs cuda/flash_attention.cu (f32, head width up to 128).
 //
 // Forward: for each tile of queries, walk the keys tile by tile with an online softmax
 // (running row max m and row sum l, the output rescaled as m grows) and save only the row

@@ -1,9 +1,11 @@
 // Layer 2 for attention: every step and every layer variant on CUDA against the CPU.
 // Skipped, with the reason, where no GPU is present.
 #include <cmath>
+#include <tuple>
 
 #include "nn/attention.h"
 #include "ops/clustering.h"
+#include "ops/flash_attention.h"
 #include "tensor/philox.h"
 #include "ops/attention.h"
 #include "tests/device_compare.h"
@@ -113,5 +115,23 @@ TEST(CudaVsCpuAttention, TopKClusteringSelectsTheSameMembers) {
                 ops::cluster_topk(affinity, Tensor(), kappa).to_double_vector())
           << "N " << N << ", kappa " << kappa << ", no mask";
     }
+  }
+}
+
+// Flash attention on the device against the CPU's (itself tested against the step ops): values,
+// dQ, dK and dV, on tiles of 32 left partial (M 37, N 45 and 70), M ≠ N (clustered attention's
+// centroids), padding keys and a batch row with no real key.
+TEST(CudaVsCpuAttention, FlashAttention) {
+  SKIP_WITHOUT_GPU();
+  for (auto [M, N, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{37, 45, 8}, {5, 70, 40}, {64, 64, 16}}) {
+    std::vector<float> m(3 * N, 1.f);
+    for (int64_t j = N - N / 4; j < N; ++j) m[j] = 0.f;        // padding at the end of row 0
+    for (int64_t j = 0; j < N; j += 3) m[N + j] = 0.f;          // scattered padding in row 1
+    for (int64_t j = 0; j < N; ++j) m[2 * N + j] = 0.f;         // row 2: no real key at all
+    const Tensor mask = Tensor::from_vector<float>(m, {3, N});
+    expect_devices_agree([&](const Inputs& x) { return ops::flash_attention(x[0], x[1], x[2], on(mask, x[0])); },
+                         Inputs{rand32({3, 2, M, d}, 70 + M), rand32({3, 2, N, d}, 71 + N), rand32({3, 2, N, d}, 72 + d)});
+    expect_devices_agree([&](const Inputs& x) { return ops::flash_attention(x[0], x[1], x[2], Tensor()); },
+                         Inputs{rand32({1, 3, M, d}, 73), rand32({1, 3, N, d}, 74), rand32({1, 3, N, d}, 75)});
   }
 }
