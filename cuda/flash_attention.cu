@@ -23,6 +23,20 @@ struct Shape4 {
   float scale;
 };
 
+// Keys j0 .. j0 + rows of head bh into shared memory: K then V (kTile × d each, zeros past the
+// end) and which of them are real. Between two barriers: the previous tile is read no more.
+__device__ void load_key_tile(SharedArray<float>& kv, SharedArray<float>& real, const float* k, const float* v,
+                              const float* mask, int64_t bh, int64_t b, int64_t j0, int64_t rows, const Shape4& s) {
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < kTile * s.d; e += blockDim.x) {
+    kv[e] = e / s.d < rows ? k[(bh * s.N + j0) * s.d + e] : 0.f;
+    kv[kTile * s.d + e] = e / s.d < rows ? v[(bh * s.N + j0) * s.d + e] : 0.f;
+  }
+  for (int64_t t = threadIdx.x; t < kTile; t += blockDim.x)
+    real[t] = t < rows && (!mask || mask[b * s.N + j0 + t] != 0.f) ? 1.f : 0.f;
+  __syncthreads();
+}
+
 __global__ void flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
                                      const float* mask, Shape4 s) {
   CAST_DYNAMIC_SHARED(float, kv, 2 * kTile * s.d);  // K tile, then V tile
@@ -37,14 +51,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* q, con
   float m = -INFINITY, l = 0.f;
   for (int64_t j0 = 0; j0 < s.N; j0 += kTile) {
     const int64_t rows = s.N - j0 < kTile ? s.N - j0 : kTile;
-    __syncthreads();  // the previous tile is no longer read
-    for (int64_t e = threadIdx.x; e < kTile * s.d; e += blockDim.x) {
-      kv[e] = e / s.d < rows ? k[(bh * s.N + j0) * s.d + e] : 0.f;
-      kv[kTile * s.d + e] = e / s.d < rows ? v[(bh * s.N + j0) * s.d + e] : 0.f;
-    }
-    for (int64_t t = threadIdx.x; t < kTile; t += blockDim.x)
-      real[t] = t < rows && (!mask || mask[b * s.N + j0 + t] != 0.f) ? 1.f : 0.f;
-    __syncthreads();
+    load_key_tile(kv, real, k, v, mask, bh, b, j0, rows, s);
     if (!active) continue;
     for (int64_t t = 0; t < rows; ++t) {
       if (real[t] == 0.f) continue;
@@ -97,14 +104,7 @@ __global__ void flash_dq_kernel(float* dq, const float* dout, const float* q, co
   const float li = active ? lse[bh * s.M + i] : -INFINITY, di = active ? delta[bh * s.M + i] : 0.f;
   for (int64_t j0 = 0; j0 < s.N; j0 += kTile) {
     const int64_t rows = s.N - j0 < kTile ? s.N - j0 : kTile;
-    __syncthreads();
-    for (int64_t e = threadIdx.x; e < kTile * s.d; e += blockDim.x) {
-      kv[e] = e / s.d < rows ? k[(bh * s.N + j0) * s.d + e] : 0.f;
-      kv[kTile * s.d + e] = e / s.d < rows ? v[(bh * s.N + j0) * s.d + e] : 0.f;
-    }
-    for (int64_t t = threadIdx.x; t < kTile; t += blockDim.x)
-      real[t] = t < rows && (!mask || mask[b * s.N + j0 + t] != 0.f) ? 1.f : 0.f;
-    __syncthreads();
+    load_key_tile(kv, real, k, v, mask, bh, b, j0, rows, s);
     if (!active || li == -INFINITY) continue;
     for (int64_t t = 0; t < rows; ++t) {
       if (real[t] == 0.f) continue;
