@@ -109,7 +109,18 @@ __global__ void cluster_topk_kernel(int32_t* out, const float* aff, const float*
   }
 }
 
+__global__ void slot_mask_kernel(float* mask, const int32_t* members, int64_t n) {
+  CAST_KERNEL_LOOP(i, n) mask[i] = members[i] >= 0 ? 1.f : 0.f;
+}
+
 }  // namespace
+
+void slot_mask(Tensor& mask, const Tensor& members) {
+  const int64_t n = members.numel();
+  if (n == 0) return;
+  CAST_LAUNCH(slot_mask_kernel, blocks_for(n), kThreads, 0, fptr(mask), members.data<int32_t>(), n);
+  CUDA_CHECK_LAUNCH();
+}
 
 void cluster_topk(Tensor& out, const Tensor& affinity, const Tensor& mask, int64_t kappa) {
   const int64_t G = affinity.dim(0), N = affinity.dim(1), C = affinity.dim(2);

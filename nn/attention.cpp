@@ -139,7 +139,7 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
     members = members.view({B, H, C, kappa});
   }
   // Steps 5–7.
-  Tensor r_intra = use_fused(q) ? ops::intra_cluster_attention_fused(q, k, v, members)
+  Tensor r_intra = use_flash(q) ? ops::intra_cluster_attention_fused(q, k, v, members)
                                 : ops::intra_cluster_attention(q, k, v, members);
   Tensor r_inter = config_.summaries ? ops::cluster_summaries(a_k, v, mask) : Tensor();
   AttentionOutput result;

@@ -65,8 +65,9 @@ class Attention : public Module {
                                const Tensor& v);
   AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& assignment);
-  // The fused kernels: on the CPU all of them; on CUDA flash attention (full attention, and
-  // clustered attention's centroids), the others not yet written there.
+  // The fused kernels: on the CPU all of them; on CUDA those built on flash attention (full
+  // attention, clustered attention's centroids, CAST's intra-cluster attention), the improved
+  // clustered top-k step not yet.
   bool use_fused(const Tensor& t) const { return config_.fused && !t.is_cuda(); }
   bool use_flash(const Tensor& t) const { return config_.fused && (!t.is_cuda() || t.dim(-1) <= 128); }
   AttentionConfig config_;

@@ -11,6 +11,11 @@
 #include "ops/fast_math.h"
 #include "ops/matmul.h"
 #include "ops/rows.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/clustering.h"
+#include "cuda/flash_attention.h"
+#endif
+#include "ops/rows.h"
 
 namespace cast::ops {
 
@@ -172,6 +177,62 @@ struct IntraClusterFusedNode final : autograd::Node {
   }
 };
 
+#ifdef CAST_WITH_CUDA
+// On the GPU each cluster is one flash-attention problem: its κ member rows of Q, K and V are
+// gathered (an empty slot a zero row), and flash attention runs over them with the filled slots
+// as the key mask, so no κ × κ matrix is stored; the gradients go back to the tokens by
+// scatter-adding the gathered rows' gradients.
+struct IntraClusterCudaNode final : autograd::Node {
+  Tensor q, k, v;       // inputs (B, H, N, d)
+  Tensor idx;           // members as (B·H, C·κ)
+  Tensor qc, kc, vc;    // gathered rows (B·H·C, 1, κ, d)
+  Tensor slots;         // (B·H·C, κ): 1 filled, 0 empty
+  Tensor out, lse;      // (B·H·C, 1, κ, d) and its log-sum-exp
+  const char* name() const override { return "intra_cluster_attention_fused (CUDA)"; }
+  void backward() override {
+    const int64_t BH = idx.dim(0), N = q.dim(2), d = q.dim(3);
+    Tensor dqc = Tensor::zeros(qc.shape(), qc.dtype(), qc.device());
+    Tensor dkc = Tensor::zeros(kc.shape(), kc.dtype(), kc.device());
+    Tensor dvc = Tensor::zeros(vc.shape(), vc.dtype(), vc.device());
+    cuda::flash_attention_backward(&dqc, &dkc, &dvc, outputs[0].grad().view(out.shape()), qc, kc, vc, slots, out,
+                                   lse);
+    auto back = [&](Tensor& input, const Tensor& rows) {
+      if (!input.requires_grad()) return;
+      Tensor dx = input.grad_accumulator().view({BH, N, d});
+      gather_rows_backward(dx, rows.view({BH, idx.dim(1), d}), idx);
+    };
+    back(q, dqc);
+    back(k, dkc);
+    back(v, dvc);
+  }
+};
+
+Tensor intra_cluster_attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& members) {
+  const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3), C = members.dim(2), K = members.dim(3);
+  Tensor idx = members.view({B * H, C * K});
+  auto gather = [&](const Tensor& t) {
+    Tensor rows = Tensor::empty({B * H, C * K, d}, t.dtype(), t.device());
+    gather_rows_forward(rows, t.view({B * H, N, d}), idx);
+    return rows.view({B * H * C, 1, K, d});
+  };
+  Tensor qc = gather(q), kc = gather(k), vc = gather(v);
+  Tensor slots = Tensor::empty({B * H * C, K}, q.dtype(), q.device());
+  cuda::slot_mask(slots, members);
+  Tensor out = Tensor::empty(qc.shape(), q.dtype(), q.device());
+  Tensor lse = Tensor::empty({B * H * C, 1, K}, q.dtype(), q.device());
+  cuda::flash_attention_forward(out, lse, qc, kc, vc, slots);
+  Tensor result = out.view({B, H, C, K, d});
+  if (autograd::needs_grad({&q, &k, &v})) {
+    auto node = std::make_unique<IntraClusterCudaNode>();
+    node->q = q, node->k = k, node->v = v, node->idx = idx;
+    node->qc = qc, node->kc = kc, node->vc = vc, node->slots = slots, node->out = out, node->lse = lse;
+    node->outputs = {result};
+    autograd::record(std::move(node));
+  }
+  return result;
+}
+#endif
+
 void check_heads(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_float(op, q, "q");
   check_ndim(op, q, 4, "q");
@@ -179,7 +240,8 @@ void check_heads(const char* op, const Tensor& q, const Tensor& k, const Tensor&
   check_same_shape(op, q, v);
   check_same_dtype(op, q, k);
   check_same_dtype(op, q, v);
-  CAST_CHECK(!q.is_cuda(), "{}: a CPU op, got q {} (the GPU runs the step ops)", op, q.describe());
+  check_same_device(op, q, k);
+  check_same_device(op, q, v);
 }
 
 // ---------------------------------------------------------------- improved clustered output
@@ -393,6 +455,9 @@ Tensor intra_cluster_attention_fused(const Tensor& q, const Tensor& k, const Ten
   CAST_CHECK(members.dim(0) == q.dim(0) && members.dim(1) == q.dim(1), "{}: members {} do not fit q {}", op,
              members.describe(), q.describe());
   check_index_range(op, members, -1, q.dim(2));
+#ifdef CAST_WITH_CUDA
+  if (q.is_cuda()) return intra_cluster_attention_cuda(q, k, v, members);
+#endif
   const IntraShape s{q.dim(0) * q.dim(1), q.dim(2), members.dim(2), members.dim(3), q.dim(3)};
   Tensor out = Tensor::empty({q.dim(0), q.dim(1), s.C, s.kappa, s.d}, q.dtype());
   Tensor lse = Tensor::empty({q.dim(0), q.dim(1), s.C, s.kappa}, q.dtype());
@@ -413,6 +478,7 @@ Tensor improved_clustered_output_fused(const Tensor& q, const Tensor& k, const T
                                        const Tensor& top_keys, const Tensor& assignment) {
   const char* op = "improved_clustered_output_fused";
   check_heads(op, q, k, v);
+  CAST_CHECK(!q.is_cuda(), "{}: a CPU op, got q {} (the GPU runs the step ops)", op, q.describe());
   check_same_dtype(op, q, a_c);
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
   CAST_CHECK(a_c.ndim() == 4 && a_c.dim(0) == B && a_c.dim(1) == H && a_c.dim(3) == N,

@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "nn/attention.h"
+#include "ops/cluster_fused.h"
 #include "ops/clustering.h"
 #include "ops/flash_attention.h"
 #include "tensor/philox.h"
@@ -133,5 +134,26 @@ TEST(CudaVsCpuAttention, FlashAttention) {
                          Inputs{rand32({3, 2, M, d}, 70 + M), rand32({3, 2, N, d}, 71 + N), rand32({3, 2, N, d}, 72 + d)});
     expect_devices_agree([&](const Inputs& x) { return ops::flash_attention(x[0], x[1], x[2], Tensor()); },
                          Inputs{rand32({1, 3, M, d}, 73), rand32({1, 3, N, d}, 74), rand32({1, 3, N, d}, 75)});
+  }
+}
+
+// CAST's fused intra-cluster attention on the device (gathered rows, flash attention with the
+// filled slots as the key mask) against the CPU's fused kernel: clusters of κ 5 and 37 (a
+// partial tile of 32), empty slots, a cluster with no member, tokens in several clusters.
+TEST(CudaVsCpuAttention, IntraClusterAttentionFused) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t kappa : {5, 37}) {
+    const int64_t B = 2, H = 2, N = 41, C = 3, d = 8;
+    std::vector<int32_t> ids(B * H * C * kappa);
+    uint64_t draw = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const double u = philox::uniform(99 + kappa, draw++);
+      ids[i] = u < 0.2 ? -1 : static_cast<int32_t>(u * N) % N;  // repeats across clusters, some empty slots
+    }
+    for (int64_t s = 0; s < kappa; ++s) ids[1 * kappa + s] = -1;  // head 0's cluster 1: no member
+    const Tensor members = Tensor::from_vector<int32_t>(ids, {B, H, C, kappa});
+    expect_devices_agree(
+        [&](const Inputs& x) { return ops::intra_cluster_attention_fused(x[0], x[1], x[2], on(members, x[0])); },
+        Inputs{rand32({B, H, N, d}, 80 + kappa), rand32({B, H, N, d}, 81 + kappa), rand32({B, H, N, d}, 82 + kappa)});
   }
 }
