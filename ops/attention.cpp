@@ -6,6 +6,9 @@
 #include "autograd/tape.h"
 #include "ops/clustering.h"
 #include "ops/ops.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/clustering.h"
+#endif
 
 namespace cast::ops {
 
@@ -52,6 +55,13 @@ void bmm(Tensor c, const Tensor& a, const Tensor& b, bool ta, bool tb, double al
 
 // 1 where a slot holds a token, 0 where it is empty (−1)
 Tensor slot_mask(const Tensor& members, const Shape& shape, const Tensor& like_t) {
+#ifdef CAST_WITH_CUDA
+  if (members.is_cuda()) {  // built where the members are: no copy to the host and back
+    Tensor mask = Tensor::empty(shape, like_t.dtype(), Device::cuda);
+    cuda::slot_mask(mask, members);
+    return mask;
+  }
+#endif
   auto ids = members.to_double_vector();
   std::vector<double> m(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) m[i] = ids[i] >= 0 ? 1.0 : 0.0;

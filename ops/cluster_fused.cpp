@@ -15,7 +15,6 @@
 #include "cuda/clustering.h"
 #include "cuda/flash_attention.h"
 #endif
-#include "ops/rows.h"
 
 namespace cast::ops {
 

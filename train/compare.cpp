@@ -42,8 +42,8 @@ json comparable(const TrainConfig& c) {
 }
 
 // A run folder left by an earlier invocation must hold the run this invocation asks for.
-void check_same_run(const std::string& checkpoint, const TrainConfig& wanted) {
-  const json stored = comparable(read_checkpoint_header(checkpoint).config), asked = comparable(wanted);
+void check_same_run(const std::string& checkpoint, const TrainConfig& started_with, const TrainConfig& wanted) {
+  const json stored = comparable(started_with), asked = comparable(wanted);
   if (stored == asked) return;
   for (auto& [key, value] : asked.items()) {
     if (key == "model") {
@@ -247,7 +247,11 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
         continue;
       }
     }
-    if (started) check_same_run(checkpoint, config);
+    Checkpoint stored;  // what an earlier invocation left, read once
+    if (started) {
+      stored = read_checkpoint_header(checkpoint);
+      check_same_run(checkpoint, stored.config, config);
+    }
     if (started && std::filesystem::exists(summary)) {
       run.summary = read_summary(summary);
       if (!quiet) fmt::print("[{}/{}] {} seed {}: finished earlier ({})\n", index, plan.size(), run.variant, run.seed, run.dir);
@@ -257,18 +261,13 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
     if (!quiet) {
       if (started)
         fmt::print("[{}/{}] {} seed {}: resuming from step {} of {} ({})\n", index, plan.size(), run.variant, run.seed,
-                   read_checkpoint_header(checkpoint).step, config.steps, run.dir);
+                   stored.step, config.steps, run.dir);
       else
         fmt::print("[{}/{}] {} seed {}: {} steps ({})\n", index, plan.size(), run.variant, run.seed, config.steps, run.dir);
       std::fflush(stdout);
     }
-    // A resumed run takes its settings from its checkpoint (checked equal above).
-    TrainConfig to_run = config;
-    if (started) {
-      to_run = read_checkpoint_header(checkpoint).config;
-      to_run.run_dir = run.dir;
-    }
-    const TrainResult r = run_training(to_run, started ? checkpoint : "", stop_after, quiet);
+    // A resumed run's checkpoint holds these very settings (checked above).
+    const TrainResult r = run_training(config, started ? checkpoint : "", stop_after, quiet);
     run.resumed = started;
     run.steps_this_process = static_cast<int64_t>(r.losses.size());
     if (!std::filesystem::exists(summary)) {  // interrupted (tests): what a killed process leaves
@@ -390,13 +389,7 @@ int command_compare(const std::vector<std::string>& argv) {
   spec.out_dir = args.is_set("out") ? args.str("out") : default_out;
   spec.command = "cast compare";
   for (const std::string& a : argv) spec.command += " " + a;
-  // Every run's settings are validated before any folder is made or step spent.
-  for (const auto& [label, settings] : spec.variants) {
-    train::TrainConfig c = train::preset(spec.task);
-    train::apply_overrides(c, spec.settings);
-    train::apply_overrides(c, settings);
-  }
-  train::run_comparison(spec);
+  train::run_comparison(spec);  // validates every run's settings before it makes a folder
   return 0;
 }
 
