@@ -25,4 +25,15 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, doubl
   CUDA_CHECK_LAUNCH();
 }
 
+__global__ void clip_factor_kernel(float* factor, const float* squared_norm, double max_norm) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const double norm = sqrt(static_cast<double>(squared_norm[0]));
+  factor[0] = static_cast<float>(max_norm > 0 && norm > max_norm ? max_norm / norm : 1.0);
+}
+
+void clip_factor(Tensor& factor, const Tensor& squared_norm, double max_norm) {
+  CAST_LAUNCH(clip_factor_kernel, 1, 32, 0, fptr(factor), fptr(squared_norm), max_norm);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace cast::cuda

@@ -1,13 +1,17 @@
 // Permutation copies and strided row copies (concat, split).
+#include <climits>
+
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/layout.h"
 
 namespace cast::cuda {
 
+// I: the index type of the map (int32_t where every offset fits: cheaper divides).
+template <class I>
 __global__ void permute_kernel(float* y, const float* x, PermuteIndex idx, bool accumulate, int64_t n) {
   CAST_KERNEL_LOOP(i, n) {
-    float v = x[idx.input_offset(i)];
+    const float v = x[idx.input_offset<I>(static_cast<I>(i))];
     y[i] = accumulate ? y[i] + v : v;
   }
 }
@@ -24,7 +28,12 @@ __global__ void copy_rows_kernel(float* dst, const float* src, int64_t rows, int
 
 void permute(Tensor& y, const Tensor& x, const PermuteIndex& idx, bool accumulate) {
   const int64_t n = x.numel();
-  CAST_LAUNCH(permute_kernel, blocks_for(n), kThreads, 0, fptr(y), fptr(x), idx, accumulate, n);
+  if (n == 0) return;
+  const PermuteIndex map = idx.coalesced();  // one divide per remaining dimension
+  if (n < INT32_MAX)
+    CAST_LAUNCH(permute_kernel<int32_t>, blocks_for(n), kThreads, 0, fptr(y), fptr(x), map, accumulate, n);
+  else
+    CAST_LAUNCH(permute_kernel<int64_t>, blocks_for(n), kThreads, 0, fptr(y), fptr(x), map, accumulate, n);
   CUDA_CHECK_LAUNCH();
 }
 

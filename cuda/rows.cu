@@ -2,6 +2,7 @@
 #include <climits>
 
 #include "cuda/common.cuh"
+#include "cuda/deferred_checks.h"
 #include "cuda/launch.cuh"
 #include "cuda/rows.h"
 #include "tensor/device_memory.h"
@@ -9,18 +10,12 @@
 namespace cast::cuda {
 
 template <class I>
-__global__ void min_max_kernel(const I* idx, int64_t n, long long* out) {
+__global__ void range_check_kernel(const I* idx, int64_t n, int64_t lo, int64_t hi, unsigned long long* fault,
+                                   uint32_t id) {
   CAST_KERNEL_LOOP(i, n) {
-    atomicMin(out, static_cast<long long>(idx[i]));
-    atomicMax(out + 1, static_cast<long long>(idx[i]));
-  }
-}
-
-// The starting values of the min/max pair, written on the device (no copy from the host).
-__global__ void min_max_init_kernel(long long* out) {
-  if (threadIdx.x == 0) {
-    out[0] = LLONG_MAX;
-    out[1] = LLONG_MIN;
+    const int64_t v = idx[i];
+    if (v < lo || v >= hi)  // any failing value will do: one plain 64-bit store, no atomics on host memory
+      *fault = (static_cast<unsigned long long>(id) << 48) | (static_cast<unsigned long long>(v) & 0xFFFFFFFFFFFFull);
   }
 }
 
@@ -30,7 +25,7 @@ __global__ void gather_kernel(float* out, const float* x, const I* idx, int64_t 
   CAST_KERNEL_LOOP(e, total) {
     const int64_t row = e / d, j = e % d, b = row / m;
     const int64_t src = idx[row];
-    const float v = src >= 0 ? x[(b * n + src) * d + j] : 0.f;
+    const float v = src >= 0 && src < n ? x[(b * n + src) * d + j] : 0.f;  // a bad index is reported, not read
     out[e] = accumulate ? out[e] + v : v;
   }
 }
@@ -41,24 +36,19 @@ __global__ void scatter_kernel(float* dx, const float* dout, const I* idx, int64
   CAST_KERNEL_LOOP(e, total) {
     const int64_t row = e / d, j = e % d, b = row / m;
     const int64_t dst = idx[row];
-    if (dst >= 0) atomicAdd(dx + (b * n + dst) * d + j, dout[e]);
+    if (dst >= 0 && dst < n) atomicAdd(dx + (b * n + dst) * d + j, dout[e]);
   }
 }
 
-// The two results live in a tensor from the caching allocator: after the first call a check
-// allocates nothing, and its one copy is the result's way back to the host.
-void index_min_max(const Tensor& idx, int64_t& mn, int64_t& mx) {
-  long long host[2];
-  Tensor result = Tensor::empty({2}, DType::i64, Device::cuda);
-  long long* dev = reinterpret_cast<long long*>(result.data<int64_t>());
-  CAST_LAUNCH(min_max_init_kernel, 1, 32, 0, dev);
+void check_index_range_later(const char* op, const Tensor& idx, int64_t lo, int64_t hi) {
   const int64_t n = idx.numel();
-  if (idx.dtype() == DType::i32) CAST_LAUNCH(min_max_kernel<int32_t>, blocks_for(n), kThreads, 0, idx.data<int32_t>(), n, dev);
-  else CAST_LAUNCH(min_max_kernel<int64_t>, blocks_for(n), kThreads, 0, idx.data<int64_t>(), n, dev);
+  if (n == 0) return;
+  const PendingCheck check = register_index_check(op, lo, hi);
+  if (idx.dtype() == DType::i32)
+    CAST_LAUNCH(range_check_kernel<int32_t>, blocks_for(n), kThreads, 0, idx.data<int32_t>(), n, lo, hi, check.fault, check.id);
+  else
+    CAST_LAUNCH(range_check_kernel<int64_t>, blocks_for(n), kThreads, 0, idx.data<int64_t>(), n, lo, hi, check.fault, check.id);
   CUDA_CHECK_LAUNCH();
-  device_memory::copy_to_host(host, dev, sizeof(host));
-  mn = host[0];
-  mx = host[1];
 }
 
 void gather_rows(Tensor& out, const Tensor& x, const Tensor& idx, int64_t b, int64_t n, int64_t m, int64_t d,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/deferred_checks.h"
 #include "cuda/runtime.h"
 #include "tensor/device_memory.h"
 
@@ -146,8 +147,11 @@ std::vector<DeviceInfo> devices() {
 
 void synchronize() {
   CUDA_CHECK(cudaDeviceSynchronize());
-  std::lock_guard<std::mutex> lock(allocator().mutex);
-  ++allocator().stats.synchronizations;
+  {
+    std::lock_guard<std::mutex> lock(allocator().mutex);
+    ++allocator().stats.synchronizations;
+  }
+  report_failed_checks();
 }
 
 double time_ms(const std::function<void()>& fn) {
@@ -191,8 +195,11 @@ void copy_to_device(void* dst, const void* src, size_t n) {
 }
 void copy_to_host(void* dst, const void* src, size_t n) {
   CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
-  std::lock_guard<std::mutex> lock(cuda::allocator().mutex);
-  ++cuda::allocator().stats.to_host;
+  {
+    std::lock_guard<std::mutex> lock(cuda::allocator().mutex);
+    ++cuda::allocator().stats.to_host;
+  }
+  cuda::report_failed_checks();  // the device has finished every kernel launched so far
 }
 void copy_device_to_device(void* dst, const void* src, size_t n) {
   CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice));

@@ -126,13 +126,7 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
                                              : ops::cluster_topk(flat, mask, kappa);
   Tensor w = config_.mix_query ? a_q : a_g;
   if (G == 1) {  // shared: one clustering and one set of weights for every head
-    auto ids = members.to_double_vector();
-    std::vector<int32_t> repeated;
-    repeated.reserve(ids.size() * H);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t e = 0; e < C * kappa; ++e) repeated.push_back(static_cast<int32_t>(ids[b * C * kappa + e]));
-    members = Tensor::from_vector<int32_t>(repeated, {B, H, C, kappa}, q.device());
+    members = ops::repeat_for_heads(members.view({B, C, kappa}), H);
     w = ops::expand(w, {B, H, N, C});
     a_k = ops::expand(a_k, {B, H, N, C});
   } else {

@@ -32,4 +32,18 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   });
 }
 
+Tensor clip_factor(const Tensor& squared_norm, double max_norm) {
+  check_float("clip_factor", squared_norm, "squared norm");
+  CAST_CHECK(squared_norm.numel() == 1, "clip_factor: squared norm {} must hold one value", squared_norm.describe());
+  Tensor factor = Tensor::empty({1}, squared_norm.dtype(), squared_norm.device());
+  auto compute = [&] {
+    CAST_ON_CUDA(squared_norm, cuda::clip_factor(factor, squared_norm, max_norm));
+    const double norm = std::sqrt(squared_norm.item());
+    const double f = max_norm > 0 && norm > max_norm ? max_norm / norm : 1.0;
+    CAST_DISPATCH_FLOAT(factor.dtype(), "clip_factor", [&] { factor.data<T>()[0] = static_cast<T>(f); });
+  };
+  compute();
+  return factor;
+}
+
 }  // namespace cast::ops

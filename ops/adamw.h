@@ -15,4 +15,9 @@ struct AdamWStep {
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s);
 
+// Gradient clipping's factor from squared_norm (1) = ‖g‖² over every parameter: max_norm / ‖g‖
+// when ‖g‖ > max_norm > 0, else 1 (also for a NaN norm), computed in double where the tensor
+// lives -> (1) of its dtype. On a GPU the norm never goes to the host.
+Tensor clip_factor(const Tensor& squared_norm, double max_norm);
+
 }  // namespace cast::ops

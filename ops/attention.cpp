@@ -7,6 +7,7 @@
 #include "ops/clustering.h"
 #include "ops/ops.h"
 #ifdef CAST_WITH_CUDA
+#include "cuda/cluster_index.h"
 #include "cuda/clustering.h"
 #endif
 
@@ -31,6 +32,23 @@ static std::vector<int64_t> host_ints(const Tensor& t) {
 static Tensor ints_like(const std::vector<int64_t>& v, const Shape& shape, const Tensor& like_device) {
   std::vector<int32_t> w(v.begin(), v.end());
   return Tensor::from_vector<int32_t>(w, shape, like_device.device());
+}
+
+// Position of W[i, c] in W viewed as (B·H, N·C) for each slot (−1 for an empty slot):
+// members (B, H, C, κ) -> (B·H, C·κ) i32, computed where the members are.
+static Tensor member_weight_index(const Tensor& members, int64_t C, int64_t kappa) {
+  const int64_t BH = members.numel() / (C * kappa);
+#ifdef CAST_WITH_CUDA
+  if (members.is_cuda()) {
+    Tensor out = Tensor::empty({BH, C * kappa}, DType::i32, Device::cuda);
+    cuda::member_weight_index(out, members, C, kappa);
+    return out;
+  }
+#endif
+  auto ids = host_ints(members);
+  std::vector<int64_t> flat(ids.size());
+  for (size_t e = 0; e < ids.size(); ++e) flat[e] = ids[e] >= 0 ? ids[e] * C + static_cast<int64_t>((e / kappa) % C) : -1;
+  return ints_like(flat, {BH, C * kappa}, members);
 }
 
 // ---------------------------------------------------------------- raw building blocks
@@ -350,10 +368,7 @@ struct CombineNode final : autograd::Node {
 Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_inter, const Tensor& members) {
   const int64_t B = w.dim(0), H = w.dim(1), N = w.dim(2), C = w.dim(3);
   const int64_t kappa = members.dim(3), d = r_intra.dim(4), BH = B * H;
-  auto ids = host_ints(members);
-  std::vector<int64_t> flat(ids.size());
-  for (size_t e = 0; e < ids.size(); ++e) flat[e] = ids[e] >= 0 ? ids[e] * C + static_cast<int64_t>((e / kappa) % C) : -1;
-  Tensor weight_index = ints_like(flat, {BH, C * kappa}, w);
+  Tensor weight_index = member_weight_index(members, C, kappa);
   Tensor idx = members.view({BH, C * kappa});
   Tensor w_slot = like({BH, C * kappa, 1}, w);
   gather_rows_forward(w_slot, w.view({BH, N * C, 1}), weight_index);
@@ -375,6 +390,20 @@ Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_
 }
 
 // ---------------------------------------------------------------- clustered step 3
+// 1/|j| of each cluster (0 for an empty one): assignment (G, N) -> (G, C) as `like`, where it is.
+static Tensor inverse_cluster_counts(const Tensor& assign, int64_t clusters, const Tensor& like) {
+#ifdef CAST_WITH_CUDA
+  if (assign.is_cuda() && like.dtype() == DType::f32) {
+    Tensor out = Tensor::empty({assign.dim(0), clusters}, DType::f32, Device::cuda);
+    cuda::cluster_counts(out, assign, clusters, /*inverse=*/true);
+    return out;
+  }
+#endif
+  auto c = cluster_counts(assign, clusters, like.dtype()).to_double_vector();
+  for (double& x : c) x = x > 0 ? 1.0 / x : 0.0;
+  return constant_like(c, {assign.dim(0), clusters}, like);
+}
+
 // Q̄_j = (1/|j|) Σ_{i in j} Q_i
 struct CentroidsNode final : autograd::Node {
   Tensor q;           // (B, H, N, d)
@@ -393,9 +422,7 @@ Tensor cluster_centroids(const Tensor& q, const Tensor& assignment, int64_t clus
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
   Tensor assign = assignment.view({B * H, N});
   check_index_range("cluster_centroids", assign, -1, clusters);
-  auto c = cluster_counts(assign, clusters, q.dtype()).to_double_vector();
-  for (double& x : c) x = x > 0 ? 1.0 / x : 0.0;
-  Tensor inverse = constant_like(c, {B * H, clusters, 1}, q);
+  Tensor inverse = inverse_cluster_counts(assign, clusters, q).view({B * H, clusters, 1});
   Tensor sums = zeros({B * H, clusters, d}, q);
   gather_rows_backward(sums, q.view({B * H, N, d}), assign);  // scatter-add members into their cluster
   Tensor out = raw(BinaryOp::mul, sums, inverse).view({B, H, clusters, d});
@@ -482,6 +509,34 @@ struct ImprovedClusteredNode final : autograd::Node {
   }
 };
 
+// Which slots of its cluster's top keys each query may use, and which keys lie outside each
+// cluster's top keys: slots (B·H·N, top) and outside (B, H, C, N), as a_c, where they are.
+static void improved_masks(Tensor& slots, Tensor& outside, const Tensor& top_keys, const Tensor& assign,
+                           const Tensor& a_c) {
+  const int64_t B = a_c.dim(0), H = a_c.dim(1), C = a_c.dim(2), N = a_c.dim(3), BH = B * H, top = top_keys.dim(3);
+#ifdef CAST_WITH_CUDA
+  if (a_c.is_cuda() && a_c.dtype() == DType::f32) {
+    slots = Tensor::empty({BH * N, top}, DType::f32, Device::cuda);
+    outside = Tensor::empty({B, H, C, N}, DType::f32, Device::cuda);
+    cuda::improved_masks(slots, outside, top_keys, assign, C, N, top);
+    return;
+  }
+#endif
+  auto t_ids = host_ints(top_keys), a_ids = host_ints(assign);
+  std::vector<double> slot(BH * N * top, 0.0), out(BH * C * N, 1.0);
+  for (int64_t g = 0; g < BH; ++g)
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t j = a_ids[g * N + i];
+      if (j < 0) continue;
+      for (int64_t s2 = 0; s2 < top; ++s2) slot[(g * N + i) * top + s2] = t_ids[(g * C + j) * top + s2] >= 0 ? 1 : 0;
+    }
+  for (int64_t r = 0; r < BH * C; ++r)
+    for (int64_t s2 = 0; s2 < top; ++s2)
+      if (t_ids[r * top + s2] >= 0) out[r * N + t_ids[r * top + s2]] = 0.0;
+  slots = constant_like(slot, {BH * N, top}, a_c);
+  outside = constant_like(out, {B, H, C, N}, a_c);
+}
+
 Tensor improved_clustered_output(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a_c,
                                  const Tensor& top_keys, const Tensor& assignment) {
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3), BH = B * H;
@@ -506,18 +561,8 @@ Tensor improved_clustered_output(const Tensor& q, const Tensor& k, const Tensor&
   };
   Tensor kt = per_query(k), vt = per_query(v);
   // slot mask: query i may use slot s of its cluster's T when that slot holds a key
-  auto t_ids = host_ints(top_keys), a_ids = host_ints(assignment);
-  std::vector<double> slot(BH * N * top, 0.0), outside(BH * C * N, 1.0);
-  for (int64_t g = 0; g < BH; ++g)
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t j = a_ids[g * N + i];
-      if (j < 0) continue;
-      for (int64_t s2 = 0; s2 < top; ++s2) slot[(g * N + i) * top + s2] = t_ids[(g * C + j) * top + s2] >= 0 ? 1 : 0;
-    }
-  for (int64_t r = 0; r < BH * C; ++r)
-    for (int64_t s2 = 0; s2 < top; ++s2)
-      if (t_ids[r * top + s2] >= 0) outside[r * N + t_ids[r * top + s2]] = 0.0;
-  Tensor slots = constant_like(slot, {BH * N, top}, q), outside_t = constant_like(outside, {B, H, C, N}, a_c);
+  Tensor slots, outside_t;
+  improved_masks(slots, outside_t, top_keys, assign, a_c);
   Tensor scores = like({BH * N, 1, top}, q), probs = like(scores.shape(), q), top_out = like({BH * N, 1, d}, q);
   bmm(scores, q.view({BH * N, 1, d}), kt, false, true, factor, 0.0);
   softmax_forward(probs, scores, slots, false);

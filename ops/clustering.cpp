@@ -6,9 +6,11 @@
 #include <numeric>
 #include <vector>
 
+#include "ops/clustering_rules.h"
+#include "ops/rows.h"
 #include "ops/topk_order.h"
-#include "tensor/philox.h"
 #ifdef CAST_WITH_CUDA
+#include "cuda/cluster_index.h"
 #include "cuda/clustering.h"
 #endif
 
@@ -46,21 +48,26 @@ Tensor to_device_i32(const std::vector<int32_t>& v, const Shape& shape, Device d
   return Tensor::from_vector<int32_t>(v, shape, device);
 }
 
+#ifdef CAST_WITH_CUDA
+// The checks of a device clustering op's f32 input and (B, N) mask.
+void check_device_inputs(const char* op, const Tensor& x, const Tensor& mask) {
+  check_dtype(op, x, DType::f32, "input");
+  check_ndim(op, x, 3, "input");
+  if (!mask.defined()) return;
+  check_dtype(op, mask, DType::f32, "mask");
+  check_ndim(op, mask, 2, "mask");
+  CAST_CHECK(mask.is_cuda() && mask.dim(1) == x.dim(1) && mask.dim(0) > 0 && x.dim(0) % mask.dim(0) == 0,
+             "{}: mask {} does not fit input {}", op, mask.describe(), x.describe());
+}
+#endif
+
 }  // namespace
 
 Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
   CAST_CHECK(kappa >= 1, "cluster_topk: cluster size must be >= 1, got {}", kappa);
 #ifdef CAST_WITH_CUDA
   if (affinity.is_cuda()) {  // selected on the device: nothing crosses to the host
-    check_dtype("cluster_topk", affinity, DType::f32, "affinity");
-    check_ndim("cluster_topk", affinity, 3, "affinity");
-    if (mask.defined()) {
-      check_dtype("cluster_topk", mask, DType::f32, "mask");
-      check_ndim("cluster_topk", mask, 2, "mask");
-      CAST_CHECK(mask.is_cuda() && mask.dim(1) == affinity.dim(1) && mask.dim(0) > 0 &&
-                     affinity.dim(0) % mask.dim(0) == 0,
-                 "cluster_topk: mask {} does not fit affinity {}", mask.describe(), affinity.describe());
-    }
+    check_device_inputs("cluster_topk", affinity, mask);
     Tensor out = Tensor::empty({affinity.dim(0), affinity.dim(2), kappa}, DType::i32, Device::cuda);
     cuda::cluster_topk(out, affinity, mask, kappa);
     return out;
@@ -98,47 +105,70 @@ Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
 }
 
 Tensor cluster_satopk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
+  CAST_CHECK(kappa >= 1, "cluster_satopk: cluster size must be >= 1, got {}", kappa);
+#ifdef CAST_WITH_CUDA
+  if (affinity.is_cuda()) {
+    check_device_inputs("cluster_satopk", affinity, mask);
+    Tensor out = Tensor::empty({affinity.dim(0), affinity.dim(2), kappa}, DType::i32, Device::cuda);
+    cuda::cluster_satopk(out, affinity, mask, kappa);
+    return out;
+  }
+#endif
   HostGroups h = host_groups("cluster_satopk", affinity, mask);
   const int64_t C = h.width;
-  CAST_CHECK(kappa >= 1, "cluster_satopk: cluster size must be >= 1, got {}", kappa);
   std::vector<int32_t> out(h.groups * C * kappa, -1);
   for (int64_t g = 0; g < h.groups; ++g) {
     auto a = [&](int64_t i, int64_t c) { return h.values[(g * h.n + i) * C + c]; };
+    // a token's clusters in the order of top-k (ops/topk_order.h): larger first, NaN last, ties
+    // toward the lower cluster
+    auto first_cluster = [&](int64_t i, auto&& allowed) {
+      int64_t best = -1;
+      for (int64_t c = 0; c < C; ++c)
+        if (allowed(c) && (best < 0 || ranks_before(a(i, c), c, a(i, best), best))) best = c;
+      return best;
+    };
     std::vector<int32_t> tokens;
     std::vector<double> best(h.n, 0.0);
     for (int64_t i = 0; i < h.n; ++i) {
       if (!h.real(g, i)) continue;
       tokens.push_back(static_cast<int32_t>(i));
-      best[i] = a(i, 0);
-      for (int64_t c = 1; c < C; ++c) best[i] = std::max(best[i], a(i, c));
+      best[i] = a(i, first_cluster(i, [](int64_t) { return true; }));
     }
-    std::stable_sort(tokens.begin(), tokens.end(), [&](int32_t x, int32_t y) { return best[x] > best[y]; });
-    std::vector<std::vector<int32_t>> members(C);
-    std::vector<int64_t> clusters_by_affinity(C);
-    for (int32_t i : tokens) {
-      std::iota(clusters_by_affinity.begin(), clusters_by_affinity.end(), 0);
-      std::stable_sort(clusters_by_affinity.begin(), clusters_by_affinity.end(),
-                       [&](int64_t x, int64_t y) { return a(i, x) > a(i, y); });
-      for (int64_t c : clusters_by_affinity)
-        if (static_cast<int64_t>(members[c].size()) < kappa) {
-          members[c].push_back(i);
-          break;
-        }  // with every cluster full the token stays unassigned (only when C·κ < real tokens)
+    // visiting order: best affinity in the same order, ties toward the lower position
+    std::sort(tokens.begin(), tokens.end(),
+              [&](int32_t x, int32_t y) { return ranks_before(best[x], x, best[y], y); });
+    std::vector<int64_t> filled(C, 0);
+    std::vector<int32_t> cluster_of(h.n, -1);
+    for (int32_t i : tokens) {  // with every cluster full the token stays out (only when C·κ < real tokens)
+      const int64_t c = first_cluster(i, [&](int64_t c2) { return filled[c2] < kappa; });
+      if (c < 0) continue;
+      ++filled[c];
+      cluster_of[i] = static_cast<int32_t>(c);
     }
-    for (int64_t c = 0; c < C; ++c) {
-      std::sort(members[c].begin(), members[c].end());
-      std::copy(members[c].begin(), members[c].end(), out.begin() + (g * C + c) * kappa);
-    }
+    std::vector<int64_t> slot(C, 0);
+    for (int64_t i = 0; i < h.n; ++i)  // members in position order
+      if (cluster_of[i] >= 0) out[(g * C + cluster_of[i]) * kappa + slot[cluster_of[i]]++] = static_cast<int32_t>(i);
   }
   return to_device_i32(out, {h.groups, C, kappa}, affinity.device());
 }
 
 Tensor lsh_hash(const Tensor& q, const Tensor& planes) {
-  HostGroups h = host_groups("lsh_hash", q, Tensor());
+  check_ndim("lsh_hash", q, 3, "q");
   check_ndim("lsh_hash", planes, 2, "planes");
-  const int64_t bits = planes.dim(0), d = h.width;
+  const int64_t bits = planes.dim(0);
   CAST_CHECK(bits >= 1 && bits <= 63, "lsh_hash: 1..63 hash bits are supported, got {}", bits);
-  CAST_CHECK(planes.dim(1) == d + 1, "lsh_hash: planes {} must be [bits, {}]", planes.describe(), d + 1);
+  CAST_CHECK(planes.dim(1) == q.dim(2) + 1, "lsh_hash: planes {} must be [bits, {}]", planes.describe(), q.dim(2) + 1);
+#ifdef CAST_WITH_CUDA
+  if (q.is_cuda()) {  // the planes go over (a few hundred bytes); the queries stay
+    check_device_inputs("lsh_hash", q, Tensor());
+    check_dtype("lsh_hash", planes, DType::f32, "planes");
+    Tensor out = Tensor::empty({q.dim(0), q.dim(1)}, DType::i64, Device::cuda);
+    cuda::lsh_hash(out, q, planes.to(Device::cuda));
+    return out;
+  }
+#endif
+  HostGroups h = host_groups("lsh_hash", q, Tensor());
+  const int64_t d = h.width;
   std::vector<double> a = planes.to_double_vector();
   std::vector<int64_t> out(h.groups * h.n, 0);
   for (int64_t r = 0; r < h.groups * h.n; ++r) {
@@ -159,6 +189,19 @@ Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters
   check_ndim("hamming_kmeans", hashes, 2, "hashes");
   CAST_CHECK(clusters >= 1, "hamming_kmeans: clusters must be >= 1, got {}", clusters);
   const int64_t G = hashes.dim(0), N = hashes.dim(1);
+#ifdef CAST_WITH_CUDA
+  if (hashes.is_cuda()) {
+    if (mask.defined()) {
+      check_dtype("hamming_kmeans", mask, DType::f32, "mask");
+      check_ndim("hamming_kmeans", mask, 2, "mask");
+      CAST_CHECK(mask.is_cuda() && mask.dim(1) == N && mask.dim(0) > 0 && G % mask.dim(0) == 0,
+                 "hamming_kmeans: mask {} does not fit {}", mask.describe(), hashes.describe());
+    }
+    Tensor assign = Tensor::empty({G, N}, DType::i32, Device::cuda);
+    cuda::hamming_kmeans(assign, hashes, mask, clusters, iterations, seed);
+    return assign;
+  }
+#endif
   const Tensor host = hashes.to(Device::cpu);
   const int64_t* code = host.data<int64_t>();
   std::vector<double> m = mask.defined() ? mask.to_double_vector() : std::vector<double>();
@@ -166,25 +209,25 @@ Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters
   CAST_CHECK(!mask.defined() || (mask.dim(1) == N && G % mask.dim(0) == 0), "hamming_kmeans: mask {} does not fit {}",
              mask.describe(), hashes.describe());
   std::vector<int32_t> assign(G * N, -1);
-  uint64_t draw = 0;  // position in the Philox stream
   for (int64_t g = 0; g < G; ++g) {
     std::vector<int64_t> real;
     for (int64_t i = 0; i < N; ++i)
       if (m.empty() || m[(g / per_row) * N + i] != 0.0) real.push_back(i);
     if (real.empty()) continue;
-    // a random permutation of the real queries (Fisher–Yates on the counter-based stream)
+    const int64_t R = static_cast<int64_t>(real.size());
+    int64_t draw = 0;  // position in this group's stream (ops/clustering_rules.h)
+    // C distinct random real queries (C < R): the first C swaps of a Fisher–Yates shuffle;
+    // with C >= R every query, then again in the same order
     std::vector<int64_t> perm = real;
-    for (int64_t i = static_cast<int64_t>(perm.size()) - 1; i > 0; --i) {
-      int64_t j = static_cast<int64_t>(philox::uniform(seed, draw++) * (i + 1));
-      std::swap(perm[i], perm[std::min(j, i)]);
-    }
+    for (int64_t c = 0; c < std::min(clusters, R - 1); ++c)
+      std::swap(perm[c], perm[c + draw_below(kmeans_draw(seed, g, draw++), R - c)]);
     std::vector<int64_t> centroid(clusters);
-    for (int64_t c = 0; c < clusters; ++c) centroid[c] = code[g * N + perm[c % perm.size()]];
+    for (int64_t c = 0; c < clusters; ++c) centroid[c] = code[g * N + perm[c % R]];
     auto assign_all = [&] {
       for (int64_t i : real) {
-        int best = 64, arg = 0;
+        int best = 65, arg = 0;
         for (int64_t c = 0; c < clusters; ++c) {
-          int dist = std::popcount(static_cast<uint64_t>(code[g * N + i] ^ centroid[c]));
+          const int dist = std::popcount(static_cast<uint64_t>(code[g * N + i] ^ centroid[c]));
           if (dist < best) best = dist, arg = static_cast<int>(c);
         }
         assign[g * N + i] = arg;
@@ -201,10 +244,8 @@ Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters
         for (int b = 0; b < 64; ++b) ones[c][b] += (code[g * N + i] >> b) & 1;
       }
       for (int64_t c = 0; c < clusters; ++c) {
-        if (members[c] == 0) {
-          int64_t pick = real[std::min<int64_t>(static_cast<int64_t>(philox::uniform(seed, draw++) * real.size()),
-                                                static_cast<int64_t>(real.size()) - 1)];
-          centroid[c] = code[g * N + pick];
+        if (members[c] == 0) {  // an empty cluster restarts from a random real query
+          centroid[c] = code[g * N + real[draw_below(kmeans_draw(seed, g, draw++), R)]];
           continue;
         }
         // majority vote; an exact tie sets the bit to 0 (the authors' rule)
@@ -223,6 +264,14 @@ Tensor cluster_counts(const Tensor& assignment, int64_t clusters, DType dtype) {
   check_dtype("cluster_counts", assignment, DType::i32, "assignment");
   check_ndim("cluster_counts", assignment, 2, "assignment");
   const int64_t G = assignment.dim(0), N = assignment.dim(1);
+#ifdef CAST_WITH_CUDA
+  if (assignment.is_cuda() && dtype == DType::f32) {  // counted on the device; range checked there too
+    check_index_range("cluster_counts", assignment, -1, clusters);
+    Tensor counts = Tensor::empty({G, clusters}, DType::f32, Device::cuda);
+    cuda::cluster_counts(counts, assignment, clusters, /*inverse=*/false);
+    return counts;
+  }
+#endif
   const Tensor host = assignment.to(Device::cpu);
   std::vector<double> counts(G * clusters, 0.0);
   for (int64_t g = 0; g < G; ++g)
@@ -233,6 +282,28 @@ Tensor cluster_counts(const Tensor& assignment, int64_t clusters, DType dtype) {
     }
   Tensor t = Tensor::from_vector<double>(counts, {G, clusters}).to(dtype);
   return t.to(assignment.device());
+}
+
+Tensor repeat_for_heads(const Tensor& ids, int64_t heads) {
+  check_dtype("repeat_for_heads", ids, DType::i32, "ids");
+  CAST_CHECK(ids.ndim() >= 1 && heads >= 1, "repeat_for_heads: ids {} and {} heads", ids.describe(), heads);
+  Shape shape = ids.shape();
+  shape.insert(shape.begin() + 1, heads);
+  const int64_t B = ids.dim(0), width = B > 0 ? ids.numel() / B : 0;
+#ifdef CAST_WITH_CUDA
+  if (ids.is_cuda()) {
+    Tensor out = Tensor::empty(shape, DType::i32, Device::cuda);
+    cuda::repeat_heads(out, ids, heads);
+    return out;
+  }
+#endif
+  Tensor out = Tensor::empty(shape, DType::i32, Device::cpu);
+  const int32_t* in = ids.data<int32_t>();
+  int32_t* o = out.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      std::copy(in + b * width, in + (b + 1) * width, o + (b * heads + h) * width);
+  return out;
 }
 
 }  // namespace cast::ops

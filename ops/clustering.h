@@ -1,8 +1,7 @@
 #pragma once
 // The integer steps of the clustered mechanisms: which tokens go together. No gradient flows
-// through them (they are constants of the backward pass). CAST Top-K runs on the device for
-// CUDA inputs (cuda/clustering.cu, the same members bit for bit); the others run on the host,
-// CUDA inputs copied over and the result copied back.
+// through them (they are constants of the backward pass). For CUDA inputs each runs on the
+// device (cuda/clustering.cu) and gives the CPU op's integers bit for bit: nothing goes to the host.
 //
 // Grouped mask convention (as softmax): inputs have G = B·heads groups; group g uses row
 // g / (G / B) of the (B, N) key mask (1 = real token, 0 = padding).
@@ -19,7 +18,8 @@ Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa);
 
 // Single-Assignment Top-K: tokens in descending order of their best affinity (ties toward the
 // lower index) each take the cluster of highest affinity that still has room (ties toward the
-// lower cluster). Same output layout; with C·κ >= real tokens, every real token appears once.
+// lower cluster); NaN ranks after every number in both orders (ops/topk_order.h). Same output
+// layout; with C·κ >= real tokens, every real token appears once.
 Tensor cluster_satopk(const Tensor& affinity, const Tensor& mask, int64_t kappa);
 
 // LSH of queries (clustered attention, 3.1). q: (G, N, d), planes: (bits, d + 1), the last
@@ -27,7 +27,8 @@ Tensor cluster_satopk(const Tensor& affinity, const Tensor& mask, int64_t kappa)
 Tensor lsh_hash(const Tensor& q, const Tensor& planes);
 
 // Hamming k-means (3.2) -> assignment (G, N) i32, −1 for padding. Centroids start from the
-// hashes of C distinct random real queries (a permutation drawn from `seed`); each of
+// hashes of C distinct random real queries (drawn from `seed`, each group from its own stream:
+// ops/clustering_rules.h); each of
 // `iterations` Lloyd steps assigns every query to the centroid at least Hamming distance
 // (ties toward the lower index), then sets each centroid bit by majority vote of its members
 // (an exact tie sets the bit to 0); an empty cluster takes the hash of a random real query.
@@ -35,5 +36,8 @@ Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters
 
 // Number of members of each cluster: assignment (G, N) -> (G, C) float counts (dtype given).
 Tensor cluster_counts(const Tensor& assignment, int64_t clusters, DType dtype);
+
+// ids (B, ...) i32 -> (B, heads, ...): the same ids for every head (shared clustering).
+Tensor repeat_for_heads(const Tensor& ids, int64_t heads);
 
 }  // namespace cast::ops

@@ -14,21 +14,16 @@ namespace cast::ops {
 void check_index_range(const char* op, const Tensor& idx, int64_t lo, int64_t hi) {
   check_index(op, idx, "index");
   if (idx.numel() == 0) return;
+  CAST_ON_CUDA(idx, cuda::check_index_range_later(op, idx, lo, hi));  // raised at the next wait: no round trip
   int64_t mn = 0, mx = 0;
-  if (idx.is_cuda()) {
-#ifdef CAST_WITH_CUDA
-    cuda::index_min_max(idx, mn, mx);
-#endif
-  } else {
-    CAST_DISPATCH_INDEX(idx.dtype(), op, [&] {
-      const I* p = idx.data<I>();
-      mn = mx = p[0];
-      for (int64_t i = 1; i < idx.numel(); ++i) {
-        mn = std::min<int64_t>(mn, p[i]);
-        mx = std::max<int64_t>(mx, p[i]);
-      }
-    });
-  }
+  CAST_DISPATCH_INDEX(idx.dtype(), op, [&] {
+    const I* p = idx.data<I>();
+    mn = mx = p[0];
+    for (int64_t i = 1; i < idx.numel(); ++i) {
+      mn = std::min<int64_t>(mn, p[i]);
+      mx = std::max<int64_t>(mx, p[i]);
+    }
+  });
   CAST_CHECK(mn >= lo && mx < hi, "{}: index out of range: values span [{}, {}], allowed [{}, {})", op, mn, mx, lo,
              hi);
 }

@@ -5,7 +5,9 @@
 
 namespace cast::ops {
 
-// Throws naming `op` unless every index lies in [lo, hi).
+// Throws naming `op` unless every index lies in [lo, hi). For CUDA indices the check runs on the
+// device and a failure is raised when the host next waits for the device (a copy back or a
+// synchronize); the kernels that use indices skip out-of-range ones meanwhile.
 void check_index_range(const char* op, const Tensor& idx, int64_t lo, int64_t hi);
 
 // x: (B, N, D), idx: (B, M) int, −1 = empty slot (a zero row) -> out: (B, M, D).

@@ -37,4 +37,24 @@ BroadcastIndex make_broadcast_index(const Shape& out, const Shape& a, const Shap
   return idx;
 }
 
+BroadcastIndex coalesce(const BroadcastIndex& idx) {
+  BroadcastIndex out;
+  for (int d = 0; d < idx.ndim; ++d) {
+    if (idx.shape[d] == 1) continue;
+    const int last = out.ndim - 1;
+    if (last >= 0 && out.stride_a[last] == idx.stride_a[d] * idx.shape[d] &&
+        out.stride_b[last] == idx.stride_b[d] * idx.shape[d]) {
+      out.shape[last] *= idx.shape[d];  // the outer dimension steps as the inner one continued
+      out.stride_a[last] = idx.stride_a[d];
+      out.stride_b[last] = idx.stride_b[d];
+      continue;
+    }
+    out.shape[out.ndim] = idx.shape[d];
+    out.stride_a[out.ndim] = idx.stride_a[d];
+    out.stride_b[out.ndim] = idx.stride_b[d];
+    ++out.ndim;
+  }
+  return out;  // ndim 0: a single element at offset 0
+}
+
 }  // namespace cast

@@ -85,38 +85,94 @@ TEST(CudaVsCpuAttention, EveryLayerVariant) {
       }
 }
 
-// CAST Top-K on the device picks the CPU op's members bit for bit: random affinities with many
-// exact ties (values on a coarse grid), -0 beside +0, NaN, padding, one batch row with no real
-// token, and κ below, at and above N, so that C·κ falls below, at and above the real tokens.
-TEST(CudaVsCpuAttention, TopKClusteringSelectsTheSameMembers) {
+// Affinities on a coarse grid (many exact ties), with -0 beside +0 and NaN.
+static Tensor tied_affinities(int64_t groups, int64_t N, int64_t C, uint64_t seed) {
+  std::vector<float> values(groups * N * C);
+  uint64_t draw = 0;
+  for (float& v : values) {
+    const double u = philox::uniform(seed, draw++);
+    v = static_cast<float>(std::floor(u * 8) / 4 - 1);  // 8 levels: many ties
+    if (u < 0.03) v = -0.0f;
+    if (u > 0.985) v = std::nanf("");
+  }
+  return Tensor::from_vector<float>(values, {groups, N, C});
+}
+
+// Padding at the end of row 0, every other token of row 1, no real token at all in row 2.
+static Tensor awkward_mask(int64_t N) {
+  std::vector<float> mask(3 * N, 1.f);
+  for (int64_t i = N - N / 3; i < N; ++i) mask[0 * N + i] = 0.f;
+  for (int64_t i = 0; i < N; ++i) mask[1 * N + i] = i % 2 ? 1.f : 0.f;
+  for (int64_t i = 0; i < N; ++i) mask[2 * N + i] = 0.f;
+  return Tensor::from_vector<float>(mask, {3, N});
+}
+
+// CAST Top-K and Single-Assignment Top-K on the device pick the CPU op's members bit for bit:
+// ties, -0, NaN, padding, a batch row with no real token, and κ below, at and above N, so that
+// C·κ falls below, at and above the real tokens.
+TEST(CudaVsCpuAttention, ClusteringSelectsTheSameMembers) {
   SKIP_WITHOUT_GPU();
   const int64_t B = 3, H = 2, C = 5;
-  for (int64_t N : {7, 40, 300}) {
-    for (int64_t kappa : {int64_t{1}, N / C, N / C + 1, N, N + 3}) {
-      if (kappa < 1) continue;
-      std::vector<float> values(B * H * N * C), mask(B * N, 1.f);
-      uint64_t draw = 0;
-      for (float& v : values) {
-        const double u = philox::uniform(static_cast<uint64_t>(N * 131 + kappa), draw++);
-        v = static_cast<float>(std::floor(u * 8) / 4 - 1);  // 8 levels: many ties
-        if (u < 0.03) v = -0.0f;
-        if (u > 0.985) v = std::nanf("");
+  for (auto [name, op] : {std::pair{"topk", &ops::cluster_topk}, std::pair{"satopk", &ops::cluster_satopk}})
+    for (int64_t N : {7, 40, 300}) {
+      for (int64_t kappa : {int64_t{1}, N / C, N / C + 1, N, N + 3}) {
+        if (kappa < 1) continue;
+        const Tensor affinity = tied_affinities(B * H, N, C, static_cast<uint64_t>(N * 131 + kappa));
+        const Tensor m = awkward_mask(N);
+        const Tensor cpu = op(affinity, m, kappa);
+        const Tensor gpu = op(affinity.to(Device::cuda), m.to(Device::cuda), kappa);
+        ASSERT_TRUE(gpu.is_cuda());
+        EXPECT_EQ(gpu.to(Device::cpu).to_double_vector(), cpu.to_double_vector())
+            << name << ", N " << N << ", kappa " << kappa;
+        EXPECT_EQ(op(affinity.to(Device::cuda), Tensor(), kappa).to(Device::cpu).to_double_vector(),
+                  op(affinity, Tensor(), kappa).to_double_vector())
+            << name << ", N " << N << ", kappa " << kappa << ", no mask";
       }
-      for (int64_t i = N - N / 3; i < N; ++i) mask[0 * N + i] = 0.f;  // padding at the end
-      for (int64_t i = 0; i < N; ++i) mask[1 * N + i] = i % 2 ? 1.f : 0.f;  // every other token
-      for (int64_t i = 0; i < N; ++i) mask[2 * N + i] = 0.f;  // no real token at all
-      const Tensor affinity = Tensor::from_vector<float>(values, {B * H, N, C});
-      const Tensor m = Tensor::from_vector<float>(mask, {B, N});
-      const Tensor cpu = ops::cluster_topk(affinity, m, kappa);
-      const Tensor gpu = ops::cluster_topk(affinity.to(Device::cuda), m.to(Device::cuda), kappa);
-      ASSERT_TRUE(gpu.is_cuda());
-      EXPECT_EQ(gpu.to(Device::cpu).to_double_vector(), cpu.to_double_vector()) << "N " << N << ", kappa " << kappa;
-      // without a mask
-      EXPECT_EQ(ops::cluster_topk(affinity.to(Device::cuda), Tensor(), kappa).to(Device::cpu).to_double_vector(),
-                ops::cluster_topk(affinity, Tensor(), kappa).to_double_vector())
-          << "N " << N << ", kappa " << kappa << ", no mask";
+    }
+}
+
+// LSH hashing and Hamming k-means on the device give the CPU op's integers bit for bit: queries
+// whose projections land on zero, hashes of few bits (many equal distances: the tie rules
+// decide), padding, a row with no real token, and C below, at and above the real tokens (empty
+// clusters restart from random queries: the draws must match too).
+TEST(CudaVsCpuAttention, HashingAndKMeansAssignTheSameClusters) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 3, H = 2, d = 5;
+  for (int64_t N : {9, 64, 257}) {
+    Tensor q = rand32({B * H, N, d}, static_cast<uint64_t>(N), -1, 1);
+    for (int64_t e = 0; e < q.numel(); e += 7) q.data<float>()[e] = 0.f;  // exact zeros in the sums
+    for (int64_t bits : {3, 16, 63}) {
+      const Tensor planes = rand32({bits, d + 1}, static_cast<uint64_t>(bits), -1, 1);
+      const Tensor cpu_hash = ops::lsh_hash(q, planes);
+      const Tensor gpu_hash = ops::lsh_hash(q.to(Device::cuda), planes);
+      ASSERT_TRUE(gpu_hash.is_cuda());
+      ASSERT_EQ(gpu_hash.to(Device::cpu).to_double_vector(), cpu_hash.to_double_vector()) << "N " << N << ", bits " << bits;
+      const Tensor m = awkward_mask(N);
+      for (int64_t C : {int64_t{1}, int64_t{4}, N / 2, N, N + 5})
+        for (int64_t iterations : {0, 3}) {
+          const uint64_t seed = static_cast<uint64_t>(N * 1000 + C * 10 + iterations);
+          const Tensor cpu = ops::hamming_kmeans(cpu_hash, m, C, iterations, seed);
+          const Tensor gpu = ops::hamming_kmeans(gpu_hash, m.to(Device::cuda), C, iterations, seed);
+          ASSERT_TRUE(gpu.is_cuda());
+          EXPECT_EQ(gpu.to(Device::cpu).to_double_vector(), cpu.to_double_vector())
+              << "N " << N << ", bits " << bits << ", C " << C << ", iterations " << iterations;
+        }
+      EXPECT_EQ(ops::hamming_kmeans(gpu_hash, Tensor(), 4, 2, 7).to(Device::cpu).to_double_vector(),
+                ops::hamming_kmeans(cpu_hash, Tensor(), 4, 2, 7).to_double_vector()) << "N " << N << ", no mask";
     }
   }
+}
+
+// The index bookkeeping the clustered ops keep on the device (counts, repeated ids) against the host's.
+TEST(CudaVsCpuAttention, ClusterCountsAndRepeatedIds) {
+  SKIP_WITHOUT_GPU();
+  const Tensor assign = Tensor::from_vector<int32_t>({0, 2, 2, -1, 1, 2, 0, -1, -1, 3, 3, 3}, {3, 4});
+  EXPECT_EQ(ops::cluster_counts(assign.to(Device::cuda), 5, DType::f32).to(Device::cpu).to_double_vector(),
+            ops::cluster_counts(assign, 5, DType::f32).to_double_vector());
+  const Tensor ids = Tensor::from_vector<int32_t>({0, 1, -1, 2, 3, 4}, {2, 3});
+  EXPECT_EQ(ops::repeat_for_heads(ids.to(Device::cuda), 3).to(Device::cpu).to_double_vector(),
+            ops::repeat_for_heads(ids, 3).to_double_vector());
+  EXPECT_EQ(ops::repeat_for_heads(ids, 3).shape(), (Shape{2, 3, 3}));
 }
 
 // Flash attention on the device against the CPU's (itself tested against the step ops): values,

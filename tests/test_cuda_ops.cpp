@@ -131,6 +131,15 @@ TEST(CudaVsCpu, LossDropoutTopk) {
   // ties: many equal values must come out in ascending index order on both devices
   Tensor ties = Tensor::from_vector<float>({1, 2, 2, 1, 2, 0, 2, 1}, {1, 8});
   expect_devices_agree([](const Inputs& x) { return ops::topk(x[0], 6); }, Inputs{ties});
+  // the trainer's statistics on the device: correct predictions (ties, NaN, a label nobody
+  // predicts) and clipping's factor (above, below and at the limit, NaN)
+  Tensor logits = Tensor::from_vector<float>({1, 3, 3, 0, /**/ 2, 2, 1, 1, /**/ NAN, 0, -1, 5, /**/ 0, 0, 0, 0}, {4, 4});
+  Tensor answers = Tensor::from_vector<int32_t>({1, 0, 3, 2}, {4});
+  expect_devices_agree([&](const Inputs& x) { return ops::correct_predictions(x[0], on(answers, x[0])); },
+                       Inputs{logits});
+  for (double squared : {0.25, 4.0, 1.0, static_cast<double>(NAN)})
+    expect_devices_agree([](const Inputs& x) { return ops::clip_factor(x[0], 1.0); },
+                         Inputs{Tensor::full({1}, squared, DType::f32)});
 }
 
 TEST(CudaVsCpu, AdamWUpdate) {
@@ -219,9 +228,12 @@ TEST(CudaVsCpu, WideRowsAndSeveralBlocks) {
 #if defined(CAST_WITH_CUDA)  // the allocator's counters exist only in a CUDA build
 #include <cuda_runtime.h>
 
+#include "cuda/rows.h"
 #include "cuda/runtime.h"
 
-TEST(CudaVsCpu, IndexRangeCheckAllocatesNothingPerCall) {
+// On the device a range check neither allocates nor copies back: a failure is raised at the
+// host's next wait for the device, naming the op, a value found and the allowed range.
+TEST(CudaVsCpu, IndexRangeCheckAllocatesNothingAndWaitsForTheNextSync) {
   SKIP_WITHOUT_GPU();
   Tensor table = Tensor::uniform({4, 6}, 61, 0).to(Device::cuda);
   Tensor idx = Tensor::from_vector<int32_t>({0, 3, -1, 2}, {4}).to(Device::cuda);
@@ -234,8 +246,29 @@ TEST(CudaVsCpu, IndexRangeCheckAllocatesNothingPerCall) {
 #endif
   };
   const uint64_t before = mallocs();
+  const size_t copies = cuda::memory_stats().to_host;
   for (int i = 0; i < 5; ++i) ops::check_index_range("test", idx, -1, 4);
   EXPECT_EQ(mallocs(), before);
-  EXPECT_CAST_ERROR(ops::check_index_range("test", idx, -1, 3), "test");
+  EXPECT_EQ(cuda::memory_stats().to_host, copies);
+  cuda::synchronize();  // every check passed: nothing raised
+  ops::check_index_range("first", idx, -1, 4);
+  ops::check_index_range("second", idx, -1, 3);  // 3 is out of range
+  EXPECT_CAST_ERROR(cuda::synchronize(), "second: index out of range: 3 found, allowed [-1, 3)");
+  cuda::synchronize();  // reported once, then forgotten
+  // a copy to the host waits too, and raises it before the value is used
+  ops::check_index_range("gather", idx, 0, 4);  // -1 is out of range
+  EXPECT_CAST_ERROR(idx.to_double_vector(), "gather: index out of range: -1 found, allowed [0, 4)");
+  // the kernels that use indices skip a bad one meanwhile: a gather with an index past the end
+  // reads nothing out of bounds and leaves a zero row
+  Tensor rows = ops::gather_rows(table.view({1, 4, 6}), Tensor::from_vector<int32_t>({1, 9}, {1, 2}).to(Device::cuda));
+  EXPECT_CAST_ERROR(rows.to_double_vector(), "gather_rows: index out of range: 9 found");
+  Tensor safe = Tensor::empty({1, 2, 6}, DType::f32, Device::cuda);
+  cuda::gather_rows(safe, table.view({1, 4, 6}), Tensor::from_vector<int32_t>({1, 9}, {1, 2}).to(Device::cuda), 1, 4, 2, 6,
+                    false);
+  const std::vector<double> got = safe.to_double_vector(), want = table.to_double_vector();
+  for (int j = 0; j < 6; ++j) {
+    EXPECT_EQ(got[j], want[6 + j]);
+    EXPECT_EQ(got[6 + j], 0.0);
+  }
 }
 #endif

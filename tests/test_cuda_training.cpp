@@ -1,28 +1,36 @@
-// Training steps on the CUDA device (the emulated one in CI): what a step costs in device
-// allocations. After its largest shapes have been seen, a step makes no cudaMalloc call, for
-// batches padded to other lengths and of other sizes too.
+// Training steps on the CUDA device (the emulated one in CI), through the trainer's own step
+// (train/training_step.h): what a step costs in round trips and device allocations. After two
+// warm-up steps of the largest shape, a step copies nothing to the host except the statistics
+// read on a log step (one copy), and makes no cudaMalloc call, for batches padded to other
+// lengths and of other sizes too.
 #include <cstdio>
 
 #include "autograd/tape.h"
 #include "nn/transformer.h"
-#include "ops/adamw.h"
-#include "ops/ops.h"
 #include "tests/test_util.h"
+#include "train/training_step.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/runtime.h"
 #endif
 
 using namespace cast;
 
-class CudaTrainingSteps : public ::testing::TestWithParam<nn::Mechanism> {};
+struct StepCase {
+  nn::Mechanism mechanism;
+  bool single_assignment = false, shared_clustering = false;
+};
 
-TEST_P(CudaTrainingSteps, VaryingShapesStopAllocatingAfterTheLargest) {
+class CudaTrainingSteps : public ::testing::TestWithParam<StepCase> {};
+
+TEST_P(CudaTrainingSteps, CopyBackOnlyTheLogAndStopAllocatingAfterWarmUp) {
   SKIP_WITHOUT_GPU();
 #ifdef CAST_WITH_CUDA
   nn::ModelConfig m;
   m.vocab = 8, m.max_len = 16, m.dim = 16, m.heads = 2, m.mlp_dim = 32, m.layers = 1, m.classes = 3;
   m.dropout = 0.1;
-  m.attention.mechanism = GetParam();
+  m.attention.mechanism = GetParam().mechanism;
+  m.attention.single_assignment = GetParam().single_assignment;
+  m.attention.shared_clustering = GetParam().shared_clustering;
   m.attention.clusters = 4, m.attention.cluster_size = 6, m.attention.topk = 5, m.attention.bits = 8;
   m.attention.iterations = 2;
   nn::Transformer model(m, DType::f32, Device::cuda);
@@ -32,10 +40,13 @@ TEST_P(CudaTrainingSteps, VaryingShapesStopAllocatingAfterTheLargest) {
     mo.push_back(Tensor::zeros(t->shape(), t->dtype(), Device::cuda));
     ve.push_back(Tensor::zeros(t->shape(), t->dtype(), Device::cuda));
   }
+  const int64_t log_every = 4;
+  train::TrainingStep training(model, params, mo, ve, log_every);
   int64_t t = 0;
   auto step = [&](int64_t B, int64_t N) {
     std::vector<int32_t> tokens(B * N), labels(B);
     std::vector<float> mask(B * N);
+    int64_t real = 0;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t length = N - b % 3;  // padded rows
       for (int64_t i = 0; i < N; ++i) {
@@ -43,40 +54,56 @@ TEST_P(CudaTrainingSteps, VaryingShapesStopAllocatingAfterTheLargest) {
         mask[b * N + i] = i < length ? 1.f : 0.f;
       }
       labels[b] = static_cast<int32_t>(b % 3);
+      real += length;
     }
     nn::Batch batch;
     batch.tokens = Tensor::from_vector<int32_t>(tokens, {B, N}, Device::cuda);
     batch.mask = Tensor::from_vector<float>(mask, {B, N}, Device::cuda);
     batch.labels = Tensor::from_vector<int32_t>(labels, {B}, Device::cuda);
-    Tensor loss = ops::cross_entropy(model.forward(batch, true), batch.labels);
-    autograd::backward(loss);
-    ops::AdamWStep s{1e-3, 0.9, 0.98, 1e-9, 0.0, ++t};
-    for (size_t i = 0; i < params.size(); ++i) {
-      Tensor& p = *params[i].second;
-      if (!p.grad().defined()) continue;
-      ops::adamw_update(p, p.grad(), mo[i], ve[i], s);
-      p.reset_grad();
+    batch.host_labels = labels;
+    batch.real_tokens = real;
+    ++t;
+    training.compute(batch, t);
+    training.update(ops::AdamWStep{1e-3, 0.9, 0.98, 1e-9, 0.0, t}, 0.01, 0.5);
+    if (t % log_every == 0) {
+      const std::vector<train::StepRecord> records = training.read();
+      EXPECT_EQ(static_cast<int64_t>(records.size()), t <= log_every ? t : log_every);
+      for (const auto& r : records) {
+        EXPECT_TRUE(std::isfinite(r.loss) && r.loss > 0) << "step " << r.step << " loss " << r.loss;
+        EXPECT_TRUE(std::isfinite(r.grad_norm) && r.grad_norm > 0) << "step " << r.step;
+        EXPECT_GE(r.correct, 0);
+        EXPECT_LE(r.correct, r.examples);
+      }
     }
   };
   step(6, 16);  // the largest batch, twice: every block a step needs is now cached
   step(6, 16);
-  const cuda::MemoryStats before = cuda::memory_stats();
-  step(6, 16);
-  const cuda::MemoryStats after = cuda::memory_stats();
-  // Not yet a limit (the host still picks clusters and reads the loss, the clip norm and
-  // index ranges back): recorded, so that the cost of a step's round trips is visible.
-  RecordProperty("to_host_per_step", static_cast<int>(after.to_host - before.to_host));
-  RecordProperty("to_device_per_step", static_cast<int>(after.to_device - before.to_device));
-  std::printf("%s step: %zu device-to-host copies, %zu host-to-device copies\n", nn::mechanism_name(GetParam()),
-              after.to_host - before.to_host, after.to_device - before.to_device);
-  const size_t mallocs = cuda::memory_stats().device_mallocs;
-  for (auto [B, N] : std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {6, 11}, {2, 16}})
+  const cuda::MemoryStats warm = cuda::memory_stats();
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{3, 5}, {6, 11}, {2, 16}, {6, 16}, {1, 3}, {5, 16}};
+  size_t most_to_device = 0;
+  for (auto [B, N] : shapes) {
+    const cuda::MemoryStats before = cuda::memory_stats();
     step(B, N);
-  EXPECT_EQ(cuda::memory_stats().device_mallocs, mallocs) << "cudaMalloc calls after the warm-up steps";
+    const cuda::MemoryStats after = cuda::memory_stats();
+    const size_t back = after.to_host - before.to_host;
+    most_to_device = std::max(most_to_device, after.to_device - before.to_device);
+    if (t % log_every == 0) EXPECT_EQ(back, 1u) << "step " << t << " (a log step): one copy, the statistics";
+    else EXPECT_EQ(back, 0u) << "step " << t << ": nothing copied to the host";
+  }
+  EXPECT_EQ(cuda::memory_stats().device_mallocs, warm.device_mallocs) << "cudaMalloc calls after the warm-up steps";
+  RecordProperty("to_device_per_step", static_cast<int>(most_to_device));
+  std::printf("%s step: at most %zu host-to-device copies (the batch, and LSH planes)\n",
+              nn::mechanism_name(GetParam().mechanism), most_to_device);
 #endif
 }
 
 INSTANTIATE_TEST_SUITE_P(AllMechanisms, CudaTrainingSteps,
-                         ::testing::Values(nn::Mechanism::full, nn::Mechanism::cast, nn::Mechanism::clustered,
-                                           nn::Mechanism::iclustered),
-                         [](const auto& info) { return std::string(nn::mechanism_name(info.param)); });
+                         ::testing::Values(StepCase{nn::Mechanism::full}, StepCase{nn::Mechanism::cast},
+                                           StepCase{nn::Mechanism::cast, true, false},
+                                           StepCase{nn::Mechanism::cast, false, true},
+                                           StepCase{nn::Mechanism::clustered}, StepCase{nn::Mechanism::iclustered}),
+                         [](const auto& info) {
+                           const StepCase& c = info.param;
+                           return std::string(nn::mechanism_name(c.mechanism)) + (c.single_assignment ? "_satopk" : "") +
+                                  (c.shared_clustering ? "_shared" : "");
+                         });

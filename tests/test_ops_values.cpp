@@ -2,6 +2,10 @@
 #include <cmath>
 
 #include "ops/adamw.h"
+#include "ops/layout.h"
+#include "ops/loss.h"
+#include "tensor/broadcast.h"
+#include "tensor/permute_index.h"
 #include "tensor/philox.h"
 #include "tests/test_util.h"
 
@@ -239,4 +243,47 @@ TEST(Values, AdamWFirstStepMovesByTheLearningRate) {
   expect_values(p, {1.0 - 0.1 * (1.0 + 0.5 * 1.0), -2.0 - 0.1 * (-1.0 + 0.5 * -2.0)}, 1e-9);
   expect_values(m, {0.05, -0.025}, 1e-12);
   expect_values(v, {0.02 * 0.25, 0.02 * 0.0625}, 1e-12);
+}
+
+TEST(Values, CorrectPredictionsAndClipFactor) {
+  // row 0: 3 twice, the first (1) counts; row 1: tie at 0; row 2: NaN ranks last, 5 wins; row 3:
+  // all equal, class 0 wins, label 2 misses
+  Tensor logits = Tensor::from_vector<double>({1, 3, 3, 0, 2, 2, 1, 1, NAN, 0, -1, 5, 0, 0, 0, 0}, {4, 4});
+  expect_values(ops::correct_predictions(logits, Tensor::from_vector<int32_t>({1, 0, 3, 2}, {4})), {3});
+  expect_values(ops::correct_predictions(logits, Tensor::from_vector<int32_t>({2, 1, 0, -1}, {4})), {0});
+  expect_values(ops::clip_factor(Tensor::full({1}, 16.0, DType::f64), 2.0), {0.5});
+  expect_values(ops::clip_factor(Tensor::full({1}, 1.0, DType::f64), 2.0), {1});
+  expect_values(ops::clip_factor(Tensor::full({1}, 16.0, DType::f64), 0.0), {1});  // clipping off
+  expect_values(ops::clip_factor(Tensor::full({1}, NAN, DType::f64), 2.0), {1});
+}
+
+// The GPU kernels use index maps with merged dimensions: every element must map to the same
+// offsets as through the full map, in 64-bit and in 32-bit index math.
+TEST(Values, CoalescedIndexMapsAgree) {
+  const std::vector<std::pair<Shape, Shape>> pairs{
+      {{2, 3, 4, 5}, {2, 3, 4, 5}}, {{2, 3, 4, 5}, {5}}, {{2, 1, 4, 1}, {1, 3, 1, 5}}, {{7, 1, 3}, {1, 1, 1}},
+      {{1}, {1}}, {{2, 3, 1, 5}, {3, 1, 1}}, {{4, 1, 6}, {4, 2, 6}}};
+  for (const auto& [sa, sb] : pairs) {
+    const Shape out = broadcast_shapes("test", sa, sb);
+    const BroadcastIndex full = make_broadcast_index(out, sa, sb), merged = coalesce(full);
+    EXPECT_LE(merged.ndim, full.ndim);
+    for (int64_t i = 0; i < shape_numel(out); ++i) {
+      int64_t a0, b0, a1, b1;
+      int32_t a2, b2;
+      full.offsets(i, a0, b0);
+      merged.offsets(i, a1, b1);
+      merged.offsets<int32_t>(static_cast<int32_t>(i), a2, b2);
+      ASSERT_TRUE(a0 == a1 && b0 == b1 && a0 == a2 && b0 == b2) << shape_str(sa) << " with " << shape_str(sb) << ", element " << i;
+    }
+  }
+  EXPECT_EQ(coalesce(make_broadcast_index({2, 3, 4}, {2, 3, 4}, {2, 3, 4})).ndim, 1);  // same shape: one dimension
+  EXPECT_EQ(coalesce(make_broadcast_index({2, 3, 4}, {2, 3, 4}, {4})).ndim, 2);        // bias add: two
+  for (const auto& perm : std::vector<std::vector<int>>{{0, 2, 1, 3}, {3, 2, 1, 0}, {0, 1, 2, 3}, {1, 0, 2, 3}}) {
+    const PermuteIndex full = ops::make_permute_index({2, 3, 1, 5}, perm), merged = full.coalesced();
+    for (int64_t i = 0; i < 30; ++i) {
+      ASSERT_EQ(full.input_offset(i), merged.input_offset(i)) << "element " << i;
+      ASSERT_EQ(full.input_offset(i), merged.input_offset<int32_t>(static_cast<int32_t>(i))) << "element " << i;
+    }
+  }
+  EXPECT_EQ(ops::make_permute_index({2, 3, 1, 5}, {0, 1, 2, 3}).coalesced().ndim, 1);  // identity: a copy
 }

@@ -204,6 +204,33 @@ TEST(Training, NanLossStopsAndKeepsTheLastGoodCheckpoint) {
   EXPECT_NO_THROW(train::read_checkpoint_header(ckpt));
 }
 
+// On CUDA the statistics stay on the device until a log, evaluation or checkpoint step: the
+// run stops there, names the first bad step, and no checkpoint was written in between.
+TEST(Training, NanLossOnTheDeviceStopsAtTheNextReadAndKeepsTheCheckpoint) {
+  SKIP_WITHOUT_GPU();
+  data::TaskData task = counting_task(200, 20, 13);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("nan-cuda"));
+  c.device = "cuda";
+  c.batch = 4;  // emulated steps are slow
+  c.checkpoint_every = 4;
+  c.log_every = 4;
+  std::filesystem::create_directories(c.run_dir);
+  nn::Transformer model(c.model);
+  Tensor& w = *model.parameters()[0].second;
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = std::nanf("");
+  const std::string ckpt = c.run_dir + "/checkpoint.safetensors";
+  std::vector<Tensor> m, v;
+  for (auto& [name, t] : model.parameters()) m.push_back(Tensor::zeros(t->shape())), v.push_back(Tensor::zeros(t->shape()));
+  train::save_checkpoint(ckpt, c, model, m, v, 5, -1);
+  const auto stamp = std::filesystem::last_write_time(ckpt);
+  // steps 6 and 7 pass unread; step 8 logs and would save: the read there stops the run (the
+  // zero-initialised head keeps the loss finite; the gradients are NaN)
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
+                    "step 6: the gradient norm is nan; training stopped at step 8");
+  EXPECT_EQ(std::filesystem::last_write_time(ckpt), stamp);
+  EXPECT_NO_THROW(train::read_checkpoint_header(ckpt));
+}
+
 TEST(Training, LearningRateSchedules) {
   train::TrainConfig c;
   c.lr = 0.05, c.warmup = 1000, c.steps = 5000, c.schedule = "rsqrt";

@@ -18,6 +18,7 @@
 #include "train/cli.h"
 #include "train/memory_estimate.h"
 #include "train/trainer.h"
+#include "train/training_step.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/runtime.h"
 #endif
@@ -260,17 +261,16 @@ int bench_train(const cli::Args& args) {
       batch.tokens = Tensor::from_vector<int32_t>(tok, {B, N}, device);
       batch.mask = Tensor::full({B, N}, 1.0, DType::f32, device);
       batch.labels = Tensor::from_vector<int32_t>(labels, {B}, device);
+      batch.host_labels = labels;
+      batch.real_tokens = B * N;
+      // the trainer's own step: clipping, AdamW, statistics read back on log steps only
+      const int64_t log_every = std::max<int64_t>(base.log_every, 1);
+      train::TrainingStep training(model, params, mo, ve, log_every);
       int64_t t = 0;
       auto step = [&] {
-        Tensor loss = ops::cross_entropy(model.forward(batch, true), batch.labels);
-        autograd::backward(loss);
-        ops::AdamWStep s{1e-4, 0.9, 0.98, 1e-9, 0.0, ++t};
-        for (size_t i = 0; i < params.size(); ++i) {
-          Tensor& p = *params[i].second;
-          if (!p.grad().defined()) continue;
-          ops::adamw_update(p, p.grad(), mo[i], ve[i], s);
-          p.reset_grad();
-        }
+        training.compute(batch, ++t);
+        training.update(ops::AdamWStep{1e-4, 0.9, 0.98, 1e-9, 0.0, t}, base.weight_decay, base.clip);
+        if (t % log_every == 0) training.read();
       };
       for (int64_t i = 0; i < warmup; ++i) step();
       train::reset_peak_memory(device);

@@ -17,6 +17,7 @@
 #include "tensor/safetensors.h"
 #include "train/memory_estimate.h"
 #include "train/plot.h"
+#include "train/training_step.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/runtime.h"
 #endif
@@ -472,26 +473,6 @@ void keep_metrics_until(const std::string& path, int64_t last_step) {
   write_file_atomic(path, kept);
 }
 
-double clip_gradients(nn::ParamList& params, double max_norm) {
-  double total = 0;
-  Tensor on_device;  // on a GPU the squares are summed there: one copy back, not one per parameter
-  for (auto& [name, t] : params) {
-    if (!t->grad().defined()) continue;
-    Tensor square = ops::sum_all(ops::mul(t->grad(), t->grad()));
-    if (!square.is_cuda()) total += square.item();
-    else on_device = on_device.defined() ? ops::add(on_device, square) : square;
-  }
-  if (on_device.defined()) total += on_device.item();
-  const double norm = std::sqrt(total);
-  if (max_norm > 0 && norm > max_norm)
-    for (auto& [name, t] : params)
-      if (t->grad().defined()) {
-        Tensor g = t->grad();
-        ops::affine_forward(g, g, max_norm / norm, 0.0);
-      }
-  return norm;
-}
-
 }  // namespace
 
 void reset_peak_memory(Device device) {
@@ -586,6 +567,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
     return cost;
   };
   double window_loss = 0, window_correct = 0, window_examples = 0, window_tokens = 0;
+  TrainingStep training(model, params, m, v, std::max<int64_t>(c.log_every, 1));
   auto window_start = t0;
   int64_t step = start_step;
 
@@ -601,39 +583,34 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
     ++step;
     const auto step_start = std::chrono::steady_clock::now();
     nn::Batch batch = data::make_batch(task, task.train, sampler.batch(step, c.batch), DType::f32, device);
-    Tensor logits = model.forward(batch, true);
-    Tensor loss = ops::cross_entropy(logits, batch.labels);
-    const double loss_value = loss.item();
-    if (!std::isfinite(loss_value)) {
-      autograd::clear_tape();
-      throw Error(fmt::format("step {}: the loss is {}; training stopped. The last good checkpoint is {}", step,
-                              std::isnan(loss_value) ? "nan" : loss_value > 0 ? "inf" : "-inf",
-                              std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)"));
+    training.compute(batch, step);
+    // The host reads the steps' statistics (one copy) before it logs, evaluates or saves, and
+    // always on the host, where reading costs nothing: so a non-finite loss or gradient norm is
+    // caught before this step's update and before any checkpoint could hold its damage.
+    const bool log_step = step % c.log_every == 0 || step == c.steps;
+    const bool eval_step = c.eval_every > 0 && step % c.eval_every == 0;
+    const bool save_step = c.checkpoint_every > 0 && step % c.checkpoint_every == 0;
+    const bool last_step = stop_after > 0 && step - start_step >= stop_after;
+    if (device != Device::cuda || log_step || eval_step || save_step || last_step) {
+      for (const StepRecord& r : training.read()) {
+        if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+          autograd::clear_tape();
+          const bool loss_bad = !std::isfinite(r.loss);
+          const double bad = loss_bad ? r.loss : r.grad_norm;
+          throw Error(fmt::format("step {}: the {} is {}; training stopped{}. The last good checkpoint is {}", r.step,
+                                  loss_bad ? "loss" : "gradient norm", std::isnan(bad) ? "nan" : bad > 0 ? "inf" : "-inf",
+                                  r.step == step ? " before the update" : fmt::format(" at step {}", step),
+                                  std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)"));
+        }
+        window_loss += r.loss * r.examples;
+        window_correct += r.correct;
+        window_examples += r.examples;
+        window_tokens += r.tokens;
+        result.losses.push_back(r.loss);
+      }
     }
-    autograd::backward(loss);
-    const double grad_norm = clip_gradients(params, c.clip);
-    CAST_CHECK(std::isfinite(grad_norm), "step {}: the gradient norm is {}; training stopped before the update. The last good "
-               "checkpoint is {}", step, std::isnan(grad_norm) ? "nan" : "inf",
-               std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)");
     ops::AdamWStep s{learning_rate(c, step), c.beta1, c.beta2, c.eps, 0.0, step};
-    for (size_t i = 0; i < params.size(); ++i) {
-      Tensor& p = *params[i].second;
-      if (!p.grad().defined()) continue;
-      s.weight_decay = p.ndim() >= 2 ? c.weight_decay : 0.0;  // no decay on biases, norms, the CLS vector
-      ops::adamw_update(p, p.grad(), m[i], v[i], s);
-      p.reset_grad();
-    }
-    // statistics
-    // labels and token counts are the host's own: only the predictions are copied back
-    const auto predicted = ops::topk(logits, 1).to_double_vector();
-    const std::vector<int32_t>& labels = batch.host_labels;
-    double correct = 0;
-    for (size_t i = 0; i < predicted.size(); ++i) correct += predicted[i] == labels[i];
-    window_loss += loss_value * static_cast<double>(labels.size());
-    window_correct += correct;
-    window_examples += static_cast<double>(labels.size());
-    window_tokens += static_cast<double>(batch.real_tokens);
-    result.losses.push_back(loss_value);
+    training.update(s, c.weight_decay, c.clip);
     step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     if (step % c.log_every == 0 || step == c.steps) {
       const auto now = std::chrono::steady_clock::now();

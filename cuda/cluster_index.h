@@ -1,0 +1,18 @@
+#pragma once
+#include "tensor/tensor.h"
+
+namespace cast::cuda {
+// The index bookkeeping of the clustered ops, kept on the device (each mirrors a host loop in
+// ops/attention.cpp). Out-of-range ids are skipped here; the ops' deferred range checks report them.
+// weight_index (BH, C·κ) i32 = member · C + cluster, or −1 for an empty slot; members (BH, C, κ).
+void member_weight_index(Tensor& weight_index, const Tensor& members, int64_t clusters, int64_t kappa);
+// counts (G, C) = members of each cluster, assignment (G, N) i32 (−1 = none); with `inverse`,
+// 1/count instead (0 for an empty cluster), computed in double as the host does.
+void cluster_counts(Tensor& counts, const Tensor& assignment, int64_t clusters, bool inverse);
+// Improved clustered attention: slots (BH·N, top) = 1 where query i's cluster's top-key slot holds
+// a key; outside (BH·C, N) = 0 at each cluster's top keys, 1 elsewhere.
+void improved_masks(Tensor& slots, Tensor& outside, const Tensor& top_keys, const Tensor& assignment, int64_t clusters,
+                    int64_t n, int64_t top);
+// out (B, H, E) = in (B, E) repeated for each of H heads (i32).
+void repeat_heads(Tensor& out, const Tensor& in, int64_t heads);
+}  // namespace cast::cuda
