@@ -129,13 +129,25 @@ Tensor full_attention(const Tensor& q, const Tensor& k, const Tensor& v, const T
 }
 
 // ---------------------------------------------------------------- CAST step 1
+// On a GPU the surrogates are first repeated for each batch row, so that each product is one
+// batched call over (b, g) instead of B calls (launches are what a GPU pays for here).
 struct SurrogateScoresNode final : autograd::Node {
-  Tensor q;  // (B, G, N, w)
-  Tensor s;  // (G, C, w), shared by the batch
+  Tensor q;           // (B, G, N, w)
+  Tensor s;           // (G, C, w), shared by the batch
+  Tensor s_repeated;  // (B, G, C, w) on a GPU, else undefined
   double factor;
   const char* name() const override { return "surrogate_scores"; }
   void backward() override {
     const Tensor& dscores = outputs[0].grad();  // (B, G, N, C)
+    if (s_repeated.defined()) {
+      if (q.requires_grad()) bmm(q.grad_accumulator(), dscores, s_repeated, false, false, factor, 1.0);
+      if (s.requires_grad()) {
+        Tensor ds = like(s_repeated.shape(), s_repeated);
+        bmm(ds, dscores, q, true, false, factor, 0.0);  // per batch row, then summed over it
+        add_into(s.grad_accumulator(), sum_to_shape(ds, s.shape()));
+      }
+      return;
+    }
     for (int64_t b = 0; b < q.dim(0); ++b) {
       if (q.requires_grad()) bmm(q.grad_accumulator().slice0(b), dscores.slice0(b), s, false, false, factor, 1.0);
       if (s.requires_grad()) bmm(s.grad_accumulator(), dscores.slice0(b), q.slice0(b), true, false, factor, 1.0);
@@ -149,10 +161,16 @@ Tensor surrogate_scores(const Tensor& q, const Tensor& s, double factor) {
   CAST_CHECK(s.dim(0) == q.dim(1) && s.dim(2) == q.dim(3), "surrogate_scores: surrogates {} do not fit q {}",
              s.describe(), q.describe());
   Tensor scores = like({q.dim(0), q.dim(1), q.dim(2), s.dim(1)}, q);
-  for (int64_t b = 0; b < q.dim(0); ++b) bmm(scores.slice0(b), q.slice0(b), s, false, true, factor, 0.0);
+  Tensor s_repeated;
+  if (q.is_cuda()) {
+    s_repeated = raw(BinaryOp::add, s, zeros({q.dim(0), 1, 1, 1}, s));  // (B, G, C, w)
+    bmm(scores, q, s_repeated, false, true, factor, 0.0);
+  } else {
+    for (int64_t b = 0; b < q.dim(0); ++b) bmm(scores.slice0(b), q.slice0(b), s, false, true, factor, 0.0);
+  }
   if (autograd::needs_grad({&q, &s})) {
     auto node = std::make_unique<SurrogateScoresNode>();
-    node->q = q, node->s = s, node->factor = factor;
+    node->q = q, node->s = s, node->s_repeated = s_repeated, node->factor = factor;
     node->outputs = {scores};
     autograd::record(std::move(node));
   }

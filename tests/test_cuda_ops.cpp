@@ -2,6 +2,7 @@
 // Skipped, with the reason, where no GPU is present.
 #include "ops/adamw.h"
 #include "ops/rows.h"
+#include "tensor/philox.h"
 #include "tests/device_compare.h"
 
 using namespace cast;
@@ -213,6 +214,24 @@ TEST(CudaVsCpu, TopkRowsShortLongAndWithNaN) {
   Tensor cpu_idx = ops::topk(with_nan, 8);
   auto v = cpu_idx.to_double_vector();
   EXPECT_EQ(v, (std::vector<double>{7, 2, 0, 5, 4, 1, 3, 6}));
+  // a coarse grid of values (many ties), -0 beside +0 and NaN, rows grouped over a mask, k
+  // below, near and at the row length: the radix select must keep the CPU's order exactly
+  std::vector<float> grid(6 * 300);
+  uint64_t draw = 0;
+  for (float& g : grid) {
+    const double u = philox::uniform(77, draw++);
+    g = static_cast<float>(std::floor(u * 6) / 2 - 1);
+    if (u < 0.05) g = -0.0f;
+    if (u > 0.97) g = nan;
+  }
+  std::vector<float> gm(2 * 300, 1.f);
+  for (int j = 0; j < 300; j += 3) gm[j] = 0.f;
+  const Tensor tied = Tensor::from_vector<float>(grid, {6, 300}), tied_mask = Tensor::from_vector<float>(gm, {2, 300});
+  for (int64_t k : {1, 7, 199, 200, 300}) {
+    SCOPED_TRACE(fmt::format("k {}", k));
+    expect_devices_agree([&](const Inputs& x) { return ops::topk(x[0], k, on(tied_mask, x[0])); }, Inputs{tied});
+    expect_devices_agree([&](const Inputs& x) { return ops::topk(x[0], k); }, Inputs{tied});
+  }
 }
 
 TEST(CudaVsCpu, WideRowsAndSeveralBlocks) {
