@@ -2,15 +2,30 @@
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/reduce.h"
+#include "ops/reduce.h"
 
 namespace cast::cuda {
 
-// inner > 1: one thread per output, reading down the axis (coalesced across threads).
-__global__ void sum_strided_kernel(float* y, const float* x, int64_t outer, int64_t n, int64_t inner, float scale) {
+// inner > 1, stage 1: one thread per (outer, chunk, column) sums its chunk of rows from 0 in row
+// order (coalesced across columns). With one chunk it writes the result directly.
+__global__ void sum_chunks_kernel(float* partial, const float* x, int64_t outer, int64_t n, int64_t inner,
+                                  int64_t chunks, float scale) {
+  CAST_KERNEL_LOOP(e, outer * chunks * inner) {
+    const int64_t i = e % inner, c = (e / inner) % chunks, a = e / (inner * chunks);
+    const int64_t end = (c + 1) * ops::kSumChunk < n ? (c + 1) * ops::kSumChunk : n;
+    float s = 0;
+    for (int64_t j = c * ops::kSumChunk; j < end; ++j) s += x[(a * n + j) * inner + i];
+    partial[e] = chunks == 1 ? s * scale : s;
+  }
+}
+
+// stage 2: one thread per output sums the chunk sums in chunk order (the CPU's order).
+__global__ void sum_partials_kernel(float* y, const float* partial, int64_t outer, int64_t inner, int64_t chunks,
+                                    float scale) {
   CAST_KERNEL_LOOP(o, outer * inner) {
     const int64_t a = o / inner, i = o % inner;
     float s = 0;
-    for (int64_t j = 0; j < n; ++j) s += x[(a * n + j) * inner + i];
+    for (int64_t c = 0; c < chunks; ++c) s += partial[(a * chunks + c) * inner + i];
     y[o] = s * scale;
   }
 }
@@ -37,8 +52,17 @@ void sum_axis_forward(Tensor& y, const Tensor& x, int64_t outer, int64_t n, int6
   if (inner == 1 && outer <= 2147483647) {
     CAST_LAUNCH(sum_rows_kernel, static_cast<unsigned>(outer), kThreads, 0, fptr(y), fptr(x), n, static_cast<float>(scale));
   } else {
-    CAST_LAUNCH(sum_strided_kernel, blocks_for(outer * inner), kThreads, 0, fptr(y), fptr(x), outer, n, inner,
-                                                               static_cast<float>(scale));
+    const int64_t chunks = n > 0 ? (n + ops::kSumChunk - 1) / ops::kSumChunk : 1;
+    const float s = static_cast<float>(scale);
+    if (chunks == 1) {
+      CAST_LAUNCH(sum_chunks_kernel, blocks_for(outer * inner), kThreads, 0, fptr(y), fptr(x), outer, n, inner, chunks, s);
+    } else {
+      Tensor partial = Tensor::empty({outer, chunks, inner}, DType::f32, Device::cuda);
+      CAST_LAUNCH(sum_chunks_kernel, blocks_for(outer * chunks * inner), kThreads, 0, fptr(partial), fptr(x), outer, n,
+                  inner, chunks, s);
+      CAST_LAUNCH(sum_partials_kernel, blocks_for(outer * inner), kThreads, 0, fptr(y), fptr(partial), outer, inner,
+                  chunks, s);
+    }
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -9,6 +9,7 @@
 #ifdef CAST_WITH_CUDA
 #include "cuda/cluster_index.h"
 #include "cuda/clustering.h"
+#include "cuda/topkey_attention.h"
 #endif
 
 namespace cast::ops {
@@ -473,9 +474,10 @@ struct ImprovedClusteredNode final : autograd::Node {
   Tensor keys;              // T as (B·H, C·k); −1 = empty slot
   Tensor keys_rows;         // T as (B·H·C, k), for gathers from A^c
   Tensor assignment;        // (B·H, N)
-  Tensor kt, vt;            // each query's K_T, V_T: (B·H·N, k, d)
-  Tensor probs;             // softmax over T: (B·H·N, 1, k)
-  Tensor slots;             // slot mask (B·H·N, k)
+  Tensor kt, vt;            // each query's K_T, V_T: (B·H·N, k, d); undefined when fused
+  Tensor probs;             // softmax over T: (B·H·N, 1, k); undefined when fused
+  Tensor slots;             // slot mask (B·H·N, k); undefined when fused
+  Tensor lse;               // fused (GPU): each query's log-sum-exp over T, (B·H, N)
   Tensor top_out;           // probs · V_T: (B·H·N, 1, d)
   Tensor m_query;           // m̂ of each query's cluster: (B·H, N, 1)
   Tensor outside;           // 1[l ∉ T_j]: (B, H, C, N)
@@ -483,7 +485,7 @@ struct ImprovedClusteredNode final : autograd::Node {
   double factor;
   const char* name() const override { return "improved_clustered_output"; }
   void backward() override {
-    const int64_t BH = assignment.dim(0), N = q.dim(2), d = q.dim(3), C = a_c.dim(2), top = kt.dim(1);
+    const int64_t BH = assignment.dim(0), N = q.dim(2), d = q.dim(3), C = a_c.dim(2), top = keys_rows.dim(1);
     const Tensor& dout = outputs[0].grad();  // (B, H, N, d)
     Tensor d3 = dout.view({BH, N, d});
     // second term: (A^c ⊙ outside) V handed to the members
@@ -507,6 +509,18 @@ struct ImprovedClusteredNode final : autograd::Node {
       Tensor da_rows = da_c.view({BH * C, N, 1});
       gather_rows_backward(da_rows, spread, keys_rows);                     // dA^c[j, T_j] += dm̂_j
     }
+#ifdef CAST_WITH_CUDA
+    if (lse.defined()) {  // fused: the probabilities recomputed from the log-sum-exp
+      Tensor dq = q.requires_grad() ? grad_view(q, {BH, N, d}) : Tensor();
+      Tensor dk = k.requires_grad() ? grad_view(k, {BH, N, d}) : Tensor();
+      Tensor dv = v.requires_grad() ? grad_view(v, {BH, N, d}) : Tensor();
+      cuda::topkey_attention_backward(dq.defined() ? &dq : nullptr, dk.defined() ? &dk : nullptr,
+                                      dv.defined() ? &dv : nullptr, d_top.view({BH, N, d}), q.view({BH, N, d}),
+                                      k.view({BH, N, d}), v.view({BH, N, d}), keys, assignment,
+                                      top_out.view({BH, N, d}), lse, C, top, factor);
+      return;
+    }
+#endif
     Tensor dprobs = like(probs.shape(), probs), dscores = zeros(probs.shape(), probs);
     bmm(dprobs, d_top, vt, false, true, 1.0, 0.0);                          // dP = dTop V_Tᵀ
     softmax_backward(dscores, dprobs, probs, slots, false);
@@ -569,22 +583,35 @@ Tensor improved_clustered_output(const Tensor& q, const Tensor& k, const Tensor&
   Tensor m_hat = sum_axis_raw(a_top.view({BH, C, top}), 2);  // (B·H, C, 1)
   Tensor m_query = like({BH, N, 1}, q);
   gather_rows_forward(m_query, m_hat, assign);
-  // K_T and V_T of each cluster, handed to each member query
-  auto per_query = [&](const Tensor& t) {
-    Tensor cluster_rows = like({BH, C * top, d}, t);
-    gather_rows_forward(cluster_rows, t.view({BH, N, d}), keys);
-    Tensor rows = like({BH, N, top * d}, t);
-    gather_rows_forward(rows, cluster_rows.view({BH, C, top * d}), assign);
-    return rows.view({BH * N, top, d});
-  };
-  Tensor kt = per_query(k), vt = per_query(v);
-  // slot mask: query i may use slot s of its cluster's T when that slot holds a key
-  Tensor slots, outside_t;
+  Tensor slots, outside_t, kt, vt, probs, lse, top_out = like({BH * N, 1, d}, q);
   improved_masks(slots, outside_t, top_keys, assign, a_c);
-  Tensor scores = like({BH * N, 1, top}, q), probs = like(scores.shape(), q), top_out = like({BH * N, 1, d}, q);
-  bmm(scores, q.view({BH * N, 1, d}), kt, false, true, factor, 0.0);
-  softmax_forward(probs, scores, slots, false);
-  bmm(top_out, probs, vt, false, false, 1.0, 0.0);
+#ifdef CAST_WITH_CUDA
+  if (q.is_cuda() && q.dtype() == DType::f32 && cuda::topkey_attention_fits(top, d)) {
+    // fused: each query reads its cluster's top keys where they are; no (B·H·N, k, d) copies
+    // (the keys' range was checked by the gather of m̂ above)
+    lse = like({BH, N}, q);
+    cuda::topkey_attention_forward(top_out, lse, q.view({BH, N, d}), k.view({BH, N, d}), v.view({BH, N, d}), keys,
+                                   assign, C, top, factor);
+    slots = Tensor();
+  }
+#endif
+  if (!lse.defined()) {
+    // K_T and V_T of each cluster, handed to each member query
+    auto per_query = [&](const Tensor& t) {
+      Tensor cluster_rows = like({BH, C * top, d}, t);
+      gather_rows_forward(cluster_rows, t.view({BH, N, d}), keys);
+      Tensor rows = like({BH, N, top * d}, t);
+      gather_rows_forward(rows, cluster_rows.view({BH, C, top * d}), assign);
+      return rows.view({BH * N, top, d});
+    };
+    kt = per_query(k), vt = per_query(v);
+    // slot mask: query i may use slot s of its cluster's T when that slot holds a key
+    Tensor scores = like({BH * N, 1, top}, q);
+    probs = like(scores.shape(), q);
+    bmm(scores, q.view({BH * N, 1, d}), kt, false, true, factor, 0.0);
+    softmax_forward(probs, scores, slots, false);
+    bmm(top_out, probs, vt, false, false, 1.0, 0.0);
+  }
   // the keys outside T keep their centroid attention weight
   Tensor a_rest = raw(BinaryOp::mul, a_c, outside_t);
   Tensor rest = like({B, H, C, d}, v);
@@ -597,6 +624,7 @@ Tensor improved_clustered_output(const Tensor& q, const Tensor& k, const Tensor&
     auto node = std::make_unique<ImprovedClusteredNode>();
     node->q = q, node->k = k, node->v = v, node->a_c = a_c, node->keys = keys, node->keys_rows = keys_rows;
     node->assignment = assign, node->kt = kt, node->vt = vt, node->probs = probs, node->slots = slots;
+    node->lse = lse;
     node->top_out = top_out, node->m_query = m_query, node->outside = outside_t, node->a_rest = a_rest;
     node->factor = factor;
     node->outputs = {out};

@@ -1,6 +1,8 @@
 #include "ops/reduce.h"
 
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
@@ -44,13 +46,27 @@ _Pragma("omp parallel for if (p.outer * p.n > 65536)")
       for (int64_t o = 0; o < p.outer; ++o) py[o] = row_sum(px + o * p.n, p.n) * static_cast<T>(scale);
       return;
     }
-_Pragma("omp parallel for if (p.outer * p.inner > 4096)")
-    for (int64_t o = 0; o < p.outer; ++o) {
-      for (int64_t i = 0; i < p.inner; ++i) py[o * p.inner + i] = 0;
-      for (int64_t j = 0; j < p.n; ++j)
-        for (int64_t i = 0; i < p.inner; ++i) py[o * p.inner + i] += px[(o * p.n + j) * p.inner + i];
-      for (int64_t i = 0; i < p.inner; ++i) py[o * p.inner + i] *= static_cast<T>(scale);
+    // stage 1: each chunk of rows summed from 0, in row order (one chunk: the whole sum)
+    const int64_t chunks = (p.n + kSumChunk - 1) / kSumChunk;
+    std::vector<T> partial(chunks > 1 ? p.outer * chunks * p.inner : 0);
+    T* out = chunks > 1 ? partial.data() : py;
+_Pragma("omp parallel for if (p.outer * p.n * p.inner > 65536)")
+    for (int64_t oc = 0; oc < p.outer * std::max<int64_t>(chunks, 1); ++oc) {
+      const int64_t o = oc / std::max<int64_t>(chunks, 1), c = oc % std::max<int64_t>(chunks, 1);
+      T* s = out + oc * p.inner;
+      for (int64_t i = 0; i < p.inner; ++i) s[i] = 0;
+      for (int64_t j = c * kSumChunk; j < std::min(p.n, (c + 1) * kSumChunk); ++j)
+        for (int64_t i = 0; i < p.inner; ++i) s[i] += px[(o * p.n + j) * p.inner + i];
     }
+    // stage 2: the chunk sums, in chunk order
+    if (chunks > 1)
+      for (int64_t o = 0; o < p.outer; ++o)
+        for (int64_t i = 0; i < p.inner; ++i) {
+          T s = 0;
+          for (int64_t c = 0; c < chunks; ++c) s += partial[(o * chunks + c) * p.inner + i];
+          py[o * p.inner + i] = s;
+        }
+    for (int64_t o = 0; o < p.outer * p.inner; ++o) py[o] *= static_cast<T>(scale);
   });
 }
 

@@ -163,6 +163,31 @@ TEST(CudaVsCpuAttention, HashingAndKMeansAssignTheSameClusters) {
   }
 }
 
+// Improved clustered attention on the GPU runs its top-key term fused (no per-query copies of
+// K_T, V_T): values and every gradient against the CPU's step composition, with empty slots, a
+// cluster with no key, keys shared by several clusters, unassigned (padded) queries, an empty
+// cluster, and a head width that is not a multiple of anything.
+TEST(CudaVsCpuAttention, ImprovedClusteredTopKeysFused) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 2, H = 2, N = 37, C = 5, top = 6, d = 12;
+  std::vector<int32_t> assign(B * H * N), keys(B * H * C * top);
+  uint64_t draw = 0;
+  for (int64_t g = 0; g < B * H; ++g) {
+    for (int64_t i = 0; i < N; ++i)  // cluster 4 stays empty; the last 5 queries of row 1 are padding
+      assign[g * N + i] = g / H == 1 && i >= N - 5 ? -1 : static_cast<int32_t>(philox::uniform(3, draw++) * 4);
+    for (int64_t j = 0; j < C; ++j)
+      for (int64_t t = 0; t < top; ++t) {
+        const double u = philox::uniform(4, draw++);
+        keys[(g * C + j) * top + t] = j == 2 ? -1 : u < 0.2 ? -1 : static_cast<int32_t>(u * 10);  // keys 0..9: shared
+      }
+  }
+  const Tensor assignment = Tensor::from_vector<int32_t>(assign, {B, H, N});
+  const Tensor top_keys = Tensor::from_vector<int32_t>(keys, {B, H, C, top});
+  expect_devices_agree([&](const Inputs& x) {
+    return ops::improved_clustered_output(x[0], x[1], x[2], ops::softmax(x[3]), on(top_keys, x[0]), on(assignment, x[0]));
+  }, Inputs{rand32({B, H, N, d}, 31), rand32({B, H, N, d}, 32), rand32({B, H, N, d}, 33), rand32({B, H, C, N}, 34)});
+}
+
 // The index bookkeeping the clustered ops keep on the device (counts, repeated ids) against the host's.
 TEST(CudaVsCpuAttention, ClusterCountsAndRepeatedIds) {
   SKIP_WITHOUT_GPU();

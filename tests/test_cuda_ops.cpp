@@ -234,6 +234,28 @@ TEST(CudaVsCpu, TopkRowsShortLongAndWithNaN) {
   }
 }
 
+// Column sums (bias gradients) run as a two-stage reduction in the CPU's chunk order, so even a
+// sum that cancels to almost nothing, where any other order would differ in the last bits
+// relative to the result, is equal on both devices bit for bit.
+TEST(CudaVsCpu, ColumnSumsAreTwoStageAndBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{3000, 7}, {256, 5}, {257, 3}, {1, 4}, {70000, 2}}) {
+    std::vector<float> v(rows * cols);
+    uint64_t draw = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {  // large terms that cancel: +u then -u (shifted), small noise
+        const float u = static_cast<float>(1000.0 * philox::uniform(5, draw++));
+        v[r * cols + c] = (r % 2 ? -u : u) + static_cast<float>(1e-3 * philox::uniform(6, draw++));
+      }
+    const Tensor x = Tensor::from_vector<float>(v, {rows, cols});
+    const std::vector<double> cpu = ops::sum(x, 0).to_double_vector();
+    const std::vector<double> gpu = ops::sum(x.to(Device::cuda), 0).to(Device::cpu).to_double_vector();
+    EXPECT_EQ(gpu, cpu) << rows << " x " << cols;
+    const std::vector<double> cpu_mean = ops::mean(x.view({1, rows, cols}), 1).to_double_vector();
+    EXPECT_EQ(ops::mean(x.view({1, rows, cols}).to(Device::cuda), 1).to(Device::cpu).to_double_vector(), cpu_mean);
+  }
+}
+
 TEST(CudaVsCpu, WideRowsAndSeveralBlocks) {
   SKIP_WITHOUT_GPU();
   expect_devices_agree([](const Inputs& x) { return ops::layernorm(x[0], x[1], x[2]); },
