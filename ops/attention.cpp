@@ -8,6 +8,8 @@
 #include "ops/ops.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/cluster_index.h"
+#include "cuda/combine.h"
+#include "cuda/summaries.h"
 #include "cuda/clustering.h"
 #include "cuda/topkey_attention.h"
 #endif
@@ -328,6 +330,16 @@ struct SummariesNode final : autograd::Node {
     if (!a_k.requires_grad()) return;
     Tensor dp = like(p.shape(), p);
     bmm(dp, v, dr, false, true, 1.0, 0.0);                                            // dP = V dRᵀ
+#ifdef CAST_WITH_CUDA
+    if (p.is_cuda() && p.dtype() == DType::f32) {  // the rest in two passes over each column
+      const int64_t BH = a_k.dim(0) * a_k.dim(1), N = a_k.dim(2), C = a_k.dim(3);
+      Tensor da = grad_view(a_k, {BH, N, C});
+      const Tensor mask2 = mask4.defined() ? mask4.view({a_k.dim(0), N}) : Tensor();
+      cuda::summary_weights_backward(da, dp.view({BH, N, C}), p.view({BH, N, C}), colsum.view({BH, C}),
+                                     mask2.defined() ? &mask2 : nullptr, a_k.dim(1));
+      return;
+    }
+#endif
     Tensor coldot = sum_axis_raw(raw(BinaryOp::mul, dp, p), 2);                       // Σ_i dP·P per cluster
     Tensor dw = raw(BinaryOp::div, raw(BinaryOp::sub, dp, coldot), colsum);          // (dP − Σ dP·P)/ΣW
     add_into(a_k.grad_accumulator(), mask4.defined() ? raw(BinaryOp::mul, dw, mask4) : dw);
@@ -337,10 +349,21 @@ struct SummariesNode final : autograd::Node {
 Tensor cluster_summaries(const Tensor& a_k, const Tensor& v, const Tensor& mask) {
   const int64_t B = a_k.dim(0), H = a_k.dim(1), N = a_k.dim(2), C = a_k.dim(3);
   Tensor mask4 = mask.defined() ? mask.view({B, 1, N, 1}) : Tensor();
-  Tensor w = mask4.defined() ? raw(BinaryOp::mul, a_k, mask4) : a_k;
-  Tensor colsum = sum_axis_raw(w, 2);
-  affine_forward(colsum, colsum, 1.0, 1e-30);
-  Tensor p = raw(BinaryOp::div, w, colsum);
+  Tensor p, colsum;
+#ifdef CAST_WITH_CUDA
+  if (a_k.is_cuda() && a_k.dtype() == DType::f32) {  // one pass to sum each column, one to normalise it
+    p = like(a_k.shape(), a_k);
+    colsum = like({B, H, 1, C}, a_k);
+    Tensor p3 = p.view({B * H, N, C}), colsum2 = colsum.view({B * H, C});
+    cuda::summary_weights_forward(p3, colsum2, a_k.view({B * H, N, C}), mask.defined() ? &mask : nullptr, H);
+  }
+#endif
+  if (!p.defined()) {
+    Tensor w = mask4.defined() ? raw(BinaryOp::mul, a_k, mask4) : a_k;
+    colsum = sum_axis_raw(w, 2);
+    affine_forward(colsum, colsum, 1.0, 1e-30);
+    p = raw(BinaryOp::div, w, colsum);
+  }
   Tensor r = like({B, H, C, v.dim(3)}, v);
   bmm(r, p, v, true, false, 1.0, 0.0);
   if (autograd::needs_grad({&a_k, &v})) {
@@ -360,10 +383,25 @@ struct CombineNode final : autograd::Node {
   Tensor weight_index;         // (B·H, C·κ) position of W[i, c] in W viewed as (B·H, N·C)
   Tensor w_slot;               // saved W[I_c[p], c]: (B·H, C, κ, 1)
   Tensor diff;                 // saved R_intra − R_inter (or R_intra): (B·H, C, κ, d)
+  bool fused = false;          // GPU: the sparse part by cuda/combine.cu; nothing above saved
   const char* name() const override { return "combine_clusters"; }
   void backward() override {
-    const int64_t BH = members.dim(0), N = w.dim(2), C = w.dim(3), kappa = diff.dim(2), d = diff.dim(3);
+    const int64_t BH = members.dim(0), N = w.dim(2), C = w.dim(3), d = r_intra.dim(4), kappa = r_intra.dim(3);
     const Tensor& dout = outputs[0].grad();  // (B, H, N, d)
+#ifdef CAST_WITH_CUDA
+    if (fused) {
+      if (r_inter.defined() && w.requires_grad()) bmm(w.grad_accumulator(), dout, r_inter, false, true, 1.0, 1.0);
+      if (r_inter.defined() && r_inter.requires_grad()) bmm(r_inter.grad_accumulator(), w, dout, true, false, 1.0, 1.0);
+      Tensor dw = w.requires_grad() ? grad_view(w, {BH, N, C}) : Tensor();
+      Tensor dintra = r_intra.requires_grad() ? grad_view(r_intra, {BH, C, kappa, d}) : Tensor();
+      Tensor dinter = r_inter.defined() && r_inter.requires_grad() ? grad_view(r_inter, {BH, C, d}) : Tensor();
+      const Tensor inter = r_inter.defined() ? r_inter.view({BH, C, d}) : Tensor();
+      cuda::combine_sparse_backward(dw.defined() ? &dw : nullptr, dintra.defined() ? &dintra : nullptr,
+                                    dinter.defined() ? &dinter : nullptr, dout.view({BH, N, d}), w.view({BH, N, C}),
+                                    r_intra.view({BH, C, kappa, d}), inter.defined() ? &inter : nullptr, members);
+      return;
+    }
+#endif
     Tensor g_slot = like({BH, C * kappa, d}, dout);
     gather_rows_forward(g_slot, dout.view({BH, N, d}), members);  // dO of each slot's token
     Tensor g4 = g_slot.view({BH, C, kappa, d});
@@ -387,8 +425,27 @@ struct CombineNode final : autograd::Node {
 Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_inter, const Tensor& members) {
   const int64_t B = w.dim(0), H = w.dim(1), N = w.dim(2), C = w.dim(3);
   const int64_t kappa = members.dim(3), d = r_intra.dim(4), BH = B * H;
-  Tensor weight_index = member_weight_index(members, C, kappa);
   Tensor idx = members.view({BH, C * kappa});
+#ifdef CAST_WITH_CUDA
+  if (w.is_cuda() && w.dtype() == DType::f32 && d <= cuda::kCombineMaxHead) {
+    // fused sparse part: no differences or products of (B·H, C, κ, d) stored
+    check_index_range("combine_clusters", idx, -1, N);
+    Tensor out = zeros({B, H, N, d}, w);
+    if (r_inter.defined()) bmm(out, w, r_inter, false, false, 1.0, 0.0);  // the dense part
+    Tensor out3 = out.view({BH, N, d});
+    const Tensor inter = r_inter.defined() ? r_inter.view({BH, C, d}) : Tensor();
+    cuda::combine_sparse_forward(out3, w.view({BH, N, C}), r_intra.view({BH, C, kappa, d}),
+                                 inter.defined() ? &inter : nullptr, idx);
+    if (autograd::needs_grad({&w, &r_intra, &r_inter})) {
+      auto node = std::make_unique<CombineNode>();
+      node->w = w, node->r_intra = r_intra, node->r_inter = r_inter, node->members = idx, node->fused = true;
+      node->outputs = {out};
+      autograd::record(std::move(node));
+    }
+    return out;
+  }
+#endif
+  Tensor weight_index = member_weight_index(members, C, kappa);
   Tensor w_slot = like({BH, C * kappa, 1}, w);
   gather_rows_forward(w_slot, w.view({BH, N * C, 1}), weight_index);
   w_slot = w_slot.view({BH, C, kappa, 1});

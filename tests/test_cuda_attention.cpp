@@ -188,6 +188,45 @@ TEST(CudaVsCpuAttention, ImprovedClusteredTopKeysFused) {
   }, Inputs{rand32({B, H, N, d}, 31), rand32({B, H, N, d}, 32), rand32({B, H, N, d}, 33), rand32({B, H, C, N}, 34)});
 }
 
+// CAST's combine runs its sparse part fused on the GPU: values and the gradients of W, R_intra
+// and R_inter against the CPU's composition, with tokens in several clusters, tokens in none,
+// empty slots and an empty cluster, with summaries on and off.
+TEST(CudaVsCpuAttention, CombineFused) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 2, H = 2, N = 29, C = 6, kappa = 7, d = 12;
+  std::vector<int32_t> ids(B * H * C * kappa);
+  uint64_t draw = 0;
+  for (int64_t g = 0; g < B * H; ++g)
+    for (int64_t c = 0; c < C; ++c) {  // distinct tokens per cluster, ascending; cluster 5 empty
+      int64_t slot = 0;
+      for (int64_t i = 0; i < N && slot < kappa; ++i)
+        if (c != 5 && philox::uniform(8, draw++) < 0.3) ids[(g * C + c) * kappa + slot++] = static_cast<int32_t>(i);
+      for (; slot < kappa; ++slot) ids[(g * C + c) * kappa + slot] = -1;
+    }
+  const Tensor members = Tensor::from_vector<int32_t>(ids, {B, H, C, kappa});
+  const Inputs inputs{rand32({B, H, N, C}, 41, 0, 1), rand32({B, H, C, kappa, d}, 42), rand32({B, H, C, d}, 43)};
+  expect_devices_agree([&](const Inputs& x) { return ops::combine_clusters(x[0], x[1], x[2], on(members, x[0])); },
+                       inputs);
+  expect_devices_agree([&](const Inputs& x) { return ops::combine_clusters(x[0], x[1], Tensor(), on(members, x[0])); },
+                       Inputs{inputs[0], inputs[1]});
+}
+
+// CAST's summaries normalise each cluster's column in two fused passes on the GPU: values and
+// the gradients of A_k and V against the CPU's composition, with N above one summation chunk
+// (256 rows), padding, and a batch row with no real token (its columns sum to the 1e-30 floor).
+TEST(CudaVsCpuAttention, SummariesFused) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 3, H = 2, N = 300, C = 5, d = 6;
+  std::vector<float> m(B * N, 1.f);
+  for (int64_t i = 200; i < N; ++i) m[i] = 0.f;           // row 0: padding at the end
+  for (int64_t i = 0; i < N; ++i) m[2 * N + i] = 0.f;     // row 2: nothing real
+  const Tensor mask = Tensor::from_vector<float>(m, {B, N});
+  expect_devices_agree([&](const Inputs& x) { return ops::cluster_summaries(x[0], x[1], on(mask, x[0])); },
+                       Inputs{rand32({B, H, N, C}, 51, 0.05, 1), rand32({B, H, N, d}, 52)});
+  expect_devices_agree([&](const Inputs& x) { return ops::cluster_summaries(x[0], x[1], Tensor()); },
+                       Inputs{rand32({B, H, N, C}, 53, 0.05, 1), rand32({B, H, N, d}, 54)});
+}
+
 // The index bookkeeping the clustered ops keep on the device (counts, repeated ids) against the host's.
 TEST(CudaVsCpuAttention, ClusterCountsAndRepeatedIds) {
   SKIP_WITHOUT_GPU();
