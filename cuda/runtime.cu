@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/deferred_checks.h"
 #include "cuda/runtime.h"
 #include "tensor/device_memory.h"
@@ -205,5 +207,22 @@ void copy_device_to_device(void* dst, const void* src, size_t n) {
   CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice));
 }
 void fill_bytes(void* dst, int value, size_t n) { CUDA_CHECK(cudaMemset(dst, value, n)); }
+
+template <class W>
+__global__ void fill_kernel(W* dst, W value, int64_t n) {
+  CAST_KERNEL_LOOP(i, n) dst[i] = value;
+}
+
+void fill_elements(void* dst, uint64_t bits, size_t elem_bytes, size_t count) {
+  CAST_CHECK(elem_bytes == 4 || elem_bytes == 8, "fill: elements of {} bytes", elem_bytes);
+  if (count == 0) return;
+  const int64_t n = static_cast<int64_t>(count);
+  if (elem_bytes == 4)
+    CAST_LAUNCH(fill_kernel<uint32_t>, cuda::blocks_for(n), cuda::kThreads, 0, static_cast<uint32_t*>(dst),
+                static_cast<uint32_t>(bits), n);
+  else
+    CAST_LAUNCH(fill_kernel<uint64_t>, cuda::blocks_for(n), cuda::kThreads, 0, static_cast<uint64_t*>(dst), bits, n);
+  CUDA_CHECK_LAUNCH();
+}
 
 }  // namespace cast::device_memory

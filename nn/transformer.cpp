@@ -118,6 +118,9 @@ Transformer::Transformer(const ModelConfig& c, DType dtype, Device device) : con
   position_table_ = c.learned_positions ? init.normal({c.max_len, c.dim}, 0.02)
                                         : sinusoidal(c.max_len, c.dim, dtype, device);
   if (c.cls_pooling) cls_ = init.normal({1, 1, c.dim}, 0.02);
+  std::vector<int32_t> positions(c.max_len);
+  for (int64_t i = 0; i < c.max_len; ++i) positions[i] = static_cast<int32_t>(i);
+  positions_ = Tensor::from_vector<int32_t>(positions, {c.max_len}, device);  // sent once, not per batch
   for (int i = 0; i < c.layers; ++i) blocks_.push_back(std::make_unique<Block>(c, i, init));
   final_norm_ = LayerNorm(c.dim, init);
   const int64_t head_in = c.dual ? 4 * c.dim : c.dim;
@@ -128,9 +131,7 @@ Transformer::Transformer(const ModelConfig& c, DType dtype, Device device) : con
 Tensor Transformer::encode(const Tensor& tokens, const Tensor& mask, bool train) {
   const int64_t B = tokens.dim(0), N = tokens.dim(1);
   CAST_CHECK(N <= config_.max_len, "model: sequence of {} tokens exceeds max_len {}", N, config_.max_len);
-  std::vector<int32_t> positions(N);
-  for (int64_t i = 0; i < N; ++i) positions[i] = static_cast<int32_t>(i);
-  Tensor pos = ops::embedding(position_table_, Tensor::from_vector<int32_t>(positions, {N}, tokens.device()));
+  Tensor pos = ops::embedding(position_table_, positions_.narrow0(0, N));  // positions 0..N−1
   Tensor h = ops::add(ops::embedding(token_table_, tokens), pos);  // (B, N, D)
   Tensor m = mask;
   if (config_.cls_pooling) {

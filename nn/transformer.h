@@ -66,6 +66,7 @@ class Transformer : public Module {
   Tensor encode(const Tensor& tokens, const Tensor& mask, bool train);
   ModelConfig config_;
   Tensor token_table_, position_table_, cls_;
+  Tensor positions_;  // 0 .. max_len − 1 (i32) where the model is
   std::vector<std::unique_ptr<Block>> blocks_;
   LayerNorm final_norm_;
   Linear head1_, head2_;

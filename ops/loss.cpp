@@ -14,13 +14,18 @@
 
 namespace cast::ops {
 
+// logits (R, C) float and labels (R) ints on one device.
+static void check_logits_and_labels(const char* op, const Tensor& logits, const Tensor& labels) {
+  check_float(op, logits, "logits");
+  check_ndim(op, logits, 2, "logits");
+  check_index(op, labels, "labels");
+  check_same_device(op, logits, labels);
+  CAST_CHECK(labels.shape() == Shape{logits.dim(0)}, "{}: labels {} must be [{}] for logits {}", op, labels.describe(),
+             logits.dim(0), logits.describe());
+}
+
 void cross_entropy_forward(Tensor& loss, Tensor& logp, Tensor& count, const Tensor& logits, const Tensor& labels) {
-  check_float("cross_entropy", logits, "logits");
-  check_ndim("cross_entropy", logits, 2, "logits");
-  check_index("cross_entropy", labels, "labels");
-  check_same_device("cross_entropy", logits, labels);
-  CAST_CHECK(labels.shape() == Shape{logits.dim(0)}, "cross_entropy: labels {} must be [{}] for logits {}",
-             labels.describe(), logits.dim(0), logits.describe());
+  check_logits_and_labels("cross_entropy", logits, labels);
   check_index_range("cross_entropy", labels, -1, logits.dim(1));
   softmax_forward(logp, logits, Tensor(), /*log=*/true);
   const int64_t rows = logits.dim(0), classes = logits.dim(1);
@@ -91,12 +96,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
 }
 
 Tensor correct_predictions(const Tensor& logits, const Tensor& labels) {
-  check_float("correct_predictions", logits, "logits");
-  check_ndim("correct_predictions", logits, 2, "logits");
-  check_index("correct_predictions", labels, "labels");
-  check_same_device("correct_predictions", logits, labels);
-  CAST_CHECK(labels.shape() == Shape{logits.dim(0)}, "correct_predictions: labels {} must be [{}] for logits {}",
-             labels.describe(), logits.dim(0), logits.describe());
+  check_logits_and_labels("correct_predictions", logits, labels);
   Tensor correct = Tensor::empty({1}, logits.dtype(), logits.device());
   const int64_t rows = logits.dim(0), classes = logits.dim(1);
   auto count = [&] {

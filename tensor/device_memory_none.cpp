@@ -15,5 +15,6 @@ void copy_to_device(void*, const void*, size_t) { no_cuda(); }
 void copy_to_host(void*, const void*, size_t) { no_cuda(); }
 void copy_device_to_device(void*, const void*, size_t) { no_cuda(); }
 void fill_bytes(void*, int, size_t) { no_cuda(); }
+void fill_elements(void*, uint64_t, size_t, size_t) { no_cuda(); }
 
 }  // namespace cast::device_memory

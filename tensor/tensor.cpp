@@ -116,7 +116,19 @@ static Tensor from_doubles(const std::vector<double>& v, const Shape& shape, DTy
 }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
-  return from_doubles(std::vector<double>(shape_numel(shape), value), shape, dtype, device);
+  if (device == Device::cpu) return from_doubles(std::vector<double>(shape_numel(shape), value), shape, dtype, device);
+  // on the device: filled there, no copy from the host
+  Tensor t = empty(shape, dtype, device);
+  uint64_t bits = 0;
+  auto pattern = [&](auto v) { std::memcpy(&bits, &v, sizeof(v)); };
+  switch (dtype) {
+    case DType::f32: pattern(static_cast<float>(value)); break;
+    case DType::f64: pattern(value); break;
+    case DType::i32: pattern(static_cast<int32_t>(value)); break;
+    case DType::i64: pattern(static_cast<int64_t>(value)); break;
+  }
+  device_memory::fill_elements(t.raw_data(), bits, dtype_size(dtype), static_cast<size_t>(t.numel()));
+  return t;
 }
 
 template <class T>
@@ -286,6 +298,18 @@ Tensor Tensor::slice0(int64_t index) const {
   auto impl = std::make_shared<TensorImpl>(*impl_);
   impl->shape.erase(impl->shape.begin());
   impl->byte_offset += static_cast<size_t>(index) * static_cast<size_t>(shape_numel(impl->shape)) * dtype_size(dtype());
+  impl->requires_grad = false;
+  impl->grad.reset();
+  return Tensor(impl);
+}
+
+Tensor Tensor::narrow0(int64_t start, int64_t length) const {
+  CAST_CHECK(ndim() >= 1 && start >= 0 && length >= 0 && start + length <= shape()[0],
+             "narrow0: rows [{}, {}) outside {}", start, start + length, describe());
+  auto impl = std::make_shared<TensorImpl>(*impl_);
+  const int64_t row = shape_numel(impl->shape) / std::max<int64_t>(impl->shape[0], 1);
+  impl->shape[0] = length;
+  impl->byte_offset += static_cast<size_t>(start) * static_cast<size_t>(row) * dtype_size(dtype());
   impl->requires_grad = false;
   impl->grad.reset();
   return Tensor(impl);

@@ -71,6 +71,7 @@ class Tensor {
   Tensor clone() const;
   Tensor view(const Shape& shape) const;  // same storage, no autograd; one dim may be -1
   Tensor slice0(int64_t index) const;     // element `index` of the first dim: a view, no autograd
+  Tensor narrow0(int64_t start, int64_t length) const;  // rows [start, start + length): a view, no autograd
   void copy_from(const Tensor& src);      // same shape and dtype, any devices
   void fill_zero();
   std::vector<double> to_double_vector() const;  // any dtype, any device

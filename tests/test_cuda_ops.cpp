@@ -312,4 +312,16 @@ TEST(CudaVsCpu, IndexRangeCheckAllocatesNothingAndWaitsForTheNextSync) {
     EXPECT_EQ(got[6 + j], 0.0);
   }
 }
+
+// Tensor::full fills on the device: no copy from the host, the same values in every device dtype.
+TEST(CudaVsCpu, FullFillsOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  const size_t copies = cuda::memory_stats().to_device;
+  std::vector<Tensor> filled;
+  for (DType dt : {DType::f32, DType::i32, DType::i64}) filled.push_back(Tensor::full({5, 3}, -1.5, dt, Device::cuda));
+  EXPECT_EQ(cuda::memory_stats().to_device, copies);
+  for (size_t i = 0; i < filled.size(); ++i)
+    EXPECT_EQ(filled[i].to_double_vector(), Tensor::full({5, 3}, -1.5, filled[i].dtype()).to_double_vector());
+}
+
 #endif

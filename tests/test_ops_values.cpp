@@ -287,3 +287,16 @@ TEST(Values, CoalescedIndexMapsAgree) {
   }
   EXPECT_EQ(ops::make_permute_index({2, 3, 1, 5}, {0, 1, 2, 3}).coalesced().ndim, 1);  // identity: a copy
 }
+
+TEST(Values, Narrow0IsARowRangeViewAndFullFillsOnItsDevice) {
+  Tensor t = Tensor::from_vector<int32_t>({0, 1, 2, 3, 4, 5, 6, 7}, {4, 2});
+  Tensor rows = t.narrow0(1, 2);
+  EXPECT_EQ(rows.shape(), (Shape{2, 2}));
+  expect_values(rows, {2, 3, 4, 5});
+  rows.data<int32_t>()[0] = 9;  // a view: the write lands in t
+  EXPECT_EQ(t.data<int32_t>()[2], 9);
+  EXPECT_EQ(t.narrow0(4, 0).numel(), 0);
+  EXPECT_CAST_ERROR(t.narrow0(3, 2), "narrow0: rows [3, 5) outside");
+  for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64})
+    expect_values(Tensor::full({3}, -2.0, dt), {-2, -2, -2});
+}

@@ -20,7 +20,8 @@ TrainingStep::TrainingStep(nn::Transformer& model, nn::ParamList params, std::ve
 }
 
 void TrainingStep::compute(const nn::Batch& batch, int64_t step) {
-  if (pending() == buffer_.dim(1)) read();  // only when the caller reads less often than it said
+  CAST_CHECK(pending() < buffer_.dim(1), "training step: {} steps computed since the last read, the most the buffer "
+             "holds; read() first", pending());
   Tensor logits = model_.forward(batch, true);
   Tensor loss = ops::cross_entropy(logits, batch.labels);
   autograd::backward(loss);

@@ -21,7 +21,7 @@ struct StepRecord {
 class TrainingStep {
  public:
   // m, v: the AdamW moments, one per parameter of `params`; capacity: the most steps between
-  // two reads (a full buffer is read by the next step's `compute`).
+  // two reads (one more `compute` before a `read` is an error).
   TrainingStep(nn::Transformer& model, nn::ParamList params, std::vector<Tensor>& m, std::vector<Tensor>& v,
                int64_t capacity);
 
