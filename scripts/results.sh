@@ -23,6 +23,12 @@ fashion_mnist() {
   done
   # three seeds of full attention and CAST
   "$cast" compare --task fashion-mnist-14 --attention full,cast --seeds 1,2,3 --out $out
+  # clustered and improved clustered again, with the k-means of the current code (tie rule,
+  # per-group random stream) and the two-stage column sums; one process each, side by side
+  for m in clustered iclustered; do
+    "$cast" compare --task fashion-mnist-14 --attention $m --seeds 1 --out runs/results/fm14-current/$m &
+  done
+  wait
 }
 
 listops_pathfinder() {
