@@ -117,6 +117,8 @@ Tensor cluster_satopk(const Tensor& affinity, const Tensor& mask, int64_t kappa)
   HostGroups h = host_groups("cluster_satopk", affinity, mask);
   const int64_t C = h.width;
   std::vector<int32_t> out(h.groups * C * kappa, -1);
+  // groups are independent: one per thread
+#pragma omp parallel for schedule(dynamic) if (h.groups * h.n * C > 65536)
   for (int64_t g = 0; g < h.groups; ++g) {
     auto a = [&](int64_t i, int64_t c) { return h.values[(g * h.n + i) * C + c]; };
     // a token's clusters in the order of top-k (ops/topk_order.h): larger first, NaN last, ties
@@ -171,6 +173,7 @@ Tensor lsh_hash(const Tensor& q, const Tensor& planes) {
   const int64_t d = h.width;
   std::vector<double> a = planes.to_double_vector();
   std::vector<int64_t> out(h.groups * h.n, 0);
+#pragma omp parallel for if (h.groups * h.n * bits * d > 65536)
   for (int64_t r = 0; r < h.groups * h.n; ++r) {
     int64_t code = 0;
     for (int64_t b = 0; b < bits; ++b) {
@@ -209,6 +212,8 @@ Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters
   CAST_CHECK(!mask.defined() || (mask.dim(1) == N && G % mask.dim(0) == 0), "hamming_kmeans: mask {} does not fit {}",
              mask.describe(), hashes.describe());
   std::vector<int32_t> assign(G * N, -1);
+  // groups are independent (each draws from its own stream): one per thread
+#pragma omp parallel for schedule(dynamic) if (G * N > 4096)
   for (int64_t g = 0; g < G; ++g) {
     std::vector<int64_t> real;
     for (int64_t i = 0; i < N; ++i)
