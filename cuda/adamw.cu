@@ -2,6 +2,7 @@
 #include "cuda/adamw.h"
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
+#include "ops/adamw.h"
 
 namespace cast::cuda {
 
@@ -27,8 +28,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, doubl
 
 __global__ void clip_factor_kernel(float* factor, const float* squared_norm, double max_norm) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  const double norm = sqrt(static_cast<double>(squared_norm[0]));
-  factor[0] = static_cast<float>(max_norm > 0 && norm > max_norm ? max_norm / norm : 1.0);
+  factor[0] = static_cast<float>(ops::clip_factor_of(static_cast<double>(squared_norm[0]), max_norm));
 }
 
 void clip_factor(Tensor& factor, const Tensor& squared_norm, double max_norm) {

@@ -43,10 +43,6 @@ __global__ void outside_kernel(float* outside, const int32_t* top_keys, int64_t 
   }
 }
 
-__global__ void fill_kernel(float* x, float value, int64_t total) {
-  CAST_KERNEL_LOOP(e, total) x[e] = value;
-}
-
 __global__ void repeat_heads_kernel(int32_t* out, const int32_t* in, int64_t total, int64_t heads, int64_t width) {
   CAST_KERNEL_LOOP(e, total) {  // e = (b·H + h)·E + k
     const int64_t k = e % width, b = e / width / heads;
@@ -74,15 +70,18 @@ void cluster_counts(Tensor& counts, const Tensor& assignment, int64_t clusters, 
   CUDA_CHECK_LAUNCH();
 }
 
-void improved_masks(Tensor& slots, Tensor& outside, const Tensor& top_keys, const Tensor& assignment, int64_t clusters,
-                    int64_t n, int64_t top) {
-  if (slots.numel() > 0)
-    CAST_LAUNCH(slots_kernel, blocks_for(slots.numel()), kThreads, 0, fptr(slots), top_keys.data<int32_t>(),
-                assignment.data<int32_t>(), slots.numel(), clusters, n, top);
-  if (outside.numel() > 0) CAST_LAUNCH(fill_kernel, blocks_for(outside.numel()), kThreads, 0, fptr(outside), 1.f, outside.numel());
-  if (top_keys.numel() > 0)
-    CAST_LAUNCH(outside_kernel, blocks_for(top_keys.numel()), kThreads, 0, fptr(outside), top_keys.data<int32_t>(),
-                top_keys.numel(), n, top);
+void top_key_slots(Tensor& slots, const Tensor& top_keys, const Tensor& assignment, int64_t clusters, int64_t n,
+                   int64_t top) {
+  if (slots.numel() == 0) return;
+  CAST_LAUNCH(slots_kernel, blocks_for(slots.numel()), kThreads, 0, fptr(slots), top_keys.data<int32_t>(),
+              assignment.data<int32_t>(), slots.numel(), clusters, n, top);
+  CUDA_CHECK_LAUNCH();
+}
+
+void clear_top_keys(Tensor& outside, const Tensor& top_keys, int64_t n, int64_t top) {
+  if (top_keys.numel() == 0) return;
+  CAST_LAUNCH(outside_kernel, blocks_for(top_keys.numel()), kThreads, 0, fptr(outside), top_keys.data<int32_t>(),
+              top_keys.numel(), n, top);
   CUDA_CHECK_LAUNCH();
 }
 

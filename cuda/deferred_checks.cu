@@ -50,7 +50,12 @@ void report_locked(Registry& r) {
 
 PendingCheck register_index_check(const char* op, int64_t lo, int64_t hi) {
   Registry& r = registry();
-  if (r.pending.size() >= kMostPending) synchronize();  // reads and forgets the pending checks
+  bool full = false;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    full = r.pending.size() >= kMostPending;
+  }
+  if (full) synchronize();  // reads and forgets the pending checks (and takes the mutex itself)
   std::lock_guard<std::mutex> lock(r.mutex);
   if (!r.host_word) {
     void* host = nullptr;

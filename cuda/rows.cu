@@ -1,11 +1,8 @@
 // Row gather (-1 = zero row) and its adjoint, scatter-add with atomics; index range checks.
-#include <climits>
-
 #include "cuda/common.cuh"
 #include "cuda/deferred_checks.h"
 #include "cuda/launch.cuh"
 #include "cuda/rows.h"
-#include "tensor/device_memory.h"
 
 namespace cast::cuda {
 

@@ -31,7 +31,7 @@ __global__ void summary_forward_kernel(float* p, float* colsum, const float* a_k
     const float* a = a_k + bh * N * C + c;  // entry i at a[i * C]
     const float* m = mask ? mask + (bh / heads) * N : nullptr;
     auto w = [&](int64_t i) { return m ? a[i * C] * m[i] : a[i * C]; };
-    const float total = chunked_sum(N, w) * 1.f + 1e-30f;
+    const float total = chunked_sum(N, w) + 1e-30f;
     colsum[col] = total;
     for (int64_t i = 0; i < N; ++i) p[bh * N * C + i * C + c] = w(i) / total;
   }

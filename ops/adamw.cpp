@@ -38,8 +38,7 @@ Tensor clip_factor(const Tensor& squared_norm, double max_norm) {
   Tensor factor = Tensor::empty({1}, squared_norm.dtype(), squared_norm.device());
   auto compute = [&] {
     CAST_ON_CUDA(squared_norm, cuda::clip_factor(factor, squared_norm, max_norm));
-    const double norm = std::sqrt(squared_norm.item());
-    const double f = max_norm > 0 && norm > max_norm ? max_norm / norm : 1.0;
+    const double f = clip_factor_of(squared_norm.item(), max_norm);
     CAST_DISPATCH_FLOAT(factor.dtype(), "clip_factor", [&] { factor.data<T>()[0] = static_cast<T>(f); });
   };
   compute();

@@ -598,16 +598,29 @@ struct ImprovedClusteredNode final : autograd::Node {
   }
 };
 
-// Which slots of its cluster's top keys each query may use, and which keys lie outside each
-// cluster's top keys: slots (B·H·N, top) and outside (B, H, C, N), as a_c, where they are.
-static void improved_masks(Tensor& slots, Tensor& outside, const Tensor& top_keys, const Tensor& assign,
+// Whether the GPU's fused top-key kernel takes these sizes (never in a build without CUDA).
+static bool cuda_topkey_fits(int64_t top, int64_t d) {
+#ifdef CAST_WITH_CUDA
+  return cuda::topkey_attention_fits(top, d);
+#else
+  (void)top, (void)d;
+  return false;
+#endif
+}
+
+// Which keys lie outside each cluster's top keys: outside (B, H, C, N); with `slots`, also which
+// slots of its cluster's top keys each query may use: (B·H·N, top). As a_c, where it is.
+static void improved_masks(Tensor* slots, Tensor& outside, const Tensor& top_keys, const Tensor& assign,
                            const Tensor& a_c) {
   const int64_t B = a_c.dim(0), H = a_c.dim(1), C = a_c.dim(2), N = a_c.dim(3), BH = B * H, top = top_keys.dim(3);
 #ifdef CAST_WITH_CUDA
   if (a_c.is_cuda() && a_c.dtype() == DType::f32) {
-    slots = Tensor::empty({BH * N, top}, DType::f32, Device::cuda);
-    outside = Tensor::empty({B, H, C, N}, DType::f32, Device::cuda);
-    cuda::improved_masks(slots, outside, top_keys, assign, C, N, top);
+    outside = Tensor::full({B, H, C, N}, 1.0, DType::f32, Device::cuda);
+    cuda::clear_top_keys(outside, top_keys, N, top);
+    if (slots) {
+      *slots = Tensor::empty({BH * N, top}, DType::f32, Device::cuda);
+      cuda::top_key_slots(*slots, top_keys, assign, C, N, top);
+    }
     return;
   }
 #endif
@@ -622,7 +635,7 @@ static void improved_masks(Tensor& slots, Tensor& outside, const Tensor& top_key
   for (int64_t r = 0; r < BH * C; ++r)
     for (int64_t s2 = 0; s2 < top; ++s2)
       if (t_ids[r * top + s2] >= 0) out[r * N + t_ids[r * top + s2]] = 0.0;
-  slots = constant_like(slot, {BH * N, top}, a_c);
+  if (slots) *slots = constant_like(slot, {BH * N, top}, a_c);
   outside = constant_like(out, {B, H, C, N}, a_c);
 }
 
@@ -641,18 +654,18 @@ Tensor improved_clustered_output(const Tensor& q, const Tensor& k, const Tensor&
   Tensor m_query = like({BH, N, 1}, q);
   gather_rows_forward(m_query, m_hat, assign);
   Tensor slots, outside_t, kt, vt, probs, lse, top_out = like({BH * N, 1, d}, q);
-  improved_masks(slots, outside_t, top_keys, assign, a_c);
+  const bool fused = q.is_cuda() && q.dtype() == DType::f32 && cuda_topkey_fits(top, d);
+  improved_masks(fused ? nullptr : &slots, outside_t, top_keys, assign, a_c);  // the fused kernel needs no slot mask
 #ifdef CAST_WITH_CUDA
-  if (q.is_cuda() && q.dtype() == DType::f32 && cuda::topkey_attention_fits(top, d)) {
+  if (fused) {
     // fused: each query reads its cluster's top keys where they are; no (B·H·N, k, d) copies
     // (the keys' range was checked by the gather of m̂ above)
     lse = like({BH, N}, q);
     cuda::topkey_attention_forward(top_out, lse, q.view({BH, N, d}), k.view({BH, N, d}), v.view({BH, N, d}), keys,
                                    assign, C, top, factor);
-    slots = Tensor();
   }
 #endif
-  if (!lse.defined()) {
+  if (!fused) {
     // K_T and V_T of each cluster, handed to each member query
     auto per_query = [&](const Tensor& t) {
       Tensor cluster_rows = like({BH, C * top, d}, t);

@@ -26,6 +26,15 @@ struct HostGroups {
   bool real(int64_t g, int64_t i) const { return mask.empty() || mask[(g / per_mask_row) * n + i] != 0.0; }
 };
 
+// A (B, N) key mask fits input x (G, N, ...) when B divides G; for a device input it is f32 and
+// on the device too. One check for every op here, on either device.
+void check_mask_fits(const char* op, const Tensor& mask, const Tensor& x) {
+  check_ndim(op, mask, 2, "mask");
+  CAST_CHECK(mask.dim(1) == x.dim(1) && mask.dim(0) > 0 && x.dim(0) % mask.dim(0) == 0 &&
+                 (!x.is_cuda() || (mask.is_cuda() && mask.dtype() == DType::f32)),
+             "{}: mask {} does not fit input {}", op, mask.describe(), x.describe());
+}
+
 HostGroups host_groups(const char* op, const Tensor& x, const Tensor& mask) {
   check_float(op, x, "input");
   check_ndim(op, x, 3, "input");
@@ -35,9 +44,7 @@ HostGroups host_groups(const char* op, const Tensor& x, const Tensor& mask) {
   h.width = x.dim(2);
   h.values = x.to_double_vector();
   if (mask.defined()) {
-    check_ndim(op, mask, 2, "mask");
-    CAST_CHECK(mask.dim(1) == h.n && mask.dim(0) > 0 && h.groups % mask.dim(0) == 0,
-               "{}: mask {} does not fit input {}", op, mask.describe(), x.describe());
+    check_mask_fits(op, mask, x);
     h.per_mask_row = h.groups / mask.dim(0);
     h.mask = mask.to_double_vector();
   }
@@ -53,11 +60,7 @@ Tensor to_device_i32(const std::vector<int32_t>& v, const Shape& shape, Device d
 void check_device_inputs(const char* op, const Tensor& x, const Tensor& mask) {
   check_dtype(op, x, DType::f32, "input");
   check_ndim(op, x, 3, "input");
-  if (!mask.defined()) return;
-  check_dtype(op, mask, DType::f32, "mask");
-  check_ndim(op, mask, 2, "mask");
-  CAST_CHECK(mask.is_cuda() && mask.dim(1) == x.dim(1) && mask.dim(0) > 0 && x.dim(0) % mask.dim(0) == 0,
-             "{}: mask {} does not fit input {}", op, mask.describe(), x.describe());
+  if (mask.defined()) check_mask_fits(op, mask, x);
 }
 #endif
 
@@ -192,14 +195,9 @@ Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters
   check_ndim("hamming_kmeans", hashes, 2, "hashes");
   CAST_CHECK(clusters >= 1, "hamming_kmeans: clusters must be >= 1, got {}", clusters);
   const int64_t G = hashes.dim(0), N = hashes.dim(1);
+  if (mask.defined()) check_mask_fits("hamming_kmeans", mask, hashes);
 #ifdef CAST_WITH_CUDA
   if (hashes.is_cuda()) {
-    if (mask.defined()) {
-      check_dtype("hamming_kmeans", mask, DType::f32, "mask");
-      check_ndim("hamming_kmeans", mask, 2, "mask");
-      CAST_CHECK(mask.is_cuda() && mask.dim(1) == N && mask.dim(0) > 0 && G % mask.dim(0) == 0,
-                 "hamming_kmeans: mask {} does not fit {}", mask.describe(), hashes.describe());
-    }
     Tensor assign = Tensor::empty({G, N}, DType::i32, Device::cuda);
     cuda::hamming_kmeans(assign, hashes, mask, clusters, iterations, seed);
     return assign;
@@ -208,9 +206,7 @@ Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters
   const Tensor host = hashes.to(Device::cpu);
   const int64_t* code = host.data<int64_t>();
   std::vector<double> m = mask.defined() ? mask.to_double_vector() : std::vector<double>();
-  const int64_t per_row = mask.defined() ? G / std::max<int64_t>(1, mask.dim(0)) : 1;
-  CAST_CHECK(!mask.defined() || (mask.dim(1) == N && G % mask.dim(0) == 0), "hamming_kmeans: mask {} does not fit {}",
-             mask.describe(), hashes.describe());
+  const int64_t per_row = mask.defined() ? G / mask.dim(0) : 1;
   std::vector<int32_t> assign(G * N, -1);
   // groups are independent (each draws from its own stream): one per thread
 #pragma omp parallel for schedule(dynamic) if (G * N > 4096)

@@ -290,6 +290,9 @@ TEST(Clustering, KMeansAssignsEveryRealQueryAndIsDeterministic) {
   auto a = ops::hamming_kmeans(hashes, mask, 6, 10, 7).to_double_vector();
   auto b = ops::hamming_kmeans(hashes, mask, 6, 10, 7).to_double_vector();
   EXPECT_EQ(a, b);
+  // a mask of no rows, or of the wrong length, is one clear error (no row count divides by 0)
+  EXPECT_CAST_ERROR(ops::hamming_kmeans(hashes, Tensor::zeros({0, 40}), 6, 1, 7), "hamming_kmeans: mask");
+  EXPECT_CAST_ERROR(ops::hamming_kmeans(hashes, Tensor::zeros({2, 39}), 6, 1, 7), "does not fit");
   for (double c : a) EXPECT_TRUE(c >= 0 && c < 6);
   // queries with identical hashes land in the same cluster
   auto h = hashes.to_double_vector();

@@ -51,12 +51,12 @@ void TrainingStep::update(ops::AdamWStep s, double weight_decay, double clip) {
   CAST_CHECK(squared_norm_.defined(), "training step: update before compute");
   if (clip > 0) {
     if (!squared_norm_.is_cuda()) {  // the host path in double, as it always was
-      const double norm = std::sqrt(host_squared_norm_);
-      if (norm > clip)
+      const double factor = ops::clip_factor_of(host_squared_norm_, clip);
+      if (factor != 1.0)
         for (auto& [name, t] : params_)
           if (t->grad().defined()) {
             Tensor g = t->grad();
-            ops::affine_forward(g, g, clip / norm, 0.0);
+            ops::affine_forward(g, g, factor, 0.0);
           }
     } else {  // the factor stays on the device: a GPU never waits for the norm
       const Tensor factor = ops::clip_factor(squared_norm_, clip);
