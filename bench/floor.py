@@ -83,6 +83,52 @@ def fmt_flops(f):
     return f"{f / 1e9:,.1f} GFLOP"
 
 
+# ---------------------------------------------------------------- the flash kernels on paper
+# cuda/flash_attention.cu's tiles (Tile<D, RT, CN>: 16·RT rows per block, 8·CN streamed rows, 128
+# threads) and ptxas's registers for sm_90 (scripts/kernel_report.sh), to be replaced by
+# measurements. Per streamed tile, one warp issues:
+#   score products (S = QKᵀ, and dP = dO Vᵀ in the backward): per 4 head columns 4·RT·CN FMAs
+#     and RT + CN 128-bit shared loads;
+#   accumulations (O += PV; dQ += dS K; dV += Pᵀ dO and dK += dSᵀ Q): per 4 streamed rows
+#     16·RT·G FMAs (G = D/32) and RT + 4G 128-bit shared loads;
+#   per score about `other` instructions besides (scale, mask test, exp, max/sum, shared store).
+# Expected fraction of the FP32 peak = FMA share of the issue slots × min(1, resident warps / 16),
+# the second factor for latency hiding; a warp's 128-bit loads here are mostly broadcasts (one
+# wavefront each), so the shared-memory pipe (one wavefront a clock per SM) is checked too.
+FLASH = [  # kernel, D, RT, CN, score products, accumulations, other instructions per score, registers
+    ("forward", 32, 4, 8, 1, 1, 12, 127), ("forward", 64, 4, 8, 1, 1, 12, 134), ("forward", 128, 4, 4, 1, 1, 12, 128),
+    ("dQ", 32, 4, 8, 2, 1, 10, 168), ("dQ", 64, 4, 8, 2, 1, 10, 204), ("dQ", 128, 4, 4, 2, 1, 10, 168),
+    ("dK/dV", 32, 4, 8, 2, 2, 14, 167), ("dK/dV", 64, 4, 4, 2, 2, 14, 158), ("dK/dV", 128, 2, 4, 2, 2, 14, 128),
+]
+
+
+def flash_shared_bytes(kind, D, RT, CN):
+    rows, stream, stride, pstride = 16 * RT, 8 * CN, D + 4, 8 * CN + 4
+    if kind == "forward":
+        floats = (rows + 2 * stream) * stride + rows * pstride + stream
+    elif kind == "dQ":
+        floats = (2 * rows + 2 * stream) * stride + rows * pstride + stream
+    else:
+        floats = (2 * rows + 2 * stream) * stride + 2 * rows * pstride + 2 * stream
+    return 4 * floats
+
+
+def flash_rows():
+    out = []
+    for kind, D, RT, CN, n_scores, n_acc, other, regs in FLASH:
+        G, stream = D // 32, 8 * CN
+        fma = n_scores * (D // 4) * 4 * RT * CN + n_acc * (stream // 4) * 16 * RT * G
+        lds = n_scores * (D // 4) * (RT + CN) + n_acc * (stream // 4) * (RT + 4 * G)
+        issue = fma / (fma + lds + other * RT * CN)
+        shared = flash_shared_bytes(kind, D, RT, CN)
+        warp_regs = math.ceil(regs * 32 / 256) * 256
+        blocks = min(65536 // (4 * warp_regs), 233472 // (shared + 1024), 16)
+        warps = 4 * blocks
+        expected = min(issue, fma / (4 * lds)) * min(1.0, warps / 16)
+        out.append((kind, D, f"{16 * RT}x{stream}", fma / lds, issue, regs, shared, warps, expected))
+    return out
+
+
 def main():
     print(f"Text preset: B {B}, N {N}, D {D}, {H} heads (d {d}), MLP {M}, {L} layers; C = kappa = {C}; "
           f"H100 SXM: {BANDWIDTH / 1e12:.2f} TB/s, {FP32 / 1e12:.0f} TFLOP/s f32 ({TF32 / 1e12:.0f} TF32)\n")
@@ -100,6 +146,16 @@ def main():
     for name, extra in mech.items():
         total = L * sum(r[3] for r in common + extra)
         print(f"| {name} | {1e3 * total:.2f} | (GPU) |")
+    fwd = 4 * B * H * N * N * d
+    print("\n| flash kernel (sm_90) | head bound D | tile (rows x streamed) | FMA per 128-bit shared load "
+          "| FMA share of issue | registers | shared KiB/block | warps/SM | expected fraction of FP32 peak "
+          "| expected ms, Text full attention | measured |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for kind, width, tile, ratio, issue, regs, shared, warps, expected in flash_rows():
+        products = {"forward": 2, "dQ": 3, "dK/dV": 4}[kind]  # tile products of N·N·d each (recomputed ones too)
+        ms = f"{1e3 * products * fwd / 2 / (expected * FP32):.1f}" if width == d else "-"
+        print(f"| {kind} | {width} | {tile} | {ratio:.1f} | {issue:.2f} | {regs} | {shared / 1024:.1f} | {warps} | "
+              f"{expected:.2f} | {ms} | (GPU) |")
 
 
 if __name__ == "__main__":

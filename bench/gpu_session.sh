@@ -1,20 +1,261 @@
 #!/usr/bin/env bash
-# One command for a session that has a GPU: build for sm_90, run every test (the CUDA ones
-# included), then the attention and training benchmarks. Writes logs under ${OUT:-bench/out}.
+# The one command for a GPU machine (no network, about 10 minutes a command): probes the
+# machine, builds for sm_90 without the emulation, runs the GPU tests plainly and then a subset
+# under compute-sanitizer, benchmarks attention and the Text-preset training step, compares
+# with the machine's PyTorch, and trains a real task for a few hundred steps. Each stage has its
+# own time budget and the session goes on after a stage fails. It writes at most 8 files into
+# the output folder, among them summary.md: what each stage did, in how long, and what failed.
+#
+#   bench/gpu_session.sh [--out DIR] [--budget SECONDS]    # on the GPU machine ($OUT or bench/out)
+#   bench/gpu_session.sh --dry-run [--out DIR] [--build-dir build]   # anywhere: every stage and call, tiny
+#
+# Dependencies without network: run bench/gpu_kit.sh beforehand where apt works; it fetches the
+# Debian packages of the libraries into kit/debs, and this script unpacks them into kit/root and
+# builds against that prefix (docs/engine.md, "A GPU machine without network").
+#
+# --dry-run runs every stage with the same calls on the CPU and the emulated CUDA device
+# (build/cast_emu, build/cast_emu_tests from the test build) at tiny sizes: the configure step
+# is the real one into a scratch folder, the compile is the test build's (already done), and
+# compute-sanitizer's place is taken by the emulation's own race, barrier and bounds checks
+# under AddressSanitizer. The README's test command runs it, so an interface change that would
+# break this script fails there. It exits 1 when any stage fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-bench/out}"
-mkdir -p "$out"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/build.log" 2>&1 &&
-  cmake --build build-gpu -j"$(nproc)" >> "$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
-./build-gpu/cast info | tee "$out/info.txt"
-(cd build-gpu && ctest --output-on-failure -j4 2>&1) | tee "$out/tests.log" | tail -n 30
-./build-gpu/cast bench attention --device cuda --json "$out/attention.jsonl" 2>&1 | tee "$out/attention.txt"
-./build-gpu/cast bench attention --device cuda --tf32 2>&1 | tee "$out/attention_tf32.txt"
-./build-gpu/cast bench train --task text --length 4096 --batch-size 32 --device cuda --repeats 10 2>&1 | tee "$out/train.txt"
-if python3 -c "import torch" 2>/dev/null; then
-  python3 bench/pytorch_compare.py attention 2>&1 | tee "$out/pytorch_attention.txt"
-  python3 bench/pytorch_compare.py train --length 4096 --train-batch 32 2>&1 | tee "$out/pytorch_train.txt"
+root="$PWD"
+dry=0 out="${OUT:-bench/out}" budget=570 dry_build=build
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry=1; shift ;;
+    --build-dir) dry_build="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --budget) budget="$2"; shift 2 ;;
+    *) echo "gpu_session: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out" || { echo "gpu_session: cannot create the output folder $out" >&2; exit 1; }
+out="$(cd "$out" && pwd)"
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+start=$(date +%s)
+deadline=$((start + budget))
+
+# The 8 files this session may write into $out (the device tool brings back at most 8).
+SUMMARY="$out/summary.md" BUILD_LOG="$out/build.log" TESTS_LOG="$out/tests.log" SAN_LOG="$out/sanitizer.log"
+BENCH="$out/bench.jsonl" TORCH="$out/pytorch.txt" METRICS="$out/metrics.jsonl" CURVES="$out/curves.svg"
+for f in "$SUMMARY" "$BUILD_LOG" "$TESTS_LOG" "$SAN_LOG" "$BENCH" "$TORCH" "$METRICS" "$CURVES"; do rm -f "$f"; done
+
+# ---------------------------------------------------------------- what each mode runs
+# The GPU tests: every CUDA-vs-CPU test and the trainer's own step on the device.
+GPU_FILTER='CudaVsCpu*:CudaTrainingSteps*:Emulation.*'
+# Under compute-sanitizer (each tool slows kernels 10-100x): memcheck on the attention kernels
+# and one whole CAST step, racecheck and synccheck on the kernels with shared memory and barriers.
+MEMCHECK_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.IntraClusterAttentionFused:CudaVsCpuAttention.ImprovedClusteredTopKeysFused:CudaVsCpuAttention.SummariesFused:CudaTrainingSteps/*.OneStepEqualsTheCpuStep/cast'
+RACE_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.ImprovedClusteredTopKeysFused:CudaVsCpuAttention.ClusteringSelectsTheSameMembers'
+REAL_FILTERS="$GPU_FILTER $MEMCHECK_FILTER $RACE_FILTER"
+if [ $dry = 1 ]; then
+  build_dir="$dry_build" cast="$dry_build/cast_emu" tests="$dry_build/cast_emu_tests"
+  lengths=64 text_length=64 text_batch=2 repeats=1 warmup=0 steps=6 train_batch=4 rounds=1
+  # The emulated kernels run thousands of times slower, on a machine the other tests share: a
+  # small subset of each filter runs (the real filters are checked to match tests, in the tests
+  # stage), and every budget is three times longer.
+  GPU_FILTER='CudaVsCpu.Matmul:CudaVsCpuAttention.FlashAttention:Emulation.HostPointerArgumentIsRefused'
+  MEMCHECK_FILTER='CudaTrainingSteps/*.OneStepEqualsTheCpuStep/cast'
+  RACE_FILTER='CudaVsCpuAttention.ImprovedClusteredTopKeysFused'
+  [ "$budget" = 570 ] && budget=1500
+  budget_scale=3
+  deadline=$((start + budget))
+  sanitizer() { shift 2; "$@"; }  # the emulation's checks stand in for compute-sanitizer's
 else
-  echo "PyTorch is not installed here: no comparison" | tee "$out/pytorch_attention.txt"
+  budget_scale=1
+  build_dir=build-gpu cast="build-gpu/cast" tests="build-gpu/cast_tests"
+  lengths=1024,4096 text_length=4096 text_batch=32 repeats=5 warmup=2 steps=300 train_batch=32 rounds=3
+  sanitizer() { compute-sanitizer --tool "$2" --error-exitcode 1 "${@:3}"; }
 fi
+
+# ---------------------------------------------------------------- stages
+rows=()    # summary rows: stage | status | seconds | note
+failed=0
+note=""    # what a stage's command leaves for its summary row
+
+# run_stage NAME BUDGET FUNCTION: runs FUNCTION in a subshell under the smaller of its budget
+# and the session's time left; its output goes to the log the function names.
+run_stage() {
+  local name="$1" want=$(($2 * budget_scale)) fn="$3" left t0 rc status
+  left=$((deadline - $(date +%s)))
+  [ "$want" -lt "$left" ] || want="$left"
+  if [ "$want" -le 5 ]; then
+    rows+=("| $name | skipped | 0 | the session's time was spent |")
+    failed=1
+    return
+  fi
+  t0=$(date +%s)
+  echo "== $name (budget ${want} s)" >&2
+  note="$scratch/$name.note"
+  : > "$note"
+  export note
+  timeout --kill-after=10 "$want" bash -c "$fn"
+  rc=$?
+  case $rc in
+    0) status=ok ;;
+    124|137) status="TIMEOUT after ${want} s"; failed=1 ;;
+    *) status="FAILED (exit $rc)"; failed=1 ;;
+  esac
+  rows+=("| $name | $status | $(( $(date +%s) - t0 )) | $(tr '\n' ' ' < "$note" | sed 's/|/\\|/g') |")
+}
+
+probe() {
+  {
+    echo "## probe"
+    date -u
+    uname -srm
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || echo "nvidia-smi: none"
+    for tool in nvcc cmake ninja g++ python3 compute-sanitizer; do
+      printf '%-18s ' "$tool"; { command -v "$tool" > /dev/null && "$tool" --version 2>&1 | grep -m1 -iE "version|release|[0-9]+\.[0-9]+"; } || echo "not found"
+    done
+    python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tail -1
+    for header in fmt/core.h nlohmann/json.hpp gtest/gtest.h png.h zlib.h cblas.h; do
+      where="missing"
+      for dir in /usr/include /usr/local/include /usr/include/x86_64-linux-gnu/openblas-openmp kit/root/usr/include \
+                 kit/root/usr/include/x86_64-linux-gnu/openblas-openmp; do
+        [ -e "$dir/$header" ] && { where="$dir"; break; }
+      done
+      printf '%-18s %s\n' "$header" "$where"
+    done
+    [ -d kit/debs ] && echo "kit: $(ls kit/debs/*.deb 2>/dev/null | wc -l) packages in kit/debs" || echo "kit: none (kit/debs absent)"
+  } >> "$BUILD_LOG" 2>&1
+  echo "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)" \
+       "$(grep -c missing "$BUILD_LOG") headers missing outside the kit" > "$note"
+}
+
+kit() {
+  if [ ! -d kit/debs ]; then echo "no kit/debs: building against the system's packages" > "$note"; return 0; fi
+  [ -d kit/root/usr ] || python3 bench/unpack_debs.py kit/root kit/debs/*.deb >> "$BUILD_LOG" 2>&1 || return 1
+  echo "kit/debs unpacked into kit/root" > "$note"
+}
+
+build() {
+  local prefix=() generator=()
+  [ -d kit/root/usr ] && prefix=(-DCMAKE_PREFIX_PATH="$root/kit/root/usr")
+  command -v ninja > /dev/null && generator=(-G Ninja)
+  local configure=(cmake -S . -DCMAKE_BUILD_TYPE=Release -DCAST_ENABLE_EMULATION=OFF -DCMAKE_CUDA_ARCHITECTURES=90
+                   "${generator[@]}" "${prefix[@]}")
+  echo "## build" >> "$BUILD_LOG"
+  if [ $dry = 1 ]; then  # the real configure into a scratch folder, then the test build's binaries
+    "${configure[@]}" -B "$scratch/configure" >> "$BUILD_LOG" 2>&1 || return 1
+    cmake --build "$build_dir" --target cast_emu cast_emu_tests >> "$BUILD_LOG" 2>&1 || return 1
+  else
+    "${configure[@]}" -B "$build_dir" >> "$BUILD_LOG" 2>&1 || return 1
+    cmake --build "$build_dir" -j"$(nproc)" >> "$BUILD_LOG" 2>&1 || { tail -n 30 "$BUILD_LOG" >&2; return 1; }
+  fi
+  "$cast" info >> "$BUILD_LOG" 2>&1 || return 1
+  grep -m1 "cuda:" "$BUILD_LOG" | tail -1 > "$note"
+}
+
+# gtest's counts in one line: "N passed, M failed, K skipped"
+test_counts() {
+  local passed failed skipped
+  passed=$(grep -c "^\[       OK \]" "$1"); failed=$(grep -c "^\[  FAILED  \] [A-Za-z]" "$1"); skipped=$(grep -c "^\[  SKIPPED \]" "$1")
+  echo "$passed passed, $((failed / 2)) failed, $skipped skipped"  # gtest lists each failure twice
+}
+
+tests_stage() {
+  local filter
+  if [ $dry = 1 ]; then  # every filter of the real session must match tests
+    set -f  # the filters' '*' are gtest's, not the shell's
+    for filter in $REAL_FILTERS; do
+      "$tests" --gtest_list_tests --gtest_filter="$filter" | grep -q "^  " ||
+        { echo "the filter $filter matches no test" >> "$note"; return 1; }
+    done
+  fi
+  "$tests" --gtest_filter="$GPU_FILTER" > "$TESTS_LOG" 2>&1
+  local rc=$?
+  echo "$(test_counts "$TESTS_LOG") ($GPU_FILTER)" > "$note"
+  grep -q "^\[       OK \]" "$TESTS_LOG" || { echo "no test ran" >> "$note"; return 1; }
+  return $rc
+}
+
+sanitizer_stage() {
+  local rc=0 tool filter
+  for tool in memcheck racecheck synccheck; do
+    filter="$RACE_FILTER"; [ $tool = memcheck ] && filter="$MEMCHECK_FILTER"
+    echo "## $tool: $filter" >> "$SAN_LOG"
+    sanitizer --tool $tool "$tests" --gtest_filter="$filter" >> "$SAN_LOG" 2>&1 || rc=1
+    echo "$tool: $(test_counts "$SAN_LOG" | cut -d, -f1-2);" >> "$note"
+  done
+  grep -q "^\[       OK \]" "$SAN_LOG" || { echo "no test ran" >> "$note"; return 1; }
+  return $rc
+}
+
+bench_stage() {
+  "$cast" bench attention --device cuda --lengths "$lengths" --mechanisms full,cast-topk,cast-satopk,clustered,iclustered \
+    --warmup "$warmup" --repeats "$repeats" --json "$scratch/attention.jsonl" > "$scratch/attention.txt" 2>&1 || { cat "$scratch/attention.txt" >&2; return 1; }
+  "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda \
+    --mechanisms full,cast-topk --warmup "$warmup" --repeats "$repeats" --json "$scratch/train.jsonl" > "$scratch/train.txt" 2>&1 || { cat "$scratch/train.txt" >&2; return 1; }
+  cat "$scratch/attention.jsonl" "$scratch/train.jsonl" > "$BENCH"
+  cat "$scratch/attention.txt" "$scratch/train.txt" > "$scratch/bench.txt"
+  echo "$(wc -l < "$BENCH") results in bench.jsonl" > "$note"
+  [ -s "$BENCH" ]
+}
+
+pytorch_stage() {
+  local args=(--device cuda --cast "$cast" --rounds "$rounds" --repeats "$repeats" --lengths "$lengths"
+              --work layer,text-step --text-length "$text_length" --text-batch "$text_batch")
+  [ $dry = 1 ] && args+=(--dry-run)
+  python3 bench/pytorch_compare.py "${args[@]}" > "$TORCH" 2>&1 || { tail -n 20 "$TORCH" >&2; return 1; }
+  tail -n 1 "$TORCH" > "$note"
+}
+
+train_stage() {
+  local run="$scratch/run"
+  "$cast" train --task listops-short --attention cast --device cuda --steps "$steps" --batch "$train_batch" \
+    --log-every 25 --data "$scratch/listops-short" --run "$run" > "$scratch/train_run.txt" 2>&1 || { tail -n 20 "$scratch/train_run.txt" >&2; return 1; }
+  cp "$run/metrics.jsonl" "$METRICS" && cp "$run/curves.svg" "$CURVES" || return 1
+  grep -E "done in|test accuracy" "$scratch/train_run.txt" | tr -s ' ' > "$note"
+}
+
+# Each stage runs in its own bash under `timeout`: it sees these functions and settings.
+export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage pytorch_stage train_stage
+export REAL_FILTERS cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
+  GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES
+# The kit's libraries are found at run time too (the build's RPATH names them as well).
+if [ -d kit/debs ]; then
+  export LD_LIBRARY_PATH="$root/kit/root/usr/lib/x86_64-linux-gnu:$root/kit/root/usr/lib/x86_64-linux-gnu/openblas-openmp:$root/kit/root/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+run_stage probe 20 probe
+run_stage kit 40 kit
+run_stage build 220 build
+if [ -x "$cast" ] && [ -x "$tests" ]; then
+  run_stage tests 70 tests_stage
+  run_stage sanitizer 100 sanitizer_stage
+  run_stage bench 70 bench_stage
+  run_stage pytorch 70 pytorch_stage
+  run_stage train 60 train_stage
+else
+  for s in tests sanitizer bench pytorch train; do rows+=("| $s | skipped | 0 | no binary: the build failed |"); done
+  failed=1
+fi
+
+# ---------------------------------------------------------------- summary.md
+{
+  echo "# GPU session $(date -u +%Y-%m-%dT%H:%MZ)$([ $dry = 1 ] && echo " (dry run: CPU and emulated device, tiny sizes)")"
+  echo
+  echo "Total $(( $(date +%s) - start )) s of a ${budget} s budget. $([ $failed = 0 ] && echo "Every stage passed." || echo "Some stage FAILED: see below and its log.")"
+  echo
+  echo "| stage | status | seconds | what it found |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  echo
+  for f in "$scratch/bench.txt" "$TORCH"; do
+    [ -s "$f" ] && { echo '```'; grep -vE "^\s*$" "$f" | tail -n 25; echo '```'; echo; }
+  done
+  [ -s "$scratch/train_run.txt" ] && { echo '```'; tail -n 6 "$scratch/train_run.txt"; echo '```'; echo; }
+  echo "Files: $(cd "$out" && ls | tr '\n' ' ')"
+  for log in "$TESTS_LOG" "$SAN_LOG"; do
+    [ -s "$log" ] && grep -q "FAILED\|ERROR SUMMARY: [1-9]" "$log" && { echo; echo "Failures in $(basename "$log"):"; echo '```';
+      grep -E "^\[  FAILED  \]|ERROR SUMMARY: [1-9]|Failure$" "$log" | head -n 20; echo '```'; }
+  done
+} > "$SUMMARY"
+cat "$SUMMARY"
+files=$(ls "$out" | wc -l)
+if [ "$files" -gt 8 ]; then echo "gpu_session: $files files in $out, more than the 8 the device brings back" >&2; failed=1; fi
+exit $failed

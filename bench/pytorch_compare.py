@@ -17,6 +17,12 @@ same script times CUDA with events.
 Setup (PyPI, into bench/.venv; never needed by the build or the tests):
   bench/setup_torch.sh [--fast-transformers]
   bench/.venv/bin/python bench/pytorch_compare.py [--threads 2] [--rounds 3]
+On a GPU (bench/gpu_session.sh runs this, with the machine's own PyTorch):
+  python3 bench/pytorch_compare.py --device cuda --cast build-gpu/cast --work layer,text-step \
+      --lengths 1024,4096 --text-length 4096 --text-batch 32
+Both sides run in fp32 without TF32 unless --tf32 is given (then both allow it).
+--dry-run: tiny sizes, one round; our side runs as asked, PyTorch's only where it is installed
+(the README's test command checks this script's calls this way, without PyTorch).
 """
 import argparse
 import json
@@ -27,8 +33,11 @@ import sys
 import tempfile
 import time
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # --dry-run times our side alone
+    torch = None
 
 
 def sync(device):
@@ -49,49 +58,50 @@ def timed(fn, warmup, repeats, device):
     return statistics.median(times)
 
 
-class Attention(torch.nn.Module):  # projections without bias, as in cast
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.heads = heads
-        self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
+if torch is not None:  # the models exist only where PyTorch does
+    class Attention(torch.nn.Module):  # projections without bias, as in cast
+        def __init__(self, dim, heads):
+            super().__init__()
+            self.heads = heads
+            self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
 
-    def forward(self, x):
-        B, N, D = x.shape
-        split = lambda t: t.view(B, N, self.heads, D // self.heads).transpose(1, 2)
-        o = F.scaled_dot_product_attention(split(self.wq(x)), split(self.wk(x)), split(self.wv(x)))
-        return self.wo(o.transpose(1, 2).reshape(B, N, D))
-
-
-class Block(torch.nn.Module):  # pre-LN, GELU MLP, as cast's Transformer
-    def __init__(self, dim, heads, mlp, dropout):
-        super().__init__()
-        self.norm1, self.norm2 = torch.nn.LayerNorm(dim, eps=1e-6), torch.nn.LayerNorm(dim, eps=1e-6)
-        self.attention = Attention(dim, heads)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, mlp), torch.nn.GELU(), torch.nn.Linear(mlp, dim))
-        self.drop = torch.nn.Dropout(dropout)
-
-    def forward(self, x):
-        x = x + self.drop(self.attention(self.norm1(x)))
-        return x + self.drop(self.mlp(self.norm2(x)))
+        def forward(self, x):
+            B, N, D = x.shape
+            split = lambda t: t.view(B, N, self.heads, D // self.heads).transpose(1, 2)
+            o = F.scaled_dot_product_attention(split(self.wq(x)), split(self.wk(x)), split(self.wv(x)))
+            return self.wo(o.transpose(1, 2).reshape(B, N, D))
 
 
-class Model(torch.nn.Module):  # cast's encoder: token + sinusoidal positions, CLS pooling, MLP head
-    def __init__(self, vocab, length, dim, heads, mlp, layers, classes, dropout):
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, dim)
-        self.cls = torch.nn.Parameter(torch.zeros(1, 1, dim))
-        self.register_buffer("pos", torch.randn(length, dim) * 0.02)
-        self.blocks = torch.nn.ModuleList(Block(dim, heads, mlp, dropout) for _ in range(layers))
-        self.drop = torch.nn.Dropout(dropout)
-        self.norm = torch.nn.LayerNorm(dim, eps=1e-6)
-        self.head = torch.nn.Sequential(torch.nn.Linear(dim, mlp), torch.nn.ReLU(), torch.nn.Linear(mlp, classes))
+    class Block(torch.nn.Module):  # pre-LN, GELU MLP, as cast's Transformer
+        def __init__(self, dim, heads, mlp, dropout):
+            super().__init__()
+            self.norm1, self.norm2 = torch.nn.LayerNorm(dim, eps=1e-6), torch.nn.LayerNorm(dim, eps=1e-6)
+            self.attention = Attention(dim, heads)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, mlp), torch.nn.GELU(), torch.nn.Linear(mlp, dim))
+            self.drop = torch.nn.Dropout(dropout)
 
-    def forward(self, tokens):
-        h = self.embed(tokens) + self.pos[: tokens.shape[1]]
-        h = self.drop(torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.norm(h)[:, 0])
+        def forward(self, x):
+            x = x + self.drop(self.attention(self.norm1(x)))
+            return x + self.drop(self.mlp(self.norm2(x)))
+
+
+    class Model(torch.nn.Module):  # cast's encoder: token + sinusoidal positions, CLS pooling, MLP head
+        def __init__(self, vocab, length, dim, heads, mlp, layers, classes, dropout):
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, dim)
+            self.cls = torch.nn.Parameter(torch.zeros(1, 1, dim))
+            self.register_buffer("pos", torch.randn(length, dim) * 0.02)
+            self.blocks = torch.nn.ModuleList(Block(dim, heads, mlp, dropout) for _ in range(layers))
+            self.drop = torch.nn.Dropout(dropout)
+            self.norm = torch.nn.LayerNorm(dim, eps=1e-6)
+            self.head = torch.nn.Sequential(torch.nn.Linear(dim, mlp), torch.nn.ReLU(), torch.nn.Linear(mlp, classes))
+
+        def forward(self, tokens):
+            h = self.embed(tokens) + self.pos[: tokens.shape[1]]
+            h = self.drop(torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1))
+            for block in self.blocks:
+                h = block(h)
+            return self.head(self.norm(h)[:, 0])
 
 
 PRESETS = {  # as train::preset in train/trainer.cpp
@@ -175,45 +185,80 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--lengths", default="1024,4096")
+    parser.add_argument("--lengths", default="1024,4096", help="full attention layer: sequence lengths")
+    parser.add_argument("--work", default="layer,short-step,text-step",
+                        help="comma-separated: layer (full attention layer), short-step (listops-short "
+                             "training step), text-step (Text-preset training step)")
+    parser.add_argument("--text-length", type=int, default=1024, help="text-step: sequence length")
+    parser.add_argument("--text-batch", type=int, default=4, help="text-step: batch size")
+    parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on both sides (GPU)")
     parser.add_argument("--fast-transformers", action="store_true", help="also clustered / improved clustered")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the calls: one round, PyTorch's side only where it is installed")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    torch.manual_seed(0)
+    work_kinds = args.work.split(",")
+    unknown = sorted(set(work_kinds) - {"layer", "short-step", "text-step"})
+    if unknown:
+        parser.error(f"--work: unknown {', '.join(unknown)} (layer, short-step, text-step)")
+    if not os.path.isfile(args.cast):
+        parser.error(f"--cast: {args.cast} is not a file (build it first: scripts/build.sh)")
+    have_torch = torch is not None and (args.device == "cpu" or torch.cuda.is_available())
+    if not have_torch and not args.dry_run:
+        raise SystemExit(f"PyTorch{'' if torch is None else ' with CUDA'} is not available here "
+                         "(bench/setup_torch.sh installs it; --dry-run times our side alone)")
+    if args.dry_run:
+        args.rounds = 1
+    if have_torch:
+        torch.set_num_threads(args.threads)
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        torch.backends.cudnn.allow_tf32 = args.tf32
+        torch.manual_seed(0)
+    device = torch.device(args.device) if have_torch else None
     r, w = str(args.repeats), "1"
+    common = ["--repeats", r, "--warmup", w, "--device", args.device] + (["--tf32"] if args.tf32 else [])
     work = []  # (label, ours argv, theirs callable)
-    for n in (int(v) for v in args.lengths.split(",")):
-        work.append((f"full attention layer fwd+bwd, N {n}",
-                     ["attention", "--mechanisms", "full", "--lengths", str(n), "--repeats", r, "--warmup", w,
-                      "--device", args.device],
-                     lambda n=n: torch_layer(n, device, 1, args.repeats)))
-    work.append(("listops-short training step (full attention)",
-                 ["train", "--task", "listops-short", "--mechanisms", "full", "--repeats", r, "--warmup", w,
-                  "--device", args.device],
-                 lambda: torch_step("listops-short", 48, 32, device, 1, args.repeats)))
-    work.append(("Text-preset training step, N 1024, batch 4 (full)",
-                 ["train", "--task", "text", "--length", "1024", "--batch-size", "4", "--mechanisms", "full",
-                  "--repeats", r, "--warmup", w, "--device", args.device],
-                 lambda: torch_step("text", 1024, 4, device, 1, args.repeats)))
+    if "layer" in work_kinds:
+        for n in (int(v) for v in args.lengths.split(",")):
+            work.append((f"full attention layer fwd+bwd, N {n}",
+                         ["attention", "--mechanisms", "full", "--lengths", str(n)] + common,
+                         lambda n=n: torch_layer(n, device, 1, args.repeats)))
+    if "short-step" in work_kinds:
+        work.append(("listops-short training step (full attention)",
+                     ["train", "--task", "listops-short", "--mechanisms", "full"] + common,
+                     lambda: torch_step("listops-short", 48, 32, device, 1, args.repeats)))
+    if "text-step" in work_kinds:
+        L, B = args.text_length, args.text_batch
+        work.append((f"Text-preset training step, N {L}, batch {B} (full)",
+                     ["train", "--task", "text", "--length", str(L), "--batch-size", str(B), "--mechanisms", "full"]
+                     + common,
+                     lambda: torch_step("text", L, B, device, 1, args.repeats)))
     if args.fast_transformers:
         for name, improved in (("clustered", False), ("iclustered", True)):
             work.append((f"{name} attention fwd+bwd, N 4096 (vs fast-transformers)",
-                         ["attention", "--mechanisms", name, "--lengths", "4096", "--repeats", r, "--warmup", w,
-                          "--device", args.device],
+                         ["attention", "--mechanisms", name, "--lengths", "4096"] + common,
                          lambda improved=improved: torch_clustered(4096, improved, device, 1, args.repeats)))
     results = {label: ([], []) for label, _, _ in work}
     for _ in range(args.rounds):
         for label, argv, theirs in work:
             results[label][0].append(ours(args.cast, args.threads, argv))
-            results[label][1].append(theirs())
+            if have_torch:
+                results[label][1].append(theirs())
     load = os.getloadavg()[0]
-    print(f"cast vs PyTorch {torch.__version__} on {args.device}, {args.threads} threads, median of "
-          f"{args.rounds} interleaved rounds (each a median of {args.repeats} runs); load average {load:.2f}")
+    version = torch.__version__ if have_torch else "(not installed: our side only)"
+    print(f"cast vs PyTorch {version} on {args.device}, {args.threads} threads, {'TF32' if args.tf32 else 'fp32'}, "
+          f"median of {args.rounds} interleaved rounds (each a median of {args.repeats} runs); "
+          f"load average {load:.2f}{'; DRY RUN' if args.dry_run else ''}")
     print(f"{'work':<58} {'cast ms':>10} {'torch ms':>10} {'cast/torch':>11}")
+    ratios = []
     for label, (mine, theirs) in results.items():
-        a, b = statistics.median(mine), statistics.median(theirs)
-        print(f"{label:<58} {a:>10.1f} {b:>10.1f} {a / b:>10.2f}x")
+        a = statistics.median(mine)
+        if theirs:
+            b = statistics.median(theirs)
+            ratios.append(a / b)
+            print(f"{label:<58} {a:>10.1f} {b:>10.1f} {a / b:>10.2f}x")
+        else:
+            print(f"{label:<58} {a:>10.1f} {'-':>10} {'-':>11}")
+    print(f"{len(results)} comparisons" + (f", cast/torch from {min(ratios):.2f}x to {max(ratios):.2f}x" if ratios else ""))
     sys.stdout.flush()
 
 

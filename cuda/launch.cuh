@@ -4,6 +4,7 @@
 // threads on the CPU, with barrier, race and bounds checks).
 //   CAST_LAUNCH(kernel, grid, block, shared_bytes, args...);
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 
 #if defined(CAST_CUDA_EMULATION)
@@ -12,12 +13,22 @@
 
 namespace cast::cuda {
 
+#if defined(CAST_CUDA_EMULATION)
+template <class Param, class Arg>
+void check_argument(const char* kernel_name, int argument, const Arg& arg) {
+  if constexpr (std::is_pointer_v<Param>)
+    emu::check_kernel_pointer(kernel_name, argument, static_cast<const void*>(static_cast<Param>(arg)));
+}
+#endif
+
 template <class... Params, class... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
                    Args&&... args) {
 #if defined(CAST_CUDA_EMULATION)
-  emu::launch(name, {grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes,
-              [&] { kernel(static_cast<Params>(args)...); });
+  int argument = 0;  // every pointer argument must be one the device can reach
+  (check_argument<Params>(name, argument++, args), ...);
+  emu::launch(name, reinterpret_cast<const void*>(kernel), {grid.x, grid.y, grid.z}, {block.x, block.y, block.z},
+              shared_bytes, [&] { kernel(static_cast<Params>(args)...); });
 #elif defined(__CUDACC__)
   (void)name;
   kernel<<<grid, block, shared_bytes>>>(std::forward<Args>(args)...);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuda/common.cuh"
+#include "cuda/elementwise.h"
 #include "cuda/matmul.h"
 #include "cuda/runtime.h"
 
@@ -11,11 +12,15 @@ namespace cast::cuda {
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha, double beta, int64_t batch,
           int64_t m, int64_t n, int64_t k, bool allow_tf32) {
   if (m == 0 || n == 0 || batch == 0) return;
+  if (k == 0) {  // no products: C = beta C, as the CPU path; cuBLAS does not promise to write C then
+    Tensor whole = c.view({batch * m * n});
+    if (beta == 0.0) CUDA_CHECK(cudaMemsetAsync(fptr(whole), 0, whole.numel() * sizeof(float)));  // never reads C
+    else if (beta != 1.0) affine(whole, whole, beta, 0.0, false);
+    return;
+  }
   cublasHandle_t h = cublas_handle();
   CUBLAS_CHECK(cublasSetMathMode(h, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  // Leading dimensions of at least 1: with k = 0 a transposed operand has 0 columns, and cuBLAS
-  // rejects a leading dimension of 0 (the product is then C = beta C).
   const int ldb = static_cast<int>(std::max<int64_t>(1, tb ? k : n));
   const int lda = static_cast<int>(std::max<int64_t>(1, ta ? m : k)), ldc = static_cast<int>(n);
   CUBLAS_CHECK(cublasSgemmStridedBatched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,

@@ -56,11 +56,17 @@ struct CachingAllocator {
       free_blocks.erase(it);
     } else {
       cudaError_t err = cudaMalloc(&ptr, want);
-      if (err != cudaSuccess) {  // give the cache back to the driver and try once more
+      if (err == cudaErrorMemoryAllocation) {  // give the cache back to the driver and try once more
         (void)cudaGetLastError();
         release_locked();
         err = cudaMalloc(&ptr, want);
       }
+      // Anything but running out is an earlier failure showing here: after an illegal address
+      // every call returns the kernel's error, and "lower the batch size" would mislead.
+      if (err != cudaSuccess && err != cudaErrorMemoryAllocation)
+        throw Error(fmt::format("CUDA error: {} (reported while allocating {} bytes; an earlier kernel failed, "
+                                "and the device is unusable until the process ends)",
+                                cudaGetErrorString(err), want));
       if (err != cudaSuccess) {
         (void)cudaGetLastError();
         constexpr double MiB = 1024.0 * 1024.0;

@@ -1,12 +1,17 @@
 // Improved clustered attention's top-key term, fused (cuda/topkey_attention.h).
 //
-// Forward: one thread per query, an online softmax over its cluster's filled top-key slots,
-// the key and value rows read where they are (a cluster's k rows stay in cache across its
-// members); nothing of size N·k·d is stored. Backward: one block per (head, cluster); each member
-// query (found by scanning the assignment in tiles) recomputes its probabilities from the saved
-// log-sum-exp, writes its own dq row and adds its dK_T, dV_T shares into shared memory; the block
-// then adds the cluster's k rows into dk and dv (atomics: one key can be in several clusters'
-// lists).
+// A query attends to its cluster's top-key list only (k keys, 32 by default), so there is no
+// tile of keys shared by a block of queries to stage in shared memory as flash attention does:
+// each query is one warp, its row held four columns to a lane (d ≤ 128, in registers), and each
+// key row is read by the warp in one coalesced pass (a cluster's k rows stay in L1/L2 across its
+// members). Forward: an online softmax over the filled slots; nothing of size N·k·d is stored.
+// Backward: one block per (head, cluster); its warps take the member queries (found by scanning
+// the assignment), recompute the probabilities from the saved log-sum-exp, write their own dq
+// rows and add their dK_T, dV_T shares into shared memory; the block then adds the cluster's k
+// rows into dk and dv (atomics: one key can be in several clusters' lists).
+//
+// NaN as the reference softmax: a row whose sum is NaN outputs NaN and passes NaN gradients; a row
+// with no key (no cluster, or only empty slots) outputs zeros with log-sum-exp −∞.
 #include <cmath>
 
 #include "cuda/common.cuh"
@@ -18,75 +23,102 @@ namespace cast::cuda {
 namespace {
 
 constexpr int kBackwardThreads = 128;
+constexpr int kWarpThreads = 256;                 // 8 query warps per forward block
+constexpr int kColumns = kTopKeyMaxHead / 32;     // columns per lane
 constexpr int64_t kSharedFloats = 48 * 1024 / 4;  // the default shared memory of a block
 
-__device__ float dot_rows(const float* a, const float* b, int64_t d) {
-  float s = 0;
-  for (int64_t e = 0; e < d; ++e) s += a[e] * b[e];
-  return s;
+// Row `row` of width d into a lane's registers: columns lane, lane + 32, ... (zeros past d).
+__device__ __forceinline__ void load_lane_row(float (&x)[kColumns], const float* row, int d, int lane) {
+#pragma unroll
+  for (int c = 0; c < kColumns; ++c) x[c] = lane + 32 * c < d ? row[lane + 32 * c] : 0.f;
+}
+
+// Σ_e a_e · row_e over the warp (every lane gets it).
+__device__ __forceinline__ float warp_dot(const float (&a)[kColumns], const float* row, int d, int lane) {
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < kColumns; ++c) s += lane + 32 * c < d ? a[c] * row[lane + 32 * c] : 0.f;
+  return warp_sum(s);
 }
 
 __global__ void topkey_forward_kernel(float* top_out, float* lse, const float* q, const float* k, const float* v,
-                                      const int32_t* top, const int32_t* assign, int64_t BH, int64_t N, int64_t C,
-                                      int64_t K, int64_t d, float scale) {
-  CAST_KERNEL_LOOP(row, BH * N) {
-    const int64_t bh = row / N, j = assign[row];
-    float* y = top_out + row * d;
-    float acc[kTopKeyMaxHead];
-    for (int64_t e = 0; e < d; ++e) acc[e] = 0.f;
+                                      const int32_t* top, const int32_t* assign, int BH, int N, int C, int K, int d,
+                                      float scale) {
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < BH * N; row += gridDim.x * warps) {
+    const int bh = row / N, j = assign[row];
+    float qi[kColumns], acc[kColumns];
+    load_lane_row(qi, q + row * d, d, lane);
+#pragma unroll
+    for (int c = 0; c < kColumns; ++c) acc[c] = 0.f;
     float m = -INFINITY, l = 0.f;
     if (j >= 0 && j < C) {
-      const float* qi = q + row * d;
       const int32_t* keys = top + (bh * C + j) * K;
-      for (int64_t t = 0; t < K; ++t) {
-        const int64_t key = keys[t];
+      for (int t = 0; t < K; ++t) {
+        const int key = keys[t];
         if (key < 0 || key >= N) continue;  // an empty slot (a bad id is reported by the op's check)
-        const float s = dot_rows(qi, k + (bh * N + key) * d, d) * scale;
-        const float m_new = fmaxf(m, s);
-        const float correction = expf(m - m_new), p = expf(s - m_new);
+        const float score = warp_dot(qi, k + (bh * N + key) * d, d, lane) * scale;
+        const float m_new = fmaxf(m, score);
+        const float correction = m_new == -INFINITY ? 1.f : expf(m - m_new);
+        const float p = score == -INFINITY ? 0.f : expf(score - m_new);
         const float* vr = v + (bh * N + key) * d;
-        for (int64_t e = 0; e < d; ++e) acc[e] = acc[e] * correction + p * vr[e];
+#pragma unroll
+        for (int c = 0; c < kColumns; ++c)
+          acc[c] = acc[c] * correction + (lane + 32 * c < d ? p * vr[lane + 32 * c] : 0.f);
         l = l * correction + p;
         m = m_new;
       }
     }
-    for (int64_t e = 0; e < d; ++e) y[e] = l > 0.f ? acc[e] / l : 0.f;
-    lse[row] = l > 0.f ? m + logf(l) : -INFINITY;
+    const float inv = l == 0.f ? 0.f : 1.f / l;  // no key: zeros; NaN stays NaN
+#pragma unroll
+    for (int c = 0; c < kColumns; ++c)
+      if (lane + 32 * c < d) top_out[row * d + lane + 32 * c] = acc[c] * inv;
+    if (lane == 0) lse[row] = l == 0.f ? -INFINITY : m + logf(l);
   }
 }
 
 __global__ void topkey_backward_kernel(float* dq, float* dk, float* dv, const float* d_top, const float* q,
                                        const float* k, const float* v, const int32_t* top, const int32_t* assign,
-                                       const float* top_out, const float* lse, int64_t N, int64_t C, int64_t K,
-                                       int64_t d, float scale) {
-  const int64_t bh = blockIdx.x / C, j = blockIdx.x % C;
+                                       const float* top_out, const float* lse, int N, int C, int K, int d,
+                                       float scale) {
+  const int bh = blockIdx.x / C, j = blockIdx.x % C;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int32_t* keys = top + (bh * C + j) * K;
   CAST_DYNAMIC_SHARED(float, acc, 2 * K * d);  // dK_T, then dV_T, of this cluster
-  for (int64_t e = threadIdx.x; e < 2 * K * d; e += blockDim.x) acc[e] = 0.f;
+  for (int e = threadIdx.x; e < 2 * K * d; e += blockDim.x) acc[e] = 0.f;
   __syncthreads();
-  for (int64_t base = 0; base < N; base += blockDim.x) {
-    const int64_t i = base + threadIdx.x;
-    if (i >= N || assign[bh * N + i] != j || !(lse[bh * N + i] > -INFINITY)) continue;
-    const int64_t row = bh * N + i;
-    const float *qi = q + row * d, *gi = d_top + row * d;
-    const float delta = dot_rows(gi, top_out + row * d, d);  // Σ_t p_t dp_t
-    float* dqi = dq ? dq + row * d : nullptr;
-    for (int64_t t = 0; t < K; ++t) {
-      const int64_t key = keys[t];
+  for (int i = warp; i < N; i += warps) {
+    const int row = bh * N + i;
+    if (assign[row] != j || lse[row] == -INFINITY) continue;  // not a member, or a row with no key
+    float qi[kColumns], gi[kColumns], dqi[kColumns];
+    load_lane_row(qi, q + row * d, d, lane);
+    load_lane_row(gi, d_top + row * d, d, lane);
+    const float delta = warp_dot(gi, top_out + row * d, d, lane);  // Σ_t p_t dp_t
+#pragma unroll
+    for (int c = 0; c < kColumns; ++c) dqi[c] = 0.f;
+    for (int t = 0; t < K; ++t) {
+      const int key = keys[t];
       if (key < 0 || key >= N) continue;
       const float* kr = k + (bh * N + key) * d;
-      const float p = expf(dot_rows(qi, kr, d) * scale - lse[row]);
-      const float ds = p * (dot_rows(gi, v + (bh * N + key) * d, d) - delta) * scale;
-      for (int64_t e = 0; e < d; ++e) {
-        if (dqi) dqi[e] += ds * kr[e];
-        if (dk) acc.atomic_add(t * d + e, ds * qi[e]);
-        if (dv) acc.atomic_add((K + t) * d + e, p * gi[e]);
+      const float p = expf(warp_dot(qi, kr, d, lane) * scale - lse[row]);
+      const float ds = p * (warp_dot(gi, v + (bh * N + key) * d, d, lane) - delta) * scale;
+#pragma unroll
+      for (int c = 0; c < kColumns; ++c) {
+        const int e = lane + 32 * c;
+        if (e >= d) continue;
+        dqi[c] += ds * kr[e];
+        if (dk) acc.atomic_add(t * d + e, ds * qi[c]);
+        if (dv) acc.atomic_add((K + t) * d + e, p * gi[c]);
       }
     }
+    if (dq)
+#pragma unroll
+      for (int c = 0; c < kColumns; ++c)
+        if (lane + 32 * c < d) dq[row * d + lane + 32 * c] += dqi[c];
   }
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < K * d; e += blockDim.x) {
-    const int64_t key = keys[e / d];
+  for (int e = threadIdx.x; e < K * d; e += blockDim.x) {
+    const int key = keys[e / d];
     if (key < 0 || key >= N) continue;
     const float dk_share = acc[e], dv_share = acc[K * d + e];
     if (dk) atomicAdd(dk + (bh * N + key) * d + e % d, dk_share);
@@ -102,9 +134,12 @@ void topkey_attention_forward(Tensor& top_out, Tensor& lse, const Tensor& q, con
                               const Tensor& top, const Tensor& assign, int64_t clusters, int64_t k_top, double scale) {
   const int64_t BH = q.dim(0), N = q.dim(1), d = q.dim(2);
   CAST_CHECK(topkey_attention_fits(k_top, d), "top-key attention: {} keys of width {} do not fit", k_top, d);
+  CAST_CHECK(BH * N * d <= int64_t{INT32_MAX} && BH * clusters * k_top <= int64_t{INT32_MAX},
+             "top-key attention: {} rows of width {} exceed 32-bit indexing", BH * N, d);
   if (BH * N == 0) return;
-  CAST_LAUNCH(topkey_forward_kernel, blocks_for(BH * N), kThreads, 0, fptr(top_out), fptr(lse), fptr(q), fptr(k),
-              fptr(v), top.data<int32_t>(), assign.data<int32_t>(), BH, N, clusters, k_top, d,
+  CAST_LAUNCH(topkey_forward_kernel, blocks_for(BH * N, kWarpThreads / 32), kWarpThreads, 0, fptr(top_out),
+              fptr(lse), fptr(q), fptr(k), fptr(v), top.data<int32_t>(), assign.data<int32_t>(), static_cast<int>(BH),
+              static_cast<int>(N), static_cast<int>(clusters), static_cast<int>(k_top), static_cast<int>(d),
               static_cast<float>(scale));
   CUDA_CHECK_LAUNCH();
 }
@@ -120,7 +155,8 @@ void topkey_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor&
   CAST_LAUNCH(topkey_backward_kernel, static_cast<unsigned>(BH * clusters), kBackwardThreads,
               static_cast<size_t>(2 * k_top * d) * sizeof(float), dq ? fptr(*dq) : nullptr, dk ? fptr(*dk) : nullptr,
               dv ? fptr(*dv) : nullptr, fptr(d_top), fptr(q), fptr(k), fptr(v), top.data<int32_t>(),
-              assign.data<int32_t>(), fptr(top_out), fptr(lse), N, clusters, k_top, d, static_cast<float>(scale));
+              assign.data<int32_t>(), fptr(top_out), fptr(lse), static_cast<int>(N), static_cast<int>(clusters),
+              static_cast<int>(k_top), static_cast<int>(d), static_cast<float>(scale));
   CUDA_CHECK_LAUNCH();
 }
 

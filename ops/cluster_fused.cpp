@@ -451,6 +451,7 @@ Tensor intra_cluster_attention_fused(const Tensor& q, const Tensor& k, const Ten
   check_heads(op, q, k, v);
   check_ndim(op, members, 4, "members");
   check_dtype(op, members, DType::i32, "members");
+  check_same_device(op, q, members);
   CAST_CHECK(members.dim(0) == q.dim(0) && members.dim(1) == q.dim(1), "{}: members {} do not fit q {}", op,
              members.describe(), q.describe());
   check_index_range(op, members, -1, q.dim(2));
@@ -489,6 +490,9 @@ Tensor improved_clustered_output_fused(const Tensor& q, const Tensor& k, const T
              "{}: top_keys {} must be [{}, {}, {}, k]", op, top_keys.describe(), B, H, C);
   CAST_CHECK(assignment.shape() == (Shape{B, H, N}), "{}: assignment {} must be [{}, {}, {}]", op,
              assignment.describe(), B, H, N);
+  check_same_device(op, q, a_c);
+  check_same_device(op, q, top_keys);
+  check_same_device(op, q, assignment);
   check_index_range(op, top_keys, -1, N);
   check_index_range(op, assignment, -1, C);
   const ImprovedShape s{B * H, N, C, top_keys.dim(3), d};

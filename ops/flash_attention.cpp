@@ -219,6 +219,7 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   check_same_device(op, k, v);
   if (mask.defined()) {
     check_same_dtype(op, q, mask);
+    check_same_device(op, q, mask);  // a host mask handed to a GPU kernel would fault there
     CAST_CHECK(mask.shape() == (Shape{k.dim(0), k.dim(2)}), "flash_attention: mask {} must be [{}, {}]",
                mask.describe(), k.dim(0), k.dim(2));
   }

@@ -12,6 +12,11 @@ namespace cast::testing {
 
 using DeviceFn = std::function<Tensor(const std::vector<Tensor>&)>;
 
+// The random values input i's gradient starts from, on both devices.
+inline Tensor prefilled_grad(const Tensor& input, size_t i) {
+  return Tensor::uniform(input.shape(), 900 + i, 0, -1.0, 1.0, input.dtype());
+}
+
 inline std::vector<Tensor> copy_inputs(const std::vector<Tensor>& inputs, Device device) {
   std::vector<Tensor> out;
   for (const Tensor& t : inputs) {
@@ -23,7 +28,9 @@ inline std::vector<Tensor> copy_inputs(const std::vector<Tensor>& inputs, Device
 }
 
 // Runs fn on CPU copies of the inputs, then backward with a fixed output gradient; then the same
-// on CUDA copies. Each forward is walked by its own backward: one tape holds one device's graph
+// on CUDA copies. Every input's gradient starts as the same random values on both devices, not
+// zeros: a backward must add into its input gradients (the op contract), and one that overwrites
+// them would otherwise pass. Each forward is walked by its own backward: one tape holds one device's graph
 // at a time (recording both first would leave the second backward nothing to walk). Compares
 // outputs, every input gradient and every tensor `extra(device)` names (parameters).
 using ExtraFn = std::function<std::vector<std::pair<std::string, Tensor>>(Device)>;
@@ -41,6 +48,9 @@ inline void expect_devices_agree(const DeviceFn& fn, const std::vector<Tensor>& 
     const Device device = r == 0 ? Device::cpu : Device::cuda;
     Run& run = runs[r];
     run.in = copy_inputs(inputs, device);
+    for (size_t i = 0; i < run.in.size(); ++i)
+      if (run.in[i].requires_grad() && is_float(run.in[i].dtype()))
+        run.in[i].set_grad(prefilled_grad(inputs[i], i).to(device));
     run.out = fn(run.in);
     if (r == 0 && is_float(run.out.dtype())) dout = Tensor::uniform(run.out.shape(), 777, 0, -1.0, 1.0);
     if (run.out.requires_grad()) autograd::backward(run.out, dout.to(device));
@@ -59,6 +69,8 @@ inline void expect_devices_agree(const DeviceFn& fn, const std::vector<Tensor>& 
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].requires_grad()) continue;
     ASSERT_TRUE(runs[0].grads[i].defined() && runs[1].grads[i].defined()) << "input " << i << " got no gradient";
+    EXPECT_GT(max_abs_diff(runs[0].grads[i], prefilled_grad(inputs[i], i)), 0.0)
+        << "input " << i << ": the backward added nothing to its gradient";
     expect_close_per_element(runs[1].grads[i], runs[0].grads[i], rtol, atol, fmt::format("gradient of input {}", i));
   }
   ASSERT_EQ(runs[0].extra.size(), runs[1].extra.size());

@@ -1,8 +1,10 @@
 // Layer 2 for attention: every step and every layer variant on CUDA against the CPU.
 // Skipped, with the reason, where no GPU is present.
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
+#include "autograd/tape.h"
 #include "nn/attention.h"
 #include "ops/cluster_fused.h"
 #include "ops/clustering.h"
@@ -240,11 +242,14 @@ TEST(CudaVsCpuAttention, ClusterCountsAndRepeatedIds) {
 }
 
 // Flash attention on the device against the CPU's (itself tested against the step ops): values,
-// dQ, dK and dV, on tiles of 32 left partial (M 37, N 45 and 70), M ≠ N (clustered attention's
-// centroids), padding keys and a batch row with no real key.
+// dQ, dK and dV, on every compiled head-width bound (32, 64, 128) and widths between them (13
+// and 100 take the scalar loads: d % 4 ≠ 0 or a partial column group), tiles of 64 and 32 rows
+// left partial on both sides, M ≠ N (clustered attention's centroids), padding keys and a batch
+// row with no real key.
 TEST(CudaVsCpuAttention, FlashAttention) {
   SKIP_WITHOUT_GPU();
-  for (auto [M, N, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{37, 45, 8}, {5, 70, 40}, {64, 64, 16}}) {
+  for (auto [M, N, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {37, 45, 8}, {5, 70, 40}, {64, 64, 16}, {70, 130, 13}, {65, 33, 64}, {33, 66, 128}, {9, 40, 100}}) {
     std::vector<float> m(3 * N, 1.f);
     for (int64_t j = N - N / 4; j < N; ++j) m[j] = 0.f;        // padding at the end of row 0
     for (int64_t j = 0; j < N; j += 3) m[N + j] = 0.f;          // scattered padding in row 1
@@ -255,6 +260,58 @@ TEST(CudaVsCpuAttention, FlashAttention) {
     expect_devices_agree([&](const Inputs& x) { return ops::flash_attention(x[0], x[1], x[2], Tensor()); },
                          Inputs{rand32({1, 3, M, d}, 73), rand32({1, 3, N, d}, 74), rand32({1, 3, N, d}, 75)});
   }
+}
+
+// NaN as the reference step ops treat it (ops/softmax.cpp and the products around it): a NaN
+// among a row's real scores makes that row NaN, in the output and in every gradient it reaches;
+// a NaN in a padding key's row stays out of the forward but reaches dQ through dS·K, where the
+// reference multiplies it by a zero. The device's flash kernels against the reference, NaN for NaN.
+TEST(CudaVsCpuAttention, FlashAttentionPropagatesNaNAsTheReference) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 1, H = 1, N = 70, d = 16;
+  std::vector<float> m(N, 1.f);
+  for (int64_t j = 60; j < N; ++j) m[j] = 0.f;
+  const Tensor mask = Tensor::from_vector<float>(m, {B, N});
+  for (const bool on_padding : {false, true}) {
+    Tensor k = Tensor::uniform({B, H, N, d}, 91, 0, -1.0, 1.0);
+    const std::vector<double> kd = k.to_double_vector();
+    std::vector<float> kv(kd.begin(), kd.end());
+    kv[(on_padding ? 65 : 3) * d + 5] = std::nanf("");  // key 3 is real, key 65 is padding
+    k = Tensor::from_vector<float>(kv, k.shape());
+    const Inputs in{rand32({B, H, N, d}, 90), k.set_requires_grad(), rand32({B, H, N, d}, 92)};
+    auto nan_pattern = [&](bool flash, Device device) {
+      Inputs x = copy_inputs(in, device);
+      const Tensor mk = mask.to(device);
+      Tensor out = flash ? ops::flash_attention(x[0], x[1], x[2], mk) : ops::full_attention(x[0], x[1], x[2], mk);
+      autograd::backward(out, Tensor::uniform(out.shape(), 93, 0, -1.0, 1.0).to(device));
+      std::vector<std::vector<bool>> pattern;
+      for (const Tensor& t : {out, x[0].grad(), x[1].grad(), x[2].grad()}) {
+        std::vector<bool> nan;
+        for (double v : t.to_double_vector()) nan.push_back(std::isnan(v));
+        pattern.push_back(nan);
+      }
+      return pattern;
+    };
+    const auto reference = nan_pattern(false, Device::cpu), device = nan_pattern(true, Device::cuda);
+    const char* names[] = {"output", "dq", "dk", "dv"};
+    for (int t = 0; t < 4; ++t)
+      EXPECT_EQ(device[t], reference[t]) << names[t] << (on_padding ? ", NaN on a padding key" : ", NaN on a real key");
+    // the forward never looks at a padding key's scores
+    EXPECT_EQ(std::find(reference[0].begin(), reference[0].end(), true) != reference[0].end(), !on_padding);
+  }
+}
+
+// A mask or member list on another device than q is one clear error, not a fault in a kernel.
+TEST(CudaVsCpuAttention, FusedOpsRefuseInputsOnAnotherDevice) {
+  SKIP_WITHOUT_GPU();
+  const Tensor q = Tensor::uniform({1, 1, 8, 4}, 1, 0, -1.0, 1.0, DType::f32, Device::cuda);
+  const Tensor host_mask = Tensor::full({1, 8}, 1.0);
+  EXPECT_CAST_ERROR(ops::flash_attention(q, q, q, host_mask), "flash_attention: tensors on different devices");
+  EXPECT_CAST_ERROR(ops::flash_attention(q.to(Device::cpu), q.to(Device::cpu), q.to(Device::cpu), host_mask.to(Device::cuda)),
+                    "flash_attention: tensors on different devices");
+  const Tensor members = Tensor::from_vector<int32_t>({0, 1, 2, 3}, {1, 1, 1, 4});
+  EXPECT_CAST_ERROR(ops::intra_cluster_attention_fused(q, q, q, members),
+                    "intra_cluster_attention_fused: tensors on different devices");
 }
 
 // CAST's fused intra-cluster attention on the device (gathered rows, flash attention with the

@@ -3,7 +3,9 @@
 // warm-up steps of the largest shape, a step copies nothing to the host except the statistics
 // read on a log step (one copy), sends only its batch (and clustered attention's LSH planes),
 // and makes no cudaMalloc call, for batches padded to other lengths and of other sizes too.
+#include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include "autograd/tape.h"
 #include "nn/transformer.h"
@@ -14,6 +16,7 @@
 #endif
 
 using namespace cast;
+using namespace cast::testing;
 
 struct StepCase {
   nn::Mechanism mechanism;
@@ -98,6 +101,84 @@ TEST_P(CudaTrainingSteps, CopyBackOnlyTheLogAndStopAllocatingAfterWarmUp) {
   std::printf("%s step: at most %zu host-to-device copies\n",
               nn::mechanism_name(GetParam().mechanism), most_to_device);
 #endif
+}
+
+// One whole training step (forward, loss, backward, clipping, AdamW) on the CPU and on CUDA from
+// the same weights, batch and dropout stream: the loss, every parameter's gradient and every
+// parameter after the update agree. A device backward that overwrites a gradient instead of
+// adding into it (the residual stream's, say) fails here even where each op's test passes.
+// AdamW's eps is 1e-2 here so that an update is a smooth function of the gradient (with 1e-9
+// the first step is lr·sign(g), which a gradient that is zero but for rounding flips at random).
+TEST_P(CudaTrainingSteps, OneStepEqualsTheCpuStep) {
+  SKIP_WITHOUT_GPU();
+  nn::ModelConfig m;
+  m.vocab = 8, m.max_len = 16, m.dim = 16, m.heads = 2, m.mlp_dim = 32, m.layers = 2, m.classes = 3;
+  m.dropout = 0.1;
+  m.attention.mechanism = GetParam().mechanism;
+  m.attention.single_assignment = GetParam().single_assignment;
+  m.attention.shared_clustering = GetParam().shared_clustering;
+  m.attention.clusters = 3, m.attention.cluster_size = 6, m.attention.topk = 5, m.attention.bits = 8;
+  m.attention.iterations = 2;
+  struct Side {
+    std::unique_ptr<nn::Transformer> model;
+    nn::ParamList params;
+    std::vector<Tensor> mo, ve;
+    std::unique_ptr<train::TrainingStep> step;
+  } sides[2];
+  for (int i = 0; i < 2; ++i) {
+    const Device device = i == 0 ? Device::cpu : Device::cuda;
+    Side& side = sides[i];
+    side.model = std::make_unique<nn::Transformer>(m, DType::f32, device);
+    side.params = side.model->parameters();
+    for (auto& [name, t] : side.params) {
+      side.mo.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
+      side.ve.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
+    }
+    side.step = std::make_unique<train::TrainingStep>(*side.model, side.params, side.mo, side.ve, 1);
+  }
+  ASSERT_EQ(sides[0].params.size(), sides[1].params.size());
+  for (size_t p = 0; p < sides[0].params.size(); ++p)  // the same weights on both devices
+    sides[1].params[p].second->copy_from(*sides[0].params[p].second);
+  const int64_t B = 5, N = 14;
+  std::vector<int32_t> tokens(B * N), labels(B);
+  std::vector<float> mask(B * N);
+  int64_t real = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t length = N - 3 * b % 7;  // padded rows
+    for (int64_t i = 0; i < N; ++i) {
+      tokens[b * N + i] = i < length ? static_cast<int32_t>(1 + (b * 5 + i * 3) % 7) : 0;
+      mask[b * N + i] = i < length ? 1.f : 0.f;
+    }
+    labels[b] = static_cast<int32_t>(b % 3);
+    real += length;
+  }
+  std::vector<train::StepRecord> records[2];
+  for (int i = 0; i < 2; ++i) {
+    const Device device = i == 0 ? Device::cpu : Device::cuda;
+    nn::Batch batch;
+    batch.tokens = Tensor::from_vector<int32_t>(tokens, {B, N}, device);
+    batch.mask = Tensor::from_vector<float>(mask, {B, N}, device);
+    batch.labels = Tensor::from_vector<int32_t>(labels, {B}, device);
+    batch.host_labels = labels;
+    batch.real_tokens = real;
+    sides[i].step->compute(batch, 1);
+    records[i] = sides[i].step->read();
+  }
+  ASSERT_EQ(records[0].size(), 1u);
+  ASSERT_EQ(records[1].size(), 1u);
+  EXPECT_NEAR(records[1][0].loss, records[0][0].loss, 1e-5 * std::abs(records[0][0].loss)) << "loss";
+  EXPECT_NEAR(records[1][0].grad_norm, records[0][0].grad_norm, 1e-4 * records[0][0].grad_norm) << "gradient norm";
+  for (size_t p = 0; p < sides[0].params.size(); ++p) {
+    const auto& [name, cpu] = sides[0].params[p];
+    const Tensor& gpu = *sides[1].params[p].second;
+    ASSERT_EQ(cpu->grad().defined(), gpu.grad().defined()) << name;
+    if (cpu->grad().defined()) expect_close_per_element(gpu.grad(), cpu->grad(), 1e-4, 1e-6, name + " gradient");
+  }
+  for (Side& side : sides) side.step->update(ops::AdamWStep{1e-3, 0.9, 0.98, 1e-2, 0.0, 1}, 0.01, 0.5);
+  for (size_t p = 0; p < sides[0].params.size(); ++p) {
+    const auto& [name, cpu] = sides[0].params[p];
+    expect_close_per_element(*sides[1].params[p].second, *cpu, 1e-5, 1e-6, name + " after AdamW");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllMechanisms, CudaTrainingSteps,

@@ -110,6 +110,32 @@ std::string error_of(Fn&& launch) {
   return "";
 }
 
+// A host vector's copy in device memory for one launch: kernels take device pointers (the
+// emulation refuses a host one, as a GPU faults on it); the copy goes back when the launch's
+// statement ends.
+template <class T>
+class OnDevice {
+ public:
+  explicit OnDevice(std::vector<T>& host) : host_(host) {
+    CUDA_CHECK(cudaMalloc(&ptr_, host.size() * sizeof(T)));
+    CUDA_CHECK(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  OnDevice(const OnDevice&) = delete;
+  ~OnDevice() {
+    (void)cudaMemcpy(host_.data(), ptr_, host_.size() * sizeof(T), cudaMemcpyDeviceToHost);
+    (void)cudaFree(ptr_);
+  }
+  operator T*() const { return ptr_; }
+
+ private:
+  std::vector<T>& host_;
+  T* ptr_ = nullptr;
+};
+template <class T>
+OnDevice<T> dev(std::vector<T>& host) {
+  return OnDevice<T>(host);
+}
+
 std::vector<float> iota_floats(int n) {
   std::vector<float> v(n);
   for (int i = 0; i < n; ++i) v[i] = static_cast<float>(i % 7) - 3.f;
@@ -121,7 +147,7 @@ std::vector<float> iota_floats(int n) {
 // ---------------------------------------------------------------- correct kernels pass
 TEST(Emulation, CorrectReductionPassesAndIsRight) {
   std::vector<float> x = iota_floats(512), out(2, -1.f);
-  CAST_LAUNCH(tree_sum, 2, 256, 0, x.data(), out.data(), 256);
+  CAST_LAUNCH(tree_sum, 2, 256, 0, dev(x), dev(out), 256);
   for (int b = 0; b < 2; ++b) {
     float want = 0;
     for (int i = 0; i < 256; ++i) want += x[b * 256 + i];
@@ -132,7 +158,7 @@ TEST(Emulation, CorrectReductionPassesAndIsRight) {
 TEST(Emulation, WarpFunctionsExchangeLanes) {
   std::vector<float> x = iota_floats(64), sum(64), from3(64), down(64);
   std::vector<unsigned> ballot(64);
-  CAST_LAUNCH(warp_functions, 1, 64, 0, x.data(), sum.data(), from3.data(), ballot.data(), down.data());
+  CAST_LAUNCH(warp_functions, 1, 64, 0, dev(x), dev(sum), dev(from3), dev(ballot), dev(down));
   for (int w = 0; w < 2; ++w) {
     float total = 0;
     unsigned bits = 0;
@@ -153,33 +179,33 @@ TEST(Emulation, WarpFunctionsExchangeLanes) {
 TEST(Emulation, GridStrideLoopsAndAtomicsOverManyBlocks) {
   const int64_t n = 100000;
   std::vector<int> hits(n, 0);
-  CAST_LAUNCH(grid_stride_fill, 7, 128, 0, hits.data(), n);  // fewer threads than elements
+  CAST_LAUNCH(grid_stride_fill, 7, 128, 0, dev(hits), n);  // fewer threads than elements
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << i;
-  float total = 0;
-  CAST_LAUNCH(atomic_total, 13, 64, 0, &total, int64_t{5000});
-  EXPECT_EQ(total, 5000.f);
+  std::vector<float> total(1, 0.f);
+  CAST_LAUNCH(atomic_total, 13, 64, 0, dev(total), int64_t{5000});
+  EXPECT_EQ(total[0], 5000.f);
 }
 
 TEST(Emulation, DynamicSharedMemory) {
   std::vector<float> x = iota_floats(96), out(96);
-  CAST_LAUNCH(reverse_dynamic, 1, 96, 96 * sizeof(float), x.data(), out.data(), 96);
+  CAST_LAUNCH(reverse_dynamic, 1, 96, 96 * sizeof(float), dev(x), dev(out), 96);
   for (int t = 0; t < 96; ++t) EXPECT_EQ(out[t], x[95 - t]);
   // asking for more elements than the launch gave is an error, not a silent overrun
-  const std::string e = error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 96, 64 * sizeof(float), x.data(), out.data(), 96); });
+  const std::string e = error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 96, 64 * sizeof(float), dev(x), dev(out), 96); });
   EXPECT_NE(e.find("dynamic shared memory 'tile'"), std::string::npos) << e;
 }
 
 // ---------------------------------------------------------------- broken kernels are caught
 TEST(Emulation, MissingBarrierIsReportedAsARace) {
   std::vector<float> x = iota_floats(256), out(1);
-  const std::string e = error_of([&] { CAST_LAUNCH(tree_sum_missing_barrier, 1, 256, 0, x.data(), out.data(), 256); });
+  const std::string e = error_of([&] { CAST_LAUNCH(tree_sum_missing_barrier, 1, 256, 0, dev(x), dev(out), 256); });
   EXPECT_NE(e.find("shared-memory race on 'buf'"), std::string::npos) << e;
   EXPECT_NE(e.find("kernel tree_sum_missing_barrier, block (0, 0, 0), thread"), std::string::npos) << e;
 }
 
 TEST(Emulation, BarrierInDivergentBranchIsReported) {
   std::vector<float> out(256);
-  const std::string e = error_of([&] { CAST_LAUNCH(barrier_in_branch, 1, 256, 0, out.data()); });
+  const std::string e = error_of([&] { CAST_LAUNCH(barrier_in_branch, 1, 256, 0, dev(out)); });
   EXPECT_NE(e.find("barrier divergence in kernel barrier_in_branch, block (0, 0, 0)"), std::string::npos) << e;
   EXPECT_NE(e.find("threads 0-127 wait at __syncthreads()"), std::string::npos) << e;
   EXPECT_NE(e.find("threads 128-255 have exited"), std::string::npos) << e;
@@ -187,29 +213,29 @@ TEST(Emulation, BarrierInDivergentBranchIsReported) {
 
 TEST(Emulation, OffByOneSharedIndexIsOutOfBounds) {
   std::vector<float> x = iota_floats(256), out(256);
-  const std::string e = error_of([&] { CAST_LAUNCH(shift_off_by_one, 1, 256, 0, x.data(), out.data()); });
+  const std::string e = error_of([&] { CAST_LAUNCH(shift_off_by_one, 1, 256, 0, dev(x), dev(out)); });
   EXPECT_NE(e.find("shared memory 'buf' index 256 out of bounds [0, 256)"), std::string::npos) << e;
   EXPECT_NE(e.find("thread (255, 0, 0)"), std::string::npos) << e;
 }
 
 TEST(Emulation, WarpFunctionWaitingForAnExitedLane) {
   std::vector<float> out(32);
-  const std::string e = error_of([&] { CAST_LAUNCH(warp_function_after_exit, 1, 32, 0, out.data()); });
+  const std::string e = error_of([&] { CAST_LAUNCH(warp_function_after_exit, 1, 32, 0, dev(out)); });
   EXPECT_NE(e.find("never completes"), std::string::npos) << e;
   EXPECT_NE(e.find("waits for threads 0"), std::string::npos) << e;
 }
 
 TEST(Emulation, InvalidLaunchConfigurations) {
   std::vector<float> out(1);
-  EXPECT_CAST_ERROR(CAST_LAUNCH(barrier_in_branch, 0, 256, 0, out.data()), "invalid configuration");
-  EXPECT_CAST_ERROR(CAST_LAUNCH(barrier_in_branch, 1, 2048, 0, out.data()), "at most 1024 threads");
+  EXPECT_CAST_ERROR(CAST_LAUNCH(barrier_in_branch, 0, 256, 0, dev(out)), "invalid configuration");
+  EXPECT_CAST_ERROR(CAST_LAUNCH(barrier_in_branch, 1, 2048, 0, dev(out)), "at most 1024 threads");
 }
 
 TEST(Emulation, TheCorrectKernelsRaiseNoError) {
   // the same three checks on the correct versions: nothing is reported
   std::vector<float> x = iota_floats(256), out(256);
-  EXPECT_EQ(error_of([&] { CAST_LAUNCH(tree_sum, 1, 256, 0, x.data(), out.data(), 256); }), "");
-  EXPECT_EQ(error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 256, 256 * sizeof(float), x.data(), out.data(), 256); }),
+  EXPECT_EQ(error_of([&] { CAST_LAUNCH(tree_sum, 1, 256, 0, dev(x), dev(out), 256); }), "");
+  EXPECT_EQ(error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 256, 256 * sizeof(float), dev(x), dev(out), 256); }),
             "");
 }
 
@@ -247,4 +273,48 @@ TEST(Emulation, CachedBlocksServeOtherSizes) {
   EXPECT_EQ(cuda::memory_stats().device_mallocs, mallocs + 1);
   { Tensor e = Tensor::empty({1000}, DType::f32, Device::cuda); }  // 4 KB: the cached 0.8 MB small block
   EXPECT_EQ(cuda::memory_stats().device_mallocs, mallocs + 1);
+}
+
+// A GPU faults on a host pointer handed to a kernel; the emulation, whose device memory is host
+// memory, refuses it at the launch, naming the kernel and the argument.
+TEST(Emulation, HostPointerArgumentIsRefused) {
+  std::vector<float> x = iota_floats(256), out(256);
+  const std::string e = error_of([&] { CAST_LAUNCH(tree_sum, 1, 256, 0, dev(x), out.data(), 256); });
+  EXPECT_NE(e.find("kernel tree_sum argument 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("not device memory"), std::string::npos) << e;
+  // a device pointer one past the end of its block (an empty tensor's end) is still device memory
+  EXPECT_EQ(error_of([&] {
+              OnDevice<float> d(x);
+              CAST_LAUNCH(barrier_in_branch, 1, 1, 0, static_cast<float*>(d) + x.size());
+            }),
+            "");
+}
+
+// More than 48 KiB of dynamic shared memory needs the kernel's opt-in, as on a GPU.
+TEST(Emulation, LargeDynamicSharedMemoryNeedsTheOptIn) {
+  std::vector<float> x = iota_floats(96), out(96);
+  const size_t bytes = 100 * 1024;
+  const std::string e = error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 96, bytes, dev(x), dev(out), 96); });
+  EXPECT_NE(e.find("48 KiB without an opt-in"), std::string::npos) << e;
+  ASSERT_EQ(cudaFuncSetAttribute(reverse_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), cudaSuccess);
+  EXPECT_EQ(error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 96, bytes, dev(x), dev(out), 96); }), "");
+  EXPECT_NE(cudaFuncSetAttribute(reverse_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024),
+            cudaSuccess);
+}
+
+// After a kernel's illegal address every runtime call fails with it: the allocator says so
+// instead of blaming the batch size.
+TEST(Emulation, StickyKernelErrorIsNotReportedAsOutOfMemory) {
+  cuda::release_cached_memory();
+  emu::set_sticky_error(cudaErrorIllegalAddress);
+  std::string e;
+  try {
+    Tensor t = Tensor::empty({12345}, DType::f32, Device::cuda);
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  emu::set_sticky_error(cudaSuccess);
+  EXPECT_NE(e.find("an illegal memory access was encountered"), std::string::npos) << e;
+  EXPECT_EQ(e.find("out of memory"), std::string::npos) << e;
+  EXPECT_EQ(e.find("batch size"), std::string::npos) << e;
 }

@@ -13,6 +13,7 @@
 #include "tensor/device_memory.h"
 #include "train/cli.h"
 #ifdef CAST_WITH_CUDA
+#include "cuda/flash_attention.h"
 #include "cuda/runtime.h"
 #endif
 
@@ -46,8 +47,20 @@ static const char* build_vector_isa() {
 
 int command_info(const std::vector<std::string>& argv) {
   cli::Args args("info", "Print the build options and the devices found.");
+  args.flag("kernels", "list how each flash attention kernel is launched (threads, dynamic shared memory), for "
+                       "scripts/kernel_report.sh; needs no GPU");
   args.example("cast info");
+  args.example("cast info --kernels");
   if (!args.parse(argv)) return 0;
+  if (args.is_set("kernels")) {
+#ifdef CAST_WITH_CUDA
+    for (const auto& k : cuda::flash_launch_shapes())
+      fmt::print("kernel {} threads {} dynamic_shared {}\n", k.kernel, k.threads, k.dynamic_shared_bytes);
+    return 0;
+#else
+    throw UsageError("info --kernels: this binary was built without CUDA");
+#endif
+  }
   fmt::print("cast {} ({} build)\n", CAST_VERSION, CAST_BUILD_TYPE);
   fmt::print("cpu:       {}, {} cores, {} memory\n", cpu_model(), std::thread::hardware_concurrency(),
              gib(host_memory_total()));

@@ -352,7 +352,7 @@ const ThreadView& current() {
 
 int linear_thread_index() { return g_fiber ? g_fiber->tid : 0; }
 
-void launch(const char* kernel_name, Dim3 grid, Dim3 block, size_t dynamic_shared_bytes,
+void launch(const char* kernel_name, const void* kernel_id, Dim3 grid, Dim3 block, size_t dynamic_shared_bytes,
             const std::function<void()>& kernel) {
   CAST_CHECK(!g_block, "CUDA emulation: kernel {} launched from inside kernel {} (not supported)", kernel_name,
              g_block ? g_block->kernel : "");
@@ -365,8 +365,9 @@ void launch(const char* kernel_name, Dim3 grid, Dim3 block, size_t dynamic_share
              "threads per block (invalid configuration)", kernel_name, coords(block));
   CAST_CHECK(grid.y <= 65535 && grid.z <= 65535, "CUDA emulation: kernel {} grid {} exceeds 65535 in y or z",
              kernel_name, coords(grid));
-  CAST_CHECK(dynamic_shared_bytes <= 48 * 1024, "CUDA emulation: kernel {} asks for {} bytes of dynamic shared "
-             "memory (48 KiB without an opt-in)", kernel_name, dynamic_shared_bytes);
+  CAST_CHECK(dynamic_shared_bytes <= max_dynamic_shared(kernel_id), "CUDA emulation: kernel {} asks for {} bytes "
+             "of dynamic shared memory, more than its {} (48 KiB without an opt-in by cudaFuncSetAttribute)",
+             kernel_name, dynamic_shared_bytes, max_dynamic_shared(kernel_id));
   ++g_stats.launches;
   BlockGuard guard;
   g_kernel = &kernel;

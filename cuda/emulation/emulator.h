@@ -1,7 +1,8 @@
 #pragma once
 // The CUDA execution model on the CPU, for running the kernels of cuda/ in tests without a GPU.
 //
-// A launch runs its blocks one after another. The threads of a block are fibers (ucontext)
+// A launch runs its blocks one after another. The threads of a block are fibers (an assembly
+// context switch on x86-64, ucontext elsewhere)
 // scheduled cooperatively on the calling thread: each runs until it reaches __syncthreads(),
 // a warp collective or its end. __syncthreads() releases the block when every live thread waits
 // at the same barrier; a warp collective completes when every lane of its mask has arrived at
@@ -27,10 +28,20 @@ struct ThreadView {
 // The view of the fiber that is running now (valid only inside a kernel).
 const ThreadView& current();
 
-// Runs `kernel` (a closure calling the __global__ function with its arguments) on every thread
-// of every block. Throws cast::Error on the first check that fails.
-void launch(const char* kernel_name, Dim3 grid, Dim3 block, size_t dynamic_shared_bytes,
+// Runs `kernel` (a closure calling the __global__ function `kernel_id` with its arguments) on
+// every thread of every block. Throws cast::Error on the first check that fails.
+void launch(const char* kernel_name, const void* kernel_id, Dim3 grid, Dim3 block, size_t dynamic_shared_bytes,
             const std::function<void()>& kernel);
+
+// The most dynamic shared memory `kernel_id` may ask for: 48 KiB, or what the kernel opted in
+// to with cudaFuncSetAttribute (at most 227 KiB, as on sm_90).
+size_t max_dynamic_shared(const void* kernel_id);
+
+// A pointer argument of a launch must be null or point into memory the device can reach: a
+// cudaMalloc block (or one past its end) or mapped host memory. A GPU would fault on a host
+// pointer; here device memory is host memory, so the check is made at the launch instead.
+// Throws, naming the kernel and the argument.
+void check_kernel_pointer(const char* kernel_name, int argument, const void* pointer);
 
 // __syncthreads() at file:line.
 void barrier(const char* file, int line);

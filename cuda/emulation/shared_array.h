@@ -3,6 +3,8 @@
 // block's checker (bounds, and races between barriers) before it happens.
 #include <cstdint>
 
+#include <cuda_runtime.h>
+
 #include "cuda/emulation/emulator.h"
 #include "tensor/error.h"
 
@@ -44,8 +46,24 @@ class SharedArray {
     data_[i] = old + v;
     return old;
   }
+  // Four elements in one 128-bit access: each checked as a read (or write), and the index
+  // must be a multiple of 4, as a GPU's aligned vector access requires.
+  float4 load4(int64_t i) const {
+    check_aligned(i);
+    float4 v;
+    v.x = (*this)[i], v.y = (*this)[i + 1], v.z = (*this)[i + 2], v.w = (*this)[i + 3];
+    return v;
+  }
+  void store4(int64_t i, float4 v) const {
+    check_aligned(i);
+    (*this)[i] = v.x, (*this)[i + 1] = v.y, (*this)[i + 2] = v.z, (*this)[i + 3] = v.w;
+  }
 
  private:
+  void check_aligned(int64_t i) const {
+    CAST_CHECK(i % 4 == 0 && reinterpret_cast<uintptr_t>(data_) % 16 == 0,
+               "CUDA emulation: 128-bit access to shared '{}' at element {}, not 16-byte aligned", name_, i);
+  }
   T* data_;
   int64_t size_;
   const char* name_;

@@ -30,6 +30,12 @@ struct dim3 {
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 using uint3 = ::cast::emu::Dim3;
+// The 16-byte vector type of 128-bit loads and stores; as on a GPU, its address must be a
+// multiple of 16 (UndefinedBehaviorSanitizer checks a misaligned one).
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 #define threadIdx (::cast::emu::current().thread_idx)
 #define blockIdx (::cast::emu::current().block_idx)
@@ -153,6 +159,7 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevicePointer = 17,
+  cudaErrorIllegalAddress = 700,
   cudaErrorInvalidDevice = 101,
   cudaErrorNoDevice = 100,
 };
@@ -211,6 +218,15 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 
+// Opting in to more than 48 KiB of dynamic shared memory for one kernel (up to 227 KiB on sm_90).
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+namespace cast::emu {
+cudaError_t set_kernel_attribute(const void* kernel, cudaFuncAttribute attribute, int value);
+}
+template <class T>
+inline cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attribute, int value) {
+  return ::cast::emu::set_kernel_attribute(reinterpret_cast<const void*>(kernel), attribute, value);
+}
 namespace cast::emu {
 // Counts of the runtime calls, for tests (host-device round trips, allocations).
 struct RuntimeCounts {
@@ -221,4 +237,7 @@ RuntimeCounts runtime_counts();
 // Tests of running out of memory: cudaMalloc fails once the blocks it has handed out would
 // exceed `bytes`, and cudaMemGetInfo reports it as the total (0: the host's memory, the default).
 void set_device_memory_limit(size_t bytes);
+// Tests of a failed kernel: every later runtime call returns `err` (cudaSuccess clears it), as a
+// GPU does after an illegal address.
+void set_sticky_error(cudaError_t err);
 }  // namespace cast::emu
