@@ -1,8 +1,9 @@
 // Batching and simple statistics over examples.
 #include <algorithm>
-#include <fstream>
+#include <sstream>
 #include <map>
 
+#include "tensor/files.h"
 #include "train/data.h"
 
 namespace cast::data {
@@ -47,8 +48,13 @@ nn::Batch make_batch(const TaskData& task, const std::vector<Example>& split, co
 
 void for_each_line(const std::string& path, const std::string& what,
                    const std::function<void(const std::string&, const std::string&)>& fn) {
-  std::ifstream in(path);
-  CAST_CHECK(in.good(), "{}: cannot open ({})", path, what);
+  std::string text;
+  try {
+    text = files::read_file(path, "data file");
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} ({})", e.what(), what));
+  }
+  std::istringstream in(text);
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();

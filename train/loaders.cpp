@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
+#include "tensor/files.h"
 #include "train/data.h"
 
 namespace cast::data {
@@ -22,10 +22,8 @@ static std::vector<int32_t> bytes_as_tokens(const std::string& text, int64_t max
   return t;
 }
 
-static std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  CAST_CHECK(in.good(), "{}: cannot open", path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+static std::string read_all(const std::string& path, const std::string& what) {
+  return files::read_file(path, what, uint64_t{1} << 32);
 }
 
 // ---------------------------------------------------------------- IMDb
@@ -33,8 +31,7 @@ static std::vector<Example> read_imdb_split(const std::string& dir, int64_t max_
   std::vector<Example> out;
   for (const char* sentiment : {"neg", "pos"}) {
     const std::string folder = dir + "/" + sentiment;
-    CAST_CHECK(fs::is_directory(folder), "{}: missing folder (expected the aclImdb layout {{train,test}}/{{pos,neg}}/*.txt)",
-               folder);
+    files::require_folder(folder, "IMDb folder (the aclImdb layout {train,test}/{pos,neg}/*.txt)");
     std::vector<std::string> files;
     for (const auto& entry : fs::directory_iterator(folder))
       if (entry.path().extension() == ".txt") files.push_back(entry.path().string());
@@ -42,7 +39,7 @@ static std::vector<Example> read_imdb_split(const std::string& dir, int64_t max_
     CAST_CHECK(!files.empty(), "{}: no .txt reviews", folder);
     for (const std::string& f : files) {
       Example e;
-      e.tokens = bytes_as_tokens(read_all(f), max_len);
+      e.tokens = bytes_as_tokens(read_all(f, "IMDb review"), max_len);
       CAST_CHECK(!e.tokens.empty(), "{}: empty review", f);
       e.label = std::string(sentiment) == "pos" ? 1 : 0;
       out.push_back(std::move(e));
@@ -102,7 +99,7 @@ TaskData load_aan(const std::string& dir, int64_t max_len) {
 
 // ---------------------------------------------------------------- CIFAR-10
 static std::vector<Example> read_cifar_batch(const std::string& path) {
-  const std::string bytes = read_all(path);
+  const std::string bytes = read_all(path, "CIFAR-10 batch");
   constexpr size_t kRecord = 1 + 3072;
   CAST_CHECK(!bytes.empty() && bytes.size() % kRecord == 0,
              "{}: {} bytes is not a whole number of {}-byte CIFAR-10 records (truncated?)", path, bytes.size(), kRecord);
@@ -141,8 +138,11 @@ TaskData load_cifar10(const std::string& dir) {
 
 // ---------------------------------------------------------------- Fashion-MNIST
 static std::string read_gzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  CAST_CHECK(f, "{}: cannot open", path);
+  // opened through files::open_input: a FIFO or device is refused before gzip reads from it
+  files::Fd fd = files::open_input(path, "Fashion-MNIST file");
+  gzFile f = gzdopen(fd.get(), "rb");
+  CAST_CHECK(f, "Fashion-MNIST file {}: cannot open", path);
+  fd.release();  // gzclose closes it
   std::string out;
   char buffer[1 << 16];
   int n;

@@ -1,0 +1,271 @@
+#include "tensor/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "tensor/error.h"
+
+namespace cast::files {
+
+namespace fs = std::filesystem;
+
+std::string reason(int err) {
+  switch (err) {
+    case ENOENT: return "no such file or folder";
+    case EACCES:
+    case EPERM: return "permission denied";
+    case ELOOP: return "a symbolic link loop (or too many links)";
+    case EISDIR: return "is a folder, not a file";
+    case ENOTDIR: return "a part of the path is not a folder";
+    case ENOSPC: return "no space left on the disk";
+    case EROFS: return "read-only file system";
+    case ENAMETOOLONG: return "the name is too long";
+    case ENXIO: return "a FIFO or device with nothing on the other end";
+    default: return std::strerror(err);
+  }
+}
+
+static std::string kind_of(mode_t mode) {
+  if (S_ISREG(mode)) return "";
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+std::string odd_kind(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? kind_of(st.st_mode) : "";
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+void check_not_an_input(const std::string& output, const std::string& what, const std::vector<std::string>& inputs) {
+  for (const std::string& in : inputs)
+    if (!in.empty() && same_file(output, in))
+      throw UsageError(fmt::format("{} {} is the input {}: an output never replaces an input of the same command",
+                                   what, output, in));
+}
+
+// stat() that names the file and the reason when it fails.
+static struct stat stat_or_throw(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(fmt::format("{} {}: {}", what, path, reason(errno)));
+  return st;
+}
+
+void require_folder(const std::string& path, const std::string& what) {
+  const struct stat st = stat_or_throw(path, what);
+  CAST_CHECK(S_ISDIR(st.st_mode), "{} {}: is {}, not a folder", what, path,
+             S_ISREG(st.st_mode) ? "a file" : kind_of(st.st_mode));
+}
+
+void require_file(const std::string& path, const std::string& what) {
+  const struct stat st = stat_or_throw(path, what);
+  CAST_CHECK(S_ISREG(st.st_mode), "{} {}: is {}, not a regular file", what, path, kind_of(st.st_mode));
+}
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Fd open_input(const std::string& path, const std::string& what) {
+  require_file(path, what);  // before open: opening a FIFO or a device may block or act
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) throw Error(fmt::format("{} {}: cannot open: {}", what, path, reason(errno)));
+  struct stat st {};
+  CAST_CHECK(::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode), "{} {}: is {}, not a regular file", what, path,
+             kind_of(st.st_mode));
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+std::string read_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  Fd fd = open_input(path, what);
+  struct stat st {};
+  ::fstat(fd.get(), &st);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  CAST_CHECK(size <= max_bytes, "{} {}: {} bytes, more than the {} bytes such a file may have", what, path, size,
+             max_bytes);
+  std::string bytes(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd.get(), bytes.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(fmt::format("{} {}: read failed: {}", what, path, reason(errno)));
+    if (n == 0) break;  // shrank while read: what is there
+    done += static_cast<size_t>(n);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
+std::string json_message(const std::exception& e) {
+  std::string m = e.what();
+  if (m.rfind("[json.exception.", 0) == 0) {
+    const size_t close = m.find("] ");
+    if (close != std::string::npos) m = m.substr(close + 2);
+  }
+  return m;
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& where) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{}: not valid JSON: {}", where, json_message(e)));
+  }
+}
+
+nlohmann::json read_json(const std::string& path, const std::string& what) {
+  return parse_json(read_file(path, what, uint64_t{1} << 28), fmt::format("{} {}", what, path));
+}
+
+// ---------------------------------------------------------------- writing
+
+static std::string folder_of(const std::string& path) {
+  const std::string parent = fs::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+// The folder a new file goes into must exist, be a folder, and not be read-only. Write bits are
+// checked by hand because root ignores them: a folder made read-only is respected even by root.
+static void check_folder_takes_files(const std::string& folder, const std::string& what, const std::string& path) {
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) != 0)
+    throw Error(fmt::format("{} {}: folder {}: {}", what, path, folder, reason(errno)));
+  CAST_CHECK(S_ISDIR(st.st_mode), "{} {}: {} is {}, not a folder", what, path, folder, kind_of(st.st_mode));
+  CAST_CHECK((st.st_mode & 0222) != 0 && ::access(folder.c_str(), W_OK) == 0,
+             "{} {}: folder {} is read-only (permission denied); nothing was written", what, path, folder);
+}
+
+std::string output_target(const std::string& path, const std::string& what, Link link) {
+  CAST_CHECK(!path.empty(), "{}: no path given", what);
+  std::string target = path;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    CAST_CHECK(link == Link::follow_once, "{} {}: is a symbolic link; files in a run or data folder are never written "
+               "through a link (remove it)", what, path);
+    char buffer[4096];
+    const ssize_t n = ::readlink(path.c_str(), buffer, sizeof(buffer) - 1);
+    CAST_CHECK(n > 0, "{} {}: cannot read the symbolic link: {}", what, path, reason(errno));
+    const fs::path to(std::string(buffer, static_cast<size_t>(n)));
+    target = (to.is_absolute() ? to : fs::path(folder_of(path)) / to).string();
+    struct stat tt {};
+    if (::lstat(target.c_str(), &tt) != 0)
+      throw Error(fmt::format("{} {}: a symbolic link to {}: {}; nothing was written", what, path, target, reason(errno)));
+    CAST_CHECK(!S_ISLNK(tt.st_mode), "{} {}: a symbolic link to another link ({}): a chain or a loop; only a link "
+               "straight to a regular file is written through", what, path, target);
+    CAST_CHECK(S_ISREG(tt.st_mode), "{} {}: a symbolic link to {}, which is {}; not replacing it", what, path, target,
+               kind_of(tt.st_mode));
+  } else if (::stat(path.c_str(), &st) == 0) {
+    CAST_CHECK(S_ISREG(st.st_mode), "{} {}: exists and is {}; not replacing it", what, path, kind_of(st.st_mode));
+  } else if (errno != ENOENT) {
+    throw Error(fmt::format("{} {}: {}", what, path, reason(errno)));
+  }
+  check_folder_takes_files(folder_of(target), what, path);
+  return target;
+}
+
+// Creates `tmp` for writing, exclusively and without following a link. A stale temporary file
+// (a regular file of this user, left by a crash) is removed first; a link or anything else in
+// its place is refused and left alone.
+static Fd create_exclusive(const std::string& tmp, const std::string& what, const std::string& path) {
+  for (int attempt = 0;; ++attempt) {
+    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (fd.get() >= 0) return fd;
+    const int err = errno;
+    struct stat st {};
+    if (err != EEXIST || attempt > 0 || ::lstat(tmp.c_str(), &st) != 0)
+      throw Error(fmt::format("{} {}: cannot create {}: {}", what, path, tmp, reason(err)));
+    CAST_CHECK(!S_ISLNK(st.st_mode), "{} {}: {} is a symbolic link where a temporary file goes; not following it "
+               "(remove it)", what, path, tmp);
+    CAST_CHECK(S_ISREG(st.st_mode) && st.st_uid == ::geteuid(), "{} {}: {} exists and is {}; not replacing it "
+               "(remove it)", what, path, tmp, S_ISREG(st.st_mode) ? "another user's file" : kind_of(st.st_mode));
+    CAST_CHECK(::unlink(tmp.c_str()) == 0, "{} {}: cannot remove the stale {}: {}", what, path, tmp, reason(errno));
+  }
+}
+
+static void write_all(int fd, std::string_view bytes, const std::string& what, const std::string& path) {
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(fmt::format("{} {}: write failed: {}", what, path, reason(n < 0 ? errno : ENOSPC)));
+    done += static_cast<size_t>(n);
+  }
+}
+
+void write_atomic(const std::string& path, std::string_view bytes, const std::string& what, Link link) {
+  const std::string target = output_target(path, what, link), tmp = target + ".tmp";
+  Fd fd = create_exclusive(tmp, what, path);
+  try {  // on any failure the temporary file goes and the old file stays as it was
+    write_all(fd.get(), bytes, what, path);
+    CAST_CHECK(::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path, reason(errno));
+    CAST_CHECK(::close(fd.release()) == 0, "{} {}: close failed: {}", what, path, reason(errno));
+    CAST_CHECK(::rename(tmp.c_str(), target.c_str()) == 0, "{} {}: cannot move the new file into place: {}", what,
+               path, reason(errno));
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  Fd dir(::open(folder_of(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() >= 0) ::fsync(dir.get());  // the rename itself reaches the disk
+}
+
+void make_writable_folder(const std::string& folder, const std::string& what) {
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) throw Error(fmt::format("{} {}: cannot create the folder: {}", what, folder, reason(ec.value())));
+  require_folder(folder, what);
+  const std::string probe = folder + "/.write_test.tmp";
+  check_folder_takes_files(folder, what, folder);
+  Fd fd = create_exclusive(probe, what, folder);
+  try {
+    write_all(fd.get(), "ok", what, folder);
+  } catch (...) {
+    ::unlink(probe.c_str());
+    throw;
+  }
+  ::unlink(probe.c_str());
+}
+
+AppendFile::AppendFile(const std::string& path, bool truncate, const std::string& what) : path_(path), what_(what) {
+  check_folder_takes_files(folder_of(path), what, path);
+  // O_NOFOLLOW: a planted link is refused; O_NONBLOCK: a FIFO with no reader fails, never waits
+  fd_ = Fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
+  if (fd_.get() < 0)
+    throw Error(fmt::format("{} {}: cannot open for writing: {}", what, path,
+                            errno == ELOOP ? "is a symbolic link; not following it (remove it)" : reason(errno)));
+  struct stat st {};
+  CAST_CHECK(::fstat(fd_.get(), &st) == 0 && S_ISREG(st.st_mode), "{} {}: is {}, not a regular file", what, path,
+             kind_of(st.st_mode));
+  ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) & ~O_NONBLOCK);
+  if (truncate) CAST_CHECK(::ftruncate(fd_.get(), 0) == 0, "{} {}: cannot empty it: {}", what, path, reason(errno));
+}
+
+void AppendFile::append(std::string_view text) { write_all(fd_.get(), text, what_, path_); }
+
+}  // namespace cast::files
