@@ -235,11 +235,27 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
   if (dir.get() >= 0) ::fsync(dir.get());  // the rename itself reaches the disk
 }
 
+// The nearest folder above `path` that exists: where a new folder chain would start.
+static std::string existing_ancestor(const std::string& path) {
+  fs::path p = fs::path(path).lexically_normal();
+  while (true) {
+    if (p.has_relative_path() && p.filename().empty()) p = p.parent_path();  // "a/b/" → "a/b"
+    p = p.parent_path();
+    if (p.empty()) return ".";
+    if (exists(p.string())) return p.string();
+  }
+}
+
 void make_writable_folder(const std::string& folder, const std::string& what) {
-  std::error_code ec;
-  fs::create_directories(folder, ec);
-  if (ec) throw Error(fmt::format("{} {}: cannot create the folder: {}", what, folder, reason(ec.value())));
-  require_folder(folder, what);
+  if (exists(folder)) {
+    require_folder(folder, what);  // a FIFO, a file or a link loop is refused by name
+  } else {
+    // nothing is created under a read-only folder, even by root
+    check_folder_takes_files(existing_ancestor(folder), what, folder);
+    std::error_code ec;
+    fs::create_directories(folder, ec);
+    if (ec) throw Error(fmt::format("{} {}: cannot create the folder: {}", what, folder, reason(ec.value())));
+  }
   const std::string probe = folder + "/.write_test.tmp";
   check_folder_takes_files(folder, what, folder);
   Fd fd = create_exclusive(probe, what, folder);

@@ -49,6 +49,7 @@ static std::vector<Example> read_imdb_split(const std::string& dir, int64_t max_
 }
 
 TaskData load_imdb(const std::string& dir, int64_t max_len) {
+  files::require_folder(dir, "IMDb data folder");
   TaskData t;
   t.name = "text";
   t.vocab = 257;
@@ -85,6 +86,7 @@ static std::vector<Example> read_aan(const std::string& path, int64_t max_len) {
 }
 
 TaskData load_aan(const std::string& dir, int64_t max_len) {
+  files::require_folder(dir, "AAN data folder");
   TaskData t;
   t.name = "retrieval";
   t.vocab = 257;
@@ -118,6 +120,7 @@ static std::vector<Example> read_cifar_batch(const std::string& path) {
 }
 
 TaskData load_cifar10(const std::string& dir) {
+  files::require_folder(dir, "CIFAR-10 data folder");
   TaskData t;
   t.name = "image";
   t.vocab = 256;
@@ -199,6 +202,7 @@ static void pool_images(std::vector<Example>& images, int pool) {
 
 TaskData load_fashion_mnist(const std::string& dir, int pool) {
   CAST_CHECK(pool == 1 || pool == 2 || pool == 4, "Fashion-MNIST pooling {} is not 1, 2 or 4", pool);
+  files::require_folder(dir, "Fashion-MNIST data folder");
   TaskData t;
   t.name = pool == 1 ? "fashion-mnist" : fmt::format("fashion-mnist-{}", 28 / pool);
   t.vocab = 256;

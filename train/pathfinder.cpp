@@ -159,6 +159,7 @@ static std::string image_inside(const std::string& dir, const std::string& subdi
 }
 
 TaskData load_pathfinder(const std::string& dir) {
+  files::require_folder(dir, "Pathfinder data folder");
   const std::string meta_dir = dir + "/metadata";
   files::require_folder(meta_dir, "Pathfinder metadata folder (generate the data with `cast data pathfinder`)");
   std::vector<std::string> files;
