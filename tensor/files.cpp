@@ -270,16 +270,26 @@ void make_writable_folder(const std::string& folder, const std::string& what) {
 
 AppendFile::AppendFile(const std::string& path, bool truncate, const std::string& what) : path_(path), what_(what) {
   check_folder_takes_files(folder_of(path), what, path);
+  struct stat old {};
+  const bool fresh = truncate && ::lstat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
+  // A new file replaces an old regular file by unlinking it, never by emptying it: the old
+  // inode may have other names (a hard link) whose content must survive.
+  if (fresh) CAST_CHECK(::unlink(path.c_str()) == 0, "{} {}: cannot replace it: {}", what, path, reason(errno));
   // O_NOFOLLOW: a planted link is refused; O_NONBLOCK: a FIFO with no reader fails, never waits
-  fd_ = Fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
-  if (fd_.get() < 0)
+  const int flags = truncate ? O_EXCL : O_APPEND;
+  fd_ = Fd(::open(path.c_str(), O_WRONLY | O_CREAT | flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
+  if (fd_.get() < 0) {
+    const int err = errno;
+    struct stat st {};
+    const bool link = err == ELOOP || (err == EEXIST && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode));
     throw Error(fmt::format("{} {}: cannot open for writing: {}", what, path,
-                            errno == ELOOP ? "is a symbolic link; not following it (remove it)" : reason(errno)));
+                            link ? "is a symbolic link; not following it (remove it)"
+                                 : err == EEXIST ? "exists and is not a regular file; not replacing it" : reason(err)));
+  }
   struct stat st {};
   CAST_CHECK(::fstat(fd_.get(), &st) == 0 && S_ISREG(st.st_mode), "{} {}: is {}, not a regular file", what, path,
              kind_of(st.st_mode));
   ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) & ~O_NONBLOCK);
-  if (truncate) CAST_CHECK(::ftruncate(fd_.get(), 0) == 0, "{} {}: cannot empty it: {}", what, path, reason(errno));
 }
 
 void AppendFile::append(std::string_view text) { write_all(fd_.get(), text, what_, path_); }

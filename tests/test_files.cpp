@@ -191,4 +191,11 @@ TEST(Files, AppendsNeverFollowALinkNorBlockOnAFifo) {
   }
   files::AppendFile(d + "/m.jsonl", false, "metrics file").append("3\n");
   EXPECT_EQ(slurp(d + "/m.jsonl"), "1\n2\n3\n");
+  // a new file never empties the old one in place: another name for it (a hard link) keeps it
+  fs::create_hard_link(d + "/m.jsonl", d + "/elsewhere.jsonl");
+  files::AppendFile(d + "/m.jsonl", true, "metrics file").append("new\n");
+  EXPECT_EQ(slurp(d + "/m.jsonl"), "new\n");
+  EXPECT_EQ(slurp(d + "/elsewhere.jsonl"), "1\n2\n3\n");
+  fs::create_directory(d + "/dir.jsonl");
+  EXPECT_CAST_ERROR(files::AppendFile(d + "/dir.jsonl", true, "metrics file"), "exists and is not a regular file");
 }

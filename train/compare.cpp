@@ -236,8 +236,8 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
 
 CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool quiet) {
   CAST_CHECK(!spec.variants.empty() && !spec.seeds.empty(), "a comparison needs at least one variant and one seed");
-  CAST_CHECK(!spec.settings.contains("run") && !spec.settings.contains("seed"),
-             "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
+  CAST_CHECK_USAGE(!spec.settings.contains("run") && !spec.settings.contains("seed"),
+                   "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
   // Every run's settings are checked before the first step is spent.
   std::vector<std::pair<CompareRun, TrainConfig>> plan;
   for (const auto& [label, settings] : spec.variants)

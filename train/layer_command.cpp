@@ -76,7 +76,7 @@ int command_layer(const std::vector<std::string>& argv) {
   files::output_target(args.str("out"), "--out", files::Link::follow_once);
   const DType dtype = args.choice("dtype", {"f32", "f64"}) == "f64" ? DType::f64 : DType::f32;
   const Device device = args.choice("device", {"cpu", "cuda"}) == "cuda" ? Device::cuda : Device::cpu;
-  CAST_CHECK(!(dtype == DType::f64 && device == Device::cuda), "--dtype f64 runs on the CPU only");
+  CAST_CHECK_USAGE(!(dtype == DType::f64 && device == Device::cuda), "--dtype f64 runs on the CPU only");
 
   const TensorFile file = read_safetensors(args.str("in"), "--in");
   const Tensor& x_raw = file.get("x");
