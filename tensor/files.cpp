@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -189,6 +190,31 @@ std::string output_target(const std::string& path, const std::string& what, Link
   check_folder_takes_files(folder_of(target), what, path);
   return target;
 }
+
+void check_replaces_own_kind(const std::string& path, const std::string& what, const std::string& kind,
+                             bool (*looks_right)(std::string_view head)) {
+  const std::string target = output_target(path, what, Link::follow_once);
+  if (!exists(target)) return;
+  Fd fd = open_input(target, what);
+  std::string head(4096, '\0');
+  const ssize_t n = ::read(fd.get(), head.data(), head.size());
+  head.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  if (head.empty() || looks_right(head)) return;
+  throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it (remove it, or choose another path)", what,
+                               path, kind));
+}
+
+static std::string_view trimmed(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  return s;
+}
+
+bool looks_like_svg(std::string_view head) {
+  head = trimmed(head);
+  return head.substr(0, 4) == "<svg" || head.substr(0, 5) == "<?xml";
+}
+
+bool looks_like_json_lines(std::string_view head) { return trimmed(head).substr(0, 1) == "{"; }
 
 // Creates `tmp` for writing, exclusively and without following a link. A stale temporary file
 // (a regular file of this user, left by a crash) is removed first; a link or anything else in

@@ -76,6 +76,14 @@ std::string json_message(const std::exception& e);
 // The file a write to `path` replaces, by the rule of `link` (see Link); refuses a folder, a
 // FIFO, a device, a link chain or loop, and a missing or read-only folder. Nothing is created.
 std::string output_target(const std::string& path, const std::string& what, Link link);
+// An existing output is replaced only when it is of the output's own kind (its first bytes pass
+// `looks_right`), else a usage error: a slip of --out never turns a checkpoint, a data file or a
+// metrics file into a figure. A missing or empty output passes.
+void check_replaces_own_kind(const std::string& path, const std::string& what, const std::string& kind,
+                             bool (*looks_right)(std::string_view head));
+bool looks_like_svg(std::string_view head);
+bool looks_like_json_lines(std::string_view head);
+
 // Writes `bytes` to `path` atomically: `<target>.tmp` (exclusive, no link followed; a stale
 // temporary regular file of ours is removed first), flush, rename, flush of the folder.
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what,

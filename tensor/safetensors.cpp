@@ -180,6 +180,10 @@ std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& ten
   return out;
 }
 
+bool looks_like_plain_safetensors(std::string_view head) {
+  return head.size() > 8 && head[8] == '{' && head.find("cast-checkpoint") == std::string_view::npos;
+}
+
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata, const std::string& what, files::Link link) {
   const std::vector<char> bytes = serialize_safetensors(tensors, metadata);

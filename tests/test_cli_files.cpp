@@ -257,3 +257,31 @@ TEST(CliFiles, MessagesNameTheFileNotTheLibrary) {
       EXPECT_EQ(r.err.find(internal), std::string::npos) << args << ": " << r.err;
   }
 }
+
+TEST(CliFiles, AnOutputReplacesOnlyAFileOfItsOwnKind) {
+  const std::string run_dir = copy_run("own_kind");
+  const std::string d = fs::path(run_dir).parent_path().string();
+  const std::string data_file = d + "/basic_test.tsv", other_ckpt = d + "/other.safetensors", notes = d + "/notes.txt";
+  fs::copy_file(trained_run() + "/data/basic_test.tsv", data_file);
+  fs::copy_file(run_dir + "/checkpoint.safetensors", other_ckpt);  // a checkpoint that is no input here
+  put(notes, "my notes\n");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plot " + run_dir + " --out " + data_file, "is not an SVG figure; not replacing it"},
+      {"clusters --checkpoint " + run_dir + "/checkpoint.safetensors --out " + notes, "is not an SVG figure"},
+      {"layer --in " + std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors --out " + other_ckpt,
+       "is not a safetensors file other than a checkpoint"},
+      {"bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json " + notes, "is not a JSON-lines file"}};
+  const std::string data_bytes = slurp(data_file), ckpt_bytes = slurp(other_ckpt);
+  for (const auto& [args, message] : cases) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << ": " << r.err;
+  }
+  EXPECT_EQ(slurp(data_file), data_bytes);
+  EXPECT_EQ(slurp(other_ckpt), ckpt_bytes);
+  EXPECT_EQ(slurp(notes), "my notes\n");
+  // a figure replaces a figure
+  EXPECT_EQ(run("plot " + run_dir + " --out " + d + "/fig.svg").code, 0);
+  const CliRun again = run("plot " + run_dir + " --out " + d + "/fig.svg");
+  EXPECT_EQ(again.code, 0) << again.err;
+}

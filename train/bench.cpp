@@ -134,7 +134,7 @@ TransferCounts transfer_counts(Device device) {
 class JsonLines {
  public:
   explicit JsonLines(std::string path) : path_(std::move(path)) {
-    if (!path_.empty()) files::output_target(path_, "--json", files::Link::follow_once);
+    if (!path_.empty()) files::check_replaces_own_kind(path_, "--json", "a JSON-lines file", files::looks_like_json_lines);
   }
   void add(const nlohmann::json& row) {
     if (path_.empty()) return;

@@ -73,7 +73,8 @@ int command_layer(const std::vector<std::string>& argv) {
   CAST_CHECK_USAGE(!args.str("in").empty() && !args.str("out").empty(), "--in and --out are required (see cast layer --help)");
   // the output never replaces the input, and a bad output path is refused before the work
   files::check_not_an_input(args.str("out"), "--out", {args.str("in")});
-  files::output_target(args.str("out"), "--out", files::Link::follow_once);
+  files::check_replaces_own_kind(args.str("out"), "--out", "a safetensors file other than a checkpoint",
+                                 looks_like_plain_safetensors);
   const DType dtype = args.choice("dtype", {"f32", "f64"}) == "f64" ? DType::f64 : DType::f32;
   const Device device = args.choice("device", {"cpu", "cuda"}) == "cuda" ? Device::cuda : Device::cpu;
   CAST_CHECK_USAGE(!(dtype == DType::f64 && device == Device::cuda), "--dtype f64 runs on the CPU only");

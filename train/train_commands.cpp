@@ -269,7 +269,7 @@ int command_clusters(const std::vector<std::string>& argv) {
   std::vector<std::string> inputs = train::run_folder_files(std::filesystem::path(args.str("checkpoint")).parent_path().string());
   inputs.push_back(args.str("checkpoint"));
   files::check_not_an_input(args.str("out"), "--out", inputs);
-  files::output_target(args.str("out"), "--out", files::Link::follow_once);  // refused before the work, not after
+  files::check_replaces_own_kind(args.str("out"), "--out", "an SVG figure", files::looks_like_svg);  // before the work
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
   const train::Checkpoint& ck = run.checkpoint;
   CAST_CHECK(ck.config.model.attention.mechanism == nn::Mechanism::cast, "{}: the model uses {} attention, not cast",
@@ -387,6 +387,7 @@ int command_plot(const std::vector<std::string>& argv) {
   for (const std::string& r : runs)
     for (const std::string& f : train::run_folder_files(r)) inputs.push_back(f);
   files::check_not_an_input(out, "--out", inputs);
+  files::check_replaces_own_kind(out, "--out", "an SVG figure", files::looks_like_svg);
   std::vector<train::Curves> curves;
   for (const std::string& r : runs) curves.push_back(train::read_curves(r));
   if (curves.size() == 1) {
