@@ -6,7 +6,10 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <filesystem>
 
 #include "tensor/error.h"
@@ -122,6 +125,28 @@ std::string read_file(const std::string& path, const std::string& what, uint64_t
   }
   bytes.resize(done);
   return bytes;
+}
+
+void for_each_line(const std::string& path, const std::string& what,
+                   const std::function<void(std::string& line, int64_t number)>& fn) {
+  Fd fd = open_input(path, what);
+  std::unique_ptr<FILE, int (*)(FILE*)> file(::fdopen(fd.get(), "r"), std::fclose);
+  CAST_CHECK(file, "{} {}: cannot open: {}", what, path, reason(errno));
+  fd.release();  // the FILE owns it now
+  struct Buffer {  // getline's buffer, grown by realloc, freed even when fn throws
+    char* data = nullptr;
+    size_t capacity = 0;
+    ~Buffer() { std::free(data); }
+  } buffer;
+  std::string line;
+  for (int64_t number = 1;; ++number) {
+    const ssize_t n = ::getline(&buffer.data, &buffer.capacity, file.get());
+    if (n < 0) break;
+    line.assign(buffer.data, static_cast<size_t>(n));
+    if (!line.empty() && line.back() == '\n') line.pop_back();
+    fn(line, number);
+  }
+  CAST_CHECK(!std::ferror(file.get()), "{} {}: read failed: {}", what, path, reason(errno));
 }
 
 std::string json_message(const std::exception& e) {

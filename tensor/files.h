@@ -7,6 +7,7 @@
 //    error never leaves half a file and never replaces anything else;
 //  - an output is never one of the same command's inputs (compared by device and inode);
 //  - messages name what the file is for, its path as the user gave it, and the reason.
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -66,6 +67,10 @@ Fd open_input(const std::string& path, const std::string& what);
 // The whole of a regular file, refused before reading when larger than `max_bytes`.
 constexpr uint64_t kDefaultMaxBytes = uint64_t{1} << 32;
 std::string read_file(const std::string& path, const std::string& what, uint64_t max_bytes = kDefaultMaxBytes);
+// Calls fn(line, number) for each line of a regular file (without its '\n'; numbers from 1), read
+// as a stream: a data file is never held whole in memory.
+void for_each_line(const std::string& path, const std::string& what,
+                   const std::function<void(std::string& line, int64_t number)>& fn);
 // A JSON document from a file (or text), errors naming the file and the place, without the JSON
 // library's internals.
 nlohmann::json read_json(const std::string& path, const std::string& what);

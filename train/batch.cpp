@@ -48,18 +48,15 @@ nn::Batch make_batch(const TaskData& task, const std::vector<Example>& split, co
 
 void for_each_line(const std::string& path, const std::string& what,
                    const std::function<void(const std::string&, const std::string&)>& fn) {
-  std::string text;
   try {
-    text = files::read_file(path, "data file");
-  } catch (const Error& e) {
+    files::require_file(path, "data file");
+  } catch (const Error& e) {  // a missing file: say how to make it
     throw Error(fmt::format("{} ({})", e.what(), what));
   }
-  std::istringstream in(text);
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
+  files::for_each_line(path, "data file", [&](std::string& line, int64_t number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (!line.empty()) fn(line, fmt::format("{}:{}", path, number));
-  }
+  });
 }
 
 double majority_rate(const std::vector<Example>& split, int64_t classes, int64_t limit) {

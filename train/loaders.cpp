@@ -149,7 +149,14 @@ static std::string read_gzip(const std::string& path) {
   std::string out;
   char buffer[1 << 16];
   int n;
-  while ((n = gzread(f, buffer, sizeof(buffer))) > 0) out.append(buffer, n);
+  constexpr size_t kMax = size_t{1} << 30;  // 16x Fashion-MNIST's largest file: a gzip bomb stops here
+  while ((n = gzread(f, buffer, sizeof(buffer))) > 0) {
+    out.append(buffer, n);
+    if (out.size() > kMax) {
+      gzclose(f);
+      throw Error(fmt::format("Fashion-MNIST file {}: more than {} bytes uncompressed", path, kMax));
+    }
+  }
   int err = 0;
   const std::string message = gzerror(f, &err);  // a copy: gzclose frees zlib's string
   gzclose(f);
