@@ -285,3 +285,13 @@ TEST(CliFiles, AnOutputReplacesOnlyAFileOfItsOwnKind) {
   const CliRun again = run("plot " + run_dir + " --out " + d + "/fig.svg");
   EXPECT_EQ(again.code, 0) << again.err;
 }
+
+TEST(CliFiles, TrainNeverWritesOverItsOwnConfigFile) {
+  const std::string run_dir = copy_run("config_in_run");
+  const std::string cfg = run_dir + "/summary.json";  // a settings file kept where the run writes
+  put(cfg, R"({"steps": 2, "batch": 4, "dim": 8, "heads": 2, "mlp-dim": 8, "layers": 1, "device": "cpu"})");
+  const CliRun r = run("train --config " + cfg + " --data " + trained_run() + "/data --run " + run_dir + " --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("run file " + run_dir + "/summary.json is the input"), std::string::npos) << r.err;
+  EXPECT_NE(slurp(cfg).find("\"steps\": 2"), std::string::npos);
+}

@@ -86,6 +86,16 @@ json read_json_file(const std::string& path) {
   return j;
 }
 
+// The settings file is an input: a run writing (or, with --overwrite, removing) it would lose it.
+static void check_config_is_no_run_file(const train::TrainConfig& config, const std::string& config_path) {
+  if (config_path.empty()) return;
+  const std::string run_dir = config.run_dir.empty()
+      ? fmt::format("runs/{}-{}", config.task, nn::mechanism_name(config.model.attention.mechanism)) : config.run_dir;
+  std::vector<std::string> outputs = train::run_folder_files(run_dir);
+  outputs.push_back(run_dir + "/curves.svg");
+  for (const std::string& out : outputs) files::check_not_an_input(out, "run file", {config_path});
+}
+
 // Applies a JSON settings file; a bad setting's message names the file.
 static void apply_config_file(train::TrainConfig& config, const std::string& path) {
   const json settings = read_json_file(path);
@@ -163,6 +173,7 @@ int command_train(const std::vector<std::string>& argv) {
     train::apply_overrides(config, settings_from_flags(args));
   }
   config.overwrite = args.is_set("overwrite");
+  check_config_is_no_run_file(config, args.str("config"));
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
              config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
              config.model.heads, config.steps, config.batch,
