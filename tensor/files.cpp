@@ -202,7 +202,8 @@ std::string output_target(const std::string& path, const std::string& what, Link
     target = (to.is_absolute() ? to : fs::path(folder_of(path)) / to).string();
     struct stat tt {};
     if (::lstat(target.c_str(), &tt) != 0)
-      throw Error(fmt::format("{} {}: a symbolic link to {}: {}; nothing was written", what, path, target, reason(errno)));
+      throw Error(
+          fmt::format("{} {}: a symbolic link to {}: {}; nothing was written", what, path, target, reason(errno)));
     CAST_CHECK(!S_ISLNK(tt.st_mode), "{} {}: a symbolic link to another link ({}): a chain or a loop; only a link "
                "straight to a regular file is written through", what, path, target);
     CAST_CHECK(S_ISREG(tt.st_mode), "{} {}: a symbolic link to {}, which is {}; not replacing it", what, path, target,
@@ -225,8 +226,8 @@ void check_replaces_own_kind(const std::string& path, const std::string& what, c
   const ssize_t n = ::read(fd.get(), head.data(), head.size());
   head.resize(n > 0 ? static_cast<size_t>(n) : 0);
   if (head.empty() || looks_right(head)) return;
-  throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it (remove it, or choose another path)", what,
-                               path, kind));
+  throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it (remove it, or choose another path)",
+                               what, path, kind));
 }
 
 static std::string_view trimmed(std::string_view s) {

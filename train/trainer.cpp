@@ -406,9 +406,11 @@ void load_checkpoint(const std::string& path, nn::Transformer& model, std::vecto
   TensorFile f = read_safetensors(path, "checkpoint");
   // Compared as parsed values, not as text: a reformatted but equal config is the same model.
   CAST_CHECK(f.metadata.count("model"), "checkpoint {}: not a cast checkpoint (no 'model' metadata)", path);
-  const json theirs = nn::ModelConfig::from_json(files::parse_json(f.metadata.at("model"), path + ": model config")).to_json();
+  const json theirs =
+      nn::ModelConfig::from_json(files::parse_json(f.metadata.at("model"), path + ": model config")).to_json();
   const json mine = model.config().to_json();
-  if (theirs != mine) throw Error(fmt::format("{}: checkpoint does not match the model: {}", path, first_difference(theirs, mine, "")));
+  if (theirs != mine)
+    throw Error(fmt::format("{}: checkpoint does not match the model: {}", path, first_difference(theirs, mine, "")));
   nn::ParamList params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, t] = params[i];
