@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <filesystem>
 
 #include "tensor/error.h"
@@ -159,11 +160,27 @@ std::string json_message(const std::exception& e) {
 }
 
 nlohmann::json parse_json(const std::string& text, const std::string& where) {
+  // The parser keeps the last of two equal keys without a word: {"steps": 2, "steps": 3000}
+  // would train 3000 steps. The keys of each object are collected as they are parsed.
+  using json = nlohmann::json;
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) open_objects.emplace_back();
+    else if (event == json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
+    else if (event == json::parse_event_t::key && !open_objects.empty() &&
+             !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  json j;
   try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
+    j = json::parse(text, on_event);
+  } catch (const json::exception& e) {
     throw Error(fmt::format("{}: not valid JSON: {}", where, json_message(e)));
   }
+  CAST_CHECK(duplicate.empty(), "{}: the key '{}' is given twice", where, duplicate);
+  return j;
 }
 
 nlohmann::json read_json(const std::string& path, const std::string& what) {

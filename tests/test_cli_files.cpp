@@ -295,3 +295,15 @@ TEST(CliFiles, TrainNeverWritesOverItsOwnConfigFile) {
   EXPECT_NE(r.err.find("run file " + run_dir + "/summary.json is the input"), std::string::npos) << r.err;
   EXPECT_NE(slurp(cfg).find("\"steps\": 2"), std::string::npos);
 }
+
+TEST(CliFiles, AnOddRunFileIsRefusedBeforeAnyStep) {
+  const std::string run_dir = copy_run("odd_run_file");
+  fs::remove(run_dir + "/summary.json");
+  ASSERT_EQ(::mkfifo((run_dir + "/summary.json").c_str(), 0644), 0);
+  const CliRun r = run("train --data " + trained_run() + "/data --run " + run_dir +
+                       " --overwrite --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --attention full");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("run file " + run_dir + "/summary.json: exists and is a FIFO"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << "a step was spent: " << r.out;
+  EXPECT_TRUE(fs::is_fifo(run_dir + "/summary.json"));
+}

@@ -73,6 +73,14 @@ TEST(Files, JsonErrorsNameTheFileWithoutLibraryInternals) {
   }
 }
 
+TEST(Files, AKeyGivenTwiceIsRefused) {
+  EXPECT_CAST_ERROR(files::parse_json(R"({"steps": 2, "lr": 1e-3, "steps": 3000})", "config file c.json"),
+                    "config file c.json: the key 'steps' is given twice");
+  EXPECT_CAST_ERROR(files::parse_json(R"({"model": {"dim": 8, "dim": 16}})", "f"), "the key 'dim' is given twice");
+  // equal keys in different objects are fine
+  EXPECT_EQ(files::parse_json(R"({"a": {"x": 1}, "b": {"x": 2}, "x": [{"x": 3}]})", "f")["b"]["x"], 2);
+}
+
 TEST(Files, SameFileComparesDeviceAndInodeNotNames) {
   const std::string d = fresh_dir("same");
   put(d + "/m.st", "x");

@@ -527,6 +527,8 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   if (c.run_dir.empty()) c.run_dir = fmt::format("runs/{}-{}", c.task, nn::mechanism_name(c.model.attention.mechanism));
   {  // the run folder must take files before any step is spent
     files::make_writable_folder(c.run_dir, "run folder");
+    for (const char* name : {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg"})
+      files::output_target(c.run_dir + name, "run file", files::Link::refuse);  // a FIFO or link there: refused now
   }
   const std::string ckpt_path = c.run_dir + "/checkpoint.safetensors";
   if (resume_from.empty() && std::filesystem::exists(ckpt_path)) {
