@@ -357,10 +357,10 @@ Checkpoint read_checkpoint_header(const std::string& path) {
   CAST_CHECK(get("format") == kFormat, "{}: unsupported checkpoint format '{}'", path, get("format"));
   Checkpoint ck;
   try {
-    const json train = json::parse(get("train"));
+    const json train = files::parse_json(get("train"), "'train' metadata");
     ck.config.task = train.at("task").get<std::string>();
     apply_overrides(ck.config, train);
-    ck.config.model = nn::ModelConfig::from_json(json::parse(get("model")));
+    ck.config.model = nn::ModelConfig::from_json(files::parse_json(get("model"), "'model' metadata"));
     validate(ck.config);  // a checkpoint's sizes are input too: `layers: 1000000` is refused here
     // whole-string numbers: "12oops" is no step
     auto whole = [&](const char* key, auto parse) {
