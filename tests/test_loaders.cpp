@@ -357,6 +357,9 @@ TEST(Pathfinder, MetadataPathsStayInsideTheDataFolder) {
   fs::create_directory_symlink(fs::path(dir).parent_path(), dir + "/imgs/up");  // a link inside, leading out
   write_text(dir + "/metadata/0.npy", "imgs/up outside_" + std::to_string(getpid()) + ".png 0 1\n" + rest);
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "leads out of the data folder");
+  fs::create_symlink("loop.png", dir + "/imgs/0/loop.png");
+  write_text(dir + "/metadata/0.npy", "imgs/0 loop.png 0 1\n" + rest);
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "loop.png: a symbolic link loop");
 }
 
 // A FIFO in place of any data file is one clear error, at once: each of these once blocked forever.

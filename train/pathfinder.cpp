@@ -150,11 +150,12 @@ static std::string image_inside(const std::string& dir, const std::string& subdi
   for (const auto& part : rel) up = up || part == "..";
   CAST_CHECK(!rel.is_absolute() && !up, "{}: image path '{}' leaves the data folder {}", where, rel.string(), dir);
   const std::string path = (fs::path(dir) / rel).string();
-  std::error_code ec;
-  const fs::path real = fs::weakly_canonical(path, ec), root = fs::weakly_canonical(dir, ec);
+  std::error_code real_ec, root_ec;  // a path that cannot be resolved (a link loop) is refused when read
+  const fs::path real = fs::weakly_canonical(path, real_ec), root = fs::weakly_canonical(dir, root_ec);
+  if (real_ec || root_ec) return path;
   const auto mismatch = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
-  CAST_CHECK(!ec && mismatch.first == root.end(), "{}: image path '{}' leads out of the data folder {} (through a link)",
-             where, rel.string(), dir);
+  CAST_CHECK(mismatch.first == root.end(), "{}: image path '{}' leads out of the data folder {} (through a link)", where,
+             rel.string(), dir);
   return path;
 }
 
