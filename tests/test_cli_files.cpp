@@ -164,6 +164,10 @@ TEST(CliFiles, BenchJsonToAFolderOrAReadOnlyFolderExits1BeforeAnyWork) {
   const CliRun ok = run("bench attention --lengths 16 --repeats 1 --warmup 0 --mechanisms full --json " + d + "/b.json");
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_EQ(nlohmann::json::parse(slurp(d + "/b.json"))["mechanism"], "full");
+  // every benchmark writes the file it is given (gemm once ignored --json)
+  const CliRun gemm = run("bench gemm --repeats 1 --warmup 0 --json " + d + "/g.json");
+  EXPECT_EQ(gemm.code, 0) << gemm.err;
+  EXPECT_NE(slurp(d + "/g.json").find("\"gemm\":512"), std::string::npos) << slurp(d + "/g.json");
 }
 
 TEST(CliFiles, ASummaryIsValidatedByKeyWhenAComparisonReadsIt) {

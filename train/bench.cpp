@@ -320,6 +320,7 @@ int bench_train(const cli::Args& args) {
 // GFLOP/s are compared with.
 int bench_gemm(const cli::Args& args) {
   const int64_t repeats = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
+  JsonLines json_out(args.str("json"));
   fmt::print("sgemm on the CPU BLAS ({} threads), median of {} after {} warm-up\n", omp_get_max_threads(), repeats,
              warmup);
   for (int64_t n : {512, 2048}) {
@@ -330,6 +331,7 @@ int bench_gemm(const cli::Args& args) {
     for (int64_t i = 0; i < repeats; ++i) times.push_back(time_once(Device::cpu, run));
     const double ms = median(times);
     fmt::print("  {}x{}x{}: {:.2f} ms, {:.1f} GFLOP/s{}\n", n, n, n, ms, 2.0 * n * n * n / ms / 1e6, trust_note(times));
+    json_out.add({{"gemm", n}, {"ms", ms}, {"gflops", 2.0 * n * n * n / ms / 1e6}, {"threads", omp_get_max_threads()}});
   }
   return 0;
 }
