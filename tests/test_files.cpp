@@ -207,3 +207,18 @@ TEST(Files, AppendsNeverFollowALinkNorBlockOnAFifo) {
   fs::create_directory(d + "/dir.jsonl");
   EXPECT_CAST_ERROR(files::AppendFile(d + "/dir.jsonl", true, "metrics file"), "exists and is not a regular file");
 }
+
+// `chattr +i`: even root cannot write; once reported as "No such file or directory".
+TEST(Files, AnImmutableFolderIsPermissionDenied) {
+  const std::string d = fresh_dir("immutable");
+  if (std::system(("chattr +i " + d + " 2> /dev/null").c_str()) != 0)
+    GTEST_SKIP() << "chattr +i is not available here (needs root and a file system that supports it)";
+  struct Unlock {
+    std::string dir;
+    ~Unlock() { std::system(("chattr -i " + dir).c_str()); }
+  } unlock{d};
+  EXPECT_CAST_ERROR(files::make_writable_folder(d, "run folder"), "run folder " + d + ": folder " + d +
+                                                                      " is read-only (permission denied)");
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/x.svg", "<svg/>", "--out"), "is read-only (permission denied)");
+  EXPECT_TRUE(fs::is_empty(d));
+}
