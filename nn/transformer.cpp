@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/ops.h"
+#include "tensor/files.h"
 
 namespace cast::nn {
 
@@ -63,7 +64,7 @@ ModelConfig ModelConfig::from_json(const json& j) {
     c.attention.iterations = stored_integer(a, "iterations");
     return c;
   } catch (const json::exception& e) {
-    throw Error(fmt::format("model config: {}", e.what()));
+    throw Error(fmt::format("model config: a field is missing or of the wrong type ({})", files::json_message(e)));
   }
 }
 

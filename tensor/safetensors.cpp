@@ -1,14 +1,14 @@
 #include "tensor/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <utility>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
 
 namespace cast {
 
@@ -47,23 +47,53 @@ const Tensor& TensorFile::get(const std::string& name, DType dtype, const Shape&
   return t;
 }
 
-TensorFile parse_safetensors(const std::vector<char>& bytes, const std::string& source) {
-  TensorFile file;
-  file.source = source;
-  CAST_CHECK(bytes.size() >= 8, "{}: not a safetensors file (only {} bytes)", source, bytes.size());
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
-  CAST_CHECK(header_len <= bytes.size() - 8, "{}: header length {} exceeds the file size {} (truncated?)", source,
-             header_len, bytes.size());
+namespace {
+
+// The header as JSON. nlohmann keeps the last of two equal keys without a word, so the parser's
+// callback sees every tensor name first: a name given twice is refused, not silently dropped.
+json parse_header(const char* text, size_t size, const std::string& source) {
+  std::set<std::string> names;
+  std::string duplicate;
+  auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second)
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   json header;
   try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
+    header = json::parse(text, text + size, on_event);
   } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: corrupt safetensors header: {}", source, e.what()));
+    throw Error(fmt::format("{}: corrupt safetensors header: {}", source, files::json_message(e)));
   }
+  CAST_CHECK(duplicate.empty(), "{}: tensor name '{}' appears twice in the header", source, duplicate);
   CAST_CHECK(header.is_object(), "{}: safetensors header is not a JSON object", source);
+  return header;
+}
+
+// Tensors own disjoint byte ranges: two tensors sharing bytes is a corrupt (or crafted) file.
+void check_disjoint(std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges, const std::string& source) {
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    CAST_CHECK(std::get<0>(ranges[i]) >= std::get<1>(ranges[i - 1]),
+               "{}: tensors '{}' and '{}' overlap in the data section ([{}, {}) and [{}, {}))", source,
+               std::get<2>(ranges[i - 1]), std::get<2>(ranges[i]), std::get<0>(ranges[i - 1]), std::get<1>(ranges[i - 1]),
+               std::get<0>(ranges[i]), std::get<1>(ranges[i]));
+}
+
+}  // namespace
+
+TensorFile parse_safetensors(const char* bytes, size_t size, const std::string& source) {
+  TensorFile file;
+  file.source = source;
+  CAST_CHECK(size >= 8, "{}: not a safetensors file (only {} bytes)", source, size);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
+  CAST_CHECK(header_len <= size - 8, "{}: header length {} exceeds the file size {} (truncated?)", source,
+             header_len, size);
+  const json header = parse_header(bytes + 8, header_len, source);
   const size_t data_begin = 8 + header_len;
-  const size_t data_size = bytes.size() - data_begin;
+  const size_t data_size = size - data_begin;
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;
 
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
@@ -100,29 +130,29 @@ TensorFile parse_safetensors(const std::vector<char>& bytes, const std::string& 
     CAST_CHECK(expect == static_cast<long double>(end - begin),
                "{}: tensor '{}': {} bytes do not hold {} {}", source, name, end - begin, dtype_name(dtype),
                shape_str(shape));
-    Tensor t = Tensor::empty(shape, dtype, Device::cpu);
-    if (end > begin) std::memcpy(t.raw_data(), bytes.data() + data_begin + begin, end - begin);
+    if (end > begin) ranges.emplace_back(begin, end, name);
+  }
+  check_disjoint(ranges, source);
+  for (auto& [name, entry] : header.items()) {  // copied only once every entry is known good
+    if (name == "__metadata__") continue;
+    const uint64_t begin = entry["data_offsets"][0].get<uint64_t>(), end = entry["data_offsets"][1].get<uint64_t>();
+    Shape shape = entry["shape"].get<Shape>();
+    Tensor t = Tensor::empty(shape, st_dtype_from(entry["dtype"].get<std::string>(), source, name), Device::cpu);
+    if (end > begin) std::memcpy(t.raw_data(), bytes + data_begin + begin, end - begin);
     file.tensors[name] = t;
   }
   return file;
 }
 
-TensorFile read_safetensors(const std::string& path) {
+TensorFile parse_safetensors(const std::vector<char>& bytes, const std::string& source) {
+  return parse_safetensors(bytes.data(), bytes.size(), source);
+}
+
+TensorFile read_safetensors(const std::string& path, const std::string& what) {
   // A regular file of known size, read once: a device such as /dev/zero never ends, and its
   // bytes would be read until memory ran out.
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  CAST_CHECK(!ec && std::filesystem::exists(status), "{}: cannot open file", path);
-  CAST_CHECK(std::filesystem::is_regular_file(status), "{}: not a regular file", path);
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  CAST_CHECK(!ec, "{}: cannot read its size: {}", path, ec.message());
-  CAST_CHECK(size <= (uintmax_t{1} << 40), "{}: {} bytes is larger than any file this reads (1 TiB)", path, size);
-  std::ifstream in(path, std::ios::binary);
-  CAST_CHECK(in.good(), "{}: cannot open file", path);
-  std::vector<char> bytes(static_cast<size_t>(size));
-  in.read(bytes.data(), static_cast<std::streamsize>(size));
-  CAST_CHECK(static_cast<uintmax_t>(in.gcount()) == size, "{}: read {} of {} bytes", path, in.gcount(), size);
-  return parse_safetensors(bytes, path);
+  const std::string bytes = files::read_file(path, what, uint64_t{1} << 40);
+  return parse_safetensors(bytes.data(), bytes.size(), path);
 }
 
 std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& tensors,
@@ -150,69 +180,14 @@ std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& ten
   return out;
 }
 
-std::string output_path(const std::string& path) {
-  // A symlink is followed on purpose: its target is replaced and the link stays a link. The file
-  // to replace must be a regular file or not exist yet: a device (/dev/full), a folder or a pipe
-  // is refused, never replaced by a regular file.
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  std::string target = path;
-  if (fs::is_symlink(fs::symlink_status(path, ec))) {
-    const fs::path link = fs::read_symlink(path, ec);
-    CAST_CHECK(!ec, "{}: cannot read the symbolic link: {}", path, ec.message());
-    target = (link.is_absolute() ? link : fs::path(path).parent_path() / link).string();
-  }
-  const auto status = fs::status(target, ec);
-  CAST_CHECK(!fs::exists(status) || fs::is_regular_file(status), "{}: exists and is not a regular file; not replacing it",
-             path);
-  return target;
-}
-
-void write_file_atomic(const std::string& path, const std::vector<char>& bytes) {
-  // The new content goes to a temporary file beside the target, is flushed to disk, and is
-  // renamed over the target; the folder is flushed after. On any failure the temporary file
-  // is removed and the old file stays as it was.
-  const std::string target = output_path(path), tmp = target + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  CAST_CHECK(fd >= 0, "{}: cannot open for writing: {}", tmp, std::strerror(errno));
-  auto fail = [&](const std::string& what) {
-    const std::string reason = std::strerror(errno);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw Error(fmt::format("{}: {}: {}", tmp, what, reason));
-  };
-  for (size_t done = 0; done < bytes.size();) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("write failed");
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) fail("flush to disk failed");
-  if (::close(fd) != 0) {
-    const std::string reason = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw Error(fmt::format("{}: close failed: {}", tmp, reason));
-  }
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw Error(fmt::format("{}: cannot move the new file into place: {}", target, reason));
-  }
-  const std::string folder = std::filesystem::path(target).parent_path().string();
-  const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {  // the rename itself reaches the disk
-    ::fsync(dir);
-    ::close(dir);
-  }
-}
-
-void write_file_atomic(const std::string& path, const std::string& text) {
-  write_file_atomic(path, std::vector<char>(text.begin(), text.end()));
+bool looks_like_plain_safetensors(std::string_view head) {
+  return head.size() > 8 && head[8] == '{' && head.find("cast-checkpoint") == std::string_view::npos;
 }
 
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  write_file_atomic(path, serialize_safetensors(tensors, metadata));
+                       const std::map<std::string, std::string>& metadata, const std::string& what, files::Link link) {
+  const std::vector<char> bytes = serialize_safetensors(tensors, metadata);
+  files::write_atomic(path, std::string_view(bytes.data(), bytes.size()), what, link);
 }
 
 }  // namespace cast

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/files.h"
 #include "tensor/tensor.h"
 
 namespace cast {
@@ -21,19 +22,18 @@ struct TensorFile {
   std::string source;  // the file it came from, for error messages
 };
 
+// Tensor names are unique and their byte ranges disjoint; every bound is checked.
+TensorFile parse_safetensors(const char* bytes, size_t size, const std::string& source);
 TensorFile parse_safetensors(const std::vector<char>& bytes, const std::string& source);
-TensorFile read_safetensors(const std::string& path);
+// `what` names the file in messages ("checkpoint", "input file").
+TensorFile read_safetensors(const std::string& path, const std::string& what = "safetensors file");
 std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& tensors,
                                         const std::map<std::string, std::string>& metadata = {});
-// Writes to `path + ".tmp"` then renames, so a crash never leaves a half-written file.
+// A safetensors file that is not a cast checkpoint: what `cast layer --out` may replace.
+bool looks_like_plain_safetensors(std::string_view head);
+// Writes atomically (files::write_atomic), so a crash never leaves a half-written file.
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
-
-// The file a write to `path` replaces: the target of a symlink, refused unless it is a regular
-// file or does not exist.
-std::string output_path(const std::string& path);
-// Writes a file atomically (temporary file, flush, rename).
-void write_file_atomic(const std::string& path, const std::vector<char>& bytes);
-void write_file_atomic(const std::string& path, const std::string& text);
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::string& what = "output file", files::Link link = files::Link::follow_once);
 
 }  // namespace cast

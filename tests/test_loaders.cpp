@@ -1,6 +1,8 @@
 // Loaders on small files written here in the release formats, and on broken ones: each error
 // names the file (and line or record).
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
+#include <png.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <filesystem>
@@ -78,7 +80,7 @@ TEST(ListOps, BrokenFilesNameFileAndLine) {
   EXPECT_CAST_ERROR(with_train("Source\tTarget\n[MAX 1 x ]\t2\n"), "basic_train.tsv:2: unknown ListOps token 'x'");
   with_train("Source\tTarget\n[MAX 1 2 ]\t2\n");
   fs::remove(dir + "/basic_test.tsv");
-  EXPECT_CAST_ERROR(data::load_listops(dir, 100), "basic_test.tsv: cannot open");
+  EXPECT_CAST_ERROR(data::load_listops(dir, 100), "basic_test.tsv: no such file or folder");
 }
 
 // ---------------------------------------------------------------- IMDb
@@ -95,7 +97,7 @@ TEST(Imdb, ReadsTheAclImdbLayout) {
   EXPECT_EQ(t.train[1].tokens.size(), 8u);  // cut to max_len
   EXPECT_EQ(t.train[1].label, 1);
   fs::remove_all(dir + "/test/neg");
-  EXPECT_CAST_ERROR(data::load_imdb(dir, 8), "test/neg: missing folder");
+  EXPECT_CAST_ERROR(data::load_imdb(dir, 8), "test/neg: no such file or folder");
 }
 
 // ---------------------------------------------------------------- AAN
@@ -287,8 +289,100 @@ TEST(Pathfinder, BrokenMetadataAndImages) {
   write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png\n");
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:1: expected at least 4 fields");
   write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png 0 1\nimgs/0 missing.png 1 0\nimgs/0 sample_2.png 2 0\n");
-  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "missing.png: cannot open");
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "missing.png: no such file or folder");
   write_text(dir + "/imgs/0/sample_1.png", "not a png");
   write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png 0 1\nimgs/0 sample_1.png 1 0\nimgs/0 sample_2.png 2 0\n");
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "sample_1.png: not a PNG file");
+}
+
+// ---------------------------------------------------------------- issue 19: inputs checked whole
+// An interlaced (Adam7) PNG written with libpng itself: once decoded into scrambled rows.
+static void write_interlaced_png(const std::string& path, int side, const std::vector<uint8_t>& pixels) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  png_init_io(png, f);
+  png_set_IHDR(png, info, side, side, 8, PNG_COLOR_TYPE_GRAY, PNG_INTERLACE_ADAM7, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  std::vector<png_bytep> rows(side);
+  for (int y = 0; y < side; ++y) rows[y] = const_cast<png_bytep>(pixels.data() + static_cast<size_t>(y) * side);
+  png_set_rows(png, info, rows.data());
+  png_write_png(png, info, PNG_TRANSFORM_IDENTITY, nullptr);
+  png_destroy_write_struct(&png, &info);
+  std::fclose(f);
+}
+
+TEST(Png, InterlacedImagesDecodeToTheirPixels) {
+  const std::string dir = fresh_dir("png_interlaced");
+  const int side = 13;  // odd: every Adam7 pass has a ragged edge
+  std::vector<uint8_t> pixels(side * side);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 7 % 251);
+  write_interlaced_png(dir + "/i.png", side, pixels);
+  const png::Image img = png::read_gray(dir + "/i.png");
+  ASSERT_EQ(img.width, side);
+  ASSERT_EQ(img.height, side);
+  EXPECT_EQ(img.pixels, pixels);
+}
+
+TEST(ListOps, MalformedExpressionsAndLabelsAreRefusedWhenLoaded) {
+  const std::string dir = fresh_dir("listops_malformed");
+  auto with_train = [&](const std::string& rows) {
+    write_text(dir + "/basic_train.tsv", "Source\tTarget\n" + rows);
+    write_text(dir + "/basic_val.tsv", "Source\tTarget\n[MAX 1 2 ]\t2\n");
+    write_text(dir + "/basic_test.tsv", "Source\tTarget\n[MAX 1 2 ]\t2\n");
+    return data::load_listops(dir, 100);
+  };
+  EXPECT_CAST_ERROR(with_train("[MAX 1 2 ]\t10\n"), "basic_train.tsv:2: label '10' is not a digit 0-9");
+  EXPECT_CAST_ERROR(with_train("[MAX 1 2 ]\t-1\n"), "label '-1' is not a digit");
+  EXPECT_CAST_ERROR(with_train("[MAX 1 2\t2\n"), "basic_train.tsv:2: incomplete expression (1 operator not closed)");
+  EXPECT_CAST_ERROR(with_train("1 2 ]\t2\n"), "basic_train.tsv:2: more than one value at the top level");
+  EXPECT_CAST_ERROR(with_train("[MIN ]\t2\n"), "an operator without arguments");
+  EXPECT_CAST_ERROR(with_train("( [MAX 1 2 ]\t2\n"), "unbalanced parentheses");
+  EXPECT_EQ(with_train("( ( [MAX 1 ) 2 ] )\t2\n").train.size(), 1u);
+}
+
+TEST(Pathfinder, MetadataPathsStayInsideTheDataFolder) {
+  const std::string dir = fresh_dir("pathfinder_escape");
+  data::PathfinderSpec spec;
+  spec.count = 4;
+  data::generate_pathfinder(dir, spec, 6);
+  fs::copy_file(dir + "/imgs/0/sample_0.png", dir + "/../outside_" + std::to_string(getpid()) + ".png",
+                fs::copy_options::overwrite_existing);
+  const std::string rest = "imgs/0 sample_1.png 1 0\nimgs/0 sample_2.png 2 0\n";
+  write_text(dir + "/metadata/0.npy", "../.. outside_" + std::to_string(getpid()) + ".png 0 1\n" + rest);
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:1: image path '../../outside");
+  write_text(dir + "/metadata/0.npy", "/tmp x.png 0 1\n" + rest);
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "leaves the data folder");
+  fs::create_directory_symlink(fs::path(dir).parent_path(), dir + "/imgs/up");  // a link inside, leading out
+  write_text(dir + "/metadata/0.npy", "imgs/up outside_" + std::to_string(getpid()) + ".png 0 1\n" + rest);
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "leads out of the data folder");
+  fs::create_symlink("loop.png", dir + "/imgs/0/loop.png");
+  write_text(dir + "/metadata/0.npy", "imgs/0 loop.png 0 1\n" + rest);
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "loop.png: a symbolic link loop");
+}
+
+// A FIFO in place of any data file is one clear error, at once: each of these once blocked forever.
+TEST(Loaders, AFifoInPlaceOfADataFileIsRefusedAtOnce) {
+  const std::string dir = fresh_dir("fifos");
+  auto fifo = [&](const std::string& path) {
+    fs::create_directories(fs::path(path).parent_path());
+    fs::remove(path);
+    ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0) << path;
+  };
+  fifo(dir + "/listops/basic_train.tsv");
+  EXPECT_CAST_ERROR(data::load_listops(dir + "/listops", 100), "basic_train.tsv: is a FIFO (named pipe)");
+  fifo(dir + "/cifar/data_batch_1.bin");
+  EXPECT_CAST_ERROR(data::load_cifar10(dir + "/cifar"), "CIFAR-10 batch " + dir + "/cifar/data_batch_1.bin: is a FIFO");
+  for (const char* split : {"train", "test"}) write_text(fmt::format("{}/imdb/{}/pos/0_9.txt", dir, split), "Good");
+  write_text(dir + "/imdb/train/neg/0_1.txt", "Bad");
+  fifo(dir + "/imdb/test/neg/0_1.txt");
+  EXPECT_CAST_ERROR(data::load_imdb(dir + "/imdb", 8), "IMDb review " + dir + "/imdb/test/neg/0_1.txt: is a FIFO");
+  fifo(dir + "/fm/train-images-idx3-ubyte.gz");
+  EXPECT_CAST_ERROR(data::load_fashion_mnist(dir + "/fm", 1), "train-images-idx3-ubyte.gz: is a FIFO");
+  data::PathfinderSpec spec;
+  spec.count = 4;
+  data::generate_pathfinder(dir + "/pf", spec, 6);
+  fifo(dir + "/pf/imgs/0/sample_1.png");
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir + "/pf"), "PNG file " + dir + "/pf/imgs/0/sample_1.png: is a FIFO");
 }

@@ -61,18 +61,18 @@ TEST(SafeTensors, HugeShapesWithAZeroDimensionAreRefused) {
 
 TEST(SafeTensors, DevicesAndFoldersAreRefused) {
   // `--in /dev/zero` once read until memory ran out
-  EXPECT_CAST_ERROR(read_safetensors("/dev/zero"), "/dev/zero: not a regular file");
-  EXPECT_CAST_ERROR(read_safetensors("/tmp"), "/tmp: not a regular file");
+  EXPECT_CAST_ERROR(read_safetensors("/dev/zero"), "/dev/zero: is a device, not a regular file");
+  EXPECT_CAST_ERROR(read_safetensors("/tmp"), "/tmp: is a folder, not a regular file");
 }
 
 TEST(SafeTensors, WritesReplaceOnlyRegularFilesAndFollowSymlinks) {
   // `--out /dev/full` once replaced the device node with a regular file
   std::map<std::string, Tensor> t = {{"w", Tensor::zeros({2})}};
-  EXPECT_CAST_ERROR(write_safetensors("/dev/full", t), "/dev/full: exists and is not a regular file");
+  EXPECT_CAST_ERROR(write_safetensors("/dev/full", t), "/dev/full: exists and is a device; not replacing it");
   EXPECT_TRUE(std::filesystem::is_character_file("/dev/full"));
   const std::string dir = temp_path("dir_target");
   std::filesystem::create_directories(dir);
-  EXPECT_CAST_ERROR(write_safetensors(dir, t), "not a regular file");
+  EXPECT_CAST_ERROR(write_safetensors(dir, t), "exists and is a folder; not replacing it");
   // through a symlink: the target gets the new content, the link stays a link
   const std::string target = temp_path("link_target.safetensors"), link = temp_path("link.safetensors");
   std::filesystem::remove(link);
@@ -83,7 +83,7 @@ TEST(SafeTensors, WritesReplaceOnlyRegularFilesAndFollowSymlinks) {
   EXPECT_EQ(read_safetensors(target).get("w").numel(), 2);
   EXPECT_FALSE(std::filesystem::exists(target + ".tmp"));
   // a failed write leaves no temporary behind and the old file as it was
-  EXPECT_CAST_ERROR(write_safetensors("/proc/cast_nowhere.safetensors", t), "cannot open for writing");
+  EXPECT_CAST_ERROR(write_safetensors("/proc/cast_nowhere.safetensors", t), "folder /proc is read-only");
   EXPECT_FALSE(std::filesystem::exists("/proc/cast_nowhere.safetensors.tmp"));
 }
 
@@ -112,5 +112,26 @@ TEST(SafeTensors, CorruptHeaders) {
 }
 
 TEST(SafeTensors, MissingFile) {
-  EXPECT_CAST_ERROR(read_safetensors("/nonexistent/dir/x.safetensors"), "cannot open");
+  EXPECT_CAST_ERROR(read_safetensors("/nonexistent/dir/x.safetensors"), "x.safetensors: no such file or folder");
+}
+
+// Issue 19: a name given twice (JSON keeps the last one silently) and tensors sharing bytes.
+TEST(SafeTensors, DuplicateNamesAndOverlappingRangesAreRefused) {
+  auto make = [](const std::string& header, size_t data_bytes) {
+    std::vector<char> out(8 + header.size() + data_bytes, 0);
+    uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    std::copy(header.begin(), header.end(), out.begin() + 8);
+    return out;
+  };
+  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                           R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8), "f"),
+                    "f: tensor name 'a' appears twice in the header");
+  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                           R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12), "f"),
+                    "f: tensors 'a' and 'b' overlap in the data section");
+  // a name inside a tensor entry or the metadata is no tensor name: only the top level counts
+  const TensorFile ok = parse_safetensors(make(R"({"__metadata__":{"a":"x"},"a":{"dtype":"F32","shape":[1],)"
+                                               R"("data_offsets":[0,4]},"b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", 4), "f");
+  EXPECT_EQ(ok.tensors.size(), 2u);
 }

@@ -326,5 +326,5 @@ TEST(Training, EmptyTrainingSplitAndUnwritableRunFolderFailBeforeTraining) {
   EXPECT_CAST_ERROR(train::train_on(c, task, "", 0, true), "the training split has no examples");
   data::TaskData ok = counting_task(16, 8, 3);
   c.run_dir = "/proc/cast_cannot_write_here";
-  EXPECT_CAST_ERROR(train::train_on(c, ok, "", 0, true), "run folder /proc/cast_cannot_write_here: cannot write");
+  EXPECT_CAST_ERROR(train::train_on(c, ok, "", 0, true), "run folder /proc/cast_cannot_write_here: folder /proc is read-only");
 }

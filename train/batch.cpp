@@ -1,8 +1,9 @@
 // Batching and simple statistics over examples.
 #include <algorithm>
-#include <fstream>
+#include <sstream>
 #include <map>
 
+#include "tensor/files.h"
 #include "train/data.h"
 
 namespace cast::data {
@@ -47,13 +48,15 @@ nn::Batch make_batch(const TaskData& task, const std::vector<Example>& split, co
 
 void for_each_line(const std::string& path, const std::string& what,
                    const std::function<void(const std::string&, const std::string&)>& fn) {
-  std::ifstream in(path);
-  CAST_CHECK(in.good(), "{}: cannot open ({})", path, what);
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
+  try {
+    files::require_file(path, "data file");
+  } catch (const Error& e) {  // a missing file: say how to make it
+    throw Error(fmt::format("{} ({})", e.what(), what));
+  }
+  files::for_each_line(path, "data file", [&](std::string& line, int64_t number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (!line.empty()) fn(line, fmt::format("{}:{}", path, number));
-  }
+  });
 }
 
 double majority_rate(const std::vector<Example>& split, int64_t classes, int64_t limit) {

@@ -15,6 +15,7 @@
 #include "autograd/tape.h"
 #include "ops/adamw.h"
 #include "ops/ops.h"
+#include "tensor/files.h"
 #include "train/cli.h"
 #include "train/memory_estimate.h"
 #include "train/trainer.h"
@@ -127,6 +128,24 @@ TransferCounts transfer_counts(Device device) {
   return {};
 }
 
+// --json FILE: the rows as JSON lines. The path is checked before any work (a folder, a device or
+// a read-only folder is one error, exit 1), and the file is rewritten atomically after each row,
+// so an interrupted benchmark keeps the rows it finished.
+class JsonLines {
+ public:
+  explicit JsonLines(std::string path) : path_(std::move(path)) {
+    if (!path_.empty()) files::check_replaces_own_kind(path_, "--json", "a JSON-lines file", files::looks_like_json_lines);
+  }
+  void add(const nlohmann::json& row) {
+    if (path_.empty()) return;
+    text_ += row.dump() + '\n';
+    files::write_atomic(path_, text_, "--json");
+  }
+
+ private:
+  std::string path_, text_;
+};
+
 std::string device_label(Device device) {
 #ifdef CAST_WITH_CUDA
   if (device == Device::cuda) {
@@ -150,8 +169,7 @@ int bench_attention(const cli::Args& args) {
   if (lens.empty()) lens = device == Device::cuda ? "1024,2048,4096,8192,16384" : "256,512,1024";
   const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));  // usage errors before any output
   const std::vector<int64_t> ns = lengths(lens);
-  std::ofstream json_out;
-  if (!args.str("json").empty()) json_out.open(args.str("json"));
+  JsonLines json_out(args.str("json"));
   fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
              device_label(device), B, D, H, repeats, warmup, args.is_set("tf32") ? ", TF32 matmuls" : "");
   auto layer_config = [&](const Variant& v, int64_t N) {
@@ -197,11 +215,9 @@ int bench_attention(const cli::Args& args) {
         const double peak_mib = static_cast<double>(train::peak_memory(device) - std::min(base, train::peak_memory(device))) / (1 << 20);
         fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f} {:>14.1f}{}\n", v.name, N, median(tf), median(tb),
                    peak_mib, estimate / (1 << 20), trust_note(tb));
-        if (json_out.is_open())
-          json_out << nlohmann::json{{"mechanism", v.name}, {"n", N}, {"batch", B}, {"dim", D}, {"heads", H},
-                                     {"forward_ms", median(tf)}, {"forward_backward_ms", median(tb)},
-                                     {"peak_mib", peak_mib}, {"device", device_label(device)}}.dump()
-                   << '\n';
+        json_out.add({{"mechanism", v.name}, {"n", N}, {"batch", B}, {"dim", D}, {"heads", H},
+                      {"forward_ms", median(tf)}, {"forward_backward_ms", median(tb)},
+                      {"peak_mib", peak_mib}, {"device", device_label(device)}});
       } catch (const Error& e) {
         autograd::clear_tape();
         fmt::print("{:<12} {:>6} failed: {}\n", v.name, N, e.what());
@@ -234,8 +250,7 @@ int bench_train(const cli::Args& args) {
                           fmt::format("a {} training step of batch {} at length {}", v.name, B, N),
                           "lower --batch-size or --length");
   }
-  std::ofstream json_out;
-  if (!args.str("json").empty()) json_out.open(args.str("json"));
+  JsonLines json_out(args.str("json"));
   fmt::print("training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up\n",
              device_label(device), base.task, N, B, steps, warmup);
   fmt::print("{:<12} {:>10} {:>10} {:>12} {:>14}\n", "mechanism", "ms/step", "steps/s", "peak MiB", "estimate MiB");
@@ -286,13 +301,11 @@ int bench_train(const cli::Args& args) {
         fmt::print("{:<12} per step: {:.1f} device-to-host copies, {:.1f} host-to-device copies, {:.1f} "
                    "synchronisations, {:.1f} cudaMalloc calls\n", "", per_step.to_host, per_step.to_device,
                    per_step.synchronizations, per_step.mallocs);
-      if (json_out.is_open())
-        json_out << nlohmann::json{{"mechanism", v.name}, {"task", base.task}, {"n", N}, {"batch", B},
-                                   {"ms_per_step", ms}, {"peak_mib", peak_mib}, {"device", device_label(device)},
-                                   {"to_host_per_step", per_step.to_host}, {"to_device_per_step", per_step.to_device},
-                                   {"synchronizations_per_step", per_step.synchronizations},
-                                   {"mallocs_per_step", per_step.mallocs}}.dump()
-                 << '\n';
+      json_out.add({{"mechanism", v.name}, {"task", base.task}, {"n", N}, {"batch", B},
+                    {"ms_per_step", ms}, {"peak_mib", peak_mib}, {"device", device_label(device)},
+                    {"to_host_per_step", per_step.to_host}, {"to_device_per_step", per_step.to_device},
+                    {"synchronizations_per_step", per_step.synchronizations},
+                    {"mallocs_per_step", per_step.mallocs}});
     } catch (const Error& e) {
       autograd::clear_tape();
       fmt::print("{:<12} failed: {}\n", v.name, e.what());
@@ -307,6 +320,7 @@ int bench_train(const cli::Args& args) {
 // GFLOP/s are compared with.
 int bench_gemm(const cli::Args& args) {
   const int64_t repeats = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
+  JsonLines json_out(args.str("json"));
   fmt::print("sgemm on the CPU BLAS ({} threads), median of {} after {} warm-up\n", omp_get_max_threads(), repeats,
              warmup);
   for (int64_t n : {512, 2048}) {
@@ -317,6 +331,7 @@ int bench_gemm(const cli::Args& args) {
     for (int64_t i = 0; i < repeats; ++i) times.push_back(time_once(Device::cpu, run));
     const double ms = median(times);
     fmt::print("  {}x{}x{}: {:.2f} ms, {:.1f} GFLOP/s{}\n", n, n, n, ms, 2.0 * n * n * n / ms / 1e6, trust_note(times));
+    json_out.add({{"gemm", n}, {"ms", ms}, {"gflops", 2.0 * n * n * n / ms / 1e6}, {"threads", omp_get_max_threads()}});
   }
   return 0;
 }

@@ -73,6 +73,12 @@ int64_t Args::integer(const std::string& name) const {
   throw UsageError(fmt::format("--{} expects an integer, got '{}'", name, v));
 }
 
+int64_t Args::integer(const std::string& name, int64_t lo, int64_t hi) const {
+  const int64_t v = integer(name);
+  CAST_USAGE_CHECK(v >= lo && v <= hi, "--{} is {}: it must be in [{}, {}]", name, v, lo, hi);
+  return v;
+}
+
 double Args::number(const std::string& name) const {
   const std::string v = str(name);
   try {

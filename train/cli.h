@@ -23,6 +23,8 @@ class Args {
 
   std::string str(const std::string& name) const;
   int64_t integer(const std::string& name) const;
+  // An integer in [lo, hi], else a usage error naming the option (no value is cut to fit).
+  int64_t integer(const std::string& name, int64_t lo, int64_t hi) const;
   double number(const std::string& name) const;
   bool is_set(const std::string& name) const;  // flags, and options given on the command line
   // One of `allowed`, or a clear error naming the option.

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include "tensor/error.h"
+#include "tensor/files.h"
 #include "tensor/safetensors.h"
 #include "train/cli.h"
 #include "train/plot.h"
@@ -75,11 +75,31 @@ std::string finished_run_like(const std::string& out_dir, const TrainConfig& con
   return "";
 }
 
+// A run's summary.json, every field the results read checked for its type and range, so an
+// edited or damaged file is one error naming the file and the key, never a wrong table.
 json read_summary(const std::string& path) {
-  std::ifstream in(path);
-  const json j = json::parse(in, nullptr, false);
-  CAST_CHECK(j.is_object() && j.contains("test_accuracy") && j.contains("steps"),
-             "{}: not a run summary (delete it to let the run finish again)", path);
+  const json j = files::read_json(path, "run summary");
+  const std::string fix = "delete it to let the run finish again";
+  CAST_CHECK(j.is_object(), "run summary {}: not a JSON object ({})", path, fix);
+  auto number = [&](const char* key, double lo, double hi, bool required) {
+    if (!j.contains(key)) {
+      CAST_CHECK(!required, "run summary {}: '{}' is missing ({})", path, key, fix);
+      return;
+    }
+    CAST_CHECK(j[key].is_number(), "run summary {}: '{}' is {}, not a number ({})", path, key, j[key].dump(), fix);
+    const double v = j[key].get<double>();
+    CAST_CHECK(std::isfinite(v) && v >= lo && v <= hi, "run summary {}: '{}' is {}, outside [{}, {}] ({})", path, key,
+               j[key].dump(), lo, hi, fix);
+  };
+  number("test_accuracy", 0, 1, true);
+  number("val_accuracy", 0, 1, true);
+  number("majority_rate", 0, 1, false);
+  number("seconds", 0, 1e12, false);
+  number("step_seconds", 0, 1e12, false);
+  number("peak_bytes", 0, 1e18, false);
+  CAST_CHECK(j.contains("steps") && j["steps"].is_number_integer() && j["steps"].get<int64_t>() >= 0,
+             "run summary {}: 'steps' is {}, not a whole number 0 or more ({})", path,
+             j.value("steps", json()).dump(), fix);
   return j;
 }
 
@@ -200,22 +220,24 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
                     output_name(spec, "comparison", ".svg"));
   const json results = {{"task", spec.task}, {"seeds", spec.seeds}, {"settings", spec.settings},
                         {"command", spec.command}, {"variants", variants}};
-  write_file_atomic(spec.out_dir + "/" + output_name(spec, "results", ".json"), results.dump(2) + "\n");
-  write_file_atomic(spec.out_dir + "/" + output_name(spec, "results", ".md"), md);
+  files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".json"), results.dump(2) + "\n",
+                      "comparison results", files::Link::refuse);
+  files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".md"), md, "comparison results",
+                      files::Link::refuse);
   std::vector<std::string> labels;
   for (const auto& v : spec.variants) labels.push_back(v.first);
   plot_comparison(spec.out_dir + "/" + output_name(spec, "comparison", ".svg"),
                   fmt::format("{}: {} ({} seed{})", spec.task, fmt::join(labels, ", "), spec.seeds.size(),
                               spec.seeds.size() == 1 ? "" : "s"),
-                  figure);
+                  figure, files::Link::refuse);
 }
 
 }  // namespace
 
 CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool quiet) {
   CAST_CHECK(!spec.variants.empty() && !spec.seeds.empty(), "a comparison needs at least one variant and one seed");
-  CAST_CHECK(!spec.settings.contains("run") && !spec.settings.contains("seed"),
-             "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
+  CAST_CHECK_USAGE(!spec.settings.contains("run") && !spec.settings.contains("seed"),
+                   "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
   // Every run's settings are checked before the first step is spent.
   std::vector<std::pair<CompareRun, TrainConfig>> plan;
   for (const auto& [label, settings] : spec.variants)
@@ -228,7 +250,7 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       c.run_dir = r.dir;
       plan.push_back({r, c});
     }
-  std::filesystem::create_directories(spec.out_dir);
+  files::make_writable_folder(spec.out_dir, "comparison folder");
   CompareResult result;
   int index = 0;
   for (auto& [run, config] : plan) {
@@ -376,7 +398,7 @@ int command_compare(const std::vector<std::string>& argv) {
       spec.variants.push_back({key + "=" + value, {{key, setting_from_text(key, value)}}});
     spec.name = key;
   }
-  for (const std::string& seed : comma_list("seeds", args.str("seeds"))) {
+  for (const std::string& seed : comma_list("seeds", args.str("seeds"))) {  // "1,01" is one seed twice
     size_t used = 0;
     int64_t s = -1;
     try {
@@ -384,9 +406,16 @@ int command_compare(const std::vector<std::string>& argv) {
     } catch (const std::exception&) {
     }
     CAST_CHECK_USAGE(used == seed.size() && s >= 0, "--seeds: '{}' is not a seed (a whole number, 0 or more)", seed);
+    CAST_CHECK_USAGE(std::find(spec.seeds.begin(), spec.seeds.end(), static_cast<uint64_t>(s)) == spec.seeds.end(),
+                     "--seeds: seed {} is listed twice ('{}')", s, args.str("seeds"));
     spec.seeds.push_back(static_cast<uint64_t>(s));
   }
   spec.out_dir = args.is_set("out") ? args.str("out") : default_out;
+  for (const char* stem : {"results", "comparison"})  // the settings file is an input: never replaced
+    for (const char* ext : {".md", ".json", ".svg"})
+      files::check_not_an_input(spec.out_dir + "/" + stem + (spec.name.empty() ? "" : "-" + spec.name) + ext,
+                                "comparison output",
+                                {args.str("config")});
   spec.command = "cast compare";
   for (const std::string& a : argv) spec.command += " " + a;
   train::run_comparison(spec);  // validates every run's settings before it makes a folder

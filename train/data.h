@@ -51,7 +51,9 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
 // Reads the release layout; tokens: drop ( ), `]` is its own token, split on whitespace.
 TaskData load_listops(const std::string& dir, int64_t max_len);
 std::vector<int32_t> tokenize_listops(const std::string& source, const std::string& where);
-int evaluate_listops(const std::string& source);  // the value of a ListOps expression
+// The value of a ListOps expression; a malformed one (unbalanced brackets or parentheses, an
+// operator without arguments, two values at the top level) is an error naming `where`.
+int evaluate_listops(const std::string& source, const std::string& where = "listops expression");
 
 // ---------------------------------------------------------------- Text (IMDb)
 // aclImdb layout: {train,test}/{pos,neg}/*.txt; bytes as tokens (byte + 1, 0 = pad); val = test.

@@ -6,6 +6,7 @@
 #include "nn/attention.h"
 #include "train/memory_estimate.h"
 #include "ops/ops.h"
+#include "tensor/files.h"
 #include "tensor/safetensors.h"
 #include "train/cli.h"
 
@@ -69,12 +70,16 @@ int command_layer(const std::vector<std::string>& argv) {
   const int64_t cluster_size = bounded("cluster-size", 0, 1 << 20), topk = bounded("topk", 1, 1 << 22);
   const int64_t bits = bounded("bits", 1, 63), iterations = bounded("iterations", 0, 100000);
   const int64_t seed = bounded("seed", 0, INT64_MAX);
-  CAST_CHECK(!args.str("in").empty() && !args.str("out").empty(), "--in and --out are required (see cast layer --help)");
+  CAST_CHECK_USAGE(!args.str("in").empty() && !args.str("out").empty(), "--in and --out are required (see cast layer --help)");
+  // the output never replaces the input, and a bad output path is refused before the work
+  files::check_not_an_input(args.str("out"), "--out", {args.str("in")});
+  files::check_replaces_own_kind(args.str("out"), "--out", "a safetensors file other than a checkpoint",
+                                 looks_like_plain_safetensors);
   const DType dtype = args.choice("dtype", {"f32", "f64"}) == "f64" ? DType::f64 : DType::f32;
   const Device device = args.choice("device", {"cpu", "cuda"}) == "cuda" ? Device::cuda : Device::cpu;
-  CAST_CHECK(!(dtype == DType::f64 && device == Device::cuda), "--dtype f64 runs on the CPU only");
+  CAST_CHECK_USAGE(!(dtype == DType::f64 && device == Device::cuda), "--dtype f64 runs on the CPU only");
 
-  const TensorFile file = read_safetensors(args.str("in"));
+  const TensorFile file = read_safetensors(args.str("in"), "--in");
   const Tensor& x_raw = file.get("x");
   CAST_CHECK(x_raw.ndim() == 3, "{}: tensor 'x' must be (B, N, D), got shape {}", file.source, shape_str(x_raw.shape()));
   const int64_t B = x_raw.dim(0), N = x_raw.dim(1), D = x_raw.dim(2);
@@ -134,7 +139,7 @@ int command_layer(const std::vector<std::string>& argv) {
     out["grad." + name] = p.grad().defined() ? p.grad() : Tensor::zeros(p.shape(), dtype, device);
   if (result.clusters.defined()) out["clusters"] = result.clusters;
   if (result.assignment.defined()) out["assignment"] = result.assignment;
-  write_safetensors(args.str("out"), out, {{"attention", nn::mechanism_name(config.mechanism)}});
+  write_safetensors(args.str("out"), out, {{"attention", nn::mechanism_name(config.mechanism)}}, "--out");
   fmt::print("cast layer: {} B={} N={} D={} H={}{} -> {}\n", nn::mechanism_name(config.mechanism), B, N, D, H,
              config.mechanism == nn::Mechanism::cast ? fmt::format(" C={}", C) : std::string(), args.str("out"));
   return 0;

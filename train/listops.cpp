@@ -1,10 +1,10 @@
 // ListOps: the generator (LRA rules) and the release TSV loader.
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 
+#include "tensor/files.h"
 #include "tensor/philox.h"
 #include "train/data.h"
 
@@ -46,13 +46,9 @@ std::string random_tree(Stream& rng, int depth, const ListOpsSpec& spec, int& le
 }
 
 void write_split(const std::string& path, const std::vector<std::pair<std::string, int>>& rows) {
-  std::ofstream out(path + ".tmp");
-  CAST_CHECK(out.good(), "{}: cannot open for writing", path);
-  out << "Source\tTarget\n";
-  for (const auto& [source, target] : rows) out << source << '\t' << target << '\n';
-  out.close();
-  CAST_CHECK(out.good(), "{}: write failed", path);
-  std::filesystem::rename(path + ".tmp", path);
+  std::string text = "Source\tTarget\n";
+  for (const auto& [source, target] : rows) text += source + '\t' + std::to_string(target) + '\n';
+  files::write_atomic(path, text, "ListOps file", files::Link::refuse);
 }
 
 }  // namespace
@@ -74,25 +70,31 @@ std::vector<int32_t> tokenize_listops(const std::string& source, const std::stri
   return tokens;
 }
 
-int evaluate_listops(const std::string& source) {
-  const std::vector<int32_t> t = tokenize_listops(source, "listops expression");
+int evaluate_listops(const std::string& source, const std::string& where) {
+  const std::vector<int32_t> t = tokenize_listops(source, where);
+  CAST_CHECK(std::count(source.begin(), source.end(), '(') == std::count(source.begin(), source.end(), ')'),
+             "{}: unbalanced parentheses", where);
+  auto top_level = [&](int& result, int v) {
+    CAST_CHECK(result < 0, "{}: more than one value at the top level", where);
+    result = v;
+  };
   std::vector<std::vector<int>> stack;  // argument lists of the open operators
   std::vector<int32_t> ops;
   int result = -1;
   for (int32_t tok : t) {
     if (tok >= 1 && tok <= 10) {
-      if (stack.empty()) result = tok - 1;
+      if (stack.empty()) top_level(result, tok - 1);
       else stack.back().push_back(tok - 1);
     } else if (tok >= 11 && tok <= 14) {
       ops.push_back(tok);
       stack.emplace_back();
     } else {  // ]
-      CAST_CHECK(!stack.empty(), "listops expression: unbalanced ]");
+      CAST_CHECK(!stack.empty(), "{}: a ']' closes no operator", where);
       std::vector<int> args = stack.back();
       stack.pop_back();
       const int32_t op = ops.back();
       ops.pop_back();
-      CAST_CHECK(!args.empty(), "listops expression: operator without arguments");
+      CAST_CHECK(!args.empty(), "{}: an operator without arguments", where);
       int v = 0;
       if (op == 11) v = *std::min_element(args.begin(), args.end());
       else if (op == 12) v = *std::max_element(args.begin(), args.end());
@@ -104,16 +106,17 @@ int evaluate_listops(const std::string& source) {
         for (int a : args) v += a;
         v %= 10;
       }
-      if (stack.empty()) result = v;
+      if (stack.empty()) top_level(result, v);
       else stack.back().push_back(v);
     }
   }
-  CAST_CHECK(stack.empty() && result >= 0, "listops expression: incomplete");
+  CAST_CHECK(stack.empty() && result >= 0, "{}: incomplete expression ({} operator{} not closed)", where, stack.size(),
+             stack.size() == 1 ? "" : "s");
   return result;
 }
 
 void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed) {
-  std::filesystem::create_directories(dir);
+  files::make_writable_folder(dir, "ListOps folder");
   Stream rng{seed};
   std::set<std::string> seen;
   std::vector<std::pair<std::string, int>> rows;
@@ -152,6 +155,7 @@ static std::vector<Example> read_listops_tsv(const std::string& path, int64_t ma
     CAST_CHECK(target.size() == 1 && target[0] >= '0' && target[0] <= '9', "{}: label '{}' is not a digit 0-9", where,
                target);
     Example e;
+    evaluate_listops(line.substr(0, tab), where);  // a well-formed expression, checked whole before it is cut
     e.tokens = tokenize_listops(line.substr(0, tab), where);
     CAST_CHECK(!e.tokens.empty(), "{}: empty source", where);
     if (static_cast<int64_t>(e.tokens.size()) > max_len) e.tokens.resize(max_len);
@@ -164,6 +168,7 @@ static std::vector<Example> read_listops_tsv(const std::string& path, int64_t ma
 }
 
 TaskData load_listops(const std::string& dir, int64_t max_len) {
+  files::require_folder(dir, "ListOps data folder");
   TaskData t;
   t.name = "listops";
   t.vocab = 16;

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
+#include "tensor/files.h"
 #include "train/data.h"
 
 namespace cast::data {
@@ -22,10 +22,10 @@ static std::vector<int32_t> bytes_as_tokens(const std::string& text, int64_t max
   return t;
 }
 
-static std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  CAST_CHECK(in.good(), "{}: cannot open", path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// A review or a CIFAR-10 batch (30 MB) is never near 64 MiB: a larger file is refused before it
+// is read into memory.
+static std::string read_all(const std::string& path, const std::string& what) {
+  return files::read_file(path, what, uint64_t{1} << 26);
 }
 
 // ---------------------------------------------------------------- IMDb
@@ -33,8 +33,7 @@ static std::vector<Example> read_imdb_split(const std::string& dir, int64_t max_
   std::vector<Example> out;
   for (const char* sentiment : {"neg", "pos"}) {
     const std::string folder = dir + "/" + sentiment;
-    CAST_CHECK(fs::is_directory(folder), "{}: missing folder (expected the aclImdb layout {{train,test}}/{{pos,neg}}/*.txt)",
-               folder);
+    files::require_folder(folder, "IMDb folder (the aclImdb layout {train,test}/{pos,neg}/*.txt)");
     std::vector<std::string> files;
     for (const auto& entry : fs::directory_iterator(folder))
       if (entry.path().extension() == ".txt") files.push_back(entry.path().string());
@@ -42,7 +41,7 @@ static std::vector<Example> read_imdb_split(const std::string& dir, int64_t max_
     CAST_CHECK(!files.empty(), "{}: no .txt reviews", folder);
     for (const std::string& f : files) {
       Example e;
-      e.tokens = bytes_as_tokens(read_all(f), max_len);
+      e.tokens = bytes_as_tokens(read_all(f, "IMDb review"), max_len);
       CAST_CHECK(!e.tokens.empty(), "{}: empty review", f);
       e.label = std::string(sentiment) == "pos" ? 1 : 0;
       out.push_back(std::move(e));
@@ -52,6 +51,7 @@ static std::vector<Example> read_imdb_split(const std::string& dir, int64_t max_
 }
 
 TaskData load_imdb(const std::string& dir, int64_t max_len) {
+  files::require_folder(dir, "IMDb data folder");
   TaskData t;
   t.name = "text";
   t.vocab = 257;
@@ -88,6 +88,7 @@ static std::vector<Example> read_aan(const std::string& path, int64_t max_len) {
 }
 
 TaskData load_aan(const std::string& dir, int64_t max_len) {
+  files::require_folder(dir, "AAN data folder");
   TaskData t;
   t.name = "retrieval";
   t.vocab = 257;
@@ -102,7 +103,7 @@ TaskData load_aan(const std::string& dir, int64_t max_len) {
 
 // ---------------------------------------------------------------- CIFAR-10
 static std::vector<Example> read_cifar_batch(const std::string& path) {
-  const std::string bytes = read_all(path);
+  const std::string bytes = read_all(path, "CIFAR-10 batch");
   constexpr size_t kRecord = 1 + 3072;
   CAST_CHECK(!bytes.empty() && bytes.size() % kRecord == 0,
              "{}: {} bytes is not a whole number of {}-byte CIFAR-10 records (truncated?)", path, bytes.size(), kRecord);
@@ -121,6 +122,7 @@ static std::vector<Example> read_cifar_batch(const std::string& path) {
 }
 
 TaskData load_cifar10(const std::string& dir) {
+  files::require_folder(dir, "CIFAR-10 data folder");
   TaskData t;
   t.name = "image";
   t.vocab = 256;
@@ -141,12 +143,22 @@ TaskData load_cifar10(const std::string& dir) {
 
 // ---------------------------------------------------------------- Fashion-MNIST
 static std::string read_gzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  CAST_CHECK(f, "{}: cannot open", path);
+  // opened through files::open_input: a FIFO or device is refused before gzip reads from it
+  files::Fd fd = files::open_input(path, "Fashion-MNIST file");
+  gzFile f = gzdopen(fd.get(), "rb");
+  CAST_CHECK(f, "Fashion-MNIST file {}: cannot open", path);
+  fd.release();  // gzclose closes it
   std::string out;
   char buffer[1 << 16];
   int n;
-  while ((n = gzread(f, buffer, sizeof(buffer))) > 0) out.append(buffer, n);
+  constexpr size_t kMax = size_t{1} << 30;  // 16x Fashion-MNIST's largest file: a gzip bomb stops here
+  while ((n = gzread(f, buffer, sizeof(buffer))) > 0) {
+    out.append(buffer, n);
+    if (out.size() > kMax) {
+      gzclose(f);
+      throw Error(fmt::format("Fashion-MNIST file {}: more than {} bytes uncompressed", path, kMax));
+    }
+  }
   int err = 0;
   const std::string message = gzerror(f, &err);  // a copy: gzclose frees zlib's string
   gzclose(f);
@@ -199,6 +211,7 @@ static void pool_images(std::vector<Example>& images, int pool) {
 
 TaskData load_fashion_mnist(const std::string& dir, int pool) {
   CAST_CHECK(pool == 1 || pool == 2 || pool == 4, "Fashion-MNIST pooling {} is not 1, 2 or 4", pool);
+  files::require_folder(dir, "Fashion-MNIST data folder");
   TaskData t;
   t.name = pool == 1 ? "fashion-mnist" : fmt::format("fashion-mnist-{}", 28 / pool);
   t.vocab = 256;

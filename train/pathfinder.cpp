@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
+#include "tensor/files.h"
 #include "tensor/philox.h"
 #include "train/data.h"
 #include "train/png.h"
@@ -97,8 +97,8 @@ bool ends_apart(std::initializer_list<Point> ends, double d) {
 }  // namespace
 
 void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed) {
-  fs::create_directories(dir + "/imgs/0");
-  fs::create_directories(dir + "/metadata");
+  files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
+  files::make_writable_folder(dir + "/metadata", "Pathfinder folder");
   const int hi = spec.side * 2;
   const double scale = spec.side / 32.0;
   const double paddle_len = 2.0 * 2 * scale * 0.9, gap = 1.2 * scale;
@@ -135,19 +135,34 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
                    c.ink[(2 * y + 1) * hi + 2 * x + 1];
         img.pixels[y * spec.side + x] = static_cast<uint8_t>(std::lround(255.0 * s / 4));
       }
-    png::write(fmt::format("{}/imgs/0/sample_{}.png", dir, i), img);
+    png::write(fmt::format("{}/imgs/0/sample_{}.png", dir, i), img, files::Link::refuse);
     meta << "imgs/0 sample_" << i << ".png " << i << ' ' << label << '\n';
   }
-  std::ofstream out(dir + "/metadata/0.npy.tmp");
-  out << meta.str();
-  out.close();
-  CAST_CHECK(out.good(), "{}/metadata/0.npy: write failed", dir);
-  fs::rename(dir + "/metadata/0.npy.tmp", dir + "/metadata/0.npy");
+  files::write_atomic(dir + "/metadata/0.npy", meta.str(), "Pathfinder metadata", files::Link::refuse);
+}
+
+// The image a metadata line names, which must lie inside the data folder: a relative path with no
+// '..', and no link inside leading out of the folder.
+static std::string image_inside(const std::string& dir, const std::string& subdir, const std::string& file,
+                                const std::string& where) {
+  const fs::path rel = fs::path(subdir) / file;
+  bool up = false;
+  for (const auto& part : rel) up = up || part == "..";
+  CAST_CHECK(!rel.is_absolute() && !up, "{}: image path '{}' leaves the data folder {}", where, rel.string(), dir);
+  const std::string path = (fs::path(dir) / rel).string();
+  std::error_code real_ec, root_ec;  // a path that cannot be resolved (a link loop) is refused when read
+  const fs::path real = fs::weakly_canonical(path, real_ec), root = fs::weakly_canonical(dir, root_ec);
+  if (real_ec || root_ec) return path;
+  const auto mismatch = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
+  CAST_CHECK(mismatch.first == root.end(), "{}: image path '{}' leads out of the data folder {} (through a link)", where,
+             rel.string(), dir);
+  return path;
 }
 
 TaskData load_pathfinder(const std::string& dir) {
+  files::require_folder(dir, "Pathfinder data folder");
   const std::string meta_dir = dir + "/metadata";
-  CAST_CHECK(fs::is_directory(meta_dir), "{}: missing folder (generate the data with `cast data pathfinder`)", meta_dir);
+  files::require_folder(meta_dir, "Pathfinder metadata folder (generate the data with `cast data pathfinder`)");
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(meta_dir))
     if (e.path().extension() == ".npy") files.push_back(e.path().string());
@@ -162,7 +177,7 @@ TaskData load_pathfinder(const std::string& dir) {
       for (std::string w; fields >> w;) cols.push_back(w);
       CAST_CHECK(cols.size() >= 4, "{}: expected at least 4 fields (subdir file idx label), got {}", where, cols.size());
       CAST_CHECK(cols[3] == "0" || cols[3] == "1", "{}: label '{}' is not 0 or 1", where, cols[3]);
-      png::Image img = png::read_gray(dir + "/" + cols[0] + "/" + cols[1]);
+      png::Image img = png::read_gray(image_inside(dir, cols[0], cols[1], where));
       CAST_CHECK(img.width == img.height, "{}: image {}x{} is not square", where, img.width, img.height);
       if (side == 0) side = img.width;
       CAST_CHECK(img.width == side, "{}: image is {} wide, earlier ones {}", where, img.width, side);

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "tensor/error.h"
@@ -173,45 +173,80 @@ void category_colour(int index, uint8_t rgb[3]) {
   rgb[2] = static_cast<uint8_t>(std::lround(255 * (b + m)));
 }
 
+std::vector<std::string> run_folder_files(const std::string& run_dir) {
+  std::vector<std::string> out;
+  for (const char* name : {"metrics.jsonl", "checkpoint.safetensors", "best.safetensors", "summary.json"})
+    out.push_back(run_dir + "/" + name);
+  return out;
+}
+
+namespace {
+
+struct MetricsLine {
+  std::string split;
+  double step = 0, loss = 0, accuracy = 0;
+};
+
+// One metrics.jsonl line, every field the figures use checked for its type and range.
+MetricsLine parse_metrics_line(const std::string& line, const std::string& where) {
+  const nlohmann::json j = files::parse_json(line, where);
+  CAST_CHECK(j.is_object(), "{}: not a JSON object", where);
+  auto number = [&](const char* key, double lo, double hi) {
+    CAST_CHECK(j.contains(key), "{}: '{}' is missing", where, key);
+    CAST_CHECK(j[key].is_number(), "{}: '{}' is {}, not a number", where, key, j[key].dump());
+    const double v = j[key].get<double>();
+    CAST_CHECK(std::isfinite(v) && v >= lo && v <= hi, "{}: '{}' is {}, outside [{}, {}]", where, key, v, lo, hi);
+    return v;
+  };
+  MetricsLine m;
+  CAST_CHECK(j.contains("split") && j["split"].is_string(), "{}: 'split' is missing or not a string", where);
+  m.split = j["split"].get<std::string>();
+  CAST_CHECK(m.split == "train" || m.split == "val" || m.split == "test", "{}: 'split' is '{}', not train, val or test",
+             where, m.split);
+  CAST_CHECK(j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() >= 0,
+             "{}: 'step' is {}, not a whole number 0 or more", where, j.value("step", nlohmann::json()).dump());
+  m.step = static_cast<double>(j["step"].get<int64_t>());
+  m.accuracy = number("accuracy", 0, 1);
+  if (m.split == "train") m.loss = number("loss", 0, 1e30);
+  return m;
+}
+
+}  // namespace
+
 Curves read_curves(const std::string& run_dir) {
   Curves c;
   c.label = std::filesystem::path(run_dir).filename().string();
   if (c.label.empty()) c.label = std::filesystem::path(run_dir).parent_path().filename().string();
+  files::require_folder(run_dir, "run folder");
   const std::string path = run_dir + "/metrics.jsonl";
-  std::ifstream in(path);
-  CAST_CHECK(in.good(), "{}: cannot open (is {} a run folder?)", path, run_dir);
+  std::istringstream in(files::read_file(path, "metrics file"));
   int line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     if (line.empty()) continue;
-    try {
-      const auto j = nlohmann::json::parse(line);
-      const std::string split = j.at("split");
-      const double step = j.at("step").get<double>();
-      if (split == "train") {
-        c.steps.push_back(step);
-        c.loss.push_back(j.at("loss").get<double>());
-        c.accuracy.push_back(j.at("accuracy").get<double>());
-      } else if (split == "val") {
-        c.val_steps.push_back(step);
-        c.val_accuracy.push_back(j.at("accuracy").get<double>());
-      }
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("{}:{}: not a metrics line ({})", path, line_no, e.what()));
+    const MetricsLine m = parse_metrics_line(line, fmt::format("metrics file {}:{}", path, line_no));
+    if (m.split == "train") {
+      c.steps.push_back(m.step);
+      c.loss.push_back(m.loss);
+      c.accuracy.push_back(m.accuracy);
+    } else if (m.split == "val") {
+      c.val_steps.push_back(m.step);
+      c.val_accuracy.push_back(m.accuracy);
     }
   }
   return c;
 }
 
-void plot_run(const std::string& svg_path, const std::string& title, const Curves& run) {
+void plot_run(const std::string& svg_path, const std::string& title, const Curves& run, files::Link link) {
   const std::string train = "#1f77b4", val = "#d62728";
   std::vector<Series> left = {{"training loss", run.steps, run.loss, train, false}};
   std::vector<Series> right = {{"training accuracy", run.steps, run.accuracy, train, false},
                                {"validation accuracy", run.val_steps, run.val_accuracy, val, true}};
-  write_file_atomic(svg_path, figure(title, left, right, "Training loss", "Accuracy"));
+  files::write_atomic(svg_path, figure(title, left, right, "Training loss", "Accuracy"), "figure", link);
 }
 
-void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs) {
+void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs,
+                     files::Link link) {
   std::vector<Series> left, right;
   for (size_t i = 0; i < runs.size(); ++i) {
     uint8_t rgb[3];
@@ -219,7 +254,8 @@ void plot_comparison(const std::string& svg_path, const std::string& title, cons
     left.push_back({runs[i].label, runs[i].steps, runs[i].loss, hex(rgb), false});
     right.push_back({runs[i].label, runs[i].val_steps, runs[i].val_accuracy, hex(rgb), false});
   }
-  write_file_atomic(svg_path, figure(title, left, right, "Training loss", "Validation accuracy", true));
+  files::write_atomic(svg_path, figure(title, left, right, "Training loss", "Validation accuracy", true), "figure",
+                      link);
 }
 
 }  // namespace cast::train

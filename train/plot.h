@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "tensor/files.h"
+
 namespace cast::train {
 
 struct Curves {
@@ -15,13 +17,20 @@ struct Curves {
   std::vector<double> val_steps, val_accuracy;
 };
 
-// Reads a run folder's metrics.jsonl (train and val lines); the label is the folder's name.
+// Reads a run folder's metrics.jsonl (train and val lines); the label is the folder's name. Each
+// line is checked whole: a step, a split, a finite loss and an accuracy in [0, 1].
 Curves read_curves(const std::string& run_dir);
 
 // One run: loss, and accuracy with training and validation lines.
-void plot_run(const std::string& svg_path, const std::string& title, const Curves& run);
+// `link`: files::Link::refuse for a file the engine names itself in a run folder.
+void plot_run(const std::string& svg_path, const std::string& title, const Curves& run,
+              files::Link link = files::Link::follow_once);
 // Several runs: training loss and validation accuracy of each, one colour per run.
-void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs);
+void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs,
+                     files::Link link = files::Link::follow_once);
+
+// The files of a run folder that no other output may replace (metrics, checkpoints, summary).
+std::vector<std::string> run_folder_files(const std::string& run_dir);
 
 // Text for SVG and XML: & < > " escaped.
 std::string xml_escape(const std::string& s);

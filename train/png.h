@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "tensor/files.h"
+
 namespace cast::png {
 
 struct Image {
@@ -11,7 +13,8 @@ struct Image {
   std::vector<uint8_t> pixels;              // row-major, channels interleaved
 };
 
-void write(const std::string& path, const Image& image);  // atomic: temporary file, then rename
+// Atomic (files::write_atomic); `link`: files::Link::refuse for files named by the engine.
+void write(const std::string& path, const Image& image, files::Link link = files::Link::follow_once);
 Image read_gray(const std::string& path);                 // any PNG, converted to 8-bit gray
 
 }  // namespace cast::png

@@ -2,12 +2,14 @@
 #include "train/train_commands.h"
 
 #include <algorithm>
+#include <climits>
+#include <filesystem>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "autograd/tape.h"
+#include "tensor/files.h"
 #include "tensor/safetensors.h"
 #include "train/cli.h"
 #include "train/plot.h"
@@ -79,12 +81,28 @@ json settings_from_flags(const cli::Args& args) {
 }
 
 json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  CAST_CHECK(in.good(), "{}: cannot open", path);
+  json j = files::read_json(path, "config file");
+  CAST_CHECK(j.is_object(), "config file {}: holds {}, not one JSON object of settings", path, j.type_name());
+  return j;
+}
+
+// The settings file is an input: a run writing (or, with --overwrite, removing) it would lose it.
+static void check_config_is_no_run_file(const train::TrainConfig& config, const std::string& config_path) {
+  if (config_path.empty()) return;
+  const std::string run_dir = config.run_dir.empty()
+      ? fmt::format("runs/{}-{}", config.task, nn::mechanism_name(config.model.attention.mechanism)) : config.run_dir;
+  std::vector<std::string> outputs = train::run_folder_files(run_dir);
+  outputs.push_back(run_dir + "/curves.svg");
+  for (const std::string& out : outputs) files::check_not_an_input(out, "run file", {config_path});
+}
+
+// Applies a JSON settings file; a bad setting's message names the file.
+static void apply_config_file(train::TrainConfig& config, const std::string& path) {
+  const json settings = read_json_file(path);
   try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: not valid JSON: {}", path, e.what()));
+    train::apply_overrides(config, settings);
+  } catch (const UsageError& e) {  // the setting's message, with the file it came from
+    throw UsageError(fmt::format("config file {}: {}", path, e.what()));
   }
 }
 
@@ -151,10 +169,11 @@ int command_train(const std::vector<std::string>& argv) {
     train::apply_overrides(config, flags);
   } else {
     config = train::preset(args.str("task"));
-    if (!args.str("config").empty()) train::apply_overrides(config, read_json_file(args.str("config")));
+    if (!args.str("config").empty()) apply_config_file(config, args.str("config"));
     train::apply_overrides(config, settings_from_flags(args));
   }
   config.overwrite = args.is_set("overwrite");
+  check_config_is_no_run_file(config, args.str("config"));
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
              config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
              config.model.heads, config.steps, config.batch,
@@ -172,15 +191,13 @@ int command_eval(const std::vector<std::string>& argv) {
       .example("cast eval --checkpoint runs/listops-short-cast/checkpoint.safetensors")
       .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000");
   if (!args.parse(argv)) return 0;
-  CAST_CHECK_USAGE(args.integer("eval-limit") >= 0, "--eval-limit is {}: it must be 0 (all) or more",
-                   args.integer("eval-limit"));
-  CAST_CHECK(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
+  const int64_t limit = args.integer("eval-limit", 0, int64_t{1} << 40);
+  CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
   const Device device = train::resolve_device(args.str("device"));
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
   const train::Checkpoint& ck = run.checkpoint;
   nn::Transformer& model = *run.model;
   const data::TaskData& task = run.task;
-  const int64_t limit = args.integer("eval-limit");
   auto val = train::evaluate(model, task, task.val, ck.config.batch, limit, device);
   auto test = train::evaluate(model, task, task.test, ck.config.batch, limit, device);
   fmt::print("{} (step {}, task {}, attention {})\n", args.str("checkpoint"), ck.step, ck.config.task,
@@ -213,15 +230,12 @@ int command_data(const std::vector<std::string>& argv) {
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--task");  // `cast data listops`
   if (!args.parse(rest)) return 0;
   const std::string task = args.choice("task", {"listops", "listops-short", "pathfinder", "pathx"});
-  const int64_t seed = args.integer("seed"), count = args.integer("count");
-  const int64_t max_length = args.integer("max-length"), min_length = args.integer("min-length");
-  CAST_CHECK_USAGE(seed >= 0, "--seed is {}: it must be 0 or more", seed);
   const bool listops = task == "listops" || task == "listops-short";
   const int64_t max_count = listops ? 10'000'000 : 1'000'000;  // a bound on what a disk and a run can take
-  CAST_CHECK_USAGE(count >= 0 && count <= max_count, "--count is {}: it must be in [0, {}]", count, max_count);
+  const int64_t seed = args.integer("seed", 0, INT64_MAX), count = args.integer("count", 0, max_count);
   CAST_CHECK_USAGE(listops || (!args.is_set("max-length") && !args.is_set("min-length")),
                    "--max-length and --min-length are ListOps options");
-  CAST_CHECK_USAGE(max_length >= 0 && max_length <= 100000, "--max-length is {}: it must be in [0, 100000]", max_length);
+  const int64_t max_length = args.integer("max-length", 0, 100000), min_length = args.integer("min-length", 0, 100000);
   std::string out = args.str("out");
   if (listops) {
     if (out.empty()) out = task == "listops" ? "data/listops-1000" : "data/listops-short";
@@ -259,7 +273,14 @@ int command_clusters(const std::vector<std::string>& argv) {
       .option("scale", "4", "pixels per image pixel")
       .example("cast clusters --checkpoint runs/fashion-mnist-cast/checkpoint.safetensors --index 3 --out fm.svg");
   if (!args.parse(argv)) return 0;
-  CAST_CHECK(!args.str("checkpoint").empty(), "--checkpoint is required (see cast clusters --help)");
+  CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast clusters --help)");
+  const int scale = static_cast<int>(args.integer("scale", 1, 64));  // pixels per image pixel
+  const int64_t index = args.integer("index", 0, INT64_MAX);
+  // the figure never replaces the checkpoint it draws, nor its run's other files
+  std::vector<std::string> inputs = train::run_folder_files(std::filesystem::path(args.str("checkpoint")).parent_path().string());
+  inputs.push_back(args.str("checkpoint"));
+  files::check_not_an_input(args.str("out"), "--out", inputs);
+  files::check_replaces_own_kind(args.str("out"), "--out", "an SVG figure", files::looks_like_svg);  // before the work
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
   const train::Checkpoint& ck = run.checkpoint;
   CAST_CHECK(ck.config.model.attention.mechanism == nn::Mechanism::cast, "{}: the model uses {} attention, not cast",
@@ -267,15 +288,13 @@ int command_clusters(const std::vector<std::string>& argv) {
   nn::Transformer& model = *run.model;
   const data::TaskData& task = run.task;
   CAST_CHECK(task.image_side > 0, "task {} is not an image task", task.name);
-  const int64_t index = args.integer("index");
-  CAST_CHECK(index >= 0 && index < static_cast<int64_t>(task.test.size()), "--index {} outside the {} test examples", index,
-             task.test.size());
+  CAST_CHECK_USAGE(index < static_cast<int64_t>(task.test.size()), "--index {} outside the {} test examples", index,
+                   task.test.size());
   {
     autograd::NoGradGuard no_grad;
     model.forward(data::make_batch(task, task.test, {index}, DType::f32, Device::cpu), false);
   }
-  const int side = static_cast<int>(task.image_side), s = static_cast<int>(args.integer("scale"));
-  CAST_CHECK(s >= 1 && s <= 64, "--scale {}: must be in [1, 64] pixels per image pixel", s);
+  const int side = static_cast<int>(task.image_side), s = scale;
   const int layers = static_cast<int>(model.blocks().size()), heads = static_cast<int>(ck.config.model.heads);
   const int offset = ck.config.model.cls_pooling ? 1 : 0;  // token 0 is CLS
   const int C = layers ? static_cast<int>(model.blocks()[0]->last.clusters.dim(2)) : 0;
@@ -340,7 +359,7 @@ int command_clusters(const std::vector<std::string>& argv) {
                      R"(the last ones out when C·κ &lt; N. In several clusters: the first is shown.</text>)" "\n"
                      R"(<text x="10" y="{}" font-size="12" fill="#555">{}: {} layers, {} heads.</text>)" "\n</svg>\n",
                      note, note + 17, note + 36, train::xml_escape(args.str("checkpoint")), layers, heads);
-  write_file_atomic(args.str("out"), svg);
+  files::write_atomic(args.str("out"), svg, "--out");
   fmt::print("cast clusters: {} layers x {} heads of {} clusters -> {}\n", layers, heads, C, args.str("out"));
   return 0;
 }
@@ -370,18 +389,24 @@ int command_plot(const std::vector<std::string>& argv) {
     }
   }
   if (!args.parse(options)) return 0;
-  CAST_CHECK(!runs.empty(), "name at least one run folder (see cast plot --help)");
+  CAST_CHECK_USAGE(!runs.empty(), "name at least one run folder (see cast plot --help)");
+  std::string out = args.str("out"), title = args.str("title");
+  // the default figure inside a run folder is the engine's own file: never written through a link
+  const files::Link link = out.empty() && runs.size() == 1 ? files::Link::refuse : files::Link::follow_once;
+  if (out.empty()) out = runs.size() == 1 ? runs[0] + "/curves.svg" : "comparison.svg";
+  std::vector<std::string> inputs;  // a figure never replaces a run's metrics, checkpoints or summary
+  for (const std::string& r : runs)
+    for (const std::string& f : train::run_folder_files(r)) inputs.push_back(f);
+  files::check_not_an_input(out, "--out", inputs);
+  files::check_replaces_own_kind(out, "--out", "an SVG figure", files::looks_like_svg);
   std::vector<train::Curves> curves;
   for (const std::string& r : runs) curves.push_back(train::read_curves(r));
-  std::string out = args.str("out"), title = args.str("title");
   if (curves.size() == 1) {
-    if (out.empty()) out = runs[0] + "/curves.svg";
-    train::plot_run(out, title.empty() ? curves[0].label : title, curves[0]);
+    train::plot_run(out, title.empty() ? curves[0].label : title, curves[0], link);
   } else {
-    if (out.empty()) out = "comparison.svg";
     std::string names;
     for (const auto& c : curves) names += (names.empty() ? "" : ", ") + c.label;
-    train::plot_comparison(out, title.empty() ? names : title, curves);
+    train::plot_comparison(out, title.empty() ? names : title, curves, link);
   }
   fmt::print("cast plot: {} -> {}\n", curves.size() == 1 ? runs[0] : fmt::format("{} runs", curves.size()), out);
   return 0;

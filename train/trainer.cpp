@@ -6,13 +6,14 @@
 #include <climits>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <numeric>
 
 #include "autograd/tape.h"
 #include "ops/adamw.h"
 #include "ops/ops.h"
 #include "tensor/device_memory.h"
+#include "tensor/files.h"
 #include "tensor/philox.h"
 #include "tensor/safetensors.h"
 #include "train/memory_estimate.h"
@@ -118,6 +119,8 @@ void validate(const TrainConfig& c) {
   in_range("checkpoint-every", c.checkpoint_every, 0, kBig);  // 0: at the end only
   in_range("eval-limit", c.eval_limit, 0, kBig);
   in_range("max-len", m.max_len, 1, 1 << 22);
+  in_range("vocab", m.vocab, 1, 1 << 24);  // a checkpoint's sizes are input: checked before any allocation
+  in_range("classes", m.classes, 1, 1 << 20);
   in_range("dim", m.dim, 1, 1 << 16);
   in_range("heads", m.heads, 1, 1024);
   in_range("mlp-dim", m.mlp_dim, 1, 1 << 18);
@@ -341,11 +344,11 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
                                              {"wall_seconds", fmt::format("{:.17g}", cost.wall_seconds)},
                                              {"step_seconds", fmt::format("{:.17g}", cost.step_seconds)},
                                              {"peak_bytes", std::to_string(cost.peak_bytes)}};
-  write_safetensors(path, tensors, meta);
+  write_safetensors(path, tensors, meta, "checkpoint", files::Link::refuse);
 }
 
 Checkpoint read_checkpoint_header(const std::string& path) {
-  TensorFile f = read_safetensors(path);
+  TensorFile f = read_safetensors(path, "checkpoint");
   auto get = [&](const char* key) {
     auto it = f.metadata.find(key);
     CAST_CHECK(it != f.metadata.end(), "{}: not a cast checkpoint (no '{}' metadata)", path, key);
@@ -354,10 +357,10 @@ Checkpoint read_checkpoint_header(const std::string& path) {
   CAST_CHECK(get("format") == kFormat, "{}: unsupported checkpoint format '{}'", path, get("format"));
   Checkpoint ck;
   try {
-    const json train = json::parse(get("train"));
+    const json train = files::parse_json(get("train"), "'train' metadata");
     ck.config.task = train.at("task").get<std::string>();
     apply_overrides(ck.config, train);
-    ck.config.model = nn::ModelConfig::from_json(json::parse(get("model")));
+    ck.config.model = nn::ModelConfig::from_json(files::parse_json(get("model"), "'model' metadata"));
     validate(ck.config);  // a checkpoint's sizes are input too: `layers: 1000000` is refused here
     // whole-string numbers: "12oops" is no step
     auto whole = [&](const char* key, auto parse) {
@@ -381,26 +384,33 @@ Checkpoint read_checkpoint_header(const std::string& path) {
     CAST_CHECK(ck.step >= 0 && ck.step <= ck.config.steps, "'step' is {}, outside [0, {}] (the run's steps)", ck.step,
                ck.config.steps);
   } catch (const std::exception& e) {
-    throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, e.what()));
+    throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, files::json_message(e)));
   }
   return ck;
 }
 
-void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v) {
-  TensorFile f = read_safetensors(path);
-  const std::string stored = f.metadata.count("model") ? f.metadata.at("model") : "";
-  const json mine = model.config().to_json();
-  if (stored != mine.dump()) {
-    json theirs = stored.empty() ? json::object() : json::parse(stored, nullptr, false);
-    std::string diff = "model config";
-    for (auto& [k, val] : mine.items())
-      if (!theirs.is_object() || !theirs.contains(k) || theirs[k] != val) {
-        diff = fmt::format("'{}' is {} in the checkpoint but {} in this model", k,
-                           theirs.is_object() && theirs.contains(k) ? theirs[k].dump() : "missing", val.dump());
-        break;
-      }
-    throw Error(fmt::format("{}: checkpoint does not match the model: {}", path, diff));
+// The first field (nested ones as 'attention.clusters') where two model configs differ.
+static std::string first_difference(const json& theirs, const json& mine, const std::string& prefix) {
+  for (auto& [k, val] : mine.items()) {
+    const bool has = theirs.contains(k);
+    if (has && theirs[k].is_object() && val.is_object() && theirs[k] != val)
+      return first_difference(theirs[k], val, prefix + k + ".");
+    if (!has || theirs[k] != val)
+      return fmt::format("'{}{}' is {} in the checkpoint but {} in this model", prefix, k,
+                         has ? theirs[k].dump() : "missing", val.dump());
   }
+  return "model config";
+}
+
+void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v) {
+  TensorFile f = read_safetensors(path, "checkpoint");
+  // Compared as parsed values, not as text: a reformatted but equal config is the same model.
+  CAST_CHECK(f.metadata.count("model"), "checkpoint {}: not a cast checkpoint (no 'model' metadata)", path);
+  const json theirs =
+      nn::ModelConfig::from_json(files::parse_json(f.metadata.at("model"), path + ": model config")).to_json();
+  const json mine = model.config().to_json();
+  if (theirs != mine)
+    throw Error(fmt::format("{}: checkpoint does not match the model: {}", path, first_difference(theirs, mine, "")));
   nn::ParamList params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, t] = params[i];
@@ -462,15 +472,15 @@ std::string format_duration(double seconds) {
 
 // Rewrites a metrics file keeping only the lines of steps up to `last_step` (atomically).
 void keep_metrics_until(const std::string& path, int64_t last_step) {
-  std::ifstream in(path);
-  if (!in) return;
+  if (!files::exists(path)) return;
+  std::istringstream in(files::read_file(path, "metrics file"));
   std::string kept, line;
   while (std::getline(in, line)) {
     const json j = json::parse(line, nullptr, false);
     if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= last_step)
       kept += line + '\n';
   }
-  write_file_atomic(path, kept);
+  files::write_atomic(path, kept, "metrics file", files::Link::refuse);
 }
 
 }  // namespace
@@ -516,13 +526,9 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   c.model.attention.fused = !c.reference;
   if (c.run_dir.empty()) c.run_dir = fmt::format("runs/{}-{}", c.task, nn::mechanism_name(c.model.attention.mechanism));
   {  // the run folder must take files before any step is spent
-    std::error_code ec;
-    std::filesystem::create_directories(c.run_dir, ec);
-    const std::string probe = c.run_dir + "/.write_test.tmp";
-    std::ofstream(probe) << "ok";
-    CAST_CHECK(!ec && std::filesystem::file_size(probe, ec) == 2 && !ec, "run folder {}: cannot write files there{}",
-               c.run_dir, ec ? " (" + ec.message() + ")" : "");
-    std::filesystem::remove(probe, ec);
+    files::make_writable_folder(c.run_dir, "run folder");
+    for (const char* name : {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg"})
+      files::output_target(c.run_dir + name, "run file", files::Link::refuse);  // a FIFO or link there: refused now
   }
   const std::string ckpt_path = c.run_dir + "/checkpoint.safetensors";
   if (resume_from.empty() && std::filesystem::exists(ckpt_path)) {
@@ -553,7 +559,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   // A resumed run continues the metrics of its checkpoint's step: lines an interrupted process
   // wrote after that step are dropped, so no step appears twice.
   if (start_step > 0) keep_metrics_until(c.run_dir + "/metrics.jsonl", start_step);
-  std::ofstream metrics(c.run_dir + "/metrics.jsonl", start_step > 0 ? std::ios::app : std::ios::trunc);
+  files::AppendFile metrics(c.run_dir + "/metrics.jsonl", start_step == 0, "metrics file");
   Sampler sampler(static_cast<int64_t>(task.train.size()), c.seed);
   TrainResult result;
   const auto t0 = std::chrono::steady_clock::now();
@@ -573,9 +579,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
 
   auto run_eval = [&](const char* split_name, const std::vector<data::Example>& split) {
     EvalResult r = evaluate(model, task, split, c.batch, c.eval_limit, device);
-    metrics << json{{"step", step}, {"split", split_name}, {"loss", r.loss}, {"accuracy", r.accuracy}}.dump() << '\n';
-    metrics.flush();
-    CAST_CHECK(metrics.good(), "{}/metrics.jsonl: write failed (disk full?)", c.run_dir);
+    metrics.append(json{{"step", step}, {"split", split_name}, {"loss", r.loss}, {"accuracy", r.accuracy}}.dump() + '\n');
     return r;
   };
 
@@ -618,10 +622,8 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
       const double elapsed = std::chrono::duration<double>(now - t0).count();
       const double eta = elapsed / std::max<int64_t>(1, step - start_step) * (c.steps - step);
       const double l = window_loss / window_examples, a = window_correct / window_examples;
-      metrics << json{{"step", step}, {"split", "train"}, {"loss", l}, {"accuracy", a}, {"lr", s.lr},
-                      {"tokens_per_s", window_tokens / std::max(dt, 1e-9)}}.dump() << '\n';
-      metrics.flush();
-      CAST_CHECK(metrics.good(), "{}/metrics.jsonl: write failed (disk full?)", c.run_dir);
+      metrics.append(json{{"step", step}, {"split", "train"}, {"loss", l}, {"accuracy", a}, {"lr", s.lr},
+                          {"tokens_per_s", window_tokens / std::max(dt, 1e-9)}}.dump() + '\n');
       if (!quiet) {
         const std::string line = fmt::format("step {:>6}/{}  loss {:.4f}  acc {:5.1f}%  lr {:.2e}  {:.0f} tok/s  ETA {}",
                                              step, c.steps, l, 100 * a, s.lr, window_tokens / std::max(dt, 1e-9),
@@ -654,8 +656,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   result.val = run_eval("val", task.val);
   result.test = run_eval("test", task.test);
   result.majority = result.test.majority;
-  metrics.flush();
-  plot_run(c.run_dir + "/curves.svg", run_title(c), read_curves(c.run_dir));
+  plot_run(c.run_dir + "/curves.svg", run_title(c), read_curves(c.run_dir), files::Link::refuse);
   const RunCost cost = cost_now();
   const double seconds = cost.wall_seconds;
   json summary = {{"task", c.task}, {"attention", nn::mechanism_name(c.model.attention.mechanism)}, {"steps", step},
@@ -664,7 +665,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
                   {"val_accuracy", result.val.accuracy}, {"test_accuracy", result.test.accuracy},
                   {"val_examples", result.val.examples}, {"test_examples", result.test.examples},
                   {"majority_rate", result.majority}, {"evaluated", c.eval_best ? "best" : "final"}};
-  write_file_atomic(c.run_dir + "/summary.json", summary.dump(2) + "\n");
+  files::write_atomic(c.run_dir + "/summary.json", summary.dump(2) + "\n", "run summary", files::Link::refuse);
   if (!quiet) {
     fmt::print("done in {}: {} model after {} steps\n", format_duration(seconds), c.eval_best ? "best" : "final", step);
     if (result.val.examples) fmt::print("  validation accuracy {:.1f}%  (loss {:.4f})\n", 100 * result.val.accuracy, result.val.loss);

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Every command of the binary against a FIFO, a folder, a symbolic link loop and a read-only
+# folder in place of each of its inputs and outputs (issue 19). Each case must end within
+# seconds with one clear error line (`cast <command>: error: ...`) and a non-zero exit, and leave
+# every planted file and the shared inputs unchanged (inode, mtime, size, contents).
+# Registered with ctest (cli.hostile_files); by hand: scripts/hostile_files.sh build/cast tests/data
+set -uo pipefail
+CAST=$(realpath "$1")
+TEST_DATA=$(realpath "$2")
+WORK=$(mktemp -d /tmp/cast_hostile.XXXXXX)
+trap 'chmod -R u+w "$WORK" 2>/dev/null; rm -rf "$WORK"' EXIT
+cd "$WORK"
+failures=0 cases=0
+
+# Shared valid inputs: a tiny ListOps folder, a finished 2-step run, a layer file, a config.
+SMALL="--steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --eval-limit 8 --device cpu"
+"$CAST" data listops-short --count 40 --out base/data > /dev/null || { echo "setup: cast data failed"; exit 1; }
+"$CAST" train --data base/data --run base/run --attention full $SMALL > /dev/null || { echo "setup: cast train failed"; exit 1; }
+cp "$TEST_DATA/layer_full.safetensors" base/layer.safetensors
+echo '{"steps": 2}' > base/config.json
+chmod -R a-w base  # nothing may write here; root ignores the bits, so the state check below catches it
+
+# The state of everything under a path: type, inode, mtime, size and a content hash per entry.
+state() {
+  find "$1" -printf '%p %y %i %T@ %s\n' 2>/dev/null | sort
+  find "$1" -type f -exec md5sum {} + 2>/dev/null | sort
+}
+
+# plant KIND PATH: puts a hostile object at PATH; prints the path the command is given.
+plant() {
+  local kind=$1 path=$2
+  mkdir -p "$(dirname "$path")"
+  case $kind in
+    fifo) mkfifo "$path"; echo "$path" ;;
+    dir) mkdir "$path"; echo "$path" ;;
+    loop) ln -s "$(basename "$path")" "$path"; echo "$path" ;;
+    rodir) mkdir "$path"; chmod 555 "$path"; echo "$path" ;;
+    in_rodir) mkdir "$path"; chmod 555 "$path"; echo "$path/x" ;;  # an output inside a read-only folder
+    metrics_*)  # a copy of the run whose metrics.jsonl is the hostile object
+      cp -r base/run "$path"; chmod -R u+w "$path"; rm "$path/metrics.jsonl"
+      plant "${kind#metrics_}" "$path/metrics.jsonl" > /dev/null; echo "$path" ;;
+  esac
+}
+
+# check NAME KIND COMMAND-WITH-@ : runs the command with @ replaced by the planted path.
+check() {
+  local slot=$1 kind=$2 template=$3
+  cases=$((cases + 1))
+  local case_dir="$WORK/case$cases"
+  mkdir -p "$case_dir"
+  local path
+  path=$(plant "$kind" "$case_dir/target")
+  local before
+  before=$(state "$case_dir"; state base)
+  local cmd=${template//@/$path}
+  local start=$SECONDS
+  timeout 20 $cmd > "$case_dir.out" 2> "$case_dir.err" < /dev/null
+  local code=$? problem=""
+  local after
+  after=$(state "$case_dir"; state base)
+  local words=($template)
+  local command_word=${words[1]}
+  if [ $code -eq 124 ] || [ $code -eq 137 ]; then problem="did not end within 20 s"
+  elif [ $code -eq 0 ]; then problem="exit 0"
+  elif [ "$(wc -l < "$case_dir.err")" -ne 1 ]; then problem="stderr is not one line"
+  elif ! grep -q "^cast $command_word: error: " "$case_dir.err"; then problem="not a 'cast $command_word: error:' line"
+  elif grep -qE "unexpected error|basic_filebuf|json.exception|what\(\)" "$case_dir.err"; then problem="library internals"
+  elif [ "$before" != "$after" ]; then problem="a planted or shared file changed"
+  fi
+  if [ -n "$problem" ]; then
+    failures=$((failures + 1))
+    echo "FAIL [$slot as $kind] $cmd: $problem (exit $code, $((SECONDS - start)) s)"
+    sed 's/^/    /' "$case_dir.err" | head -5
+  else
+    echo "ok   [$slot as $kind] $(cat "$case_dir.err")"
+  fi
+  chmod -R u+w "$case_dir" 2>/dev/null
+}
+
+C="$CAST"
+CK=base/run/checkpoint.safetensors
+for k in fifo dir loop rodir; do  # inputs that are files
+  check "train --config" $k "$C train --config @ --data base/data --run $WORK/r$k $SMALL"
+  check "train --resume" $k "$C train --resume @ --steps 4"
+  check "compare --config" $k "$C compare --config @ --attention full --data base/data --out $WORK/c$k $SMALL"
+  check "eval --checkpoint" $k "$C eval --checkpoint @"
+  check "clusters --checkpoint" $k "$C clusters --checkpoint @ --out $WORK/cl$k.svg"
+  check "layer --in" $k "$C layer --in @ --out $WORK/l$k.safetensors"
+done
+for k in fifo dir loop rodir; do  # inputs that are folders (a folder is empty, so it holds no data)
+  check "train --data" $k "$C train --data @ --run $WORK/rd$k $SMALL"
+  check "compare --data" $k "$C compare --data @ --attention full --out $WORK/cd$k $SMALL"
+  check "eval --data" $k "$C eval --checkpoint $CK --data @"
+  check "clusters --data" $k "$C clusters --checkpoint $CK --data @ --out $WORK/cld$k.svg"
+  check "plot <run>" $k "$C plot @ --out $WORK/p$k.svg"
+done
+for k in fifo dir loop rodir; do  # an input file inside a run folder: plot's metrics.jsonl
+  check "plot metrics.jsonl" metrics_$k "$C plot @ --out $WORK/pm$k.svg"
+done
+for k in fifo dir loop in_rodir; do  # outputs that are files
+  check "clusters --out" $k "$C clusters --checkpoint $CK --out @"
+  check "plot --out" $k "$C plot base/run --out @"
+  check "layer --out" $k "$C layer --in base/layer.safetensors --out @"
+  check "bench --json" $k "$C bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json @"
+done
+for k in fifo loop rodir in_rodir; do  # outputs that are folders (an existing folder is their kind)
+  check "train --run" $k "$C train --data base/data --run @ $SMALL"
+  check "compare --out" $k "$C compare --attention full --data base/data --out @ $SMALL"
+  check "data --out" $k "$C data listops-short --count 20 --out @"
+done
+for k in fifo dir loop rodir; do  # info and demo take no files: a path is a usage error
+  check "info" $k "$C info --out @"
+  check "demo" $k "$C demo --out @"
+done
+
+echo "$cases cases, $failures failed"
+[ $failures -eq 0 ]

@@ -1,0 +1,366 @@
+#include "tensor/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <filesystem>
+
+#include "tensor/error.h"
+
+namespace cast::files {
+
+namespace fs = std::filesystem;
+
+std::string reason(int err) {
+  switch (err) {
+    case ENOENT: return "no such file or folder";
+    case EACCES:
+    case EPERM: return "permission denied";
+    case ELOOP: return "a symbolic link loop (or too many links)";
+    case EISDIR: return "is a folder, not a file";
+    case ENOTDIR: return "a part of the path is not a folder";
+    case ENOSPC: return "no space left on the disk";
+    case EROFS: return "read-only file system";
+    case ENAMETOOLONG: return "the name is too long";
+    case ENXIO: return "a FIFO or device with nothing on the other end";
+    default: return std::strerror(err);
+  }
+}
+
+static std::string kind_of(mode_t mode) {
+  if (S_ISREG(mode)) return "";
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+std::string odd_kind(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? kind_of(st.st_mode) : "";
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+void check_not_an_input(const std::string& output, const std::string& what, const std::vector<std::string>& inputs) {
+  for (const std::string& in : inputs)
+    if (!in.empty() && same_file(output, in))
+      throw UsageError(fmt::format("{} {} is the input {}: an output never replaces an input of the same command",
+                                   what, output, in));
+}
+
+// stat() that names the file and the reason when it fails.
+static struct stat stat_or_throw(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(fmt::format("{} {}: {}", what, path, reason(errno)));
+  return st;
+}
+
+void require_folder(const std::string& path, const std::string& what) {
+  const struct stat st = stat_or_throw(path, what);
+  CAST_CHECK(S_ISDIR(st.st_mode), "{} {}: is {}, not a folder", what, path,
+             S_ISREG(st.st_mode) ? "a file" : kind_of(st.st_mode));
+}
+
+void require_file(const std::string& path, const std::string& what) {
+  const struct stat st = stat_or_throw(path, what);
+  CAST_CHECK(S_ISREG(st.st_mode), "{} {}: is {}, not a regular file", what, path, kind_of(st.st_mode));
+}
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Fd open_input(const std::string& path, const std::string& what) {
+  require_file(path, what);  // before open: opening a FIFO or a device may block or act
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) throw Error(fmt::format("{} {}: cannot open: {}", what, path, reason(errno)));
+  struct stat st {};
+  CAST_CHECK(::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode), "{} {}: is {}, not a regular file", what, path,
+             kind_of(st.st_mode));
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+std::string read_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  Fd fd = open_input(path, what);
+  struct stat st {};
+  ::fstat(fd.get(), &st);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  CAST_CHECK(size <= max_bytes, "{} {}: {} bytes, more than the {} bytes such a file may have", what, path, size,
+             max_bytes);
+  std::string bytes(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd.get(), bytes.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(fmt::format("{} {}: read failed: {}", what, path, reason(errno)));
+    if (n == 0) break;  // shrank while read: what is there
+    done += static_cast<size_t>(n);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
+void for_each_line(const std::string& path, const std::string& what,
+                   const std::function<void(std::string& line, int64_t number)>& fn) {
+  Fd fd = open_input(path, what);
+  std::unique_ptr<FILE, int (*)(FILE*)> file(::fdopen(fd.get(), "r"), std::fclose);
+  CAST_CHECK(file, "{} {}: cannot open: {}", what, path, reason(errno));
+  fd.release();  // the FILE owns it now
+  struct Buffer {  // getline's buffer, grown by realloc, freed even when fn throws
+    char* data = nullptr;
+    size_t capacity = 0;
+    ~Buffer() { std::free(data); }
+  } buffer;
+  std::string line;
+  for (int64_t number = 1;; ++number) {
+    const ssize_t n = ::getline(&buffer.data, &buffer.capacity, file.get());
+    if (n < 0) break;
+    line.assign(buffer.data, static_cast<size_t>(n));
+    if (!line.empty() && line.back() == '\n') line.pop_back();
+    fn(line, number);
+  }
+  CAST_CHECK(!std::ferror(file.get()), "{} {}: read failed: {}", what, path, reason(errno));
+}
+
+std::string json_message(const std::exception& e) {
+  std::string m = e.what();
+  if (m.rfind("[json.exception.", 0) == 0) {
+    const size_t close = m.find("] ");
+    if (close != std::string::npos) m = m.substr(close + 2);
+  }
+  return m;
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& where) {
+  // The parser keeps the last of two equal keys without a word: {"steps": 2, "steps": 3000}
+  // would train 3000 steps. The keys of each object are collected as they are parsed.
+  using json = nlohmann::json;
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) open_objects.emplace_back();
+    else if (event == json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
+    else if (event == json::parse_event_t::key && !open_objects.empty() &&
+             !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text, on_event);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{}: not valid JSON: {}", where, json_message(e)));
+  }
+  CAST_CHECK(duplicate.empty(), "{}: the key '{}' is given twice", where, duplicate);
+  return j;
+}
+
+nlohmann::json read_json(const std::string& path, const std::string& what) {
+  return parse_json(read_file(path, what, uint64_t{1} << 28), fmt::format("{} {}", what, path));
+}
+
+// ---------------------------------------------------------------- writing
+
+static std::string folder_of(const std::string& path) {
+  const std::string parent = fs::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+// The folder a new file goes into must exist, be a folder, and not be read-only. Write bits are
+// checked by hand because root ignores them: a folder made read-only is respected even by root.
+static void check_folder_takes_files(const std::string& folder, const std::string& what, const std::string& path) {
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) != 0)
+    throw Error(fmt::format("{} {}: folder {}: {}", what, path, folder, reason(errno)));
+  CAST_CHECK(S_ISDIR(st.st_mode), "{} {}: {} is {}, not a folder", what, path, folder, kind_of(st.st_mode));
+  CAST_CHECK((st.st_mode & 0222) != 0 && ::access(folder.c_str(), W_OK) == 0,
+             "{} {}: folder {} is read-only (permission denied); nothing was written", what, path, folder);
+}
+
+std::string output_target(const std::string& path, const std::string& what, Link link) {
+  CAST_CHECK(!path.empty(), "{}: no path given", what);
+  std::string target = path;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    CAST_CHECK(link == Link::follow_once, "{} {}: is a symbolic link; files in a run or data folder are never written "
+               "through a link (remove it)", what, path);
+    char buffer[4096];
+    const ssize_t n = ::readlink(path.c_str(), buffer, sizeof(buffer) - 1);
+    CAST_CHECK(n > 0, "{} {}: cannot read the symbolic link: {}", what, path, reason(errno));
+    const fs::path to(std::string(buffer, static_cast<size_t>(n)));
+    target = (to.is_absolute() ? to : fs::path(folder_of(path)) / to).string();
+    struct stat tt {};
+    if (::lstat(target.c_str(), &tt) != 0)
+      throw Error(
+          fmt::format("{} {}: a symbolic link to {}: {}; nothing was written", what, path, target, reason(errno)));
+    CAST_CHECK(!S_ISLNK(tt.st_mode), "{} {}: a symbolic link to another link ({}): a chain or a loop; only a link "
+               "straight to a regular file is written through", what, path, target);
+    CAST_CHECK(S_ISREG(tt.st_mode), "{} {}: a symbolic link to {}, which is {}; not replacing it", what, path, target,
+               kind_of(tt.st_mode));
+  } else if (::stat(path.c_str(), &st) == 0) {
+    CAST_CHECK(S_ISREG(st.st_mode), "{} {}: exists and is {}; not replacing it", what, path, kind_of(st.st_mode));
+  } else if (errno != ENOENT) {
+    throw Error(fmt::format("{} {}: {}", what, path, reason(errno)));
+  }
+  check_folder_takes_files(folder_of(target), what, path);
+  return target;
+}
+
+void check_replaces_own_kind(const std::string& path, const std::string& what, const std::string& kind,
+                             bool (*looks_right)(std::string_view head)) {
+  const std::string target = output_target(path, what, Link::follow_once);
+  if (!exists(target)) return;
+  Fd fd = open_input(target, what);
+  std::string head(4096, '\0');
+  const ssize_t n = ::read(fd.get(), head.data(), head.size());
+  head.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  if (head.empty() || looks_right(head)) return;
+  throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it (remove it, or choose another path)",
+                               what, path, kind));
+}
+
+static std::string_view trimmed(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  return s;
+}
+
+bool looks_like_svg(std::string_view head) {
+  head = trimmed(head);
+  return head.substr(0, 4) == "<svg" || head.substr(0, 5) == "<?xml";
+}
+
+bool looks_like_json_lines(std::string_view head) { return trimmed(head).substr(0, 1) == "{"; }
+
+// Creates `tmp` for writing, exclusively and without following a link. A stale temporary file
+// (a regular file of this user, left by a crash) is removed first; a link or anything else in
+// its place is refused and left alone.
+static Fd create_exclusive(const std::string& tmp, const std::string& what, const std::string& path) {
+  for (int attempt = 0;; ++attempt) {
+    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (fd.get() >= 0) return fd;
+    const int err = errno;
+    struct stat st {};
+    if (err != EEXIST || attempt > 0 || ::lstat(tmp.c_str(), &st) != 0)
+      throw Error(fmt::format("{} {}: cannot create {}: {}", what, path, tmp, reason(err)));
+    CAST_CHECK(!S_ISLNK(st.st_mode), "{} {}: {} is a symbolic link where a temporary file goes; not following it "
+               "(remove it)", what, path, tmp);
+    CAST_CHECK(S_ISREG(st.st_mode) && st.st_uid == ::geteuid(), "{} {}: {} exists and is {}; not replacing it "
+               "(remove it)", what, path, tmp, S_ISREG(st.st_mode) ? "another user's file" : kind_of(st.st_mode));
+    CAST_CHECK(::unlink(tmp.c_str()) == 0, "{} {}: cannot remove the stale {}: {}", what, path, tmp, reason(errno));
+  }
+}
+
+static void write_all(int fd, std::string_view bytes, const std::string& what, const std::string& path) {
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(fmt::format("{} {}: write failed: {}", what, path, reason(n < 0 ? errno : ENOSPC)));
+    done += static_cast<size_t>(n);
+  }
+}
+
+void write_atomic(const std::string& path, std::string_view bytes, const std::string& what, Link link) {
+  const std::string target = output_target(path, what, link), tmp = target + ".tmp";
+  Fd fd = create_exclusive(tmp, what, path);
+  try {  // on any failure the temporary file goes and the old file stays as it was
+    write_all(fd.get(), bytes, what, path);
+    CAST_CHECK(::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path, reason(errno));
+    CAST_CHECK(::close(fd.release()) == 0, "{} {}: close failed: {}", what, path, reason(errno));
+    CAST_CHECK(::rename(tmp.c_str(), target.c_str()) == 0, "{} {}: cannot move the new file into place: {}", what,
+               path, reason(errno));
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  Fd dir(::open(folder_of(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() >= 0) ::fsync(dir.get());  // the rename itself reaches the disk
+}
+
+// The nearest folder above `path` that exists: where a new folder chain would start.
+static std::string existing_ancestor(const std::string& path) {
+  fs::path p = fs::path(path).lexically_normal();
+  while (true) {
+    if (p.has_relative_path() && p.filename().empty()) p = p.parent_path();  // "a/b/" → "a/b"
+    p = p.parent_path();
+    if (p.empty()) return ".";
+    if (exists(p.string())) return p.string();
+  }
+}
+
+void make_writable_folder(const std::string& folder, const std::string& what) {
+  if (exists(folder)) {
+    require_folder(folder, what);  // a FIFO, a file or a link loop is refused by name
+  } else {
+    // nothing is created under a read-only folder, even by root
+    check_folder_takes_files(existing_ancestor(folder), what, folder);
+    std::error_code ec;
+    fs::create_directories(folder, ec);
+    if (ec) throw Error(fmt::format("{} {}: cannot create the folder: {}", what, folder, reason(ec.value())));
+  }
+  const std::string probe = folder + "/.write_test.tmp";
+  check_folder_takes_files(folder, what, folder);
+  Fd fd = create_exclusive(probe, what, folder);
+  try {
+    write_all(fd.get(), "ok", what, folder);
+  } catch (...) {
+    ::unlink(probe.c_str());
+    throw;
+  }
+  ::unlink(probe.c_str());
+}
+
+AppendFile::AppendFile(const std::string& path, bool truncate, const std::string& what) : path_(path), what_(what) {
+  check_folder_takes_files(folder_of(path), what, path);
+  struct stat old {};
+  const bool fresh = truncate && ::lstat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
+  // A new file replaces an old regular file by unlinking it, never by emptying it: the old
+  // inode may have other names (a hard link) whose content must survive.
+  if (fresh) CAST_CHECK(::unlink(path.c_str()) == 0, "{} {}: cannot replace it: {}", what, path, reason(errno));
+  // O_NOFOLLOW: a planted link is refused; O_NONBLOCK: a FIFO with no reader fails, never waits
+  const int flags = truncate ? O_EXCL : O_APPEND;
+  fd_ = Fd(::open(path.c_str(), O_WRONLY | O_CREAT | flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
+  if (fd_.get() < 0) {
+    const int err = errno;
+    struct stat st {};
+    const bool link = err == ELOOP || (err == EEXIST && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode));
+    throw Error(fmt::format("{} {}: cannot open for writing: {}", what, path,
+                            link ? "is a symbolic link; not following it (remove it)"
+                                 : err == EEXIST ? "exists and is not a regular file; not replacing it" : reason(err)));
+  }
+  struct stat st {};
+  CAST_CHECK(::fstat(fd_.get(), &st) == 0 && S_ISREG(st.st_mode), "{} {}: is {}, not a regular file", what, path,
+             kind_of(st.st_mode));
+  ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) & ~O_NONBLOCK);
+}
+
+void AppendFile::append(std::string_view text) { write_all(fd_.get(), text, what_, path_); }
+
+}  // namespace cast::files

@@ -1,0 +1,112 @@
+#pragma once
+// Every file the engine reads or writes goes through here, so that the rules hold everywhere:
+//  - an input is a regular file (or, where a folder is asked for, a folder), checked before it is
+//    read: a FIFO, socket or device is one clear error and never blocks;
+//  - an output is written to `<target>.tmp` (created with O_EXCL | O_NOFOLLOW: a planted symlink
+//    is refused, never followed), flushed to disk and renamed over the target, so a crash or an
+//    error never leaves half a file and never replaces anything else;
+//  - an output is never one of the same command's inputs (compared by device and inode);
+//  - messages name what the file is for, its path as the user gave it, and the reason.
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cast::files {
+
+// How a write treats a symbolic link at the output path itself. `follow_once`: a path the user
+// named (--out) may be a link straight to a regular file, which is replaced and the link kept;
+// a link to a link (a chain or a loop), a dangling link or a link to anything else is refused.
+// `refuse`: files the engine names itself in a run or data folder are never written through a
+// link.
+enum class Link { follow_once, refuse };
+
+// A readable description of errno for messages ("permission denied", "no such file or folder").
+std::string reason(int err);
+
+// True when both paths name existing files that are one file (same device and inode; links
+// followed), whatever their spelling.
+bool same_file(const std::string& a, const std::string& b);
+// A usage error when `output` is the same file as one of `inputs`: `what` names the output.
+void check_not_an_input(const std::string& output, const std::string& what, const std::vector<std::string>& inputs);
+
+// The path's kind for messages: "a folder", "a FIFO (named pipe)", "a socket", "a device", ...
+// or "" for a regular file or a path that does not exist.
+std::string odd_kind(const std::string& path);
+
+// `path` is an existing folder (links followed), else an error naming `what`.
+void require_folder(const std::string& path, const std::string& what);
+// `path` exists (links followed) and is a regular file; no bytes are read.
+void require_file(const std::string& path, const std::string& what);
+bool exists(const std::string& path);  // anything there, a dangling link included
+
+// An open file descriptor, closed when it goes out of scope.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd();
+  int get() const { return fd_; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_;
+};
+
+// Opens an input: a regular file (links followed), opened without blocking (a FIFO that slipped
+// in between the check and the open is refused too). The descriptor is blocking again on return.
+Fd open_input(const std::string& path, const std::string& what);
+// The whole of a regular file, refused before reading when larger than `max_bytes`.
+constexpr uint64_t kDefaultMaxBytes = uint64_t{1} << 32;
+std::string read_file(const std::string& path, const std::string& what, uint64_t max_bytes = kDefaultMaxBytes);
+// Calls fn(line, number) for each line of a regular file (without its '\n'; numbers from 1), read
+// as a stream: a data file is never held whole in memory.
+void for_each_line(const std::string& path, const std::string& what,
+                   const std::function<void(std::string& line, int64_t number)>& fn);
+// A JSON document from a file (or text), errors naming the file and the place, without the JSON
+// library's internals.
+nlohmann::json read_json(const std::string& path, const std::string& what);
+nlohmann::json parse_json(const std::string& text, const std::string& where);
+// The JSON library's message without its "[json.exception.parse_error.101] " prefix.
+std::string json_message(const std::exception& e);
+
+// The file a write to `path` replaces, by the rule of `link` (see Link); refuses a folder, a
+// FIFO, a device, a link chain or loop, and a missing or read-only folder. Nothing is created.
+std::string output_target(const std::string& path, const std::string& what, Link link);
+// An existing output is replaced only when it is of the output's own kind (its first bytes pass
+// `looks_right`), else a usage error: a slip of --out never turns a checkpoint, a data file or a
+// metrics file into a figure. A missing or empty output passes.
+void check_replaces_own_kind(const std::string& path, const std::string& what, const std::string& kind,
+                             bool (*looks_right)(std::string_view head));
+bool looks_like_svg(std::string_view head);
+bool looks_like_json_lines(std::string_view head);
+
+// Writes `bytes` to `path` atomically: `<target>.tmp` (exclusive, no link followed; a stale
+// temporary regular file of ours is removed first), flush, rename, flush of the folder.
+void write_atomic(const std::string& path, std::string_view bytes, const std::string& what,
+                  Link link = Link::follow_once);
+// Creates `folder` (and its parents) when missing and checks that a file can be made in it, with
+// a probe file created exclusively and removed again.
+void make_writable_folder(const std::string& folder, const std::string& what);
+
+// A file written line by line (metrics.jsonl): opened without following a link and without
+// blocking, a regular file only; each append is written whole or is an error.
+class AppendFile {
+ public:
+  AppendFile(const std::string& path, bool truncate, const std::string& what);
+  void append(std::string_view text);
+
+ private:
+  std::string path_, what_;
+  Fd fd_;
+};
+
+}  // namespace cast::files

@@ -1,0 +1,313 @@
+// Issue 19 through the binary: an output never replaces an input, planted links are never
+// followed, every number and file read is checked whole, and messages name the file or setting.
+// Every case writes its own inputs in a fresh folder.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tensor/safetensors.h"
+#include "tests/test_util.h"
+#include "train/compare.h"
+#include "train/trainer.h"
+
+using namespace cast;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CliRun {
+  int code;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void put(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// The binary with a time limit: a command that hangs on a FIFO fails the test instead of it.
+CliRun run(const std::string& args) {
+  static int calls = 0;
+  const std::string tag = std::to_string(getpid()) + "_" + std::to_string(calls++);
+  const std::string out = (fs::temp_directory_path() / ("cast_clif_out_" + tag)).string();
+  const std::string err = (fs::temp_directory_path() / ("cast_clif_err_" + tag)).string();
+  const std::string cmd = "timeout 60 " + std::string(CAST_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+  const int status = std::system(cmd.c_str());
+  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+  fs::remove(out);
+  fs::remove(err);
+  return r;
+}
+
+int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+std::string fresh_dir(const std::string& name) {
+  auto p = fs::temp_directory_path() / ("cast_clif_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+// A finished 3-step run on tiny ListOps, made once per test process: a checkpoint, metrics and a
+// summary to point commands at. Tests copy it before changing anything.
+const std::string& trained_run() {
+  static const std::string dir = [] {
+    const std::string d = fresh_dir("trained");
+    data::ListOpsSpec s = data::ListOpsSpec::short_cpu();
+    s.max_depth = 2, s.max_args = 3, s.min_length = 4, s.max_length = 20, s.train = 64, s.val = 16, s.test = 16;
+    data::generate_listops(d + "/data", s, 5);
+    train::TrainConfig c = train::preset("listops-short");
+    train::apply_overrides(c, {{"data", d + "/data"}, {"run", d + "/run"}, {"steps", 3}, {"batch", 4}, {"dim", 8},
+                               {"heads", 2}, {"mlp-dim", 8}, {"layers", 1}, {"log-every", 1}, {"device", "cpu"},
+                               {"attention", "full"}});
+    train::run_training(c, "", 0, true);
+    return d;
+  }();
+  return dir;
+}
+
+std::string copy_run(const std::string& name) {
+  const std::string d = fresh_dir(name);
+  fs::copy(trained_run() + "/run", d + "/run", fs::copy_options::recursive);
+  return d + "/run";
+}
+
+}  // namespace
+
+TEST(CliFiles, AnOutputEqualToAnInputIsRefusedAndTheInputKept) {
+  const std::string run_dir = copy_run("out_is_in");
+  const std::string ckpt = run_dir + "/checkpoint.safetensors", metrics = run_dir + "/metrics.jsonl";
+  const std::string ckpt_bytes = slurp(ckpt), metrics_bytes = slurp(metrics);
+  fs::create_symlink(ckpt, run_dir + "/alias.st");  // another name for the same file
+  for (const std::string& args : {"clusters --checkpoint " + ckpt + " --out " + ckpt,
+                                  "clusters --checkpoint " + ckpt + " --out " + run_dir + "/alias.st",
+                                  "plot " + run_dir + " --out " + ckpt, "plot " + run_dir + " --out " + metrics,
+                                  "plot " + run_dir + " --out " + run_dir + "/./metrics.jsonl",
+                                  "layer --in " + ckpt + " --out " + ckpt,
+                                  "layer --in " + ckpt + " --out " + run_dir + "/alias.st"}) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("an output never replaces an input"), std::string::npos) << args << ": " << r.err;
+  }
+  EXPECT_EQ(slurp(ckpt), ckpt_bytes);
+  EXPECT_EQ(slurp(metrics), metrics_bytes);
+}
+
+TEST(CliFiles, PlantedLinksInARunFolderAreNeverFollowed) {
+  const std::string base = fresh_dir("planted");
+  const std::string victim = base + "/victim.txt";
+  for (const char* planted : {".write_test.tmp", "checkpoint.safetensors.tmp", "metrics.jsonl"}) {
+    const std::string run_dir = base + "/run_" + std::string(planted).substr(1, 5);
+    fs::create_directories(run_dir);
+    put(victim, "precious");
+    fs::create_symlink(victim, run_dir + "/" + planted);
+    const CliRun r = run("train --data " + trained_run() + "/data --run " + run_dir +
+                         " --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --attention full");
+    EXPECT_EQ(r.code, 1) << planted << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << planted << ": " << r.err;
+    EXPECT_NE(r.err.find("symbolic link"), std::string::npos) << planted << ": " << r.err;
+    EXPECT_EQ(slurp(victim), "precious") << planted;
+    EXPECT_TRUE(fs::is_symlink(run_dir + "/" + planted)) << planted;
+  }
+  // cast data's temporary files: the same
+  const std::string data_dir = base + "/data";
+  fs::create_directories(data_dir);
+  put(victim, "precious");
+  fs::create_symlink(victim, data_dir + "/basic_train.tsv.tmp");
+  const CliRun r = run("data listops-short --count 10 --out " + data_dir);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("basic_train.tsv.tmp is a symbolic link where a temporary file goes"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(victim), "precious");
+}
+
+TEST(CliFiles, IntegerFlagsAreCheckedWholeAndUsageErrorsExit2) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"clusters --checkpoint x.st --scale 4294967300", "--scale is 4294967300: it must be in [1, 64]"},
+      {"clusters --checkpoint x.st --index -1", "--index is -1"},
+      {"clusters", "--checkpoint is required"},
+      {"eval", "--checkpoint is required"},
+      {"eval --checkpoint x.st --eval-limit -3", "--eval-limit is -3"},
+      {"data listops --min-length 4294967297", "--min-length is 4294967297: it must be in [0, 100000]"},
+      {"data listops --min-length -5", "--min-length is -5"},
+      {"data listops --seed -1", "--seed is -1"},
+      {"compare --seeds 1,01", "--seeds: seed 1 is listed twice"},
+      {"plot", "name at least one run folder"},
+      {"layer --in x.st", "--in and --out are required"}};
+  for (const auto& [args, message] : cases) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+TEST(CliFiles, BenchJsonToAFolderOrAReadOnlyFolderExits1BeforeAnyWork) {
+  const std::string d = fresh_dir("bench_json");
+  fs::create_directory(d + "/ro");
+  fs::permissions(d + "/ro", fs::perms::owner_read | fs::perms::owner_exec);
+  for (const std::string& target : {d, d + "/ro/b.json", std::string("/dev/stdout")}) {
+    const CliRun r = run("bench attention --lengths 16 --repeats 1 --warmup 0 --mechanisms full --json " + target);
+    EXPECT_EQ(r.code, 1) << target << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_EQ(r.err.rfind("cast bench: error: --json " + target + ":", 0), 0u) << r.err;
+    EXPECT_EQ(r.out.find("attention benchmark"), std::string::npos) << "work started: " << r.out;
+  }
+  EXPECT_TRUE(fs::is_empty(d + "/ro"));
+  fs::permissions(d + "/ro", fs::perms::owner_all);
+  const CliRun ok = run("bench attention --lengths 16 --repeats 1 --warmup 0 --mechanisms full --json " + d + "/b.json");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(nlohmann::json::parse(slurp(d + "/b.json"))["mechanism"], "full");
+  // every benchmark writes the file it is given (gemm once ignored --json)
+  const CliRun gemm = run("bench gemm --repeats 1 --warmup 0 --json " + d + "/g.json");
+  EXPECT_EQ(gemm.code, 0) << gemm.err;
+  EXPECT_NE(slurp(d + "/g.json").find("\"gemm\":512"), std::string::npos) << slurp(d + "/g.json");
+}
+
+TEST(CliFiles, ASummaryIsValidatedByKeyWhenAComparisonReadsIt) {
+  const std::string d = fresh_dir("summary");
+  train::CompareSpec spec;
+  spec.task = "listops-short";
+  spec.out_dir = d + "/cmp";
+  spec.variants = {{"full", {{"attention", "full"}}}};
+  spec.seeds = {1};
+  spec.settings = {{"data", trained_run() + "/data"}, {"steps", 2}, {"batch", 4}, {"dim", 8}, {"heads", 2},
+                   {"mlp-dim", 8}, {"layers", 1}, {"device", "cpu"}};
+  ASSERT_TRUE(train::run_comparison(spec, 0, true).complete);
+  const std::string summary = d + "/cmp/full-seed1/summary.json";
+  nlohmann::json j = nlohmann::json::parse(slurp(summary));
+  j["test_accuracy"] = 7.5;
+  put(summary, j.dump());
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "run summary " + summary + ": 'test_accuracy' is 7.5, outside [0, 1]");
+  j["test_accuracy"] = "high";
+  put(summary, j.dump());
+  try {
+    train::run_comparison(spec, 0, true);
+    ADD_FAILURE() << "a string accuracy was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'test_accuracy' is \"high\", not a number"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CliFiles, MetricsLinesAreValidatedByKey) {
+  const std::string run_dir = copy_run("metrics");
+  put(run_dir + "/metrics.jsonl", R"({"step": 1, "split": "train", "loss": "low", "accuracy": 0.5})" "\n");
+  CliRun r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("metrics.jsonl:1: 'loss' is \"low\", not a number"), std::string::npos) << r.err;
+  put(run_dir + "/metrics.jsonl", R"({"step": 1, "split": "val", "accuracy": 3})" "\n");
+  r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
+  EXPECT_NE(r.err.find("metrics.jsonl:1: 'accuracy' is 3, outside [0, 1]"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run_dir + "/c.svg"));
+}
+
+TEST(CliFiles, AReformattedButEqualModelConfigIsAcceptedAndADifferenceNamed) {
+  const std::string run_dir = copy_run("reformatted");
+  const std::string ckpt = run_dir + "/checkpoint.safetensors";
+  TensorFile f = read_safetensors(ckpt);
+  nlohmann::json model = nlohmann::json::parse(f.metadata.at("model"));
+  f.metadata["model"] = model.dump(4);  // the same values, other whitespace
+  write_safetensors(ckpt, f.tensors, f.metadata);
+  CliRun r = run("eval --checkpoint " + ckpt + " --data " + trained_run() + "/data");
+  EXPECT_EQ(r.code, 0) << r.err;
+  // the model config names the differing field; the train config keeps its own (checked) copy
+  model["attention"]["topk"] = 7;
+  f.metadata["model"] = model.dump();
+  write_safetensors(ckpt, f.tensors, f.metadata);
+  train::TrainConfig c = train::read_checkpoint_header(ckpt).config;
+  c.model.attention.topk = 32;
+  nn::Transformer other(c.model, DType::f32, Device::cpu);
+  EXPECT_CAST_ERROR(train::load_checkpoint(ckpt, other, nullptr, nullptr), "'attention.topk' is 7 in the checkpoint but 32");
+}
+
+TEST(CliFiles, AHugeVocabularyInACheckpointIsRefusedBeforeAllocating) {
+  const std::string run_dir = copy_run("vocab");
+  const std::string ckpt = run_dir + "/checkpoint.safetensors";
+  TensorFile f = read_safetensors(ckpt);
+  nlohmann::json model = nlohmann::json::parse(f.metadata.at("model"));
+  model["vocab"] = int64_t{1} << 40;
+  f.metadata["model"] = model.dump();
+  write_safetensors(ckpt, f.tensors, f.metadata);
+  const CliRun r = run("eval --checkpoint " + ckpt);
+  EXPECT_EQ(r.code, 1) << r.err;  // a bad file, not a bad command line
+  EXPECT_NE(r.err.find("setting 'vocab' is 1099511627776"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("out of memory"), std::string::npos) << r.err;
+}
+
+TEST(CliFiles, MessagesNameTheFileNotTheLibrary) {
+  const std::string d = fresh_dir("messages");
+  fs::create_directory(d + "/folder");
+  put(d + "/string.json", R"({"steps": "three"})");
+  put(d + "/list.json", "[1, 2]");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --config " + d + "/folder", "config file " + d + "/folder: is a folder, not a regular file"},
+      {"train --config " + d + "/list.json", "config file " + d + "/list.json: holds array"},
+      {"train --config " + d + "/string.json", "config file " + d + "/string.json: setting 'steps'"},
+      {"eval --checkpoint " + d + "/folder", "checkpoint " + d + "/folder: is a folder"},
+      {"layer --in " + d + "/folder --out " + d + "/o.st", "--in " + d + "/folder: is a folder"}};
+  for (const auto& [args, message] : cases) {
+    const CliRun r = run(args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << ": " << r.err;
+    for (const char* internal : {"basic_filebuf", "json.exception", "unexpected error"})
+      EXPECT_EQ(r.err.find(internal), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+TEST(CliFiles, AnOutputReplacesOnlyAFileOfItsOwnKind) {
+  const std::string run_dir = copy_run("own_kind");
+  const std::string d = fs::path(run_dir).parent_path().string();
+  const std::string data_file = d + "/basic_test.tsv", other_ckpt = d + "/other.safetensors", notes = d + "/notes.txt";
+  fs::copy_file(trained_run() + "/data/basic_test.tsv", data_file);
+  fs::copy_file(run_dir + "/checkpoint.safetensors", other_ckpt);  // a checkpoint that is no input here
+  put(notes, "my notes\n");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plot " + run_dir + " --out " + data_file, "is not an SVG figure; not replacing it"},
+      {"clusters --checkpoint " + run_dir + "/checkpoint.safetensors --out " + notes, "is not an SVG figure"},
+      {"layer --in " + std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors --out " + other_ckpt,
+       "is not a safetensors file other than a checkpoint"},
+      {"bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json " + notes, "is not a JSON-lines file"}};
+  const std::string data_bytes = slurp(data_file), ckpt_bytes = slurp(other_ckpt);
+  for (const auto& [args, message] : cases) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << ": " << r.err;
+  }
+  EXPECT_EQ(slurp(data_file), data_bytes);
+  EXPECT_EQ(slurp(other_ckpt), ckpt_bytes);
+  EXPECT_EQ(slurp(notes), "my notes\n");
+  // a figure replaces a figure
+  EXPECT_EQ(run("plot " + run_dir + " --out " + d + "/fig.svg").code, 0);
+  const CliRun again = run("plot " + run_dir + " --out " + d + "/fig.svg");
+  EXPECT_EQ(again.code, 0) << again.err;
+}
+
+TEST(CliFiles, TrainNeverWritesOverItsOwnConfigFile) {
+  const std::string run_dir = copy_run("config_in_run");
+  const std::string cfg = run_dir + "/summary.json";  // a settings file kept where the run writes
+  put(cfg, R"({"steps": 2, "batch": 4, "dim": 8, "heads": 2, "mlp-dim": 8, "layers": 1, "device": "cpu"})");
+  const CliRun r = run("train --config " + cfg + " --data " + trained_run() + "/data --run " + run_dir + " --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("run file " + run_dir + "/summary.json is the input"), std::string::npos) << r.err;
+  EXPECT_NE(slurp(cfg).find("\"steps\": 2"), std::string::npos);
+}
+
+TEST(CliFiles, AnOddRunFileIsRefusedBeforeAnyStep) {
+  const std::string run_dir = copy_run("odd_run_file");
+  fs::remove(run_dir + "/summary.json");
+  ASSERT_EQ(::mkfifo((run_dir + "/summary.json").c_str(), 0644), 0);
+  const CliRun r = run("train --data " + trained_run() + "/data --run " + run_dir +
+                       " --overwrite --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --attention full");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("run file " + run_dir + "/summary.json: exists and is a FIFO"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << "a step was spent: " << r.out;
+  EXPECT_TRUE(fs::is_fifo(run_dir + "/summary.json"));
+}

@@ -1,0 +1,224 @@
+// The files module (tensor/files.h): inputs checked before they are opened, atomic writes that
+// never follow a planted link, appends that never follow one, outputs that never replace inputs.
+// Every case writes its own files in a fresh folder.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "tensor/files.h"
+#include "tests/test_util.h"
+
+using namespace cast;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fresh_dir(const std::string& name) {
+  auto p = fs::temp_directory_path() / ("cast_files_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+void put(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Runs `fn` and fails the test when it takes longer than a few seconds (a FIFO read blocks forever).
+template <class Fn>
+void within_seconds(Fn fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+}  // namespace
+
+TEST(Files, InputsMustBeRegularFilesAndNeverBlock) {
+  const std::string d = fresh_dir("inputs");
+  ASSERT_EQ(::mkfifo((d + "/fifo").c_str(), 0644), 0);
+  fs::create_directory(d + "/folder");
+  fs::create_symlink("loop", d + "/loop");
+  fs::create_symlink("/dev/zero", d + "/zero");
+  within_seconds([&] {
+    EXPECT_CAST_ERROR(files::read_file(d + "/fifo", "config file"), "config file " + d + "/fifo: is a FIFO (named pipe)");
+  });
+  EXPECT_CAST_ERROR(files::read_file(d + "/folder", "metrics file"), "is a folder, not a regular file");
+  EXPECT_CAST_ERROR(files::read_file(d + "/loop", "review"), "a symbolic link loop");
+  EXPECT_CAST_ERROR(files::read_file(d + "/zero", "checkpoint"), "checkpoint " + d + "/zero: is a device");
+  EXPECT_CAST_ERROR(files::read_file(d + "/missing", "data file"), "no such file or folder");
+  put(d + "/big", std::string(100, 'x'));
+  EXPECT_CAST_ERROR(files::read_file(d + "/big", "data file", 10), "100 bytes, more than the 10 bytes");
+  EXPECT_EQ(files::read_file(d + "/big", "data file").size(), 100u);
+  EXPECT_CAST_ERROR(files::require_folder(d + "/big", "data folder"), "is a file, not a folder");
+  EXPECT_CAST_ERROR(files::require_folder(d + "/loop", "data folder"), "a symbolic link loop");
+}
+
+TEST(Files, JsonErrorsNameTheFileWithoutLibraryInternals) {
+  const std::string d = fresh_dir("json");
+  put(d + "/bad.json", "{\"steps\": ");
+  try {
+    files::read_json(d + "/bad.json", "config file");
+    ADD_FAILURE() << "bad JSON accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("config file " + d + "/bad.json: not valid JSON"), std::string::npos) << m;
+    EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+  }
+}
+
+TEST(Files, AKeyGivenTwiceIsRefused) {
+  EXPECT_CAST_ERROR(files::parse_json(R"({"steps": 2, "lr": 1e-3, "steps": 3000})", "config file c.json"),
+                    "config file c.json: the key 'steps' is given twice");
+  EXPECT_CAST_ERROR(files::parse_json(R"({"model": {"dim": 8, "dim": 16}})", "f"), "the key 'dim' is given twice");
+  // equal keys in different objects are fine
+  EXPECT_EQ(files::parse_json(R"({"a": {"x": 1}, "b": {"x": 2}, "x": [{"x": 3}]})", "f")["b"]["x"], 2);
+}
+
+TEST(Files, SameFileComparesDeviceAndInodeNotNames) {
+  const std::string d = fresh_dir("same");
+  put(d + "/m.st", "x");
+  fs::create_symlink(d + "/m.st", d + "/alias.st");
+  fs::create_hard_link(d + "/m.st", d + "/hard.st");
+  EXPECT_TRUE(files::same_file(d + "/m.st", d + "/./m.st"));
+  EXPECT_TRUE(files::same_file(d + "/m.st", d + "/alias.st"));
+  EXPECT_TRUE(files::same_file(d + "/m.st", d + "/hard.st"));
+  EXPECT_FALSE(files::same_file(d + "/m.st", d + "/missing.st"));
+  try {
+    files::check_not_an_input(d + "/alias.st", "--out", {d + "/m.st"});
+    ADD_FAILURE() << "an output equal to an input was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("is the input"), std::string::npos) << e.what();
+  }
+  files::check_not_an_input(d + "/other.st", "--out", {d + "/m.st"});  // a new file is fine
+}
+
+TEST(Files, AtomicWritesRefuseAPlantedTemporaryLink) {
+  const std::string d = fresh_dir("tmp_link");
+  put(d + "/victim", "keep me");
+  fs::create_symlink(d + "/victim", d + "/out.json.tmp");  // planted where the temporary file goes
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/out.json", "new", "summary"), "is a symbolic link where a temporary file goes");
+  EXPECT_EQ(slurp(d + "/victim"), "keep me");
+  EXPECT_TRUE(fs::is_symlink(d + "/out.json.tmp"));
+  EXPECT_FALSE(fs::exists(d + "/out.json"));
+  // a stale temporary regular file (a crash) is ours to remove
+  fs::remove(d + "/out.json.tmp");
+  put(d + "/out.json.tmp", "half");
+  files::write_atomic(d + "/out.json", "whole", "summary");
+  EXPECT_EQ(slurp(d + "/out.json"), "whole");
+  EXPECT_FALSE(fs::exists(d + "/out.json.tmp"));
+}
+
+TEST(Files, OutputLinksFollowTheDocumentedRule) {
+  const std::string d = fresh_dir("out_links");
+  put(d + "/target", "old");
+  fs::create_symlink("target", d + "/link");
+  files::write_atomic(d + "/link", "new", "--out");  // a link the user made on purpose: written through
+  EXPECT_TRUE(fs::is_symlink(d + "/link"));
+  EXPECT_EQ(slurp(d + "/target"), "new");
+  // a file the engine names itself is never written through a link
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/link", "x", "checkpoint", files::Link::refuse), "is a symbolic link");
+  EXPECT_EQ(slurp(d + "/target"), "new");
+  // a chain and a loop are refused; no link is replaced
+  fs::create_symlink("link", d + "/chain");
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/chain", "x", "--out"), "a chain or a loop");
+  EXPECT_TRUE(fs::is_symlink(d + "/link"));
+  EXPECT_EQ(slurp(d + "/target"), "new");
+  fs::create_symlink("loop", d + "/loop");
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/loop", "x", "--out"), "a chain or a loop");
+  EXPECT_TRUE(fs::is_symlink(d + "/loop"));
+  fs::create_symlink("nothing", d + "/dangling");
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/dangling", "x", "--out"), "no such file");
+  EXPECT_FALSE(fs::exists(d + "/nothing"));
+  // --out /dev/stdout is named as given, not as /proc/self/fd/1.tmp
+  try {
+    files::write_atomic("/dev/stdout", "x", "--out");
+    ADD_FAILURE() << "/dev/stdout written";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--out /dev/stdout:", 0), 0u) << e.what();
+  }
+}
+
+TEST(Files, OutputsNeverReplaceFoldersFifosOrDevices) {
+  const std::string d = fresh_dir("odd_outputs");
+  fs::create_directory(d + "/folder");
+  ASSERT_EQ(::mkfifo((d + "/fifo").c_str(), 0644), 0);
+  within_seconds([&] {
+    EXPECT_CAST_ERROR(files::write_atomic(d + "/folder", "x", "--json"), "exists and is a folder; not replacing it");
+    EXPECT_CAST_ERROR(files::write_atomic(d + "/fifo", "x", "--out"), "exists and is a FIFO");
+    EXPECT_CAST_ERROR(files::write_atomic("/dev/full", "x", "--out"), "exists and is a device");
+  });
+  EXPECT_TRUE(fs::is_directory(d + "/folder"));
+  EXPECT_TRUE(fs::is_fifo(d + "/fifo"));
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/no/such/folder/x", "x", "--out"), "no such file or folder");
+}
+
+TEST(Files, AReadOnlyFolderIsPermissionDeniedEvenForRoot) {
+  const std::string d = fresh_dir("read_only");
+  fs::create_directory(d + "/ro");
+  fs::permissions(d + "/ro", fs::perms::owner_read | fs::perms::owner_exec);
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/ro/x.json", "x", "summary"), "is read-only (permission denied)");
+  EXPECT_CAST_ERROR(files::make_writable_folder(d + "/ro", "run folder"), "is read-only (permission denied)");
+  EXPECT_CAST_ERROR(files::AppendFile(d + "/ro/metrics.jsonl", true, "metrics file"), "read-only");
+  EXPECT_TRUE(fs::is_empty(d + "/ro"));
+  fs::permissions(d + "/ro", fs::perms::owner_all);
+}
+
+TEST(Files, TheWriteProbeNeverFollowsALink) {
+  const std::string d = fresh_dir("probe");
+  put(d + "/victim", "keep me");
+  fs::create_directory(d + "/run");
+  fs::create_symlink(d + "/victim", d + "/run/.write_test.tmp");
+  EXPECT_CAST_ERROR(files::make_writable_folder(d + "/run", "run folder"), "is a symbolic link where a temporary file goes");
+  EXPECT_EQ(slurp(d + "/victim"), "keep me");
+  fs::remove(d + "/run/.write_test.tmp");
+  files::make_writable_folder(d + "/run/new/deeper", "run folder");
+  EXPECT_TRUE(fs::is_directory(d + "/run/new/deeper"));
+  EXPECT_TRUE(fs::is_empty(d + "/run/new/deeper"));
+}
+
+TEST(Files, AppendsNeverFollowALinkNorBlockOnAFifo) {
+  const std::string d = fresh_dir("append");
+  put(d + "/victim", "keep me");
+  fs::create_symlink(d + "/victim", d + "/metrics.jsonl");
+  EXPECT_CAST_ERROR(files::AppendFile(d + "/metrics.jsonl", false, "metrics file"), "is a symbolic link; not following it");
+  EXPECT_CAST_ERROR(files::AppendFile(d + "/metrics.jsonl", true, "metrics file"), "is a symbolic link");
+  EXPECT_EQ(slurp(d + "/victim"), "keep me");
+  ASSERT_EQ(::mkfifo((d + "/fifo.jsonl").c_str(), 0644), 0);
+  within_seconds([&] { EXPECT_CAST_ERROR(files::AppendFile(d + "/fifo.jsonl", false, "metrics file"), "metrics file"); });
+  {
+    files::AppendFile a(d + "/m.jsonl", true, "metrics file");
+    a.append("1\n");
+    a.append("2\n");
+  }
+  files::AppendFile(d + "/m.jsonl", false, "metrics file").append("3\n");
+  EXPECT_EQ(slurp(d + "/m.jsonl"), "1\n2\n3\n");
+  // a new file never empties the old one in place: another name for it (a hard link) keeps it
+  fs::create_hard_link(d + "/m.jsonl", d + "/elsewhere.jsonl");
+  files::AppendFile(d + "/m.jsonl", true, "metrics file").append("new\n");
+  EXPECT_EQ(slurp(d + "/m.jsonl"), "new\n");
+  EXPECT_EQ(slurp(d + "/elsewhere.jsonl"), "1\n2\n3\n");
+  fs::create_directory(d + "/dir.jsonl");
+  EXPECT_CAST_ERROR(files::AppendFile(d + "/dir.jsonl", true, "metrics file"), "exists and is not a regular file");
+}
+
+// `chattr +i`: even root cannot write; once reported as "No such file or directory".
+TEST(Files, AnImmutableFolderIsPermissionDenied) {
+  const std::string d = fresh_dir("immutable");
+  if (std::system(("chattr +i " + d + " 2> /dev/null").c_str()) != 0)
+    GTEST_SKIP() << "chattr +i is not available here (needs root and a file system that supports it)";
+  struct Unlock {
+    std::string dir;
+    ~Unlock() { std::system(("chattr -i " + dir).c_str()); }
+  } unlock{d};
+  EXPECT_CAST_ERROR(files::make_writable_folder(d, "run folder"), "run folder " + d + ": folder " + d +
+                                                                      " is read-only (permission denied)");
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/x.svg", "<svg/>", "--out"), "is read-only (permission denied)");
+  EXPECT_TRUE(fs::is_empty(d));
+}
