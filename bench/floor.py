@@ -96,9 +96,9 @@ def fmt_flops(f):
 # the second factor for latency hiding; a warp's 128-bit loads here are mostly broadcasts (one
 # wavefront each), so the shared-memory pipe (one wavefront a clock per SM) is checked too.
 FLASH = [  # kernel, D, RT, CN, score products, accumulations, other instructions per score, registers
-    ("forward", 32, 4, 8, 1, 1, 12, 127), ("forward", 64, 4, 8, 1, 1, 12, 134), ("forward", 128, 4, 4, 1, 1, 12, 128),
-    ("dQ", 32, 4, 8, 2, 1, 10, 168), ("dQ", 64, 4, 8, 2, 1, 10, 204), ("dQ", 128, 4, 4, 2, 1, 10, 168),
-    ("dK/dV", 32, 4, 8, 2, 2, 14, 167), ("dK/dV", 64, 4, 4, 2, 2, 14, 158), ("dK/dV", 128, 2, 4, 2, 2, 14, 128),
+    ("forward", 32, 4, 8, 1, 1, 12, 128), ("forward", 64, 4, 8, 1, 1, 12, 144), ("forward", 128, 4, 4, 1, 1, 12, 137),
+    ("dQ", 32, 4, 8, 2, 1, 10, 168), ("dQ", 64, 4, 8, 2, 1, 10, 186), ("dQ", 128, 4, 4, 2, 1, 10, 168),
+    ("dK/dV", 32, 4, 8, 2, 2, 14, 171), ("dK/dV", 64, 4, 4, 2, 2, 14, 162), ("dK/dV", 128, 2, 4, 2, 2, 14, 135),
 ]
 
 

@@ -64,6 +64,15 @@ struct FlashShape {
 };
 
 __device__ __forceinline__ float4 zero4() { return make_float4(0.f, 0.f, 0.f, 0.f); }
+__device__ __forceinline__ int round4(int n) { return (n + 3) & ~3; }
+
+// Whether the calling warp owns any of the block's first `valid` rows (a warp owns 4·RT rows).
+// A warp past them skips its products (a partial tile's, or a tiny cluster's): it still reaches
+// every barrier, and its shuffles are skipped by all its lanes alike.
+template <class T>
+__device__ __forceinline__ bool warp_owns_rows(int valid) {
+  return static_cast<int>(threadIdx.x / 32) * 4 * T::RT < valid;
+}
 
 // `valid` rows of d floats at src (contiguous) into a tile of `rows` padded rows; zeros past d
 // and past `valid`, so that unused columns and rows add nothing to a product.
@@ -94,14 +103,14 @@ __device__ void load_rows(SharedArray<float>& tile, int tile_base, const float* 
 // distinct banks through the padded stride.
 template <class T>
 __device__ __forceinline__ void tile_scores(float (&acc)[T::RT][T::CN], const SharedArray<float>& smem, int a_base,
-                                            int a_row, int b_base, int tx) {
+                                            int a_row, int b_base, int tx, int width) {
   constexpr int stride = T::kRowStride;
 #pragma unroll
   for (int r = 0; r < T::RT; ++r)
 #pragma unroll
     for (int c = 0; c < T::CN; ++c) acc[r][c] = 0.f;
 #pragma unroll 4
-  for (int e = 0; e < T::kD; e += 4) {
+  for (int e = 0; e < width; e += 4) {  // width: d rounded up to 4; the columns past it are zeros
     float4 a[T::RT], b[T::CN];
 #pragma unroll
     for (int r = 0; r < T::RT; ++r) a[r] = smem.load4(a_base + (a_row + r) * stride + e);
@@ -116,13 +125,15 @@ __device__ __forceinline__ void tile_scores(float (&acc)[T::RT][T::CN], const Sh
 }
 
 // out[r][g] += Σ_j W[w_row + r][j] · V[j][32g + 4tx ..]: a weighted sum of streamed rows into
-// this thread's output tile (W: probabilities or dS, with the prob stride).
+// this thread's output tile (W: probabilities or dS, with the prob stride), over the first
+// `rows` streamed rows (the valid ones rounded up to 4: the rest are zeros) and the column
+// groups that hold any of the `width` columns.
 template <class T>
 __device__ __forceinline__ void tile_accumulate(float4 (&out)[T::RT][T::kGroups], const SharedArray<float>& smem,
-                                                int w_base, int w_row, int v_base, int tx) {
+                                                int w_base, int w_row, int v_base, int tx, int rows, int width) {
   constexpr int stride = T::kRowStride, wstride = T::kProbStride;
 #pragma unroll 2
-  for (int j = 0; j < T::kStream; j += 4) {
+  for (int j = 0; j < rows; j += 4) {
     float4 w[T::RT];
 #pragma unroll
     for (int r = 0; r < T::RT; ++r) w[r] = smem.load4(w_base + (w_row + r) * wstride + j);
@@ -130,6 +141,7 @@ __device__ __forceinline__ void tile_accumulate(float4 (&out)[T::RT][T::kGroups]
     for (int jj = 0; jj < 4; ++jj) {
 #pragma unroll
       for (int g = 0; g < T::kGroups; ++g) {
+        if (32 * g >= width) break;
         const float4 v = smem.load4(v_base + (j + jj) * stride + 32 * g + 4 * tx);
 #pragma unroll
         for (int r = 0; r < T::RT; ++r) {
@@ -185,6 +197,39 @@ __device__ void store_rows(float* dst, const float4 (&acc)[T::RT][T::kGroups], i
   }
 }
 
+// The online softmax of one streamed tile for this thread's rows: scores of padding keys become
+// −∞, the running max m and sum l take the tile in (the output tile rescaled where m grows),
+// and the tile's probabilities exp(S − m) go to shared memory for the product with V.
+template <class T>
+__device__ __forceinline__ void online_softmax(float (&sc)[T::RT][T::CN], float (&m)[T::RT], float (&l)[T::RT],
+                                               float4 (&o)[T::RT][T::kGroups], const SharedArray<float>& smem,
+                                               int p_base, int flag_base, int row0, int tx, float scale) {
+#pragma unroll
+  for (int r = 0; r < T::RT; ++r) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < T::CN; ++c) {
+      sc[r][c] = smem[flag_base + tx + kLanesPerRow * c] != 0.f ? sc[r][c] * scale : -INFINITY;
+      tile_max = fmaxf(tile_max, sc[r][c]);
+    }
+    const float m_new = fmaxf(m[r], row_max(tile_max));
+    const float correction = m_new == -INFINITY ? 1.f : expf(m[r] - m_new);
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < T::CN; ++c) {
+      const float p = sc[r][c] == -INFINITY ? 0.f : expf(sc[r][c] - m_new);
+      smem[p_base + (row0 + r) * T::kProbStride + tx + kLanesPerRow * c] = p;
+      sum += p;
+    }
+    l[r] = l[r] * correction + row_sum(sum);
+    m[r] = m_new;
+#pragma unroll
+    for (int g = 0; g < T::kGroups; ++g) {
+      o[r][g].x *= correction, o[r][g].y *= correction, o[r][g].z *= correction, o[r][g].w *= correction;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- forward
 // Shared: Q tile (BM rows), K tile, V tile (BN rows each), probabilities (BM × BN), key flags.
 template <class T>
@@ -220,34 +265,14 @@ __global__ void __launch_bounds__(kBlock) flash_forward_kernel(float* out, float
     load_rows<T::kD>(smem, v_base, v + (bh * s.N + j0) * s.d, k_rows, BN, s);
     load_key_flags(smem, flag_base, mask, b, j0, k_rows, BN, s);
     __syncthreads();
-    float sc[T::RT][T::CN];
-    tile_scores<T>(sc, smem, q_base, row0, k_base, tx);
-#pragma unroll
-    for (int r = 0; r < T::RT; ++r) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int c = 0; c < T::CN; ++c) {
-        sc[r][c] = smem[flag_base + tx + kLanesPerRow * c] != 0.f ? sc[r][c] * s.scale : -INFINITY;
-        tile_max = fmaxf(tile_max, sc[r][c]);
-      }
-      const float m_new = fmaxf(m[r], row_max(tile_max));
-      const float correction = m_new == -INFINITY ? 1.f : expf(m[r] - m_new);
-      float sum = 0.f;
-#pragma unroll
-      for (int c = 0; c < T::CN; ++c) {
-        const float p = sc[r][c] == -INFINITY ? 0.f : expf(sc[r][c] - m_new);
-        smem[p_base + (row0 + r) * T::kProbStride + tx + kLanesPerRow * c] = p;
-        sum += p;
-      }
-      l[r] = l[r] * correction + row_sum(sum);
-      m[r] = m_new;
-#pragma unroll
-      for (int g = 0; g < T::kGroups; ++g) {
-        o[r][g].x *= correction, o[r][g].y *= correction, o[r][g].z *= correction, o[r][g].w *= correction;
-      }
+    const bool live = warp_owns_rows<T>(q_rows);
+    if (live) {
+      float sc[T::RT][T::CN];
+      tile_scores<T>(sc, smem, q_base, row0, k_base, tx, round4(s.d));
+      online_softmax<T>(sc, m, l, o, smem, p_base, flag_base, row0, tx, s.scale);
     }
     __syncthreads();
-    tile_accumulate<T>(o, smem, p_base, row0, v_base, tx);
+    if (live) tile_accumulate<T>(o, smem, p_base, row0, v_base, tx, round4(k_rows), s.d);
   }
   float inv[T::RT];
 #pragma unroll
@@ -307,20 +332,23 @@ __global__ void __launch_bounds__(kBlock) flash_dq_kernel(float* dq, const float
     load_rows<T::kD>(smem, v_base, v + (bh * s.N + j0) * s.d, k_rows, BN, s);
     load_key_flags(smem, flag_base, mask, b, j0, k_rows, BN, s);
     __syncthreads();
-    float sc[T::RT][T::CN], dp[T::RT][T::CN];
-    tile_scores<T>(sc, smem, q_base, row0, k_base, tx);
-    tile_scores<T>(dp, smem, g_base, row0, v_base, tx);
+    const bool live = warp_owns_rows<T>(q_rows);
+    if (live) {
+      float sc[T::RT][T::CN], dp[T::RT][T::CN];
+      tile_scores<T>(sc, smem, q_base, row0, k_base, tx, round4(s.d));
+      tile_scores<T>(dp, smem, g_base, row0, v_base, tx, round4(s.d));
 #pragma unroll
-    for (int r = 0; r < T::RT; ++r)
+      for (int r = 0; r < T::RT; ++r)
 #pragma unroll
-      for (int c = 0; c < T::CN; ++c) {
-        const bool real = smem[flag_base + tx + kLanesPerRow * c] != 0.f && L[r] != -INFINITY;
-        const float p = real ? expf(sc[r][c] * s.scale - L[r]) : 0.f;
-        smem[ds_base + (row0 + r) * T::kProbStride + tx + kLanesPerRow * c] =
-            real ? p * (dp[r][c] - Dl[r]) * s.scale : 0.f;
-      }
+        for (int c = 0; c < T::CN; ++c) {  // dS = P ⊙ (dP − Δ), 0 at padding keys and for rows with none real
+          const bool real = smem[flag_base + tx + kLanesPerRow * c] != 0.f && L[r] != -INFINITY;
+          const float p = real ? expf(sc[r][c] * s.scale - L[r]) : 0.f;
+          smem[ds_base + (row0 + r) * T::kProbStride + tx + kLanesPerRow * c] =
+              real ? p * (dp[r][c] - Dl[r]) * s.scale : 0.f;
+        }
+    }
     __syncthreads();
-    tile_accumulate<T>(acc, smem, ds_base, row0, k_base, tx);
+    if (live) tile_accumulate<T>(acc, smem, ds_base, row0, k_base, tx, round4(k_rows), s.d);
   }
   store_rows<T>(dq + bh * s.M * s.d, acc, i0 + row0, s.M, nullptr, true, tx, s);
 }
@@ -367,31 +395,36 @@ __global__ void __launch_bounds__(kBlock) flash_dkdv_kernel(float* dk, float* dv
       smem[delta_base + t] = t < q_rows ? delta[bh * s.M + i0 + t] : 0.f;
     }
     __syncthreads();
-    float st[T::RT][T::CN], dpt[T::RT][T::CN];  // scores and dP, transposed: keys × queries
-    tile_scores<T>(st, smem, k_base, row0, q_base, tx);
-    tile_scores<T>(dpt, smem, v_base, row0, g_base, tx);
+    const bool live = warp_owns_rows<T>(k_rows);
+    if (live) {
+      float st[T::RT][T::CN], dpt[T::RT][T::CN];  // scores and dP, transposed: keys × queries
+      tile_scores<T>(st, smem, k_base, row0, q_base, tx, round4(s.d));
+      tile_scores<T>(dpt, smem, v_base, row0, g_base, tx, round4(s.d));
 #pragma unroll
-    for (int r = 0; r < T::RT; ++r)
+      for (int r = 0; r < T::RT; ++r)
 #pragma unroll
-      for (int c = 0; c < T::CN; ++c) {
-        const int i = tx + kLanesPerRow * c;
-        // A query with no real key passes nothing. A padding key takes probability 0 and dS 0,
-        // multiplied through like the reference's products, so a NaN in Q or dO still reaches
-        // it; in a NaN row the reference's probabilities are NaN at padding keys too (0 · 1/NaN).
-        const float Li = smem[lse_base + i];
-        float p = 0.f, ds = 0.f;
-        if (Li != -INFINITY && real[r]) {
-          p = expf(st[r][c] * s.scale - Li);
-          ds = p * (dpt[r][c] - smem[delta_base + i]) * s.scale;
-        } else if (Li != Li) {
-          p = Li;
+        for (int c = 0; c < T::CN; ++c) {
+          // A query with no real key passes nothing. A padding key takes probability 0 and dS 0,
+          // multiplied through like the reference's products, so a NaN in Q or dO still reaches
+          // it; in a NaN row the reference's probabilities are NaN at padding keys too (0 · 1/NaN).
+          const int i = tx + kLanesPerRow * c;
+          const float Li = smem[lse_base + i];
+          float p = 0.f, ds = 0.f;
+          if (Li != -INFINITY && real[r]) {
+            p = expf(st[r][c] * s.scale - Li);
+            ds = p * (dpt[r][c] - smem[delta_base + i]) * s.scale;
+          } else if (Li != Li) {
+            p = Li;
+          }
+          smem[p_base + (row0 + r) * pstride + i] = p;
+          smem[ds_base + (row0 + r) * pstride + i] = ds;
         }
-        smem[p_base + (row0 + r) * pstride + i] = p;
-        smem[ds_base + (row0 + r) * pstride + i] = ds;
-      }
+    }
     __syncthreads();
-    tile_accumulate<T>(dv_acc, smem, p_base, row0, g_base, tx);
-    tile_accumulate<T>(dk_acc, smem, ds_base, row0, q_base, tx);
+    if (live) {
+      tile_accumulate<T>(dv_acc, smem, p_base, row0, g_base, tx, round4(q_rows), s.d);
+      tile_accumulate<T>(dk_acc, smem, ds_base, row0, q_base, tx, round4(q_rows), s.d);
+    }
   }
   if (dk) store_rows<T>(dk + bh * s.N * s.d, dk_acc, j0 + row0, s.N, nullptr, true, tx, s);
   if (dv) store_rows<T>(dv + bh * s.N * s.d, dv_acc, j0 + row0, s.N, nullptr, true, tx, s);
