@@ -185,17 +185,26 @@ TEST(Training, CheckpointRoundTripAndMismatch) {
   EXPECT_CAST_ERROR(train::load_checkpoint(path, different, nullptr, nullptr), "'dim' is 32 in the checkpoint but 16");
 }
 
+// Settings whose next update overflows f32: the largest float as the learning rate, and a
+// weight decay that takes AdamW's step (lr · (m̂/√v̂ + wd · p)) past it wherever m̂/√v̂ and p
+// share a sign. (A rate above the largest float would overflow in the conversion itself.)
+static void overflowing(train::TrainConfig& c) {
+  c.lr = std::numeric_limits<float>::max();
+  c.warmup = 0;
+  c.schedule = "constant";
+  c.weight_decay = 2;
+}
+
 TEST(Training, NanLossStopsAndKeepsTheLastGoodCheckpoint) {
-  // A run whose update overflowed (a learning rate of 1e300 is infinite in f32): the next loss
-  // is not finite. The run must stop naming the step and the checkpoint it checked, and leave
-  // that checkpoint exactly as it was.
+  // A run whose update overflowed (overflowing()): the next loss is not finite. The run must
+  // stop naming the step and the checkpoint it checked, and leave that checkpoint as it was.
   data::TaskData task = counting_task(200, 20, 13);
   train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("nan"));
   train::train_on(c, task, "", 3, true);  // a good checkpoint at step 3
   const std::string ckpt = c.run_dir + "/checkpoint.safetensors";
   const auto before = std::filesystem::file_size(ckpt);
   const auto stamp = std::filesystem::last_write_time(ckpt);
-  c.lr = 1e300;
+  overflowing(c);
   EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
                     "step 5: the loss is nan; training stopped before the update. The last good checkpoint is " + ckpt +
                         " (step 3, every value checked finite)");
@@ -212,7 +221,7 @@ TEST(Training, ACheckpointIsNeverWrittenWithANonFiniteValue) {
   c.checkpoint_every = 1;
   train::train_on(c, task, "", 3, true);
   const std::string ckpt = c.run_dir + "/checkpoint.safetensors";
-  c.lr = 1e300;
+  overflowing(c);
   EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
                     "step 4: the update made a parameter or moment non-finite");
   EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "The last good checkpoint is " + ckpt + " (step 3");
@@ -265,10 +274,10 @@ TEST(Training, NanLossOnTheDeviceStopsAtTheNextReadAndKeepsTheCheckpoint) {
   for (auto& [name, t] : model.parameters()) m.push_back(Tensor::zeros(t->shape())), v.push_back(Tensor::zeros(t->shape()));
   train::save_checkpoint(ckpt, c, model, m, v, 5, -1);
   const auto stamp = std::filesystem::last_write_time(ckpt);
-  // A learning rate of 1e300 is infinite in f32: step 6's update makes the parameters
-  // non-finite, step 7's statistics are bad but unread, step 8 logs and would save: the read
-  // there stops the run, naming step 7 and the step-5 checkpoint, which is left as it was.
-  c.lr = 1e300;
+  // overflowing(): step 6's update makes the parameters huge or infinite, step 7's statistics
+  // are bad but unread, step 8 logs and would save: the read there stops the run, naming step 7
+  // and the step-5 checkpoint, which is left as it was.
+  overflowing(c);
   try {
     train::train_on(c, task, ckpt, 0, true);
     ADD_FAILURE() << "the run did not stop";
