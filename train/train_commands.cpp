@@ -40,7 +40,7 @@ const std::vector<std::pair<std::string, std::string>> kStringSettings = {
     {"f", "CAST: softmax | laplace"}, {"summaries", "CAST: on | off"}, {"mix", "CAST: affinity | query"},
     {"cast-heads", "CAST: per-head | shared"}};
 const std::vector<std::pair<std::string, std::string>> kBoolSettings = {
-    {"eval-best", "evaluate the best validation checkpoint instead of the final model"},
+    {"eval-best", "evaluate the best validation checkpoint instead of the final model (needs --eval-every)"},
     {"tf32", "allow TF32 tensor-core matmuls on the GPU"},
     {"reference", "CPU: run the step-by-step reference attention ops and the plain-loop matmul instead of the fused "
                   "kernels and the BLAS (same results, slower; for study)"}};
