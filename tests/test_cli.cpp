@@ -214,23 +214,31 @@ std::string tiny_train(const fs::path& dir, const std::string& run_name, int ste
 
 int lines_in(const std::string& path) { return lines(slurp_file(path)); }
 
-// Starts `cast <args>`, waits until its run folder's metrics have `after` lines, sends `signal`
-// (`times` times), and returns the exit status with what it wrote to stderr.
-CliRun interrupt(const std::string& args, const std::string& metrics, int after, int signal, int times = 1) {
+// Starts `cast <args>` (after `shell_prefix`, shell commands run first), and for each (n,
+// signal) of `plan` waits until its run's metrics have n lines and sends the signal; returns the
+// exit status and what it wrote to stderr (status −2: it ended before a signal was due).
+CliRun interrupt(const std::string& args, const std::string& metrics, const std::vector<std::pair<int, int>>& plan,
+                 const std::string& shell_prefix = "") {
   static int calls = 0;
   const std::string err = (fs::temp_directory_path() / fmt::format("cast_cli_signal_{}_{}", getpid(), calls++)).string();
   const pid_t pid = fork();
   if (pid == 0) {
-    const std::string cmd = "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err + " < /dev/null";
+    const std::string cmd = shell_prefix + "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err +
+                            " < /dev/null";
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   int status = 0;
-  for (int waited = 0; waited < 60000 && lines_in(metrics) < after; waited += 2) {
-    if (waitpid(pid, &status, WNOHANG) == pid) return {-2, "", slurp_file(err)};  // ended before the signal
-    usleep(2000);
+  for (auto [after, signal] : plan) {
+    for (int waited = 0; waited < 60000 && lines_in(metrics) < after; waited += 2) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        fs::remove(err);
+        return {-2, "", ""};
+      }
+      usleep(2000);
+    }
+    kill(pid, signal);
   }
-  for (int i = 0; i < times; ++i) kill(pid, signal);
   waitpid(pid, &status, 0);
   CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, "", slurp_file(err)};
   fs::remove(err);
@@ -264,7 +272,8 @@ TEST(Cli, CtrlCSavesACheckpointSaysHowToResumeAndTheResumedRunIsBitIdentical) {
   const fs::path dir = lifecycle_dir("sigint");
   ASSERT_EQ(run(tiny_train(dir, "straight", 600)).code, 0);
   const std::string ckpt = (dir / "stopped" / "checkpoint.safetensors").string();
-  const CliRun stopped = interrupt(tiny_train(dir, "stopped", 600), (dir / "stopped" / "metrics.jsonl").string(), 3, SIGINT);
+  const CliRun stopped =
+      interrupt(tiny_train(dir, "stopped", 600), (dir / "stopped" / "metrics.jsonl").string(), {{3, SIGINT}});
   ASSERT_EQ(stopped.code, 130) << stopped.err;
   EXPECT_EQ(lines(stopped.err), 1) << stopped.err;
   const std::string resume = "cast train --resume " + ckpt;
@@ -284,15 +293,22 @@ TEST(Cli, CtrlCSavesACheckpointSaysHowToResumeAndTheResumedRunIsBitIdentical) {
 
 TEST(Cli, SigtermExits143AndASecondSignalExitsAtOnceLeavingAGoodCheckpoint) {
   const fs::path dir = lifecycle_dir("sigterm");
-  const CliRun term = interrupt(tiny_train(dir, "term", 100000), (dir / "term" / "metrics.jsonl").string(), 3, SIGTERM);
+  const CliRun term =
+      interrupt(tiny_train(dir, "term", 100000), (dir / "term" / "metrics.jsonl").string(), {{3, SIGTERM}});
   EXPECT_EQ(term.code, 143) << term.err;
   EXPECT_NE(term.err.find("stopped by SIGTERM after step "), std::string::npos) << term.err;
   EXPECT_NO_THROW(cast::read_safetensors((dir / "term" / "checkpoint.safetensors").string()));
   // two Ctrl-Cs at once: the process ends with 130 whichever way, and any checkpoint is whole
-  const CliRun twice = interrupt(tiny_train(dir, "twice", 100000), (dir / "twice" / "metrics.jsonl").string(), 3, SIGINT, 2);
+  const CliRun twice = interrupt(tiny_train(dir, "twice", 100000), (dir / "twice" / "metrics.jsonl").string(),
+                                 {{3, SIGINT}, {3, SIGINT}});
   EXPECT_EQ(twice.code, 130) << twice.err;
   if (fs::exists(dir / "twice" / "checkpoint.safetensors"))
     EXPECT_NO_THROW(cast::read_safetensors((dir / "twice" / "checkpoint.safetensors").string()));
+  // started with SIGINT ignored (a script's background job): Ctrl-C stays ignored, SIGTERM stops it
+  const CliRun ignored = interrupt(tiny_train(dir, "ignored", 100000), (dir / "ignored" / "metrics.jsonl").string(),
+                                   {{3, SIGINT}, {30, SIGTERM}}, "trap '' INT; ");
+  EXPECT_EQ(ignored.code, 143) << ignored.err;
+  EXPECT_NE(ignored.err.find("stopped by SIGTERM after step "), std::string::npos) << ignored.err;
   fs::remove_all(dir);
 }
 
@@ -302,7 +318,7 @@ TEST(Cli, CompareStopsOnCtrlCAndTheSameCommandResumesIt) {
   const std::string args = fmt::format("compare --data {} --out {} --attention full,cast --dim 16 --heads 2 --layers 1 "
                                        "--mlp-dim 16 --batch 8 --steps 3000 --log-every 1 --checkpoint-every 0 "
                                        "--eval-limit 20 --device cpu", (dir / "listops").string(), out);
-  const CliRun stopped = interrupt(args, out + "/full-seed1/metrics.jsonl", 3, SIGINT);
+  const CliRun stopped = interrupt(args, out + "/full-seed1/metrics.jsonl", {{3, SIGINT}});
   ASSERT_EQ(stopped.code, 130) << stopped.err;
   EXPECT_EQ(lines(stopped.err), 1) << stopped.err;
   EXPECT_NE(stopped.err.find("resume with: cast " + args + "\n"), std::string::npos) << stopped.err;

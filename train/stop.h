@@ -10,6 +10,7 @@ namespace cast::train {
 
 // SIGINT and SIGTERM: the first one raises the flag (after this, a second one ends the process
 // at once with 128 + its number; the last checkpoint written stays, as every write is atomic).
+// A signal the process was started ignoring stays ignored.
 void install_stop_handlers();
 int stop_signal();              // the signal that asked to stop, 0 when none did
 void request_stop(int signal);  // what the handler does; tests call it to stop at a known step
