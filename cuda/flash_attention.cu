@@ -23,7 +23,8 @@
 //
 // The masked-row rule is the reference softmax's (ops/softmax.cpp): padding keys take no
 // probability; a row with no real key outputs zeros with L = −∞ and passes no gradient; a NaN
-// among a row's real scores makes the whole row NaN (fmaxf skips it in the max, exp carries it).
+// among a row's real scores makes the whole row NaN (fmaxf skips it in the max, exp carries it),
+// padding keys still taking 0; NaN in a padding row reaches what the reference's products reach.
 #include <cmath>
 
 #include "cuda/common.cuh"
@@ -295,6 +296,31 @@ __global__ void flash_delta_kernel(float* delta, const float* dout, const float*
   }
 }
 
+// Where Δ_i = dO_i · O_i is not finite, Δ_i again as the reference's softmax backward forms it,
+// Σ_j P_ij dP_ij over the real keys only: a padding key's NaN value makes O_i NaN (0 · NaN, as
+// in the reference's output) but must not reach Δ. One warp per row; a finite Δ (every row but
+// in such a case) costs one read.
+__global__ void flash_delta_real_keys_kernel(float* delta, const float* dout, const float* q, const float* k,
+                                             const float* v, const float* mask, const float* lse, FlashShape s,
+                                             int rows) {
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += gridDim.x * warps) {
+    if (delta[r] - delta[r] == 0.f) continue;  // finite (the same in every lane: the warp stays together)
+    const int bh = r / s.M, b = bh / s.heads;
+    float sum = 0.f;
+    for (int j = 0; j < s.N; ++j) {
+      if (mask && mask[b * s.N + j] == 0.f) continue;
+      float qk = 0.f, gv = 0.f;
+      for (int e = lane; e < s.d; e += 32) {
+        qk += q[r * s.d + e] * k[(bh * s.N + j) * s.d + e];
+        gv += dout[r * s.d + e] * v[(bh * s.N + j) * s.d + e];
+      }
+      sum += expf(warp_sum(qk) * s.scale - lse[r]) * warp_sum(gv);
+    }
+    if (lane == 0) delta[r] = sum;
+  }
+}
+
 // ---------------------------------------------------------------- dQ
 // Shared: Q and dO tiles (BM rows), K and V tiles (BN rows), dS (BM × BN), key flags.
 template <class T>
@@ -404,17 +430,15 @@ __global__ void __launch_bounds__(kBlock) flash_dkdv_kernel(float* dk, float* dv
       for (int r = 0; r < T::RT; ++r)
 #pragma unroll
         for (int c = 0; c < T::CN; ++c) {
-          // A query with no real key passes nothing. A padding key takes probability 0 and dS 0,
-          // multiplied through like the reference's products, so a NaN in Q or dO still reaches
-          // it; in a NaN row the reference's probabilities are NaN at padding keys too (0 · 1/NaN).
+          // A query with no real key passes nothing. A padding key takes probability 0 and dS 0
+          // (in a NaN row too, as the reference's softmax), multiplied through like the
+          // reference's products, so a NaN in Q or dO still reaches it.
           const int i = tx + kLanesPerRow * c;
           const float Li = smem[lse_base + i];
           float p = 0.f, ds = 0.f;
           if (Li != -INFINITY && real[r]) {
             p = expf(st[r][c] * s.scale - Li);
             ds = p * (dpt[r][c] - smem[delta_base + i]) * s.scale;
-          } else if (Li != Li) {
-            p = Li;
           }
           smem[p_base + (row0 + r) * pstride + i] = p;
           smem[ds_base + (row0 + r) * pstride + i] = ds;
@@ -512,6 +536,9 @@ void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& 
   const int rows = static_cast<int>(BH * s.M);
   CAST_LAUNCH(flash_delta_kernel, blocks_for(rows, kThreads / 32), kThreads, 0, fptr(delta), fptr(dout), fptr(out),
               rows, s.d);
+  CUDA_CHECK_LAUNCH();
+  CAST_LAUNCH(flash_delta_real_keys_kernel, blocks_for(rows, kThreads / 32), kThreads, 0, fptr(delta), fptr(dout),
+              fptr(q), fptr(k), fptr(v), mask.defined() ? fptr(mask) : nullptr, fptr(lse), s, rows);
   CUDA_CHECK_LAUNCH();
   const float* m = mask.defined() ? fptr(mask) : nullptr;
   with_width(s.d, [&](auto width) {

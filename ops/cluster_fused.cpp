@@ -61,8 +61,8 @@ void softmax_rows(T* s, const int32_t* col_ids, int64_t rows, int64_t cols, T* l
     }
     const T total = exp_shifted(row, cols, mx);
     lse[r] = mx + std::log(total);
-    const T inv = T(1) / total;
-    for (int64_t c = 0; c < cols; ++c) row[c] *= inv;
+    const T inv = T(1) / total;  // NaN in a row holding a NaN: its empty slots stay 0 (ops/fast_math.h)
+    for (int64_t c = 0; c < cols; ++c) row[c] = col_ids[c] < 0 ? T(0) : row[c] * inv;
   }
 }
 

@@ -11,8 +11,20 @@
 
 namespace cast::ops {
 
+// The NaN rule, one for every softmax here (the reference ops and the fused kernels alike):
+// exp(NaN) is NaN, so a NaN score makes its row's sum, and so every probability of its row,
+// NaN; a masked score (−∞) has probability 0 whatever the row's shift, as the reference's
+// masking skips it. A clamp written `x < 0 ? x : 0` turns NaN into exp(0) = 1 and hides it:
+// clamps here are written `x > 0 ? 0 : x`, which lets NaN through.
+template <class T>
+inline T at_most_zero(T x) {
+  return x > T(0) ? T(0) : x;
+}
+
 inline float exp_nonpositive(float x_in) {
-  const float x = x_in < -87.0f ? -87.0f : x_in;  // exp(−87) ≈ 1.6e−38: the smallest normal result
+  // exp(−87) ≈ 1.6e−38: the smallest normal result. NaN is computed on as −87 (a NaN cast to
+  // an integer below is undefined) and given back as NaN at the end.
+  const float x = x_in >= -87.0f ? x_in : -87.0f;
   // n = round(x / ln 2) by the 1.5·2^23 trick: no floor call, which stays a library call
   // without -ffast-math and would stop the loop from vectorising
   constexpr float kRound = 12582912.0f;
@@ -26,7 +38,8 @@ inline float exp_nonpositive(float x_in) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
   const int32_t exponent = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n ∈ [−126, 0]
-  return x_in < -87.0f ? 0.0f : p * std::bit_cast<float>(exponent);  // 0 for −∞ (a masked score)
+  const float result = x_in < -87.0f ? 0.0f : p * std::bit_cast<float>(exponent);  // 0 for −∞ (a masked score)
+  return x_in == x_in ? result : x_in;                                              // NaN stays NaN
 }
 
 inline double exp_nonpositive(double x) { return std::exp(x); }
@@ -47,14 +60,16 @@ T max_of(const T* s, int64_t n) {
   return m;
 }
 
-// s = exp(s − shift) in place (s ≤ shift but for rounding); returns Σ s.
+// s = exp(s − shift) in place (s ≤ shift but for rounding); returns Σ s. The NaN rule above:
+// a NaN in s or in shift gives NaN, except that a masked −∞ in s gives 0.
 template <class T>
 T exp_shifted(T* __restrict s, int64_t n, T shift) {
+  constexpr T kMasked = -std::numeric_limits<T>::infinity();
   T total = 0;
 #pragma omp simd reduction(+ : total)
   for (int64_t c = 0; c < n; ++c) {
-    const T x = s[c] - shift;
-    s[c] = exp_nonpositive(x < T(0) ? x : T(0));
+    const T e = exp_nonpositive(at_most_zero(s[c] - shift));
+    s[c] = s[c] == kMasked ? T(0) : e;
     total += s[c];
   }
   return total;

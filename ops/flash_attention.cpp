@@ -51,6 +51,15 @@ void mask_columns(T* scores, const T* key_mask, int64_t rows, int64_t cols) {
       for (int64_t r = 0; r < rows; ++r) scores[r * cols + c] = static_cast<T>(kMinusInf);
 }
 
+// dS of padded keys is 0, as the reference softmax's backward skips them: P = 0 there, but
+// 0 · (dP − Δ) would be NaN in a row whose Δ is NaN (ops/fast_math.h: the NaN rule).
+template <class T>
+void zero_masked_columns(T* ds, const T* key_mask, int64_t rows, int64_t cols) {
+  for (int64_t c = 0; c < cols; ++c)
+    if (key_mask[c] == T(0))
+      for (int64_t r = 0; r < rows; ++r) ds[r * cols + c] = T(0);
+}
+
 // ---------------------------------------------------------------- forward
 // One tile of nq queries against all keys: the online softmax.
 template <class T>
@@ -151,6 +160,7 @@ void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j
 #pragma omp simd
         for (int64_t c = 0; c < nk; ++c) ds[c] = s[c] * (ds[c] - delta[r]);
       }
+      if (mk) zero_masked_columns(dprobs, mk, nq, nk);
       if (g.dq) gemm_tile<T>(dq_rows + i0 * d, dprobs, kj, false, false, p.scale, T(1), nq, d, nk);  // dQ += dS K/√d
       if (g.dk) gemm_tile<T>(dk_tile, dprobs, qi, true, false, p.scale, T(1), nk, d, nq);            // dK += dSᵀ Q/√d
     }
@@ -162,16 +172,36 @@ void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j
   }
 }
 
+// Δ of query row r (= bh·M + i) as the reference's softmax backward forms it: Σ_j P_ij dP_ij over
+// the real keys only. dO_i · O_i equals it unless a padded key's value is NaN or infinite:
+// P = 0 there, yet 0 · NaN makes O_i NaN (as in the reference's output) but must not reach Δ.
+template <class T>
+T delta_over_real_keys(const Problem<T>& p, const Grads<T>& g, int64_t r) {
+  const int64_t bh = r / p.M, i = r % p.M, d = p.d;
+  const T* qi = p.q_rows(bh, i);
+  const T* doi = g.dout + r * d;
+  const T* mk = p.key_mask(bh, 0);
+  T delta = 0;
+  for (int64_t j = 0; j < p.N; ++j) {
+    if (mk && mk[j] == T(0)) continue;
+    const T *kj = p.k_rows(bh, j), *vj = p.v_rows(bh, j);
+    T s = 0, dp = 0;
+    for (int64_t e = 0; e < d; ++e) s += qi[e] * kj[e], dp += doi[e] * vj[e];
+    delta += std::exp(s * p.scale - g.lse[r]) * dp;
+  }
+  return delta;
+}
+
 template <class T>
 void backward_cpu(const Problem<T>& p, Grads<T> g) {
   const int64_t BH = p.B * p.H, d = p.d;
-  // Δ_i = dO_i · O_i
+  // Δ_i = dO_i · O_i, and the sum over real keys where that is not finite (rare: no cost else)
   std::vector<T> delta(BH * p.M);
 #pragma omp parallel for if (BH * p.M * d > 65536)
   for (int64_t r = 0; r < BH * p.M; ++r) {
     T s = 0;
     for (int64_t e = 0; e < d; ++e) s += g.dout[r * d + e] * g.out[r * d + e];
-    delta[r] = s;
+    delta[r] = std::isfinite(s) ? s : delta_over_real_keys(p, g, r);
   }
   g.delta = delta.data();
   // Tasks own whole key ranges, so dK and dV need no locks. With fewer heads than threads the

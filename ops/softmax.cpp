@@ -51,8 +51,11 @@ static void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log) {
     const T shift = mx + std::log(total);
     for (int64_t j = 0; j < n; ++j) y[j] = (!mask || mask[j] != T(0)) ? x[j] - shift : T(0);
   } else {
-    const T inv = T(1) / total;
-    for (int64_t j = 0; j < n; ++j) y[j] *= inv;
+    const T inv = T(1) / total;  // NaN in a row holding a NaN: its masked entries stay 0 (ops/fast_math.h)
+    if (mask)
+      for (int64_t j = 0; j < n; ++j) y[j] = mask[j] != T(0) ? y[j] * inv : T(0);
+    else
+      for (int64_t j = 0; j < n; ++j) y[j] *= inv;
   }
 }
 

@@ -1,5 +1,7 @@
 // The binary as a user meets it: exit codes, one-line errors on stderr, --help, JSON configs.
 #include <sys/wait.h>
+#include <csignal>
+#include <cmath>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,7 +9,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
+#include "tensor/safetensors.h"
 #include "tests/test_util.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 
@@ -186,4 +192,243 @@ TEST(Cli, TrainReadsAJsonConfigAndRejectsAWrongOne) {
   CliRun bad = run("train --config " + cfg + " --data " + data);
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("setting 'steps' is \"three\": it must be an integer"), std::string::npos) << bad.err;
+}
+
+// ---------------------------------------------------------------- Ctrl-C, SIGTERM and resuming
+namespace {
+
+std::string slurp_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A folder of its own with short ListOps in <dir>/listops.
+fs::path lifecycle_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("cast_cli_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  EXPECT_EQ(run("data listops-short --count 400 --out " + (dir / "listops").string()).code, 0);
+  return dir;
+}
+
+// A tiny full-attention run: one metrics line per step, no checkpoint before the end.
+std::string tiny_train(const fs::path& dir, const std::string& run_name, int steps) {
+  return fmt::format("train --data {} --run {} --attention full --dim 16 --heads 2 --layers 1 --mlp-dim 16 --batch 8 "
+                     "--steps {} --log-every 1 --checkpoint-every 0 --eval-limit 20 --device cpu",
+                     (dir / "listops").string(), (dir / run_name).string(), steps);
+}
+
+int lines_in(const std::string& path) { return lines(slurp_file(path)); }
+
+// Starts `cast <args>` (after `shell_prefix`, shell commands run first), and for each (n,
+// signal) of `plan` waits until its run's metrics have n lines and sends the signal; returns the
+// exit status and what it wrote to stderr (status −2: it ended before a signal was due).
+CliRun interrupt(const std::string& args, const std::string& metrics, const std::vector<std::pair<int, int>>& plan,
+                 const std::string& shell_prefix = "") {
+  static int calls = 0;
+  const std::string err = (fs::temp_directory_path() / fmt::format("cast_cli_signal_{}_{}", getpid(), calls++)).string();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = shell_prefix + "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err +
+                            " < /dev/null";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  for (auto [after, signal] : plan) {
+    for (int waited = 0; waited < 60000 && lines_in(metrics) < after; waited += 2) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        fs::remove(err);
+        return {-2, "", ""};
+      }
+      usleep(2000);
+    }
+    kill(pid, signal);
+  }
+  waitpid(pid, &status, 0);
+  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, "", slurp_file(err)};
+  fs::remove(err);
+  return r;
+}
+
+// Every tensor of two safetensors files equal bit for bit.
+void expect_same_tensors(const std::string& a, const std::string& b) {
+  const cast::TensorFile fa = cast::read_safetensors(a), fb = cast::read_safetensors(b);
+  ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
+  for (const auto& [name, t] : fa.tensors) {
+    ASSERT_TRUE(fb.has(name)) << name;
+    const auto x = t.to_double_vector(), y = fb.tensors.at(name).to_double_vector();
+    EXPECT_TRUE(x == y) << name << " differs";
+  }
+}
+
+std::vector<double> train_losses(const std::string& metrics) {
+  std::vector<double> losses;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["split"] == "train") losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+}  // namespace
+
+TEST(Cli, CtrlCSavesACheckpointSaysHowToResumeAndTheResumedRunIsBitIdentical) {
+  const fs::path dir = lifecycle_dir("sigint");
+  ASSERT_EQ(run(tiny_train(dir, "straight", 600)).code, 0);
+  const std::string ckpt = (dir / "stopped" / "checkpoint.safetensors").string();
+  const CliRun stopped =
+      interrupt(tiny_train(dir, "stopped", 600), (dir / "stopped" / "metrics.jsonl").string(), {{3, SIGINT}});
+  ASSERT_EQ(stopped.code, 130) << stopped.err;
+  EXPECT_EQ(lines(stopped.err), 1) << stopped.err;
+  const std::string resume = "cast train --resume " + ckpt;
+  EXPECT_NE(stopped.err.find("stopped by SIGINT after step "), std::string::npos) << stopped.err;
+  EXPECT_NE(stopped.err.find("checkpoint " + ckpt + " written; resume with: " + resume + "\n"), std::string::npos)
+      << stopped.err;
+  ASSERT_TRUE(fs::exists(ckpt));
+  EXPECT_FALSE(fs::exists(dir / "stopped" / "summary.json"));
+  // the printed command continues the run; it ends as the uninterrupted one, bit for bit
+  const CliRun resumed = run(resume.substr(5));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  expect_same_tensors(ckpt, (dir / "straight" / "checkpoint.safetensors").string());
+  EXPECT_EQ(train_losses((dir / "stopped" / "metrics.jsonl").string()),
+            train_losses((dir / "straight" / "metrics.jsonl").string()));
+  fs::remove_all(dir);
+}
+
+TEST(Cli, SigtermExits143AndASecondSignalExitsAtOnceLeavingAGoodCheckpoint) {
+  const fs::path dir = lifecycle_dir("sigterm");
+  const CliRun term =
+      interrupt(tiny_train(dir, "term", 100000), (dir / "term" / "metrics.jsonl").string(), {{3, SIGTERM}});
+  EXPECT_EQ(term.code, 143) << term.err;
+  EXPECT_NE(term.err.find("stopped by SIGTERM after step "), std::string::npos) << term.err;
+  EXPECT_NO_THROW(cast::read_safetensors((dir / "term" / "checkpoint.safetensors").string()));
+  // two Ctrl-Cs at once: the process ends with 130 whichever way, and any checkpoint is whole
+  const CliRun twice = interrupt(tiny_train(dir, "twice", 100000), (dir / "twice" / "metrics.jsonl").string(),
+                                 {{3, SIGINT}, {3, SIGINT}});
+  EXPECT_EQ(twice.code, 130) << twice.err;
+  if (fs::exists(dir / "twice" / "checkpoint.safetensors"))
+    EXPECT_NO_THROW(cast::read_safetensors((dir / "twice" / "checkpoint.safetensors").string()));
+  // started with SIGINT ignored (a script's background job): Ctrl-C stays ignored, SIGTERM stops it
+  const CliRun ignored = interrupt(tiny_train(dir, "ignored", 100000), (dir / "ignored" / "metrics.jsonl").string(),
+                                   {{3, SIGINT}, {30, SIGTERM}}, "trap '' INT; ");
+  EXPECT_EQ(ignored.code, 143) << ignored.err;
+  EXPECT_NE(ignored.err.find("stopped by SIGTERM after step "), std::string::npos) << ignored.err;
+  fs::remove_all(dir);
+}
+
+TEST(Cli, CompareStopsOnCtrlCAndTheSameCommandResumesIt) {
+  const fs::path dir = lifecycle_dir("compare_sigint");
+  const std::string out = (dir / "cmp").string();
+  const std::string args = fmt::format("compare --data {} --out {} --attention full,cast --dim 16 --heads 2 --layers 1 "
+                                       "--mlp-dim 16 --batch 8 --steps 3000 --log-every 1 --checkpoint-every 0 "
+                                       "--eval-limit 20 --device cpu", (dir / "listops").string(), out);
+  const CliRun stopped = interrupt(args, out + "/full-seed1/metrics.jsonl", {{3, SIGINT}});
+  ASSERT_EQ(stopped.code, 130) << stopped.err;
+  EXPECT_EQ(lines(stopped.err), 1) << stopped.err;
+  EXPECT_NE(stopped.err.find("resume with: cast " + args + "\n"), std::string::npos) << stopped.err;
+  EXPECT_TRUE(fs::exists(out + "/full-seed1/checkpoint.safetensors"));
+  EXPECT_FALSE(fs::exists(out + "/results.md"));
+  fs::remove_all(dir);
+}
+
+TEST(Cli, ResumeWritesOnlyWhereTheUserPoints) {
+  const fs::path dir = lifecycle_dir("resume_where");
+  ASSERT_EQ(run(tiny_train(dir, "base", 6)).code, 0);
+  const std::string base = (dir / "base" / "checkpoint.safetensors").string();
+  const std::string base_ckpt = slurp_file(base), base_metrics = slurp_file((dir / "base" / "metrics.jsonl").string());
+  fs::create_directories(dir / "backup");
+  fs::copy_file(base, dir / "backup" / "checkpoint.safetensors");
+  // a copy resumes beside itself
+  CliRun copy = run("train --resume " + (dir / "backup" / "checkpoint.safetensors").string() + " --steps 9");
+  EXPECT_EQ(copy.code, 0) << copy.err;
+  EXPECT_TRUE(fs::exists(dir / "backup" / "summary.json"));
+  // --steps at or below the checkpoint's step: a usage error that changes nothing
+  for (const char* steps : {"6", "4"}) {
+    CliRun low = run("train --resume " + base + " --steps " + steps);
+    EXPECT_EQ(low.code, 2) << low.err;
+    EXPECT_NE(low.err.find(std::string("setting 'steps' is ") + steps + ": a resumed run must end after its "
+                           "checkpoint's step 6"), std::string::npos) << low.err;
+  }
+  // --run to a folder holding another run: refused without --overwrite
+  ASSERT_EQ(run(tiny_train(dir, "other", 4)).code, 0);
+  const std::string other = slurp_file((dir / "other" / "checkpoint.safetensors").string());
+  CliRun occupied = run("train --resume " + base + " --steps 8 --run " + (dir / "other").string());
+  EXPECT_EQ(occupied.code, 1) << occupied.err;
+  EXPECT_NE(occupied.err.find("already holds a run"), std::string::npos) << occupied.err;
+  EXPECT_EQ(slurp_file((dir / "other" / "checkpoint.safetensors").string()), other);
+  // a config file on resume: applied where it may change, refused by name where it may not
+  const std::string cfg = (dir / "resume.json").string();
+  std::ofstream(cfg) << R"({"dim": 32, "steps": 8})";
+  CliRun shape = run("train --resume " + base + " --config " + cfg);
+  EXPECT_EQ(shape.code, 2) << shape.err;
+  EXPECT_NE(shape.err.find("setting 'dim' cannot change when resuming"), std::string::npos) << shape.err;
+  std::ofstream(cfg) << R"({"bogus": 1})";
+  EXPECT_EQ(run("train --resume " + base + " --config " + cfg).code, 2);
+  EXPECT_EQ(run("train --resume " + base + " --task listops --steps 8").code, 2);
+  EXPECT_EQ(slurp_file(base), base_ckpt) << "a refused resume wrote the checkpoint";
+  std::ofstream(cfg) << R"({"dim": 16, "steps": 8, "log-every": 2})";
+  CliRun applied = run("train --resume " + base + " --config " + cfg);
+  EXPECT_EQ(applied.code, 0) << applied.err;
+  EXPECT_EQ(cast::train::read_checkpoint_header(base).step, 8);
+  EXPECT_EQ(cast::train::read_checkpoint_header(base).config.log_every, 2);
+  EXPECT_NE(base_metrics, slurp_file((dir / "base" / "metrics.jsonl").string()));
+  fs::remove_all(dir);
+}
+
+TEST(Cli, ResumingACopyInAReadOnlyFolderFailsBeforeTrainingAndTouchesNothing) {
+  const fs::path dir = lifecycle_dir("resume_read_only");
+  ASSERT_EQ(run(tiny_train(dir, "base", 4)).code, 0);
+  const std::string base = (dir / "base" / "checkpoint.safetensors").string();
+  const std::string base_ckpt = slurp_file(base), base_metrics = slurp_file((dir / "base" / "metrics.jsonl").string());
+  const fs::path ro = dir / "read_only";
+  fs::create_directories(ro);
+  fs::copy_file(base, ro / "checkpoint.safetensors");
+  fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+  // root writes through permissions: an immutable folder stands in for a read-only one
+  const bool immutable = geteuid() == 0 && std::system(("chattr +i " + ro.string() + " 2>/dev/null").c_str()) == 0;
+  const bool writable = std::ofstream((ro / "probe").string()).good();
+  if (!writable) {
+    CliRun r = run("train --resume " + (ro / "checkpoint.safetensors").string() + " --steps 8");
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("run folder " + ro.string() + ": cannot write files there"), std::string::npos) << r.err;
+    EXPECT_EQ(slurp_file(base), base_ckpt);
+    EXPECT_EQ(slurp_file((dir / "base" / "metrics.jsonl").string()), base_metrics);
+  }
+  if (immutable) std::system(("chattr -i " + ro.string()).c_str());
+  fs::permissions(ro, fs::perms::owner_all);
+  fs::remove_all(dir);
+  if (writable) GTEST_SKIP() << "no way to make a read-only folder here";
+}
+
+TEST(Cli, EvalAndResumeRefuseANonFiniteCheckpointNamingTheTensor) {
+  const fs::path dir = lifecycle_dir("nan_ckpt");
+  ASSERT_EQ(run(tiny_train(dir, "base", 3)).code, 0);
+  const std::string ckpt = (dir / "base" / "checkpoint.safetensors").string();
+  cast::TensorFile f = cast::read_safetensors(ckpt);
+  const std::string name = f.tensors.rbegin()->first;  // the last tensor: a parameter
+  f.tensors[name].data<float>()[0] = std::nanf("");
+  cast::write_safetensors(ckpt, f.tensors, f.metadata);
+  const std::string poisoned = slurp_file(ckpt);
+  for (const std::string& args : {"eval --checkpoint " + ckpt, "train --resume " + ckpt + " --steps 5"}) {
+    CliRun r = run(args);
+    EXPECT_EQ(r.code, 1) << args << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(ckpt + ": '" + name + "' holds nan at element 0"), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(r.out.find("accuracy"), std::string::npos) << args << ": " << r.out;
+  }
+  EXPECT_EQ(slurp_file(ckpt), poisoned);
+  fs::remove_all(dir);
+}
+
+TEST(Cli, EvalBestWithoutEvalEveryIsAUsageError) {
+  const fs::path dir = lifecycle_dir("eval_best");
+  CliRun r = run(tiny_train(dir, "best", 4) + " --eval-best");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("setting 'eval-best' needs 'eval-every' above 0"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("best model"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "best"));
+  fs::remove_all(dir);
 }

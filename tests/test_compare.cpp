@@ -3,6 +3,7 @@
 // a folder holding a run with other settings is refused.
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -11,6 +12,7 @@
 
 #include "tests/test_util.h"
 #include "train/compare.h"
+#include "train/stop.h"
 #include "train/trainer.h"
 
 using namespace cast;
@@ -168,4 +170,38 @@ TEST(Compare, AFolderHoldingARunWithOtherSettingsIsRefused) {
   spec.settings.erase("lr");
   spec.settings["seed"] = 3;
   EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "use --out and --seeds instead");
+}
+
+TEST(Compare, AStopRequestEndsTheComparisonResumablyAndRerunningFinishesIt) {
+  const std::string data = fresh_dir("data3"), out = fresh_dir("stopped");
+  train::CompareSpec spec = tiny_spec(data, out);
+  spec.command = "cast compare --out " + out;
+  // Ctrl-C during the first run: its step is finished and saved, and nothing else is touched
+  train::request_stop(SIGINT);
+  try {
+    train::run_comparison(spec, 0, true);
+    ADD_FAILURE() << "the comparison did not stop";
+  } catch (const train::Interrupted& e) {
+    EXPECT_EQ(e.signal(), SIGINT);
+    EXPECT_NE(std::string(e.what()).find("stopped by SIGINT after step 1 of 12: checkpoint " + out +
+                                         "/full-seed1/checkpoint.safetensors written; resume with: " + spec.command),
+              std::string::npos) << e.what();
+  }
+  train::clear_stop();
+  EXPECT_EQ(train::read_checkpoint_header(out + "/full-seed1/checkpoint.safetensors").step, 1);
+  EXPECT_FALSE(fs::exists(out + "/full-seed1/summary.json"));
+  EXPECT_FALSE(fs::exists(out + "/cast-seed1"));
+  // the same comparison again resumes that run and ends as an uninterrupted one
+  train::CompareResult again = train::run_comparison(spec, 0, true);
+  ASSERT_TRUE(again.complete);
+  EXPECT_TRUE(again.runs[0].resumed);
+  EXPECT_EQ(again.runs[0].steps_this_process, 11);
+  train::TrainConfig straight = train::preset("listops-short");
+  train::apply_overrides(straight, spec.settings);
+  train::apply_overrides(straight, {{"attention", "full"}, {"seed", 1}});
+  straight.run_dir = fresh_dir("stopped_straight");
+  const train::TrainResult reference = train::run_training(straight, "", 0, true);
+  const json resumed = read_json(out + "/full-seed1/summary.json");
+  EXPECT_EQ(resumed["test_accuracy"].get<double>(), reference.test.accuracy);
+  EXPECT_EQ(resumed["val_accuracy"].get<double>(), reference.val.accuracy);
 }

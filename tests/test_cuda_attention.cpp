@@ -264,41 +264,44 @@ TEST(CudaVsCpuAttention, FlashAttention) {
 
 // NaN as the reference step ops treat it (ops/softmax.cpp and the products around it): a NaN
 // among a row's real scores makes that row NaN, in the output and in every gradient it reaches;
-// a NaN in a padding key's row stays out of the forward but reaches dQ through dS·K, where the
-// reference multiplies it by a zero. The device's flash kernels against the reference, NaN for NaN.
+// a NaN in a padding key's row of K stays out of the forward but reaches dQ through dS·K, and one
+// in a padding row of V reaches the output through P·V (0 · NaN) but not Δ. The device's flash
+// kernels against the reference, NaN for NaN, with the NaN in K or V, on a real or a padding key.
 TEST(CudaVsCpuAttention, FlashAttentionPropagatesNaNAsTheReference) {
   SKIP_WITHOUT_GPU();
   const int64_t B = 1, H = 1, N = 70, d = 16;
   std::vector<float> m(N, 1.f);
   for (int64_t j = 60; j < N; ++j) m[j] = 0.f;
   const Tensor mask = Tensor::from_vector<float>(m, {B, N});
-  for (const bool on_padding : {false, true}) {
-    Tensor k = Tensor::uniform({B, H, N, d}, 91, 0, -1.0, 1.0);
-    const std::vector<double> kd = k.to_double_vector();
-    std::vector<float> kv(kd.begin(), kd.end());
-    kv[(on_padding ? 65 : 3) * d + 5] = std::nanf("");  // key 3 is real, key 65 is padding
-    k = Tensor::from_vector<float>(kv, k.shape());
-    const Inputs in{rand32({B, H, N, d}, 90), k.set_requires_grad(), rand32({B, H, N, d}, 92)};
-    auto nan_pattern = [&](bool flash, Device device) {
-      Inputs x = copy_inputs(in, device);
-      const Tensor mk = mask.to(device);
-      Tensor out = flash ? ops::flash_attention(x[0], x[1], x[2], mk) : ops::full_attention(x[0], x[1], x[2], mk);
-      autograd::backward(out, Tensor::uniform(out.shape(), 93, 0, -1.0, 1.0).to(device));
-      std::vector<std::vector<bool>> pattern;
-      for (const Tensor& t : {out, x[0].grad(), x[1].grad(), x[2].grad()}) {
-        std::vector<bool> nan;
-        for (double v : t.to_double_vector()) nan.push_back(std::isnan(v));
-        pattern.push_back(nan);
-      }
-      return pattern;
-    };
-    const auto reference = nan_pattern(false, Device::cpu), device = nan_pattern(true, Device::cuda);
-    const char* names[] = {"output", "dq", "dk", "dv"};
-    for (int t = 0; t < 4; ++t)
-      EXPECT_EQ(device[t], reference[t]) << names[t] << (on_padding ? ", NaN on a padding key" : ", NaN on a real key");
-    // the forward never looks at a padding key's scores
-    EXPECT_EQ(std::find(reference[0].begin(), reference[0].end(), true) != reference[0].end(), !on_padding);
-  }
+  for (const int which : {1, 2})  // the NaN in k, then in v
+    for (const bool on_padding : {false, true}) {
+      Inputs in{rand32({B, H, N, d}, 90), rand32({B, H, N, d}, 91), rand32({B, H, N, d}, 92)};
+      const std::vector<double> values = in[which].to_double_vector();
+      std::vector<float> poisoned(values.begin(), values.end());
+      poisoned[(on_padding ? 65 : 3) * d + 5] = std::nanf("");  // key 3 is real, key 65 is padding
+      in[which] = Tensor::from_vector<float>(poisoned, in[which].shape()).set_requires_grad();
+      auto nan_pattern = [&](bool flash, Device device) {
+        Inputs x = copy_inputs(in, device);
+        const Tensor mk = mask.to(device);
+        Tensor out = flash ? ops::flash_attention(x[0], x[1], x[2], mk) : ops::full_attention(x[0], x[1], x[2], mk);
+        autograd::backward(out, Tensor::uniform(out.shape(), 93, 0, -1.0, 1.0).to(device));
+        std::vector<std::vector<bool>> pattern;
+        for (const Tensor& t : {out, x[0].grad(), x[1].grad(), x[2].grad()}) {
+          std::vector<bool> nan;
+          for (double v : t.to_double_vector()) nan.push_back(std::isnan(v));
+          pattern.push_back(nan);
+        }
+        return pattern;
+      };
+      const auto reference = nan_pattern(false, Device::cpu), device = nan_pattern(true, Device::cuda);
+      const char* names[] = {"output", "dq", "dk", "dv"};
+      for (int t = 0; t < 4; ++t)
+        EXPECT_EQ(device[t], reference[t]) << names[t] << ": NaN in " << (which == 1 ? "k" : "v") << " of a "
+                                           << (on_padding ? "padding" : "real") << " key";
+      // the forward never looks at a padding key's scores
+      if (which == 1)
+        EXPECT_EQ(std::find(reference[0].begin(), reference[0].end(), true) != reference[0].end(), !on_padding);
+    }
 }
 
 // A mask or member list on another device than q is one clear error, not a fault in a kernel.

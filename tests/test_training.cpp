@@ -1,6 +1,8 @@
 // Layer 3: a tiny model learns a tiny task with every mechanism; a resumed run reproduces the
 // uninterrupted one bit for bit; checkpoints round-trip and refuse a different model.
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +11,7 @@
 #include "tensor/philox.h"
 #include "tensor/safetensors.h"
 #include "tests/test_util.h"
+#include "train/stop.h"
 #include "train/trainer.h"
 
 using namespace cast;
@@ -182,26 +185,76 @@ TEST(Training, CheckpointRoundTripAndMismatch) {
   EXPECT_CAST_ERROR(train::load_checkpoint(path, different, nullptr, nullptr), "'dim' is 32 in the checkpoint but 16");
 }
 
+// Settings whose next update overflows f32: the largest float as the learning rate, and a
+// weight decay that takes AdamW's step (lr · (m̂/√v̂ + wd · p)) past it wherever m̂/√v̂ and p
+// share a sign. (A rate above the largest float would overflow in the conversion itself.)
+static void overflowing(train::TrainConfig& c) {
+  c.lr = std::numeric_limits<float>::max();
+  c.warmup = 0;
+  c.schedule = "constant";
+  c.weight_decay = 2;
+}
+
 TEST(Training, NanLossStopsAndKeepsTheLastGoodCheckpoint) {
-  // A run whose parameters went bad: its next loss is NaN. The run must stop with a clear
-  // message and leave the checkpoint on disk exactly as it was.
+  // A run whose update overflowed (overflowing()): the next loss is not finite. The run must
+  // stop naming the step and the checkpoint it checked, and leave that checkpoint as it was.
   data::TaskData task = counting_task(200, 20, 13);
   train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("nan"));
-  c.checkpoint_every = 1;
-  std::filesystem::create_directories(c.run_dir);
-  nn::Transformer model(c.model);
-  Tensor& w = *model.parameters()[0].second;  // the token embedding
-  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = std::nanf("");
+  train::train_on(c, task, "", 3, true);  // a good checkpoint at step 3
   const std::string ckpt = c.run_dir + "/checkpoint.safetensors";
-  std::vector<Tensor> m, v;
-  for (auto& [name, t] : model.parameters()) m.push_back(Tensor::zeros(t->shape())), v.push_back(Tensor::zeros(t->shape()));
-  train::save_checkpoint(ckpt, c, model, m, v, 5, -1);
   const auto before = std::filesystem::file_size(ckpt);
   const auto stamp = std::filesystem::last_write_time(ckpt);
-  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "is nan; training stopped");
+  overflowing(c);
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
+                    "step 5: the loss is nan; training stopped before the update. The last good checkpoint is " + ckpt +
+                        " (step 3, every value checked finite)");
   EXPECT_EQ(std::filesystem::file_size(ckpt), before);
   EXPECT_EQ(std::filesystem::last_write_time(ckpt), stamp);
-  EXPECT_NO_THROW(train::read_checkpoint_header(ckpt));
+  EXPECT_EQ(train::read_checkpoint_header(ckpt).step, 3);
+}
+
+TEST(Training, ACheckpointIsNeverWrittenWithANonFiniteValue) {
+  // the update of step 4 makes the parameters infinite: the step-4 checkpoint is refused, and
+  // the message names the step and the step-3 checkpoint, read back and found finite
+  data::TaskData task = counting_task(200, 20, 13);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("inf_update"));
+  c.checkpoint_every = 1;
+  train::train_on(c, task, "", 3, true);
+  const std::string ckpt = c.run_dir + "/checkpoint.safetensors";
+  overflowing(c);
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
+                    "step 4: the update made a parameter or moment non-finite");
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "The last good checkpoint is " + ckpt + " (step 3");
+  EXPECT_EQ(train::read_checkpoint_header(ckpt).step, 3);
+  EXPECT_EQ(train::checkpoint_damage(ckpt), "");
+  // with no checkpoint yet, none is called good
+  train::TrainConfig fresh = c;
+  fresh.run_dir = temp_dir("inf_update_fresh");
+  EXPECT_CAST_ERROR(train::train_on(fresh, task, "", 0, true), "step 1: the update made a parameter or moment "
+                                                                 "non-finite");
+  EXPECT_CAST_ERROR(train::train_on(fresh, task, "", 0, true), "No checkpoint was written yet");
+  EXPECT_FALSE(std::filesystem::exists(fresh.run_dir + "/checkpoint.safetensors"));
+}
+
+TEST(Training, ResumeAndEvaluationRefuseACheckpointHoldingNan) {
+  data::TaskData task = counting_task(200, 20, 13);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("nan_ckpt"));
+  train::train_on(c, task, "", 2, true);
+  const std::string ckpt = c.run_dir + "/checkpoint.safetensors";
+  TensorFile f = read_safetensors(ckpt);
+  const std::string name = "param/" + nn::Transformer(c.model).parameters()[1].first;
+  f.tensors[name].data<float>()[3] = std::nanf("");
+  write_safetensors(ckpt, f.tensors, f.metadata);
+  const auto stamp = std::filesystem::last_write_time(ckpt);
+  EXPECT_EQ(train::checkpoint_damage(ckpt), "'" + name + "' holds nan at element 3");
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
+                    ckpt + ": '" + name + "' holds nan at element 3: the checkpoint holds non-finite values");
+  nn::Transformer model(c.model);
+  EXPECT_CAST_ERROR(train::load_checkpoint(ckpt, model, nullptr, nullptr), "holds nan at element 3");
+  f.tensors[name].data<float>()[3] = -std::numeric_limits<float>::infinity();  // infinity too, in a moment
+  write_safetensors(ckpt, f.tensors, f.metadata);
+  EXPECT_CAST_ERROR(train::load_checkpoint(ckpt, model, nullptr, nullptr), "holds -inf at element 3");
+  EXPECT_EQ(std::filesystem::last_write_time(ckpt) >= stamp, true);
 }
 
 // On CUDA the statistics stay on the device until a log, evaluation or checkpoint step: the
@@ -216,17 +269,24 @@ TEST(Training, NanLossOnTheDeviceStopsAtTheNextReadAndKeepsTheCheckpoint) {
   c.log_every = 4;
   std::filesystem::create_directories(c.run_dir);
   nn::Transformer model(c.model);
-  Tensor& w = *model.parameters()[0].second;
-  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = std::nanf("");
   const std::string ckpt = c.run_dir + "/checkpoint.safetensors";
   std::vector<Tensor> m, v;
   for (auto& [name, t] : model.parameters()) m.push_back(Tensor::zeros(t->shape())), v.push_back(Tensor::zeros(t->shape()));
   train::save_checkpoint(ckpt, c, model, m, v, 5, -1);
   const auto stamp = std::filesystem::last_write_time(ckpt);
-  // steps 6 and 7 pass unread; step 8 logs and would save: the read there stops the run (the
-  // zero-initialised head keeps the loss finite; the gradients are NaN)
-  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
-                    "step 6: the gradient norm is nan; training stopped at step 8");
+  // overflowing(): step 6's update makes the parameters huge or infinite, step 7's statistics
+  // are bad but unread, step 8 logs and would save: the read there stops the run, naming step 7
+  // and the step-5 checkpoint, which is left as it was.
+  overflowing(c);
+  try {
+    train::train_on(c, task, ckpt, 0, true);
+    ADD_FAILURE() << "the run did not stop";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("step 7: the ", 0), 0u) << what;
+    EXPECT_NE(what.find("training stopped at step 8. The last good checkpoint is " + ckpt + " (step 5"),
+              std::string::npos) << what;
+  }
   EXPECT_EQ(std::filesystem::last_write_time(ckpt), stamp);
   EXPECT_NO_THROW(train::read_checkpoint_header(ckpt));
 }
@@ -327,4 +387,211 @@ TEST(Training, EmptyTrainingSplitAndUnwritableRunFolderFailBeforeTraining) {
   data::TaskData ok = counting_task(16, 8, 3);
   c.run_dir = "/proc/cast_cannot_write_here";
   EXPECT_CAST_ERROR(train::train_on(c, ok, "", 0, true), "run folder /proc/cast_cannot_write_here: folder /proc is read-only");
+}
+
+// ---------------------------------------------------------------- stopping and resuming
+namespace {
+
+// Every tensor of two checkpoints equal bit for bit (parameters and both AdamW moments).
+void expect_same_tensors(const std::string& a, const std::string& b) {
+  const TensorFile fa = read_safetensors(a), fb = read_safetensors(b);
+  ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
+  for (const auto& [name, t] : fa.tensors) {
+    ASSERT_TRUE(fb.has(name)) << name;
+    const Tensor& u = fb.tensors.at(name);
+    ASSERT_EQ(t.shape(), u.shape()) << name;
+    EXPECT_EQ(std::memcmp(t.data<float>(), u.data<float>(), t.numel() * sizeof(float)), 0) << name << " differs";
+  }
+}
+
+// The training losses of a run's metrics, in order.
+std::vector<double> logged_losses(const std::string& run_dir) {
+  std::vector<double> losses;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["split"] == "train") losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+// The stop request the signal handler would raise, honoured by `fn`: its Interrupted.
+template <class Fn>
+train::Interrupted stopped_by(int signal, Fn fn) {
+  train::request_stop(signal);
+  try {
+    fn();
+  } catch (const train::Interrupted& e) {
+    train::clear_stop();
+    return e;
+  }
+  train::clear_stop();
+  throw std::runtime_error("the run did not stop");
+}
+
+}  // namespace
+
+TEST(Training, AStopRequestSavesAtTheStepAndTheResumedRunIsBitIdentical) {
+  data::TaskData task = counting_task(500, 50, 12);
+  train::TrainConfig c = tiny_config(nn::Mechanism::cast, temp_dir("stop_straight"));
+  c.steps = 12;
+  c.log_every = 1;
+  c.checkpoint_every = 0;  // only the stop writes a checkpoint before the end
+  c.model.dropout = 0.1;
+  c.schedule = "cosine";
+  auto straight = train::train_on(c, task, "", 0, true);
+  train::TrainConfig stopped = c;
+  stopped.run_dir = temp_dir("stop_stopped");
+  const std::string ckpt = stopped.run_dir + "/checkpoint.safetensors";
+  // the flag is up before the first step: the step is finished, saved, and the run ends
+  const train::Interrupted first = stopped_by(SIGINT, [&] { train::train_on(stopped, task, "", 0, true); });
+  EXPECT_EQ(first.signal(), SIGINT);
+  EXPECT_EQ(std::string(first.what()), "stopped by SIGINT after step 1 of 12: checkpoint " + ckpt +
+                                           " written; resume with: cast train --resume " + ckpt);
+  EXPECT_EQ(train::read_checkpoint_header(ckpt).step, 1);
+  const train::Interrupted second = stopped_by(SIGTERM, [&] { train::train_on(stopped, task, ckpt, 0, true); });
+  EXPECT_NE(std::string(second.what()).find("stopped by SIGTERM after step 2 of 12"), std::string::npos);
+  auto rest = train::train_on(stopped, task, ckpt, 0, true);
+  EXPECT_EQ(rest.losses.size(), 10u);
+  EXPECT_EQ(logged_losses(stopped.run_dir), logged_losses(c.run_dir));
+  EXPECT_EQ(logged_losses(c.run_dir).size(), 12u);
+  expect_same_tensors(ckpt, c.run_dir + "/checkpoint.safetensors");
+  EXPECT_EQ(rest.test.accuracy, straight.test.accuracy);
+}
+
+TEST(Training, AStopAfterTheLastStepLeavesOnlyTheEvaluationToResume) {
+  data::TaskData task = counting_task(200, 20, 12);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("stop_at_end"));
+  c.steps = 3;
+  train::train_on(c, task, "", 2, true);
+  const std::string ckpt = c.run_dir + "/checkpoint.safetensors";
+  const train::Interrupted e = stopped_by(SIGINT, [&] { train::train_on(c, task, ckpt, 0, true); });
+  EXPECT_NE(std::string(e.what()).find("after step 3 of 3"), std::string::npos) << e.what();
+  EXPECT_FALSE(std::filesystem::exists(c.run_dir + "/summary.json"));
+  auto done = train::train_on(c, task, ckpt, 0, true);  // step 3 of 3: evaluates only
+  EXPECT_TRUE(done.losses.empty());
+  EXPECT_TRUE(std::filesystem::exists(c.run_dir + "/summary.json"));
+}
+
+namespace {
+
+// A finished 6-step run with its checkpoint at step 6 (and one line of metrics per step).
+std::string six_step_run(const data::TaskData& task, const std::string& name) {
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir(name));
+  c.steps = 6;
+  c.log_every = 1;
+  c.checkpoint_every = 3;
+  train::train_on(c, task, "", 0, true);
+  return c.run_dir + "/checkpoint.safetensors";
+}
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST(Training, AResumedCopyRunsInItsOwnFolderNeverInTheStoredOne) {
+  data::TaskData task = counting_task(200, 20, 15);
+  const std::string original = six_step_run(task, "resume_original");
+  const std::string run = std::filesystem::path(original).parent_path().string();
+  const std::string backup = temp_dir("resume_backup");
+  std::filesystem::create_directories(backup);
+  std::filesystem::copy_file(original, backup + "/checkpoint.safetensors");
+  std::filesystem::copy_file(run + "/metrics.jsonl", backup + "/metrics.jsonl");
+  const std::string ckpt_before = bytes_of(original), metrics_before = bytes_of(run + "/metrics.jsonl");
+
+  train::TrainConfig c = train::resume_config(backup + "/checkpoint.safetensors", {{"steps", 10}});
+  EXPECT_EQ(c.run_dir, backup);
+  EXPECT_EQ(c.steps, 10);
+  train::train_on(c, task, backup + "/checkpoint.safetensors", 0, true);
+  EXPECT_EQ(train::read_checkpoint_header(backup + "/checkpoint.safetensors").step, 10);
+  EXPECT_EQ(logged_losses(backup).size(), 10u);
+  EXPECT_EQ(bytes_of(original), ckpt_before) << "the original run's checkpoint was written";
+  EXPECT_EQ(bytes_of(run + "/metrics.jsonl"), metrics_before) << "the original run's metrics were written";
+}
+
+TEST(Training, ResumingIntoAnotherRunFolderObeysTheOccupiedFolderRule) {
+  data::TaskData task = counting_task(200, 20, 16);
+  const std::string source = six_step_run(task, "resume_source");
+  const std::string other = six_step_run(task, "resume_other");
+  const std::string other_dir = std::filesystem::path(other).parent_path().string();
+  const std::string other_before = bytes_of(other), other_metrics = bytes_of(other_dir + "/metrics.jsonl");
+  train::TrainConfig c = train::resume_config(source, {{"steps", 8}, {"run", other_dir}});
+  EXPECT_CAST_ERROR(train::train_on(c, task, source, 0, true), "run folder " + other_dir + " already holds a run");
+  EXPECT_EQ(bytes_of(other), other_before);
+  EXPECT_EQ(bytes_of(other_dir + "/metrics.jsonl"), other_metrics);
+  // with --overwrite it becomes the resumed run's folder: the source's metrics, not the old run's
+  c.overwrite = true;
+  train::train_on(c, task, source, 0, true);
+  EXPECT_EQ(train::read_checkpoint_header(other).step, 8);
+  const auto source_losses = logged_losses(std::filesystem::path(source).parent_path().string());
+  const auto moved = logged_losses(other_dir);
+  ASSERT_EQ(moved.size(), 8u);
+  EXPECT_EQ(std::vector<double>(moved.begin(), moved.begin() + 6), source_losses);
+  // a new folder needs no --overwrite; the checkpoint's own folder named by --run is no other folder
+  c = train::resume_config(source, {{"steps", 7}, {"run", temp_dir("resume_new_home")}});
+  EXPECT_NO_THROW(train::train_on(c, task, source, 0, true));
+  c = train::resume_config(source, {{"steps", 7}, {"run", std::filesystem::path(source).parent_path().string() + "/."}});
+  EXPECT_NO_THROW(train::train_on(c, task, source, 0, true));
+  EXPECT_EQ(train::read_checkpoint_header(source).step, 7);
+}
+
+TEST(Training, ResumeSettingsAreAppliedOrRefusedByName) {
+  data::TaskData task = counting_task(200, 20, 17);
+  const std::string ckpt = six_step_run(task, "resume_settings");
+  const std::string before = bytes_of(ckpt);
+  // --steps at or below the checkpoint's step is a usage error
+  for (int steps : {6, 3, 0})
+    try {
+      train::resume_config(ckpt, {{"steps", steps}});
+      ADD_FAILURE() << "steps " << steps << " accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("setting 'steps' is {}: a resumed run must end after its "
+                                                       "checkpoint's step 6", steps)), std::string::npos) << e.what();
+    }
+  // what may change is applied
+  train::TrainConfig c = train::resume_config(ckpt, {{"steps", 9}, {"log-every", 3}, {"eval-every", 2},
+                                                     {"checkpoint-every", 1}, {"eval-limit", 5}, {"eval-best", true}});
+  EXPECT_EQ(c.steps, 9);
+  EXPECT_EQ(c.log_every, 3);
+  EXPECT_EQ(c.eval_every, 2);
+  EXPECT_EQ(c.checkpoint_every, 1);
+  EXPECT_EQ(c.eval_limit, 5);
+  EXPECT_TRUE(c.eval_best);
+  // what the checkpoint fixes is refused by name, unless asked equal to what it is
+  EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"dim", 16}}), "setting 'dim' cannot change when resuming: " + ckpt +
+                                                                   " was trained with 32, not 16");
+  EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"lr", 0.5}}), "setting 'lr' cannot change when resuming");
+  EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"attention", "cast"}}), "setting 'attention' cannot change");
+  EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"seed", 9}}), "setting 'seed' cannot change");
+  EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"task", "listops"}}), "setting 'task' cannot change");
+  EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"stepz", 9}}), "unknown setting 'stepz'");
+  EXPECT_NO_THROW(train::resume_config(ckpt, {{"dim", 32}, {"task", "counting"}, {"steps", 7}}));
+  EXPECT_EQ(bytes_of(ckpt), before);
+}
+
+TEST(Training, EvalBestNeedsValidationsAndNeverClaimsABestItDidNotWrite) {
+  data::TaskData task = counting_task(200, 20, 18);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("eval_best"));
+  c.steps = 4;
+  c.eval_best = true;
+  try {
+    train::train_on(c, task, "", 0, true);
+    ADD_FAILURE() << "--eval-best without --eval-every accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("setting 'eval-best' needs 'eval-every' above 0"), std::string::npos);
+  }
+  EXPECT_FALSE(std::filesystem::exists(c.run_dir)) << "a refused run made its folder";
+  c.eval_every = 10;  // no validation within 4 steps: no best checkpoint, so the final model is evaluated
+  train::train_on(c, task, "", 0, true);
+  EXPECT_FALSE(std::filesystem::exists(c.run_dir + "/best.safetensors"));
+  std::ifstream in(c.run_dir + "/summary.json");
+  EXPECT_EQ(nlohmann::json::parse(in)["evaluated"], "final");
+  c.eval_every = 2;
+  c.overwrite = true;
+  train::train_on(c, task, "", 0, true);
+  std::ifstream again(c.run_dir + "/summary.json");
+  EXPECT_EQ(nlohmann::json::parse(again)["evaluated"], "best");
 }

@@ -10,6 +10,7 @@
 #include "tensor/safetensors.h"
 #include "train/cli.h"
 #include "train/plot.h"
+#include "train/stop.h"
 #include "train/train_commands.h"
 #include "train/trainer.h"
 
@@ -232,6 +233,22 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
                   figure, files::Link::refuse);
 }
 
+// The command that continues an interrupted comparison: the same one.
+std::string resume_command(const CompareSpec& spec) {
+  return spec.command.empty() ? "the same cast compare command again" : spec.command;
+}
+
+// One run of the comparison; a stop request (Ctrl-C) ends the comparison after the run's
+// current step, with its checkpoint written and every other run as it was: all resumable.
+TrainResult run_training_or_stop(const CompareSpec& spec, const TrainConfig& config, const std::string& resume_from,
+                                 int64_t stop_after, bool quiet) {
+  try {
+    return run_training(config, resume_from, stop_after, quiet);
+  } catch (const Interrupted& e) {
+    throw Interrupted(e.signal(), e.what_happened(), resume_command(spec));
+  }
+}
+
 }  // namespace
 
 CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool quiet) {
@@ -289,7 +306,7 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       std::fflush(stdout);
     }
     // A resumed run's checkpoint holds these very settings (checked above).
-    const TrainResult r = run_training(config, started ? checkpoint : "", stop_after, quiet);
+    const TrainResult r = run_training_or_stop(spec, config, started ? checkpoint : "", stop_after, quiet);
     run.resumed = started;
     run.steps_this_process = static_cast<int64_t>(r.losses.size());
     if (!std::filesystem::exists(summary)) {  // interrupted (tests): what a killed process leaves
@@ -417,7 +434,7 @@ int command_compare(const std::vector<std::string>& argv) {
                                 "comparison output",
                                 {args.str("config")});
   spec.command = "cast compare";
-  for (const std::string& a : argv) spec.command += " " + a;
+  for (const std::string& a : argv) spec.command += " " + train::shell_quote(a);
   train::run_comparison(spec);  // validates every run's settings before it makes a folder
   return 0;
 }

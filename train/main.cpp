@@ -1,5 +1,6 @@
 // cast: the command-line entry point. Library code throws; only this file decides exit codes:
-// 0 success, 1 an error (one line on stderr), 2 a usage error.
+// 0 success, 1 an error (one line on stderr), 2 a usage error, 128 + N a run stopped by signal N
+// (130 for Ctrl-C, 143 for SIGTERM) after saving its checkpoint.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -12,6 +13,7 @@
 #include "ops/cpu_runtime.h"
 #include "tensor/error.h"
 #include "train/commands.h"
+#include "train/stop.h"
 
 static void usage() {
   std::fputs("usage: cast <command> [options]   (cast <command> --help for its options)\n\ncommands:\n", stdout);
@@ -28,8 +30,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   for (const auto& c : cast::commands()) {
     if (name != c.name) continue;
+    // Ctrl-C or SIGTERM while training: the current step is finished and saved first.
+    if (name == "train" || name == "compare") cast::train::install_stop_handlers();
     try {
       return c.run(args);
+    } catch (const cast::train::Interrupted& e) {  // the shell's convention: 128 + the signal
+      std::fprintf(stderr, "cast %s: %s\n", name.c_str(), e.what());
+      return 128 + e.signal();
     } catch (const cast::UsageError& e) {
       std::fprintf(stderr, "cast %s: error: %s\n", name.c_str(), e.what());
       return 2;

@@ -42,7 +42,7 @@ const std::vector<std::pair<std::string, std::string>> kStringSettings = {
     {"f", "CAST: softmax | laplace"}, {"summaries", "CAST: on | off"}, {"mix", "CAST: affinity | query"},
     {"cast-heads", "CAST: per-head | shared"}};
 const std::vector<std::pair<std::string, std::string>> kBoolSettings = {
-    {"eval-best", "evaluate the best validation checkpoint instead of the final model"},
+    {"eval-best", "evaluate the best validation checkpoint instead of the final model (needs --eval-every)"},
     {"tf32", "allow TF32 tensor-core matmuls on the GPU"},
     {"reference", "CPU: run the step-by-step reference attention ops and the plain-loop matmul instead of the fused "
                   "kernels and the BLAS (same results, slower; for study)"}};
@@ -149,7 +149,8 @@ int command_train(const std::vector<std::string>& argv) {
                  "as the flags), then flags.");
   args.option("task", "listops-short", "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
       .option("config", "", "JSON file of settings")
-      .option("resume", "", "checkpoint to continue from (its settings are used)");
+      .option("resume", "", "checkpoint to continue from, in its own folder unless --run names another (its settings "
+                            "are used; steps, logging, evaluation, checkpoints, data, device may change)");
   declare_train_settings(args, {});
   args.flag("overwrite", "replace the run already in the run folder (without it, such a folder is refused)");
   args.example("cast train                                     (short ListOps, a small CAST model)")
@@ -160,13 +161,13 @@ int command_train(const std::vector<std::string>& argv) {
 
   train::TrainConfig config;
   if (!args.str("resume").empty()) {
-    config = train::read_checkpoint_header(args.str("resume")).config;
-    json flags = settings_from_flags(args);
-    for (const char* model_key : {"max-len", "dim", "heads", "mlp-dim", "layers", "dropout", "positions", "pooling",
-                                  "attention", "clusters", "cluster-size", "clustering", "f", "summaries", "mix",
-                                  "cast-heads", "topk", "bits", "iterations", "seed"})
-      CAST_CHECK(!flags.contains(model_key), "--{} cannot change when resuming: the checkpoint fixes the model", model_key);
-    train::apply_overrides(config, flags);
+    // A config file's settings, then the flags': each applied, or refused by name.
+    json changes = args.str("config").empty() ? json::object() : read_json_file(args.str("config"));
+    CAST_CHECK_USAGE(changes.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+    const json flags = settings_from_flags(args);  // a named object: items() does not keep a temporary alive
+    for (auto& [k, v] : flags.items()) changes[k] = v;
+    if (args.is_set("task")) changes["task"] = args.str("task");
+    config = train::resume_config(args.str("resume"), changes);
   } else {
     config = train::preset(args.str("task"));
     if (!args.str("config").empty()) apply_config_file(config, args.str("config"));

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <sstream>
 #include <numeric>
+#include <set>
 
 #include "autograd/tape.h"
 #include "ops/adamw.h"
@@ -18,6 +19,7 @@
 #include "tensor/safetensors.h"
 #include "train/memory_estimate.h"
 #include "train/plot.h"
+#include "train/stop.h"
 #include "train/training_step.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/runtime.h"
@@ -321,6 +323,25 @@ EvalResult evaluate(nn::Transformer& model, const data::TaskData& task, const st
 }
 
 // ---------------------------------------------------------------- checkpoints
+// The first NaN or infinity among a file's floating-point tensors: "'param/x' holds nan at
+// element 3", or "" when every value is finite.
+std::string non_finite_in(const std::map<std::string, Tensor>& tensors) {
+  for (const auto& [name, t] : tensors) {
+    const Tensor host = t.device() == Device::cpu ? t : t.to(Device::cpu);
+    auto scan = [&](const auto* x) -> std::string {
+      for (int64_t i = 0; i < host.numel(); ++i)
+        if (!std::isfinite(x[i]))
+          return fmt::format("'{}' holds {} at element {}", name, std::isnan(x[i]) ? "nan" : x[i] > 0 ? "inf" : "-inf", i);
+      return "";
+    };
+    std::string found;
+    if (host.dtype() == DType::f32) found = scan(host.data<float>());
+    else if (host.dtype() == DType::f64) found = scan(host.data<double>());
+    if (!found.empty()) return found;
+  }
+  return "";
+}
+
 static const char* kFormat = "cast-checkpoint-1";
 
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
@@ -344,6 +365,9 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
                                              {"wall_seconds", fmt::format("{:.17g}", cost.wall_seconds)},
                                              {"step_seconds", fmt::format("{:.17g}", cost.step_seconds)},
                                              {"peak_bytes", std::to_string(cost.peak_bytes)}};
+  // A checkpoint is only ever written finite, so the one on disk is always a good one.
+  const std::string damage = non_finite_in(tensors);
+  if (!damage.empty()) throw NonFiniteCheckpoint(fmt::format("{}: not written: {}", path, damage));
   write_safetensors(path, tensors, meta, "checkpoint", files::Link::refuse);
 }
 
@@ -402,8 +426,16 @@ static std::string first_difference(const json& theirs, const json& mine, const 
   return "model config";
 }
 
+std::string checkpoint_damage(const std::string& path) {
+  return non_finite_in(read_safetensors(path, "checkpoint").tensors);
+}
+
 void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v) {
   TensorFile f = read_safetensors(path, "checkpoint");
+  // A NaN weight evaluates to a plausible-looking accuracy and poisons a resumed run: every
+  // tensor is checked, not only those this load uses.
+  const std::string damage = non_finite_in(f.tensors);
+  CAST_CHECK(damage.empty(), "{}: {}: the checkpoint holds non-finite values and cannot be used", path, damage);
   // Compared as parsed values, not as text: a reformatted but equal config is the same model.
   CAST_CHECK(f.metadata.count("model"), "checkpoint {}: not a cast checkpoint (no 'model' metadata)", path);
   const json theirs =
@@ -430,6 +462,61 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
   load_checkpoint(path, *run.model, nullptr, nullptr);
   run.task = load_task(run.checkpoint.config, false);
   return run;
+}
+
+// ---------------------------------------------------------------- resuming
+namespace {
+
+// Settings a run may change on the way: when it stops, what it logs and evaluates, where it
+// reads data and writes files, what runs it. Every other setting shapes the model or its
+// optimisation, which the checkpoint fixes.
+bool may_change_on_resume(const std::string& key) {
+  static const std::set<std::string> keys = {"steps", "log-every", "eval-every", "checkpoint-every", "eval-limit",
+                                              "eval-best", "data", "run", "device", "tf32", "reference"};
+  return keys.count(key) > 0;
+}
+
+json every_setting(const TrainConfig& c) {
+  json j = c.to_json();
+  j["task"] = c.task;
+  j["model"] = c.model.to_json();
+  return j;
+}
+
+}  // namespace
+
+TrainConfig resume_config(const std::string& checkpoint, const json& changes) {
+  CAST_CHECK_USAGE(changes.is_object(), "resume settings: expected a JSON object");
+  const Checkpoint ck = read_checkpoint_header(checkpoint);
+  TrainConfig c = ck.config;
+  // The folder stored inside is where the run was trained: this file may be a copy of it,
+  // and that run is not to be touched.
+  c.run_dir = std::filesystem::path(checkpoint).parent_path().string();
+  if (c.run_dir.empty()) c.run_dir = ".";
+  std::string changeable;
+  for (const char* k : {"steps", "log-every", "eval-every", "checkpoint-every", "eval-limit", "eval-best", "data",
+                        "run", "device", "tf32", "reference"})
+    changeable += (changeable.empty() ? "" : ", ") + std::string(k);
+  for (auto& [key, value] : changes.items()) {
+    if (key == "task") {
+      CAST_CHECK_USAGE(value.is_string() && value.get<std::string>() == c.task,
+                       "setting 'task' cannot change when resuming: {} is a {} run", checkpoint, c.task);
+      continue;
+    }
+    TrainConfig changed = c;
+    apply_overrides(changed, json{{key, value}});
+    if (may_change_on_resume(key)) {
+      c = changed;
+    } else if (every_setting(changed) != every_setting(c)) {
+      throw UsageError(fmt::format("setting '{}' cannot change when resuming: {} was trained with {}, not {}; only {} "
+                                   "may change (start a new run for other settings)",
+                                   key, checkpoint, setting_value(c, key), setting_value(changed, key), changeable));
+    }
+  }
+  CAST_CHECK_USAGE(!changes.contains("steps") || c.steps > ck.step,
+                   "setting 'steps' is {}: a resumed run must end after its checkpoint's step {} ({})", c.steps, ck.step,
+                   checkpoint);
+  return c;
 }
 
 // ---------------------------------------------------------------- the loop
@@ -470,17 +557,44 @@ std::string format_duration(double seconds) {
   return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
 }
 
-// Rewrites a metrics file keeping only the lines of steps up to `last_step` (atomically).
-void keep_metrics_until(const std::string& path, int64_t last_step) {
-  if (!files::exists(path)) return;
-  std::istringstream in(files::read_file(path, "metrics file"));
+// Writes to `out` the lines of the metrics file `path` of steps up to `last_step` (atomically;
+// `out` may be `path`). No file at `path`: `out` starts empty.
+void keep_metrics_until(const std::string& path, int64_t last_step, const std::string& out) {
+  std::istringstream in(files::exists(path) ? files::read_file(path, "metrics file") : std::string());
   std::string kept, line;
   while (std::getline(in, line)) {
     const json j = json::parse(line, nullptr, false);
     if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= last_step)
       kept += line + '\n';
   }
-  files::write_atomic(path, kept, "metrics file", files::Link::refuse);
+  files::write_atomic(out, kept, "metrics file", files::Link::refuse);
+}
+
+std::string folder_of(const std::string& file) {
+  const std::string folder = std::filesystem::path(file).parent_path().string();
+  return folder.empty() ? "." : folder;
+}
+
+// A run resumed into a new folder takes its best checkpoint along, so that --eval-best there
+// still finds the best model of the whole run.
+void copy_best(const std::string& checkpoint, const std::string& run_dir) {
+  const std::string best = folder_of(checkpoint) + "/best.safetensors";
+  if (!files::exists(best)) return;
+  files::write_atomic(run_dir + "/best.safetensors", files::read_file(best, "best checkpoint"), "best checkpoint",
+                      files::Link::refuse);
+}
+
+// What a stopped run can go back to, said only of a checkpoint read back and found finite.
+std::string last_good_checkpoint(const std::string& path) {
+  if (!files::exists(path)) return "No checkpoint was written yet";
+  try {
+    const Checkpoint ck = read_checkpoint_header(path);
+    const std::string damage = checkpoint_damage(path);
+    if (damage.empty()) return fmt::format("The last good checkpoint is {} (step {}, every value checked finite)", path, ck.step);
+    return fmt::format("{} holds non-finite values ({}): no good checkpoint is left", path, damage);
+  } catch (const Error& e) {
+    return fmt::format("{} cannot be read back ({}): no good checkpoint is left", path, e.what());
+  }
 }
 
 }  // namespace
@@ -520,6 +634,11 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
     best_val = ck.best_val;
     earlier = ck.cost;
   }
+  CAST_CHECK_USAGE(c.steps >= start_step, "setting 'steps' is {}: the checkpoint {} is already at step {}", c.steps,
+                   resume_from, start_step);
+  CAST_CHECK_USAGE(!c.eval_best || c.eval_every > 0,
+                   "setting 'eval-best' needs 'eval-every' above 0: the best checkpoint is chosen at the validations "
+                   "during training");
   const Device device = resolve_device(c.device);
   ops::set_allow_tf32(c.tf32);
   ops::set_cpu_gemm(c.reference ? ops::CpuGemm::loops : ops::CpuGemm::blas);
@@ -531,7 +650,10 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
       files::output_target(c.run_dir + name, "run file", files::Link::refuse);  // a FIFO or link there: refused now
   }
   const std::string ckpt_path = c.run_dir + "/checkpoint.safetensors";
-  if (resume_from.empty() && std::filesystem::exists(ckpt_path)) {
+  // Resuming into the checkpoint's own folder continues that run; any other folder is a new
+  // home, under the same rule as a new run's.
+  const bool continues_in_place = !resume_from.empty() && files::same_file(folder_of(resume_from), c.run_dir);
+  if (!continues_in_place && std::filesystem::exists(ckpt_path)) {
     CAST_CHECK(c.overwrite, "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
                "--run, or pass --overwrite to replace it", c.run_dir, ckpt_path, ckpt_path);
     for (const char* stale : {"/best.safetensors", "/summary.json", "/curves.svg"})
@@ -557,8 +679,12 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
 
   const bool terminal = !quiet && isatty(STDOUT_FILENO);
   // A resumed run continues the metrics of its checkpoint's step: lines an interrupted process
-  // wrote after that step are dropped, so no step appears twice.
-  if (start_step > 0) keep_metrics_until(c.run_dir + "/metrics.jsonl", start_step);
+  // wrote after that step are dropped, so no step appears twice. In a new folder it starts
+  // from the checkpoint's folder's lines, which are read, never written.
+  if (start_step > 0) {
+    keep_metrics_until(folder_of(resume_from) + "/metrics.jsonl", start_step, c.run_dir + "/metrics.jsonl");
+    if (!continues_in_place) copy_best(resume_from, c.run_dir);
+  }
   files::AppendFile metrics(c.run_dir + "/metrics.jsonl", start_step == 0, "metrics file");
   Sampler sampler(static_cast<int64_t>(task.train.size()), c.seed);
   TrainResult result;
@@ -577,6 +703,16 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   auto window_start = t0;
   int64_t step = start_step;
 
+  // Every checkpoint is checked finite before it is written: an update that overflowed stops
+  // the run here, and the file on disk stays the last good one.
+  auto save = [&](const std::string& path) {
+    try {
+      save_checkpoint(path, c, model, m, v, step, best_val, cost_now());
+    } catch (const NonFiniteCheckpoint& e) {
+      throw Error(fmt::format("step {}: the update made a parameter or moment non-finite ({}); training stopped. {}",
+                              step, e.what(), last_good_checkpoint(ckpt_path)));
+    }
+  };
   auto run_eval = [&](const char* split_name, const std::vector<data::Example>& split) {
     EvalResult r = evaluate(model, task, split, c.batch, c.eval_limit, device);
     metrics.append(json{{"step", step}, {"split", split_name}, {"loss", r.loss}, {"accuracy", r.accuracy}}.dump() + '\n');
@@ -595,16 +731,17 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
     const bool eval_step = c.eval_every > 0 && step % c.eval_every == 0;
     const bool save_step = c.checkpoint_every > 0 && step % c.checkpoint_every == 0;
     const bool last_step = stop_after > 0 && step - start_step >= stop_after;
-    if (device != Device::cuda || log_step || eval_step || save_step || last_step) {
+    const int stop = stop_signal();  // polled once a step: this step is finished and saved first
+    if (device != Device::cuda || log_step || eval_step || save_step || last_step || stop) {
       for (const StepRecord& r : training.read()) {
         if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
           autograd::clear_tape();
           const bool loss_bad = !std::isfinite(r.loss);
           const double bad = loss_bad ? r.loss : r.grad_norm;
-          throw Error(fmt::format("step {}: the {} is {}; training stopped{}. The last good checkpoint is {}", r.step,
+          throw Error(fmt::format("step {}: the {} is {}; training stopped{}. {}", r.step,
                                   loss_bad ? "loss" : "gradient norm", std::isnan(bad) ? "nan" : bad > 0 ? "inf" : "-inf",
                                   r.step == step ? " before the update" : fmt::format(" at step {}", step),
-                                  std::filesystem::exists(ckpt_path) ? ckpt_path : "(none written yet)"));
+                                  last_good_checkpoint(ckpt_path)));
         }
         window_loss += r.loss * r.examples;
         window_correct += r.correct;
@@ -639,20 +776,31 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
       EvalResult r = run_eval("val", task.val);
       if (r.accuracy > best_val) {
         best_val = r.accuracy;
-        save_checkpoint(c.run_dir + "/best.safetensors", c, model, m, v, step, best_val, cost_now());
+        save(c.run_dir + "/best.safetensors");
       }
       if (!quiet) fmt::print("{}step {}: validation accuracy {:.1f}%\n", terminal ? "\n" : "", step, 100 * r.accuracy);
     }
-    if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0)
-      save_checkpoint(ckpt_path, c, model, m, v, step, best_val, cost_now());
+    if (save_step || stop) save(ckpt_path);
+    if (stop) {
+      if (terminal) fmt::print("\n");
+      throw Interrupted(stop, fmt::format("stopped by {} after step {} of {}: checkpoint {} written", signal_name(stop),
+                                          step, c.steps, ckpt_path),
+                        "cast train --resume " + shell_quote(ckpt_path));
+    }
   }
   if (terminal) fmt::print("\n");
-  save_checkpoint(ckpt_path, c, model, m, v, step, best_val, cost_now());
+  save(ckpt_path);
   result.steps = step;
   if (stop_after > 0 && step < c.steps) return result;
+  if (const int stop = stop_signal())  // training is done and saved; only the evaluation is left
+    throw Interrupted(stop, fmt::format("stopped by {} after the last step ({}), before the final evaluation: "
+                                        "checkpoint {} written", signal_name(stop), step, ckpt_path),
+                      "cast train --resume " + shell_quote(ckpt_path));
 
-  if (c.eval_best && std::filesystem::exists(c.run_dir + "/best.safetensors"))
-    load_checkpoint(c.run_dir + "/best.safetensors", model, nullptr, nullptr);
+  // Only a best checkpoint this run wrote is evaluated as "best": with no validation during
+  // training there is none, and the final model is evaluated and named as such.
+  const bool evaluate_best = c.eval_best && std::filesystem::exists(c.run_dir + "/best.safetensors");
+  if (evaluate_best) load_checkpoint(c.run_dir + "/best.safetensors", model, nullptr, nullptr);
   result.val = run_eval("val", task.val);
   result.test = run_eval("test", task.test);
   result.majority = result.test.majority;
@@ -664,10 +812,10 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
                   {"peak_bytes", cost.peak_bytes}, {"device", device_name(device)},
                   {"val_accuracy", result.val.accuracy}, {"test_accuracy", result.test.accuracy},
                   {"val_examples", result.val.examples}, {"test_examples", result.test.examples},
-                  {"majority_rate", result.majority}, {"evaluated", c.eval_best ? "best" : "final"}};
+                  {"majority_rate", result.majority}, {"evaluated", evaluate_best ? "best" : "final"}};
   files::write_atomic(c.run_dir + "/summary.json", summary.dump(2) + "\n", "run summary", files::Link::refuse);
   if (!quiet) {
-    fmt::print("done in {}: {} model after {} steps\n", format_duration(seconds), c.eval_best ? "best" : "final", step);
+    fmt::print("done in {}: {} model after {} steps\n", format_duration(seconds), evaluate_best ? "best" : "final", step);
     if (result.val.examples) fmt::print("  validation accuracy {:.1f}%  (loss {:.4f})\n", 100 * result.val.accuracy, result.val.loss);
     else fmt::print("  validation accuracy: no examples\n");
     if (result.test.examples)

@@ -3,6 +3,7 @@
 // evaluation, checkpoints that resume bit-identically on the CPU, metrics and a loss plot.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -89,13 +90,33 @@ struct Checkpoint {
   double best_val = -1;
   RunCost cost;  // zero in checkpoints written before it was recorded
 };
+// save_checkpoint refuses to write a NaN or infinity (so the checkpoint on disk stays the last
+// good one): this error names the tensor.
+class NonFiniteCheckpoint : public Error {
+ public:
+  using Error::Error;
+};
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
                      const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
                      const RunCost& cost = {});
 // Reads the configs and counters; loads parameters (and moments when m, v are given) into
 // `model`, which must have been built from the same model config.
 Checkpoint read_checkpoint_header(const std::string& path);
+// Refuses (naming the tensor) a file holding a NaN or infinity: such a model evaluates to a
+// plausible-looking accuracy and poisons a resumed run.
 void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v);
+
+// "" when every floating-point value in `tensors` (or the file at `path`) is finite, else the
+// first that is not: "'param/x' holds nan at element 3".
+std::string non_finite_in(const std::map<std::string, Tensor>& tensors);
+std::string checkpoint_damage(const std::string& path);
+
+// The settings of a resumed run: the checkpoint's, with `changes` (a config file's keys, then
+// the flags') applied where a run may change on the way (steps, logging, evaluation,
+// checkpoint cadence, data folder, device, run folder) and a UsageError naming any other
+// setting asked to differ. The run folder is the checkpoint's own unless `changes` has "run";
+// "steps" must lie above the checkpoint's step.
+TrainConfig resume_config(const std::string& checkpoint, const nlohmann::json& changes);
 
 Device resolve_device(const std::string& name);
 // Memory tensors hold on a device: the peak since the last reset.

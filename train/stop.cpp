@@ -1,0 +1,57 @@
+#include "train/stop.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+
+namespace cast::train {
+
+namespace {
+// Lock-free, so a signal handler may store to it (a plain int store would do on every target
+// this builds for; the atomic says so in the type).
+std::atomic<int> g_stop{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int signal) {
+  // A second signal: the user does not want to wait for the step to finish. _exit is
+  // async-signal-safe; exit() and the stdio it flushes are not.
+  if (g_stop.load() != 0) _exit(128 + signal);
+  g_stop.store(signal);
+}
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // reads and writes in progress go on instead of failing with EINTR
+  for (int signal : {SIGINT, SIGTERM}) {
+    // A signal ignored when the process started stays ignored: a shell ignores SIGINT for the
+    // jobs a script puts in the background, and nohup-style launchers do the same on purpose.
+    struct sigaction before {};
+    if (sigaction(signal, nullptr, &before) == 0 && before.sa_handler == SIG_IGN) continue;
+    sigaction(signal, &action, nullptr);
+  }
+}
+
+int stop_signal() { return g_stop.load(); }
+void request_stop(int signal) { g_stop.store(signal); }
+void clear_stop() { g_stop.store(0); }
+
+std::string signal_name(int signal) {
+  if (signal == SIGINT) return "SIGINT";
+  if (signal == SIGTERM) return "SIGTERM";
+  return fmt::format("signal {}", signal);
+}
+
+std::string shell_quote(const std::string& word) {
+  const bool safe = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                            "0123456789-_./=,:+@%") == std::string::npos;
+  if (safe) return word;
+  std::string quoted = "'";
+  for (char ch : word) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return quoted + "'";
+}
+
+}  // namespace cast::train

@@ -1,0 +1,38 @@
+#pragma once
+// Stopping a run on request (Ctrl-C, SIGTERM): the signal handler only raises a flag; the
+// trainer polls it between steps, finishes the step, writes a checkpoint and throws
+// Interrupted, so the work is kept and only main decides the exit code (128 + signal).
+#include <string>
+
+#include "tensor/error.h"
+
+namespace cast::train {
+
+// SIGINT and SIGTERM: the first one raises the flag (after this, a second one ends the process
+// at once with 128 + its number; the last checkpoint written stays, as every write is atomic).
+// A signal the process was started ignoring stays ignored.
+void install_stop_handlers();
+int stop_signal();              // the signal that asked to stop, 0 when none did
+void request_stop(int signal);  // what the handler does; tests call it to stop at a known step
+void clear_stop();
+
+// "SIGINT", "SIGTERM", or "signal N".
+std::string signal_name(int signal);
+// A word as a POSIX shell reads it back: itself when safe, else in single quotes.
+std::string shell_quote(const std::string& word);
+
+// A stop request honoured: what was written and the command that continues the work.
+class Interrupted : public Error {
+ public:
+  Interrupted(int signal, std::string what_happened, std::string resume_command)
+      : Error(what_happened + "; resume with: " + resume_command),
+        signal_(signal), what_happened_(std::move(what_happened)) {}
+  int signal() const { return signal_; }
+  const std::string& what_happened() const { return what_happened_; }
+
+ private:
+  int signal_;
+  std::string what_happened_;
+};
+
+}  // namespace cast::train
