@@ -54,7 +54,7 @@ RACE_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.ImprovedCluste
 REAL_FILTERS="$GPU_FILTER $MEMCHECK_FILTER $RACE_FILTER"
 if [ $dry = 1 ]; then
   build_dir="$dry_build" cast="$dry_build/cast_emu" tests="$dry_build/cast_emu_tests"
-  lengths=64 text_length=64 text_batch=2 repeats=1 warmup=0 steps=6 train_batch=4 rounds=1
+  lengths=64 text_length=64 text_batch=2 repeats=1 warmup=0 steps=6 train_batch=4 rounds=1 eval_limit=8
   # The emulated kernels run thousands of times slower, on a machine the other tests share: a
   # small subset of each filter runs (the real filters are checked to match tests, in the tests
   # stage), and every budget is three times longer.
@@ -68,7 +68,7 @@ if [ $dry = 1 ]; then
 else
   budget_scale=1
   build_dir=build-gpu cast="build-gpu/cast" tests="build-gpu/cast_tests"
-  lengths=1024,4096 text_length=4096 text_batch=32 repeats=5 warmup=2 steps=300 train_batch=32 rounds=3
+  lengths=1024,4096 text_length=4096 text_batch=32 repeats=5 warmup=2 steps=300 train_batch=32 rounds=3 eval_limit=0
   sanitizer() { compute-sanitizer --tool "$2" --error-exitcode 1 "${@:3}"; }
 fi
 
@@ -211,14 +211,14 @@ train_stage() {
   local run="$scratch/run"
   "$cast" data --task listops-short --out "$scratch/listops-short" > "$scratch/train_run.txt" 2>&1 || { cat "$scratch/train_run.txt" >&2; return 1; }
   "$cast" train --task listops-short --attention cast --device cuda --steps "$steps" --batch "$train_batch" \
-    --log-every 25 --data "$scratch/listops-short" --run "$run" >> "$scratch/train_run.txt" 2>&1 || { tail -n 20 "$scratch/train_run.txt" >&2; return 1; }
+    --log-every 25 --eval-limit "$eval_limit" --data "$scratch/listops-short" --run "$run" >> "$scratch/train_run.txt" 2>&1 || { tail -n 20 "$scratch/train_run.txt" >&2; return 1; }
   cp "$run/metrics.jsonl" "$METRICS" && cp "$run/curves.svg" "$CURVES" || return 1
   grep -E "done in|test accuracy" "$scratch/train_run.txt" | tr -s ' ' > "$note"
 }
 
 # Each stage runs in its own bash under `timeout`: it sees these functions and settings.
 export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage pytorch_stage train_stage
-export REAL_FILTERS cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
+export REAL_FILTERS eval_limit cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES
 # The kit's libraries are found at run time too (the build's RPATH names them as well).
 if [ -d kit/debs ]; then
