@@ -54,21 +54,24 @@ RACE_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.ImprovedCluste
 REAL_FILTERS="$GPU_FILTER $MEMCHECK_FILTER $RACE_FILTER"
 if [ $dry = 1 ]; then
   build_dir="$dry_build" cast="$dry_build/cast_emu" tests="$dry_build/cast_emu_tests"
-  lengths=64 text_length=64 text_batch=2 repeats=1 warmup=0 steps=6 train_batch=4 rounds=1 eval_limit=8
+  lengths=64 text_length=32 text_batch=1 repeats=1 warmup=0 steps=2 train_batch=2 rounds=1 eval_limit=4
+  train_mechanisms=full
   # The emulated kernels run thousands of times slower, on a machine the other tests share: a
   # small subset of each filter runs (the real filters are checked to match tests, in the tests
-  # stage), and every budget is three times longer.
+  # stage), the training-step benchmark times full attention alone, and every budget is five
+  # times longer.
   GPU_FILTER='CudaVsCpu.Matmul:CudaVsCpuAttention.FlashAttention:Emulation.HostPointerArgumentIsRefused'
   MEMCHECK_FILTER='*CudaTrainingSteps.OneStepEqualsTheCpuStep/cast'
   RACE_FILTER='CudaVsCpuAttention.ImprovedClusteredTopKeysFused'
-  [ "$budget" = 570 ] && budget=1500
-  budget_scale=3
+  [ "$budget" = 570 ] && budget=2400
+  budget_scale=5
   deadline=$((start + budget))
   sanitizer() { shift 2; "$@"; }  # the emulation's checks stand in for compute-sanitizer's
 else
   budget_scale=1
   build_dir=build-gpu cast="build-gpu/cast" tests="build-gpu/cast_tests"
   lengths=1024,4096 text_length=4096 text_batch=32 repeats=5 warmup=2 steps=300 train_batch=32 rounds=3 eval_limit=0
+  train_mechanisms=full,cast-topk
   sanitizer() { compute-sanitizer --tool "$2" --error-exitcode 1 "${@:3}"; }
 fi
 
@@ -192,7 +195,7 @@ bench_stage() {
   "$cast" bench attention --device cuda --lengths "$lengths" --mechanisms full,cast-topk,cast-satopk,clustered,iclustered \
     --warmup "$warmup" --repeats "$repeats" --json "$scratch/attention.jsonl" > "$scratch/attention.txt" 2>&1 || { cat "$scratch/attention.txt" >&2; return 1; }
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda \
-    --mechanisms full,cast-topk --warmup "$warmup" --repeats "$repeats" --json "$scratch/train.jsonl" > "$scratch/train.txt" 2>&1 || { cat "$scratch/train.txt" >&2; return 1; }
+    --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train.jsonl" > "$scratch/train.txt" 2>&1 || { cat "$scratch/train.txt" >&2; return 1; }
   cat "$scratch/attention.jsonl" "$scratch/train.jsonl" > "$BENCH"
   cat "$scratch/attention.txt" "$scratch/train.txt" > "$scratch/bench.txt"
   echo "$(wc -l < "$BENCH") results in bench.jsonl" > "$note"
@@ -218,7 +221,7 @@ train_stage() {
 
 # Each stage runs in its own bash under `timeout`: it sees these functions and settings.
 export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage pytorch_stage train_stage
-export REAL_FILTERS eval_limit cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
+export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES
 # The kit's libraries are found at run time too (the build's RPATH names them as well).
 if [ -d kit/debs ]; then

@@ -326,7 +326,9 @@ EvalResult evaluate(nn::Transformer& model, const data::TaskData& task, const st
 // The first NaN or infinity among a file's floating-point tensors: "'param/x' holds nan at
 // element 3", or "" when every value is finite.
 std::string non_finite_in(const std::map<std::string, Tensor>& tensors) {
-  for (const auto& [name, t] : tensors) {
+  for (const auto& entry : tensors) {
+    const std::string& name = entry.first;  // a structured binding cannot be captured by clang 14
+    const Tensor& t = entry.second;
     const Tensor host = t.device() == Device::cpu ? t : t.to(Device::cpu);
     auto scan = [&](const auto* x) -> std::string {
       for (int64_t i = 0; i < host.numel(); ++i)
