@@ -174,6 +174,19 @@ __device__ void load_key_flags(SharedArray<float>& real, int base, const float* 
     real[base + t] = t < valid && (!mask || mask[b * s.N + j0 + t] != 0.f) ? 1.f : 0.f;
 }
 
+// The streamed key tile j0 .. j0 + k_rows of head bh: K and V rows and the keys' flags, between
+// two barriers (the previous tile is read no more; this one is complete for every thread).
+template <class T>
+__device__ void load_key_tile(SharedArray<float>& smem, int k_base, int v_base, int flag_base, const float* k,
+                              const float* v, const float* mask, int bh, int b, int j0, int k_rows,
+                              const FlashShape& s) {
+  __syncthreads();
+  load_rows<T::kD>(smem, k_base, k + (bh * s.N + j0) * s.d, k_rows, T::kStream, s);
+  load_rows<T::kD>(smem, v_base, v + (bh * s.N + j0) * s.d, k_rows, T::kStream, s);
+  load_key_flags(smem, flag_base, mask, b, j0, k_rows, T::kStream, s);
+  __syncthreads();
+}
+
 // Adds (or stores) this thread's output tile into rows [row0, row0 + RT) of dst, columns < d;
 // each row scaled by divide_by[r] where given.
 template <class T>
@@ -249,6 +262,7 @@ __global__ void __launch_bounds__(kBlock) flash_forward_kernel(float* out, float
   const int tx = threadIdx.x % kLanesPerRow, ty = threadIdx.x / kLanesPerRow, row0 = ty * T::RT;
   const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * BM;
   const int q_rows = s.M - i0 < BM ? s.M - i0 : BM;
+  const bool live = warp_owns_rows<T>(q_rows);
   load_rows<T::kD>(smem, q_base, q + (bh * s.M + i0) * s.d, q_rows, BM, s);
 
   float4 o[T::RT][T::kGroups];
@@ -261,12 +275,7 @@ __global__ void __launch_bounds__(kBlock) flash_forward_kernel(float* out, float
   }
   for (int j0 = 0; j0 < s.N; j0 += BN) {
     const int k_rows = s.N - j0 < BN ? s.N - j0 : BN;
-    __syncthreads();  // the previous tile is read no more
-    load_rows<T::kD>(smem, k_base, k + (bh * s.N + j0) * s.d, k_rows, BN, s);
-    load_rows<T::kD>(smem, v_base, v + (bh * s.N + j0) * s.d, k_rows, BN, s);
-    load_key_flags(smem, flag_base, mask, b, j0, k_rows, BN, s);
-    __syncthreads();
-    const bool live = warp_owns_rows<T>(q_rows);
+    load_key_tile<T>(smem, k_base, v_base, flag_base, k, v, mask, bh, b, j0, k_rows, s);
     if (live) {
       float sc[T::RT][T::CN];
       tile_scores<T>(sc, smem, q_base, row0, k_base, tx, round4(s.d));
@@ -339,6 +348,7 @@ __global__ void __launch_bounds__(kBlock) flash_dq_kernel(float* dq, const float
   const int tx = threadIdx.x % kLanesPerRow, ty = threadIdx.x / kLanesPerRow, row0 = ty * T::RT;
   const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * BM;
   const int q_rows = s.M - i0 < BM ? s.M - i0 : BM;
+  const bool live = warp_owns_rows<T>(q_rows);
   load_rows<T::kD>(smem, q_base, q + (bh * s.M + i0) * s.d, q_rows, BM, s);
   load_rows<T::kD>(smem, g_base, dout + (bh * s.M + i0) * s.d, q_rows, BM, s);
   float L[T::RT], Dl[T::RT];
@@ -353,12 +363,7 @@ __global__ void __launch_bounds__(kBlock) flash_dq_kernel(float* dq, const float
   }
   for (int j0 = 0; j0 < s.N; j0 += BN) {
     const int k_rows = s.N - j0 < BN ? s.N - j0 : BN;
-    __syncthreads();
-    load_rows<T::kD>(smem, k_base, k + (bh * s.N + j0) * s.d, k_rows, BN, s);
-    load_rows<T::kD>(smem, v_base, v + (bh * s.N + j0) * s.d, k_rows, BN, s);
-    load_key_flags(smem, flag_base, mask, b, j0, k_rows, BN, s);
-    __syncthreads();
-    const bool live = warp_owns_rows<T>(q_rows);
+    load_key_tile<T>(smem, k_base, v_base, flag_base, k, v, mask, bh, b, j0, k_rows, s);
     if (live) {
       float sc[T::RT][T::CN], dp[T::RT][T::CN];
       tile_scores<T>(sc, smem, q_base, row0, k_base, tx, round4(s.d));
@@ -400,6 +405,7 @@ __global__ void __launch_bounds__(kBlock) flash_dkdv_kernel(float* dk, float* dv
   const int tx = threadIdx.x % kLanesPerRow, ty = threadIdx.x / kLanesPerRow, row0 = ty * T::RT;
   const int bh = blockIdx.y, b = bh / s.heads, j0 = blockIdx.x * BK;
   const int k_rows = s.N - j0 < BK ? s.N - j0 : BK;
+  const bool live = warp_owns_rows<T>(k_rows);
   load_rows<T::kD>(smem, k_base, k + (bh * s.N + j0) * s.d, k_rows, BK, s);
   load_rows<T::kD>(smem, v_base, v + (bh * s.N + j0) * s.d, k_rows, BK, s);
   bool real[T::RT];
@@ -421,7 +427,6 @@ __global__ void __launch_bounds__(kBlock) flash_dkdv_kernel(float* dk, float* dv
       smem[delta_base + t] = t < q_rows ? delta[bh * s.M + i0 + t] : 0.f;
     }
     __syncthreads();
-    const bool live = warp_owns_rows<T>(k_rows);
     if (live) {
       float st[T::RT][T::CN], dpt[T::RT][T::CN];  // scores and dP, transposed: keys × queries
       tile_scores<T>(st, smem, k_base, row0, q_base, tx, round4(s.d));

@@ -25,17 +25,23 @@ struct StepCase {
 
 class CudaTrainingSteps : public ::testing::TestWithParam<StepCase> {};
 
+// A tiny model of the case's mechanism (dropout on, so the device's dropout stream is used too).
+static nn::ModelConfig step_model(const StepCase& c, int64_t layers, int64_t clusters) {
+  nn::ModelConfig m;
+  m.vocab = 8, m.max_len = 16, m.dim = 16, m.heads = 2, m.mlp_dim = 32, m.layers = layers, m.classes = 3;
+  m.dropout = 0.1;
+  m.attention.mechanism = c.mechanism;
+  m.attention.single_assignment = c.single_assignment;
+  m.attention.shared_clustering = c.shared_clustering;
+  m.attention.clusters = clusters, m.attention.cluster_size = 6, m.attention.topk = 5, m.attention.bits = 8;
+  m.attention.iterations = 2;
+  return m;
+}
+
 TEST_P(CudaTrainingSteps, CopyBackOnlyTheLogAndStopAllocatingAfterWarmUp) {
   SKIP_WITHOUT_GPU();
 #ifdef CAST_WITH_CUDA
-  nn::ModelConfig m;
-  m.vocab = 8, m.max_len = 16, m.dim = 16, m.heads = 2, m.mlp_dim = 32, m.layers = 1, m.classes = 3;
-  m.dropout = 0.1;
-  m.attention.mechanism = GetParam().mechanism;
-  m.attention.single_assignment = GetParam().single_assignment;
-  m.attention.shared_clustering = GetParam().shared_clustering;
-  m.attention.clusters = 4, m.attention.cluster_size = 6, m.attention.topk = 5, m.attention.bits = 8;
-  m.attention.iterations = 2;
+  const nn::ModelConfig m = step_model(GetParam(), 1, 4);
   nn::Transformer model(m, DType::f32, Device::cuda);
   nn::ParamList params = model.parameters();
   std::vector<Tensor> mo, ve;
@@ -111,14 +117,7 @@ TEST_P(CudaTrainingSteps, CopyBackOnlyTheLogAndStopAllocatingAfterWarmUp) {
 // the first step is lr·sign(g), which a gradient that is zero but for rounding flips at random).
 TEST_P(CudaTrainingSteps, OneStepEqualsTheCpuStep) {
   SKIP_WITHOUT_GPU();
-  nn::ModelConfig m;
-  m.vocab = 8, m.max_len = 16, m.dim = 16, m.heads = 2, m.mlp_dim = 32, m.layers = 2, m.classes = 3;
-  m.dropout = 0.1;
-  m.attention.mechanism = GetParam().mechanism;
-  m.attention.single_assignment = GetParam().single_assignment;
-  m.attention.shared_clustering = GetParam().shared_clustering;
-  m.attention.clusters = 3, m.attention.cluster_size = 6, m.attention.topk = 5, m.attention.bits = 8;
-  m.attention.iterations = 2;
+  const nn::ModelConfig m = step_model(GetParam(), 2, 3);
   struct Side {
     std::unique_ptr<nn::Transformer> model;
     nn::ParamList params;

@@ -20,14 +20,6 @@ using Inputs = std::vector<Tensor>;
 
 namespace {
 
-// A (B, N) mask with `padding[b]` padded positions at the end of row b.
-Tensor tail_mask(int64_t N, const std::vector<int64_t>& padding, DType dtype) {
-  std::vector<double> m;
-  for (int64_t pad : padding)
-    for (int64_t i = 0; i < N; ++i) m.push_back(i < N - pad ? 1.0 : 0.0);
-  return Tensor::from_vector<double>(m, {static_cast<int64_t>(padding.size()), N}).to(dtype);
-}
-
 struct Shape5 {
   int64_t B, H, M, N, d;
 };

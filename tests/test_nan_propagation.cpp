@@ -17,13 +17,6 @@ using Inputs = std::vector<Tensor>;
 
 namespace {
 
-Tensor tail_mask(int64_t N, const std::vector<int64_t>& padding, DType dtype) {
-  std::vector<double> m;
-  for (int64_t pad : padding)
-    for (int64_t i = 0; i < N; ++i) m.push_back(i < N - pad ? 1.0 : 0.0);
-  return Tensor::from_vector<double>(m, {static_cast<int64_t>(padding.size()), N}).to(dtype);
-}
-
 // `t` with element `flat` set to NaN, as a fresh leaf that requires grad.
 Tensor with_nan(const Tensor& t, int64_t flat) {
   auto values = t.to_double_vector();

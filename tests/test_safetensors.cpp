@@ -87,26 +87,28 @@ TEST(SafeTensors, WritesReplaceOnlyRegularFilesAndFollowSymlinks) {
   EXPECT_FALSE(std::filesystem::exists("/proc/cast_nowhere.safetensors.tmp"));
 }
 
+// A safetensors file: the 8-byte little-endian header length, `header`, then `data_bytes` zeros.
+static std::vector<char> safetensors_bytes(const std::string& header, size_t data_bytes) {
+  std::vector<char> out(8 + header.size() + data_bytes, 0);
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  std::copy(header.begin(), header.end(), out.begin() + 8);
+  return out;
+}
+
 TEST(SafeTensors, CorruptHeaders) {
-  auto make = [](const std::string& header, size_t data_bytes) {
-    std::vector<char> out(8 + header.size() + data_bytes, 0);
-    uint64_t n = header.size();
-    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    std::copy(header.begin(), header.end(), out.begin() + 8);
-    return out;
-  };
-  EXPECT_CAST_ERROR(parse_safetensors(make("{not json", 0), "f"), "corrupt safetensors header");
-  EXPECT_CAST_ERROR(parse_safetensors(make("[1,2]", 0), "f"), "not a JSON object");
-  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})", 2), "f"),
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes("{not json", 0), "f"), "corrupt safetensors header");
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes("[1,2]", 0), "f"), "not a JSON object");
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})", 2), "f"),
                     "unsupported dtype");
-  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "f"),
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "f"),
                     "do not hold");
-  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4), "f"),
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4), "f"),
                     "outside");
-  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "f"),
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "f"),
                     "bad dimension");
-  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "f"), "lacks");
-  std::vector<char> huge = make("{}", 0);
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "f"), "lacks");
+  std::vector<char> huge = safetensors_bytes("{}", 0);
   huge[7] = 0x7f;  // header length far beyond the file
   EXPECT_CAST_ERROR(parse_safetensors(huge, "f"), "exceeds the file size");
 }
@@ -117,21 +119,14 @@ TEST(SafeTensors, MissingFile) {
 
 // Issue 19: a name given twice (JSON keeps the last one silently) and tensors sharing bytes.
 TEST(SafeTensors, DuplicateNamesAndOverlappingRangesAreRefused) {
-  auto make = [](const std::string& header, size_t data_bytes) {
-    std::vector<char> out(8 + header.size() + data_bytes, 0);
-    uint64_t n = header.size();
-    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    std::copy(header.begin(), header.end(), out.begin() + 8);
-    return out;
-  };
-  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                                            R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8), "f"),
                     "f: tensor name 'a' appears twice in the header");
-  EXPECT_CAST_ERROR(parse_safetensors(make(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12), "f"),
                     "f: tensors 'a' and 'b' overlap in the data section");
   // a name inside a tensor entry or the metadata is no tensor name: only the top level counts
-  const TensorFile ok = parse_safetensors(make(R"({"__metadata__":{"a":"x"},"a":{"dtype":"F32","shape":[1],)"
+  const TensorFile ok = parse_safetensors(safetensors_bytes(R"({"__metadata__":{"a":"x"},"a":{"dtype":"F32","shape":[1],)"
                                                R"("data_offsets":[0,4]},"b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", 4), "f");
   EXPECT_EQ(ok.tensors.size(), 2u);
 }

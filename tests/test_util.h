@@ -91,4 +91,12 @@ inline void expect_values(const Tensor& t, const std::vector<double>& expected, 
     }                                                                                     \
   } while (0)
 
+// A (B, N) mask with `padding[b]` padded positions at the end of row b.
+inline Tensor tail_mask(int64_t N, const std::vector<int64_t>& padding, DType dtype) {
+  std::vector<double> m;
+  for (int64_t pad : padding)
+    for (int64_t i = 0; i < N; ++i) m.push_back(i < N - pad ? 1.0 : 0.0);
+  return Tensor::from_vector<double>(m, {static_cast<int64_t>(padding.size()), N}).to(dtype);
+}
+
 }  // namespace cast::testing
