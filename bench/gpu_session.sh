@@ -71,7 +71,7 @@ else
   budget_scale=1
   build_dir=build-gpu cast="build-gpu/cast" tests="build-gpu/cast_tests"
   lengths=1024,4096 text_length=4096 text_batch=32 repeats=5 warmup=2 steps=300 train_batch=32 rounds=3 eval_limit=0
-  train_mechanisms=full,cast-topk
+  train_mechanisms=full,cast-topk,clustered,iclustered
   sanitizer() { compute-sanitizer --tool "$2" --error-exitcode 1 "${@:3}"; }
 fi
 
@@ -194,12 +194,32 @@ sanitizer_stage() {
 bench_stage() {
   "$cast" bench attention --device cuda --lengths "$lengths" --mechanisms full,cast-topk,cast-satopk,clustered,iclustered \
     --warmup "$warmup" --repeats "$repeats" --json "$scratch/attention.jsonl" > "$scratch/attention.txt" 2>&1 || { cat "$scratch/attention.txt" >&2; return 1; }
+  cp "$scratch/attention.jsonl" "$BENCH"  # kept when the training-step benchmark fails
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda \
     --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train.jsonl" > "$scratch/train.txt" 2>&1 || { cat "$scratch/train.txt" >&2; return 1; }
   cat "$scratch/attention.jsonl" "$scratch/train.jsonl" > "$BENCH"
   cat "$scratch/attention.txt" "$scratch/train.txt" > "$scratch/bench.txt"
   echo "$(wc -l < "$BENCH") results in bench.jsonl" > "$note"
   [ -s "$BENCH" ]
+}
+
+# Kernel times of one training step per mechanism (Nsight Compute, one metric, one pass), summed
+# by kernel with bench/kernel_times.py, to set against bench/floor.py's table.
+profile_stage() {
+  if [ $dry = 1 ] || ! command -v ncu > /dev/null; then
+    python3 bench/kernel_times.py --help > /dev/null || return 1
+    echo "no ncu$([ $dry = 1 ] && echo " in the dry run"): kernel times skipped" > "$note"
+    return 0
+  fi
+  local mechanism
+  for mechanism in ${train_mechanisms//,/ }; do
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda \
+      --mechanisms "$mechanism" --warmup 0 --repeats 1 > "$scratch/ncu.csv" 2> "$scratch/ncu.err" || { tail -n 5 "$scratch/ncu.err" >&2; return 1; }
+    { echo "== $mechanism: one Text-preset step, N $text_length, batch $text_batch"
+      python3 bench/kernel_times.py "$scratch/ncu.csv" --top 12; } >> "$scratch/profile.txt" || return 1
+  done
+  grep -h "launches," "$scratch/profile.txt" | tr '\n' ';' > "$note"
 }
 
 pytorch_stage() {
@@ -220,7 +240,7 @@ train_stage() {
 }
 
 # Each stage runs in its own bash under `timeout`: it sees these functions and settings.
-export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage pytorch_stage train_stage
+export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage profile_stage pytorch_stage train_stage
 export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES
 # The kit's libraries are found at run time too (the build's RPATH names them as well).
@@ -234,10 +254,11 @@ if [ -x "$cast" ] && [ -x "$tests" ]; then
   run_stage tests 70 tests_stage
   run_stage sanitizer 100 sanitizer_stage
   run_stage bench 70 bench_stage
+  run_stage profile 90 profile_stage
   run_stage pytorch 70 pytorch_stage
   run_stage train 60 train_stage
 else
-  for s in tests sanitizer bench pytorch train; do rows+=("| $s | skipped | 0 | no binary: the build failed |"); done
+  for s in tests sanitizer bench profile pytorch train; do rows+=("| $s | skipped | 0 | no binary: the build failed |"); done
   failed=1
 fi
 
@@ -252,8 +273,9 @@ fi
   printf '%s\n' "${rows[@]}"
   echo
   for f in "$scratch/bench.txt" "$TORCH"; do
-    [ -s "$f" ] && { echo '```'; grep -vE "^\s*$" "$f" | tail -n 25; echo '```'; echo; }
+    [ -s "$f" ] && { echo '```'; grep -vE "^\s*$" "$f" | tail -n 40; echo '```'; echo; }
   done
+  [ -s "$scratch/profile.txt" ] && { echo '```'; cat "$scratch/profile.txt"; echo '```'; echo; }
   [ -s "$scratch/train_run.txt" ] && { echo '```'; tail -n 6 "$scratch/train_run.txt"; echo '```'; echo; }
   echo "Files: $(cd "$out" && ls | tr '\n' ' ')"
   for log in "$TESTS_LOG" "$SAN_LOG"; do

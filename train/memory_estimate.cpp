@@ -23,8 +23,9 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
   const double c = static_cast<double>(a.clusters > 0 ? a.clusters : nn::default_clusters(N));
   switch (a.mechanism) {
     case nn::Mechanism::full:
-      // the step ops keep scores and probabilities (B, H, N, N); the fused CPU kernel a row of each
-      floats += a.fused && !gpu ? b * h * n * 2 : b * h * n * n * 3;
+      // the step ops keep scores and probabilities (B, H, N, N); flash attention (the CPU's, and the
+      // GPU's up to its head-width bound of 128) keeps one log-sum-exp and one delta per row
+      floats += a.fused && (!gpu || dh <= 128) ? b * h * n * 2 : b * h * n * n * 3;
       break;
     case nn::Mechanism::cast: {
       const double kappa = static_cast<double>(a.cluster_size > 0 ? a.cluster_size : nn::default_clusters(N));
