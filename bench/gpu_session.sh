@@ -46,7 +46,7 @@ for f in "$SUMMARY" "$BUILD_LOG" "$TESTS_LOG" "$SAN_LOG" "$BENCH" "$TORCH" "$MET
 
 # ---------------------------------------------------------------- what each mode runs
 # The GPU tests: every CUDA-vs-CPU test and the trainer's own step on the device.
-GPU_FILTER='CudaVsCpu*:*CudaTrainingSteps.*:Emulation.*'
+GPU_FILTER='CudaVsCpu*:*CudaTrainingSteps.*:*FastPath*:Emulation.*'
 # Under compute-sanitizer (each tool slows kernels 10-100x): memcheck on the attention kernels
 # and one whole CAST step, racecheck and synccheck on the kernels with shared memory and barriers.
 MEMCHECK_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.IntraClusterAttentionFused:CudaVsCpuAttention.ImprovedClusteredTopKeysFused:CudaVsCpuAttention.SummariesFused:*CudaTrainingSteps.OneStepEqualsTheCpuStep/cast'

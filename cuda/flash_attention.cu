@@ -27,6 +27,7 @@
 // padding keys still taking 0; NaN in a padding row reaches what the reference's products reach.
 #include <cmath>
 
+#include "ops/softmax_rule.h"
 #include "cuda/common.cuh"
 #include "cuda/flash_attention.h"
 #include "cuda/launch.cuh"
@@ -220,18 +221,18 @@ __device__ __forceinline__ void online_softmax(float (&sc)[T::RT][T::CN], float 
                                                int p_base, int flag_base, int row0, int tx, float scale) {
 #pragma unroll
   for (int r = 0; r < T::RT; ++r) {
-    float tile_max = -INFINITY;
+    float tile_max = softmax_rule::masked<float>();
 #pragma unroll
     for (int c = 0; c < T::CN; ++c) {
-      sc[r][c] = smem[flag_base + tx + kLanesPerRow * c] != 0.f ? sc[r][c] * scale : -INFINITY;
+      sc[r][c] = smem[flag_base + tx + kLanesPerRow * c] != 0.f ? sc[r][c] * scale : softmax_rule::masked<float>();
       tile_max = fmaxf(tile_max, sc[r][c]);
     }
     const float m_new = fmaxf(m[r], row_max(tile_max));
-    const float correction = m_new == -INFINITY ? 1.f : expf(m[r] - m_new);
+    const float correction = softmax_rule::rescale(m[r], m_new);
     float sum = 0.f;
 #pragma unroll
     for (int c = 0; c < T::CN; ++c) {
-      const float p = sc[r][c] == -INFINITY ? 0.f : expf(sc[r][c] - m_new);
+      const float p = softmax_rule::weight(sc[r][c], m_new);
       smem[p_base + (row0 + r) * T::kProbStride + tx + kLanesPerRow * c] = p;
       sum += p;
     }
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(kBlock) flash_forward_kernel(float* out, float
   float m[T::RT], l[T::RT];
 #pragma unroll
   for (int r = 0; r < T::RT; ++r) {
-    m[r] = -INFINITY, l[r] = 0.f;
+    m[r] = softmax_rule::masked<float>(), l[r] = 0.f;
 #pragma unroll
     for (int g = 0; g < T::kGroups; ++g) o[r][g] = zero4();
   }
@@ -287,9 +288,9 @@ __global__ void __launch_bounds__(kBlock) flash_forward_kernel(float* out, float
   float inv[T::RT];
 #pragma unroll
   for (int r = 0; r < T::RT; ++r) {
-    inv[r] = l[r] == 0.f ? 0.f : 1.f / l[r];  // no real key: zeros, as the reference softmax
+    inv[r] = softmax_rule::inverse_sum(l[r]);  // no real key: zeros, as the reference softmax
     const int row = i0 + row0 + r;
-    if (tx == 0 && row < s.M) lse[bh * s.M + row] = l[r] == 0.f ? -INFINITY : m[r] + logf(l[r]);
+    if (tx == 0 && row < s.M) lse[bh * s.M + row] = softmax_rule::log_sum_exp(m[r], l[r]);
   }
   store_rows<T>(out + bh * s.M * s.d, o, i0 + row0, s.M, inv, false, tx, s);
 }
@@ -324,7 +325,7 @@ __global__ void flash_delta_real_keys_kernel(float* delta, const float* dout, co
         qk += q[r * s.d + e] * k[(bh * s.N + j) * s.d + e];
         gv += dout[r * s.d + e] * v[(bh * s.N + j) * s.d + e];
       }
-      sum += expf(warp_sum(qk) * s.scale - lse[r]) * warp_sum(gv);
+      sum += softmax_rule::probability(warp_sum(qk) * s.scale, true, lse[r]) * warp_sum(gv);
     }
     if (lane == 0) delta[r] = sum;
   }
@@ -356,7 +357,7 @@ __global__ void __launch_bounds__(kBlock) flash_dq_kernel(float* dq, const float
 #pragma unroll
   for (int r = 0; r < T::RT; ++r) {
     const int row = i0 + row0 + r;
-    L[r] = row < s.M ? lse[bh * s.M + row] : -INFINITY;
+    L[r] = row < s.M ? lse[bh * s.M + row] : softmax_rule::masked<float>();
     Dl[r] = row < s.M ? delta[bh * s.M + row] : 0.f;
 #pragma unroll
     for (int g = 0; g < T::kGroups; ++g) acc[r][g] = zero4();
@@ -372,10 +373,10 @@ __global__ void __launch_bounds__(kBlock) flash_dq_kernel(float* dq, const float
       for (int r = 0; r < T::RT; ++r)
 #pragma unroll
         for (int c = 0; c < T::CN; ++c) {  // dS = P ⊙ (dP − Δ), 0 at padding keys and for rows with none real
-          const bool real = smem[flag_base + tx + kLanesPerRow * c] != 0.f && L[r] != -INFINITY;
-          const float p = real ? expf(sc[r][c] * s.scale - L[r]) : 0.f;
+          const bool real = smem[flag_base + tx + kLanesPerRow * c] != 0.f && L[r] != softmax_rule::masked<float>();
+          const float p = softmax_rule::probability(sc[r][c] * s.scale, real, L[r]);
           smem[ds_base + (row0 + r) * T::kProbStride + tx + kLanesPerRow * c] =
-              real ? p * (dp[r][c] - Dl[r]) * s.scale : 0.f;
+              real ? softmax_rule::score_gradient(p, dp[r][c], Dl[r]) * s.scale : 0.f;
         }
     }
     __syncthreads();
@@ -423,7 +424,7 @@ __global__ void __launch_bounds__(kBlock) flash_dkdv_kernel(float* dk, float* dv
     load_rows<T::kD>(smem, q_base, q + (bh * s.M + i0) * s.d, q_rows, BQ, s);
     load_rows<T::kD>(smem, g_base, dout + (bh * s.M + i0) * s.d, q_rows, BQ, s);
     for (int t = threadIdx.x; t < BQ; t += blockDim.x) {
-      smem[lse_base + t] = t < q_rows ? lse[bh * s.M + i0 + t] : -INFINITY;
+      smem[lse_base + t] = t < q_rows ? lse[bh * s.M + i0 + t] : softmax_rule::masked<float>();
       smem[delta_base + t] = t < q_rows ? delta[bh * s.M + i0 + t] : 0.f;
     }
     __syncthreads();
@@ -441,9 +442,9 @@ __global__ void __launch_bounds__(kBlock) flash_dkdv_kernel(float* dk, float* dv
           const int i = tx + kLanesPerRow * c;
           const float Li = smem[lse_base + i];
           float p = 0.f, ds = 0.f;
-          if (Li != -INFINITY && real[r]) {
-            p = expf(st[r][c] * s.scale - Li);
-            ds = p * (dpt[r][c] - smem[delta_base + i]) * s.scale;
+          if (Li != softmax_rule::masked<float>() && real[r]) {
+            p = softmax_rule::probability(st[r][c] * s.scale, true, Li);
+            ds = softmax_rule::score_gradient(p, dpt[r][c], static_cast<float>(smem[delta_base + i])) * s.scale;
           }
           smem[p_base + (row0 + r) * pstride + i] = p;
           smem[ds_base + (row0 + r) * pstride + i] = ds;

@@ -3,6 +3,7 @@
 // per row, eight rows to a block, so that no thread idles and no block-wide barrier is paid.
 #include <climits>
 
+#include "ops/softmax_rule.h"
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/softmax.h"
@@ -35,25 +36,25 @@ __global__ void softmax_forward_kernel(float* y, const float* x, const float* ma
   const float* xr = x + r * len;
   const float* mr = mask ? mask + (r / group) * len : nullptr;
   float* yr = y + r * len;
-  float mx = -INFINITY;
+  float mx = softmax_rule::masked<float>();
   for (int64_t j = lane; j < len; j += stride)
     if (!mr || mr[j] != 0.f) mx = fmaxf(mx, xr[j]);
   mx = row_reduce<WarpPerRow, true>(mx);
-  if (mx == -INFINITY) {  // no real entry above −∞: a masked row gives 0, a row of NaN gives NaN (as the CPU)
+  if (mx == softmax_rule::masked<float>()) {  // no real entry above −∞: a masked row gives 0, a row of NaN gives NaN (as the CPU)
     float nans = 0;
     for (int64_t j = lane; j < len; j += stride) nans += (!mr || mr[j] != 0.f) && xr[j] != xr[j] ? 1.f : 0.f;  // x != x: NaN
     nans = row_reduce<WarpPerRow, false>(nans);
-    for (int64_t j = lane; j < len; j += stride) yr[j] = nans > 0.f ? NAN : 0.f;
+    for (int64_t j = lane; j < len; j += stride) yr[j] = softmax_rule::empty_row<float>(nans > 0.f);
     return;
   }
   float total = 0;
   for (int64_t j = lane; j < len; j += stride)
-    if (!mr || mr[j] != 0.f) total += expf(xr[j] - mx);
+    if (!mr || mr[j] != 0.f) total += softmax_rule::weight(xr[j], mx);
   total = row_reduce<WarpPerRow, false>(total);
   const float log_total = logf(total);
   for (int64_t j = lane; j < len; j += stride) {
     const bool keep = !mr || mr[j] != 0.f;
-    yr[j] = !keep ? 0.f : log ? xr[j] - mx - log_total : expf(xr[j] - mx) / total;
+    yr[j] = !keep ? 0.f : log ? xr[j] - mx - log_total : softmax_rule::weight(xr[j], mx) / total;
   }
 }
 
@@ -78,7 +79,7 @@ __global__ void softmax_backward_kernel(float* dx, const float* dy, const float*
   if (kept == 0.f) return;
   for (int64_t j = lane; j < len; j += stride) {
     if (mr && mr[j] == 0.f) continue;
-    dr[j] += log ? gr[j] - expf(yr[j]) * dot : yr[j] * (gr[j] - dot);
+    dr[j] += log ? gr[j] - expf(yr[j]) * dot : softmax_rule::score_gradient(yr[j], gr[j], dot);
   }
 }
 

@@ -14,6 +14,7 @@
 // with no key (no cluster, or only empty slots) outputs zeros with log-sum-exp −∞.
 #include <cmath>
 
+#include "ops/softmax_rule.h"
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/topkey_attention.h"
@@ -51,7 +52,7 @@ __global__ void topkey_forward_kernel(float* top_out, float* lse, const float* q
     load_lane_row(qi, q + row * d, d, lane);
 #pragma unroll
     for (int c = 0; c < kColumns; ++c) acc[c] = 0.f;
-    float m = -INFINITY, l = 0.f;
+    float m = softmax_rule::masked<float>(), l = 0.f;
     if (j >= 0 && j < C) {
       const int32_t* keys = top + (bh * C + j) * K;
       for (int t = 0; t < K; ++t) {
@@ -59,8 +60,8 @@ __global__ void topkey_forward_kernel(float* top_out, float* lse, const float* q
         if (key < 0 || key >= N) continue;  // an empty slot (a bad id is reported by the op's check)
         const float score = warp_dot(qi, k + (bh * N + key) * d, d, lane) * scale;
         const float m_new = fmaxf(m, score);
-        const float correction = m_new == -INFINITY ? 1.f : expf(m - m_new);
-        const float p = score == -INFINITY ? 0.f : expf(score - m_new);
+        const float correction = softmax_rule::rescale(m, m_new);
+        const float p = softmax_rule::weight(score, m_new);
         const float* vr = v + (bh * N + key) * d;
 #pragma unroll
         for (int c = 0; c < kColumns; ++c)
@@ -69,11 +70,11 @@ __global__ void topkey_forward_kernel(float* top_out, float* lse, const float* q
         m = m_new;
       }
     }
-    const float inv = l == 0.f ? 0.f : 1.f / l;  // no key: zeros; NaN stays NaN
+    const float inv = softmax_rule::inverse_sum(l);  // no key: zeros; NaN stays NaN
 #pragma unroll
     for (int c = 0; c < kColumns; ++c)
       if (lane + 32 * c < d) top_out[row * d + lane + 32 * c] = acc[c] * inv;
-    if (lane == 0) lse[row] = l == 0.f ? -INFINITY : m + logf(l);
+    if (lane == 0) lse[row] = softmax_rule::log_sum_exp(m, l);
   }
 }
 
@@ -89,7 +90,7 @@ __global__ void topkey_backward_kernel(float* dq, float* dk, float* dv, const fl
   __syncthreads();
   for (int i = warp; i < N; i += warps) {
     const int row = bh * N + i;
-    if (assign[row] != j || lse[row] == -INFINITY) continue;  // not a member, or a row with no key
+    if (assign[row] != j || lse[row] == softmax_rule::masked<float>()) continue;  // not a member, or a row with no key
     float qi[kColumns], gi[kColumns], dqi[kColumns];
     load_lane_row(qi, q + row * d, d, lane);
     load_lane_row(gi, d_top + row * d, d, lane);
@@ -100,8 +101,8 @@ __global__ void topkey_backward_kernel(float* dq, float* dk, float* dv, const fl
       const int key = keys[t];
       if (key < 0 || key >= N) continue;
       const float* kr = k + (bh * N + key) * d;
-      const float p = expf(warp_dot(qi, kr, d, lane) * scale - lse[row]);
-      const float ds = p * (warp_dot(gi, v + (bh * N + key) * d, d, lane) - delta) * scale;
+      const float p = softmax_rule::probability(warp_dot(qi, kr, d, lane) * scale, true, lse[row]);
+      const float ds = softmax_rule::score_gradient(p, warp_dot(gi, v + (bh * N + key) * d, d, lane), delta) * scale;
 #pragma unroll
       for (int c = 0; c < kColumns; ++c) {
         const int e = lane + 32 * c;

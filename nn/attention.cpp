@@ -3,9 +3,8 @@
 #include <cmath>
 
 #include "autograd/tape.h"
-#include "ops/cluster_fused.h"
 #include "ops/clustering.h"
-#include "ops/flash_attention.h"
+#include "ops/fast.h"
 #include "ops/ops.h"
 
 namespace cast::nn {
@@ -30,6 +29,27 @@ const char* mechanism_name(Mechanism m) {
 int64_t default_clusters(int64_t n) {
   int64_t c = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(std::max<int64_t>(n, 1)))));
   return (c + 7) / 8 * 8;
+}
+
+std::vector<ops::Step> fast_path_steps(const AttentionConfig& c) {
+  switch (c.mechanism) {
+    case Mechanism::full:
+    case Mechanism::clustered: return {ops::Step::full_attention};
+    case Mechanism::iclustered: return {ops::Step::improved_clustered_output};
+    default:
+      if (!c.summaries) return {ops::Step::intra_cluster_attention, ops::Step::combine_clusters};
+      return {ops::Step::intra_cluster_attention, ops::Step::cluster_summaries, ops::Step::combine_clusters};
+  }
+}
+
+std::vector<std::string> step_implementations(const AttentionConfig& c, Device device) {
+  const ops::StepSizes sizes{device, DType::f32, c.dim / std::max<int64_t>(c.heads, 1), c.topk};
+  std::vector<std::string> names;
+  for (ops::Step s : fast_path_steps(c)) {
+    const ops::FastPath* path = ops::choose_path(s, c.fused, sizes);
+    names.push_back(path ? path->name : fmt::format("{} (reference)", ops::step_name(s)));
+  }
+  return names;
 }
 
 Attention::Attention(const AttentionConfig& config, DType dtype, Device device) : config_(config) {
@@ -90,7 +110,7 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
   Tensor heads_out;
   switch (config_.mechanism) {
     case Mechanism::full:
-      heads_out = use_flash(q) ? ops::flash_attention(q, k, v, mask) : ops::full_attention(q, k, v, mask);
+      heads_out = step(ops::Step::full_attention, {q, k, v, mask});
       break;
     case Mechanism::cast: result = forward_cast(x, mask, q, k, v); heads_out = result.out; break;
     default: result = forward_clustered(mask, q, k, v, assignment); heads_out = result.out; break;
@@ -133,11 +153,10 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
     members = members.view({B, H, C, kappa});
   }
   // Steps 5–7.
-  Tensor r_intra = use_flash(q) ? ops::intra_cluster_attention_fused(q, k, v, members)
-                                : ops::intra_cluster_attention(q, k, v, members);
-  Tensor r_inter = config_.summaries ? ops::cluster_summaries(a_k, v, mask) : Tensor();
+  Tensor r_intra = step(ops::Step::intra_cluster_attention, {q, k, v, members});
+  Tensor r_inter = config_.summaries ? step(ops::Step::cluster_summaries, {a_k, v, mask}) : Tensor();
   AttentionOutput result;
-  result.out = ops::combine_clusters(w, r_intra, r_inter, members);
+  result.out = step(ops::Step::combine_clusters, {w, r_intra, r_inter, members});
   result.clusters = members;
   return result;
 }
@@ -174,8 +193,8 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
   AttentionOutput result;
   result.assignment = assignment;
   if (config_.mechanism == Mechanism::clustered) {
-    Tensor per_cluster = use_flash(q) ? ops::flash_attention(centroids, k, v, mask)  // A^c V, A^c never stored
-                                      : ops::matmul(ops::centroid_attention(centroids, k, mask), v);
+    // A^c V: the same step as full attention, with the centroids as queries
+    Tensor per_cluster = step(ops::Step::full_attention, {centroids, k, v, mask});
     result.out = ops::broadcast_to_members(per_cluster, assignment);
     return result;
   }
@@ -187,8 +206,7 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
     top_keys = ops::topk(a_c, top, mask);  // (B, H, C, top); masked keys never chosen
   }
   result.top_keys = top_keys;
-  result.out = use_fused(q) ? ops::improved_clustered_output_fused(q, k, v, a_c, top_keys, assignment)
-                            : ops::improved_clustered_output(q, k, v, a_c, top_keys, assignment);
+  result.out = step(ops::Step::improved_clustered_output, {q, k, v, a_c, top_keys, assignment});
   return result;
 }
 

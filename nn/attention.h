@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "nn/module.h"
 #include "ops/attention.h"
+#include "ops/fast.h"
 #include "tensor/tensor.h"
 
 namespace cast::nn {
@@ -30,14 +32,20 @@ struct AttentionConfig {
   int64_t bits = 63;        // clustered: LSH hash bits
   int64_t iterations = 10;  // clustered: Lloyd iterations
   uint64_t seed = 0;        // parameter init and the LSH planes
-  // CPU: the fused kernels (ops/flash_attention.h, ops/cluster_fused.h) instead of the
-  // step-by-step reference ops. Same values and gradients; off for study (--reference).
+  // The registered fast paths (ops/fast.h) where they support the inputs, on every device,
+  // instead of the step-by-step reference ops. Same values and gradients; off for study
+  // (--reference), which then runs only the reference's basic ops on the CPU and the GPU alike.
   bool fused = true;
 };
 
 Mechanism parse_mechanism(const std::string& name);
 const char* mechanism_name(Mechanism m);
 int64_t default_clusters(int64_t n);  // ⌈√N⌉ rounded up to a multiple of 8
+// The steps with fast paths (ops/fast.h) that a layer of this config runs, in order, and the
+// implementation each takes on `device` for f32 inputs: a fast path's name, or the step's name
+// followed by " (reference)". What `cast bench` prints, from the registry the layer asks.
+std::vector<ops::Step> fast_path_steps(const AttentionConfig& config);
+std::vector<std::string> step_implementations(const AttentionConfig& config, Device device);
 
 struct AttentionOutput {
   Tensor out;         // (B, N, D)
@@ -65,11 +73,8 @@ class Attention : public Module {
                                const Tensor& v);
   AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& assignment);
-  // The fused kernels: on the CPU all of them; on CUDA those built on flash attention (full
-  // attention, clustered attention's centroids, CAST's intra-cluster attention), the improved
-  // clustered top-k step not yet.
-  bool use_fused(const Tensor& t) const { return config_.fused && !t.is_cuda(); }
-  bool use_flash(const Tensor& t) const { return config_.fused && (!t.is_cuda() || t.dim(-1) <= 128); }
+  // One step through ops/fast.h: a fast path when the config allows and one fits, else the reference.
+  Tensor step(ops::Step s, const std::vector<Tensor>& inputs) const { return ops::run_step(s, config_.fused, inputs); }
   AttentionConfig config_;
   std::map<std::string, Tensor> params_;
   uint64_t forward_calls_ = 0;  // the LSH planes are redrawn each forward

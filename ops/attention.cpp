@@ -4,15 +4,9 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "ops/cluster_index.h"
 #include "ops/clustering.h"
 #include "ops/ops.h"
-#ifdef CAST_WITH_CUDA
-#include "cuda/cluster_index.h"
-#include "cuda/combine.h"
-#include "cuda/summaries.h"
-#include "cuda/clustering.h"
-#include "cuda/topkey_attention.h"
-#endif
 
 namespace cast::ops {
 
@@ -24,34 +18,6 @@ Tensor constant_like(const std::vector<double>& values, const Shape& shape, cons
 Tensor expand(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
   return add(x, Tensor::zeros(shape, x.dtype(), x.device()));
-}
-
-// Host copy of an integer tensor as int64 values.
-static std::vector<int64_t> host_ints(const Tensor& t) {
-  auto v = t.to_double_vector();
-  return std::vector<int64_t>(v.begin(), v.end());
-}
-
-static Tensor ints_like(const std::vector<int64_t>& v, const Shape& shape, const Tensor& like_device) {
-  std::vector<int32_t> w(v.begin(), v.end());
-  return Tensor::from_vector<int32_t>(w, shape, like_device.device());
-}
-
-// Position of W[i, c] in W viewed as (B·H, N·C) for each slot (−1 for an empty slot):
-// members (B, H, C, κ) -> (B·H, C·κ) i32, computed where the members are.
-static Tensor member_weight_index(const Tensor& members, int64_t C, int64_t kappa) {
-  const int64_t BH = members.numel() / (C * kappa);
-#ifdef CAST_WITH_CUDA
-  if (members.is_cuda()) {
-    Tensor out = Tensor::empty({BH, C * kappa}, DType::i32, Device::cuda);
-    cuda::member_weight_index(out, members, C, kappa);
-    return out;
-  }
-#endif
-  auto ids = host_ints(members);
-  std::vector<int64_t> flat(ids.size());
-  for (size_t e = 0; e < ids.size(); ++e) flat[e] = ids[e] >= 0 ? ids[e] * C + static_cast<int64_t>((e / kappa) % C) : -1;
-  return ints_like(flat, {BH, C * kappa}, members);
 }
 
 // ---------------------------------------------------------------- raw building blocks
@@ -72,21 +38,6 @@ Tensor raw(BinaryOp op, const Tensor& a, const Tensor& b) {
 // c = alpha · op(a) op(b) + beta · c over matching leading batch dims
 void bmm(Tensor c, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha, double beta) {
   gemm(c, a, b, ta, tb, alpha, beta, matmul_shape(a, b, ta, tb));
-}
-
-// 1 where a slot holds a token, 0 where it is empty (−1)
-Tensor slot_mask(const Tensor& members, const Shape& shape, const Tensor& like_t) {
-#ifdef CAST_WITH_CUDA
-  if (members.is_cuda()) {  // built where the members are: no copy to the host and back
-    Tensor mask = Tensor::empty(shape, like_t.dtype(), Device::cuda);
-    cuda::slot_mask(mask, members);
-    return mask;
-  }
-#endif
-  auto ids = members.to_double_vector();
-  std::vector<double> m(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) m[i] = ids[i] >= 0 ? 1.0 : 0.0;
-  return constant_like(m, shape, like_t);
 }
 
 // The gradient buffer of t viewed with another shape (writes land in t's gradient).
@@ -132,25 +83,14 @@ Tensor full_attention(const Tensor& q, const Tensor& k, const Tensor& v, const T
 }
 
 // ---------------------------------------------------------------- CAST step 1
-// On a GPU the surrogates are first repeated for each batch row, so that each product is one
-// batched call over (b, g) instead of B calls (launches are what a GPU pays for here).
+// One product per batch row: the surrogates are shared by the batch.
 struct SurrogateScoresNode final : autograd::Node {
-  Tensor q;           // (B, G, N, w)
-  Tensor s;           // (G, C, w), shared by the batch
-  Tensor s_repeated;  // (B, G, C, w) on a GPU, else undefined
+  Tensor q;  // (B, G, N, w)
+  Tensor s;  // (G, C, w)
   double factor;
   const char* name() const override { return "surrogate_scores"; }
   void backward() override {
     const Tensor& dscores = outputs[0].grad();  // (B, G, N, C)
-    if (s_repeated.defined()) {
-      if (q.requires_grad()) bmm(q.grad_accumulator(), dscores, s_repeated, false, false, factor, 1.0);
-      if (s.requires_grad()) {
-        Tensor ds = like(s_repeated.shape(), s_repeated);
-        bmm(ds, dscores, q, true, false, factor, 0.0);  // per batch row, then summed over it
-        add_into(s.grad_accumulator(), sum_to_shape(ds, s.shape()));
-      }
-      return;
-    }
     for (int64_t b = 0; b < q.dim(0); ++b) {
       if (q.requires_grad()) bmm(q.grad_accumulator().slice0(b), dscores.slice0(b), s, false, false, factor, 1.0);
       if (s.requires_grad()) bmm(s.grad_accumulator(), dscores.slice0(b), q.slice0(b), true, false, factor, 1.0);
@@ -164,16 +104,10 @@ Tensor surrogate_scores(const Tensor& q, const Tensor& s, double factor) {
   CAST_CHECK(s.dim(0) == q.dim(1) && s.dim(2) == q.dim(3), "surrogate_scores: surrogates {} do not fit q {}",
              s.describe(), q.describe());
   Tensor scores = like({q.dim(0), q.dim(1), q.dim(2), s.dim(1)}, q);
-  Tensor s_repeated;
-  if (q.is_cuda()) {
-    s_repeated = raw(BinaryOp::add, s, zeros({q.dim(0), 1, 1, 1}, s));  // (B, G, C, w)
-    bmm(scores, q, s_repeated, false, true, factor, 0.0);
-  } else {
-    for (int64_t b = 0; b < q.dim(0); ++b) bmm(scores.slice0(b), q.slice0(b), s, false, true, factor, 0.0);
-  }
+  for (int64_t b = 0; b < q.dim(0); ++b) bmm(scores.slice0(b), q.slice0(b), s, false, true, factor, 0.0);
   if (autograd::needs_grad({&q, &s})) {
     auto node = std::make_unique<SurrogateScoresNode>();
-    node->q = q, node->s = s, node->s_repeated = s_repeated, node->factor = factor;
+    node->q = q, node->s = s, node->factor = factor;
     node->outputs = {scores};
     autograd::record(std::move(node));
   }
@@ -330,16 +264,6 @@ struct SummariesNode final : autograd::Node {
     if (!a_k.requires_grad()) return;
     Tensor dp = like(p.shape(), p);
     bmm(dp, v, dr, false, true, 1.0, 0.0);                                            // dP = V dRᵀ
-#ifdef CAST_WITH_CUDA
-    if (p.is_cuda() && p.dtype() == DType::f32) {  // the rest in two passes over each column
-      const int64_t BH = a_k.dim(0) * a_k.dim(1), N = a_k.dim(2), C = a_k.dim(3);
-      Tensor da = grad_view(a_k, {BH, N, C});
-      const Tensor mask2 = mask4.defined() ? mask4.view({a_k.dim(0), N}) : Tensor();
-      cuda::summary_weights_backward(da, dp.view({BH, N, C}), p.view({BH, N, C}), colsum.view({BH, C}),
-                                     mask2.defined() ? &mask2 : nullptr, a_k.dim(1));
-      return;
-    }
-#endif
     Tensor coldot = sum_axis_raw(raw(BinaryOp::mul, dp, p), 2);                       // Σ_i dP·P per cluster
     Tensor dw = raw(BinaryOp::div, raw(BinaryOp::sub, dp, coldot), colsum);          // (dP − Σ dP·P)/ΣW
     add_into(a_k.grad_accumulator(), mask4.defined() ? raw(BinaryOp::mul, dw, mask4) : dw);
@@ -349,21 +273,10 @@ struct SummariesNode final : autograd::Node {
 Tensor cluster_summaries(const Tensor& a_k, const Tensor& v, const Tensor& mask) {
   const int64_t B = a_k.dim(0), H = a_k.dim(1), N = a_k.dim(2), C = a_k.dim(3);
   Tensor mask4 = mask.defined() ? mask.view({B, 1, N, 1}) : Tensor();
-  Tensor p, colsum;
-#ifdef CAST_WITH_CUDA
-  if (a_k.is_cuda() && a_k.dtype() == DType::f32) {  // one pass to sum each column, one to normalise it
-    p = like(a_k.shape(), a_k);
-    colsum = like({B, H, 1, C}, a_k);
-    Tensor p3 = p.view({B * H, N, C}), colsum2 = colsum.view({B * H, C});
-    cuda::summary_weights_forward(p3, colsum2, a_k.view({B * H, N, C}), mask.defined() ? &mask : nullptr, H);
-  }
-#endif
-  if (!p.defined()) {
-    Tensor w = mask4.defined() ? raw(BinaryOp::mul, a_k, mask4) : a_k;
-    colsum = sum_axis_raw(w, 2);
-    affine_forward(colsum, colsum, 1.0, 1e-30);
-    p = raw(BinaryOp::div, w, colsum);
-  }
+  Tensor w = mask4.defined() ? raw(BinaryOp::mul, a_k, mask4) : a_k;
+  Tensor colsum = sum_axis_raw(w, 2);
+  affine_forward(colsum, colsum, 1.0, 1e-30);
+  Tensor p = raw(BinaryOp::div, w, colsum);
   Tensor r = like({B, H, C, v.dim(3)}, v);
   bmm(r, p, v, true, false, 1.0, 0.0);
   if (autograd::needs_grad({&a_k, &v})) {
@@ -383,25 +296,10 @@ struct CombineNode final : autograd::Node {
   Tensor weight_index;         // (B·H, C·κ) position of W[i, c] in W viewed as (B·H, N·C)
   Tensor w_slot;               // saved W[I_c[p], c]: (B·H, C, κ, 1)
   Tensor diff;                 // saved R_intra − R_inter (or R_intra): (B·H, C, κ, d)
-  bool fused = false;          // GPU: the sparse part by cuda/combine.cu; nothing above saved
   const char* name() const override { return "combine_clusters"; }
   void backward() override {
     const int64_t BH = members.dim(0), N = w.dim(2), C = w.dim(3), d = r_intra.dim(4), kappa = r_intra.dim(3);
     const Tensor& dout = outputs[0].grad();  // (B, H, N, d)
-#ifdef CAST_WITH_CUDA
-    if (fused) {
-      if (r_inter.defined() && w.requires_grad()) bmm(w.grad_accumulator(), dout, r_inter, false, true, 1.0, 1.0);
-      if (r_inter.defined() && r_inter.requires_grad()) bmm(r_inter.grad_accumulator(), w, dout, true, false, 1.0, 1.0);
-      Tensor dw = w.requires_grad() ? grad_view(w, {BH, N, C}) : Tensor();
-      Tensor dintra = r_intra.requires_grad() ? grad_view(r_intra, {BH, C, kappa, d}) : Tensor();
-      Tensor dinter = r_inter.defined() && r_inter.requires_grad() ? grad_view(r_inter, {BH, C, d}) : Tensor();
-      const Tensor inter = r_inter.defined() ? r_inter.view({BH, C, d}) : Tensor();
-      cuda::combine_sparse_backward(dw.defined() ? &dw : nullptr, dintra.defined() ? &dintra : nullptr,
-                                    dinter.defined() ? &dinter : nullptr, dout.view({BH, N, d}), w.view({BH, N, C}),
-                                    r_intra.view({BH, C, kappa, d}), inter.defined() ? &inter : nullptr, members);
-      return;
-    }
-#endif
     Tensor g_slot = like({BH, C * kappa, d}, dout);
     gather_rows_forward(g_slot, dout.view({BH, N, d}), members);  // dO of each slot's token
     Tensor g4 = g_slot.view({BH, C, kappa, d});
@@ -426,25 +324,6 @@ Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_
   const int64_t B = w.dim(0), H = w.dim(1), N = w.dim(2), C = w.dim(3);
   const int64_t kappa = members.dim(3), d = r_intra.dim(4), BH = B * H;
   Tensor idx = members.view({BH, C * kappa});
-#ifdef CAST_WITH_CUDA
-  if (w.is_cuda() && w.dtype() == DType::f32 && d <= cuda::kCombineMaxHead) {
-    // fused sparse part: no differences or products of (B·H, C, κ, d) stored
-    check_index_range("combine_clusters", idx, -1, N);
-    Tensor out = zeros({B, H, N, d}, w);
-    if (r_inter.defined()) bmm(out, w, r_inter, false, false, 1.0, 0.0);  // the dense part
-    Tensor out3 = out.view({BH, N, d});
-    const Tensor inter = r_inter.defined() ? r_inter.view({BH, C, d}) : Tensor();
-    cuda::combine_sparse_forward(out3, w.view({BH, N, C}), r_intra.view({BH, C, kappa, d}),
-                                 inter.defined() ? &inter : nullptr, idx);
-    if (autograd::needs_grad({&w, &r_intra, &r_inter})) {
-      auto node = std::make_unique<CombineNode>();
-      node->w = w, node->r_intra = r_intra, node->r_inter = r_inter, node->members = idx, node->fused = true;
-      node->outputs = {out};
-      autograd::record(std::move(node));
-    }
-    return out;
-  }
-#endif
   Tensor weight_index = member_weight_index(members, C, kappa);
   Tensor w_slot = like({BH, C * kappa, 1}, w);
   gather_rows_forward(w_slot, w.view({BH, N * C, 1}), weight_index);
@@ -466,20 +345,6 @@ Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_
 }
 
 // ---------------------------------------------------------------- clustered step 3
-// 1/|j| of each cluster (0 for an empty one): assignment (G, N) -> (G, C) as `like`, where it is.
-static Tensor inverse_cluster_counts(const Tensor& assign, int64_t clusters, const Tensor& like) {
-#ifdef CAST_WITH_CUDA
-  if (assign.is_cuda() && like.dtype() == DType::f32) {
-    Tensor out = Tensor::empty({assign.dim(0), clusters}, DType::f32, Device::cuda);
-    cuda::cluster_counts(out, assign, clusters, /*inverse=*/true);
-    return out;
-  }
-#endif
-  auto c = cluster_counts(assign, clusters, like.dtype()).to_double_vector();
-  for (double& x : c) x = x > 0 ? 1.0 / x : 0.0;
-  return constant_like(c, {assign.dim(0), clusters}, like);
-}
-
 // Q̄_j = (1/|j|) Σ_{i in j} Q_i
 struct CentroidsNode final : autograd::Node {
   Tensor q;           // (B, H, N, d)
@@ -531,10 +396,9 @@ struct ImprovedClusteredNode final : autograd::Node {
   Tensor keys;              // T as (B·H, C·k); −1 = empty slot
   Tensor keys_rows;         // T as (B·H·C, k), for gathers from A^c
   Tensor assignment;        // (B·H, N)
-  Tensor kt, vt;            // each query's K_T, V_T: (B·H·N, k, d); undefined when fused
-  Tensor probs;             // softmax over T: (B·H·N, 1, k); undefined when fused
-  Tensor slots;             // slot mask (B·H·N, k); undefined when fused
-  Tensor lse;               // fused (GPU): each query's log-sum-exp over T, (B·H, N)
+  Tensor kt, vt;            // each query's K_T, V_T: (B·H·N, k, d)
+  Tensor probs;             // softmax over T: (B·H·N, 1, k)
+  Tensor slots;             // slot mask (B·H·N, k)
   Tensor top_out;           // probs · V_T: (B·H·N, 1, d)
   Tensor m_query;           // m̂ of each query's cluster: (B·H, N, 1)
   Tensor outside;           // 1[l ∉ T_j]: (B, H, C, N)
@@ -566,18 +430,6 @@ struct ImprovedClusteredNode final : autograd::Node {
       Tensor da_rows = da_c.view({BH * C, N, 1});
       gather_rows_backward(da_rows, spread, keys_rows);                     // dA^c[j, T_j] += dm̂_j
     }
-#ifdef CAST_WITH_CUDA
-    if (lse.defined()) {  // fused: the probabilities recomputed from the log-sum-exp
-      Tensor dq = q.requires_grad() ? grad_view(q, {BH, N, d}) : Tensor();
-      Tensor dk = k.requires_grad() ? grad_view(k, {BH, N, d}) : Tensor();
-      Tensor dv = v.requires_grad() ? grad_view(v, {BH, N, d}) : Tensor();
-      cuda::topkey_attention_backward(dq.defined() ? &dq : nullptr, dk.defined() ? &dk : nullptr,
-                                      dv.defined() ? &dv : nullptr, d_top.view({BH, N, d}), q.view({BH, N, d}),
-                                      k.view({BH, N, d}), v.view({BH, N, d}), keys, assignment,
-                                      top_out.view({BH, N, d}), lse, C, top, factor);
-      return;
-    }
-#endif
     Tensor dprobs = like(probs.shape(), probs), dscores = zeros(probs.shape(), probs);
     bmm(dprobs, d_top, vt, false, true, 1.0, 0.0);                          // dP = dTop V_Tᵀ
     softmax_backward(dscores, dprobs, probs, slots, false);
@@ -598,47 +450,6 @@ struct ImprovedClusteredNode final : autograd::Node {
   }
 };
 
-// Whether the GPU's fused top-key kernel takes these sizes (never in a build without CUDA).
-static bool cuda_topkey_fits(int64_t top, int64_t d) {
-#ifdef CAST_WITH_CUDA
-  return cuda::topkey_attention_fits(top, d);
-#else
-  (void)top, (void)d;
-  return false;
-#endif
-}
-
-// Which keys lie outside each cluster's top keys: outside (B, H, C, N); with `slots`, also which
-// slots of its cluster's top keys each query may use: (B·H·N, top). As a_c, where it is.
-static void improved_masks(Tensor* slots, Tensor& outside, const Tensor& top_keys, const Tensor& assign,
-                           const Tensor& a_c) {
-  const int64_t B = a_c.dim(0), H = a_c.dim(1), C = a_c.dim(2), N = a_c.dim(3), BH = B * H, top = top_keys.dim(3);
-#ifdef CAST_WITH_CUDA
-  if (a_c.is_cuda() && a_c.dtype() == DType::f32) {
-    outside = Tensor::full({B, H, C, N}, 1.0, DType::f32, Device::cuda);
-    cuda::clear_top_keys(outside, top_keys, N, top);
-    if (slots) {
-      *slots = Tensor::empty({BH * N, top}, DType::f32, Device::cuda);
-      cuda::top_key_slots(*slots, top_keys, assign, C, N, top);
-    }
-    return;
-  }
-#endif
-  auto t_ids = host_ints(top_keys), a_ids = host_ints(assign);
-  std::vector<double> slot(BH * N * top, 0.0), out(BH * C * N, 1.0);
-  for (int64_t g = 0; g < BH; ++g)
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t j = a_ids[g * N + i];
-      if (j < 0) continue;
-      for (int64_t s2 = 0; s2 < top; ++s2) slot[(g * N + i) * top + s2] = t_ids[(g * C + j) * top + s2] >= 0 ? 1 : 0;
-    }
-  for (int64_t r = 0; r < BH * C; ++r)
-    for (int64_t s2 = 0; s2 < top; ++s2)
-      if (t_ids[r * top + s2] >= 0) out[r * N + t_ids[r * top + s2]] = 0.0;
-  if (slots) *slots = constant_like(slot, {BH * N, top}, a_c);
-  outside = constant_like(out, {B, H, C, N}, a_c);
-}
-
 Tensor improved_clustered_output(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a_c,
                                  const Tensor& top_keys, const Tensor& assignment) {
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3), BH = B * H;
@@ -653,35 +464,23 @@ Tensor improved_clustered_output(const Tensor& q, const Tensor& k, const Tensor&
   Tensor m_hat = sum_axis_raw(a_top.view({BH, C, top}), 2);  // (B·H, C, 1)
   Tensor m_query = like({BH, N, 1}, q);
   gather_rows_forward(m_query, m_hat, assign);
-  Tensor slots, outside_t, kt, vt, probs, lse, top_out = like({BH * N, 1, d}, q);
-  const bool fused = q.is_cuda() && q.dtype() == DType::f32 && cuda_topkey_fits(top, d);
-  improved_masks(fused ? nullptr : &slots, outside_t, top_keys, assign, a_c);  // the fused kernel needs no slot mask
-#ifdef CAST_WITH_CUDA
-  if (fused) {
-    // fused: each query reads its cluster's top keys where they are; no (B·H·N, k, d) copies
-    // (the keys' range was checked by the gather of m̂ above)
-    lse = like({BH, N}, q);
-    cuda::topkey_attention_forward(top_out, lse, q.view({BH, N, d}), k.view({BH, N, d}), v.view({BH, N, d}), keys,
-                                   assign, C, top, factor);
-  }
-#endif
-  if (!fused) {
-    // K_T and V_T of each cluster, handed to each member query
-    auto per_query = [&](const Tensor& t) {
-      Tensor cluster_rows = like({BH, C * top, d}, t);
-      gather_rows_forward(cluster_rows, t.view({BH, N, d}), keys);
-      Tensor rows = like({BH, N, top * d}, t);
-      gather_rows_forward(rows, cluster_rows.view({BH, C, top * d}), assign);
-      return rows.view({BH * N, top, d});
-    };
-    kt = per_query(k), vt = per_query(v);
-    // slot mask: query i may use slot s of its cluster's T when that slot holds a key
-    Tensor scores = like({BH * N, 1, top}, q);
-    probs = like(scores.shape(), q);
-    bmm(scores, q.view({BH * N, 1, d}), kt, false, true, factor, 0.0);
-    softmax_forward(probs, scores, slots, false);
-    bmm(top_out, probs, vt, false, false, 1.0, 0.0);
-  }
+  Tensor slots, outside_t, top_out = like({BH * N, 1, d}, q);
+  top_key_masks(&slots, outside_t, top_keys, assign, a_c);
+  // K_T and V_T of each cluster, handed to each member query
+  auto per_query = [&](const Tensor& t) {
+    Tensor cluster_rows = like({BH, C * top, d}, t);
+    gather_rows_forward(cluster_rows, t.view({BH, N, d}), keys);
+    Tensor rows = like({BH, N, top * d}, t);
+    gather_rows_forward(rows, cluster_rows.view({BH, C, top * d}), assign);
+    return rows.view({BH * N, top, d});
+  };
+  Tensor kt = per_query(k), vt = per_query(v);
+  // query i may use slot s of its cluster's T when that slot holds a key
+  Tensor scores = like({BH * N, 1, top}, q);
+  Tensor probs = like(scores.shape(), q);
+  bmm(scores, q.view({BH * N, 1, d}), kt, false, true, factor, 0.0);
+  softmax_forward(probs, scores, slots, false);
+  bmm(top_out, probs, vt, false, false, 1.0, 0.0);
   // the keys outside T keep their centroid attention weight
   Tensor a_rest = raw(BinaryOp::mul, a_c, outside_t);
   Tensor rest = like({B, H, C, d}, v);
@@ -694,7 +493,6 @@ Tensor improved_clustered_output(const Tensor& q, const Tensor& k, const Tensor&
     auto node = std::make_unique<ImprovedClusteredNode>();
     node->q = q, node->k = k, node->v = v, node->a_c = a_c, node->keys = keys, node->keys_rows = keys_rows;
     node->assignment = assign, node->kt = kt, node->vt = vt, node->probs = probs, node->slots = slots;
-    node->lse = lse;
     node->top_out = top_out, node->m_query = m_query, node->outside = outside_t, node->a_rest = a_rest;
     node->factor = factor;
     node->outputs = {out};

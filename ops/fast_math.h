@@ -11,7 +11,8 @@
 
 namespace cast::ops {
 
-// The NaN rule, one for every softmax here (the reference ops and the fused kernels alike):
+// The NaN rule, one for every softmax here (the reference ops and the fused kernels alike; the
+// whole masked-row rule, on both devices, is ops/softmax_rule.h):
 // exp(NaN) is NaN, so a NaN score makes its row's sum, and so every probability of its row,
 // NaN; a masked score (−∞) has probability 0 whatever the row's shift, as the reference's
 // masking skips it. A clamp written `x < 0 ? x : 0` turns NaN into exp(0) = 1 and hides it:
@@ -58,21 +59,6 @@ T max_of(const T* s, int64_t n) {
   T m = lanes[0];
   for (int l = 1; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
   return m;
-}
-
-// s = exp(s − shift) in place (s ≤ shift but for rounding); returns Σ s. The NaN rule above:
-// a NaN in s or in shift gives NaN, except that a masked −∞ in s gives 0.
-template <class T>
-T exp_shifted(T* __restrict s, int64_t n, T shift) {
-  constexpr T kMasked = -std::numeric_limits<T>::infinity();
-  T total = 0;
-#pragma omp simd reduction(+ : total)
-  for (int64_t c = 0; c < n; ++c) {
-    const T e = exp_nonpositive(at_most_zero(s[c] - shift));
-    s[c] = s[c] == kMasked ? T(0) : e;
-    total += s[c];
-  }
-  return total;
 }
 
 

@@ -11,6 +11,7 @@
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
 #include "ops/fast_math.h"
+#include "ops/softmax_rule.h"
 #include "ops/matmul.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/flash_attention.h"
@@ -41,14 +42,13 @@ Problem<T> problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
           q.dim(2), k.dim(2), q.dim(3), static_cast<T>(1.0 / std::sqrt(static_cast<double>(q.dim(3))))};
 }
 
-constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 
 // Scores of padded keys become −∞, so the softmax loops need no test per element.
 template <class T>
 void mask_columns(T* scores, const T* key_mask, int64_t rows, int64_t cols) {
   for (int64_t c = 0; c < cols; ++c)
     if (key_mask[c] == T(0))
-      for (int64_t r = 0; r < rows; ++r) scores[r * cols + c] = static_cast<T>(kMinusInf);
+      for (int64_t r = 0; r < rows; ++r) scores[r * cols + c] = softmax_rule::masked<T>();
 }
 
 // dS of padded keys is 0, as the reference softmax's backward skips them: P = 0 there, but
@@ -67,7 +67,7 @@ void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* ou
                   T* row_max, T* row_sum) {
   const int64_t d = p.d;
   std::fill(acc, acc + nq * d, T(0));
-  std::fill(row_max, row_max + nq, static_cast<T>(kMinusInf));
+  std::fill(row_max, row_max + nq, softmax_rule::masked<T>());
   std::fill(row_sum, row_sum + nq, T(0));
   for (int64_t j0 = 0; j0 < p.N; j0 += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, p.N - j0);
@@ -78,16 +78,16 @@ void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* ou
       T* s = scores + r * nk;
       const T tile_max = max_of(s, nk);
       const T new_max = std::max(row_max[r], tile_max);
-      if (new_max == static_cast<T>(kMinusInf)) {  // no real key yet: nothing to add, unless NaN came in
+      if (new_max == softmax_rule::masked<T>()) {  // no real key yet: nothing to add, unless NaN came in
         bool nan = false;
         for (int64_t c = 0; c < nk; ++c) nan = nan || std::isnan(s[c]);
         if (nan) row_sum[r] = std::numeric_limits<T>::quiet_NaN();  // NaN propagates to the output
         std::fill(s, s + nk, T(0));
         continue;
       }
-      const T total = exp_shifted(s, nk, new_max);  // a masked −∞ gives 0
+      const T total = softmax_rule::weigh_row(s, nk, new_max);  // a masked −∞ gives 0
       // rescale what was accumulated under the old maximum (exp(−∞) = 0 on the first tile)
-      const T rescale = exp_nonpositive(row_max[r] - new_max);
+      const T rescale = softmax_rule::rescale(row_max[r], new_max);
       row_sum[r] = row_sum[r] * rescale + total;
       row_max[r] = new_max;
       T* a = acc + r * d;
@@ -97,10 +97,9 @@ void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* ou
     gemm_tile<T>(acc, scores, p.v_rows(bh, j0), false, false, T(1), T(1), nq, d, nk);  // O += P V
   }
   for (int64_t r = 0; r < nq; ++r) {
-    const bool empty = row_sum[r] == T(0);
-    const T inv = empty ? T(0) : T(1) / row_sum[r];
+    const T inv = softmax_rule::inverse_sum(row_sum[r]);
     for (int64_t e = 0; e < d; ++e) out[r * d + e] = acc[r * d + e] * inv;
-    lse[r] = empty ? static_cast<T>(kMinusInf) : row_max[r] + std::log(row_sum[r]);
+    lse[r] = softmax_rule::log_sum_exp(row_max[r], row_sum[r]);
   }
 }
 
@@ -148,8 +147,8 @@ void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j
       if (mk) mask_columns(probs, mk, nq, nk);
       for (int64_t r = 0; r < nq; ++r) {  // P = exp(S − L); a row with no real key has L = −∞ and P = 0
         T* s = probs + r * nk;
-        const T shift = lse[r] == static_cast<T>(kMinusInf) ? static_cast<T>(-kMinusInf) : lse[r];
-        exp_shifted(s, nk, shift);
+#pragma omp simd
+        for (int64_t c = 0; c < nk; ++c) s[c] = softmax_rule::probability(s[c], s[c] != softmax_rule::masked<T>(), lse[r]);
       }
       if (g.dv) gemm_tile<T>(dv_tile, probs, doi, true, false, T(1), T(1), nk, d, nq);  // dV += Pᵀ dO
       if (!g.dq && !g.dk) continue;
@@ -158,7 +157,7 @@ void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j
         T *ds = dprobs + r * nk;
         const T* s = probs + r * nk;
 #pragma omp simd
-        for (int64_t c = 0; c < nk; ++c) ds[c] = s[c] * (ds[c] - delta[r]);
+        for (int64_t c = 0; c < nk; ++c) ds[c] = softmax_rule::score_gradient(s[c], ds[c], delta[r]);
       }
       if (mk) zero_masked_columns(dprobs, mk, nq, nk);
       if (g.dq) gemm_tile<T>(dq_rows + i0 * d, dprobs, kj, false, false, p.scale, T(1), nq, d, nk);  // dQ += dS K/√d
@@ -187,7 +186,7 @@ T delta_over_real_keys(const Problem<T>& p, const Grads<T>& g, int64_t r) {
     const T *kj = p.k_rows(bh, j), *vj = p.v_rows(bh, j);
     T s = 0, dp = 0;
     for (int64_t e = 0; e < d; ++e) s += qi[e] * kj[e], dp += doi[e] * vj[e];
-    delta += std::exp(s * p.scale - g.lse[r]) * dp;
+    delta += softmax_rule::probability(s * p.scale, true, g.lse[r]) * dp;
   }
   return delta;
 }

@@ -8,6 +8,7 @@
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
 #include "ops/fast_math.h"
+#include "ops/softmax_rule.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/softmax.h"
 #endif
@@ -43,12 +44,12 @@ static void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log) {
   if (mx == minus_inf) {
     bool nan = false;
     for (int64_t j = 0; j < n; ++j) nan = nan || std::isnan(y[j]);
-    std::fill(y, y + n, nan ? std::numeric_limits<T>::quiet_NaN() : T(0));  // NaN stays NaN; a masked row is 0
+    std::fill(y, y + n, softmax_rule::empty_row<T>(nan));  // NaN stays NaN; a masked row is 0
     return;
   }
-  const T total = exp_shifted(y, n, mx);  // y = exp(x − max), 0 where masked
+  const T total = softmax_rule::weigh_row(y, n, mx);  // y = exp(x − max), 0 where masked
   if (log) {
-    const T shift = mx + std::log(total);
+    const T shift = softmax_rule::log_sum_exp(mx, total);
     for (int64_t j = 0; j < n; ++j) y[j] = (!mask || mask[j] != T(0)) ? x[j] - shift : T(0);
   } else {
     const T inv = T(1) / total;  // NaN in a row holding a NaN: its masked entries stay 0 (ops/fast_math.h)
@@ -94,7 +95,7 @@ _Pragma("omp parallel for if (m.rows * m.len > 16384)")
       if (empty_row) continue;
       for (int64_t j = 0; j < m.len; ++j) {
         if (mr && mr[j] == T(0)) continue;
-        dr[j] += log ? gr[j] - std::exp(yr[j]) * dot : yr[j] * (gr[j] - dot);
+        dr[j] += log ? gr[j] - std::exp(yr[j]) * dot : softmax_rule::score_gradient(yr[j], gr[j], dot);
       }
     }
   });

@@ -6,7 +6,7 @@
 
 #include "autograd/tape.h"
 #include "nn/attention.h"
-#include "ops/cluster_fused.h"
+#include "ops/fast.h"
 #include "ops/clustering.h"
 #include "ops/flash_attention.h"
 #include "tensor/philox.h"
@@ -186,7 +186,11 @@ TEST(CudaVsCpuAttention, ImprovedClusteredTopKeysFused) {
   const Tensor assignment = Tensor::from_vector<int32_t>(assign, {B, H, N});
   const Tensor top_keys = Tensor::from_vector<int32_t>(keys, {B, H, C, top});
   expect_devices_agree([&](const Inputs& x) {
-    return ops::improved_clustered_output(x[0], x[1], x[2], ops::softmax(x[3]), on(top_keys, x[0]), on(assignment, x[0]));
+    // the GPU's fast path against the CPU's step composition (keys listed twice in a cluster are
+    // the reference's to take; the CPU's fused kernel refuses them)
+    const std::vector<Tensor> in{x[0], x[1], x[2], ops::softmax(x[3]), on(top_keys, x[0]), on(assignment, x[0])};
+    return x[0].is_cuda() ? ops::run_step(ops::Step::improved_clustered_output, /*fast=*/true, in)
+                          : ops::run_reference(ops::Step::improved_clustered_output, in);
   }, Inputs{rand32({B, H, N, d}, 31), rand32({B, H, N, d}, 32), rand32({B, H, N, d}, 33), rand32({B, H, C, N}, 34)});
 }
 
@@ -207,10 +211,11 @@ TEST(CudaVsCpuAttention, CombineFused) {
     }
   const Tensor members = Tensor::from_vector<int32_t>(ids, {B, H, C, kappa});
   const Inputs inputs{rand32({B, H, N, C}, 41, 0, 1), rand32({B, H, C, kappa, d}, 42), rand32({B, H, C, d}, 43)};
-  expect_devices_agree([&](const Inputs& x) { return ops::combine_clusters(x[0], x[1], x[2], on(members, x[0])); },
-                       inputs);
-  expect_devices_agree([&](const Inputs& x) { return ops::combine_clusters(x[0], x[1], Tensor(), on(members, x[0])); },
-                       Inputs{inputs[0], inputs[1]});
+  auto combine = [&](const Inputs& x, const Tensor& r_inter) {
+    return ops::run_step(ops::Step::combine_clusters, /*fast=*/true, {x[0], x[1], r_inter, on(members, x[0])});
+  };
+  expect_devices_agree([&](const Inputs& x) { return combine(x, x[2]); }, inputs);
+  expect_devices_agree([&](const Inputs& x) { return combine(x, Tensor()); }, Inputs{inputs[0], inputs[1]});
 }
 
 // CAST's summaries normalise each cluster's column in two fused passes on the GPU: values and
@@ -223,9 +228,12 @@ TEST(CudaVsCpuAttention, SummariesFused) {
   for (int64_t i = 200; i < N; ++i) m[i] = 0.f;           // row 0: padding at the end
   for (int64_t i = 0; i < N; ++i) m[2 * N + i] = 0.f;     // row 2: nothing real
   const Tensor mask = Tensor::from_vector<float>(m, {B, N});
-  expect_devices_agree([&](const Inputs& x) { return ops::cluster_summaries(x[0], x[1], on(mask, x[0])); },
+  auto summaries = [](const Inputs& x, const Tensor& m) {
+    return ops::run_step(ops::Step::cluster_summaries, /*fast=*/true, {x[0], x[1], m});
+  };
+  expect_devices_agree([&](const Inputs& x) { return summaries(x, on(mask, x[0])); },
                        Inputs{rand32({B, H, N, C}, 51, 0.05, 1), rand32({B, H, N, d}, 52)});
-  expect_devices_agree([&](const Inputs& x) { return ops::cluster_summaries(x[0], x[1], Tensor()); },
+  expect_devices_agree([&](const Inputs& x) { return summaries(x, Tensor()); },
                        Inputs{rand32({B, H, N, C}, 53, 0.05, 1), rand32({B, H, N, d}, 54)});
 }
 
@@ -333,7 +341,9 @@ TEST(CudaVsCpuAttention, IntraClusterAttentionFused) {
     for (int64_t s = 0; s < kappa; ++s) ids[1 * kappa + s] = -1;  // head 0's cluster 1: no member
     const Tensor members = Tensor::from_vector<int32_t>(ids, {B, H, C, kappa});
     expect_devices_agree(
-        [&](const Inputs& x) { return ops::intra_cluster_attention_fused(x[0], x[1], x[2], on(members, x[0])); },
+        [&](const Inputs& x) {  // the CPU's tile kernel against the GPU's flash-based one
+          return ops::run_step(ops::Step::intra_cluster_attention, /*fast=*/true, {x[0], x[1], x[2], on(members, x[0])});
+        },
         Inputs{rand32({B, H, N, d}, 80 + kappa), rand32({B, H, N, d}, 81 + kappa), rand32({B, H, N, d}, 82 + kappa)});
   }
 }

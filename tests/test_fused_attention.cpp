@@ -10,8 +10,9 @@
 
 #include "nn/attention.h"
 #include "ops/attention.h"
-#include "ops/cluster_fused.h"
+#include "ops/fast.h"
 #include "ops/flash_attention.h"
+#include "tests/random_clusters.h"
 #include "tests/test_util.h"
 
 using namespace cast;
@@ -167,30 +168,6 @@ INSTANTIATE_TEST_SUITE_P(Mechanisms, FusedLayer,
 // ---------------------------------------------------------------- fused clustering steps
 namespace {
 
-// (B, H, C, κ) random members: tokens in [0, N), a token may sit in several clusters, about
-// one slot in five empty (−1); ids distinct within a cluster.
-Tensor random_members(int64_t B, int64_t H, int64_t C, int64_t kappa, int64_t N, uint64_t seed) {
-  auto u = Tensor::uniform({B * H * C, N + 1}, seed, 0, 0.0, 1.0, DType::f64).to_double_vector();
-  std::vector<int32_t> ids;
-  for (int64_t r = 0; r < B * H * C; ++r) {
-    std::vector<std::pair<double, int32_t>> order;
-    for (int64_t i = 0; i < N; ++i) order.push_back({u[r * (N + 1) + i], static_cast<int32_t>(i)});
-    std::sort(order.begin(), order.end());
-    for (int64_t s = 0; s < kappa; ++s) {
-      const bool empty = s >= N || u[r * (N + 1) + N] * 5 > 4 - 0.2 * static_cast<double>(s % 3);
-      ids.push_back(empty ? -1 : order[s].second);
-    }
-  }
-  return Tensor::from_vector<int32_t>(ids, {B, H, C, kappa});
-}
-
-Tensor random_assignment(int64_t B, int64_t H, int64_t N, int64_t C, uint64_t seed) {
-  auto u = Tensor::uniform({B * H * N}, seed, 0, 0.0, 1.0, DType::f64).to_double_vector();
-  std::vector<int32_t> a;
-  for (double x : u) a.push_back(x < 0.1 ? -1 : static_cast<int32_t>(x * 1000) % static_cast<int32_t>(C));
-  return Tensor::from_vector<int32_t>(a, {B, H, N});
-}
-
 // Values and every gradient of fn(fused) against fn(reference) on the same inputs.
 void expect_same_op(const std::function<Tensor(const Inputs&, bool)>& fn, Inputs inputs, double rtol, double atol,
                     const std::string& what) {
@@ -262,4 +239,14 @@ TEST(ImprovedClusteredFused, MatchesReferenceOnRandomClusters) {
                      dt == DType::f32 ? 2e-5 : 1e-11, dt == DType::f32 ? 2e-6 : 1e-13, what + " " + dtype_name(dt));
     }
   }
+}
+
+// The CPU kernel takes each top key out of A^c V once per slot: a key listed twice in one
+// cluster (which ops::topk never gives) is refused instead of counted twice.
+TEST(ImprovedClusteredFused, RefusesAKeyListedTwiceInACluster) {
+  Tensor assign = Tensor::from_vector<int32_t>({0, 1, 0, 1}, {1, 1, 4});
+  Tensor top = Tensor::from_vector<int32_t>({0, 2, 3, 3}, {1, 1, 2, 2});  // cluster 1 lists key 3 twice
+  Tensor x = Tensor::uniform({1, 1, 4, 2}, 1, 0, -1.0, 1.0);
+  EXPECT_CAST_ERROR(ops::improved_clustered_output_fused(x, x, x, Tensor::full({1, 1, 2, 4}, 0.25), top, assign),
+                    "improved_clustered_output_fused: cluster 1 of head row 0 lists key 3 twice");
 }

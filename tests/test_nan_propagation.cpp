@@ -6,8 +6,9 @@
 
 #include "nn/attention.h"
 #include "ops/attention.h"
-#include "ops/cluster_fused.h"
+#include "ops/fast.h"
 #include "ops/fast_math.h"
+#include "ops/softmax_rule.h"
 #include "ops/flash_attention.h"
 #include "tests/test_util.h"
 
@@ -72,11 +73,11 @@ TEST(NanRule, ExpOfNanIsNanAndMaskedScoresStayZero) {
   // the clamp `x < 0 ? x : 0` once made exp(NaN) = exp(0) = 1
   EXPECT_TRUE(std::isnan(ops::exp_nonpositive(std::nanf(""))));
   float row[4] = {0.5f, std::nanf(""), -std::numeric_limits<float>::infinity(), 0.25f};
-  EXPECT_TRUE(std::isnan(ops::exp_shifted(row, 4, 0.5f)));
+  EXPECT_TRUE(std::isnan(softmax_rule::weigh_row(row, 4, 0.5f)));
   EXPECT_TRUE(std::isnan(row[1]));
   EXPECT_EQ(row[2], 0.0f) << "a masked score has probability 0 whatever the shift";
   float masked[2] = {-std::numeric_limits<float>::infinity(), 0.0f};
-  ops::exp_shifted(masked, 2, std::nanf(""));
+  softmax_rule::weigh_row(masked, 2, std::nanf(""));
   EXPECT_EQ(masked[0], 0.0f);
   EXPECT_TRUE(std::isnan(masked[1]));
   // the reference softmax: a NaN among real scores makes its row NaN, padding stays 0 (as on CUDA)

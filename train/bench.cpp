@@ -217,7 +217,8 @@ int bench_attention(const cli::Args& args) {
                    peak_mib, estimate / (1 << 20), trust_note(tb));
         json_out.add({{"mechanism", v.name}, {"n", N}, {"batch", B}, {"dim", D}, {"heads", H},
                       {"forward_ms", median(tf)}, {"forward_backward_ms", median(tb)},
-                      {"peak_mib", peak_mib}, {"device", device_label(device)}});
+                      {"peak_mib", peak_mib}, {"device", device_label(device)},
+                      {"implementations", nn::step_implementations(c, device)}});
       } catch (const Error& e) {
         autograd::clear_tape();
         fmt::print("{:<12} {:>6} failed: {}\n", v.name, N, e.what());
@@ -226,6 +227,9 @@ int bench_attention(const cli::Args& args) {
       std::fflush(stdout);
     }
   }
+  // which implementation each step ran (ops/fast.h's registry; --reference: the step ops)
+  for (const Variant& v : mechanisms)
+    fmt::print("{:<12} runs {}\n", v.name, fmt::join(nn::step_implementations(layer_config(v, ns.front()), device), ", "));
   return failed ? 1 : 0;  // a failed row is a failed benchmark
 }
 
@@ -353,7 +357,7 @@ int command_bench(const std::vector<std::string>& argv) {
       .option("warmup", "3", "untimed runs first")
       .option("repeats", "20", "timed runs (the median is reported)")
       .option("json", "", "also write the results as JSON lines to this file")
-      .flag("reference", "CPU: time the step-by-step reference attention ops instead of the fused kernels")
+      .flag("reference", "time the step-by-step reference attention ops instead of the fast paths (CPU and GPU)")
       .flag("tf32", "allow TF32 matmuls on the GPU")
       .usage("cast bench attention|train|gemm [options]")
       .example("cast bench attention --lengths 1024,4096 --mechanisms full,cast-topk")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/fast.h"
 #include "tensor/device_memory.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
@@ -23,10 +24,12 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
   const double c = static_cast<double>(a.clusters > 0 ? a.clusters : nn::default_clusters(N));
   switch (a.mechanism) {
     case nn::Mechanism::full:
-      // the step ops keep scores and probabilities (B, H, N, N); flash attention (the CPU's, and the
-      // GPU's up to its head-width bound of 128) keeps one log-sum-exp and one delta per row
-      floats += a.fused && (!gpu || dh <= 128) ? b * h * n * 2 : b * h * n * n * 3;
+    {  // the step ops keep scores and probabilities (B, H, N, N); flash attention a row's log-sum-exp
+      const ops::StepSizes sizes{gpu ? Device::cuda : Device::cpu, DType::f32, static_cast<int64_t>(dh), 0};
+      const bool flash = ops::choose_path(ops::Step::full_attention, a.fused, sizes) != nullptr;
+      floats += flash ? b * h * n * 2 : b * h * n * n * 3;
       break;
+    }
     case nn::Mechanism::cast: {
       const double kappa = static_cast<double>(a.cluster_size > 0 ? a.cluster_size : nn::default_clusters(N));
       floats += b * h * n * c * 4;                         // affinities, their softmaxes, mixing weights

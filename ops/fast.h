@@ -1,0 +1,86 @@
+#pragma once
+// The fast paths, and the one place that chooses between them and the reference.
+//
+// The step ops of ops/attention.h are the reference: readable compositions of the basic ops,
+// the same on every device. A fast path computes the same function as one step op (its
+// reference) in less time or memory, on the inputs it declares it supports; each is its own op
+// in its own file, with its own node and backward:
+//
+//   step (reference, ops/attention.cpp)  fast path                          file                               where
+//   full_attention                       flash_attention                    ops/flash_attention.cpp            CPU; CUDA f32, d ≤ 128
+//   intra_cluster_attention              intra_cluster_attention_fused      ops/intra_cluster_fused.cpp        CPU
+//                                        intra_cluster_attention_flash      ops/intra_cluster_flash.cpp        CUDA f32, d ≤ 128
+//   cluster_summaries                    cluster_summaries_fused            ops/summaries_fused.cpp            CUDA f32
+//   combine_clusters                     combine_clusters_fused             ops/combine_fused.cpp              CUDA f32, d ≤ 128
+//   improved_clustered_output            improved_clustered_output_fused    ops/improved_clustered_fused.cpp   CPU
+//                                        improved_clustered_output_topkey   ops/topkey_attention.cpp           CUDA f32, k·d fits
+//
+// `fast_paths()` is that table; `run_step` picks the first fast path of a step that supports
+// the inputs (when fast paths are on: `--reference` turns them off on every device) and falls
+// back to the reference. tests/test_fast_paths.cpp checks every row against its reference on
+// every device and dtype, and `cast bench` and the memory estimate ask the same table.
+#include <cstdint>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace cast::ops {
+
+// The steps that have fast paths, named by their reference op. Their inputs, in order:
+enum class Step {
+  full_attention,             // q (B, H, M, d), k, v (B, H, N, d), mask (B, N) or undefined
+  intra_cluster_attention,    // q, k, v (B, H, N, d), members (B, H, C, κ) i32
+  cluster_summaries,          // a_k (B, H, N, C), v (B, H, N, d), mask (B, N) or undefined
+  combine_clusters,           // w (B, H, N, C), r_intra (B, H, C, κ, d), r_inter (B, H, C, d) or undefined, members
+  improved_clustered_output,  // q, k, v (B, H, N, d), a_c (B, H, C, N), top_keys (B, H, C, k), assignment (B, H, N)
+};
+constexpr Step kSteps[] = {Step::full_attention, Step::intra_cluster_attention, Step::cluster_summaries,
+                           Step::combine_clusters, Step::improved_clustered_output};
+const char* step_name(Step step);
+
+// What a fast path's support depends on.
+struct StepSizes {
+  Device device = Device::cpu;
+  DType dtype = DType::f32;
+  int64_t head_width = 0;  // d
+  int64_t top_keys = 0;    // k (improved clustered)
+};
+StepSizes sizes_of(Step step, const std::vector<Tensor>& inputs);
+
+using StepFn = Tensor (*)(const std::vector<Tensor>& inputs);
+
+struct FastPath {
+  const char* name;      // the op
+  Step step;             // the reference it must equal
+  const char* file;      // where it is written
+  const char* supports;  // the inputs it takes, in words
+  bool (*fits)(const StepSizes& sizes);
+  StepFn run;
+};
+
+const std::vector<FastPath>& fast_paths();
+// The reference op of a step, through the same interface.
+Tensor run_reference(Step step, const std::vector<Tensor>& inputs);
+// The fast path `run_step` takes for these sizes, or nullptr for the reference.
+const FastPath* choose_path(Step step, bool fast, const StepSizes& sizes);
+// Runs the step: its first fitting fast path when `fast`, else the reference.
+Tensor run_step(Step step, bool fast, const std::vector<Tensor>& inputs);
+
+// ---------------------------------------------------------------- the fast ops
+// flash_attention: ops/flash_attention.h.
+Tensor intra_cluster_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& members);
+Tensor intra_cluster_attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& members);
+Tensor cluster_summaries_fused(const Tensor& a_k, const Tensor& v, const Tensor& mask);
+Tensor combine_clusters_fused(const Tensor& w, const Tensor& r_intra, const Tensor& r_inter, const Tensor& members);
+Tensor improved_clustered_output_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a_c,
+                                       const Tensor& top_keys, const Tensor& assignment);
+Tensor improved_clustered_output_topkey(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a_c,
+                                        const Tensor& top_keys, const Tensor& assignment);
+
+// Input checks the fast ops share (the reference ops check as they compose).
+void check_intra_cluster_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& members);
+void check_improved_clustered_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& a_c, const Tensor& top_keys, const Tensor& assignment);
+
+}  // namespace cast::ops

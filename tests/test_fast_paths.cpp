@@ -1,0 +1,210 @@
+// One table of cases for every fast path against its reference, in the manner of ggml's
+// test-backend-ops. For each path registered in ops/fast.h × each device here (the CPU; the
+// CUDA device where there is one: emulated in cast_emu_tests, the real GPU in a GPU build) ×
+// f32 and f64 × three random shapes with padding, the fast path and the step-by-step reference
+// run on the same inputs on the same device and must agree: the output and the gradient of
+// every float input. New tensors start poisoned (tests/test_env.cpp), so an element a kernel
+// never writes fails; every input's gradient starts from random values, so a backward that
+// overwrites instead of adding fails too.
+//
+// Adding a kernel: its own file, its row in ops::fast_paths(), and, for a step no path had
+// before, that step's row in kCases below (the test fails for a path whose step has none).
+#include <map>
+#include <string>
+
+#include "ops/attention.h"
+#include "ops/fast.h"
+#include "tensor/philox.h"
+#include "tests/device_compare.h"
+#include "tests/random_clusters.h"
+#include "tests/test_util.h"
+
+using namespace cast;
+using namespace cast::testing;
+
+namespace {
+
+// Sizes drawn from one seed; the first case of each path is the smallest the step allows.
+struct Draw {
+  uint64_t seed;
+  uint64_t n = 0;
+  int64_t between(int64_t lo, int64_t hi) {  // uniform in [lo, hi]
+    return lo + static_cast<int64_t>(philox::uniform(seed, n++) * static_cast<double>(hi - lo + 1)) % (hi - lo + 1);
+  }
+  bool small() const { return seed % 3 == 0; }
+};
+
+struct Case {
+  std::vector<Tensor> inputs;  // on the CPU; float inputs require gradients
+  std::string label;
+};
+
+Tensor leaf(const Shape& shape, uint64_t seed, DType dtype, double lo = -2.0, double hi = 2.0) {
+  return Tensor::uniform(shape, seed, 0, lo, hi, dtype).set_requires_grad();
+}
+
+// (B, N) key mask with a random padded tail per batch row; with two rows or more, the last
+// row is all padding every other seed (a query with no real key).
+Tensor padding_mask(Draw& r, int64_t B, int64_t N, DType dtype) {
+  std::vector<int64_t> padding;
+  for (int64_t b = 0; b < B; ++b)
+    padding.push_back(b == B - 1 && B > 1 && r.seed % 2 == 1 ? N : r.between(0, std::max<int64_t>(N / 2, 0)));
+  return tail_mask(N, padding, dtype);
+}
+
+Case full_attention_case(Draw& r, DType t) {
+  const int64_t B = r.between(1, 2), H = r.between(1, 2), M = r.small() ? 1 : r.between(2, 70);
+  const int64_t N = r.small() ? 1 : r.between(2, 90), d = r.small() ? 1 : r.between(2, 40);
+  Tensor mask = r.seed % 4 == 2 ? Tensor() : padding_mask(r, B, N, t);
+  return {{leaf({B, H, M, d}, r.seed + 1, t), leaf({B, H, N, d}, r.seed + 2, t), leaf({B, H, N, d}, r.seed + 3, t),
+           mask},
+          fmt::format("B{} H{} M{} N{} d{}{}", B, H, M, N, d, mask.defined() ? " padded" : "")};
+}
+
+Case intra_cluster_case(Draw& r, DType t) {
+  const int64_t B = r.between(1, 2), H = r.between(1, 2), N = r.small() ? 2 : r.between(3, 70);
+  const int64_t C = r.small() ? 1 : r.between(2, 7), kappa = r.small() ? 1 : r.between(2, 37);
+  const int64_t d = r.small() ? 1 : r.between(2, 36);
+  return {{leaf({B, H, N, d}, r.seed + 1, t), leaf({B, H, N, d}, r.seed + 2, t), leaf({B, H, N, d}, r.seed + 3, t),
+           random_members(B, H, C, kappa, N, r.seed + 4)},
+          fmt::format("B{} H{} N{} C{} kappa{} d{}", B, H, N, C, kappa, d)};
+}
+
+Case summaries_case(Draw& r, DType t) {
+  const int64_t B = r.between(1, 3), H = r.between(1, 2), N = r.small() ? 1 : r.between(2, 300);
+  const int64_t C = r.small() ? 1 : r.between(2, 9), d = r.small() ? 1 : r.between(2, 20);
+  Tensor mask = r.seed % 4 == 2 ? Tensor() : padding_mask(r, B, N, t);
+  return {{leaf({B, H, N, C}, r.seed + 1, t, 0.05, 1.0), leaf({B, H, N, d}, r.seed + 2, t), mask},
+          fmt::format("B{} H{} N{} C{} d{}{}", B, H, N, C, d, mask.defined() ? " padded" : "")};
+}
+
+Case combine_case(Draw& r, DType t) {
+  const int64_t B = r.between(1, 2), H = r.between(1, 2), N = r.small() ? 1 : r.between(2, 40);
+  const int64_t C = r.small() ? 1 : r.between(2, 7), kappa = r.small() ? 1 : r.between(2, 12);
+  const int64_t d = r.small() ? 1 : r.between(2, 24);
+  const bool summaries = r.seed % 2 == 0;
+  return {{leaf({B, H, N, C}, r.seed + 1, t, 0.0, 1.0), leaf({B, H, C, kappa, d}, r.seed + 2, t),
+           summaries ? leaf({B, H, C, d}, r.seed + 3, t) : Tensor(), random_members(B, H, C, kappa, N, r.seed + 4)},
+          fmt::format("B{} H{} N{} C{} kappa{} d{} summaries {}", B, H, N, C, kappa, d, summaries ? "on" : "off")};
+}
+
+Case improved_case(Draw& r, DType t) {
+  const int64_t B = r.between(1, 2), H = r.between(1, 2), N = r.small() ? 2 : r.between(3, 60);
+  const int64_t C = r.small() ? 1 : r.between(2, 6), top = r.small() ? 1 : r.between(2, 12);
+  const int64_t d = r.small() ? 1 : r.between(2, 24);
+  return {{leaf({B, H, N, d}, r.seed + 1, t), leaf({B, H, N, d}, r.seed + 2, t), leaf({B, H, N, d}, r.seed + 3, t),
+           leaf({B, H, C, N}, r.seed + 4, t, 0.0, 1.0), random_members(B, H, C, top, N, r.seed + 5),
+           random_assignment(B, H, N, C, r.seed + 6)},
+          fmt::format("B{} H{} N{} C{} top{} d{}", B, H, N, C, top, d)};
+}
+
+using MakeCase = Case (*)(Draw&, DType);
+const std::map<ops::Step, MakeCase> kCases = {
+    {ops::Step::full_attention, full_attention_case},
+    {ops::Step::intra_cluster_attention, intra_cluster_case},
+    {ops::Step::cluster_summaries, summaries_case},
+    {ops::Step::combine_clusters, combine_case},
+    {ops::Step::improved_clustered_output, improved_case},
+};
+
+struct PathRun {
+  Tensor out;
+  std::vector<Tensor> grads;  // one per input; undefined for constants
+};
+
+// Device copies of the inputs; an undefined input (no mask, summaries off) stays undefined.
+std::vector<Tensor> copies(const std::vector<Tensor>& inputs, Device device) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : inputs) out.push_back(t.defined() ? copy_inputs({t}, device)[0] : Tensor());
+  return out;
+}
+
+// One forward and backward on fresh device copies of the inputs, gradients prefilled.
+PathRun run_once(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs,
+             Device device, const Tensor& dout_cpu) {
+  std::vector<Tensor> in = copies(inputs, device);
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i].defined() && in[i].requires_grad()) in[i].set_grad(prefilled_grad(inputs[i], i).to(device));
+  PathRun run;
+  run.out = fn(in);
+  autograd::backward(run.out, dout_cpu.to(run.out.dtype()).to(device));
+  autograd::clear_tape();
+  for (const Tensor& t : in) run.grads.push_back(t.defined() && t.requires_grad() ? t.grad().to(Device::cpu) : Tensor());
+  run.out = run.out.to(Device::cpu);
+  return run;
+}
+
+std::vector<Device> devices_here() {
+  std::vector<Device> devices{Device::cpu};
+  if (device_memory::cuda_built() && device_memory::cuda_available()) devices.push_back(Device::cuda);
+  return devices;
+}
+
+// The output's shape, from a forward that records nothing.
+Shape reference_shape(ops::Step step, const std::vector<Tensor>& inputs) {
+  autograd::NoGradGuard no_grad;
+  return ops::run_reference(step, inputs).shape();
+}
+
+class FastPathAgainstReference : public ::testing::TestWithParam<size_t> {};
+
+}  // namespace
+
+TEST_P(FastPathAgainstReference, ValuesAndEveryGradient) {
+  const ops::FastPath& path = ops::fast_paths().at(GetParam());
+  const auto make = kCases.find(path.step);
+  ASSERT_NE(make, kCases.end()) << path.name << ": its step " << ops::step_name(path.step) << " has no row in kCases";
+  int ran = 0;
+  for (Device device : devices_here())
+    for (DType dtype : {DType::f32, DType::f64})
+      for (uint64_t seed = 0; seed < 3; ++seed) {
+        Draw draw{1000 * (GetParam() + 1) + seed};
+        const Case c = make->second(draw, dtype);
+        ops::StepSizes sizes = ops::sizes_of(path.step, c.inputs);
+        sizes.device = device;
+        if (!path.fits(sizes)) continue;
+        SCOPED_TRACE(fmt::format("{} on {} {} {}", path.name, device == Device::cpu ? "cpu" : "cuda",
+                                 dtype_name(dtype), c.label));
+        ASSERT_EQ(ops::choose_path(path.step, true, sizes), &path)
+            << "an earlier registered path of the same step takes these inputs: this one would never run";
+        const Tensor dout = Tensor::uniform(reference_shape(path.step, c.inputs),
+                                            77 + seed, 0, -1.0, 1.0, DType::f64);
+        const PathRun want = run_once([&](const std::vector<Tensor>& x) { return ops::run_reference(path.step, x); },
+                                  c.inputs, device, dout);
+        const PathRun got = run_once(path.run, c.inputs, device, dout);
+        const double rtol = dtype == DType::f32 ? 1e-4 : 1e-10, atol = dtype == DType::f32 ? 1e-5 : 1e-12;
+        expect_close_per_element(got.out, want.out, rtol, atol, "output");
+        for (size_t i = 0; i < c.inputs.size(); ++i)
+          if (want.grads[i].defined())
+            expect_close_per_element(got.grads[i], want.grads[i], rtol, atol, fmt::format("gradient of input {}", i));
+        ++ran;
+      }
+  if (ran == 0) GTEST_SKIP() << path.name << " supports no device of this build (" << path.supports << ")";
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, FastPathAgainstReference, ::testing::Range<size_t>(0, ops::fast_paths().size()),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                           return std::string(ops::fast_paths().at(info.param).name);
+                         });
+
+// Every step with a fast path has a reference, and the choice is made in one place: with fast
+// paths off, every step runs its reference on every device.
+TEST(FastPaths, ReferenceWhenOffOnEveryDevice) {
+  for (ops::Step step : ops::kSteps)
+    for (Device device : {Device::cpu, Device::cuda})
+      for (DType dtype : {DType::f32, DType::f64})
+        EXPECT_EQ(ops::choose_path(step, false, {device, dtype, 64, 32}), nullptr) << ops::step_name(step);
+}
+
+// Each registered path names its reference step, its file and what it supports, and the CPU has
+// a fast path for the steps whose reference stores a matrix per query (full attention, the
+// intra-cluster tiles, improved clustered attention's per-query top keys).
+TEST(FastPaths, RegistryDescribesEachPath) {
+  for (const ops::FastPath& path : ops::fast_paths()) {
+    EXPECT_TRUE(std::string(path.file).rfind("ops/", 0) == 0) << path.name;
+    EXPECT_FALSE(std::string(path.supports).empty()) << path.name;
+  }
+  for (ops::Step step : {ops::Step::full_attention, ops::Step::intra_cluster_attention,
+                         ops::Step::improved_clustered_output})
+    EXPECT_NE(ops::choose_path(step, true, {Device::cpu, DType::f32, 64, 32}), nullptr) << ops::step_name(step);
+}
