@@ -1,16 +1,14 @@
-// `cast train`, `cast eval`, `cast data`, `cast clusters`.
+// `cast train`, `cast eval`, `cast data`, `cast clusters`, `cast plot`: each its options, then
+// calls into the library (train/).
 #include "train/train_commands.h"
 
 #include <algorithm>
 #include <climits>
 #include <filesystem>
-#include <cmath>
-#include <map>
 #include <nlohmann/json.hpp>
 
 #include "autograd/tape.h"
 #include "tensor/files.h"
-#include "tensor/safetensors.h"
 #include "train/cli.h"
 #include "train/clusters_figure.h"
 #include "train/plot.h"
@@ -192,10 +190,6 @@ int command_clusters(const std::vector<std::string>& argv) {
              clusters, args.str("out"));
   return 0;
 }
-
-}  // namespace cast
-
-namespace cast {
 
 int command_plot(const std::vector<std::string>& argv) {
   cli::Args args("plot",
