@@ -1,16 +1,16 @@
 #include "nn/transformer.h"
 
-#include <climits>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "ops/ops.h"
-#include "tensor/files.h"
 
 namespace cast::nn {
 
 using json = nlohmann::json;
 
+// The fields by their C++ names, for messages and tests. A checkpoint stores a model by the
+// names of its settings (train/settings.h).
 json ModelConfig::to_json() const {
   const AttentionConfig& a = attention;
   return json{{"vocab", vocab}, {"max_len", max_len}, {"dim", dim}, {"heads", heads}, {"mlp_dim", mlp_dim},
@@ -22,50 +22,6 @@ json ModelConfig::to_json() const {
                              {"summaries", a.summaries}, {"mix_query", a.mix_query},
                              {"shared_clustering", a.shared_clustering}, {"topk", a.topk}, {"bits", a.bits},
                              {"iterations", a.iterations}}}};
-}
-
-// A stored integer: a JSON integer that fits int64 (a float like 1e30 would convert with
-// undefined behaviour).
-static int64_t stored_integer(const json& j, const char* key) {
-  const json& v = j.at(key);
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}))
-    throw Error(fmt::format("model config: '{}' is {}, not an integer", key, v.dump()));
-  return v.get<int64_t>();
-}
-
-ModelConfig ModelConfig::from_json(const json& j) {
-  try {
-    ModelConfig c;
-    c.vocab = stored_integer(j, "vocab");
-    c.max_len = stored_integer(j, "max_len");
-    c.dim = stored_integer(j, "dim");
-    c.heads = stored_integer(j, "heads");
-    c.mlp_dim = stored_integer(j, "mlp_dim");
-    c.layers = stored_integer(j, "layers");
-    c.classes = stored_integer(j, "classes");
-    c.learned_positions = j.at("learned_positions");
-    c.cls_pooling = j.at("cls_pooling");
-    c.dual = j.at("dual");
-    c.dropout = j.at("dropout");
-    const int64_t seed = stored_integer(j, "seed");
-    if (seed < 0) throw Error(fmt::format("model config: 'seed' is {}", seed));
-    c.seed = static_cast<uint64_t>(seed);
-    const json& a = j.at("attention");
-    c.attention.mechanism = parse_mechanism(a.at("mechanism"));
-    c.attention.clusters = stored_integer(a, "clusters");
-    c.attention.cluster_size = stored_integer(a, "cluster_size");
-    c.attention.single_assignment = a.at("single_assignment");
-    c.attention.f = a.at("f") == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
-    c.attention.summaries = a.at("summaries");
-    c.attention.mix_query = a.at("mix_query");
-    c.attention.shared_clustering = a.at("shared_clustering");
-    c.attention.topk = stored_integer(a, "topk");
-    c.attention.bits = stored_integer(a, "bits");
-    c.attention.iterations = stored_integer(a, "iterations");
-    return c;
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("model config: a field is missing or of the wrong type ({})", files::json_message(e)));
-  }
 }
 
 Block::Block(const ModelConfig& c, int index, Initializer& init)

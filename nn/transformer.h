@@ -26,8 +26,7 @@ struct ModelConfig {
   AttentionConfig attention;  // mechanism and its options; dim, heads filled from above
   uint64_t seed = 0;
 
-  nlohmann::json to_json() const;
-  static ModelConfig from_json(const nlohmann::json& j);
+  nlohmann::json to_json() const;  // the fields by their C++ names (files: train/settings.h)
 };
 
 struct Batch {

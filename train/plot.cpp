@@ -173,13 +173,6 @@ void category_colour(int index, uint8_t rgb[3]) {
   rgb[2] = static_cast<uint8_t>(std::lround(255 * (b + m)));
 }
 
-std::vector<std::string> run_folder_files(const std::string& run_dir) {
-  std::vector<std::string> out;
-  for (const char* name : {"metrics.jsonl", "checkpoint.safetensors", "best.safetensors", "summary.json"})
-    out.push_back(run_dir + "/" + name);
-  return out;
-}
-
 namespace {
 
 struct MetricsLine {

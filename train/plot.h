@@ -29,9 +29,6 @@ void plot_run(const std::string& svg_path, const std::string& title, const Curve
 void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs,
                      files::Link link = files::Link::follow_once);
 
-// The files of a run folder that no other output may replace (metrics, checkpoints, summary).
-std::vector<std::string> run_folder_files(const std::string& run_dir);
-
 // Text for SVG and XML: & < > " escaped.
 std::string xml_escape(const std::string& s);
 

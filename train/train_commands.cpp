@@ -1,145 +1,31 @@
-// `cast train`, `cast eval`, `cast data`, `cast clusters`.
+// `cast train`, `cast eval`, `cast data`, `cast clusters`, `cast plot`: each its options, then
+// calls into the library (train/).
 #include "train/train_commands.h"
 
 #include <algorithm>
 #include <climits>
 #include <filesystem>
-#include <cmath>
-#include <map>
 #include <nlohmann/json.hpp>
 
 #include "autograd/tape.h"
 #include "tensor/files.h"
-#include "tensor/safetensors.h"
 #include "train/cli.h"
+#include "train/clusters_figure.h"
 #include "train/plot.h"
+#include "train/run_folder.h"
 #include "train/trainer.h"
 
 namespace cast {
 
 using json = nlohmann::json;
 
-namespace {
-
-// Settings that flags and JSON config files share, by the type of their value.
-const std::vector<std::pair<std::string, std::string>> kIntSettings = {
-    {"steps", "training steps"}, {"batch", "batch size"}, {"warmup", "warmup steps"},
-    {"log-every", "steps between progress lines"}, {"eval-every", "steps between validations (0: at the end)"},
-    {"checkpoint-every", "steps between checkpoints (0: at the end only)"}, {"eval-limit", "examples per evaluated split (0: all)"},
-    {"seed", "seed of data order, initialisation and dropout"}, {"max-len", "longest sequence"},
-    {"dim", "model dim D"}, {"heads", "attention heads"}, {"mlp-dim", "MLP hidden width"}, {"layers", "blocks"},
-    {"clusters", "clusters C (0: ceil(sqrt(N)) rounded up to 8)"}, {"cluster-size", "CAST cluster size (0: same default)"},
-    {"topk", "improved clustered: keys per cluster"}, {"bits", "clustered: hash bits"},
-    {"iterations", "clustered: Lloyd iterations"}};
-const std::vector<std::pair<std::string, std::string>> kFloatSettings = {
-    {"lr", "peak learning rate (rsqrt: the LRA base rate)"}, {"weight-decay", "AdamW weight decay"},
-    {"clip", "gradient norm clip (0: off)"}, {"dropout", "dropout rate"}};
-const std::vector<std::pair<std::string, std::string>> kStringSettings = {
-    {"data", "data folder"}, {"run", "run folder"},
-    {"schedule", "rsqrt | cosine | constant"}, {"device", "auto | cpu | cuda"},
-    {"positions", "sinusoidal | learned"}, {"pooling", "cls | mean"},
-    {"attention", "full | cast | clustered | iclustered"}, {"clustering", "CAST: topk | satopk"},
-    {"f", "CAST: softmax | laplace"}, {"summaries", "CAST: on | off"}, {"mix", "CAST: affinity | query"},
-    {"cast-heads", "CAST: per-head | shared"}};
-const std::vector<std::pair<std::string, std::string>> kBoolSettings = {
-    {"eval-best", "evaluate the best validation checkpoint instead of the final model (needs --eval-every)"},
-    {"tf32", "allow TF32 tensor-core matmuls on the GPU"},
-    {"reference", "CPU: run the step-by-step reference attention ops and the plain-loop matmul instead of the fused "
-                  "kernels and the BLAS (same results, slower; for study)"}};
-
-// "1200" when every task's preset agrees, else the commonest value and the exceptions:
-// "32 (image 256, pathfinder 512)".
-std::string preset_defaults(const std::string& key) {
-  std::vector<std::pair<std::string, std::string>> values;
-  std::map<std::string, int> count;
-  for (const std::string& task : train::task_names()) {
-    values.push_back({task, train::setting_value(train::preset(task), key)});
-    ++count[values.back().second];
-  }
-  std::string common;
-  for (auto& [v, n] : count)
-    if (common.empty() || n > count[common]) common = v;
-  std::string rest;
-  for (auto& [task, v] : values)
-    if (v != common) rest += fmt::format("{}{} {}", rest.empty() ? "" : ", ", task, v);
-  return rest.empty() ? common : fmt::format("{} ({})", common, rest);
-}
-
-}  // namespace
-
-json settings_from_flags(const cli::Args& args) {
-  json j = json::object();
-  for (auto& [k, h] : kIntSettings)
-    if (args.is_set(k)) j[k] = args.integer(k);
-  for (auto& [k, h] : kFloatSettings)
-    if (args.is_set(k)) j[k] = args.number(k);
-  for (auto& [k, h] : kStringSettings)
-    if (args.is_set(k)) j[k] = args.str(k);
-  for (auto& [k, h] : kBoolSettings)
-    if (args.is_set(k)) j[k] = true;
-  return j;
-}
-
-json read_json_file(const std::string& path) {
-  json j = files::read_json(path, "config file");
-  CAST_CHECK(j.is_object(), "config file {}: holds {}, not one JSON object of settings", path, j.type_name());
-  return j;
-}
-
 // The settings file is an input: a run writing (or, with --overwrite, removing) it would lose it.
 static void check_config_is_no_run_file(const train::TrainConfig& config, const std::string& config_path) {
   if (config_path.empty()) return;
-  const std::string run_dir = config.run_dir.empty()
-      ? fmt::format("runs/{}-{}", config.task, nn::mechanism_name(config.model.attention.mechanism)) : config.run_dir;
+  const std::string run_dir = config.run_dir.empty() ? train::default_run_dir(config) : config.run_dir;
   std::vector<std::string> outputs = train::run_folder_files(run_dir);
   outputs.push_back(run_dir + "/curves.svg");
   for (const std::string& out : outputs) files::check_not_an_input(out, "run file", {config_path});
-}
-
-// Applies a JSON settings file; a bad setting's message names the file.
-static void apply_config_file(train::TrainConfig& config, const std::string& path) {
-  const json settings = read_json_file(path);
-  try {
-    train::apply_overrides(config, settings);
-  } catch (const UsageError& e) {  // the setting's message, with the file it came from
-    throw UsageError(fmt::format("config file {}: {}", path, e.what()));
-  }
-}
-
-void declare_train_settings(cli::Args& args, const std::vector<std::string>& except) {
-  auto wanted = [&](const std::string& k) { return std::find(except.begin(), except.end(), k) == except.end(); };
-  // Each setting's default is its task preset's: the help lists them per task.
-  for (const auto* list : {&kIntSettings, &kFloatSettings, &kStringSettings})
-    for (auto& [k, h] : *list)
-      if (wanted(k)) args.option(k, "", h + "; default " + preset_defaults(k));
-  for (auto& [k, h] : kBoolSettings)
-    if (wanted(k)) args.flag(k, h);
-}
-
-json setting_from_text(const std::string& key, const std::string& text) {
-  auto listed = [&](const auto& list) {
-    return std::any_of(list.begin(), list.end(), [&](const auto& kv) { return kv.first == key; });
-  };
-  try {
-    size_t used = 0;
-    if (listed(kIntSettings)) {
-      const int64_t v = std::stoll(text, &used);
-      if (used == text.size()) return json(v);
-    } else if (listed(kFloatSettings)) {
-      const double v = std::stod(text, &used);
-      if (used == text.size()) return json(v);
-    } else if (listed(kStringSettings)) {
-      return json(text);
-    } else if (listed(kBoolSettings)) {
-      if (text == "true" || text == "false") return json(text == "true");
-    } else {
-      throw UsageError(fmt::format("'{}' is not a setting of cast train (see cast train --help)", key));
-    }
-  } catch (const std::invalid_argument&) {
-  } catch (const std::out_of_range&) {
-  }
-  throw UsageError(fmt::format("setting '{}': '{}' is not {}", key, text,
-                               listed(kIntSettings) ? "a whole number" : listed(kFloatSettings) ? "a number" : "'true' or 'false'"));
 }
 
 int command_train(const std::vector<std::string>& argv) {
@@ -151,7 +37,7 @@ int command_train(const std::vector<std::string>& argv) {
       .option("config", "", "JSON file of settings")
       .option("resume", "", "checkpoint to continue from, in its own folder unless --run names another (its settings "
                             "are used; steps, logging, evaluation, checkpoints, data, device may change)");
-  declare_train_settings(args, {});
+  train::declare_setting_flags(args, {});
   args.flag("overwrite", "replace the run already in the run folder (without it, such a folder is refused)");
   args.example("cast train                                     (short ListOps, a small CAST model)")
       .example("cast train --task fashion-mnist --attention full --steps 3000")
@@ -162,16 +48,16 @@ int command_train(const std::vector<std::string>& argv) {
   train::TrainConfig config;
   if (!args.str("resume").empty()) {
     // A config file's settings, then the flags': each applied, or refused by name.
-    json changes = args.str("config").empty() ? json::object() : read_json_file(args.str("config"));
+    json changes = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
     CAST_CHECK_USAGE(changes.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
-    const json flags = settings_from_flags(args);  // a named object: items() does not keep a temporary alive
+    const json flags = train::settings_from_flags(args);  // a named object: items() does not keep a temporary alive
     for (auto& [k, v] : flags.items()) changes[k] = v;
     if (args.is_set("task")) changes["task"] = args.str("task");
     config = train::resume_config(args.str("resume"), changes);
   } else {
     config = train::preset(args.str("task"));
-    if (!args.str("config").empty()) apply_config_file(config, args.str("config"));
-    train::apply_overrides(config, settings_from_flags(args));
+    if (!args.str("config").empty()) train::apply_settings_file(config, args.str("config"));
+    train::apply_overrides(config, train::settings_from_flags(args));
   }
   config.overwrite = args.is_set("overwrite");
   check_config_is_no_run_file(config, args.str("config"));
@@ -239,7 +125,7 @@ int command_data(const std::vector<std::string>& argv) {
   const int64_t max_length = args.integer("max-length", 0, 100000), min_length = args.integer("min-length", 0, 100000);
   std::string out = args.str("out");
   if (listops) {
-    if (out.empty()) out = task == "listops" ? "data/listops-1000" : "data/listops-short";
+    if (out.empty()) out = train::find_task(task).data_dir;
     data::ListOpsSpec spec = task == "listops" ? data::ListOpsSpec::release() : data::ListOpsSpec::short_cpu();
     if (count > 0) spec.train = count;
     if (max_length > 0) {
@@ -253,7 +139,7 @@ int command_data(const std::vector<std::string>& argv) {
                      spec.min_length, spec.max_length);
     data::generate_listops(out, spec, static_cast<uint64_t>(seed));
   } else {
-    if (out.empty()) out = task == "pathx" ? "data/pathx128" : "data/pathfinder32";
+    if (out.empty()) out = train::find_task(task).data_dir;
     data::PathfinderSpec spec = task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
     if (count > 0) spec.count = count;
     data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed));
@@ -295,79 +181,15 @@ int command_clusters(const std::vector<std::string>& argv) {
     autograd::NoGradGuard no_grad;
     model.forward(data::make_batch(task, task.test, {index}, DType::f32, Device::cpu), false);
   }
-  const int side = static_cast<int>(task.image_side), s = scale;
-  const int layers = static_cast<int>(model.blocks().size()), heads = static_cast<int>(ck.config.model.heads);
-  const int offset = ck.config.model.cls_pooling ? 1 : 0;  // token 0 is CLS
-  const int C = layers ? static_cast<int>(model.blocks()[0]->last.clusters.dim(2)) : 0;
-  // An SVG: a column of labels, then per layer (row) the input and one panel per head, each
-  // image pixel a square coloured by its cluster; a legend of the clusters; what black means.
-  const int panel = side * s, gap = 14, left = 80, top = 60;
-  const int width = std::max(left + (heads + 1) * (panel + gap) + 10, 940);
-  const int legend_cols = std::max(1, (width - 40) / 70), legend_rows = (C + legend_cols - 1) / legend_cols;
-  const int legend_top = top + layers * (panel + gap + 18) + 10, height = legend_top + 22 * legend_rows + 74;
-  std::string svg = fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
-                                R"(font-family="DejaVu Sans, Arial, sans-serif" shape-rendering="crispEdges">)" "\n"
-                                R"(<rect width="100%" height="100%" fill="white"/>)" "\n"
-                                R"(<text x="10" y="22" font-size="16" font-weight="bold">CAST clusters ({2}): test example {3}, {4} clusters of {5} tokens per head</text>)" "\n",
-                                width, height, ck.config.model.attention.single_assignment ? "Single-Assignment Top-K" : "Top-K",
-                                index, C, ck.config.model.attention.cluster_size > 0 ? ck.config.model.attention.cluster_size : C);
-  auto colour = [](int c) {
-    uint8_t rgb[3];
-    train::category_colour(c, rgb);
-    return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]);
-  };
-  auto square = [&](int x, int y, const std::string& fill) {
-    svg += fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>)", x, y, s, s, fill);
-  };
-  const auto& pixels = task.test[index].tokens;
-  for (int h = 0; h <= heads; ++h)
-    svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>)" "\n",
-                       left + h * (panel + gap) + panel / 2, top - 8, h == 0 ? std::string("input") : fmt::format("head {}", h));
-  for (int l = 0; l < layers; ++l) {
-    const int y0 = top + l * (panel + gap + 18);
-    svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="end">layer {}</text>)" "\n", left - 10,
-                       y0 + panel / 2 + 4, l + 1);
-    for (int p = 0; p < side * side; ++p) {
-      const int v = pixels[p];
-      square(left + (p % side) * s, y0 + (p / side) * s, fmt::format("#{0:02x}{0:02x}{0:02x}", std::clamp(v, 0, 255)));
-    }
-    const Tensor& clusters = model.blocks()[l]->last.clusters;  // (1, H, C, κ)
-    const int K = static_cast<int>(clusters.dim(3));
-    auto ids = clusters.to_double_vector();
-    for (int h = 0; h < heads; ++h) {
-      std::vector<int> owner(side * side, -1);
-      for (int c = 0; c < C; ++c)
-        for (int k = 0; k < K; ++k) {
-          const int token = static_cast<int>(ids[(h * C + c) * K + k]) - offset;
-          if (token >= 0 && token < side * side && owner[token] < 0) owner[token] = c;
-        }
-      const int x0 = left + (h + 1) * (panel + gap);
-      for (int p = 0; p < side * side; ++p)
-        square(x0 + (p % side) * s, y0 + (p / side) * s, owner[p] >= 0 ? colour(owner[p]) : "#000000");
-      svg += "\n";
-    }
-  }
-  svg += fmt::format(R"(<text x="10" y="{}" font-size="13" font-weight="bold">clusters</text>)" "\n", legend_top);
-  for (int c = 0; c < C; ++c) {
-    const int x = 20 + (c % legend_cols) * 70, y = legend_top + 10 + (c / legend_cols) * 22;
-    svg += fmt::format(R"(<rect x="{}" y="{}" width="16" height="16" fill="{}" stroke="#555"/><text x="{}" y="{}" font-size="12">{}</text>)"
-                       "\n", x, y, colour(c), x + 22, y + 13, c + 1);
-  }
-  const int note = legend_top + 22 * legend_rows + 26;
-  svg += fmt::format(R"(<text x="10" y="{}" font-size="12">Black: in no cluster. Top-K picks each cluster's tokens independently: )"
-                     R"(some tokens land in several clusters, others in none;</text>)" "\n"
-                     R"(<text x="10" y="{}" font-size="12">Single-Assignment Top-K places each token at most once and leaves )"
-                     R"(the last ones out when C·κ &lt; N. In several clusters: the first is shown.</text>)" "\n"
-                     R"(<text x="10" y="{}" font-size="12" fill="#555">{}: {} layers, {} heads.</text>)" "\n</svg>\n",
-                     note, note + 17, note + 36, train::xml_escape(args.str("checkpoint")), layers, heads);
+  train::ClustersFigure figure{task.test[index].tokens, static_cast<int>(task.image_side), scale, index,
+                               args.str("checkpoint")};
+  const std::string svg = train::clusters_svg(model, figure);
   files::write_atomic(args.str("out"), svg, "--out");
-  fmt::print("cast clusters: {} layers x {} heads of {} clusters -> {}\n", layers, heads, C, args.str("out"));
+  const int64_t clusters = model.blocks().empty() ? 0 : model.blocks()[0]->last.clusters.dim(2);
+  fmt::print("cast clusters: {} layers x {} heads of {} clusters -> {}\n", model.blocks().size(), ck.config.model.heads,
+             clusters, args.str("out"));
   return 0;
 }
-
-}  // namespace cast
-
-namespace cast {
 
 int command_plot(const std::vector<std::string>& argv) {
   cli::Args args("plot",

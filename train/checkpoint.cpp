@@ -1,0 +1,203 @@
+#include "train/checkpoint.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "tensor/files.h"
+#include "tensor/safetensors.h"
+#include "train/tasks.h"
+
+namespace cast::train {
+
+using json = nlohmann::json;
+
+static const char* kFormat = "cast-checkpoint-1";
+
+// ---------------------------------------------------------------- finite values
+std::string non_finite_in(const std::map<std::string, Tensor>& tensors) {
+  for (const auto& entry : tensors) {
+    const std::string& name = entry.first;  // a structured binding cannot be captured by clang 14
+    const Tensor& t = entry.second;
+    const Tensor host = t.device() == Device::cpu ? t : t.to(Device::cpu);
+    auto scan = [&](const auto* x) -> std::string {
+      for (int64_t i = 0; i < host.numel(); ++i)
+        if (!std::isfinite(x[i]))
+          return fmt::format("'{}' holds {} at element {}", name, std::isnan(x[i]) ? "nan" : x[i] > 0 ? "inf" : "-inf", i);
+      return "";
+    };
+    std::string found;
+    if (host.dtype() == DType::f32) found = scan(host.data<float>());
+    else if (host.dtype() == DType::f64) found = scan(host.data<double>());
+    if (!found.empty()) return found;
+  }
+  return "";
+}
+
+std::string checkpoint_damage(const std::string& path) {
+  return non_finite_in(read_safetensors(path, "checkpoint").tensors);
+}
+
+std::string last_good_checkpoint(const std::string& path) {
+  if (!files::exists(path)) return "No checkpoint was written yet";
+  try {
+    const Checkpoint ck = read_checkpoint_header(path);
+    const std::string damage = checkpoint_damage(path);
+    if (damage.empty()) return fmt::format("The last good checkpoint is {} (step {}, every value checked finite)", path, ck.step);
+    return fmt::format("{} holds non-finite values ({}): no good checkpoint is left", path, damage);
+  } catch (const Error& e) {
+    return fmt::format("{} cannot be read back ({}): no good checkpoint is left", path, e.what());
+  }
+}
+
+// ---------------------------------------------------------------- writing
+void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
+                     const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
+                     const RunCost& cost) {
+  std::map<std::string, Tensor> tensors;
+  nn::ParamList params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    tensors["param/" + params[i].first] = *params[i].second;
+    if (!m.empty()) {
+      tensors["adam.m/" + params[i].first] = m[i];
+      tensors["adam.v/" + params[i].first] = v[i];
+    }
+  }
+  std::map<std::string, std::string> meta = {{"format", kFormat},
+                                             {"model", model_json(c.model).dump()},
+                                             {"train", run_settings_json(c).dump()},
+                                             {"step", std::to_string(step)},
+                                             {"rng_offset", std::to_string(model.rng_offset)},
+                                             {"best_val", fmt::format("{:.17g}", best_val)},
+                                             {"wall_seconds", fmt::format("{:.17g}", cost.wall_seconds)},
+                                             {"step_seconds", fmt::format("{:.17g}", cost.step_seconds)},
+                                             {"peak_bytes", std::to_string(cost.peak_bytes)}};
+  // A checkpoint is only ever written finite, so the one on disk is always a good one.
+  const std::string damage = non_finite_in(tensors);
+  if (!damage.empty()) throw NonFiniteCheckpoint(fmt::format("{}: not written: {}", path, damage));
+  write_safetensors(path, tensors, meta, "checkpoint", files::Link::refuse);
+}
+
+// ---------------------------------------------------------------- reading
+Checkpoint read_checkpoint_header(const std::string& path) {
+  TensorFile f = read_safetensors(path, "checkpoint");
+  auto get = [&](const char* key) {
+    auto it = f.metadata.find(key);
+    CAST_CHECK(it != f.metadata.end(), "{}: not a cast checkpoint (no '{}' metadata)", path, key);
+    return it->second;
+  };
+  CAST_CHECK(get("format") == kFormat, "{}: unsupported checkpoint format '{}'", path, get("format"));
+  Checkpoint ck;
+  try {
+    const json train = files::parse_json(get("train"), "'train' metadata");
+    ck.config.task = train.at("task").get<std::string>();
+    apply_overrides(ck.config, train);
+    ck.config.model = model_from_json(files::parse_json(get("model"), "'model' metadata"));
+    validate(ck.config);  // a checkpoint's sizes are input too: `layers: 1000000` is refused here
+    // whole-string numbers: "12oops" is no step
+    auto whole = [&](const char* key, auto parse) {
+      const std::string text = get(key);
+      size_t used = 0;
+      const auto value = parse(text, &used);
+      CAST_CHECK(used == text.size() && !text.empty(), "'{}' is '{}', not a number", key, text);
+      return value;
+    };
+    ck.step = whole("step", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
+    ck.rng_offset = whole("rng_offset", [](const std::string& t, size_t* u) { return std::stoull(t, u); });
+    ck.best_val = whole("best_val", [](const std::string& t, size_t* u) { return std::stod(t, u); });
+    if (f.metadata.count("wall_seconds")) {
+      ck.cost.wall_seconds = whole("wall_seconds", [](const std::string& t, size_t* u) { return std::stod(t, u); });
+      ck.cost.step_seconds = whole("step_seconds", [](const std::string& t, size_t* u) { return std::stod(t, u); });
+      ck.cost.peak_bytes = whole("peak_bytes", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
+      CAST_CHECK(std::isfinite(ck.cost.wall_seconds) && ck.cost.wall_seconds >= 0 &&
+                     std::isfinite(ck.cost.step_seconds) && ck.cost.step_seconds >= 0 && ck.cost.peak_bytes >= 0,
+                 "'wall_seconds', 'step_seconds' or 'peak_bytes' is negative or not finite");
+    }
+    CAST_CHECK(ck.step >= 0 && ck.step <= ck.config.steps, "'step' is {}, outside [0, {}] (the run's steps)", ck.step,
+               ck.config.steps);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, files::json_message(e)));
+  }
+  return ck;
+}
+
+// The first field (nested ones as 'attention.clusters') where two model configs differ.
+static std::string first_difference(const json& theirs, const json& mine, const std::string& prefix) {
+  for (auto& [k, val] : mine.items()) {
+    const bool has = theirs.contains(k);
+    if (has && theirs[k].is_object() && val.is_object() && theirs[k] != val)
+      return first_difference(theirs[k], val, prefix + k + ".");
+    if (!has || theirs[k] != val)
+      return fmt::format("'{}{}' is {} in the checkpoint but {} in this model", prefix, k,
+                         has ? theirs[k].dump() : "missing", val.dump());
+  }
+  return "model config";
+}
+
+void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v) {
+  TensorFile f = read_safetensors(path, "checkpoint");
+  // A NaN weight evaluates to a plausible-looking accuracy and poisons a resumed run: every
+  // tensor is checked, not only those this load uses.
+  const std::string damage = non_finite_in(f.tensors);
+  CAST_CHECK(damage.empty(), "{}: {}: the checkpoint holds non-finite values and cannot be used", path, damage);
+  // Compared as parsed values, not as text: a reformatted but equal config is the same model.
+  CAST_CHECK(f.metadata.count("model"), "checkpoint {}: not a cast checkpoint (no 'model' metadata)", path);
+  const json theirs = model_json(model_from_json(files::parse_json(f.metadata.at("model"), path + ": model config")));
+  const json mine = model_json(model.config());
+  if (theirs != mine)
+    throw Error(fmt::format("{}: checkpoint does not match the model: {}", path, first_difference(theirs, mine, "")));
+  nn::ParamList params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, t] = params[i];
+    const Tensor& stored_t = f.get("param/" + name, DType::f32, t->shape());
+    t->copy_from(stored_t.to(t->device()));
+    if (m) (*m)[i].copy_from(f.get("adam.m/" + name, DType::f32, t->shape()).to(t->device()));
+    if (v) (*v)[i].copy_from(f.get("adam.v/" + name, DType::f32, t->shape()).to(t->device()));
+  }
+  model.rng_offset = std::stoull(f.metadata.at("rng_offset"));
+}
+
+TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device) {
+  TrainedRun run;
+  run.checkpoint = read_checkpoint_header(path);
+  if (!data_dir.empty()) run.checkpoint.config.data_dir = data_dir;
+  run.model = std::make_unique<nn::Transformer>(run.checkpoint.config.model, DType::f32, device);
+  load_checkpoint(path, *run.model, nullptr, nullptr);
+  run.task = load_task(run.checkpoint.config, false);
+  return run;
+}
+
+// ---------------------------------------------------------------- resuming
+TrainConfig resume_config(const std::string& checkpoint, const json& changes) {
+  CAST_CHECK_USAGE(changes.is_object(), "resume settings: expected a JSON object");
+  const Checkpoint ck = read_checkpoint_header(checkpoint);
+  TrainConfig c = ck.config;
+  // The folder stored inside is where the run was trained: this file may be a copy of it,
+  // and that run is not to be touched.
+  c.run_dir = std::filesystem::path(checkpoint).parent_path().string();
+  if (c.run_dir.empty()) c.run_dir = ".";
+  std::string changeable;
+  for (const Setting& s : settings())
+    if (s.resumable) changeable += (changeable.empty() ? "" : ", ") + s.name;
+  for (auto& [key, value] : changes.items()) {
+    if (key == "task") {
+      CAST_CHECK_USAGE(value.is_string() && value.get<std::string>() == c.task,
+                       "setting 'task' cannot change when resuming: {} is a {} run", checkpoint, c.task);
+      continue;
+    }
+    TrainConfig changed = c;
+    apply_overrides(changed, json{{key, value}});  // an unknown setting is refused here
+    if (find_setting(key)->resumable) {
+      c = changed;
+    } else if (all_settings_json(changed) != all_settings_json(c)) {
+      throw UsageError(fmt::format("setting '{}' cannot change when resuming: {} was trained with {}, not {}; only {} "
+                                   "may change (start a new run for other settings)",
+                                   key, checkpoint, setting_value(c, key), setting_value(changed, key), changeable));
+    }
+  }
+  CAST_CHECK_USAGE(!changes.contains("steps") || c.steps > ck.step,
+                   "setting 'steps' is {}: a resumed run must end after its checkpoint's step {} ({})", c.steps, ck.step,
+                   checkpoint);
+  return c;
+}
+
+}  // namespace cast::train

@@ -1,0 +1,70 @@
+#pragma once
+// Checkpoints: parameters, AdamW moments, step, RNG offset and the run's settings, written
+// atomically and only when every value is finite; read back strictly; and the settings of a
+// resumed run.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/transformer.h"
+#include "train/data.h"
+#include "train/settings.h"
+
+namespace cast::train {
+
+// What a run has spent so far, summed over every process that worked on it.
+struct RunCost {
+  double wall_seconds = 0;   // steps, evaluations and checkpoints
+  double step_seconds = 0;   // training steps only
+  int64_t peak_bytes = 0;    // most memory tensors held at once (host, or the GPU's allocator)
+};
+struct Checkpoint {
+  TrainConfig config;
+  int64_t step = 0;
+  uint64_t rng_offset = 0;
+  double best_val = -1;
+  RunCost cost;  // zero in checkpoints written before it was recorded
+};
+// save_checkpoint refuses to write a NaN or infinity (so the checkpoint on disk stays the last
+// good one): this error names the tensor.
+class NonFiniteCheckpoint : public Error {
+ public:
+  using Error::Error;
+};
+void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
+                     const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
+                     const RunCost& cost = {});
+// Reads the configs and counters; loads parameters (and moments when m, v are given) into
+// `model`, which must have been built from the same model config.
+Checkpoint read_checkpoint_header(const std::string& path);
+// Refuses (naming the tensor) a file holding a NaN or infinity: such a model evaluates to a
+// plausible-looking accuracy and poisons a resumed run.
+void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v);
+
+// "" when every floating-point value in `tensors` (or the file at `path`) is finite, else the
+// first that is not: "'param/x' holds nan at element 3".
+std::string non_finite_in(const std::map<std::string, Tensor>& tensors);
+std::string checkpoint_damage(const std::string& path);
+// What a stopped run can go back to, said only of a checkpoint read back and found finite.
+std::string last_good_checkpoint(const std::string& path);
+
+// The settings of a resumed run: the checkpoint's, with `changes` (a config file's keys, then
+// the flags') applied where a run may change on the way (the table's resumable settings) and a
+// UsageError naming any other setting asked to differ. The run folder is the checkpoint's own
+// unless `changes` has "run"; "steps" must lie above the checkpoint's step.
+TrainConfig resume_config(const std::string& checkpoint, const nlohmann::json& changes);
+
+// A checkpoint with its model loaded and its task's data read (for `cast eval`, `cast clusters`).
+struct TrainedRun {
+  Checkpoint checkpoint;
+  std::unique_ptr<nn::Transformer> model;
+  data::TaskData task;
+};
+// data_dir empty: the folder the run used.
+TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device);
+
+}  // namespace cast::train

@@ -1,0 +1,116 @@
+#include "train/clusters_figure.h"
+
+#include <algorithm>
+
+#include "train/plot.h"
+
+namespace cast::train {
+
+namespace {
+
+// The figure's measures, from the model's shape and the image's.
+struct Layout {
+  int layers = 0, heads = 0, clusters = 0;
+  int side = 0, s = 0;  // image side; figure pixels per image pixel
+  int panel = 0, gap = 14, left = 80, top = 60;
+  int width = 0, height = 0, legend_cols = 0, legend_rows = 0, legend_top = 0;
+  int offset = 0;  // token 0 is CLS under CLS pooling
+};
+
+Layout layout(nn::Transformer& model, const ClustersFigure& f) {
+  Layout l;
+  const nn::ModelConfig& m = model.config();
+  l.layers = static_cast<int>(model.blocks().size());
+  l.heads = static_cast<int>(m.heads);
+  l.clusters = l.layers ? static_cast<int>(model.blocks()[0]->last.clusters.dim(2)) : 0;
+  l.offset = m.cls_pooling ? 1 : 0;
+  l.side = f.side, l.s = f.scale;
+  l.panel = l.side * l.s;
+  l.width = std::max(l.left + (l.heads + 1) * (l.panel + l.gap) + 10, 940);
+  l.legend_cols = std::max(1, (l.width - 40) / 70);
+  l.legend_rows = (l.clusters + l.legend_cols - 1) / l.legend_cols;
+  l.legend_top = l.top + l.layers * (l.panel + l.gap + 18) + 10;
+  l.height = l.legend_top + 22 * l.legend_rows + 74;
+  return l;
+}
+
+std::string colour(int cluster) {
+  uint8_t rgb[3];
+  category_colour(cluster, rgb);
+  return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]);
+}
+
+std::string square(const Layout& l, int x, int y, const std::string& fill) {
+  return fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>)", x, y, l.s, l.s, fill);
+}
+
+std::string header(const Layout& l, const nn::AttentionConfig& a, int64_t index) {
+  std::string svg = fmt::format(
+      R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
+      R"(font-family="DejaVu Sans, Arial, sans-serif" shape-rendering="crispEdges">)" "\n"
+      R"(<rect width="100%" height="100%" fill="white"/>)" "\n"
+      R"(<text x="10" y="22" font-size="16" font-weight="bold">CAST clusters ({2}): test example {3}, {4} clusters of {5} tokens per head</text>)" "\n",
+      l.width, l.height, a.single_assignment ? "Single-Assignment Top-K" : "Top-K", index, l.clusters,
+      a.cluster_size > 0 ? a.cluster_size : l.clusters);
+  for (int h = 0; h <= l.heads; ++h)
+    svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>)" "\n",
+                       l.left + h * (l.panel + l.gap) + l.panel / 2, l.top - 8,
+                       h == 0 ? std::string("input") : fmt::format("head {}", h));
+  return svg;
+}
+
+// One layer's row: the input image, then each head's panel, a pixel coloured by the first
+// cluster that holds its token (black: none).
+std::string layer_row(const Layout& l, nn::Transformer& model, const ClustersFigure& f, int layer) {
+  const int y0 = l.top + layer * (l.panel + l.gap + 18), n = l.side * l.side;
+  std::string svg = fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="end">layer {}</text>)" "\n",
+                                l.left - 10, y0 + l.panel / 2 + 4, layer + 1);
+  for (int p = 0; p < n; ++p)
+    svg += square(l, l.left + (p % l.side) * l.s, y0 + (p / l.side) * l.s,
+                  fmt::format("#{0:02x}{0:02x}{0:02x}", std::clamp(static_cast<int>(f.pixels[p]), 0, 255)));
+  const Tensor& clusters = model.blocks()[layer]->last.clusters;  // (1, H, C, κ)
+  const int C = l.clusters, K = static_cast<int>(clusters.dim(3));
+  const auto ids = clusters.to_double_vector();
+  for (int h = 0; h < l.heads; ++h) {
+    std::vector<int> owner(n, -1);
+    for (int c = 0; c < C; ++c)
+      for (int k = 0; k < K; ++k) {
+        const int token = static_cast<int>(ids[(h * C + c) * K + k]) - l.offset;
+        if (token >= 0 && token < n && owner[token] < 0) owner[token] = c;
+      }
+    const int x0 = l.left + (h + 1) * (l.panel + l.gap);
+    for (int p = 0; p < n; ++p)
+      svg += square(l, x0 + (p % l.side) * l.s, y0 + (p / l.side) * l.s, owner[p] >= 0 ? colour(owner[p]) : "#000000");
+    svg += "\n";
+  }
+  return svg;
+}
+
+std::string legend(const Layout& l, const std::string& source) {
+  std::string svg =
+      fmt::format(R"(<text x="10" y="{}" font-size="13" font-weight="bold">clusters</text>)" "\n", l.legend_top);
+  for (int c = 0; c < l.clusters; ++c) {
+    const int x = 20 + (c % l.legend_cols) * 70, y = l.legend_top + 10 + (c / l.legend_cols) * 22;
+    svg += fmt::format(R"(<rect x="{}" y="{}" width="16" height="16" fill="{}" stroke="#555"/><text x="{}" y="{}" font-size="12">{}</text>)"
+                       "\n", x, y, colour(c), x + 22, y + 13, c + 1);
+  }
+  const int note = l.legend_top + 22 * l.legend_rows + 26;
+  svg += fmt::format(R"(<text x="10" y="{}" font-size="12">Black: in no cluster. Top-K picks each cluster's tokens independently: )"
+                     R"(some tokens land in several clusters, others in none;</text>)" "\n"
+                     R"(<text x="10" y="{}" font-size="12">Single-Assignment Top-K places each token at most once and leaves )"
+                     R"(the last ones out when C·κ &lt; N. In several clusters: the first is shown.</text>)" "\n"
+                     R"(<text x="10" y="{}" font-size="12" fill="#555">{}: {} layers, {} heads.</text>)" "\n</svg>\n",
+                     note, note + 17, note + 36, xml_escape(source), l.layers, l.heads);
+  return svg;
+}
+
+}  // namespace
+
+std::string clusters_svg(nn::Transformer& model, const ClustersFigure& figure) {
+  const Layout l = layout(model, figure);
+  std::string svg = header(l, model.config().attention, figure.index);
+  for (int layer = 0; layer < l.layers; ++layer) svg += layer_row(l, model, figure, layer);
+  return svg + legend(l, figure.source);
+}
+
+}  // namespace cast::train

@@ -1,0 +1,80 @@
+#include "train/run_folder.h"
+
+#include <filesystem>
+#include <sstream>
+
+#include "tensor/files.h"
+
+namespace cast::train {
+
+using json = nlohmann::json;
+
+std::string default_run_dir(const TrainConfig& c) {
+  return fmt::format("runs/{}-{}", c.task, nn::mechanism_name(c.model.attention.mechanism));
+}
+
+std::vector<std::string> run_folder_files(const std::string& run_dir) {
+  std::vector<std::string> out;
+  for (const char* name : {"metrics.jsonl", "checkpoint.safetensors", "best.safetensors", "summary.json"})
+    out.push_back(run_dir + "/" + name);
+  return out;
+}
+
+std::string folder_of(const std::string& file) {
+  const std::string folder = std::filesystem::path(file).parent_path().string();
+  return folder.empty() ? "." : folder;
+}
+
+bool prepare_run_folder(const TrainConfig& c, const std::string& resume_from) {
+  files::make_writable_folder(c.run_dir, "run folder");
+  for (const char* name : {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg"})
+    files::output_target(c.run_dir + name, "run file", files::Link::refuse);  // a FIFO or link there: refused now
+  const std::string checkpoint = c.run_dir + "/checkpoint.safetensors";
+  // Resuming into the checkpoint's own folder continues that run; any other folder is a new
+  // home, under the same rule as a new run's.
+  const bool in_place = !resume_from.empty() && files::same_file(folder_of(resume_from), c.run_dir);
+  if (!in_place && std::filesystem::exists(checkpoint)) {
+    CAST_CHECK(c.overwrite, "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
+               "--run, or pass --overwrite to replace it", c.run_dir, checkpoint, checkpoint);
+    for (const char* stale : {"/best.safetensors", "/summary.json", "/curves.svg"})
+      std::filesystem::remove(c.run_dir + stale);  // the old run's, never to be mistaken for the new one's
+  }
+  return in_place;
+}
+
+namespace {
+
+// Writes to `out` the lines of the metrics file `path` of steps up to `last_step` (atomically;
+// `out` may be `path`). No file at `path`: `out` starts empty.
+void keep_metrics_until(const std::string& path, int64_t last_step, const std::string& out) {
+  std::istringstream in(files::exists(path) ? files::read_file(path, "metrics file") : std::string());
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= last_step)
+      kept += line + '\n';
+  }
+  files::write_atomic(out, kept, "metrics file", files::Link::refuse);
+}
+
+// A run resumed into a new folder takes its best checkpoint along, so that --eval-best there
+// still finds the best model of the whole run.
+void copy_best(const std::string& checkpoint, const std::string& run_dir) {
+  const std::string best = folder_of(checkpoint) + "/best.safetensors";
+  if (!files::exists(best)) return;
+  files::write_atomic(run_dir + "/best.safetensors", files::read_file(best, "best checkpoint"), "best checkpoint",
+                      files::Link::refuse);
+}
+
+}  // namespace
+
+void continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place) {
+  keep_metrics_until(folder_of(resume_from) + "/metrics.jsonl", step, run_dir + "/metrics.jsonl");
+  if (!in_place) copy_best(resume_from, run_dir);
+}
+
+void write_summary(const std::string& run_dir, const json& summary) {
+  files::write_atomic(run_dir + "/summary.json", summary.dump(2) + "\n", "run summary", files::Link::refuse);
+}
+
+}  // namespace cast::train

@@ -1,0 +1,36 @@
+#pragma once
+// A run folder: checkpoint.safetensors, best.safetensors, metrics.jsonl (one JSON line per log
+// interval and evaluation), curves.svg and summary.json. Made ready before any step is spent;
+// the metrics of a resumed run continue from its checkpoint's step.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "train/settings.h"
+
+namespace cast::train {
+
+// runs/<task>-<mechanism>: a run's folder when none is named.
+std::string default_run_dir(const TrainConfig& c);
+// The files of a run folder that no other output may replace (metrics, checkpoints, summary).
+std::vector<std::string> run_folder_files(const std::string& run_dir);
+// The folder a file is in ("." for a bare name).
+std::string folder_of(const std::string& file);
+
+// Makes c.run_dir ready to take the run's files, or refuses it before any step: a folder that
+// cannot be written, a FIFO or link where a file goes, a folder holding another run (unless
+// c.overwrite, which removes that run's best checkpoint, summary and figure). Returns whether
+// the run continues in place: resuming into the checkpoint's own folder.
+bool prepare_run_folder(const TrainConfig& c, const std::string& resume_from);
+
+// A resumed run continues the metrics of its checkpoint's step: lines an interrupted process
+// wrote after that step are dropped, so no step appears twice. In a new folder it starts from
+// the checkpoint's folder's lines and best checkpoint, which are read, never written.
+void continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place);
+
+// summary.json: the run's result, atomically.
+void write_summary(const std::string& run_dir, const nlohmann::json& summary);
+
+}  // namespace cast::train

@@ -1,0 +1,516 @@
+// The table of training settings, and everything read from it: presets, the config reader,
+// validation, the flags and their help, and the settings as a checkpoint stores them.
+#include "train/settings.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <map>
+
+#include "tensor/files.h"
+#include "train/tasks.h"
+
+namespace cast::train {
+
+using json = nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------- building a row
+// A field of TrainConfig, for the const getter and the setter alike: AT(model.dim).
+#define AT(member) [](auto& c) -> auto& { return c.member; }
+
+Setting row(const char* name, Kind kind, Home home, const char* help) {
+  Setting s;
+  s.name = name, s.kind = kind, s.home = home, s.help = help;
+  return s;
+}
+
+template <class Field>
+Setting integer(const char* name, Home home, int64_t lo, int64_t hi, const char* help, Field field) {
+  Setting s = row(name, Kind::integer, home, help);
+  s.lo = lo, s.hi = hi;
+  s.get = [field](const TrainConfig& c) { return json(field(c)); };
+  s.set = [field](TrainConfig& c, const json& v) { field(c) = v.get<int64_t>(); };
+  return s;
+}
+
+template <class Field>
+Setting number(const char* name, Home home, Bound bound, const char* help, Field field) {
+  Setting s = row(name, Kind::number, home, help);
+  s.bound = bound;
+  s.get = [field](const TrainConfig& c) { return json(field(c)); };
+  s.set = [field](TrainConfig& c, const json& v) { field(c) = v.get<double>(); };
+  return s;
+}
+
+template <class Field>
+Setting word(const char* name, const char* help, const char* when_empty, Field field) {
+  Setting s = row(name, Kind::word, Home::run, help);
+  s.when_empty = when_empty;
+  s.get = [field](const TrainConfig& c) { return json(field(c)); };
+  s.set = [field](TrainConfig& c, const json& v) { field(c) = v.get<std::string>(); };
+  return s;
+}
+
+// A choice whose getter and setter the caller writes.
+Setting choice(const char* name, Home home, const char* help, std::vector<std::string> words) {
+  Setting s = row(name, Kind::choice, home, help);
+  s.words = std::move(words);
+  return s;
+}
+
+// A choice kept in the config as the word itself.
+template <class Field>
+Setting choice(const char* name, const char* help, std::vector<std::string> words, Field field) {
+  Setting s = choice(name, Home::run, help, std::move(words));
+  s.get = [field](const TrainConfig& c) { return json(field(c)); };
+  s.set = [field](TrainConfig& c, const json& v) { field(c) = v.get<std::string>(); };
+  return s;
+}
+
+// A choice of two words kept in the config as a bool: true is `words[yes]`.
+template <class Field>
+Setting two_words(const char* name, Home home, const char* help, std::vector<std::string> words, int yes,
+                  Field field) {
+  Setting s = choice(name, home, help, words);
+  s.get = [field, words, yes](const TrainConfig& c) { return json(words[field(c) ? yes : 1 - yes]); };
+  s.set = [field, words, yes](TrainConfig& c, const json& v) { field(c) = v.get<std::string>() == words[yes]; };
+  return s;
+}
+
+template <class Field>
+Setting flag(const char* name, const char* help, Field field) {
+  Setting s = row(name, Kind::flag, Home::run, help);
+  s.default_text = "false";
+  s.get = [field](const TrainConfig& c) { return json(field(c)); };
+  s.set = [field](TrainConfig& c, const json& v) { field(c) = v.get<bool>(); };
+  return s;
+}
+
+// The setting's default, then the presets that differ from it.
+Setting defaults(Setting s, const char* value, std::vector<std::pair<std::string, std::string>> per_task = {}) {
+  s.default_text = value;
+  s.per_task = std::move(per_task);
+  return s;
+}
+
+// Of the settings a run may change on the way (when it stops, what it logs and evaluates,
+// where it reads data and writes files, what runs it): every other setting shapes the model or
+// its optimisation, which the checkpoint fixes.
+Setting resumable(Setting s) {
+  s.resumable = true;
+  return s;
+}
+
+Setting old_spelling(Setting s, const char* key, const char* if_false = nullptr, const char* if_true = nullptr) {
+  s.old = {key, if_false, if_true};
+  return s;
+}
+
+constexpr int64_t kBig = int64_t{1} << 40;
+
+// ---------------------------------------------------------------- the table
+std::vector<Setting> make_table() {
+  const auto run = Home::run, model = Home::model, attention = Home::attention;
+  Setting seed = integer("seed", run, 0, INT64_MAX, "seed of data order, initialisation and dropout", AT(seed));
+  seed.set = [](TrainConfig& c, const json& v) {
+    const int64_t s = v.get<int64_t>();
+    if (s < 0) throw UsageError(fmt::format("setting 'seed' is {}: it must be at least 0", s));
+    c.seed = c.model.seed = static_cast<uint64_t>(s);  // the data order, and the model's initialisation
+  };
+  Setting mechanism = choice("attention", attention, "", {"full", "cast", "clustered", "iclustered"});
+  mechanism.get = [](const TrainConfig& c) { return json(nn::mechanism_name(c.model.attention.mechanism)); };
+  mechanism.set = [](TrainConfig& c, const json& v) {
+    c.model.attention.mechanism = nn::parse_mechanism(v.get<std::string>());
+  };
+  Setting f = choice("f", attention, "CAST:", {"softmax", "laplace"});
+  f.get = [](const TrainConfig& c) { return json(c.model.attention.f == ops::AttentionFn::laplace ? "laplace" : "softmax"); };
+  f.set = [](TrainConfig& c, const json& v) {
+    c.model.attention.f = v == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
+  };
+
+  return {
+      // What a resumed run may change: when it stops, what it logs, evaluates and saves, where
+      // it reads and writes, what runs it.
+      resumable(defaults(integer("steps", run, 0, kBig, "training steps", AT(steps)), "5000",
+                         {{"listops-short", "1200"}, {"text", "20000"}, {"image", "35000"}, {"pathfinder", "62000"},
+                          {"pathx", "62000"}, {"fashion-mnist", "3000"}, {"fashion-mnist-14", "2000"}})),
+      resumable(defaults(integer("log-every", run, 1, kBig, "steps between progress lines", AT(log_every)), "20")),
+      resumable(defaults(integer("eval-every", run, 0, kBig, "steps between validations (0: at the end)",
+                                 AT(eval_every)), "0", {{"fashion-mnist-14", "500"}})),
+      resumable(defaults(integer("checkpoint-every", run, 0, kBig, "steps between checkpoints (0: at the end only)",
+                                 AT(checkpoint_every)), "200")),
+      resumable(defaults(integer("eval-limit", run, 0, kBig, "examples per evaluated split (0: all)", AT(eval_limit)),
+                         "0")),
+      resumable(flag("eval-best", "evaluate the best validation checkpoint instead of the final model (needs "
+                                  "--eval-every)", AT(eval_best))),
+      resumable(defaults(word("data", "data folder", "the task's folder under data/", AT(data_dir)), "")),
+      resumable(defaults(word("run", "run folder", "runs/<task>-<attention>", AT(run_dir)), "")),
+      resumable(defaults(choice("device", "", {"auto", "cpu", "cuda"}, AT(device)), "auto")),
+      resumable(flag("tf32", "allow TF32 tensor-core matmuls on the GPU", AT(tf32))),
+      resumable(flag("reference", "CPU: run the step-by-step reference attention ops and the plain-loop matmul "
+                                  "instead of the fused kernels and the BLAS (same results, slower; for study)",
+                     AT(reference))),
+
+      // The optimisation.
+      defaults(integer("batch", run, 1, 1 << 20, "batch size", AT(batch)), "32",
+               {{"image", "256"}, {"pathfinder", "512"}, {"fashion-mnist", "64"}, {"fashion-mnist-14", "64"}}),
+      defaults(number("lr", run, Bound::positive, "peak learning rate (rsqrt: the LRA base rate)", AT(lr)), "1e-3",
+               {{"listops-short", "2e-3"}, {"listops", "0.05"}, {"text", "0.05"}, {"retrieval", "0.05"},
+                {"image", "5e-4"}, {"fashion-mnist-14", "2e-3"}}),
+      defaults(choice("schedule", "", {"rsqrt", "cosine", "constant"}, AT(schedule)), "cosine",
+               {{"listops", "rsqrt"}, {"text", "rsqrt"}, {"retrieval", "rsqrt"}}),
+      defaults(integer("warmup", run, 0, kBig, "warmup steps", AT(warmup)), "1000",
+               {{"listops-short", "100"}, {"text", "8000"}, {"retrieval", "8000"}, {"fashion-mnist", "200"},
+                {"fashion-mnist-14", "100"}}),
+      defaults(number("weight-decay", run, Bound::non_negative, "AdamW weight decay", AT(weight_decay)), "0.1",
+               {{"listops-short", "0.01"}}),
+      defaults(number("clip", run, Bound::non_negative, "gradient norm clip (0: off)", AT(clip)), "1"),
+      defaults(seed, "1"),
+
+      // The model.
+      old_spelling(defaults(integer("max-len", model, 1, 1 << 22, "longest sequence", AT(model.max_len)), "1024",
+                            {{"listops-short", "48"}, {"listops", "2000"}, {"text", "4096"}, {"retrieval", "4000"},
+                             {"pathx", "16384"}, {"fashion-mnist", "784"}, {"fashion-mnist-14", "196"}}),
+                   "max_len"),
+      defaults(integer("dim", model, 1, 1 << 16, "model dim D", AT(model.dim)), "64",
+               {{"listops", "512"}, {"text", "256"}, {"retrieval", "128"}, {"image", "128"}, {"pathfinder", "32"},
+                {"pathx", "32"}}),
+      defaults(integer("heads", model, 1, 1024, "attention heads", AT(model.heads)), "4",
+               {{"listops", "8"}, {"image", "8"}, {"pathx", "2"}}),
+      old_spelling(defaults(integer("mlp-dim", model, 1, 1 << 18, "MLP hidden width", AT(model.mlp_dim)), "128",
+                            {{"listops", "1024"}, {"text", "1024"}, {"retrieval", "512"}, {"pathfinder", "32"},
+                             {"pathx", "32"}}),
+                   "mlp_dim"),
+      defaults(integer("layers", model, 1, 1024, "blocks", AT(model.layers)), "4",
+               {{"listops-short", "2"}, {"image", "1"}, {"pathx", "1"}, {"fashion-mnist", "1"},
+                {"fashion-mnist-14", "1"}}),
+      defaults(number("dropout", model, Bound::fraction, "dropout rate", AT(model.dropout)), "0.1",
+               {{"listops-short", "0"}, {"image", "0.3"}, {"fashion-mnist-14", "0"}}),
+      old_spelling(defaults(two_words("positions", model, "", {"sinusoidal", "learned"}, 1, AT(model.learned_positions)),
+                            "sinusoidal", {{"image", "learned"}, {"fashion-mnist", "learned"},
+                                           {"fashion-mnist-14", "learned"}}),
+                   "learned_positions", "sinusoidal", "learned"),
+      old_spelling(defaults(two_words("pooling", model, "", {"cls", "mean"}, 0, AT(model.cls_pooling)), "cls",
+                            {{"pathfinder", "mean"}, {"pathx", "mean"}, {"fashion-mnist", "mean"},
+                             {"fashion-mnist-14", "mean"}}),
+                   "cls_pooling", "mean", "cls"),
+
+      // The attention.
+      defaults(mechanism, "cast"),
+      defaults(integer("clusters", attention, 0, 1 << 16, "clusters C (0: ceil(sqrt(N)) rounded up to 8)",
+                       AT(model.attention.clusters)), "0"),
+      old_spelling(defaults(integer("cluster-size", attention, 0, 1 << 22, "CAST cluster size (0: same default)",
+                                    AT(model.attention.cluster_size)), "0"),
+                   "cluster_size"),
+      old_spelling(defaults(two_words("clustering", attention, "CAST:", {"topk", "satopk"}, 1,
+                                      AT(model.attention.single_assignment)), "topk"),
+                   "single_assignment", "topk", "satopk"),
+      defaults(f, "softmax"),
+      old_spelling(defaults(two_words("summaries", attention, "CAST:", {"on", "off"}, 0, AT(model.attention.summaries)),
+                            "on"),
+                   "summaries", "off", "on"),
+      old_spelling(defaults(two_words("mix", attention, "CAST:", {"affinity", "query"}, 1, AT(model.attention.mix_query)),
+                            "affinity"),
+                   "mix_query", "affinity", "query"),
+      old_spelling(defaults(two_words("cast-heads", attention, "CAST:", {"per-head", "shared"}, 1,
+                                      AT(model.attention.shared_clustering)), "per-head"),
+                   "shared_clustering", "per-head", "shared"),
+      defaults(integer("topk", attention, 1, 1 << 22, "improved clustered: keys per cluster", AT(model.attention.topk)),
+               "32"),
+      defaults(integer("bits", attention, 1, 63, "clustered: hash bits", AT(model.attention.bits)), "63"),
+      defaults(integer("iterations", attention, 0, 100000, "clustered: Lloyd iterations",
+                       AT(model.attention.iterations)), "10"),
+  };
+}
+#undef AT
+
+std::string joined(const std::vector<std::string>& words, const char* separator) {
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : separator) + w;
+  return out;
+}
+
+// An integer setting: a JSON integer that fits int64. A float such as 6.7e24 is refused here
+// (converting it to an integer is undefined behaviour; the fuzzer found it).
+json integer_value(const std::string& name, const json& v) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}))
+    throw UsageError(fmt::format("setting '{}' is {}: it must be an integer", name, v.dump()));
+  return v;
+}
+
+// One of the words a choice setting accepts, or a usage error naming the setting.
+json choice_value(const Setting& s, const json& value) {
+  const std::string v = value.get<std::string>();
+  for (const std::string& w : s.words)
+    if (v == w) return value;
+  throw UsageError(fmt::format("setting '{}' is '{}': it must be one of {}", s.name, v, joined(s.words, " | ")));
+}
+
+// Sets one setting from JSON, the value checked for the setting's kind first.
+void set_from_json(TrainConfig& c, const Setting& s, const json& value) {
+  switch (s.kind) {
+    case Kind::integer: return s.set(c, integer_value(s.name, value));
+    case Kind::number: return s.set(c, json(value.get<double>()));
+    case Kind::word: return s.set(c, json(value.get<std::string>()));
+    case Kind::choice: return s.set(c, choice_value(s, value));
+    case Kind::flag: return s.set(c, json(value.get<bool>()));
+  }
+}
+
+// "1200" when every task's preset agrees, else the commonest value and the exceptions:
+// "32 (image 256, pathfinder 512)". Read from the presets themselves.
+std::string preset_defaults(const std::string& name) {
+  std::vector<std::pair<std::string, std::string>> values;
+  std::map<std::string, int> count;
+  for (const std::string& task : task_names()) {
+    values.push_back({task, setting_value(preset(task), name)});
+    ++count[values.back().second];
+  }
+  std::string common;
+  for (auto& [v, n] : count)
+    if (common.empty() || n > count[common]) common = v;
+  std::string rest;
+  for (auto& [task, v] : values)
+    if (v != common) rest += fmt::format("{}{} {}", rest.empty() ? "" : ", ", task, v);
+  return rest.empty() ? common : fmt::format("{} ({})", common, rest);
+}
+
+std::string help_line(const Setting& s) {
+  if (s.kind != Kind::choice) return s.help;
+  return (s.help.empty() ? "" : s.help + " ") + joined(s.words, " | ");
+}
+
+}  // namespace
+
+const std::vector<Setting>& settings() {
+  static const std::vector<Setting> table = make_table();
+  return table;
+}
+
+const Setting* find_setting(const std::string& name) {
+  for (const Setting& s : settings())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+// ---------------------------------------------------------------- presets
+TrainConfig preset(const std::string& task) {
+  const Task& t = find_task(task);
+  TrainConfig c;
+  c.task = task;
+  c.model.vocab = t.vocab, c.model.classes = t.classes, c.model.dual = t.dual;
+  for (const Setting& s : settings()) {
+    std::string text = s.default_text;
+    for (const auto& [name, value] : s.per_task)
+      if (name == task) text = value;
+    set_from_json(c, s, setting_from_text(s.name, text));
+  }
+  // A preset run initialises its model from seed 0 (the data order is --seed's, 1): so every
+  // run made before --seed set both trains again bit for bit. --seed sets both.
+  c.model.seed = 0;
+  return c;
+}
+
+// ---------------------------------------------------------------- reading and checking
+void apply_overrides(TrainConfig& c, const json& j) {
+  CAST_CHECK(j.is_object(), "config: expected a JSON object");
+  for (auto& [key, value] : j.items()) {
+    if (key == "task") continue;  // chosen before the preset
+    const Setting* s = find_setting(key);
+    if (!s) throw UsageError(fmt::format("config: unknown setting '{}'", key));
+    try {
+      set_from_json(c, *s, value);
+    } catch (const json::exception&) {
+      throw UsageError(fmt::format("config: setting '{}' has the wrong type: {}", key, value.dump()));
+    }
+  }
+  validate(c);
+}
+
+// Every setting within its range, checked where settings enter (flags, a JSON file, a
+// checkpoint): one line naming the setting, its value and what it accepts.
+void validate(const TrainConfig& c) {
+  auto in_range = [](const std::string& name, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) throw UsageError(fmt::format("setting '{}' is {}: it must be in [{}, {}]", name, v, lo, hi));
+  };
+  // the task's sizes, stored in a checkpoint, are input too: checked before any allocation
+  in_range("vocab", c.model.vocab, 1, 1 << 24);
+  in_range("classes", c.model.classes, 1, 1 << 20);
+  for (const Setting& s : settings()) {
+    if (s.kind == Kind::integer && s.name != "seed") in_range(s.name, s.get(c).get<int64_t>(), s.lo, s.hi);
+    if (s.kind != Kind::number) continue;
+    const double v = s.get(c).get<double>();
+    if (s.bound == Bound::fraction) {
+      if (!(v >= 0 && v < 1)) throw UsageError(fmt::format("setting '{}' is {}: it must be in [0, 1)", s.name, v));
+      continue;
+    }
+    const bool zero_ok = s.bound == Bound::non_negative;
+    if (!std::isfinite(v) || v < 0 || (!zero_ok && v == 0))
+      throw UsageError(fmt::format("setting '{}' is {}: it must be a {} number", s.name, v,
+                                   zero_ok ? "non-negative" : "positive"));
+  }
+  const nn::ModelConfig& m = c.model;
+  if (m.dim % m.heads != 0)
+    throw UsageError(fmt::format("setting 'dim' is {}: it must be a multiple of 'heads' ({})", m.dim, m.heads));
+}
+
+std::string setting_value(const TrainConfig& c, const std::string& name) {
+  const Setting* s = find_setting(name);
+  if (!s) throw Error(fmt::format("no setting '{}'", name));
+  const json v = s->get(c);
+  switch (s->kind) {
+    case Kind::integer: return v.dump();
+    case Kind::number: return fmt::format("{:g}", v.get<double>());
+    case Kind::flag: return v.get<bool>() ? "true" : "false";
+    default: {
+      const std::string text = v.get<std::string>();
+      return text.empty() && !s->when_empty.empty() ? s->when_empty : text;
+    }
+  }
+}
+
+json setting_from_text(const std::string& name, const std::string& text) {
+  const Setting* s = find_setting(name);
+  if (!s) throw UsageError(fmt::format("'{}' is not a setting of cast train (see cast train --help)", name));
+  try {
+    size_t used = 0;
+    if (s->kind == Kind::integer) {
+      const int64_t v = std::stoll(text, &used);
+      if (used == text.size()) return json(v);
+    } else if (s->kind == Kind::number) {
+      const double v = std::stod(text, &used);
+      if (used == text.size()) return json(v);
+    } else if (s->kind == Kind::flag) {
+      if (text == "true" || text == "false") return json(text == "true");
+    } else {
+      return json(text);
+    }
+  } catch (const std::invalid_argument&) {
+  } catch (const std::out_of_range&) {
+  }
+  throw UsageError(fmt::format("setting '{}': '{}' is not {}", name, text,
+                               s->kind == Kind::integer  ? "a whole number"
+                               : s->kind == Kind::number ? "a number"
+                                                         : "'true' or 'false'"));
+}
+
+// ---------------------------------------------------------------- as stored
+json run_settings_json(const TrainConfig& c) {
+  json j = {{"task", c.task}};
+  for (const Setting& s : settings())
+    if (s.home == Home::run) j[s.name] = s.get(c);
+  return j;
+}
+
+namespace {
+
+// Where a model setting sits in the "model" metadata: the attention settings in their group,
+// the mechanism as the group's "mechanism".
+std::string model_key(const Setting& s) { return s.name == "attention" ? "mechanism" : s.name; }
+
+// A stored integer: a JSON integer that fits int64 (a float like 1e30 would convert with
+// undefined behaviour).
+int64_t stored_integer(const json& j, const std::string& key) {
+  if (!j.contains(key)) throw Error(fmt::format("model config: '{}' is missing", key));
+  const json& v = j.at(key);
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}))
+    throw Error(fmt::format("model config: '{}' is {}, not an integer", key, v.dump()));
+  return v.get<int64_t>();
+}
+
+// A model setting's stored value, under its name or its spelling before the table.
+json stored_value(const json& group, const Setting& s) {
+  const std::string key = model_key(s);
+  if (group.contains(key) && !group.at(key).is_boolean()) return group.at(key);
+  const char* old_key = s.old.key ? s.old.key : key.c_str();
+  if (!group.contains(old_key)) throw Error(fmt::format("model config: '{}' is missing", key));
+  const json& v = group.at(old_key);
+  if (s.old.if_false && v.is_boolean()) return json(v.get<bool>() ? s.old.if_true : s.old.if_false);
+  return s.kind == Kind::integer ? json(stored_integer(group, old_key)) : v;
+}
+
+}  // namespace
+
+json model_json(const nn::ModelConfig& m) {
+  TrainConfig c;
+  c.model = m;
+  json j = {{"vocab", m.vocab}, {"classes", m.classes}, {"dual", m.dual}, {"seed", m.seed}};
+  json group = json::object();
+  for (const Setting& s : settings()) {
+    if (s.home == Home::model) j[model_key(s)] = s.get(c);
+    if (s.home == Home::attention) group[model_key(s)] = s.get(c);
+  }
+  j["attention"] = group;
+  return j;
+}
+
+nn::ModelConfig model_from_json(const json& j) {
+  CAST_CHECK(j.is_object() && j.contains("attention") && j.at("attention").is_object(),
+             "model config: not an object with an 'attention' object");
+  TrainConfig c;
+  nn::ModelConfig& m = c.model;
+  try {
+    m.vocab = stored_integer(j, "vocab");
+    m.classes = stored_integer(j, "classes");
+    m.dual = j.at("dual").get<bool>();
+    const int64_t seed = stored_integer(j, "seed");
+    if (seed < 0) throw Error(fmt::format("model config: 'seed' is {}", seed));
+    m.seed = static_cast<uint64_t>(seed);
+    for (const Setting& s : settings()) {
+      if (s.home == Home::run) continue;
+      const json& group = s.home == Home::attention ? j.at("attention") : j;
+      const json v = stored_value(group, s);
+      if (s.kind == Kind::integer) s.set(c, json(stored_integer(json{{s.name, v}}, s.name)));
+      else set_from_json(c, s, v);
+    }
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("model config: a field is missing or of the wrong type ({})", files::json_message(e)));
+  }
+  return m;
+}
+
+json all_settings_json(const TrainConfig& c) {
+  json j = run_settings_json(c);
+  j["model"] = model_json(c.model);
+  return j;
+}
+
+// ---------------------------------------------------------------- flags and files
+void declare_setting_flags(cli::Args& args, const std::vector<std::string>& except) {
+  for (const Setting& s : settings()) {
+    if (std::find(except.begin(), except.end(), s.name) != except.end()) continue;
+    if (s.kind == Kind::flag) args.flag(s.name, s.help);
+    else args.option(s.name, "", help_line(s) + "; default " + preset_defaults(s.name));  // each task's
+  }
+}
+
+json settings_from_flags(const cli::Args& args) {
+  json j = json::object();
+  for (const Setting& s : settings()) {
+    if (!args.is_set(s.name)) continue;
+    if (s.kind == Kind::integer) j[s.name] = args.integer(s.name);
+    else if (s.kind == Kind::number) j[s.name] = args.number(s.name);
+    else if (s.kind == Kind::flag) j[s.name] = true;
+    else j[s.name] = args.str(s.name);
+  }
+  return j;
+}
+
+json read_settings_file(const std::string& path) {
+  json j = files::read_json(path, "config file");
+  CAST_CHECK(j.is_object(), "config file {}: holds {}, not one JSON object of settings", path, j.type_name());
+  return j;
+}
+
+void apply_settings_file(TrainConfig& c, const std::string& path) {
+  const json settings = read_settings_file(path);
+  try {
+    apply_overrides(c, settings);
+  } catch (const UsageError& e) {  // the setting's message, with the file it came from
+    throw UsageError(fmt::format("config file {}: {}", path, e.what()));
+  }
+}
+
+}  // namespace cast::train
