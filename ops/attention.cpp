@@ -83,17 +83,20 @@ Tensor full_attention(const Tensor& q, const Tensor& k, const Tensor& v, const T
 }
 
 // ---------------------------------------------------------------- CAST step 1
-// One product per batch row: the surrogates are shared by the batch.
+// The surrogates are shared by the batch: repeated for each batch row, so that each product is
+// one batched call over (b, g), and their gradient summed back over the rows.
 struct SurrogateScoresNode final : autograd::Node {
-  Tensor q;  // (B, G, N, w)
-  Tensor s;  // (G, C, w)
+  Tensor q;           // (B, G, N, w)
+  Tensor s;           // (G, C, w)
+  Tensor s_repeated;  // (B, G, C, w)
   double factor;
   const char* name() const override { return "surrogate_scores"; }
   void backward() override {
     const Tensor& dscores = outputs[0].grad();  // (B, G, N, C)
-    for (int64_t b = 0; b < q.dim(0); ++b) {
-      if (q.requires_grad()) bmm(q.grad_accumulator().slice0(b), dscores.slice0(b), s, false, false, factor, 1.0);
-      if (s.requires_grad()) bmm(s.grad_accumulator(), dscores.slice0(b), q.slice0(b), true, false, factor, 1.0);
+    if (q.requires_grad()) bmm(q.grad_accumulator(), dscores, s_repeated, false, false, factor, 1.0);  // dQ += dS S/√w
+    if (s.requires_grad()) {
+      Tensor ds = s.grad_accumulator();
+      gemm_sum_over_batch(ds, dscores, q, true, false, factor);  // dS += Σ_b dScores_bᵀ Q_b/√w
     }
   }
 };
@@ -104,10 +107,11 @@ Tensor surrogate_scores(const Tensor& q, const Tensor& s, double factor) {
   CAST_CHECK(s.dim(0) == q.dim(1) && s.dim(2) == q.dim(3), "surrogate_scores: surrogates {} do not fit q {}",
              s.describe(), q.describe());
   Tensor scores = like({q.dim(0), q.dim(1), q.dim(2), s.dim(1)}, q);
-  for (int64_t b = 0; b < q.dim(0); ++b) bmm(scores.slice0(b), q.slice0(b), s, false, true, factor, 0.0);
+  Tensor s_repeated = raw(BinaryOp::add, s, zeros({q.dim(0), 1, 1, 1}, s));  // (B, G, C, w)
+  bmm(scores, q, s_repeated, false, true, factor, 0.0);
   if (autograd::needs_grad({&q, &s})) {
     auto node = std::make_unique<SurrogateScoresNode>();
-    node->q = q, node->s = s, node->factor = factor;
+    node->q = q, node->s = s, node->s_repeated = s_repeated, node->factor = factor;
     node->outputs = {scores};
     autograd::record(std::move(node));
   }

@@ -9,6 +9,7 @@
 
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
+#include "ops/elementwise.h"
 #include "ops/layout.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/matmul.h"
@@ -137,6 +138,24 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double 
     auto kernel = g_cpu_gemm == CpuGemm::blas ? gemm_blas<T> : gemm_loops<T>;
     kernel(c.data<T>(), a.data<T>(), b.data<T>(), ta, tb, static_cast<T>(alpha), static_cast<T>(beta), s);
   });
+}
+
+void gemm_sum_over_batch(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha) {
+  CAST_CHECK(a.ndim() >= 3 && b.ndim() == a.ndim() && a.dim(0) == b.dim(0),
+             "matmul: a batch sum needs operands with one leading dim more than the result, got {} and {}",
+             a.describe(), b.describe());
+  if (c.is_cuda()) {
+    Shape terms = c.shape();
+    terms.insert(terms.begin(), a.dim(0));
+    Tensor parts = Tensor::empty(terms, c.dtype(), c.device());
+    gemm(parts, a, b, ta, tb, alpha, 0.0, matmul_shape(a, b, ta, tb));
+    add_into(c, sum_to_shape(parts, c.shape()));
+    return;
+  }
+  for (int64_t i = 0; i < a.dim(0); ++i) {
+    const Tensor ai = a.slice0(i), bi = b.slice0(i);
+    gemm(c, ai, bi, ta, tb, alpha, 1.0, matmul_shape(ai, bi, ta, tb));
+  }
 }
 
 // ---------------------------------------------------------------- shapes

@@ -15,6 +15,12 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_
           const GemmShape& shape);
 
 GemmShape matmul_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+
+// c += alpha Σ_i op(a_i) op(b_i) over the leading dim i of a and b; c has the shape of one term.
+// The gradient of an operand a whole batch shares (CAST's surrogates). The CPU adds the terms
+// one product at a time; CUDA forms them in one batched product and then sums them, since one
+// product per batch row would leave most of the GPU idle.
+void gemm_sum_over_batch(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha);
 void matmul_forward(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 // da += dc op(b)ᵀ (arranged for trans_a), db += op(a)ᵀ dc (arranged for trans_b).
 void matmul_backward(Tensor* da, Tensor* db, const Tensor& dc, const Tensor& a, const Tensor& b, bool trans_a,

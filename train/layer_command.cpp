@@ -39,7 +39,7 @@ cli::Args layer_args() {
       .option("seed", "0", "seed of the LSH planes and k-means draws")
       .option("device", "cpu", "cpu | cuda")
       .option("dtype", "f32", "f32 | f64 (f64 on the CPU only)")
-      .flag("reference", "CPU: the step-by-step reference ops and plain-loop matmul instead of the fused kernels")
+      .flag("reference", "the step-by-step reference ops instead of the fast paths (CPU and GPU; on the CPU also the plain-loop matmul)")
       .example("cast layer --in tests/data/layer_full.safetensors --out out.safetensors --attention full --heads 2")
       .example("cast layer --in my_layer.safetensors --out out.safetensors --attention cast --heads 2 --clusters 3 "
                "--cluster-size 3 --dtype f64 --reference");

@@ -149,8 +149,9 @@ std::vector<Setting> make_table() {
       resumable(defaults(word("run", "run folder", "runs/<task>-<attention>", AT(run_dir)), "")),
       resumable(defaults(choice("device", "", {"auto", "cpu", "cuda"}, AT(device)), "auto")),
       resumable(flag("tf32", "allow TF32 tensor-core matmuls on the GPU", AT(tf32))),
-      resumable(flag("reference", "CPU: run the step-by-step reference attention ops and the plain-loop matmul "
-                                  "instead of the fused kernels and the BLAS (same results, slower; for study)",
+      resumable(flag("reference", "run the step-by-step reference attention ops instead of the fast paths (CPU "
+                                  "and GPU), and on the CPU the plain-loop matmul instead of the BLAS (same results, "
+                                  "slower; for study)",
                      AT(reference))),
 
       // The optimisation.
