@@ -55,8 +55,8 @@ GradCheckResult gradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs,
     const double err = std::sqrt(diff2) / std::max({std::sqrt(num2), std::sqrt(ana2), 1e-12});
     result.max_error = std::max(result.max_error, err);
     if (err > tolerance) result.ok = false;
-    result.report += fmt::format("input {} {}: relative error {:.3e} (|grad| {:.3e})\n", i, x.describe(), err,
-                                 std::sqrt(num2));
+    result.report +=
+        fmt::format("input {} {}: relative error {:.3e} (|grad| {:.3e})\n", i, x.describe(), err, std::sqrt(num2));
   }
   return result;
 }

@@ -19,10 +19,9 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr, double beta1, double beta2,
                   double eps, double weight_decay, double correction1, double correction2) {
   const int64_t n = param.numel();
-  CAST_LAUNCH(adamw_kernel, blocks_for(n), kThreads, 0, fptr(param), fptr(grad), fptr(m), fptr(v), static_cast<float>(lr),
-                                            static_cast<float>(beta1), static_cast<float>(beta2),
-                                            static_cast<float>(eps), static_cast<float>(weight_decay),
-                                            static_cast<float>(correction1), static_cast<float>(correction2), n);
+  CAST_LAUNCH(adamw_kernel, blocks_for(n), kThreads, 0, fptr(param), fptr(grad), fptr(m), fptr(v),
+              static_cast<float>(lr), static_cast<float>(beta1), static_cast<float>(beta2), static_cast<float>(eps),
+              static_cast<float>(weight_decay), static_cast<float>(correction1), static_cast<float>(correction2), n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -5,12 +5,12 @@
 
 #include "tensor/error.h"
 
-#define CUDA_CHECK(call)                                                                           \
-  do {                                                                                             \
-    cudaError_t cast_err_ = (call);                                                                \
-    if (cast_err_ != cudaSuccess)                                                                  \
-      throw ::cast::Error(fmt::format("CUDA error at {}:{}: {} ({})", __FILE__, __LINE__,          \
-                                      cudaGetErrorString(cast_err_), #call));                      \
+#define CUDA_CHECK(call)                                                                                          \
+  do {                                                                                                            \
+    cudaError_t cast_err_ = (call);                                                                               \
+    if (cast_err_ != cudaSuccess)                                                                                 \
+      throw ::cast::Error(                                                                                        \
+          fmt::format("CUDA error at {}:{}: {} ({})", __FILE__, __LINE__, cudaGetErrorString(cast_err_), #call)); \
   } while (0)
 
 #define CUBLAS_CHECK(call)                                                                         \

@@ -24,7 +24,8 @@ __global__ void count_kernel(float* counts, const int32_t* assignment, int64_t t
 }
 
 __global__ void invert_kernel(float* counts, int64_t total) {
-  CAST_KERNEL_LOOP(e, total) counts[e] = counts[e] > 0.f ? static_cast<float>(1.0 / static_cast<double>(counts[e])) : 0.f;
+  CAST_KERNEL_LOOP(e, total)
+  counts[e] = counts[e] > 0.f ? static_cast<float>(1.0 / static_cast<double>(counts[e])) : 0.f;
 }
 
 __global__ void slots_kernel(float* slots, const int32_t* top_keys, const int32_t* assignment, int64_t total,
@@ -55,8 +56,8 @@ __global__ void repeat_heads_kernel(int32_t* out, const int32_t* in, int64_t tot
 void member_weight_index(Tensor& weight_index, const Tensor& members, int64_t clusters, int64_t kappa) {
   const int64_t total = members.numel();
   if (total == 0) return;
-  CAST_LAUNCH(weight_index_kernel, blocks_for(total), kThreads, 0, weight_index.data<int32_t>(), members.data<int32_t>(),
-              total, clusters, kappa);
+  CAST_LAUNCH(weight_index_kernel, blocks_for(total), kThreads, 0, weight_index.data<int32_t>(),
+              members.data<int32_t>(), total, clusters, kappa);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -64,7 +65,8 @@ void cluster_counts(Tensor& counts, const Tensor& assignment, int64_t clusters, 
   counts.fill_zero();
   const int64_t total = assignment.numel(), n = assignment.dim(1);
   if (total > 0)
-    CAST_LAUNCH(count_kernel, blocks_for(total), kThreads, 0, fptr(counts), assignment.data<int32_t>(), total, n, clusters);
+    CAST_LAUNCH(count_kernel, blocks_for(total), kThreads, 0, fptr(counts), assignment.data<int32_t>(), total, n,
+                clusters);
   if (inverse && counts.numel() > 0)
     CAST_LAUNCH(invert_kernel, blocks_for(counts.numel()), kThreads, 0, fptr(counts), counts.numel());
   CUDA_CHECK_LAUNCH();
@@ -88,8 +90,8 @@ void clear_top_keys(Tensor& outside, const Tensor& top_keys, int64_t n, int64_t 
 void repeat_heads(Tensor& out, const Tensor& in, int64_t heads) {
   const int64_t total = out.numel();
   if (total == 0) return;
-  CAST_LAUNCH(repeat_heads_kernel, blocks_for(total), kThreads, 0, out.data<int32_t>(), in.data<int32_t>(), total, heads,
-              in.numel() / in.dim(0));
+  CAST_LAUNCH(repeat_heads_kernel, blocks_for(total), kThreads, 0, out.data<int32_t>(), in.data<int32_t>(), total,
+              heads, in.numel() / in.dim(0));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -144,8 +144,8 @@ __device__ void assign_nearest(int32_t* assign, const int64_t* code, const int32
 // majority votes in parallel, empty clusters restarted by thread 0 in cluster order.
 __global__ void hamming_kmeans_kernel(int32_t* assign_all, const int64_t* code_all, const float* mask, int64_t N,
                                       int64_t per_mask_row, int64_t C, int64_t iterations, uint64_t seed,
-                                      int32_t* real_all, int32_t* perm_all, int64_t* centroid_all,
-                                      int32_t* members_all, int32_t* ones_all) {
+                                      int32_t* real_all, int32_t* perm_all, int64_t* centroid_all, int32_t* members_all,
+                                      int32_t* ones_all) {
   const int64_t g = blockIdx.x;
   const float* m = mask ? mask + (g / per_mask_row) * N : nullptr;
   const int64_t* code = code_all + g * N;
@@ -235,7 +235,8 @@ void cluster_topk(Tensor& out, const Tensor& affinity, const Tensor& mask, int64
 void cluster_satopk(Tensor& out, const Tensor& affinity, const Tensor& mask, int64_t kappa) {
   const int64_t G = affinity.dim(0), N = affinity.dim(1), C = affinity.dim(2);
   if (G * C == 0) return;
-  CAST_CHECK(N < int64_t{0xFFFFFFFF} && G <= int64_t{INT32_MAX}, "cluster_satopk: {} tokens in {} groups is more than one launch takes", N, G);
+  CAST_CHECK(N < int64_t{0xFFFFFFFF} && G <= int64_t{INT32_MAX},
+             "cluster_satopk: {} tokens in {} groups is more than one launch takes", N, G);
   int64_t padded = 1;
   while (padded < N) padded <<= 1;
   Tensor keys = Tensor::empty({G, padded}, DType::i64, Device::cuda);
@@ -251,7 +252,8 @@ void cluster_satopk(Tensor& out, const Tensor& affinity, const Tensor& mask, int
 void lsh_hash(Tensor& out, const Tensor& q, const Tensor& planes) {
   const int64_t rows = q.dim(0) * q.dim(1), d = q.dim(2), bits = planes.dim(0);
   if (rows == 0) return;
-  CAST_LAUNCH(lsh_hash_kernel, blocks_for(rows), kThreads, 0, out.data<int64_t>(), fptr(q), fptr(planes), rows, d, bits);
+  CAST_LAUNCH(lsh_hash_kernel, blocks_for(rows), kThreads, 0, out.data<int64_t>(), fptr(q), fptr(planes), rows, d,
+              bits);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -259,15 +261,17 @@ void hamming_kmeans(Tensor& assign, const Tensor& hashes, const Tensor& mask, in
                     uint64_t seed) {
   const int64_t G = hashes.dim(0), N = hashes.dim(1);
   if (G * N == 0) return;
-  CAST_CHECK(G <= int64_t{INT32_MAX} && N <= int64_t{INT32_MAX}, "hamming_kmeans: {} groups of {} is more than one launch takes", G, N);
+  CAST_CHECK(G <= int64_t{INT32_MAX} && N <= int64_t{INT32_MAX},
+             "hamming_kmeans: {} groups of {} is more than one launch takes", G, N);
   Tensor real = Tensor::empty({G, N}, DType::i32, Device::cuda), perm = Tensor::empty({G, N}, DType::i32, Device::cuda);
   Tensor centroid = Tensor::empty({G, clusters}, DType::i64, Device::cuda);
   Tensor members = Tensor::empty({G, clusters}, DType::i32, Device::cuda);
   Tensor ones = Tensor::empty({G, clusters, 64}, DType::i32, Device::cuda);
   const int64_t per_mask_row = mask.defined() ? G / mask.dim(0) : 1;
-  CAST_LAUNCH(hamming_kmeans_kernel, static_cast<unsigned>(G), kThreads, 0, assign.data<int32_t>(), hashes.data<int64_t>(),
-              mask.defined() ? fptr(mask) : nullptr, N, per_mask_row, clusters, iterations, seed, real.data<int32_t>(),
-              perm.data<int32_t>(), centroid.data<int64_t>(), members.data<int32_t>(), ones.data<int32_t>());
+  CAST_LAUNCH(hamming_kmeans_kernel, static_cast<unsigned>(G), kThreads, 0, assign.data<int32_t>(),
+              hashes.data<int64_t>(), mask.defined() ? fptr(mask) : nullptr, N, per_mask_row, clusters, iterations,
+              seed, real.data<int32_t>(), perm.data<int32_t>(), centroid.data<int64_t>(), members.data<int32_t>(),
+              ones.data<int32_t>());
   CUDA_CHECK_LAUNCH();
 }
 

@@ -42,8 +42,10 @@ void report_locked(Registry& r) {
   CAST_CHECK(id >= 1 && id <= pending.size(), "index check: a fault word names check {} of {} registered", id,
              pending.size());
   const Check& c = pending[id - 1];
-  throw Error(fmt::format("{}: index out of range: {} found, allowed [{}, {}) (checked on the GPU, reported when the "
-                          "host next waited for it)", c.op, value, c.lo, c.hi));
+  throw Error(
+      fmt::format("{}: index out of range: {} found, allowed [{}, {}) (checked on the GPU, reported when the "
+                  "host next waited for it)",
+                  c.op, value, c.lo, c.hi));
 }
 
 }  // namespace

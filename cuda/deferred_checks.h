@@ -13,7 +13,7 @@ namespace cast::cuda {
 
 struct PendingCheck {
   unsigned long long* fault = nullptr;  // device address of the fault word
-  uint32_t id = 0;  // a failing thread writes (id << 48) | (value & 0xFFFFFFFFFFFF) into the word
+  uint32_t id = 0;                      // a failing thread writes (id << 48) | (value & 0xFFFFFFFFFFFF) into the word
 };
 
 // Registers a check of values in [lo, hi) for `op` (a string literal) and returns where its

@@ -16,8 +16,8 @@ __global__ void dropout_kernel(float* y, const float* x, double p, float scale, 
 
 void dropout(Tensor& y, const Tensor& x, double p, uint64_t seed, uint64_t offset, bool accumulate) {
   const int64_t n = x.numel();
-  CAST_LAUNCH(dropout_kernel, blocks_for(n), kThreads, 0, fptr(y), fptr(x), p, static_cast<float>(1.0 / (1.0 - p)), seed, offset,
-                                              accumulate, n);
+  CAST_LAUNCH(dropout_kernel, blocks_for(n), kThreads, 0, fptr(y), fptr(x), p, static_cast<float>(1.0 / (1.0 - p)),
+              seed, offset, accumulate, n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -48,8 +48,7 @@ void binary_forward(Tensor& out, BinaryOp op, const Tensor& a, const Tensor& b, 
   const BroadcastIndex map = coalesce(idx);
   if (fits_32_bits(n, a, b))
     CAST_LAUNCH(binary_forward_kernel<int32_t>, blocks_for(n), kThreads, 0, fptr(out), op, fptr(a), fptr(b), map, n);
-  else
-    CAST_LAUNCH(binary_forward_kernel<int64_t>, blocks_for(n), kThreads, 0, fptr(out), op, fptr(a), fptr(b), map, n);
+  else CAST_LAUNCH(binary_forward_kernel<int64_t>, blocks_for(n), kThreads, 0, fptr(out), op, fptr(a), fptr(b), map, n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -61,16 +60,18 @@ void binary_backward(Tensor* ga, Tensor* gb, BinaryOp op, const Tensor& dout, co
   float* pa = ga ? fptr(*ga) : nullptr;
   float* pb = gb ? fptr(*gb) : nullptr;
   if (fits_32_bits(n, a, b))
-    CAST_LAUNCH(binary_backward_kernel<int32_t>, blocks_for(n), kThreads, 0, pa, pb, op, fptr(dout), fptr(a), fptr(b), map, n);
+    CAST_LAUNCH(binary_backward_kernel<int32_t>, blocks_for(n), kThreads, 0, pa, pb, op, fptr(dout), fptr(a), fptr(b),
+                map, n);
   else
-    CAST_LAUNCH(binary_backward_kernel<int64_t>, blocks_for(n), kThreads, 0, pa, pb, op, fptr(dout), fptr(a), fptr(b), map, n);
+    CAST_LAUNCH(binary_backward_kernel<int64_t>, blocks_for(n), kThreads, 0, pa, pb, op, fptr(dout), fptr(a), fptr(b),
+                map, n);
   CUDA_CHECK_LAUNCH();
 }
 
 void affine(Tensor& y, const Tensor& x, double alpha, double beta, bool accumulate) {
   const int64_t n = x.numel();
-  CAST_LAUNCH(affine_kernel, blocks_for(n), kThreads, 0, fptr(y), fptr(x), static_cast<float>(alpha), static_cast<float>(beta),
-                                             accumulate, n);
+  CAST_LAUNCH(affine_kernel, blocks_for(n), kThreads, 0, fptr(y), fptr(x), static_cast<float>(alpha),
+              static_cast<float>(beta), accumulate, n);
   CUDA_CHECK_LAUNCH();
 }
 

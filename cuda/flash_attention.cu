@@ -54,9 +54,11 @@ struct Tile {
 
 // Forward and dQ: 64 query rows per block; 64 keys per streamed tile (32 at D 128, where the
 // registers and shared memory of a wider row count twice).
-template <int D> using QueryTile = Tile<D, 4, D == 128 ? 4 : 8>;
+template <int D>
+using QueryTile = Tile<D, 4, D == 128 ? 4 : 8>;
 // dK/dV: 64 keys per block and 64 or 32 queries per streamed tile (32 keys at D 128).
-template <int D> using KeyTile = Tile<D, D == 128 ? 2 : 4, D == 32 ? 8 : 4>;
+template <int D>
+using KeyTile = Tile<D, D == 128 ? 2 : 4, D == 32 ? 8 : 4>;
 
 // The shape of one call, in 32-bit indices (the host checks that every index fits).
 struct FlashShape {
@@ -253,9 +255,8 @@ constexpr int forward_floats() {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kBlock) flash_forward_kernel(float* out, float* lse, const float* q,
-                                                               const float* k, const float* v, const float* mask,
-                                                               FlashShape s) {
+__global__ void __launch_bounds__(kBlock) flash_forward_kernel(float* out, float* lse, const float* q, const float* k,
+                                                               const float* v, const float* mask, FlashShape s) {
   constexpr int BM = T::kRows, BN = T::kStream, stride = T::kRowStride;
   constexpr int q_base = 0, k_base = BM * stride, v_base = k_base + BN * stride, p_base = v_base + BN * stride,
                 flag_base = p_base + BM * T::kProbStride;
@@ -339,9 +340,9 @@ constexpr int dq_floats() {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kBlock) flash_dq_kernel(float* dq, const float* dout, const float* q,
-                                                          const float* k, const float* v, const float* mask,
-                                                          const float* lse, const float* delta, FlashShape s) {
+__global__ void __launch_bounds__(kBlock)
+    flash_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v, const float* mask,
+                    const float* lse, const float* delta, FlashShape s) {
   constexpr int BM = T::kRows, BN = T::kStream, stride = T::kRowStride;
   constexpr int q_base = 0, g_base = BM * stride, k_base = 2 * BM * stride, v_base = k_base + BN * stride,
                 ds_base = v_base + BN * stride, flag_base = ds_base + BM * T::kProbStride;
@@ -394,10 +395,9 @@ constexpr int dkdv_floats() {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kBlock) flash_dkdv_kernel(float* dk, float* dv, const float* dout,
-                                                            const float* q, const float* k, const float* v,
-                                                            const float* mask, const float* lse,
-                                                            const float* delta, FlashShape s) {
+__global__ void __launch_bounds__(kBlock)
+    flash_dkdv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                      const float* mask, const float* lse, const float* delta, FlashShape s) {
   constexpr int BK = T::kRows, BQ = T::kStream, stride = T::kRowStride, pstride = T::kProbStride;
   constexpr int k_base = 0, v_base = BK * stride, q_base = 2 * BK * stride, g_base = q_base + BQ * stride,
                 p_base = g_base + BQ * stride, ds_base = p_base + BK * pstride, lse_base = ds_base + BK * pstride,
@@ -468,8 +468,12 @@ FlashShape shape_of(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   CAST_CHECK(B * H * std::max(M, N) * d <= int64_t{INT32_MAX},
              "flash_attention on CUDA: {} x {} rows of width {} exceed 32-bit indexing", B * H, std::max(M, N), d);
   const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data<float>()) % 16 == 0; };
-  FlashShape s{static_cast<int>(H), static_cast<int>(M), static_cast<int>(N), static_cast<int>(d),
-               1.f / std::sqrt(static_cast<float>(d)), false};
+  FlashShape s{static_cast<int>(H),
+               static_cast<int>(M),
+               static_cast<int>(N),
+               static_cast<int>(d),
+               1.f / std::sqrt(static_cast<float>(d)),
+               false};
   s.vectors = d % 4 == 0 && aligned(q) && aligned(k) && aligned(v) && (!out.defined() || aligned(out));
   return s;
 }
@@ -483,8 +487,8 @@ dim3 grid_for(int rows, int64_t batch_heads) {
 template <class... Params, class... Args>
 void launch_tiled(const char* name, void (*kernel)(Params...), dim3 grid, int floats, Args&&... args) {
   const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
-  if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(bytes)));
+  if (bytes > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   launch_kernel(name, kernel, grid, dim3(kBlock), bytes, std::forward<Args>(args)...);
   CUDA_CHECK_LAUNCH();
 }
@@ -526,14 +530,13 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
   const float* m = mask.defined() ? fptr(mask) : nullptr;
   with_width(s.d, [&](auto width) {
     using T = QueryTile<decltype(width)::value>;
-    launch_tiled("flash_forward_kernel", flash_forward_kernel<T>, grid_for<T>(s.M, BH), forward_floats<T>(),
-                 fptr(out), fptr(lse), fptr(q), fptr(k), fptr(v), m, s);
+    launch_tiled("flash_forward_kernel", flash_forward_kernel<T>, grid_for<T>(s.M, BH), forward_floats<T>(), fptr(out),
+                 fptr(lse), fptr(q), fptr(k), fptr(v), m, s);
   });
 }
 
-void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q,
-                              const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
-                              const Tensor& lse) {
+void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse) {
   FlashShape s = shape_of(q, k, v, out);
   s.vectors = s.vectors && reinterpret_cast<uintptr_t>(dout.data<float>()) % 16 == 0;
   const int64_t BH = q.dim(0) * q.dim(1);
@@ -551,8 +554,8 @@ void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& 
     constexpr int D = decltype(width)::value;
     if (dq) {
       using T = QueryTile<D>;
-      launch_tiled("flash_dq_kernel", flash_dq_kernel<T>, grid_for<T>(s.M, BH), dq_floats<T>(), fptr(*dq),
-                   fptr(dout), fptr(q), fptr(k), fptr(v), m, fptr(lse), fptr(delta), s);
+      launch_tiled("flash_dq_kernel", flash_dq_kernel<T>, grid_for<T>(s.M, BH), dq_floats<T>(), fptr(*dq), fptr(dout),
+                   fptr(q), fptr(k), fptr(v), m, fptr(lse), fptr(delta), s);
     }
     if (dk || dv) {
       using T = KeyTile<D>;

@@ -10,9 +10,8 @@ namespace cast::cuda {
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& mask);
 // Adds into each given gradient (dq, dk, dv may be null).
-void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q,
-                              const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
-                              const Tensor& lse);
+void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse);
 
 // How each compiled flash kernel is launched (threads per block, dynamic shared memory), for
 // `cast info --kernels` and scripts/kernel_report.sh's occupancy column: ptxas reports registers

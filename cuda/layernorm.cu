@@ -25,8 +25,8 @@ __global__ void layernorm_forward_kernel(float* y, float* mean, float* rstd, con
   }
 }
 
-__global__ void layernorm_dx_kernel(float* dx, const float* dy, const float* x, const float* gamma,
-                                    const float* mean, const float* rstd, int64_t d) {
+__global__ void layernorm_dx_kernel(float* dx, const float* dy, const float* x, const float* gamma, const float* mean,
+                                    const float* rstd, int64_t d) {
   const int64_t r = blockIdx.x;
   const float mu = mean[r], rs = rstd[r];
   const float *xr = x + r * d, *gr = dy + r * d;
@@ -52,8 +52,8 @@ constexpr int kColumns = 32, kRowThreads = 8;
 __global__ void layernorm_dparams_partial_kernel(float* partial_g, float* partial_b, const float* dy, const float* x,
                                                  const float* mean, const float* rstd, int64_t rows, int64_t d,
                                                  int64_t rows_per_chunk) {
-  CAST_SHARED_ARRAY(float, sum_g, kColumns * kRowThreads);
-  CAST_SHARED_ARRAY(float, sum_b, kColumns * kRowThreads);
+  CAST_SHARED_ARRAY(float, sum_g, kColumns* kRowThreads);
+  CAST_SHARED_ARRAY(float, sum_b, kColumns* kRowThreads);
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = blockIdx.x * static_cast<int64_t>(kColumns) + tx, chunk = blockIdx.y;
   const int64_t first = chunk * rows_per_chunk, last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
@@ -90,12 +90,11 @@ __global__ void layernorm_dparams_finish_kernel(float* dgamma, float* dbeta, con
   }
 }
 
-void layernorm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma,
-                       const Tensor& beta, int64_t rows, int64_t d, double eps) {
+void layernorm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       int64_t rows, int64_t d, double eps) {
   if (rows == 0) return;
-  CAST_LAUNCH(layernorm_forward_kernel, static_cast<unsigned>(rows), kThreads, 0, fptr(y), fptr(mean), fptr(rstd), fptr(x),
-                                                                     fptr(gamma), fptr(beta), d,
-                                                                     static_cast<float>(eps));
+  CAST_LAUNCH(layernorm_forward_kernel, static_cast<unsigned>(rows), kThreads, 0, fptr(y), fptr(mean), fptr(rstd),
+              fptr(x), fptr(gamma), fptr(beta), d, static_cast<float>(eps));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -103,8 +102,8 @@ void layernorm_backward(Tensor* dx, Tensor* dgamma, Tensor* dbeta, const Tensor&
                         const Tensor& gamma, const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t d) {
   if (rows == 0) return;
   if (dx) {
-    CAST_LAUNCH(layernorm_dx_kernel, static_cast<unsigned>(rows), kThreads, 0, fptr(*dx), fptr(dy), fptr(x), fptr(gamma),
-                                                                  fptr(mean), fptr(rstd), d);
+    CAST_LAUNCH(layernorm_dx_kernel, static_cast<unsigned>(rows), kThreads, 0, fptr(*dx), fptr(dy), fptr(x),
+                fptr(gamma), fptr(mean), fptr(rstd), d);
     CUDA_CHECK_LAUNCH();
   }
   if (dgamma || dbeta) {

@@ -32,16 +32,15 @@ void permute(Tensor& y, const Tensor& x, const PermuteIndex& idx, bool accumulat
   const PermuteIndex map = idx.coalesced();  // one divide per remaining dimension
   if (n < INT32_MAX)
     CAST_LAUNCH(permute_kernel<int32_t>, blocks_for(n), kThreads, 0, fptr(y), fptr(x), map, accumulate, n);
-  else
-    CAST_LAUNCH(permute_kernel<int64_t>, blocks_for(n), kThreads, 0, fptr(y), fptr(x), map, accumulate, n);
+  else CAST_LAUNCH(permute_kernel<int64_t>, blocks_for(n), kThreads, 0, fptr(y), fptr(x), map, accumulate, n);
   CUDA_CHECK_LAUNCH();
 }
 
-void copy_rows(Tensor& dst, const Tensor& src, int64_t rows, int64_t row_len, int64_t dst_offset,
-               int64_t dst_stride, int64_t src_offset, int64_t src_stride, bool accumulate) {
+void copy_rows(Tensor& dst, const Tensor& src, int64_t rows, int64_t row_len, int64_t dst_offset, int64_t dst_stride,
+               int64_t src_offset, int64_t src_stride, bool accumulate) {
   if (rows * row_len == 0) return;
-  CAST_LAUNCH(copy_rows_kernel, blocks_for(rows * row_len), kThreads, 0, fptr(dst), fptr(src), rows, row_len, dst_offset,
-                                                             dst_stride, src_offset, src_stride, accumulate);
+  CAST_LAUNCH(copy_rows_kernel, blocks_for(rows * row_len), kThreads, 0, fptr(dst), fptr(src), rows, row_len,
+              dst_offset, dst_stride, src_offset, src_stride, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

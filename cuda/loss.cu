@@ -41,20 +41,22 @@ __global__ void ce_backward_kernel(float* dlogits, const float* dloss, const flo
 void cross_entropy_forward(Tensor& loss, Tensor& count, const Tensor& logp, const Tensor& labels, int64_t rows,
                            int64_t classes) {
   if (labels.dtype() == DType::i32)
-    CAST_LAUNCH(ce_forward_kernel<int32_t>, 1, 1024, 0, fptr(loss), fptr(count), fptr(logp), labels.data<int32_t>(), rows, classes);
+    CAST_LAUNCH(ce_forward_kernel<int32_t>, 1, 1024, 0, fptr(loss), fptr(count), fptr(logp), labels.data<int32_t>(),
+                rows, classes);
   else
-    CAST_LAUNCH(ce_forward_kernel<int64_t>, 1, 1024, 0, fptr(loss), fptr(count), fptr(logp), labels.data<int64_t>(), rows, classes);
+    CAST_LAUNCH(ce_forward_kernel<int64_t>, 1, 1024, 0, fptr(loss), fptr(count), fptr(logp), labels.data<int64_t>(),
+                rows, classes);
   CUDA_CHECK_LAUNCH();
 }
 
 void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logp, const Tensor& labels,
                             const Tensor& count, int64_t rows, int64_t classes) {
   if (labels.dtype() == DType::i32)
-    CAST_LAUNCH(ce_backward_kernel<int32_t>, blocks_for(rows * classes), kThreads, 0, fptr(dlogits), fptr(dloss), fptr(logp),
-                labels.data<int32_t>(), fptr(count), rows, classes);
+    CAST_LAUNCH(ce_backward_kernel<int32_t>, blocks_for(rows * classes), kThreads, 0, fptr(dlogits), fptr(dloss),
+                fptr(logp), labels.data<int32_t>(), fptr(count), rows, classes);
   else
-    CAST_LAUNCH(ce_backward_kernel<int64_t>, blocks_for(rows * classes), kThreads, 0, fptr(dlogits), fptr(dloss), fptr(logp),
-                labels.data<int64_t>(), fptr(count), rows, classes);
+    CAST_LAUNCH(ce_backward_kernel<int64_t>, blocks_for(rows * classes), kThreads, 0, fptr(dlogits), fptr(dloss),
+                fptr(logp), labels.data<int64_t>(), fptr(count), rows, classes);
   CUDA_CHECK_LAUNCH();
 }
 

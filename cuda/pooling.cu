@@ -46,8 +46,8 @@ Tensor real_counts(const Tensor& mask, int64_t B, int64_t N) {
 void masked_mean_forward(Tensor& y, const Tensor& x, const Tensor& mask, int64_t B, int64_t N, int64_t D) {
   if (B * D == 0) return;
   const Tensor counts = real_counts(mask, B, N);
-  CAST_LAUNCH(masked_mean_forward_kernel, blocks_for(B * D), kThreads, 0, fptr(y), fptr(x), fptr(mask), fptr(counts),
-              B, N, D);
+  CAST_LAUNCH(masked_mean_forward_kernel, blocks_for(B * D), kThreads, 0, fptr(y), fptr(x), fptr(mask), fptr(counts), B,
+              N, D);
   CUDA_CHECK_LAUNCH();
 }
 

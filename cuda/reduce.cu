@@ -39,8 +39,7 @@ __global__ void sum_rows_kernel(float* y, const float* x, int64_t n, float scale
   if (threadIdx.x == 0) y[blockIdx.x] = s * scale;
 }
 
-__global__ void sum_backward_kernel(float* dx, const float* dy, int64_t outer, int64_t n, int64_t inner,
-                                    float scale) {
+__global__ void sum_backward_kernel(float* dx, const float* dy, int64_t outer, int64_t n, int64_t inner, float scale) {
   CAST_KERNEL_LOOP(e, outer * n * inner) {
     const int64_t i = e % inner, a = e / (n * inner);
     dx[e] += scale * dy[a * inner + i];
@@ -50,12 +49,14 @@ __global__ void sum_backward_kernel(float* dx, const float* dy, int64_t outer, i
 void sum_axis_forward(Tensor& y, const Tensor& x, int64_t outer, int64_t n, int64_t inner, double scale) {
   if (outer * inner == 0) return;  // nothing to write (and a 0-block launch is an error)
   if (inner == 1 && outer <= 2147483647) {
-    CAST_LAUNCH(sum_rows_kernel, static_cast<unsigned>(outer), kThreads, 0, fptr(y), fptr(x), n, static_cast<float>(scale));
+    CAST_LAUNCH(sum_rows_kernel, static_cast<unsigned>(outer), kThreads, 0, fptr(y), fptr(x), n,
+                static_cast<float>(scale));
   } else {
     const int64_t chunks = n > 0 ? (n + ops::kSumChunk - 1) / ops::kSumChunk : 1;
     const float s = static_cast<float>(scale);
     if (chunks == 1) {
-      CAST_LAUNCH(sum_chunks_kernel, blocks_for(outer * inner), kThreads, 0, fptr(y), fptr(x), outer, n, inner, chunks, s);
+      CAST_LAUNCH(sum_chunks_kernel, blocks_for(outer * inner), kThreads, 0, fptr(y), fptr(x), outer, n, inner, chunks,
+                  s);
     } else {
       Tensor partial = Tensor::empty({outer, chunks, inner}, DType::f32, Device::cuda);
       CAST_LAUNCH(sum_chunks_kernel, blocks_for(outer * chunks * inner), kThreads, 0, fptr(partial), fptr(x), outer, n,
@@ -70,7 +71,7 @@ void sum_axis_forward(Tensor& y, const Tensor& x, int64_t outer, int64_t n, int6
 void sum_axis_backward(Tensor& dx, const Tensor& dy, int64_t outer, int64_t n, int64_t inner, double scale) {
   if (outer * n * inner == 0) return;
   CAST_LAUNCH(sum_backward_kernel, blocks_for(outer * n * inner), kThreads, 0, fptr(dx), fptr(dy), outer, n, inner,
-                                                                   static_cast<float>(scale));
+              static_cast<float>(scale));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -17,8 +17,8 @@ __global__ void range_check_kernel(const I* idx, int64_t n, int64_t lo, int64_t 
 }
 
 template <class I>
-__global__ void gather_kernel(float* out, const float* x, const I* idx, int64_t total, int64_t n, int64_t m,
-                              int64_t d, bool accumulate) {
+__global__ void gather_kernel(float* out, const float* x, const I* idx, int64_t total, int64_t n, int64_t m, int64_t d,
+                              bool accumulate) {
   CAST_KERNEL_LOOP(e, total) {
     const int64_t row = e / d, j = e % d, b = row / m;
     const int64_t src = idx[row];
@@ -42,9 +42,11 @@ void check_index_range_later(const char* op, const Tensor& idx, int64_t lo, int6
   if (n == 0) return;
   const PendingCheck check = register_index_check(op, lo, hi);
   if (idx.dtype() == DType::i32)
-    CAST_LAUNCH(range_check_kernel<int32_t>, blocks_for(n), kThreads, 0, idx.data<int32_t>(), n, lo, hi, check.fault, check.id);
+    CAST_LAUNCH(range_check_kernel<int32_t>, blocks_for(n), kThreads, 0, idx.data<int32_t>(), n, lo, hi, check.fault,
+                check.id);
   else
-    CAST_LAUNCH(range_check_kernel<int64_t>, blocks_for(n), kThreads, 0, idx.data<int64_t>(), n, lo, hi, check.fault, check.id);
+    CAST_LAUNCH(range_check_kernel<int64_t>, blocks_for(n), kThreads, 0, idx.data<int64_t>(), n, lo, hi, check.fault,
+                check.id);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -53,9 +55,11 @@ void gather_rows(Tensor& out, const Tensor& x, const Tensor& idx, int64_t b, int
   const int64_t total = b * m * d;
   if (total == 0) return;
   if (idx.dtype() == DType::i32)
-    CAST_LAUNCH(gather_kernel<int32_t>, blocks_for(total), kThreads, 0, fptr(out), fptr(x), idx.data<int32_t>(), total, n, m, d, accumulate);
+    CAST_LAUNCH(gather_kernel<int32_t>, blocks_for(total), kThreads, 0, fptr(out), fptr(x), idx.data<int32_t>(), total,
+                n, m, d, accumulate);
   else
-    CAST_LAUNCH(gather_kernel<int64_t>, blocks_for(total), kThreads, 0, fptr(out), fptr(x), idx.data<int64_t>(), total, n, m, d, accumulate);
+    CAST_LAUNCH(gather_kernel<int64_t>, blocks_for(total), kThreads, 0, fptr(out), fptr(x), idx.data<int64_t>(), total,
+                n, m, d, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -63,9 +67,11 @@ void scatter_add_rows(Tensor& dx, const Tensor& dout, const Tensor& idx, int64_t
   const int64_t total = b * m * d;
   if (total == 0) return;
   if (idx.dtype() == DType::i32)
-    CAST_LAUNCH(scatter_kernel<int32_t>, blocks_for(total), kThreads, 0, fptr(dx), fptr(dout), idx.data<int32_t>(), total, n, m, d);
+    CAST_LAUNCH(scatter_kernel<int32_t>, blocks_for(total), kThreads, 0, fptr(dx), fptr(dout), idx.data<int32_t>(),
+                total, n, m, d);
   else
-    CAST_LAUNCH(scatter_kernel<int64_t>, blocks_for(total), kThreads, 0, fptr(dx), fptr(dout), idx.data<int64_t>(), total, n, m, d);
+    CAST_LAUNCH(scatter_kernel<int64_t>, blocks_for(total), kThreads, 0, fptr(dx), fptr(dout), idx.data<int64_t>(),
+                total, n, m, d);
   CUDA_CHECK_LAUNCH();
 }
 

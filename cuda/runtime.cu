@@ -64,16 +64,18 @@ struct CachingAllocator {
       // Anything but running out is an earlier failure showing here: after an illegal address
       // every call returns the kernel's error, and "lower the batch size" would mislead.
       if (err != cudaSuccess && err != cudaErrorMemoryAllocation)
-        throw Error(fmt::format("CUDA error: {} (reported while allocating {} bytes; an earlier kernel failed, "
-                                "and the device is unusable until the process ends)",
-                                cudaGetErrorString(err), want));
+        throw Error(
+            fmt::format("CUDA error: {} (reported while allocating {} bytes; an earlier kernel failed, "
+                        "and the device is unusable until the process ends)",
+                        cudaGetErrorString(err), want));
       if (err != cudaSuccess) {
         (void)cudaGetLastError();
         constexpr double MiB = 1024.0 * 1024.0;
-        throw Error(fmt::format("CUDA out of memory: {:.1f} MiB asked for while tensors hold {:.1f} MiB (peak "
-                                "{:.1f} MiB); lower the batch size or the sequence length",
-                                static_cast<double>(want) / MiB, static_cast<double>(stats.current) / MiB,
-                                static_cast<double>(stats.peak) / MiB));
+        throw Error(
+            fmt::format("CUDA out of memory: {:.1f} MiB asked for while tensors hold {:.1f} MiB (peak "
+                        "{:.1f} MiB); lower the batch size or the sequence length",
+                        static_cast<double>(want) / MiB, static_cast<double>(stats.current) / MiB,
+                        static_cast<double>(stats.peak) / MiB));
       }
       stats.reserved += want;
       ++stats.device_mallocs;
@@ -226,8 +228,7 @@ void fill_elements(void* dst, uint64_t bits, size_t elem_bytes, size_t count) {
   if (elem_bytes == 4)
     CAST_LAUNCH(fill_kernel<uint32_t>, cuda::blocks_for(n), cuda::kThreads, 0, static_cast<uint32_t*>(dst),
                 static_cast<uint32_t>(bits), n);
-  else
-    CAST_LAUNCH(fill_kernel<uint64_t>, cuda::blocks_for(n), cuda::kThreads, 0, static_cast<uint64_t*>(dst), bits, n);
+  else CAST_LAUNCH(fill_kernel<uint64_t>, cuda::blocks_for(n), cuda::kThreads, 0, static_cast<uint64_t*>(dst), bits, n);
   CUDA_CHECK_LAUNCH();
 }
 

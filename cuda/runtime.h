@@ -10,9 +10,9 @@
 namespace cast::cuda {
 
 struct MemoryStats {
-  size_t current = 0;   // bytes handed out to tensors now
-  size_t peak = 0;      // most bytes handed out at once since the last reset
-  size_t reserved = 0;  // bytes held from cudaMalloc (in use + cached)
+  size_t current = 0;         // bytes handed out to tensors now
+  size_t peak = 0;            // most bytes handed out at once since the last reset
+  size_t reserved = 0;        // bytes held from cudaMalloc (in use + cached)
   size_t device_mallocs = 0;  // cudaMalloc calls so far
   // Transfers and waits so far: each host<->device copy blocks the host until the GPU is done.
   size_t to_device = 0, to_host = 0, synchronizations = 0;

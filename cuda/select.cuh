@@ -46,8 +46,8 @@ __device__ inline int count_eligible(const float* real, int64_t n) {
 // Writes to out[0, take) the positions of the `take` eligible entries (real == nullptr or
 // real[i] != 0) of largest rank among values[i * stride], i < n, in ascending position order.
 // take must not exceed the eligible count. Every thread of the block calls it.
-__device__ inline void block_select_top(int32_t* out, const float* values, int64_t stride, const float* real,
-                                        int64_t n, int64_t take) {
+__device__ inline void block_select_top(int32_t* out, const float* values, int64_t stride, const float* real, int64_t n,
+                                        int64_t take) {
   if (take == 0) return;
   CAST_SHARED_ARRAY(int, histogram, 256);
   CAST_SHARED_ARRAY(uint32_t, found, 2);  // the key prefix found so far, and how many still to take

@@ -28,11 +28,11 @@ class SharedArray {
 
 }  // namespace cast::cuda
 
-#define CAST_SHARED_ARRAY(T, name, n)  \
-  __shared__ T name##_storage_[n];     \
+#define CAST_SHARED_ARRAY(T, name, n) \
+  __shared__ T name##_storage_[n];    \
   ::cast::cuda::SharedArray<T> name(name##_storage_, n, #name)
 
-#define CAST_DYNAMIC_SHARED(T, name, count)            \
+#define CAST_DYNAMIC_SHARED(T, name, count)                           \
   extern __shared__ __align__(16) unsigned char cast_dynamic_smem_[]; \
   ::cast::cuda::SharedArray<T> name(reinterpret_cast<T*>(cast_dynamic_smem_), count, #name)
 #endif

@@ -18,9 +18,13 @@ __device__ int64_t row_of_thread() {
   return WarpPerRow ? blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
 }
 template <bool WarpPerRow>
-__device__ int lane_of_thread() { return WarpPerRow ? threadIdx.x % 32 : threadIdx.x; }
+__device__ int lane_of_thread() {
+  return WarpPerRow ? threadIdx.x % 32 : threadIdx.x;
+}
 template <bool WarpPerRow>
-__device__ int row_stride() { return WarpPerRow ? 32 : blockDim.x; }
+__device__ int row_stride() {
+  return WarpPerRow ? 32 : blockDim.x;
+}
 template <bool WarpPerRow, bool IsMax>
 __device__ float row_reduce(float v) {
   if (WarpPerRow) return IsMax ? warp_max(v) : warp_sum(v);
@@ -40,9 +44,11 @@ __global__ void softmax_forward_kernel(float* y, const float* x, const float* ma
   for (int64_t j = lane; j < len; j += stride)
     if (!mr || mr[j] != 0.f) mx = fmaxf(mx, xr[j]);
   mx = row_reduce<WarpPerRow, true>(mx);
-  if (mx == softmax_rule::masked<float>()) {  // no real entry above −∞: a masked row gives 0, a row of NaN gives NaN (as the CPU)
+  if (mx == softmax_rule::masked<float>()) {  // no real entry above −∞: a masked row gives 0, a row of NaN gives NaN
+                                              // (as the CPU)
     float nans = 0;
-    for (int64_t j = lane; j < len; j += stride) nans += (!mr || mr[j] != 0.f) && xr[j] != xr[j] ? 1.f : 0.f;  // x != x: NaN
+    for (int64_t j = lane; j < len; j += stride)
+      nans += (!mr || mr[j] != 0.f) && xr[j] != xr[j] ? 1.f : 0.f;  // x != x: NaN
     nans = row_reduce<WarpPerRow, false>(nans);
     for (int64_t j = lane; j < len; j += stride) yr[j] = softmax_rule::empty_row<float>(nans > 0.f);
     return;
@@ -95,11 +101,11 @@ void softmax_forward(Tensor& y, const Tensor& x, const Tensor& mask, int64_t row
   if (rows == 0) return;
   const float* m = mask.defined() ? fptr(mask) : nullptr;
   if (len <= kShortRow)
-    CAST_LAUNCH(softmax_forward_kernel<true>, warp_row_blocks(rows), kThreads, 0, fptr(y), fptr(x), m, rows, len,
-                group, log);
+    CAST_LAUNCH(softmax_forward_kernel<true>, warp_row_blocks(rows), kThreads, 0, fptr(y), fptr(x), m, rows, len, group,
+                log);
   else
-    CAST_LAUNCH(softmax_forward_kernel<false>, static_cast<unsigned>(rows), kThreads, 0, fptr(y), fptr(x), m, rows,
-                len, group, log);
+    CAST_LAUNCH(softmax_forward_kernel<false>, static_cast<unsigned>(rows), kThreads, 0, fptr(y), fptr(x), m, rows, len,
+                group, log);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -108,8 +114,8 @@ void softmax_backward(Tensor& dx, const Tensor& dy, const Tensor& y, const Tenso
   if (rows == 0) return;
   const float* m = mask.defined() ? fptr(mask) : nullptr;
   if (len <= kShortRow)
-    CAST_LAUNCH(softmax_backward_kernel<true>, warp_row_blocks(rows), kThreads, 0, fptr(dx), fptr(dy), fptr(y), m,
-                rows, len, group, log);
+    CAST_LAUNCH(softmax_backward_kernel<true>, warp_row_blocks(rows), kThreads, 0, fptr(dx), fptr(dy), fptr(y), m, rows,
+                len, group, log);
   else
     CAST_LAUNCH(softmax_backward_kernel<false>, static_cast<unsigned>(rows), kThreads, 0, fptr(dx), fptr(dy), fptr(y),
                 m, rows, len, group, log);

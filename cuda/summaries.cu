@@ -60,8 +60,8 @@ void summary_weights_forward(Tensor& p, Tensor& colsum, const Tensor& a_k, const
   CUDA_CHECK_LAUNCH();
 }
 
-void summary_weights_backward(Tensor& da_k, const Tensor& dp, const Tensor& p, const Tensor& colsum,
-                              const Tensor* mask, int64_t heads) {
+void summary_weights_backward(Tensor& da_k, const Tensor& dp, const Tensor& p, const Tensor& colsum, const Tensor* mask,
+                              int64_t heads) {
   const int64_t BH = p.dim(0), N = p.dim(1), C = p.dim(2);
   if (BH * C == 0) return;
   CAST_LAUNCH(summary_backward_kernel, blocks_for(BH * C), kThreads, 0, fptr(da_k), fptr(dp), fptr(p), fptr(colsum),

@@ -9,6 +9,6 @@ namespace cast::cuda {
 //   forward:  colsum = Σ_i a_k·m + 1e-30 (the CPU's summation order), p = a_k·m / colsum
 //   backward: da_k += ((dp − Σ_i dp·p) / colsum) · m
 void summary_weights_forward(Tensor& p, Tensor& colsum, const Tensor& a_k, const Tensor* mask, int64_t heads);
-void summary_weights_backward(Tensor& da_k, const Tensor& dp, const Tensor& p, const Tensor& colsum,
-                              const Tensor* mask, int64_t heads);
+void summary_weights_backward(Tensor& da_k, const Tensor& dp, const Tensor& p, const Tensor& colsum, const Tensor* mask,
+                              int64_t heads);
 }  // namespace cast::cuda

@@ -28,18 +28,19 @@ __global__ void topk_kernel(int32_t* idx, int32_t* chosen_all, const float* x, c
     const int64_t j = chosen[s];
     const float v = xr[j];
     int64_t rank = 0;
-    for (int64_t t = 0; t < take; ++t) rank += ranks_before(xr[chosen[t]], static_cast<int64_t>(chosen[t]), v, j) ? 1 : 0;
+    for (int64_t t = 0; t < take; ++t)
+      rank += ranks_before(xr[chosen[t]], static_cast<int64_t>(chosen[t]), v, j) ? 1 : 0;
     out[rank] = static_cast<int32_t>(j);
   }
 }
 
 void topk(Tensor& idx, const Tensor& x, const Tensor& mask, int64_t rows, int64_t len, int64_t group, int64_t k) {
   if (rows == 0 || k == 0) return;
-  CAST_CHECK(rows <= int64_t{INT32_MAX} && len <= int64_t{INT32_MAX}, "topk: {} rows of {} is more than one launch takes",
-             rows, len);
+  CAST_CHECK(rows <= int64_t{INT32_MAX} && len <= int64_t{INT32_MAX},
+             "topk: {} rows of {} is more than one launch takes", rows, len);
   Tensor chosen = Tensor::empty({rows, k}, DType::i32, Device::cuda);
-  CAST_LAUNCH(topk_kernel, static_cast<unsigned>(rows), kThreads, 0, idx.data<int32_t>(), chosen.data<int32_t>(), fptr(x),
-              mask.defined() ? fptr(mask) : nullptr, len, group, k);
+  CAST_LAUNCH(topk_kernel, static_cast<unsigned>(rows), kThreads, 0, idx.data<int32_t>(), chosen.data<int32_t>(),
+              fptr(x), mask.defined() ? fptr(mask) : nullptr, len, group, k);
   CUDA_CHECK_LAUNCH();
 }
 

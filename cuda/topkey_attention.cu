@@ -138,8 +138,8 @@ void topkey_attention_forward(Tensor& top_out, Tensor& lse, const Tensor& q, con
   CAST_CHECK(BH * N * d <= int64_t{INT32_MAX} && BH * clusters * k_top <= int64_t{INT32_MAX},
              "top-key attention: {} rows of width {} exceed 32-bit indexing", BH * N, d);
   if (BH * N == 0) return;
-  CAST_LAUNCH(topkey_forward_kernel, blocks_for(BH * N, kWarpThreads / 32), kWarpThreads, 0, fptr(top_out),
-              fptr(lse), fptr(q), fptr(k), fptr(v), top.data<int32_t>(), assign.data<int32_t>(), static_cast<int>(BH),
+  CAST_LAUNCH(topkey_forward_kernel, blocks_for(BH * N, kWarpThreads / 32), kWarpThreads, 0, fptr(top_out), fptr(lse),
+              fptr(q), fptr(k), fptr(v), top.data<int32_t>(), assign.data<int32_t>(), static_cast<int>(BH),
               static_cast<int>(N), static_cast<int>(clusters), static_cast<int>(k_top), static_cast<int>(d),
               static_cast<float>(scale));
   CUDA_CHECK_LAUNCH();

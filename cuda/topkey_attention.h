@@ -16,6 +16,5 @@ void topkey_attention_forward(Tensor& top_out, Tensor& lse, const Tensor& q, con
                               const Tensor& top, const Tensor& assign, int64_t clusters, int64_t k_top, double scale);
 void topkey_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& d_top, const Tensor& q,
                                const Tensor& k, const Tensor& v, const Tensor& top, const Tensor& assign,
-                               const Tensor& top_out, const Tensor& lse, int64_t clusters, int64_t k_top,
-                               double scale);
+                               const Tensor& top_out, const Tensor& lse, int64_t clusters, int64_t k_top, double scale);
 }  // namespace cast::cuda

@@ -71,7 +71,8 @@ std::string seed() {
   c.model.layers = 1, c.model.dim = 8, c.model.heads = 2, c.model.mlp_dim = 8;
   nn::Transformer model(c.model);
   std::vector<Tensor> m, v;
-  for (auto& [name, t] : model.parameters()) m.push_back(Tensor::zeros(t->shape())), v.push_back(Tensor::zeros(t->shape()));
+  for (auto& [name, t] : model.parameters())
+    m.push_back(Tensor::zeros(t->shape())), v.push_back(Tensor::zeros(t->shape()));
   const std::string path = workdir() + "/seed_ckpt.safetensors";
   train::save_checkpoint(path, c, model, m, v, 3, 0.5);
   std::ifstream in(path, std::ios::binary);

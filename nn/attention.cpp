@@ -65,8 +65,9 @@ Attention::Attention(const AttentionConfig& config, DType dtype, Device device) 
   };
   for (const char* name : {"wq", "wk", "wv", "wo"}) init(name, {D, D}, s);
   if (config.mechanism == Mechanism::cast) {
-    CAST_CHECK(config.clusters > 0, "attention: CAST needs the number of clusters (set it, or use "
-                                    "default_clusters(N))");
+    CAST_CHECK(config.clusters > 0,
+               "attention: CAST needs the number of clusters (set it, or use "
+               "default_clusters(N))");
     const int64_t C = config.clusters, d = D / H;
     if (config.shared_clustering) {
       init("surrogates", {C, D}, 1.0);
@@ -109,11 +110,15 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
   AttentionOutput result;
   Tensor heads_out;
   switch (config_.mechanism) {
-    case Mechanism::full:
-      heads_out = step(ops::Step::full_attention, {q, k, v, mask});
+    case Mechanism::full: heads_out = step(ops::Step::full_attention, {q, k, v, mask}); break;
+    case Mechanism::cast:
+      result = forward_cast(x, mask, q, k, v);
+      heads_out = result.out;
       break;
-    case Mechanism::cast: result = forward_cast(x, mask, q, k, v); heads_out = result.out; break;
-    default: result = forward_clustered(mask, q, k, v, assignment); heads_out = result.out; break;
+    default:
+      result = forward_clustered(mask, q, k, v, assignment);
+      heads_out = result.out;
+      break;
   }
   ++forward_calls_;
   result.out = ops::matmul(merge_heads(heads_out), params_.at("wo"));
@@ -142,8 +147,8 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
   // Step 4: clustering, an integer constant of the backward pass.
   const int64_t G = a_g.dim(1);
   Tensor flat = a_g.view({B * G, N, C});
-  Tensor members = config_.single_assignment ? ops::cluster_satopk(flat, mask, kappa)
-                                             : ops::cluster_topk(flat, mask, kappa);
+  Tensor members =
+      config_.single_assignment ? ops::cluster_satopk(flat, mask, kappa) : ops::cluster_topk(flat, mask, kappa);
   Tensor w = config_.mix_query ? a_q : a_g;
   if (G == 1) {  // shared: one clustering and one set of weights for every head
     members = ops::repeat_for_heads(members.view({B, C, kappa}), H);
@@ -178,8 +183,8 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
     }
     // Without a cluster count the largest id sets it; N tokens fill at most N clusters.
     CAST_CHECK(config_.clusters > 0 || most < std::max<int64_t>(N, 1),
-               "attention: assignment names cluster {} but {} tokens fill at most {} clusters (give --clusters)",
-               most, N, N);
+               "attention: assignment names cluster {} but {} tokens fill at most {} clusters (give --clusters)", most,
+               N, N);
     if (config_.clusters <= 0) C = most + 1;
     CAST_CHECK(most < C, "attention: assignment names cluster {} but there are {} clusters", most, C);
   } else {

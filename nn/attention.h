@@ -18,20 +18,20 @@ enum class Mechanism { full, cast, clustered, iclustered };
 
 struct AttentionConfig {
   Mechanism mechanism = Mechanism::full;
-  int64_t dim = 64;    // D
-  int64_t heads = 4;   // H; D must be a multiple
+  int64_t dim = 64;   // D
+  int64_t heads = 4;  // H; D must be a multiple
   // CAST and clustered: 0 = the default ⌈√N⌉ rounded up to a multiple of 8
   int64_t clusters = 0;
-  int64_t cluster_size = 0;  // κ (CAST)
+  int64_t cluster_size = 0;                        // κ (CAST)
   bool single_assignment = false;                  // CAST clustering: topk | satopk
   ops::AttentionFn f = ops::AttentionFn::softmax;  // CAST f: softmax | laplace
   bool summaries = true;                           // CAST cluster summaries on | off
   bool mix_query = false;                          // CAST mixing weights: affinity (false) | query
   bool shared_clustering = false;                  // CAST clustering: per-head (false) | shared
-  int64_t topk = 32;        // improved clustered: keys per cluster
-  int64_t bits = 63;        // clustered: LSH hash bits
-  int64_t iterations = 10;  // clustered: Lloyd iterations
-  uint64_t seed = 0;        // parameter init and the LSH planes
+  int64_t topk = 32;                               // improved clustered: keys per cluster
+  int64_t bits = 63;                               // clustered: LSH hash bits
+  int64_t iterations = 10;                         // clustered: Lloyd iterations
+  uint64_t seed = 0;                               // parameter init and the LSH planes
   // The registered fast paths (ops/fast.h) where they support the inputs, on every device,
   // instead of the step-by-step reference ops. Same values and gradients; off for study
   // (--reference), which then runs only the reference's basic ops on the CPU and the GPU alike.
@@ -69,8 +69,7 @@ class Attention : public Module {
   void collect_parameters(ParamList& out, const std::string& prefix) override;
 
  private:
-  AttentionOutput forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k,
-                               const Tensor& v);
+  AttentionOutput forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v);
   AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& assignment);
   // One step through ops/fast.h: a fast path when the config allows and one fits, else the reference.

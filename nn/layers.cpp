@@ -31,7 +31,8 @@ void Linear::collect_parameters(ParamList& out, const std::string& prefix) {
   if (bias.defined()) out.push_back({join_name(prefix, "bias"), &bias});
 }
 
-LayerNorm::LayerNorm(int64_t dim, Initializer& init) : gamma(init.constant({dim}, 1.0)), beta(init.constant({dim}, 0.0)) {}
+LayerNorm::LayerNorm(int64_t dim, Initializer& init)
+    : gamma(init.constant({dim}, 1.0)), beta(init.constant({dim}, 0.0)) {}
 
 Tensor LayerNorm::forward(const Tensor& x) const { return ops::layernorm(x, gamma, beta, 1e-6); }
 

@@ -13,15 +13,30 @@ using json = nlohmann::json;
 // names of its settings (train/settings.h).
 json ModelConfig::to_json() const {
   const AttentionConfig& a = attention;
-  return json{{"vocab", vocab}, {"max_len", max_len}, {"dim", dim}, {"heads", heads}, {"mlp_dim", mlp_dim},
-              {"layers", layers}, {"classes", classes}, {"learned_positions", learned_positions},
-              {"cls_pooling", cls_pooling}, {"dual", dual}, {"dropout", dropout}, {"seed", seed},
-              {"attention", {{"mechanism", mechanism_name(a.mechanism)}, {"clusters", a.clusters},
-                             {"cluster_size", a.cluster_size}, {"single_assignment", a.single_assignment},
-                             {"f", a.f == ops::AttentionFn::laplace ? "laplace" : "softmax"},
-                             {"summaries", a.summaries}, {"mix_query", a.mix_query},
-                             {"shared_clustering", a.shared_clustering}, {"topk", a.topk}, {"bits", a.bits},
-                             {"iterations", a.iterations}}}};
+  return json{{"vocab", vocab},
+              {"max_len", max_len},
+              {"dim", dim},
+              {"heads", heads},
+              {"mlp_dim", mlp_dim},
+              {"layers", layers},
+              {"classes", classes},
+              {"learned_positions", learned_positions},
+              {"cls_pooling", cls_pooling},
+              {"dual", dual},
+              {"dropout", dropout},
+              {"seed", seed},
+              {"attention",
+               {{"mechanism", mechanism_name(a.mechanism)},
+                {"clusters", a.clusters},
+                {"cluster_size", a.cluster_size},
+                {"single_assignment", a.single_assignment},
+                {"f", a.f == ops::AttentionFn::laplace ? "laplace" : "softmax"},
+                {"summaries", a.summaries},
+                {"mix_query", a.mix_query},
+                {"shared_clustering", a.shared_clustering},
+                {"topk", a.topk},
+                {"bits", a.bits},
+                {"iterations", a.iterations}}}};
 }
 
 Block::Block(const ModelConfig& c, int index, Initializer& init)
@@ -72,8 +87,8 @@ Transformer::Transformer(const ModelConfig& c, DType dtype, Device device) : con
              c.to_json().dump());
   Initializer init{c.seed, 0, dtype, device};
   token_table_ = init.normal({c.vocab, c.dim}, 1.0);
-  position_table_ = c.learned_positions ? init.normal({c.max_len, c.dim}, 0.02)
-                                        : sinusoidal(c.max_len, c.dim, dtype, device);
+  position_table_ =
+      c.learned_positions ? init.normal({c.max_len, c.dim}, 0.02) : sinusoidal(c.max_len, c.dim, dtype, device);
   if (c.cls_pooling) cls_ = init.normal({1, 1, c.dim}, 0.02);
   std::vector<int32_t> positions(c.max_len);
   for (int64_t i = 0; i < c.max_len; ++i) positions[i] = static_cast<int32_t>(i);
@@ -89,7 +104,7 @@ Tensor Transformer::encode(const Tensor& tokens, const Tensor& mask, bool train)
   const int64_t B = tokens.dim(0), N = tokens.dim(1);
   CAST_CHECK(N <= config_.max_len, "model: sequence of {} tokens exceeds max_len {}", N, config_.max_len);
   Tensor pos = ops::embedding(position_table_, positions_.narrow0(0, N));  // positions 0..N−1
-  Tensor h = ops::add(ops::embedding(token_table_, tokens), pos);  // (B, N, D)
+  Tensor h = ops::add(ops::embedding(token_table_, tokens), pos);          // (B, N, D)
   Tensor m = mask;
   if (config_.cls_pooling) {
     h = ops::concat({ops::expand(cls_, {B, 1, config_.dim}), h}, 1);

@@ -27,7 +27,8 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
       pm[i] = static_cast<T>(s.beta1) * pm[i] + static_cast<T>(1 - s.beta1) * g[i];
       pv[i] = static_cast<T>(s.beta2) * pv[i] + static_cast<T>(1 - s.beta2) * g[i] * g[i];
       const T mhat = pm[i] / static_cast<T>(c1), vhat = pv[i] / static_cast<T>(c2);
-      p[i] -= static_cast<T>(s.lr) * (mhat / (std::sqrt(vhat) + static_cast<T>(s.eps)) + static_cast<T>(s.weight_decay) * p[i]);
+      p[i] -= static_cast<T>(s.lr) *
+              (mhat / (std::sqrt(vhat) + static_cast<T>(s.eps)) + static_cast<T>(s.weight_decay) * p[i]);
     }
   });
 }

@@ -48,14 +48,14 @@ Tensor grad_view(Tensor& t, const Shape& shape) { return t.grad_accumulator().vi
 // ---------------------------------------------------------------- attention probabilities
 // P = softmax(Q Kᵀ/√d + key mask). q: (B, H, M, d), k: (B, H, N, d) -> (B, H, M, N)
 struct AttentionProbsNode final : autograd::Node {
-  Tensor q, k;      // inputs
-  Tensor mask;      // (B, N) or undefined
-  Tensor probs;     // saved output P
-  double factor;    // 1/√d
+  Tensor q, k;    // inputs
+  Tensor mask;    // (B, N) or undefined
+  Tensor probs;   // saved output P
+  double factor;  // 1/√d
   const char* name() const override { return "attention_probabilities"; }
   void backward() override {
     Tensor dscores = zeros(probs.shape(), probs);
-    softmax_backward(dscores, probs.grad(), probs, mask, false);            // dS = P ⊙ (dP − Σ P·dP)
+    softmax_backward(dscores, probs.grad(), probs, mask, false);  // dS = P ⊙ (dP − Σ P·dP)
     if (q.requires_grad()) bmm(q.grad_accumulator(), dscores, k, false, false, factor, 1.0);  // dQ += dS K/√d
     if (k.requires_grad()) bmm(k.grad_accumulator(), dscores, q, true, false, factor, 1.0);   // dK += dSᵀ Q/√d
   }
@@ -92,7 +92,7 @@ struct SurrogateScoresNode final : autograd::Node {
   double factor;
   const char* name() const override { return "surrogate_scores"; }
   void backward() override {
-    const Tensor& dscores = outputs[0].grad();  // (B, G, N, C)
+    const Tensor& dscores = outputs[0].grad();                                                         // (B, G, N, C)
     if (q.requires_grad()) bmm(q.grad_accumulator(), dscores, s_repeated, false, false, factor, 1.0);  // dQ += dS S/√w
     if (s.requires_grad()) {
       Tensor ds = s.grad_accumulator();
@@ -128,10 +128,10 @@ struct LaplaceRowsNode final : autograd::Node {
   const char* name() const override { return "laplace_rows"; }
   void backward() override {
     const Tensor& da = a.grad();
-    Tensor rowdot = sum_axis_raw(raw(BinaryOp::mul, da, a), -1);                            // Σ_c dA·A
-    Tensor du = raw(BinaryOp::div, raw(BinaryOp::sub, da, rowdot), total);                  // (dA − Σ dA·A)/Σu
+    Tensor rowdot = sum_axis_raw(raw(BinaryOp::mul, da, a), -1);            // Σ_c dA·A
+    Tensor du = raw(BinaryOp::div, raw(BinaryOp::sub, da, rowdot), total);  // (dA − Σ dA·A)/Σu
     Tensor dx = x.grad_accumulator();
-    unary_backward(dx, UnaryOp::laplace, du, x, u);                                         // dx += du ⊙ f'(x)
+    unary_backward(dx, UnaryOp::laplace, du, x, u);  // dx += du ⊙ f'(x)
   }
 };
 
@@ -156,9 +156,9 @@ Tensor cluster_probabilities(const Tensor& scores, AttentionFn f) {
 // ---------------------------------------------------------------- CAST step 3
 // A_g = A_k + g ⊙ (A_q − A_k)
 struct AffinityMixNode final : autograd::Node {
-  Tensor g;          // (B, G, N, 1)
-  Tensor a_q, a_k;   // (B, G, N, C)
-  Tensor diff;       // saved A_q − A_k
+  Tensor g;         // (B, G, N, 1)
+  Tensor a_q, a_k;  // (B, G, N, C)
+  Tensor diff;      // saved A_q − A_k
   const char* name() const override { return "affinity_mix"; }
   void backward() override {
     const Tensor& da = outputs[0].grad();
@@ -179,8 +179,8 @@ Tensor gated_affinity(const Tensor& x, const Tensor& gate_w, const Tensor& gate_
   check_same_shape("gated_affinity", a_q, a_k);
   const int64_t G = a_q.dim(1);
   CAST_CHECK(gate_w.shape() == (Shape{x.dim(2), G}) && gate_b.shape() == Shape{G},
-             "gated_affinity: gate_w {} and gate_b {} must be [{}, {}] and [{}]", gate_w.describe(),
-             gate_b.describe(), x.dim(2), G, G);
+             "gated_affinity: gate_w {} and gate_b {} must be [{}, {}] and [{}]", gate_w.describe(), gate_b.describe(),
+             x.dim(2), G, G);
   // the gate is a linear layer and a sigmoid (recorded primitives)
   Tensor g = sigmoid(add(matmul(x, gate_w), gate_b));                      // (B, N, G)
   Tensor g4 = reshape(permute(g, {0, 2, 1}), {x.dim(0), G, x.dim(1), 1});  // (B, G, N, 1)
@@ -197,19 +197,19 @@ Tensor gated_affinity(const Tensor& x, const Tensor& gate_w, const Tensor& gate_
 
 // ---------------------------------------------------------------- CAST step 5
 struct IntraClusterNode final : autograd::Node {
-  Tensor q, k, v;        // inputs (B, H, N, d)
-  Tensor members;        // (B·H, C·κ) token per slot, −1 = empty
-  Tensor qc, kc, vc;     // gathered rows (B·H·C, κ, d)
-  Tensor probs;          // softmax(Qc Kcᵀ/√d + slot mask): (B·H·C, κ, κ)
-  Tensor slots;          // slot mask (B·H·C, κ)
+  Tensor q, k, v;     // inputs (B, H, N, d)
+  Tensor members;     // (B·H, C·κ) token per slot, −1 = empty
+  Tensor qc, kc, vc;  // gathered rows (B·H·C, κ, d)
+  Tensor probs;       // softmax(Qc Kcᵀ/√d + slot mask): (B·H·C, κ, κ)
+  Tensor slots;       // slot mask (B·H·C, κ)
   double factor;
   const char* name() const override { return "intra_cluster_attention"; }
   void backward() override {
     const int64_t BH = members.dim(0), N = q.dim(2), d = q.dim(3);
     Tensor dout = outputs[0].grad().view(vc.shape());
     Tensor dprobs = like(probs.shape(), probs), dscores = zeros(probs.shape(), probs);
-    bmm(dprobs, dout, vc, false, true, 1.0, 0.0);                  // dP = dO Vcᵀ
-    softmax_backward(dscores, dprobs, probs, slots, false);        // dS
+    bmm(dprobs, dout, vc, false, true, 1.0, 0.0);            // dP = dO Vcᵀ
+    softmax_backward(dscores, dprobs, probs, slots, false);  // dS
     auto scatter = [&](Tensor& input, const Tensor& a, const Tensor& b, bool ta, double alpha) {
       if (!input.requires_grad()) return;
       Tensor rows = like(qc.shape(), qc);
@@ -257,19 +257,19 @@ Tensor intra_cluster_attention(const Tensor& q, const Tensor& k, const Tensor& v
 // ---------------------------------------------------------------- CAST step 6
 // W = A_k ⊙ m; P = W / Σ_tokens W (+1e-30); R_inter = Pᵀ V
 struct SummariesNode final : autograd::Node {
-  Tensor a_k, v;    // inputs (B, H, N, C), (B, H, N, d)
-  Tensor mask4;     // (B, 1, N, 1) or undefined
-  Tensor p;         // saved P
-  Tensor colsum;    // (B, H, 1, C)
+  Tensor a_k, v;  // inputs (B, H, N, C), (B, H, N, d)
+  Tensor mask4;   // (B, 1, N, 1) or undefined
+  Tensor p;       // saved P
+  Tensor colsum;  // (B, H, 1, C)
   const char* name() const override { return "cluster_summaries"; }
   void backward() override {
-    const Tensor& dr = outputs[0].grad();  // (B, H, C, d)
+    const Tensor& dr = outputs[0].grad();                                             // (B, H, C, d)
     if (v.requires_grad()) bmm(v.grad_accumulator(), p, dr, false, false, 1.0, 1.0);  // dV += P dR
     if (!a_k.requires_grad()) return;
     Tensor dp = like(p.shape(), p);
-    bmm(dp, v, dr, false, true, 1.0, 0.0);                                            // dP = V dRᵀ
-    Tensor coldot = sum_axis_raw(raw(BinaryOp::mul, dp, p), 2);                       // Σ_i dP·P per cluster
-    Tensor dw = raw(BinaryOp::div, raw(BinaryOp::sub, dp, coldot), colsum);          // (dP − Σ dP·P)/ΣW
+    bmm(dp, v, dr, false, true, 1.0, 0.0);                                   // dP = V dRᵀ
+    Tensor coldot = sum_axis_raw(raw(BinaryOp::mul, dp, p), 2);              // Σ_i dP·P per cluster
+    Tensor dw = raw(BinaryOp::div, raw(BinaryOp::sub, dp, coldot), colsum);  // (dP − Σ dP·P)/ΣW
     add_into(a_k.grad_accumulator(), mask4.defined() ? raw(BinaryOp::mul, dw, mask4) : dw);
   }
 };
@@ -317,9 +317,9 @@ struct CombineNode final : autograd::Node {
     if (r_intra.requires_grad()) add_into(r_intra.grad_accumulator(), ddiff.view(r_intra.shape()));
     if (r_inter.defined() && r_inter.requires_grad()) {
       Tensor dr = r_inter.grad_accumulator();
-      bmm(dr, w, dout, true, false, 1.0, 1.0);                                         // += Wᵀ dO
+      bmm(dr, w, dout, true, false, 1.0, 1.0);  // += Wᵀ dO
       Tensor dr4 = dr.view({BH, C, 1, d});
-      add_into(dr4, sum_axis_raw(ddiff, 2), -1.0);                                     // −= Σ_p W dO
+      add_into(dr4, sum_axis_raw(ddiff, 2), -1.0);  // −= Σ_p W dO
     }
   }
 };
@@ -396,17 +396,17 @@ Tensor broadcast_to_members(const Tensor& per_cluster, const Tensor& assignment)
 // For query i in cluster j, with T = T_j the cluster's top keys:
 //   O_i = m̂_j · softmax(Q_i K_Tᵀ/√d) V_T + (A^c_j ⊙ 1[l ∉ T]) V,   m̂_j = Σ_{l ∈ T} A^c_jl
 struct ImprovedClusteredNode final : autograd::Node {
-  Tensor q, k, v, a_c;      // inputs: (B, H, N, d) ×3 and (B, H, C, N)
-  Tensor keys;              // T as (B·H, C·k); −1 = empty slot
-  Tensor keys_rows;         // T as (B·H·C, k), for gathers from A^c
-  Tensor assignment;        // (B·H, N)
-  Tensor kt, vt;            // each query's K_T, V_T: (B·H·N, k, d)
-  Tensor probs;             // softmax over T: (B·H·N, 1, k)
-  Tensor slots;             // slot mask (B·H·N, k)
-  Tensor top_out;           // probs · V_T: (B·H·N, 1, d)
-  Tensor m_query;           // m̂ of each query's cluster: (B·H, N, 1)
-  Tensor outside;           // 1[l ∉ T_j]: (B, H, C, N)
-  Tensor a_rest;            // A^c ⊙ outside
+  Tensor q, k, v, a_c;  // inputs: (B, H, N, d) ×3 and (B, H, C, N)
+  Tensor keys;          // T as (B·H, C·k); −1 = empty slot
+  Tensor keys_rows;     // T as (B·H·C, k), for gathers from A^c
+  Tensor assignment;    // (B·H, N)
+  Tensor kt, vt;        // each query's K_T, V_T: (B·H·N, k, d)
+  Tensor probs;         // softmax over T: (B·H·N, 1, k)
+  Tensor slots;         // slot mask (B·H·N, k)
+  Tensor top_out;       // probs · V_T: (B·H·N, 1, d)
+  Tensor m_query;       // m̂ of each query's cluster: (B·H, N, 1)
+  Tensor outside;       // 1[l ∉ T_j]: (B, H, C, N)
+  Tensor a_rest;        // A^c ⊙ outside
   double factor;
   const char* name() const override { return "improved_clustered_output"; }
   void backward() override {
@@ -421,7 +421,7 @@ struct ImprovedClusteredNode final : autograd::Node {
     Tensor da_c = a_c.requires_grad() ? a_c.grad_accumulator() : Tensor();
     if (da_c.defined()) {
       Tensor da_rest = like(a_c.shape(), a_c);
-      bmm(da_rest, d_rest4, v, false, true, 1.0, 0.0);                     // dR Vᵀ
+      bmm(da_rest, d_rest4, v, false, true, 1.0, 0.0);  // dR Vᵀ
       add_into(da_c, raw(BinaryOp::mul, da_rest, outside));
     }
     // first term: m̂ · (P V_T)
@@ -429,13 +429,13 @@ struct ImprovedClusteredNode final : autograd::Node {
     if (da_c.defined()) {
       Tensor dm_query = sum_axis_raw(raw(BinaryOp::mul, d3, top_out.view({BH, N, d})), 2);  // (B·H, N, 1)
       Tensor dm_hat = zeros({BH, C, 1}, dout);
-      gather_rows_backward(dm_hat, dm_query, assignment);                   // to the clusters
+      gather_rows_backward(dm_hat, dm_query, assignment);  // to the clusters
       Tensor spread = raw(BinaryOp::add, zeros({BH * C, top, 1}, dout), dm_hat.view({BH * C, 1, 1}));
       Tensor da_rows = da_c.view({BH * C, N, 1});
-      gather_rows_backward(da_rows, spread, keys_rows);                     // dA^c[j, T_j] += dm̂_j
+      gather_rows_backward(da_rows, spread, keys_rows);  // dA^c[j, T_j] += dm̂_j
     }
     Tensor dprobs = like(probs.shape(), probs), dscores = zeros(probs.shape(), probs);
-    bmm(dprobs, d_top, vt, false, true, 1.0, 0.0);                          // dP = dTop V_Tᵀ
+    bmm(dprobs, d_top, vt, false, true, 1.0, 0.0);  // dP = dTop V_Tᵀ
     softmax_backward(dscores, dprobs, probs, slots, false);
     if (q.requires_grad()) bmm(q.grad_accumulator().view({BH * N, 1, d}), dscores, kt, false, false, factor, 1.0);
     // dK_T, dV_T per query -> per cluster -> per key

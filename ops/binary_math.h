@@ -6,7 +6,8 @@ namespace cast {
 
 enum class BinaryOp : int { add, sub, mul, div };
 
-template <class T> CAST_HD T binary_apply(BinaryOp op, T a, T b) {
+template <class T>
+CAST_HD T binary_apply(BinaryOp op, T a, T b) {
   switch (op) {
     case BinaryOp::add: return a + b;
     case BinaryOp::sub: return a - b;
@@ -15,15 +16,18 @@ template <class T> CAST_HD T binary_apply(BinaryOp op, T a, T b) {
   }
 }
 // d(a op b)/da
-template <class T> CAST_HD T binary_da(BinaryOp op, T, T b) {
+template <class T>
+CAST_HD T binary_da(BinaryOp op, T, T b) {
   switch (op) {
-    case BinaryOp::add: case BinaryOp::sub: return T(1);
+    case BinaryOp::add:
+    case BinaryOp::sub: return T(1);
     case BinaryOp::mul: return b;
     default: return T(1) / b;
   }
 }
 // d(a op b)/db
-template <class T> CAST_HD T binary_db(BinaryOp op, T a, T b) {
+template <class T>
+CAST_HD T binary_db(BinaryOp op, T a, T b) {
   switch (op) {
     case BinaryOp::add: return T(1);
     case BinaryOp::sub: return T(-1);

@@ -49,7 +49,8 @@ Tensor member_weight_index(const Tensor& members, int64_t C, int64_t kappa) {
 #endif
   auto ids = host_ints(members);
   std::vector<int64_t> flat(ids.size());
-  for (size_t e = 0; e < ids.size(); ++e) flat[e] = ids[e] >= 0 ? ids[e] * C + static_cast<int64_t>((e / kappa) % C) : -1;
+  for (size_t e = 0; e < ids.size(); ++e)
+    flat[e] = ids[e] >= 0 ? ids[e] * C + static_cast<int64_t>((e / kappa) % C) : -1;
   return ints_like(flat, {BH, C * kappa}, members);
 }
 

@@ -22,7 +22,6 @@ Tensor inverse_cluster_counts(const Tensor& assignment, int64_t clusters, const 
 // Improved clustered attention: outside (B, H, C, N) = 1[key l is not among cluster j's top keys];
 // with `slots`, also (B·H·N, top) = 1 where slot s of query i's cluster's top keys holds a key.
 // top_keys (B, H, C, top) i32, assignment (B·H, N) i32; both as a_c (B, H, C, N).
-void top_key_masks(Tensor* slots, Tensor& outside, const Tensor& top_keys, const Tensor& assignment,
-                   const Tensor& a_c);
+void top_key_masks(Tensor* slots, Tensor& outside, const Tensor& top_keys, const Tensor& assignment, const Tensor& a_c);
 
 }  // namespace cast::ops

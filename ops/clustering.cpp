@@ -140,8 +140,7 @@ Tensor cluster_satopk(const Tensor& affinity, const Tensor& mask, int64_t kappa)
       best[i] = a(i, first_cluster(i, [](int64_t) { return true; }));
     }
     // visiting order: best affinity in the same order, ties toward the lower position
-    std::sort(tokens.begin(), tokens.end(),
-              [&](int32_t x, int32_t y) { return ranks_before(best[x], x, best[y], y); });
+    std::sort(tokens.begin(), tokens.end(), [&](int32_t x, int32_t y) { return ranks_before(best[x], x, best[y], y); });
     std::vector<int64_t> filled(C, 0);
     std::vector<int32_t> cluster_of(h.n, -1);
     for (int32_t i : tokens) {  // with every cluster full the token stays out (only when C·κ < real tokens)
@@ -189,8 +188,7 @@ Tensor lsh_hash(const Tensor& q, const Tensor& planes) {
   return Tensor::from_vector<int64_t>(out, {h.groups, h.n}, q.device());
 }
 
-Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters, int64_t iterations,
-                      uint64_t seed) {
+Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters, int64_t iterations, uint64_t seed) {
   check_dtype("hamming_kmeans", hashes, DType::i64, "hashes");
   check_ndim("hamming_kmeans", hashes, 2, "hashes");
   CAST_CHECK(clusters >= 1, "hamming_kmeans: clusters must be >= 1, got {}", clusters);
@@ -302,8 +300,7 @@ Tensor repeat_for_heads(const Tensor& ids, int64_t heads) {
   const int32_t* in = ids.data<int32_t>();
   int32_t* o = out.data<int32_t>();
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      std::copy(in + b * width, in + (b + 1) * width, o + (b * heads + h) * width);
+    for (int64_t h = 0; h < heads; ++h) std::copy(in + b * width, in + (b + 1) * width, o + (b * heads + h) * width);
   return out;
 }
 

@@ -34,7 +34,8 @@ struct CombineFusedNode final : autograd::Node {
     }
     Tensor dw = w.requires_grad() ? w.grad_accumulator().view({BH, N, C}) : Tensor();
     Tensor dintra = r_intra.requires_grad() ? r_intra.grad_accumulator().view({BH, C, kappa, d}) : Tensor();
-    Tensor dinter = r_inter.defined() && r_inter.requires_grad() ? r_inter.grad_accumulator().view({BH, C, d}) : Tensor();
+    Tensor dinter =
+        r_inter.defined() && r_inter.requires_grad() ? r_inter.grad_accumulator().view({BH, C, d}) : Tensor();
     const Tensor inter = r_inter.defined() ? r_inter.view({BH, C, d}) : Tensor();
     cuda::combine_sparse_backward(dw.defined() ? &dw : nullptr, dintra.defined() ? &dintra : nullptr,
                                   dinter.defined() ? &dinter : nullptr, dout.view({BH, N, d}), w.view({BH, N, C}),

@@ -16,7 +16,7 @@ namespace cast::ops {
 // returns and the program runs with the libraries' defaults.
 void restart_with_cpu_runtime(char** argv);
 
-std::string blas_core();         // the OpenBLAS kernel set in use, e.g. "Cooperlake"
+std::string blas_core();           // the OpenBLAS kernel set in use, e.g. "Cooperlake"
 std::string openmp_wait_policy();  // OMP_WAIT_POLICY as set, or "default"
 
 }  // namespace cast::ops

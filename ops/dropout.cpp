@@ -19,7 +19,7 @@ static void apply_mask(Tensor& y, const Tensor& x, double p, uint64_t seed, uint
     T* py = y.data<T>();
     const T scale = static_cast<T>(1.0 / (1.0 - p));
     const int64_t n = x.numel();
-_Pragma("omp parallel for if (n > 65536)")
+    CAST_OMP("omp parallel for if (n > 65536)")
     for (int64_t i = 0; i < n; ++i) {
       T v = philox::uniform(seed, offset + i) >= p ? px[i] * scale : T(0);
       py[i] = accumulate ? py[i] + v : v;

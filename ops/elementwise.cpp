@@ -34,7 +34,7 @@ static void for_each_row(const BroadcastIndex& idx, int64_t n, F&& row) {
   const RowStrides r{last >= 0 ? idx.shape[last] : 1, last >= 0 ? idx.stride_a[last] : 0,
                      last >= 0 ? idx.stride_b[last] : 0};
   const int64_t rows = r.len ? n / r.len : 0;
-_Pragma("omp parallel for if (n > 65536)")
+  CAST_OMP("omp parallel for if (n > 65536)")
   for (int64_t k = 0; k < rows; ++k) {
     int64_t ia, ib;
     idx.offsets(k * r.len, ia, ib);
@@ -192,7 +192,7 @@ void add_into(Tensor acc, const Tensor& g, double alpha) {
     T* pa = acc.data<T>();
     const T* pg = g.data<T>();
     const int64_t n = acc.numel();
-_Pragma("omp parallel for if (n > 65536)")
+    CAST_OMP("omp parallel for if (n > 65536)")
     for (int64_t i = 0; i < n; ++i) pa[i] += static_cast<T>(alpha) * pg[i];
   });
 }

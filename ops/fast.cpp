@@ -23,8 +23,8 @@ const char* step_name(Step step) {
 StepSizes sizes_of(Step step, const std::vector<Tensor>& in) {
   CAST_CHECK(!in.empty() && in[0].defined(), "{}: no inputs", step_name(step));
   StepSizes s{in[0].device(), in[0].dtype(), in[0].dim(-1), 0};
-  if (step == Step::cluster_summaries) s.head_width = in.at(1).dim(-1);       // v
-  if (step == Step::combine_clusters) s.head_width = in.at(1).dim(-1);        // r_intra
+  if (step == Step::cluster_summaries) s.head_width = in.at(1).dim(-1);        // v
+  if (step == Step::combine_clusters) s.head_width = in.at(1).dim(-1);         // r_intra
   if (step == Step::improved_clustered_output) s.top_keys = in.at(4).dim(-1);  // top_keys
   return s;
 }

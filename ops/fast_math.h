@@ -38,9 +38,9 @@ inline float exp_nonpositive(float x_in) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t exponent = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n ∈ [−126, 0]
+  const int32_t exponent = (static_cast<int32_t>(n) + 127) << 23;                  // 2^n, n ∈ [−126, 0]
   const float result = x_in < -87.0f ? 0.0f : p * std::bit_cast<float>(exponent);  // 0 for −∞ (a masked score)
-  return x_in == x_in ? result : x_in;                                              // NaN stays NaN
+  return x_in == x_in ? result : x_in;                                             // NaN stays NaN
 }
 
 inline double exp_nonpositive(double x) { return std::exp(x); }
@@ -60,6 +60,5 @@ T max_of(const T* s, int64_t n) {
   for (int l = 1; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
   return m;
 }
-
 
 }  // namespace cast::ops

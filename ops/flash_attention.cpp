@@ -38,10 +38,12 @@ struct Problem {
 
 template <class T>
 Problem<T> problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
-  return {q.data<T>(), k.data<T>(), v.data<T>(), mask.defined() ? mask.data<T>() : nullptr, q.dim(0), q.dim(1),
-          q.dim(2), k.dim(2), q.dim(3), static_cast<T>(1.0 / std::sqrt(static_cast<double>(q.dim(3))))};
+  return {q.data<T>(), k.data<T>(),
+          v.data<T>(), mask.defined() ? mask.data<T>() : nullptr,
+          q.dim(0),    q.dim(1),
+          q.dim(2),    k.dim(2),
+          q.dim(3),    static_cast<T>(1.0 / std::sqrt(static_cast<double>(q.dim(3))))};
 }
-
 
 // Scores of padded keys become −∞, so the softmax loops need no test per element.
 template <class T>
@@ -148,20 +150,21 @@ void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j
       for (int64_t r = 0; r < nq; ++r) {  // P = exp(S − L); a row with no real key has L = −∞ and P = 0
         T* s = probs + r * nk;
 #pragma omp simd
-        for (int64_t c = 0; c < nk; ++c) s[c] = softmax_rule::probability(s[c], s[c] != softmax_rule::masked<T>(), lse[r]);
+        for (int64_t c = 0; c < nk; ++c)
+          s[c] = softmax_rule::probability(s[c], s[c] != softmax_rule::masked<T>(), lse[r]);
       }
       if (g.dv) gemm_tile<T>(dv_tile, probs, doi, true, false, T(1), T(1), nk, d, nq);  // dV += Pᵀ dO
       if (!g.dq && !g.dk) continue;
       gemm_tile<T>(dprobs, doi, vj, false, true, T(1), T(0), nq, nk, d);  // dP = dO Vᵀ
       for (int64_t r = 0; r < nq; ++r) {                                  // dS = P ⊙ (dP − Δ)
-        T *ds = dprobs + r * nk;
+        T* ds = dprobs + r * nk;
         const T* s = probs + r * nk;
 #pragma omp simd
         for (int64_t c = 0; c < nk; ++c) ds[c] = softmax_rule::score_gradient(s[c], ds[c], delta[r]);
       }
       if (mk) zero_masked_columns(dprobs, mk, nq, nk);
       if (g.dq) gemm_tile<T>(dq_rows + i0 * d, dprobs, kj, false, false, p.scale, T(1), nq, d, nk);  // dQ += dS K/√d
-      if (g.dk) gemm_tile<T>(dk_tile, dprobs, qi, true, false, p.scale, T(1), nk, d, nq);            // dK += dSᵀ Q/√d
+      if (g.dk) gemm_tile<T>(dk_tile, dprobs, qi, true, false, p.scale, T(1), nk, d, nq);  // dK += dSᵀ Q/√d
     }
     const int64_t base = (bh * p.N + j0) * d;
     if (g.dk)
@@ -221,9 +224,7 @@ void backward_cpu(const Problem<T>& p, Grads<T> g) {
       const int64_t bh = task / splits, split = task % splits;
       const int64_t j_begin = std::min(p.N, split * tiles_per_split * kKeyTile);
       const int64_t j_end = std::min(p.N, (split + 1) * tiles_per_split * kKeyTile);
-      T* dq_rows = !g.dq ? nullptr
-                   : splits > 1 ? partial.data() + (split * BH + bh) * p.M * d
-                                : g.dq + bh * p.M * d;
+      T* dq_rows = !g.dq ? nullptr : splits > 1 ? partial.data() + (split * BH + bh) * p.M * d : g.dq + bh * p.M * d;
       backward_keys(p, g, bh, j_begin, j_end, dq_rows, probs.data(), dprobs.data(), dk_tile.data(), dv_tile.data());
     }
   }
@@ -260,19 +261,22 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
                              const Tensor& mask) {
   check_inputs(q, k, v, mask);
   CAST_ON_CUDA(q, cuda::flash_attention_forward(out, lse, q, k, v, mask));
-  CAST_DISPATCH_FLOAT(q.dtype(), "flash_attention", [&] {
-    forward_cpu(problem<T>(q, k, v, mask), out.data<T>(), lse.data<T>());
-  });
+  CAST_DISPATCH_FLOAT(q.dtype(), "flash_attention",
+                      [&] { forward_cpu(problem<T>(q, k, v, mask), out.data<T>(), lse.data<T>()); });
 }
 
-void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q,
-                              const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
-                              const Tensor& lse) {
+void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse) {
   check_inputs(q, k, v, mask);
   CAST_ON_CUDA(q, cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, mask, out, lse));
   CAST_DISPATCH_FLOAT(q.dtype(), "flash_attention", [&] {
-    Grads<T> g{dq ? dq->data<T>() : nullptr, dk ? dk->data<T>() : nullptr, dv ? dv->data<T>() : nullptr,
-               dout.data<T>(), out.data<T>(), lse.data<T>(), nullptr};
+    Grads<T> g{dq ? dq->data<T>() : nullptr,
+               dk ? dk->data<T>() : nullptr,
+               dv ? dv->data<T>() : nullptr,
+               dout.data<T>(),
+               out.data<T>(),
+               lse.data<T>(),
+               nullptr};
     backward_cpu(problem<T>(q, k, v, mask), g);
   });
 }
@@ -287,8 +291,8 @@ struct FlashAttentionNode final : autograd::Node {
     Tensor dq = q.requires_grad() ? q.grad_accumulator() : Tensor();
     Tensor dk = k.requires_grad() ? k.grad_accumulator() : Tensor();
     Tensor dv = v.requires_grad() ? v.grad_accumulator() : Tensor();
-    flash_attention_backward(dq.defined() ? &dq : nullptr, dk.defined() ? &dk : nullptr,
-                             dv.defined() ? &dv : nullptr, out.grad(), q, k, v, mask, out, lse);
+    flash_attention_backward(dq.defined() ? &dq : nullptr, dk.defined() ? &dk : nullptr, dv.defined() ? &dv : nullptr,
+                             out.grad(), q, k, v, mask, out, lse);
   }
 };
 

@@ -20,9 +20,8 @@ namespace cast::ops {
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& mask);
 // Adds into each defined gradient (dq, dk, dv may be null).
-void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q,
-                              const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
-                              const Tensor& lse);
+void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse);
 
 // Records one node whose saved fields are the inputs, the output and L.
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);

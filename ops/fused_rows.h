@@ -63,8 +63,7 @@ template <class T>
 void probabilities_from_lse(T* s, const int32_t* col_ids, int64_t rows, int64_t cols, const T* lse) {
   for (int64_t r = 0; r < rows; ++r) {
     T* row = s + r * cols;
-    for (int64_t c = 0; c < cols; ++c)
-      row[c] = softmax_rule::probability(row[c], col_ids[c] >= 0, lse[r]);
+    for (int64_t c = 0; c < cols; ++c) row[c] = softmax_rule::probability(row[c], col_ids[c] >= 0, lse[r]);
   }
 }
 

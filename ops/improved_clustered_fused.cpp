@@ -44,14 +44,14 @@ Members group_by_cluster(const int32_t* assign, int64_t N, int64_t C) {
 
 template <class T>
 struct ImprovedData {
-  const T *q, *k, *v, *a_c;   // (BH, N, d) ×3, (BH, C, N)
+  const T *q, *k, *v, *a_c;     // (BH, N, d) ×3, (BH, C, N)
   const int32_t *top, *assign;  // (BH, C, top), (BH, N)
 };
 
 // For one head: m̂_j, rest_j = (A^c_j ⊙ 1[l ∉ T_j]) V and each query's top-key output y_i.
 template <class T>
-void improved_forward_head(const ImprovedShape& s, const ImprovedData<T>& x, int64_t bh, T* out, T* top_out,
-                           T* m_hat, T* lse, std::vector<T>& buf) {
+void improved_forward_head(const ImprovedShape& s, const ImprovedData<T>& x, int64_t bh, T* out, T* top_out, T* m_hat,
+                           T* lse, std::vector<T>& buf) {
   const int64_t N = s.N, C = s.C, K = s.top, d = s.d;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
   const T *q = x.q + bh * N * d, *k = x.k + bh * N * d, *v = x.v + bh * N * d, *a = x.a_c + bh * C * N;
@@ -195,12 +195,12 @@ void improved_backward(const ImprovedShape& s, const ImprovedData<T>& x, const I
 }
 
 struct ImprovedClusteredFusedNode final : autograd::Node {
-  Tensor q, k, v, a_c;       // inputs
-  Tensor top_keys;           // (B, H, C, top) i32
-  Tensor assignment;         // (B, H, N) i32
-  Tensor top_out;            // saved y_i = softmax(Q_i K_Tᵀ/√d) V_T: (B, H, N, d)
-  Tensor m_hat;              // saved m̂_j: (B, H, C)
-  Tensor lse;                // saved log-sum-exp of each query's top-key softmax: (B, H, N)
+  Tensor q, k, v, a_c;  // inputs
+  Tensor top_keys;      // (B, H, C, top) i32
+  Tensor assignment;    // (B, H, N) i32
+  Tensor top_out;       // saved y_i = softmax(Q_i K_Tᵀ/√d) V_T: (B, H, N, d)
+  Tensor m_hat;         // saved m̂_j: (B, H, C)
+  Tensor lse;           // saved log-sum-exp of each query's top-key softmax: (B, H, N)
   const char* name() const override { return "improved_clustered_output_fused"; }
   void backward() override {
     Tensor dq = q.requires_grad() ? q.grad_accumulator() : Tensor();
@@ -210,10 +210,10 @@ struct ImprovedClusteredFusedNode final : autograd::Node {
     const ImprovedShape s{q.dim(0) * q.dim(1), q.dim(2), a_c.dim(2), top_keys.dim(3), q.dim(3)};
     CAST_DISPATCH_FLOAT(q.dtype(), "improved_clustered_output_fused", [&] {
       auto ptr = [](Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
-      ImprovedData<T> x{q.data<T>(), k.data<T>(), v.data<T>(), a_c.data<T>(), top_keys.data<int32_t>(),
-                        assignment.data<int32_t>()};
-      ImprovedGrads<T> g{ptr(dq), ptr(dk), ptr(dv), ptr(da), outputs[0].grad().data<T>(), top_out.data<T>(),
-                         m_hat.data<T>(), lse.data<T>()};
+      ImprovedData<T> x{
+          q.data<T>(), k.data<T>(), v.data<T>(), a_c.data<T>(), top_keys.data<int32_t>(), assignment.data<int32_t>()};
+      ImprovedGrads<T> g{ptr(dq),           ptr(dk),         ptr(dv),      ptr(da), outputs[0].grad().data<T>(),
+                         top_out.data<T>(), m_hat.data<T>(), lse.data<T>()};
       improved_backward(s, x, g);
     });
   }
@@ -242,15 +242,16 @@ Tensor improved_clustered_output_fused(const Tensor& q, const Tensor& k, const T
                                        const Tensor& top_keys, const Tensor& assignment) {
   const char* op = "improved_clustered_output_fused";
   check_improved_clustered_inputs(op, q, k, v, a_c, top_keys, assignment);
-  CAST_CHECK(!q.is_cuda(), "{}: a CPU kernel, got q {} (the GPU's is improved_clustered_output_topkey)", op, q.describe());
+  CAST_CHECK(!q.is_cuda(), "{}: a CPU kernel, got q {} (the GPU's is improved_clustered_output_topkey)", op,
+             q.describe());
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3), C = a_c.dim(2);
   check_distinct_top_keys(op, top_keys, N);
   const ImprovedShape s{B * H, N, C, top_keys.dim(3), d};
   Tensor out = Tensor::empty(q.shape(), q.dtype()), top_out = Tensor::empty(q.shape(), q.dtype());
   Tensor m_hat = Tensor::empty({B, H, C}, q.dtype()), lse = Tensor::empty({B, H, N}, q.dtype());
   CAST_DISPATCH_FLOAT(q.dtype(), op, [&] {
-    ImprovedData<T> x{q.data<T>(), k.data<T>(), v.data<T>(), a_c.data<T>(), top_keys.data<int32_t>(),
-                      assignment.data<int32_t>()};
+    ImprovedData<T> x{
+        q.data<T>(), k.data<T>(), v.data<T>(), a_c.data<T>(), top_keys.data<int32_t>(), assignment.data<int32_t>()};
     improved_forward(s, x, out.data<T>(), top_out.data<T>(), m_hat.data<T>(), lse.data<T>());
   });
   if (autograd::needs_grad({&q, &k, &v, &a_c})) {

@@ -16,11 +16,11 @@ namespace cast::ops {
 
 namespace {
 struct IntraClusterFlashNode final : autograd::Node {
-  Tensor q, k, v;       // inputs (B, H, N, d)
-  Tensor idx;           // members as (B·H, C·κ)
-  Tensor qc, kc, vc;    // gathered rows (B·H·C, 1, κ, d)
-  Tensor slots;         // (B·H·C, κ): 1 filled, 0 empty
-  Tensor out, lse;      // (B·H·C, 1, κ, d) and its log-sum-exp
+  Tensor q, k, v;     // inputs (B, H, N, d)
+  Tensor idx;         // members as (B·H, C·κ)
+  Tensor qc, kc, vc;  // gathered rows (B·H·C, 1, κ, d)
+  Tensor slots;       // (B·H·C, κ): 1 filled, 0 empty
+  Tensor out, lse;    // (B·H·C, 1, κ, d) and its log-sum-exp
   const char* name() const override { return "intra_cluster_attention_flash"; }
   void backward() override {
     const int64_t BH = idx.dim(0), N = q.dim(2), d = q.dim(3);

@@ -25,8 +25,7 @@ struct IntraShape {
 };
 
 template <class T>
-void intra_forward(const IntraShape& s, const T* q, const T* k, const T* v, const int32_t* members, T* out,
-                   T* lse) {
+void intra_forward(const IntraShape& s, const T* q, const T* k, const T* v, const int32_t* members, T* out, T* lse) {
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.d)));
   const int64_t K = s.kappa, d = s.d;
 #pragma omp parallel if (s.BH * s.C > 1)
@@ -40,7 +39,7 @@ void intra_forward(const IntraShape& s, const T* q, const T* k, const T* v, cons
       gather(kc.data(), k + bh * s.N * d, ids, K, d);
       gather(vc.data(), v + bh * s.N * d, ids, K, d);
       gemm_tile<T>(p.data(), qc.data(), kc.data(), false, true, scale, T(0), K, K, d);  // S = Qc Kcᵀ/√d
-      softmax_rows(p.data(), ids, K, K, lse + cluster * K);                           // P over filled slots
+      softmax_rows(p.data(), ids, K, K, lse + cluster * K);                             // P over filled slots
       gemm_tile<T>(out + cluster * K * d, p.data(), vc.data(), false, false, T(1), T(0), K, d, K);  // P Vc
     }
   }
@@ -72,8 +71,8 @@ void intra_backward(const IntraShape& s, const T* q, const T* k, const T* v, con
         }
         if (!dq && !dk) continue;
         gemm_tile<T>(dp.data(), dout_c, vc.data(), false, true, T(1), T(0), K, K, d);  // dP = dO Vcᵀ
-        softmax_grad_rows(dp.data(), p.data(), K, K);                                 // dS
-        if (dq) {  // dQc = dS Kc/√d
+        softmax_grad_rows(dp.data(), p.data(), K, K);                                  // dS
+        if (dq) {                                                                      // dQc = dS Kc/√d
           gemm_tile<T>(rows.data(), dp.data(), kc.data(), false, false, scale, T(0), K, d, K);
           scatter_add(dq + bh * s.N * d, rows.data(), ids, K, d);
         }
@@ -87,9 +86,9 @@ void intra_backward(const IntraShape& s, const T* q, const T* k, const T* v, con
 }
 
 struct IntraClusterFusedNode final : autograd::Node {
-  Tensor q, k, v;   // inputs (B, H, N, d)
-  Tensor members;   // (B, H, C, κ) i32
-  Tensor lse;       // saved row log-sum-exp of each slot's softmax: (B, H, C, κ)
+  Tensor q, k, v;  // inputs (B, H, N, d)
+  Tensor members;  // (B, H, C, κ) i32
+  Tensor lse;      // saved row log-sum-exp of each slot's softmax: (B, H, C, κ)
   const char* name() const override { return "intra_cluster_attention_fused"; }
   void backward() override {
     Tensor dq = q.requires_grad() ? q.grad_accumulator() : Tensor();
@@ -109,14 +108,12 @@ struct IntraClusterFusedNode final : autograd::Node {
 Tensor intra_cluster_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& members) {
   const char* op = "intra_cluster_attention_fused";
   check_intra_cluster_inputs(op, q, k, v, members);
-  CAST_CHECK(!q.is_cuda(), "{}: a CPU kernel, got q {} (the GPU's is intra_cluster_attention_flash)", op,
-             q.describe());
+  CAST_CHECK(!q.is_cuda(), "{}: a CPU kernel, got q {} (the GPU's is intra_cluster_attention_flash)", op, q.describe());
   const IntraShape s{q.dim(0) * q.dim(1), q.dim(2), members.dim(2), members.dim(3), q.dim(3)};
   Tensor out = Tensor::empty({q.dim(0), q.dim(1), s.C, s.kappa, s.d}, q.dtype());
   Tensor lse = Tensor::empty({q.dim(0), q.dim(1), s.C, s.kappa}, q.dtype());
   CAST_DISPATCH_FLOAT(q.dtype(), op, [&] {
-    intra_forward<T>(s, q.data<T>(), k.data<T>(), v.data<T>(), members.data<int32_t>(), out.data<T>(),
-                     lse.data<T>());
+    intra_forward<T>(s, q.data<T>(), k.data<T>(), v.data<T>(), members.data<int32_t>(), out.data<T>(), lse.data<T>());
   });
   if (autograd::needs_grad({&q, &k, &v})) {
     auto node = std::make_unique<IntraClusterFusedNode>();

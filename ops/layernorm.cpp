@@ -68,15 +68,15 @@ static void layernorm_row_backward(T* dx, T* dgamma, T* dbeta, const T* dy, cons
     for (int64_t j = 0; j < d; ++j) dx[j] += rs * (dy[j] * gamma[j] - mean_g - (x[j] - mu) * rs * mean_gx);
 }
 
-void layernorm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma,
-                       const Tensor& beta, double eps) {
+void layernorm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       double eps) {
   const int64_t d = check_layernorm(x, gamma, beta);
   const int64_t rows = x.numel() / d;
   CAST_ON_CUDA(x, cuda::layernorm_forward(y, mean, rstd, x, gamma, beta, rows, d, eps));
   CAST_DISPATCH_FLOAT(x.dtype(), "layernorm", [&] {
     const T *px = x.data<T>(), *pg = gamma.data<T>(), *pb = beta.data<T>();
     T *py = y.data<T>(), *pm = mean.data<T>(), *pr = rstd.data<T>();
-_Pragma("omp parallel for if (rows * d > 16384)")
+    CAST_OMP("omp parallel for if (rows * d > 16384)")
     for (int64_t r = 0; r < rows; ++r)
       layernorm_row(py + r * d, pm[r], pr[r], px + r * d, pg, pb, d, static_cast<T>(eps));
   });
@@ -95,7 +95,7 @@ void layernorm_backward(Tensor* dx, Tensor* dgamma, Tensor* dbeta, const Tensor&
     // which thread finished first (resumed runs stay bit-identical).
     const int threads = rows * d > 16384 ? omp_get_max_threads() : 1;
     std::vector<T> partial_g(dgamma ? threads * d : 0, T(0)), partial_b(dbeta ? threads * d : 0, T(0));
-_Pragma("omp parallel num_threads(threads)")
+    CAST_OMP("omp parallel num_threads(threads)")
     {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
       T* pg_t = dgamma ? partial_g.data() + t * d : nullptr;

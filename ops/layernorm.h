@@ -5,8 +5,8 @@
 namespace cast::ops {
 
 // x: (..., D); gamma, beta: (D); mean, rstd: (rows) saved for backward.
-void layernorm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma,
-                       const Tensor& beta, double eps);
+void layernorm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       double eps);
 // dx, dgamma, dbeta (each may be null) += their gradients.
 void layernorm_backward(Tensor* dx, Tensor* dgamma, Tensor* dbeta, const Tensor& dy, const Tensor& x,
                         const Tensor& gamma, const Tensor& mean, const Tensor& rstd);

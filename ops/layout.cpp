@@ -17,9 +17,7 @@ namespace cast::ops {
 struct ReshapeNode final : autograd::Node {
   Tensor x;  // input; the gradient is viewed back to its shape
   const char* name() const override { return "reshape"; }
-  void backward() override {
-    autograd::accumulate(x, outputs[0].grad().view(x.shape()));
-  }
+  void backward() override { autograd::accumulate(x, outputs[0].grad().view(x.shape())); }
 };
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
@@ -45,7 +43,8 @@ PermuteIndex make_permute_index(const Shape& in, const std::vector<int>& perm) {
   idx.ndim = nd;
   for (int d = 0; d < nd; ++d) {
     int a = perm[d];
-    CAST_CHECK(a >= 0 && a < nd && !seen[a], "permute: {} is not a permutation of {} axes", shape_str(Shape(perm.begin(), perm.end())), nd);
+    CAST_CHECK(a >= 0 && a < nd && !seen[a], "permute: {} is not a permutation of {} axes",
+               shape_str(Shape(perm.begin(), perm.end())), nd);
     seen[a] = true;
     idx.out_shape[d] = in[a];
     idx.in_stride[d] = stride[a];
@@ -73,7 +72,7 @@ void permute_forward(Tensor& y, const Tensor& x, const std::vector<int>& perm, b
     const int64_t len = idx.ndim ? idx.out_shape[idx.ndim - 1] : 1;
     const int64_t step = idx.ndim ? idx.in_stride[idx.ndim - 1] : 1;
     const int64_t rows = len ? n / len : 0;
-_Pragma("omp parallel for if (n > 65536)")
+    CAST_OMP("omp parallel for if (n > 65536)")
     for (int64_t r = 0; r < rows; ++r) {
       const T* src = px + idx.input_offset(r * len);
       T* dst = py + r * len;
@@ -131,8 +130,8 @@ Tensor transpose(const Tensor& x, int axis0, int axis1) {
 void copy_rows(Tensor& dst, const Tensor& src, const RowBlock& b, bool accumulate) {
   check_same_dtype("copy_rows", dst, src);
   check_same_device("copy_rows", dst, src);
-  CAST_ON_CUDA(dst, cuda::copy_rows(dst, src, b.rows, b.row_len, b.dst_offset, b.dst_stride, b.src_offset,
-                                     b.src_stride, accumulate));
+  CAST_ON_CUDA(dst, cuda::copy_rows(dst, src, b.rows, b.row_len, b.dst_offset, b.dst_stride, b.src_offset, b.src_stride,
+                                    accumulate));
   CAST_DISPATCH_FLOAT(dst.dtype(), "copy_rows", [&] {
     const T* ps = src.data<T>();
     T* pd = dst.data<T>();
@@ -141,8 +140,7 @@ void copy_rows(Tensor& dst, const Tensor& src, const RowBlock& b, bool accumulat
       T* d = pd + b.dst_offset + r * b.dst_stride;
       if (accumulate)
         for (int64_t j = 0; j < b.row_len; ++j) d[j] += s[j];
-      else
-        std::memcpy(d, s, sizeof(T) * b.row_len);
+      else std::memcpy(d, s, sizeof(T) * b.row_len);
     }
   });
 }
@@ -249,8 +247,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   check_float("split", x, "x");
   axis = normalize_axis("split", axis, x.ndim());
   int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t(0));
-  CAST_CHECK(total == x.shape()[axis], "split: sizes add up to {}, but axis {} of {} has {}", total, axis,
-             x.describe(), x.shape()[axis]);
+  CAST_CHECK(total == x.shape()[axis], "split: sizes add up to {}, but axis {} of {} has {}", total, axis, x.describe(),
+             x.shape()[axis]);
   std::vector<Tensor> pieces;
   int64_t start = 0;
   for (int64_t len : sizes) {

@@ -59,7 +59,8 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& 
         const I y = labels.data<I>()[r];
         if (y < 0) continue;
         for (int64_t c = 0; c < classes; ++c)
-          dlogits.data<T>()[r * classes + c] += g * (std::exp(logp.data<T>()[r * classes + c]) - (c == y ? T(1) : T(0)));
+          dlogits.data<T>()[r * classes + c] +=
+              g * (std::exp(logp.data<T>()[r * classes + c]) - (c == y ? T(1) : T(0)));
       }
     });
   });
@@ -69,7 +70,7 @@ struct CrossEntropyNode final : autograd::Node {
   Tensor logits;  // input: (R, C)
   Tensor labels;  // (R) ints
   Tensor logp;    // saved log-probabilities: (R, C)
-  Tensor count;    // (1) labelled rows
+  Tensor count;   // (1) labelled rows
   const char* name() const override { return "cross_entropy"; }
   void backward() override {
     Tensor dlogits = logits.grad_accumulator();

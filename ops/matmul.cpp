@@ -41,8 +41,8 @@ static const T* as_row_major(const T* x, int64_t rows, int64_t cols, bool transp
 // Cache-blocked C = alpha A B + beta C for row-major A (M,K), B (K,N): the innermost loop runs
 // along a row of B and C, which the compiler vectorises; blocks keep B's panel in cache.
 template <class T>
-static void gemm_block_cpu(T* c, const T* a, const T* b, int64_t n, int64_t k, T alpha, T beta,
-                           int64_t i0, int64_t i1) {
+static void gemm_block_cpu(T* c, const T* a, const T* b, int64_t n, int64_t k, T alpha, T beta, int64_t i0,
+                           int64_t i1) {
   constexpr int64_t kBlockK = 128, kBlockN = 512;
   for (int64_t i = i0; i < i1; ++i)
     for (int64_t j = 0; j < n; ++j) c[i * n + j] = beta == T(0) ? T(0) : beta * c[i * n + j];
@@ -55,7 +55,7 @@ static void gemm_block_cpu(T* c, const T* a, const T* b, int64_t n, int64_t k, T
         for (int64_t p = p0; p < p1; ++p) {
           const T aip = alpha * a[i * k + p];
           const T* brow = b + p * n;
-_Pragma("omp simd")
+          CAST_OMP("omp simd")
           for (int64_t j = j0; j < j1; ++j) crow[j] += aip * brow[j];
         }
       }
@@ -89,17 +89,16 @@ void gemm_loops(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta,
 }
 
 template void gemm_loops<float>(float*, const float*, const float*, bool, bool, float, float, const GemmShape&);
-template void gemm_loops<double>(double*, const double*, const double*, bool, bool, double, double,
-                                 const GemmShape&);
+template void gemm_loops<double>(double*, const double*, const double*, bool, bool, double, double, const GemmShape&);
 
 // ---------------------------------------------------------------- CPU BLAS kernel
-static void blas_call(float* c, const float* a, const float* b, bool ta, bool tb, float alpha, float beta,
-                      int m, int n, int k) {
+static void blas_call(float* c, const float* a, const float* b, bool ta, bool tb, float alpha, float beta, int m, int n,
+                      int k) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
               std::max(1, ta ? m : k), b, std::max(1, tb ? k : n), beta, c, std::max(1, n));
 }
-static void blas_call(double* c, const double* a, const double* b, bool ta, bool tb, double alpha, double beta,
-                      int m, int n, int k) {
+static void blas_call(double* c, const double* a, const double* b, bool ta, bool tb, double alpha, double beta, int m,
+                      int n, int k) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
               std::max(1, ta ? m : k), b, std::max(1, tb ? k : n), beta, c, std::max(1, n));
 }
@@ -114,8 +113,9 @@ void gemm_blas(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, 
   CAST_CHECK(s.m <= INT32_MAX && s.n <= INT32_MAX && s.k <= INT32_MAX, "matmul: {}x{}x{} exceeds the BLAS's int sizes",
              s.m, s.n, s.k);
   const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
-  auto one = [&](int64_t bi) { blas_call(c + bi * s.m * s.n, a + bi * s.m * s.k, b + bi * s.k * s.n, ta, tb, alpha,
-                                         beta, m, n, k); };
+  auto one = [&](int64_t bi) {
+    blas_call(c + bi * s.m * s.n, a + bi * s.m * s.k, b + bi * s.k * s.n, ta, tb, alpha, beta, m, n, k);
+  };
   // Many small products (attention heads, clusters): one product per thread, each BLAS call
   // single-threaded (OpenBLAS's OpenMP build runs on the caller inside a parallel region).
   // One big product: the BLAS threads it.
@@ -128,8 +128,7 @@ void gemm_blas(T* c, const T* a, const T* b, bool ta, bool tb, T alpha, T beta, 
   }
 }
 template void gemm_blas<float>(float*, const float*, const float*, bool, bool, float, float, const GemmShape&);
-template void gemm_blas<double>(double*, const double*, const double*, bool, bool, double, double,
-                                const GemmShape&);
+template void gemm_blas<double>(double*, const double*, const double*, bool, bool, double, double, const GemmShape&);
 
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha, double beta,
           const GemmShape& s) {

@@ -42,8 +42,8 @@ void gemm_blas(T* c, const T* a, const T* b, bool trans_a, bool trans_b, T alpha
 // One product on the calling thread's BLAS: c (m, n) = alpha op(a) op(b) + beta c, row-major
 // and packed. The fused CPU kernels call it on tiles inside their own parallel regions.
 template <class T>
-inline void gemm_tile(T* c, const T* a, const T* b, bool trans_a, bool trans_b, T alpha, T beta, int64_t m,
-                      int64_t n, int64_t k) {
+inline void gemm_tile(T* c, const T* a, const T* b, bool trans_a, bool trans_b, T alpha, T beta, int64_t m, int64_t n,
+                      int64_t k) {
   gemm_blas<T>(c, a, b, trans_a, trans_b, alpha, beta, GemmShape{1, m, n, k});
 }
 

@@ -35,14 +35,14 @@ void sum_axis_forward(Tensor& y, const Tensor& x, int axis, double scale) {
   check_float("sum", x, "x");
   axis = normalize_axis("sum", axis, x.ndim());
   AxisSplit p = split_at_axis(x.shape(), axis);
-  CAST_CHECK(y.numel() == p.outer * p.inner, "sum: output {} does not fit input {} reduced over axis {}",
-             y.describe(), x.describe(), axis);
+  CAST_CHECK(y.numel() == p.outer * p.inner, "sum: output {} does not fit input {} reduced over axis {}", y.describe(),
+             x.describe(), axis);
   CAST_ON_CUDA(x, cuda::sum_axis_forward(y, x, p.outer, p.n, p.inner, scale));
   CAST_DISPATCH_FLOAT(x.dtype(), "sum", [&] {
     const T* px = x.data<T>();
     T* py = y.data<T>();
     if (p.inner == 1) {  // a sum along contiguous rows: its own vectorised loop
-_Pragma("omp parallel for if (p.outer * p.n > 65536)")
+      CAST_OMP("omp parallel for if (p.outer * p.n > 65536)")
       for (int64_t o = 0; o < p.outer; ++o) py[o] = row_sum(px + o * p.n, p.n) * static_cast<T>(scale);
       return;
     }
@@ -50,7 +50,7 @@ _Pragma("omp parallel for if (p.outer * p.n > 65536)")
     const int64_t chunks = (p.n + kSumChunk - 1) / kSumChunk;
     std::vector<T> partial(chunks > 1 ? p.outer * chunks * p.inner : 0);
     T* out = chunks > 1 ? partial.data() : py;
-_Pragma("omp parallel for if (p.outer * p.n * p.inner > 65536)")
+    CAST_OMP("omp parallel for if (p.outer * p.n * p.inner > 65536)")
     for (int64_t oc = 0; oc < p.outer * std::max<int64_t>(chunks, 1); ++oc) {
       const int64_t o = oc / std::max<int64_t>(chunks, 1), c = oc % std::max<int64_t>(chunks, 1);
       T* s = out + oc * p.inner;
@@ -77,7 +77,7 @@ void sum_axis_backward(Tensor& dx, const Tensor& dy, int axis, double scale) {
   CAST_DISPATCH_FLOAT(dx.dtype(), "sum", [&] {
     T* pdx = dx.data<T>();
     const T* pdy = dy.data<T>();
-_Pragma("omp parallel for if (dx.numel() > 65536)")
+    CAST_OMP("omp parallel for if (dx.numel() > 65536)")
     for (int64_t o = 0; o < p.outer; ++o)
       for (int64_t j = 0; j < p.n; ++j)
         for (int64_t i = 0; i < p.inner; ++i)

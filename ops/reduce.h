@@ -15,7 +15,7 @@ void sum_axis_backward(Tensor& dx, const Tensor& dy, int axis, double scale);
 
 Tensor sum(const Tensor& x, int axis, bool keepdim = false);
 Tensor mean(const Tensor& x, int axis, bool keepdim = false);
-Tensor sum_all(const Tensor& x);   // one-element tensor of shape {1}
+Tensor sum_all(const Tensor& x);  // one-element tensor of shape {1}
 Tensor mean_all(const Tensor& x);
 
 // Sum over `axis` keeping it as size 1; no autograd (used by backward passes).

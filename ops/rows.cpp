@@ -24,8 +24,7 @@ void check_index_range(const char* op, const Tensor& idx, int64_t lo, int64_t hi
       mx = std::max<int64_t>(mx, p[i]);
     }
   });
-  CAST_CHECK(mn >= lo && mx < hi, "{}: index out of range: values span [{}, {}], allowed [{}, {})", op, mn, mx, lo,
-             hi);
+  CAST_CHECK(mn >= lo && mx < hi, "{}: index out of range: values span [{}, {}], allowed [{}, {})", op, mn, mx, lo, hi);
 }
 
 struct RowsShape {
@@ -39,8 +38,8 @@ static RowsShape check_rows(const char* op, const Tensor& x, const Tensor& idx, 
   check_ndim(op, idx, 2, "idx");
   RowsShape s{x.dim(0), x.dim(1), idx.dim(1), x.dim(2)};
   CAST_CHECK(idx.dim(0) == s.b, "{}: idx {} and x {} differ in batch", op, idx.describe(), x.describe());
-  CAST_CHECK(out.shape() == (Shape{s.b, s.m, s.d}), "{}: rows tensor {} must be [{}, {}, {}]", op, out.describe(),
-             s.b, s.m, s.d);
+  CAST_CHECK(out.shape() == (Shape{s.b, s.m, s.d}), "{}: rows tensor {} must be [{}, {}, {}]", op, out.describe(), s.b,
+             s.m, s.d);
   return s;
 }
 
@@ -50,7 +49,7 @@ void gather_rows_forward(Tensor& out, const Tensor& x, const Tensor& idx, bool a
   CAST_DISPATCH_FLOAT(x.dtype(), "gather_rows", [&] {
     CAST_DISPATCH_INDEX(idx.dtype(), "gather_rows", [&] {
       const I* pi = idx.data<I>();
-_Pragma("omp parallel for if (s.b * s.m * s.d > 65536)")
+      CAST_OMP("omp parallel for if (s.b * s.m * s.d > 65536)")
       for (int64_t r = 0; r < s.b * s.m; ++r) {
         const int64_t b = r / s.m, src = pi[r];
         T* o = out.data<T>() + r * s.d;
@@ -67,7 +66,7 @@ void gather_rows_backward(Tensor& dx, const Tensor& dout, const Tensor& idx) {
   CAST_DISPATCH_FLOAT(dx.dtype(), "scatter_add_rows", [&] {
     CAST_DISPATCH_INDEX(idx.dtype(), "scatter_add_rows", [&] {
       const I* pi = idx.data<I>();
-_Pragma("omp parallel for if (s.b > 1 && s.m * s.d > 4096)")
+      CAST_OMP("omp parallel for if (s.b > 1 && s.m * s.d > 4096)")
       for (int64_t b = 0; b < s.b; ++b)  // batches write disjoint rows; within one, serial
         for (int64_t p = 0; p < s.m; ++p) {
           const int64_t dst = pi[b * s.m + p];

@@ -22,8 +22,8 @@ MaskRows mask_rows(const char* op, const Tensor& x, const Tensor& mask) {
   if (!mask.defined()) return m;
   check_same_dtype(op, x, mask);
   check_same_device(op, x, mask);
-  CAST_CHECK(mask.ndim() >= 1 && mask.dim(-1) == m.len, "{}: mask {} must end in x's last dim {}", op,
-             mask.describe(), m.len);
+  CAST_CHECK(mask.ndim() >= 1 && mask.dim(-1) == m.len, "{}: mask {} must end in x's last dim {}", op, mask.describe(),
+             m.len);
   int64_t p = mask.numel() / m.len;
   CAST_CHECK(p > 0 && m.rows % p == 0, "{}: mask {} has {} rows, which do not divide the {} rows of {}", op,
              mask.describe(), p, m.rows, x.describe());
@@ -38,8 +38,7 @@ static void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log) {
   const T minus_inf = -std::numeric_limits<T>::infinity();
   if (mask)
     for (int64_t j = 0; j < n; ++j) y[j] = mask[j] != T(0) ? x[j] : minus_inf;
-  else
-    std::copy(x, x + n, y);
+  else std::copy(x, x + n, y);
   const T mx = max_of(y, n);  // NaN compares false: an all-NaN row also gives −∞ here
   if (mx == minus_inf) {
     bool nan = false;
@@ -68,10 +67,10 @@ void softmax_forward(Tensor& y, const Tensor& x, const Tensor& mask, bool log) {
   CAST_ON_CUDA(x, cuda::softmax_forward(y, x, mask, m.rows, m.len, m.group, log));
   CAST_DISPATCH_FLOAT(x.dtype(), op, [&] {
     const T* pm = mask.defined() ? mask.data<T>() : nullptr;
-_Pragma("omp parallel for if (m.rows * m.len > 16384)")
+    CAST_OMP("omp parallel for if (m.rows * m.len > 16384)")
     for (int64_t r = 0; r < m.rows; ++r)
-      softmax_row(y.data<T>() + r * m.len, x.data<T>() + r * m.len, pm ? pm + (r / m.group) * m.len : nullptr,
-                  m.len, log);
+      softmax_row(y.data<T>() + r * m.len, x.data<T>() + r * m.len, pm ? pm + (r / m.group) * m.len : nullptr, m.len,
+                  log);
   });
 }
 
@@ -81,7 +80,7 @@ void softmax_backward(Tensor& dx, const Tensor& dy, const Tensor& y, const Tenso
   CAST_ON_CUDA(y, cuda::softmax_backward(dx, dy, y, mask, m.rows, m.len, m.group, log));
   CAST_DISPATCH_FLOAT(y.dtype(), op, [&] {
     const T* pm = mask.defined() ? mask.data<T>() : nullptr;
-_Pragma("omp parallel for if (m.rows * m.len > 16384)")
+    CAST_OMP("omp parallel for if (m.rows * m.len > 16384)")
     for (int64_t r = 0; r < m.rows; ++r) {
       const T* yr = y.data<T>() + r * m.len;
       const T* gr = dy.data<T>() + r * m.len;

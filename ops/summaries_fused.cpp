@@ -16,10 +16,10 @@ namespace cast::ops {
 #ifdef CAST_WITH_CUDA
 namespace {
 struct SummariesFusedNode final : autograd::Node {
-  Tensor a_k, v;   // inputs (B, H, N, C), (B, H, N, d)
-  Tensor mask;     // (B, N) or undefined
-  Tensor p;        // saved P (B, H, N, C)
-  Tensor colsum;   // saved Σ_tokens W (+1e-30): (B·H, C)
+  Tensor a_k, v;  // inputs (B, H, N, C), (B, H, N, d)
+  Tensor mask;    // (B, N) or undefined
+  Tensor p;       // saved P (B, H, N, C)
+  Tensor colsum;  // saved Σ_tokens W (+1e-30): (B·H, C)
   const char* name() const override { return "cluster_summaries_fused"; }
   void backward() override {
     const Tensor& dr = outputs[0].grad();  // (B, H, C, d)
@@ -32,8 +32,8 @@ struct SummariesFusedNode final : autograd::Node {
     Tensor dp = Tensor::empty(p.shape(), p.dtype(), p.device());
     gemm(dp, v, dr, false, true, 1.0, 0.0, matmul_shape(v, dr, false, true));  // dP = V dRᵀ
     Tensor da = a_k.grad_accumulator().view({BH, N, C});
-    cuda::summary_weights_backward(da, dp.view({BH, N, C}), p.view({BH, N, C}), colsum, mask.defined() ? &mask : nullptr,
-                                   a_k.dim(1));
+    cuda::summary_weights_backward(da, dp.view({BH, N, C}), p.view({BH, N, C}), colsum,
+                                   mask.defined() ? &mask : nullptr, a_k.dim(1));
   }
 };
 }  // namespace

@@ -22,7 +22,7 @@ void topk_forward(Tensor& idx, const Tensor& x, int64_t k, const Tensor& mask) {
   CAST_ON_CUDA(x, cuda::topk(idx, x, mask, m.rows, m.len, m.group, k));
   CAST_DISPATCH_FLOAT(x.dtype(), "topk", [&] {
     const T* pm = mask.defined() ? mask.data<T>() : nullptr;
-_Pragma("omp parallel for if (m.rows * m.len > 16384)")
+    CAST_OMP("omp parallel for if (m.rows * m.len > 16384)")
     for (int64_t r = 0; r < m.rows; ++r) {
       const T* xr = x.data<T>() + r * m.len;
       const T* mr = pm ? pm + (r / m.group) * m.len : nullptr;

@@ -23,10 +23,10 @@ namespace {
 // softmax(Q_i K_Tᵀ/√d) V_T for every query: q, k, v (B·H, N, d) -> (B·H, N, d); 0 for an
 // unassigned query or a cluster without keys.
 struct TopKeyAttentionNode final : autograd::Node {
-  Tensor q, k, v;      // inputs (B·H, N, d)
-  Tensor keys;         // top keys (B·H, C·k) i32, −1 = empty slot
-  Tensor assignment;   // (B·H, N) i32
-  Tensor lse;          // saved log-sum-exp of each query's softmax: (B·H, N)
+  Tensor q, k, v;     // inputs (B·H, N, d)
+  Tensor keys;        // top keys (B·H, C·k) i32, −1 = empty slot
+  Tensor assignment;  // (B·H, N) i32
+  Tensor lse;         // saved log-sum-exp of each query's softmax: (B·H, N)
   int64_t clusters, top;
   double factor;
   const char* name() const override { return "topkey_attention"; }
@@ -66,14 +66,14 @@ Tensor improved_clustered_output_topkey(const Tensor& q, const Tensor& k, const 
   const int64_t C = a_c.dim(2), top = top_keys.dim(3);
 #ifdef CAST_WITH_CUDA
   CAST_CHECK(q.is_cuda() && q.dtype() == DType::f32 && cuda::topkey_attention_fits(top, d),
-             "{}: a CUDA f32 kernel for {} top keys of width {} at most as shared memory allows, got q {}", op, top,
-             d, q.describe());
+             "{}: a CUDA f32 kernel for {} top keys of width {} at most as shared memory allows, got q {}", op, top, d,
+             q.describe());
   const Tensor keys = top_keys.view({BH, C * top}), assign = assignment.view({BH, N});
   // m̂_j = Σ_{l ∈ T_j} A^c_jl, handed to each member query: (B·H, N, 1)
   Tensor m_hat = sum(gather_rows(reshape(a_c, {BH * C, N, 1}), top_keys.view({BH * C, top})), 1);
   Tensor m_query = gather_rows(reshape(m_hat, {BH, C, 1}), assign);
-  Tensor top_out = topkey_attention(reshape(q, {BH, N, d}), reshape(k, {BH, N, d}), reshape(v, {BH, N, d}), keys,
-                                    assign, C, top);
+  Tensor top_out =
+      topkey_attention(reshape(q, {BH, N, d}), reshape(k, {BH, N, d}), reshape(v, {BH, N, d}), keys, assign, C, top);
   // the keys outside T keep their centroid attention weight
   Tensor outside;
   top_key_masks(nullptr, outside, top_keys, assign, a_c);

@@ -16,9 +16,13 @@ constexpr double kInvSqrt2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
 // Standard normal CDF.
-template <class T> CAST_HD T normal_cdf(T z) { return T(0.5) * erfc(-z * T(kInvSqrt2)); }
+template <class T>
+CAST_HD T normal_cdf(T z) {
+  return T(0.5) * erfc(-z * T(kInvSqrt2));
+}
 
-template <class T> CAST_HD T unary_apply(UnaryOp op, T x) {
+template <class T>
+CAST_HD T unary_apply(UnaryOp op, T x) {
   switch (op) {
     case UnaryOp::exp: return exp(x);
     case UnaryOp::log: return log(x);
@@ -32,7 +36,8 @@ template <class T> CAST_HD T unary_apply(UnaryOp op, T x) {
   }
 }
 
-template <class T> CAST_HD T unary_derivative(UnaryOp op, T x, T y) {
+template <class T>
+CAST_HD T unary_derivative(UnaryOp op, T x, T y) {
   switch (op) {
     case UnaryOp::exp: return y;
     case UnaryOp::log: return T(1) / x;

@@ -11,8 +11,7 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
   for (size_t i = 0; i < nd; ++i) {
     int64_t da = i < nd - a.size() ? 1 : a[i - (nd - a.size())];
     int64_t db = i < nd - b.size() ? 1 : b[i - (nd - b.size())];
-    CAST_CHECK(da == db || da == 1 || db == 1, "{}: shapes {} and {} do not broadcast", op, shape_str(a),
-               shape_str(b));
+    CAST_CHECK(da == db || da == 1 || db == 1, "{}: shapes {} and {} do not broadcast", op, shape_str(a), shape_str(b));
     out[i] = da == 1 ? db : da;
   }
   return out;

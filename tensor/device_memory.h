@@ -6,9 +6,9 @@
 
 namespace cast::device_memory {
 
-bool cuda_built();                 // compiled with CUDA support
-bool cuda_available();             // CUDA built and at least one GPU with a working driver
-void* allocate(size_t bytes);      // from the caching allocator
+bool cuda_built();             // compiled with CUDA support
+bool cuda_available();         // CUDA built and at least one GPU with a working driver
+void* allocate(size_t bytes);  // from the caching allocator
 void release(void* ptr, size_t bytes);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);

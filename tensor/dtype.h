@@ -34,32 +34,58 @@ inline const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cu
 inline bool is_float(DType t) { return t == DType::f32 || t == DType::f64; }
 inline bool is_index(DType t) { return t == DType::i32 || t == DType::i64; }
 
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
 
 // Runs `body` with T bound to float or double according to a runtime dtype.
-#define CAST_DISPATCH_FLOAT(dtype, opname, ...)                                          \
-  [&] {                                                                                  \
-    switch (dtype) {                                                                     \
-      case ::cast::DType::f32: { using T = float; return __VA_ARGS__(); }                \
-      case ::cast::DType::f64: { using T = double; return __VA_ARGS__(); }               \
-      default: throw ::cast::Error(fmt::format("{}: expected a float tensor, got {}",    \
-                                               opname, ::cast::dtype_name(dtype)));      \
-    }                                                                                    \
+#define CAST_DISPATCH_FLOAT(dtype, opname, ...)                                                                     \
+  [&] {                                                                                                             \
+    switch (dtype) {                                                                                                \
+      case ::cast::DType::f32: {                                                                                    \
+        using T = float;                                                                                            \
+        return __VA_ARGS__();                                                                                       \
+      }                                                                                                             \
+      case ::cast::DType::f64: {                                                                                    \
+        using T = double;                                                                                           \
+        return __VA_ARGS__();                                                                                       \
+      }                                                                                                             \
+      default:                                                                                                      \
+        throw ::cast::Error(fmt::format("{}: expected a float tensor, got {}", opname, ::cast::dtype_name(dtype))); \
+    }                                                                                                               \
   }()
 
 // Same for integer index tensors (I = int32_t or int64_t).
-#define CAST_DISPATCH_INDEX(dtype, opname, ...)                                          \
-  [&] {                                                                                  \
-    switch (dtype) {                                                                     \
-      case ::cast::DType::i32: { using I = int32_t; return __VA_ARGS__(); }              \
-      case ::cast::DType::i64: { using I = int64_t; return __VA_ARGS__(); }              \
-      default: throw ::cast::Error(fmt::format("{}: expected an index tensor (i32/i64), got {}", \
-                                               opname, ::cast::dtype_name(dtype)));      \
-    }                                                                                    \
+#define CAST_DISPATCH_INDEX(dtype, opname, ...)                                                                \
+  [&] {                                                                                                        \
+    switch (dtype) {                                                                                           \
+      case ::cast::DType::i32: {                                                                               \
+        using I = int32_t;                                                                                     \
+        return __VA_ARGS__();                                                                                  \
+      }                                                                                                        \
+      case ::cast::DType::i64: {                                                                               \
+        using I = int64_t;                                                                                     \
+        return __VA_ARGS__();                                                                                  \
+      }                                                                                                        \
+      default:                                                                                                 \
+        throw ::cast::Error(                                                                                   \
+            fmt::format("{}: expected an index tensor (i32/i64), got {}", opname, ::cast::dtype_name(dtype))); \
+    }                                                                                                          \
   }()
 
 }  // namespace cast

@@ -56,15 +56,16 @@ bool exists(const std::string& path) {
 }
 
 bool same_file(const std::string& a, const std::string& b) {
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 void check_not_an_input(const std::string& output, const std::string& what, const std::vector<std::string>& inputs) {
   for (const std::string& in : inputs)
     if (!in.empty() && same_file(output, in))
-      throw UsageError(fmt::format("{} {} is the input {}: an output never replaces an input of the same command",
-                                   what, output, in));
+      throw UsageError(fmt::format("{} {} is the input {}: an output never replaces an input of the same command", what,
+                                   output, in));
 }
 
 // stat() that names the file and the reason when it fails.
@@ -133,7 +134,7 @@ void for_each_line(const std::string& path, const std::string& what,
   Fd fd = open_input(path, what);
   std::unique_ptr<FILE, int (*)(FILE*)> file(::fdopen(fd.get(), "r"), std::fclose);
   CAST_CHECK(file, "{} {}: cannot open: {}", what, path, reason(errno));
-  fd.release();  // the FILE owns it now
+  fd.release();    // the FILE owns it now
   struct Buffer {  // getline's buffer, grown by realloc, freed even when fn throws
     char* data = nullptr;
     size_t capacity = 0;
@@ -210,8 +211,10 @@ std::string output_target(const std::string& path, const std::string& what, Link
   std::string target = path;
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
-    CAST_CHECK(link == Link::follow_once, "{} {}: is a symbolic link; files in a run or data folder are never written "
-               "through a link (remove it)", what, path);
+    CAST_CHECK(link == Link::follow_once,
+               "{} {}: is a symbolic link; files in a run or data folder are never written "
+               "through a link (remove it)",
+               what, path);
     char buffer[4096];
     const ssize_t n = ::readlink(path.c_str(), buffer, sizeof(buffer) - 1);
     CAST_CHECK(n > 0, "{} {}: cannot read the symbolic link: {}", what, path, reason(errno));
@@ -221,8 +224,10 @@ std::string output_target(const std::string& path, const std::string& what, Link
     if (::lstat(target.c_str(), &tt) != 0)
       throw Error(
           fmt::format("{} {}: a symbolic link to {}: {}; nothing was written", what, path, target, reason(errno)));
-    CAST_CHECK(!S_ISLNK(tt.st_mode), "{} {}: a symbolic link to another link ({}): a chain or a loop; only a link "
-               "straight to a regular file is written through", what, path, target);
+    CAST_CHECK(!S_ISLNK(tt.st_mode),
+               "{} {}: a symbolic link to another link ({}): a chain or a loop; only a link "
+               "straight to a regular file is written through",
+               what, path, target);
     CAST_CHECK(S_ISREG(tt.st_mode), "{} {}: a symbolic link to {}, which is {}; not replacing it", what, path, target,
                kind_of(tt.st_mode));
   } else if (::stat(path.c_str(), &st) == 0) {
@@ -270,10 +275,14 @@ static Fd create_exclusive(const std::string& tmp, const std::string& what, cons
     struct stat st {};
     if (err != EEXIST || attempt > 0 || ::lstat(tmp.c_str(), &st) != 0)
       throw Error(fmt::format("{} {}: cannot create {}: {}", what, path, tmp, reason(err)));
-    CAST_CHECK(!S_ISLNK(st.st_mode), "{} {}: {} is a symbolic link where a temporary file goes; not following it "
-               "(remove it)", what, path, tmp);
-    CAST_CHECK(S_ISREG(st.st_mode) && st.st_uid == ::geteuid(), "{} {}: {} exists and is {}; not replacing it "
-               "(remove it)", what, path, tmp, S_ISREG(st.st_mode) ? "another user's file" : kind_of(st.st_mode));
+    CAST_CHECK(!S_ISLNK(st.st_mode),
+               "{} {}: {} is a symbolic link where a temporary file goes; not following it "
+               "(remove it)",
+               what, path, tmp);
+    CAST_CHECK(S_ISREG(st.st_mode) && st.st_uid == ::geteuid(),
+               "{} {}: {} exists and is {}; not replacing it "
+               "(remove it)",
+               what, path, tmp, S_ISREG(st.st_mode) ? "another user's file" : kind_of(st.st_mode));
     CAST_CHECK(::unlink(tmp.c_str()) == 0, "{} {}: cannot remove the stale {}: {}", what, path, tmp, reason(errno));
   }
 }
@@ -294,8 +303,8 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
     write_all(fd.get(), bytes, what, path);
     CAST_CHECK(::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path, reason(errno));
     CAST_CHECK(::close(fd.release()) == 0, "{} {}: close failed: {}", what, path, reason(errno));
-    CAST_CHECK(::rename(tmp.c_str(), target.c_str()) == 0, "{} {}: cannot move the new file into place: {}", what,
-               path, reason(errno));
+    CAST_CHECK(::rename(tmp.c_str(), target.c_str()) == 0, "{} {}: cannot move the new file into place: {}", what, path,
+               reason(errno));
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
@@ -352,8 +361,9 @@ AppendFile::AppendFile(const std::string& path, bool truncate, const std::string
     struct stat st {};
     const bool link = err == ELOOP || (err == EEXIST && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode));
     throw Error(fmt::format("{} {}: cannot open for writing: {}", what, path,
-                            link ? "is a symbolic link; not following it (remove it)"
-                                 : err == EEXIST ? "exists and is not a regular file; not replacing it" : reason(err)));
+                            link            ? "is a symbolic link; not following it (remove it)"
+                            : err == EEXIST ? "exists and is not a regular file; not replacing it"
+                                            : reason(err)));
   }
   struct stat st {};
   CAST_CHECK(::fstat(fd_.get(), &st) == 0 && S_ISREG(st.st_mode), "{} {}: is {}, not a regular file", what, path,

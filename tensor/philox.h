@@ -8,11 +8,11 @@
 
 namespace cast::philox {
 
-struct Block { uint32_t v[4]; };
+struct Block {
+  uint32_t v[4];
+};
 
-CAST_HD uint32_t mulhi(uint32_t a, uint32_t b) {
-  return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
-}
+CAST_HD uint32_t mulhi(uint32_t a, uint32_t b) { return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32); }
 
 // Four 32-bit random words for counter `ctr` under key `seed`.
 CAST_HD Block generate(uint64_t seed, uint64_t ctr) {
@@ -22,7 +22,10 @@ CAST_HD Block generate(uint64_t seed, uint64_t ctr) {
     uint32_t hi0 = mulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
     uint32_t hi1 = mulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
     uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }

@@ -76,8 +76,8 @@ void check_disjoint(std::vector<std::tuple<uint64_t, uint64_t, std::string>> ran
   for (size_t i = 1; i < ranges.size(); ++i)
     CAST_CHECK(std::get<0>(ranges[i]) >= std::get<1>(ranges[i - 1]),
                "{}: tensors '{}' and '{}' overlap in the data section ([{}, {}) and [{}, {}))", source,
-               std::get<2>(ranges[i - 1]), std::get<2>(ranges[i]), std::get<0>(ranges[i - 1]), std::get<1>(ranges[i - 1]),
-               std::get<0>(ranges[i]), std::get<1>(ranges[i]));
+               std::get<2>(ranges[i - 1]), std::get<2>(ranges[i]), std::get<0>(ranges[i - 1]),
+               std::get<1>(ranges[i - 1]), std::get<0>(ranges[i]), std::get<1>(ranges[i]));
 }
 
 }  // namespace
@@ -88,8 +88,8 @@ TensorFile parse_safetensors(const char* bytes, size_t size, const std::string& 
   CAST_CHECK(size >= 8, "{}: not a safetensors file (only {} bytes)", source, size);
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
-  CAST_CHECK(header_len <= size - 8, "{}: header length {} exceeds the file size {} (truncated?)", source,
-             header_len, size);
+  CAST_CHECK(header_len <= size - 8, "{}: header length {} exceeds the file size {} (truncated?)", source, header_len,
+             size);
   const json header = parse_header(bytes + 8, header_len, source);
   const size_t data_begin = 8 + header_len;
   const size_t data_size = size - data_begin;
@@ -104,9 +104,9 @@ TensorFile parse_safetensors(const char* bytes, size_t size, const std::string& 
       }
       continue;
     }
-    CAST_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
-                   entry.contains("data_offsets"),
-               "{}: tensor '{}' lacks dtype, shape or data_offsets", source, name);
+    CAST_CHECK(
+        entry.is_object() && entry.contains("dtype") && entry.contains("shape") && entry.contains("data_offsets"),
+        "{}: tensor '{}' lacks dtype, shape or data_offsets", source, name);
     CAST_CHECK(entry["dtype"].is_string(), "{}: tensor '{}': dtype is not a string", source, name);
     DType dtype = st_dtype_from(entry["dtype"].get<std::string>(), source, name);
     const json& js = entry["shape"];
@@ -122,14 +122,14 @@ TensorFile parse_safetensors(const char* bytes, size_t size, const std::string& 
     CAST_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
                "{}: tensor '{}': data_offsets must be two non-negative integers", source, name);
     uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-    CAST_CHECK(begin <= end && end <= data_size, "{}: tensor '{}': data [{}, {}) outside the {} data bytes (truncated?)",
-               source, name, begin, end, data_size);
+    CAST_CHECK(begin <= end && end <= data_size,
+               "{}: tensor '{}': data [{}, {}) outside the {} data bytes (truncated?)", source, name, begin, end,
+               data_size);
     // numel * size computed in a way that cannot overflow silently
     long double expect = static_cast<long double>(dtype_size(dtype));
     for (int64_t d : shape) expect *= static_cast<long double>(d);
-    CAST_CHECK(expect == static_cast<long double>(end - begin),
-               "{}: tensor '{}': {} bytes do not hold {} {}", source, name, end - begin, dtype_name(dtype),
-               shape_str(shape));
+    CAST_CHECK(expect == static_cast<long double>(end - begin), "{}: tensor '{}': {} bytes do not hold {} {}", source,
+               name, end - begin, dtype_name(dtype), shape_str(shape));
     if (end > begin) ranges.emplace_back(begin, end, name);
   }
   check_disjoint(ranges, source);
@@ -161,8 +161,8 @@ std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& ten
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {  // std::map: sorted names, a stable layout
-    header[name] = {{"dtype", st_dtype_name(t.dtype())}, {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    header[name] = {
+        {"dtype", st_dtype_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
   std::string text = header.dump();

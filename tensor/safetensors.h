@@ -33,7 +33,7 @@ std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& ten
 bool looks_like_plain_safetensors(std::string_view head);
 // Writes atomically (files::write_atomic), so a crash never leaves a half-written file.
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {},
-                       const std::string& what = "output file", files::Link link = files::Link::follow_once);
+                       const std::map<std::string, std::string>& metadata = {}, const std::string& what = "output file",
+                       files::Link link = files::Link::follow_once);
 
 }  // namespace cast

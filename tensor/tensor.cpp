@@ -133,8 +133,8 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
 
 template <class T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
-  CAST_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
-             "tensor: {} values do not fill shape {}", values.size(), shape_str(shape));
+  CAST_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "tensor: {} values do not fill shape {}",
+             values.size(), shape_str(shape));
   Tensor host = empty(shape, dtype_of<T>(), Device::cpu);
   if (!values.empty()) std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(T));
   return host.to(device);
@@ -152,8 +152,7 @@ Tensor Tensor::uniform(const Shape& shape, uint64_t seed, uint64_t offset, doubl
   return from_doubles(v, shape, dtype, device);
 }
 
-Tensor Tensor::normal(const Shape& shape, uint64_t seed, uint64_t offset, double stddev, DType dtype,
-                      Device device) {
+Tensor Tensor::normal(const Shape& shape, uint64_t seed, uint64_t offset, double stddev, DType dtype, Device device) {
   std::vector<double> v(shape_numel(shape));
   for (size_t i = 0; i < v.size(); ++i) v[i] = stddev * philox::normal(seed, offset + i);
   return from_doubles(v, shape, dtype, device);
@@ -188,14 +187,14 @@ const void* Tensor::raw_data() const {
   return static_cast<const char*>(t.storage->data) + t.byte_offset;
 }
 
-template <class T> T* Tensor::data() {
-  CAST_CHECK(dtype() == dtype_of<T>(), "tensor: data<{}>() on a {} tensor", dtype_name(dtype_of<T>()),
-             describe());
+template <class T>
+T* Tensor::data() {
+  CAST_CHECK(dtype() == dtype_of<T>(), "tensor: data<{}>() on a {} tensor", dtype_name(dtype_of<T>()), describe());
   return static_cast<T*>(raw_data());
 }
-template <class T> const T* Tensor::data() const {
-  CAST_CHECK(dtype() == dtype_of<T>(), "tensor: data<{}>() on a {} tensor", dtype_name(dtype_of<T>()),
-             describe());
+template <class T>
+const T* Tensor::data() const {
+  CAST_CHECK(dtype() == dtype_of<T>(), "tensor: data<{}>() on a {} tensor", dtype_name(dtype_of<T>()), describe());
   return static_cast<const T*>(raw_data());
 }
 template float* Tensor::data<float>();
@@ -239,18 +238,26 @@ std::vector<double> Tensor::to_double_vector() const {
   Tensor host = to(Device::cpu);
   std::vector<double> v(numel());
   switch (dtype()) {
-    case DType::f32: for (size_t i = 0; i < v.size(); ++i) v[i] = host.data<float>()[i]; break;
-    case DType::f64: for (size_t i = 0; i < v.size(); ++i) v[i] = host.data<double>()[i]; break;
-    case DType::i32: for (size_t i = 0; i < v.size(); ++i) v[i] = host.data<int32_t>()[i]; break;
-    case DType::i64: for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(host.data<int64_t>()[i]); break;
+    case DType::f32:
+      for (size_t i = 0; i < v.size(); ++i) v[i] = host.data<float>()[i];
+      break;
+    case DType::f64:
+      for (size_t i = 0; i < v.size(); ++i) v[i] = host.data<double>()[i];
+      break;
+    case DType::i32:
+      for (size_t i = 0; i < v.size(); ++i) v[i] = host.data<int32_t>()[i];
+      break;
+    case DType::i64:
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(host.data<int64_t>()[i]);
+      break;
   }
   return v;
 }
 
 Tensor Tensor::to(DType target) const {
   if (dtype() == target) return *this;
-  CAST_CHECK(device() == Device::cpu, "tensor.to({}): dtype conversion runs on the CPU; got {}",
-             dtype_name(target), describe());
+  CAST_CHECK(device() == Device::cpu, "tensor.to({}): dtype conversion runs on the CPU; got {}", dtype_name(target),
+             describe());
   return from_doubles(to_double_vector(), shape(), target, Device::cpu);
 }
 
@@ -352,8 +359,7 @@ void check_index(const char* op, const Tensor& t, const char* what) {
   CAST_CHECK(is_index(t.dtype()), "{}: {} must be an index tensor (i32/i64), got {}", op, what, t.describe());
 }
 void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
-  CAST_CHECK(a.device() == b.device(), "{}: tensors on different devices: {} and {}", op, a.describe(),
-             b.describe());
+  CAST_CHECK(a.device() == b.device(), "{}: tensors on different devices: {} and {}", op, a.describe(), b.describe());
 }
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   CAST_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} and {}", op, a.describe(), b.describe());

@@ -60,19 +60,21 @@ class Tensor {
   std::string describe() const;  // "f32[2, 3] cpu"
 
   // --- data access (checks the dtype) ---
-  template <class T> T* data();
-  template <class T> const T* data() const;
+  template <class T>
+  T* data();
+  template <class T>
+  const T* data() const;
   void* raw_data();
   const void* raw_data() const;
 
   // --- copies and views ---
-  Tensor to(Device device) const;   // copy (or self when already there)
-  Tensor to(DType dtype) const;     // converted copy (CPU only)
+  Tensor to(Device device) const;  // copy (or self when already there)
+  Tensor to(DType dtype) const;    // converted copy (CPU only)
   Tensor clone() const;
-  Tensor view(const Shape& shape) const;  // same storage, no autograd; one dim may be -1
-  Tensor slice0(int64_t index) const;     // element `index` of the first dim: a view, no autograd
+  Tensor view(const Shape& shape) const;                // same storage, no autograd; one dim may be -1
+  Tensor slice0(int64_t index) const;                   // element `index` of the first dim: a view, no autograd
   Tensor narrow0(int64_t start, int64_t length) const;  // rows [start, start + length): a view, no autograd
-  void copy_from(const Tensor& src);      // same shape and dtype, any devices
+  void copy_from(const Tensor& src);                    // same shape and dtype, any devices
   void fill_zero();
   std::vector<double> to_double_vector() const;  // any dtype, any device
   double item() const;                           // one-element tensor
@@ -80,8 +82,8 @@ class Tensor {
   // --- autograd ---
   bool requires_grad() const;
   Tensor& set_requires_grad(bool value = true);
-  Tensor grad() const;         // undefined when no gradient has arrived
-  Tensor grad_accumulator();   // the gradient buffer, created as zeros on first use
+  Tensor grad() const;        // undefined when no gradient has arrived
+  Tensor grad_accumulator();  // the gradient buffer, created as zeros on first use
   void zero_grad();
   void reset_grad();
   void set_grad(const Tensor& g);

@@ -66,10 +66,12 @@ TEST(AttentionStepGrad, ClusteredSteps) {
   EXPECT_GRADCHECK([&](const Inputs& x) { return ops::broadcast_to_members(x[0], assign); },
                    Inputs{param({1, 2, 3, 4}, 23)});
   Tensor top = Tensor::from_vector<int32_t>({0, 3, 1, 2, 2, -1, 4, 0, 1, 3, 2, 0}, {1, 2, 3, 2});
-  EXPECT_GRADCHECK([&](const Inputs& x) {
-    Tensor a_c = ops::softmax(x[3]);
-    return ops::improved_clustered_output(x[0], x[1], x[2], a_c, top, assign);
-  }, (Inputs{param({1, 2, 5, 4}, 24), param({1, 2, 5, 4}, 25), param({1, 2, 5, 4}, 26), param({1, 2, 3, 5}, 27)}));
+  EXPECT_GRADCHECK(
+      [&](const Inputs& x) {
+        Tensor a_c = ops::softmax(x[3]);
+        return ops::improved_clustered_output(x[0], x[1], x[2], a_c, top, assign);
+      },
+      (Inputs{param({1, 2, 5, 4}, 24), param({1, 2, 5, 4}, 25), param({1, 2, 5, 4}, 26), param({1, 2, 3, 5}, 27)}));
 }
 
 TEST(AttentionStepGrad, Expand) {
@@ -104,9 +106,8 @@ static std::vector<LayerCase> all_variants(int64_t dim, int64_t heads, int64_t c
             c.mix_query = mix_query;
             c.shared_clustering = shared;
             out.push_back({fmt::format("cast/{}/{}/summaries-{}/{}/{}", sa ? "satopk" : "topk",
-                                       f == ops::AttentionFn::softmax ? "softmax" : "laplace",
-                                       summaries ? "on" : "off", mix_query ? "query" : "affinity",
-                                       shared ? "shared" : "per-head"),
+                                       f == ops::AttentionFn::softmax ? "softmax" : "laplace", summaries ? "on" : "off",
+                                       mix_query ? "query" : "affinity", shared ? "shared" : "per-head"),
                            c});
           }
   for (auto m : {nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
@@ -165,7 +166,8 @@ static Tensor full_reference(const nn::Attention& like, const Tensor& x, const T
   nn::AttentionConfig c = like.config();
   c.mechanism = nn::Mechanism::full;
   nn::Attention full(c, x.dtype());
-  for (const char* n : {"wq", "wk", "wv", "wo"}) full.parameters()[n] = const_cast<nn::Attention&>(like).parameters().at(n);
+  for (const char* n : {"wq", "wk", "wv", "wo"})
+    full.parameters()[n] = const_cast<nn::Attention&>(like).parameters().at(n);
   return full.forward(x, mask).out;
 }
 

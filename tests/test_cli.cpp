@@ -47,7 +47,9 @@ TEST(Cli, HelpShowsDefaultsAndExamples) {
   EXPECT_EQ(train.code, 0);
   // per-task defaults from the presets themselves
   EXPECT_NE(train.out.find("--steps <value>                training steps; default 5000 (listops-short 1200, "
-                           "text 20000"), std::string::npos) << train.out;
+                           "text 20000"),
+            std::string::npos)
+      << train.out;
   EXPECT_NE(train.out.find("--attention <value>            full | cast | clustered | iclustered; default cast"),
             std::string::npos);
   EXPECT_EQ(train.out.find("; default \n"), std::string::npos) << "a setting without its default";
@@ -55,10 +57,12 @@ TEST(Cli, HelpShowsDefaultsAndExamples) {
   EXPECT_NE(bench.out.find("usage: cast bench attention|train|gemm"), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("cast bench attention --lengths"), std::string::npos);
   EXPECT_NE(bench.out.find("cast bench train --task"), std::string::npos);
-  for (const char* command : {"train", "compare", "eval", "data", "clusters", "plot", "layer", "bench", "info", "demo"}) {
+  for (const char* command :
+       {"train", "compare", "eval", "data", "clusters", "plot", "layer", "bench", "info", "demo"}) {
     CliRun help = run(std::string(command) + " --help");
     EXPECT_EQ(help.code, 0) << command;
-    EXPECT_NE(help.out.find("examples:\n  cast " + std::string(command)), std::string::npos) << command << ":\n" << help.out;
+    EXPECT_NE(help.out.find("examples:\n  cast " + std::string(command)), std::string::npos) << command << ":\n"
+                                                                                             << help.out;
   }
 }
 
@@ -94,7 +98,8 @@ TEST(Cli, SettingsOutOfRangeAreUsageErrorsBeforeAnyWork) {
       {"compare --vary heads=2,two", "setting 'heads': 'two' is not a whole number"},
       {"compare --vary summaries=on,maybe", "setting 'summaries' is 'maybe': it must be one of on | off"},
       {"compare --vary seed=1,2", "--vary seed: use --attention, --seeds or --out for that"},
-      {"compare --attention cast,full --vary f=softmax,laplace", "--attention names one mechanism when --vary is given"},
+      {"compare --attention cast,full --vary f=softmax,laplace",
+       "--attention names one mechanism when --vary is given"},
       {"compare --heads 0", "setting 'heads' is 0"},
       {"layer --in x --clusters -1", "--clusters is -1"},
       {"layer --in x --iterations -5", "--iterations is -5"},
@@ -111,10 +116,11 @@ TEST(Cli, SettingsOutOfRangeAreUsageErrorsBeforeAnyWork) {
 
 TEST(Cli, WorkTooBigForTheMachineStopsBeforeAllocating) {
   // the README's `cast bench train --task text` once grew until the kernel killed it
-  for (const auto& [args, message] :
-       std::vector<std::pair<std::string, std::string>>{
-           {"bench train --task text --batch-size 4096", "a full training step of batch 4096 at length 4096 needs about"},
-           {"bench attention --lengths 1048576 --batch 512 --mechanisms full", "full attention at N 1048576 (batch 512"},
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"bench train --task text --batch-size 4096",
+            "a full training step of batch 4096 at length 4096 needs about"},
+           {"bench attention --lengths 1048576 --batch 512 --mechanisms full",
+            "full attention at N 1048576 (batch 512"},
            {"train --task listops-short --batch 1048576 --dim 1024 --mlp-dim 4096 --attention full --run "
             "/tmp/cast_cli_too_big --overwrite",
             "a training step of batch 1048576 at length"}}) {
@@ -156,10 +162,13 @@ TEST(Cli, ErrorsAreOneLineWithNonZeroExit) {
   EXPECT_EQ(unknown.code, 2);
   EXPECT_EQ(lines(unknown.err), 1) << unknown.err;
   // a command used wrongly exits 2; a command that fails on its input exits 1
-  for (auto [args, code] : std::vector<std::pair<const char*, int>>{
-           {"eval --checkpoint /nonexistent/c.safetensors", 1}, {"train --steps many", 2}, {"train --bogus 1", 2},
-           {"layer --in /nonexistent.safetensors --out /tmp/x.safetensors", 1}, {"data --task sudoku", 2},
-           {"bench --mechanisms full,magic --lengths 8", 2}}) {
+  for (auto [args, code] :
+       std::vector<std::pair<const char*, int>>{{"eval --checkpoint /nonexistent/c.safetensors", 1},
+                                                {"train --steps many", 2},
+                                                {"train --bogus 1", 2},
+                                                {"layer --in /nonexistent.safetensors --out /tmp/x.safetensors", 1},
+                                                {"data --task sudoku", 2},
+                                                {"bench --mechanisms full,magic --lengths 8", 2}}) {
     CliRun r = run(args);
     EXPECT_EQ(r.code, code) << args;
     EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
@@ -213,9 +222,10 @@ fs::path lifecycle_dir(const std::string& name) {
 
 // A tiny full-attention run: one metrics line per step, no checkpoint before the end.
 std::string tiny_train(const fs::path& dir, const std::string& run_name, int steps) {
-  return fmt::format("train --data {} --run {} --attention full --dim 16 --heads 2 --layers 1 --mlp-dim 16 --batch 8 "
-                     "--steps {} --log-every 1 --checkpoint-every 0 --eval-limit 20 --device cpu",
-                     (dir / "listops").string(), (dir / run_name).string(), steps);
+  return fmt::format(
+      "train --data {} --run {} --attention full --dim 16 --heads 2 --layers 1 --mlp-dim 16 --batch 8 "
+      "--steps {} --log-every 1 --checkpoint-every 0 --eval-limit 20 --device cpu",
+      (dir / "listops").string(), (dir / run_name).string(), steps);
 }
 
 int lines_in(const std::string& path) { return lines(slurp_file(path)); }
@@ -226,11 +236,12 @@ int lines_in(const std::string& path) { return lines(slurp_file(path)); }
 CliRun interrupt(const std::string& args, const std::string& metrics, const std::vector<std::pair<int, int>>& plan,
                  const std::string& shell_prefix = "") {
   static int calls = 0;
-  const std::string err = (fs::temp_directory_path() / fmt::format("cast_cli_signal_{}_{}", getpid(), calls++)).string();
+  const std::string err =
+      (fs::temp_directory_path() / fmt::format("cast_cli_signal_{}_{}", getpid(), calls++)).string();
   const pid_t pid = fork();
   if (pid == 0) {
-    const std::string cmd = shell_prefix + "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err +
-                            " < /dev/null";
+    const std::string cmd =
+        shell_prefix + "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err + " < /dev/null";
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -321,9 +332,11 @@ TEST(Cli, SigtermExits143AndASecondSignalExitsAtOnceLeavingAGoodCheckpoint) {
 TEST(Cli, CompareStopsOnCtrlCAndTheSameCommandResumesIt) {
   const fs::path dir = lifecycle_dir("compare_sigint");
   const std::string out = (dir / "cmp").string();
-  const std::string args = fmt::format("compare --data {} --out {} --attention full,cast --dim 16 --heads 2 --layers 1 "
-                                       "--mlp-dim 16 --batch 8 --steps 3000 --log-every 1 --checkpoint-every 0 "
-                                       "--eval-limit 20 --device cpu", (dir / "listops").string(), out);
+  const std::string args = fmt::format(
+      "compare --data {} --out {} --attention full,cast --dim 16 --heads 2 --layers 1 "
+      "--mlp-dim 16 --batch 8 --steps 3000 --log-every 1 --checkpoint-every 0 "
+      "--eval-limit 20 --device cpu",
+      (dir / "listops").string(), out);
   const CliRun stopped = interrupt(args, out + "/full-seed1/metrics.jsonl", {{3, SIGINT}});
   ASSERT_EQ(stopped.code, 130) << stopped.err;
   EXPECT_EQ(lines(stopped.err), 1) << stopped.err;
@@ -348,8 +361,11 @@ TEST(Cli, ResumeWritesOnlyWhereTheUserPoints) {
   for (const char* steps : {"6", "4"}) {
     CliRun low = run("train --resume " + base + " --steps " + steps);
     EXPECT_EQ(low.code, 2) << low.err;
-    EXPECT_NE(low.err.find(std::string("setting 'steps' is ") + steps + ": a resumed run must end after its "
-                           "checkpoint's step 6"), std::string::npos) << low.err;
+    EXPECT_NE(low.err.find(std::string("setting 'steps' is ") + steps +
+                           ": a resumed run must end after its "
+                           "checkpoint's step 6"),
+              std::string::npos)
+        << low.err;
   }
   // --run to a folder holding another run: refused without --overwrite
   ASSERT_EQ(run(tiny_train(dir, "other", 4)).code, 0);

@@ -37,7 +37,8 @@ CliRun run(const std::string& args) {
   const std::string tag = std::to_string(getpid()) + "_" + std::to_string(calls++);
   const std::string out = (fs::temp_directory_path() / ("cast_clif_out_" + tag)).string();
   const std::string err = (fs::temp_directory_path() / ("cast_clif_err_" + tag)).string();
-  const std::string cmd = "timeout 60 " + std::string(CAST_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+  const std::string cmd =
+      "timeout 60 " + std::string(CAST_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
   const int status = std::system(cmd.c_str());
   CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
   fs::remove(out);
@@ -63,8 +64,16 @@ const std::string& trained_run() {
     s.max_depth = 2, s.max_args = 3, s.min_length = 4, s.max_length = 20, s.train = 64, s.val = 16, s.test = 16;
     data::generate_listops(d + "/data", s, 5);
     train::TrainConfig c = train::preset("listops-short");
-    train::apply_overrides(c, {{"data", d + "/data"}, {"run", d + "/run"}, {"steps", 3}, {"batch", 4}, {"dim", 8},
-                               {"heads", 2}, {"mlp-dim", 8}, {"layers", 1}, {"log-every", 1}, {"device", "cpu"},
+    train::apply_overrides(c, {{"data", d + "/data"},
+                               {"run", d + "/run"},
+                               {"steps", 3},
+                               {"batch", 4},
+                               {"dim", 8},
+                               {"heads", 2},
+                               {"mlp-dim", 8},
+                               {"layers", 1},
+                               {"log-every", 1},
+                               {"device", "cpu"},
                                {"attention", "full"}});
     train::run_training(c, "", 0, true);
     return d;
@@ -85,12 +94,11 @@ TEST(CliFiles, AnOutputEqualToAnInputIsRefusedAndTheInputKept) {
   const std::string ckpt = run_dir + "/checkpoint.safetensors", metrics = run_dir + "/metrics.jsonl";
   const std::string ckpt_bytes = slurp(ckpt), metrics_bytes = slurp(metrics);
   fs::create_symlink(ckpt, run_dir + "/alias.st");  // another name for the same file
-  for (const std::string& args : {"clusters --checkpoint " + ckpt + " --out " + ckpt,
-                                  "clusters --checkpoint " + ckpt + " --out " + run_dir + "/alias.st",
-                                  "plot " + run_dir + " --out " + ckpt, "plot " + run_dir + " --out " + metrics,
-                                  "plot " + run_dir + " --out " + run_dir + "/./metrics.jsonl",
-                                  "layer --in " + ckpt + " --out " + ckpt,
-                                  "layer --in " + ckpt + " --out " + run_dir + "/alias.st"}) {
+  for (const std::string& args :
+       {"clusters --checkpoint " + ckpt + " --out " + ckpt,
+        "clusters --checkpoint " + ckpt + " --out " + run_dir + "/alias.st", "plot " + run_dir + " --out " + ckpt,
+        "plot " + run_dir + " --out " + metrics, "plot " + run_dir + " --out " + run_dir + "/./metrics.jsonl",
+        "layer --in " + ckpt + " --out " + ckpt, "layer --in " + ckpt + " --out " + run_dir + "/alias.st"}) {
     const CliRun r = run(args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
@@ -123,7 +131,8 @@ TEST(CliFiles, PlantedLinksInARunFolderAreNeverFollowed) {
   fs::create_symlink(victim, data_dir + "/basic_train.tsv.tmp");
   const CliRun r = run("data listops-short --count 10 --out " + data_dir);
   EXPECT_EQ(r.code, 1) << r.err;
-  EXPECT_NE(r.err.find("basic_train.tsv.tmp is a symbolic link where a temporary file goes"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("basic_train.tsv.tmp is a symbolic link where a temporary file goes"), std::string::npos)
+      << r.err;
   EXPECT_EQ(slurp(victim), "precious");
 }
 
@@ -161,7 +170,8 @@ TEST(CliFiles, BenchJsonToAFolderOrAReadOnlyFolderExits1BeforeAnyWork) {
   }
   EXPECT_TRUE(fs::is_empty(d + "/ro"));
   fs::permissions(d + "/ro", fs::perms::owner_all);
-  const CliRun ok = run("bench attention --lengths 16 --repeats 1 --warmup 0 --mechanisms full --json " + d + "/b.json");
+  const CliRun ok =
+      run("bench attention --lengths 16 --repeats 1 --warmup 0 --mechanisms full --json " + d + "/b.json");
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_EQ(nlohmann::json::parse(slurp(d + "/b.json"))["mechanism"], "full");
   // every benchmark writes the file it is given (gemm once ignored --json)
@@ -177,14 +187,21 @@ TEST(CliFiles, ASummaryIsValidatedByKeyWhenAComparisonReadsIt) {
   spec.out_dir = d + "/cmp";
   spec.variants = {{"full", {{"attention", "full"}}}};
   spec.seeds = {1};
-  spec.settings = {{"data", trained_run() + "/data"}, {"steps", 2}, {"batch", 4}, {"dim", 8}, {"heads", 2},
-                   {"mlp-dim", 8}, {"layers", 1}, {"device", "cpu"}};
+  spec.settings = {{"data", trained_run() + "/data"},
+                   {"steps", 2},
+                   {"batch", 4},
+                   {"dim", 8},
+                   {"heads", 2},
+                   {"mlp-dim", 8},
+                   {"layers", 1},
+                   {"device", "cpu"}};
   ASSERT_TRUE(train::run_comparison(spec, 0, true).complete);
   const std::string summary = d + "/cmp/full-seed1/summary.json";
   nlohmann::json j = nlohmann::json::parse(slurp(summary));
   j["test_accuracy"] = 7.5;
   put(summary, j.dump());
-  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "run summary " + summary + ": 'test_accuracy' is 7.5, outside [0, 1]");
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
+                    "run summary " + summary + ": 'test_accuracy' is 7.5, outside [0, 1]");
   j["test_accuracy"] = "high";
   put(summary, j.dump());
   try {
@@ -198,11 +215,13 @@ TEST(CliFiles, ASummaryIsValidatedByKeyWhenAComparisonReadsIt) {
 
 TEST(CliFiles, MetricsLinesAreValidatedByKey) {
   const std::string run_dir = copy_run("metrics");
-  put(run_dir + "/metrics.jsonl", R"({"step": 1, "split": "train", "loss": "low", "accuracy": 0.5})" "\n");
+  put(run_dir + "/metrics.jsonl", R"({"step": 1, "split": "train", "loss": "low", "accuracy": 0.5})"
+                                  "\n");
   CliRun r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("metrics.jsonl:1: 'loss' is \"low\", not a number"), std::string::npos) << r.err;
-  put(run_dir + "/metrics.jsonl", R"({"step": 1, "split": "val", "accuracy": 3})" "\n");
+  put(run_dir + "/metrics.jsonl", R"({"step": 1, "split": "val", "accuracy": 3})"
+                                  "\n");
   r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
   EXPECT_NE(r.err.find("metrics.jsonl:1: 'accuracy' is 3, outside [0, 1]"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(run_dir + "/c.svg"));
@@ -224,7 +243,8 @@ TEST(CliFiles, AReformattedButEqualModelConfigIsAcceptedAndADifferenceNamed) {
   train::TrainConfig c = train::read_checkpoint_header(ckpt).config;
   c.model.attention.topk = 32;
   nn::Transformer other(c.model, DType::f32, Device::cpu);
-  EXPECT_CAST_ERROR(train::load_checkpoint(ckpt, other, nullptr, nullptr), "'attention.topk' is 7 in the checkpoint but 32");
+  EXPECT_CAST_ERROR(train::load_checkpoint(ckpt, other, nullptr, nullptr),
+                    "'attention.topk' is 7 in the checkpoint but 32");
 }
 
 TEST(CliFiles, AHugeVocabularyInACheckpointIsRefusedBeforeAllocating) {
@@ -274,7 +294,8 @@ TEST(CliFiles, AnOutputReplacesOnlyAFileOfItsOwnKind) {
       {"clusters --checkpoint " + run_dir + "/checkpoint.safetensors --out " + notes, "is not an SVG figure"},
       {"layer --in " + std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors --out " + other_ckpt,
        "is not a safetensors file other than a checkpoint"},
-      {"bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json " + notes, "is not a JSON-lines file"}};
+      {"bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json " + notes,
+       "is not a JSON-lines file"}};
   const std::string data_bytes = slurp(data_file), ckpt_bytes = slurp(other_ckpt);
   for (const auto& [args, message] : cases) {
     const CliRun r = run(args);
@@ -294,7 +315,8 @@ TEST(CliFiles, TrainNeverWritesOverItsOwnConfigFile) {
   const std::string run_dir = copy_run("config_in_run");
   const std::string cfg = run_dir + "/summary.json";  // a settings file kept where the run writes
   put(cfg, R"({"steps": 2, "batch": 4, "dim": 8, "heads": 2, "mlp-dim": 8, "layers": 1, "device": "cpu"})");
-  const CliRun r = run("train --config " + cfg + " --data " + trained_run() + "/data --run " + run_dir + " --overwrite");
+  const CliRun r =
+      run("train --config " + cfg + " --data " + trained_run() + "/data --run " + run_dir + " --overwrite");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("run file " + run_dir + "/summary.json is the input"), std::string::npos) << r.err;
   EXPECT_NE(slurp(cfg).find("\"steps\": 2"), std::string::npos);
@@ -304,8 +326,9 @@ TEST(CliFiles, AnOddRunFileIsRefusedBeforeAnyStep) {
   const std::string run_dir = copy_run("odd_run_file");
   fs::remove(run_dir + "/summary.json");
   ASSERT_EQ(::mkfifo((run_dir + "/summary.json").c_str(), 0644), 0);
-  const CliRun r = run("train --data " + trained_run() + "/data --run " + run_dir +
-                       " --overwrite --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --attention full");
+  const CliRun r =
+      run("train --data " + trained_run() + "/data --run " + run_dir +
+          " --overwrite --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --attention full");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("run file " + run_dir + "/summary.json: exists and is a FIFO"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("step "), std::string::npos) << "a step was spent: " << r.out;

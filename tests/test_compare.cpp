@@ -40,9 +40,10 @@ train::CompareSpec tiny_spec(const std::string& data_dir, const std::string& out
   spec.out_dir = out_dir;
   spec.variants = {{"full", {{"attention", "full"}}}, {"cast", {{"attention", "cast"}}}};
   spec.seeds = {1, 2};
-  spec.settings = {{"data", data_dir}, {"steps", 12},  {"batch", 8},       {"dim", 16},
-                   {"heads", 2},       {"mlp-dim", 32}, {"layers", 1},     {"log-every", 4},
-                   {"checkpoint-every", 4}, {"eval-every", 6}, {"device", "cpu"}, {"warmup", 2}};
+  spec.settings = {{"data", data_dir}, {"steps", 12},     {"batch", 8},
+                   {"dim", 16},        {"heads", 2},      {"mlp-dim", 32},
+                   {"layers", 1},      {"log-every", 4},  {"checkpoint-every", 4},
+                   {"eval-every", 6},  {"device", "cpu"}, {"warmup", 2}};
   return spec;
 }
 
@@ -115,19 +116,22 @@ TEST(Compare, InterruptedComparisonResumesAndItsTableMatchesTheRuns) {
       test_sum += s["test_accuracy"].get<double>();
       val_sum += s["val_accuracy"].get<double>();
       // each run's row in the Markdown table
-      EXPECT_NE(md.find(fmt::format("| {} | {} | {} | {:.2f} | {:.2f} |", label, seed,
-                                    train::compare_run_name(label, seed), 100 * s["test_accuracy"].get<double>(),
-                                    100 * s["val_accuracy"].get<double>())),
-                std::string::npos)
-          << label << " seed " << seed << "\n" << md;
+      EXPECT_NE(
+          md.find(fmt::format("| {} | {} | {} | {:.2f} | {:.2f} |", label, seed, train::compare_run_name(label, seed),
+                              100 * s["test_accuracy"].get<double>(), 100 * s["val_accuracy"].get<double>())),
+          std::string::npos)
+          << label << " seed " << seed << "\n"
+          << md;
     }
-    const double mean = test_sum / 2, sd = std::sqrt((tests[0] - mean) * (tests[0] - mean) + (tests[1] - mean) * (tests[1] - mean));
+    const double mean = test_sum / 2,
+                 sd = std::sqrt((tests[0] - mean) * (tests[0] - mean) + (tests[1] - mean) * (tests[1] - mean));
     EXPECT_DOUBLE_EQ(variant["test_accuracy"]["mean"].get<double>(), mean) << label;
     EXPECT_NEAR(variant["test_accuracy"]["sd"].get<double>(), sd, 1e-12) << label;
     EXPECT_DOUBLE_EQ(variant["val_accuracy"]["mean"].get<double>(), val_sum / 2) << label;
     EXPECT_EQ(variant["steps"].get<int64_t>(), 12);
     EXPECT_NE(md.find(fmt::format("| {} | 2 | {:.2f} ± {:.2f} |", label, 100 * mean, 100 * sd)), std::string::npos)
-        << label << "\n" << md;
+        << label << "\n"
+        << md;
   }
   // The figure names every variant and says it averages seeds.
   const std::string svg = slurp(out + "/comparison.svg");
@@ -162,8 +166,9 @@ TEST(Compare, AFolderHoldingARunWithOtherSettingsIsRefused) {
   spec.seeds = {1};
   ASSERT_FALSE(train::run_comparison(spec, 5, true).complete);  // leaves full-seed1 unfinished
   spec.settings["dim"] = 24;
-  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "this run was started with model setting 'dim' = 16, but "
-                                                          "this comparison asks for 24");
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
+                    "this run was started with model setting 'dim' = 16, but "
+                    "this comparison asks for 24");
   spec.settings["dim"] = 16;
   spec.settings["lr"] = 0.5;
   EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "this run was started with 'lr'");
@@ -185,7 +190,8 @@ TEST(Compare, AStopRequestEndsTheComparisonResumablyAndRerunningFinishesIt) {
     EXPECT_EQ(e.signal(), SIGINT);
     EXPECT_NE(std::string(e.what()).find("stopped by SIGINT after step 1 of 12: checkpoint " + out +
                                          "/full-seed1/checkpoint.safetensors written; resume with: " + spec.command),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   train::clear_stop();
   EXPECT_EQ(train::read_checkpoint_header(out + "/full-seed1/checkpoint.safetensors").step, 1);

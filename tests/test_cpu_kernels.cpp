@@ -49,9 +49,9 @@ TEST(BlasGemm, BetaZeroOverwritesPoison) {
 
 TEST(BroadcastLoops, EveryStrideCaseAgainstElementwise) {
   // (row, column, scalar and full broadcasts) on both sides, forward and both gradients
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {{3, 4, 5}, {3, 4, 5}}, {{3, 4, 5}, {5}}, {{5}, {3, 4, 5}}, {{3, 4, 5}, {3, 4, 1}},
-      {{3, 1, 5}, {1, 4, 1}}, {{2, 3, 1}, {1}}, {{1}, {2, 3, 4}}};
+  const std::vector<std::pair<Shape, Shape>> cases = {{{3, 4, 5}, {3, 4, 5}}, {{3, 4, 5}, {5}},       {{5}, {3, 4, 5}},
+                                                      {{3, 4, 5}, {3, 4, 1}}, {{3, 1, 5}, {1, 4, 1}}, {{2, 3, 1}, {1}},
+                                                      {{1}, {2, 3, 4}}};
   for (auto& [sa, sb] : cases)
     for (int op = 0; op < 4; ++op) {
       SCOPED_TRACE(fmt::format("{} op {} {}", shape_str(sa), op, shape_str(sb)));
@@ -67,7 +67,8 @@ TEST(BroadcastLoops, EveryStrideCaseAgainstElementwise) {
       Tensor dout = constant(so, 12);
       autograd::backward(out, dout);
       // element by element: index each input by broadcasting the output index
-      auto va = a.to_double_vector(), vb = b.to_double_vector(), vo = out.to_double_vector(), vd = dout.to_double_vector();
+      auto va = a.to_double_vector(), vb = b.to_double_vector(), vo = out.to_double_vector(),
+           vd = dout.to_double_vector();
       std::vector<double> ga(va.size(), 0.0), gb(vb.size(), 0.0);
       const int nd = static_cast<int>(so.size());
       for (int64_t i = 0; i < out.numel(); ++i) {
@@ -76,8 +77,14 @@ TEST(BroadcastLoops, EveryStrideCaseAgainstElementwise) {
           const int64_t c = rest % so[d];
           rest /= so[d];
           const int da = d - (nd - static_cast<int>(sa.size())), db = d - (nd - static_cast<int>(sb.size()));
-          if (da >= 0) { ia += (sa[da] == 1 ? 0 : c) * mult_a; mult_a *= sa[da]; }
-          if (db >= 0) { ib += (sb[db] == 1 ? 0 : c) * mult_b; mult_b *= sb[db]; }
+          if (da >= 0) {
+            ia += (sa[da] == 1 ? 0 : c) * mult_a;
+            mult_a *= sa[da];
+          }
+          if (db >= 0) {
+            ib += (sb[db] == 1 ? 0 : c) * mult_b;
+            mult_b *= sb[db];
+          }
         }
         const double x = va[ia], y = vb[ib];
         const double want = op == 0 ? x + y : op == 1 ? x - y : op == 2 ? x * y : x / y;
@@ -100,7 +107,10 @@ TEST(UnaryF32Forms, AgreeWithDoublePrecision) {
   Tensor x32 = x64.to(DType::f32);
   x32.set_requires_grad();
   x64.set_requires_grad();
-  struct Case { const char* name; Tensor (*fn)(const Tensor&); };
+  struct Case {
+    const char* name;
+    Tensor (*fn)(const Tensor&);
+  };
   for (Case c : {Case{"gelu", ops::gelu}, Case{"laplace", ops::laplace}, Case{"sigmoid", ops::sigmoid}}) {
     SCOPED_TRACE(c.name);
     Tensor y32 = c.fn(x32);  // each forward walked by its own backward (one tape per walk)

@@ -29,33 +29,37 @@ TEST(CudaVsCpuAttention, Steps) {
   for (auto f : {ops::AttentionFn::softmax, ops::AttentionFn::laplace})
     expect_devices_agree([f](const Inputs& x) { return ops::cluster_probabilities(x[0], f); },
                          Inputs{rand32({2, 2, 8, 3}, 5)});
-  Tensor members = Tensor::from_vector<int32_t>(
-      {0, 3, 5, 1, 2, -1, 4, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, -1, 0, 2, 4, 1, 3, 5, 6, 7, -1, 0, 1, 2, 3, 4, 5, -1, -1, -1},
-      {2, 2, 3, 3});
-  expect_devices_agree([&](const Inputs& x) { return ops::intra_cluster_attention(x[0], x[1], x[2], on(members, x[0])); },
-                       qkv);
+  Tensor members = Tensor::from_vector<int32_t>({0, 3, 5, 1, 2, -1, 4, 6, 7,  0, 1, 2, 3, 4, 5, 6,  7,  -1,
+                                                 0, 2, 4, 1, 3, 5,  6, 7, -1, 0, 1, 2, 3, 4, 5, -1, -1, -1},
+                                                {2, 2, 3, 3});
+  expect_devices_agree(
+      [&](const Inputs& x) { return ops::intra_cluster_attention(x[0], x[1], x[2], on(members, x[0])); }, qkv);
   expect_devices_agree([&](const Inputs& x) { return ops::cluster_summaries(x[0], x[1], on(mask, x[0])); },
                        Inputs{rand32({2, 2, 8, 3}, 6, 0.1, 1), qkv[2]});
   expect_devices_agree([&](const Inputs& x) { return ops::combine_clusters(x[0], x[1], x[2], on(members, x[0])); },
                        Inputs{rand32({2, 2, 8, 3}, 7, 0, 1), rand32({2, 2, 3, 3, 4}, 8), rand32({2, 2, 3, 4}, 9)});
   expect_devices_agree([](const Inputs& x) { return ops::gated_affinity(x[0], x[1], x[2], x[3], x[4]); },
-                       Inputs{rand32({2, 8, 6}, 10), rand32({6, 2}, 11), rand32({2}, 12), rand32({2, 2, 8, 3}, 13, 0, 1),
-                              rand32({2, 2, 8, 3}, 14, 0, 1)});
-  Tensor assign = Tensor::from_vector<int32_t>({0, 1, 0, 2, 1, 1, 0, 2, 2, 2, 1, 0, 0, 1, -1, -1,
-                                                0, 0, 1, 1, 2, 2, 0, 1, 1, 0, 2, 2, 1, 0, -1, -1}, {2, 2, 8});
-  expect_devices_agree([&](const Inputs& x) { return ops::cluster_centroids(x[0], on(assign, x[0]), 3); }, Inputs{qkv[0]});
+                       Inputs{rand32({2, 8, 6}, 10), rand32({6, 2}, 11), rand32({2}, 12),
+                              rand32({2, 2, 8, 3}, 13, 0, 1), rand32({2, 2, 8, 3}, 14, 0, 1)});
+  Tensor assign = Tensor::from_vector<int32_t>(
+      {0, 1, 0, 2, 1, 1, 0, 2, 2, 2, 1, 0, 0, 1, -1, -1, 0, 0, 1, 1, 2, 2, 0, 1, 1, 0, 2, 2, 1, 0, -1, -1}, {2, 2, 8});
+  expect_devices_agree([&](const Inputs& x) { return ops::cluster_centroids(x[0], on(assign, x[0]), 3); },
+                       Inputs{qkv[0]});
   expect_devices_agree([&](const Inputs& x) { return ops::centroid_attention(x[0], x[1], on(mask, x[0])); },
                        Inputs{rand32({2, 2, 3, 4}, 15), qkv[1]});
   Tensor top = Tensor::from_vector<int32_t>({0, 3, 1, 2, 5, 4, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, -1, -1},
                                             {2, 2, 3, 2});
-  expect_devices_agree([&](const Inputs& x) {
-    return ops::improved_clustered_output(x[0], x[1], x[2], ops::softmax(x[3]), on(top, x[0]), on(assign, x[0]));
-  }, Inputs{qkv[0], qkv[1], qkv[2], rand32({2, 2, 3, 8}, 16)});
+  expect_devices_agree(
+      [&](const Inputs& x) {
+        return ops::improved_clustered_output(x[0], x[1], x[2], ops::softmax(x[3]), on(top, x[0]), on(assign, x[0]));
+      },
+      Inputs{qkv[0], qkv[1], qkv[2], rand32({2, 2, 3, 8}, 16)});
 }
 
 TEST(CudaVsCpuAttention, EveryLayerVariant) {
   SKIP_WITHOUT_GPU();
-  Tensor mask = Tensor::from_vector<float>({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}, {2, 12});
+  Tensor mask =
+      Tensor::from_vector<float>({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}, {2, 12});
   for (auto m : {nn::Mechanism::full, nn::Mechanism::cast, nn::Mechanism::clustered, nn::Mechanism::iclustered})
     for (bool sa : {false, true})
       for (bool shared : {false, true}) {
@@ -75,15 +79,17 @@ TEST(CudaVsCpuAttention, EveryLayerVariant) {
         Tensor assignment = cpu_layer.forward(x, mask).assignment;
         autograd::clear_tape();
         SCOPED_TRACE(fmt::format("{} satopk {} shared {}", nn::mechanism_name(m), sa, shared));
-        expect_devices_agree([&](const Inputs& in) {
-          nn::Attention& layer = in[0].is_cuda() ? gpu_layer : cpu_layer;
-          return layer.forward(in[0], on(mask, in[0]), assignment.defined() ? on(assignment, in[0]) : Tensor()).out;
-        }, Inputs{x}, 1e-5, [&](Device device) {  // and the gradient of every parameter
-          std::vector<std::pair<std::string, Tensor>> grads;
-          for (auto& [name, p] : (device == Device::cuda ? gpu_layer : cpu_layer).parameters())
-            grads.push_back({"gradient of " + name, p.grad()});
-          return grads;
-        });
+        expect_devices_agree(
+            [&](const Inputs& in) {
+              nn::Attention& layer = in[0].is_cuda() ? gpu_layer : cpu_layer;
+              return layer.forward(in[0], on(mask, in[0]), assignment.defined() ? on(assignment, in[0]) : Tensor()).out;
+            },
+            Inputs{x}, 1e-5, [&](Device device) {  // and the gradient of every parameter
+              std::vector<std::pair<std::string, Tensor>> grads;
+              for (auto& [name, p] : (device == Device::cuda ? gpu_layer : cpu_layer).parameters())
+                grads.push_back({"gradient of " + name, p.grad()});
+              return grads;
+            });
       }
 }
 
@@ -148,7 +154,8 @@ TEST(CudaVsCpuAttention, HashingAndKMeansAssignTheSameClusters) {
       const Tensor cpu_hash = ops::lsh_hash(q, planes);
       const Tensor gpu_hash = ops::lsh_hash(q.to(Device::cuda), planes);
       ASSERT_TRUE(gpu_hash.is_cuda());
-      ASSERT_EQ(gpu_hash.to(Device::cpu).to_double_vector(), cpu_hash.to_double_vector()) << "N " << N << ", bits " << bits;
+      ASSERT_EQ(gpu_hash.to(Device::cpu).to_double_vector(), cpu_hash.to_double_vector())
+          << "N " << N << ", bits " << bits;
       const Tensor m = awkward_mask(N);
       for (int64_t C : {int64_t{1}, int64_t{4}, N / 2, N, N + 5})
         for (int64_t iterations : {0, 3}) {
@@ -160,7 +167,8 @@ TEST(CudaVsCpuAttention, HashingAndKMeansAssignTheSameClusters) {
               << "N " << N << ", bits " << bits << ", C " << C << ", iterations " << iterations;
         }
       EXPECT_EQ(ops::hamming_kmeans(gpu_hash, Tensor(), 4, 2, 7).to(Device::cpu).to_double_vector(),
-                ops::hamming_kmeans(cpu_hash, Tensor(), 4, 2, 7).to_double_vector()) << "N " << N << ", no mask";
+                ops::hamming_kmeans(cpu_hash, Tensor(), 4, 2, 7).to_double_vector())
+          << "N " << N << ", no mask";
     }
   }
 }
@@ -185,13 +193,15 @@ TEST(CudaVsCpuAttention, ImprovedClusteredTopKeysFused) {
   }
   const Tensor assignment = Tensor::from_vector<int32_t>(assign, {B, H, N});
   const Tensor top_keys = Tensor::from_vector<int32_t>(keys, {B, H, C, top});
-  expect_devices_agree([&](const Inputs& x) {
-    // the GPU's fast path against the CPU's step composition (keys listed twice in a cluster are
-    // the reference's to take; the CPU's fused kernel refuses them)
-    const std::vector<Tensor> in{x[0], x[1], x[2], ops::softmax(x[3]), on(top_keys, x[0]), on(assignment, x[0])};
-    return x[0].is_cuda() ? ops::run_step(ops::Step::improved_clustered_output, /*fast=*/true, in)
-                          : ops::run_reference(ops::Step::improved_clustered_output, in);
-  }, Inputs{rand32({B, H, N, d}, 31), rand32({B, H, N, d}, 32), rand32({B, H, N, d}, 33), rand32({B, H, C, N}, 34)});
+  expect_devices_agree(
+      [&](const Inputs& x) {
+        // the GPU's fast path against the CPU's step composition (keys listed twice in a cluster are
+        // the reference's to take; the CPU's fused kernel refuses them)
+        const std::vector<Tensor> in{x[0], x[1], x[2], ops::softmax(x[3]), on(top_keys, x[0]), on(assignment, x[0])};
+        return x[0].is_cuda() ? ops::run_step(ops::Step::improved_clustered_output, /*fast=*/true, in)
+                              : ops::run_reference(ops::Step::improved_clustered_output, in);
+      },
+      Inputs{rand32({B, H, N, d}, 31), rand32({B, H, N, d}, 32), rand32({B, H, N, d}, 33), rand32({B, H, C, N}, 34)});
 }
 
 // CAST's combine runs its sparse part fused on the GPU: values and the gradients of W, R_intra
@@ -225,8 +235,8 @@ TEST(CudaVsCpuAttention, SummariesFused) {
   SKIP_WITHOUT_GPU();
   const int64_t B = 3, H = 2, N = 300, C = 5, d = 6;
   std::vector<float> m(B * N, 1.f);
-  for (int64_t i = 200; i < N; ++i) m[i] = 0.f;           // row 0: padding at the end
-  for (int64_t i = 0; i < N; ++i) m[2 * N + i] = 0.f;     // row 2: nothing real
+  for (int64_t i = 200; i < N; ++i) m[i] = 0.f;        // row 0: padding at the end
+  for (int64_t i = 0; i < N; ++i) m[2 * N + i] = 0.f;  // row 2: nothing real
   const Tensor mask = Tensor::from_vector<float>(m, {B, N});
   auto summaries = [](const Inputs& x, const Tensor& m) {
     return ops::run_step(ops::Step::cluster_summaries, /*fast=*/true, {x[0], x[1], m});
@@ -259,12 +269,13 @@ TEST(CudaVsCpuAttention, FlashAttention) {
   for (auto [M, N, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
            {37, 45, 8}, {5, 70, 40}, {64, 64, 16}, {70, 130, 13}, {65, 33, 64}, {33, 66, 128}, {9, 40, 100}}) {
     std::vector<float> m(3 * N, 1.f);
-    for (int64_t j = N - N / 4; j < N; ++j) m[j] = 0.f;        // padding at the end of row 0
-    for (int64_t j = 0; j < N; j += 3) m[N + j] = 0.f;          // scattered padding in row 1
-    for (int64_t j = 0; j < N; ++j) m[2 * N + j] = 0.f;         // row 2: no real key at all
+    for (int64_t j = N - N / 4; j < N; ++j) m[j] = 0.f;  // padding at the end of row 0
+    for (int64_t j = 0; j < N; j += 3) m[N + j] = 0.f;   // scattered padding in row 1
+    for (int64_t j = 0; j < N; ++j) m[2 * N + j] = 0.f;  // row 2: no real key at all
     const Tensor mask = Tensor::from_vector<float>(m, {3, N});
-    expect_devices_agree([&](const Inputs& x) { return ops::flash_attention(x[0], x[1], x[2], on(mask, x[0])); },
-                         Inputs{rand32({3, 2, M, d}, 70 + M), rand32({3, 2, N, d}, 71 + N), rand32({3, 2, N, d}, 72 + d)});
+    expect_devices_agree(
+        [&](const Inputs& x) { return ops::flash_attention(x[0], x[1], x[2], on(mask, x[0])); },
+        Inputs{rand32({3, 2, M, d}, 70 + M), rand32({3, 2, N, d}, 71 + N), rand32({3, 2, N, d}, 72 + d)});
     expect_devices_agree([&](const Inputs& x) { return ops::flash_attention(x[0], x[1], x[2], Tensor()); },
                          Inputs{rand32({1, 3, M, d}, 73), rand32({1, 3, N, d}, 74), rand32({1, 3, N, d}, 75)});
   }
@@ -318,8 +329,9 @@ TEST(CudaVsCpuAttention, FusedOpsRefuseInputsOnAnotherDevice) {
   const Tensor q = Tensor::uniform({1, 1, 8, 4}, 1, 0, -1.0, 1.0, DType::f32, Device::cuda);
   const Tensor host_mask = Tensor::full({1, 8}, 1.0);
   EXPECT_CAST_ERROR(ops::flash_attention(q, q, q, host_mask), "flash_attention: tensors on different devices");
-  EXPECT_CAST_ERROR(ops::flash_attention(q.to(Device::cpu), q.to(Device::cpu), q.to(Device::cpu), host_mask.to(Device::cuda)),
-                    "flash_attention: tensors on different devices");
+  EXPECT_CAST_ERROR(
+      ops::flash_attention(q.to(Device::cpu), q.to(Device::cpu), q.to(Device::cpu), host_mask.to(Device::cuda)),
+      "flash_attention: tensors on different devices");
   const Tensor members = Tensor::from_vector<int32_t>({0, 1, 2, 3}, {1, 1, 1, 4});
   EXPECT_CAST_ERROR(ops::intra_cluster_attention_fused(q, q, q, members),
                     "intra_cluster_attention_fused: tensors on different devices");
@@ -342,7 +354,8 @@ TEST(CudaVsCpuAttention, IntraClusterAttentionFused) {
     const Tensor members = Tensor::from_vector<int32_t>(ids, {B, H, C, kappa});
     expect_devices_agree(
         [&](const Inputs& x) {  // the CPU's tile kernel against the GPU's flash-based one
-          return ops::run_step(ops::Step::intra_cluster_attention, /*fast=*/true, {x[0], x[1], x[2], on(members, x[0])});
+          return ops::run_step(ops::Step::intra_cluster_attention, /*fast=*/true,
+                               {x[0], x[1], x[2], on(members, x[0])});
         },
         Inputs{rand32({B, H, N, d}, 80 + kappa), rand32({B, H, N, d}, 81 + kappa), rand32({B, H, N, d}, 82 + kappa)});
   }

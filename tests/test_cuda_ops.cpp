@@ -13,29 +13,30 @@ TEST(CudaVsCpu, BinaryBroadcast) {
   SKIP_WITHOUT_GPU();
   for (auto [sa, sb] : std::vector<std::pair<Shape, Shape>>{{{33, 65}, {65}}, {{2, 1, 7}, {5, 1}}, {{1000}, {1000}}})
     for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div})
-      expect_devices_agree([op](const Inputs& x) {
-        switch (op) {
-          case BinaryOp::add: return ops::add(x[0], x[1]);
-          case BinaryOp::sub: return ops::sub(x[0], x[1]);
-          case BinaryOp::mul: return ops::mul(x[0], x[1]);
-          default: return ops::div(x[0], x[1]);
-        }
-      }, Inputs{rand32(sa, 1), rand32(sb, 2, 0.5, 2.0)});
+      expect_devices_agree(
+          [op](const Inputs& x) {
+            switch (op) {
+              case BinaryOp::add: return ops::add(x[0], x[1]);
+              case BinaryOp::sub: return ops::sub(x[0], x[1]);
+              case BinaryOp::mul: return ops::mul(x[0], x[1]);
+              default: return ops::div(x[0], x[1]);
+            }
+          },
+          Inputs{rand32(sa, 1), rand32(sb, 2, 0.5, 2.0)});
 }
 
 TEST(CudaVsCpu, AffineAndReductions) {
   SKIP_WITHOUT_GPU();
   Inputs in = {rand32({17, 33, 9}, 3)};
   expect_devices_agree([](const Inputs& x) { return ops::affine(x[0], 0.5, -1.0); }, in);
-  for (int axis : {0, 1, 2})
-    expect_devices_agree([axis](const Inputs& x) { return ops::mean(x[0], axis); }, in);
+  for (int axis : {0, 1, 2}) expect_devices_agree([axis](const Inputs& x) { return ops::mean(x[0], axis); }, in);
   expect_devices_agree([](const Inputs& x) { return ops::sum_all(x[0]); }, in);
 }
 
 TEST(CudaVsCpu, UnaryFunctions) {
   SKIP_WITHOUT_GPU();
-  for (UnaryOp op : {UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::relu, UnaryOp::gelu, UnaryOp::sigmoid,
-                     UnaryOp::laplace}) {
+  for (UnaryOp op :
+       {UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::relu, UnaryOp::gelu, UnaryOp::sigmoid, UnaryOp::laplace}) {
     const bool positive = op == UnaryOp::log || op == UnaryOp::sqrt;
     expect_devices_agree([op](const Inputs& x) { return ops::unary(op, x[0]); },
                          Inputs{rand32({257, 3}, 4, positive ? 0.1 : -2.0, 2.0)});
@@ -95,12 +96,17 @@ TEST(CudaVsCpu, LayoutOps) {
   Inputs in = {rand32({3, 4, 5, 6}, 15)};
   expect_devices_agree([](const Inputs& x) { return ops::permute(x[0], {0, 2, 1, 3}); }, in);
   expect_devices_agree([](const Inputs& x) { return ops::transpose(x[0], 1, 3); }, in);
-  expect_devices_agree([](const Inputs& x) { return ops::concat({x[0], x[1]}, 2); },
-                       Inputs{in[0], rand32({3, 4, 2, 6}, 16)});
-  expect_devices_agree([](const Inputs& x) {
-    auto p = ops::split(x[0], {2, 3}, 2);
-    return ops::mul(p[0], ops::sum(p[1], 2, true));
-  }, in);
+  expect_devices_agree(
+      [](const Inputs& x) {
+        return ops::concat({x[0], x[1]}, 2);
+      },
+      Inputs{in[0], rand32({3, 4, 2, 6}, 16)});
+  expect_devices_agree(
+      [](const Inputs& x) {
+        auto p = ops::split(x[0], {2, 3}, 2);
+        return ops::mul(p[0], ops::sum(p[1], 2, true));
+      },
+      in);
 }
 
 TEST(CudaVsCpu, RowsEmbeddingPooling) {
@@ -134,7 +140,8 @@ TEST(CudaVsCpu, LossDropoutTopk) {
   expect_devices_agree([](const Inputs& x) { return ops::topk(x[0], 6); }, Inputs{ties});
   // the trainer's statistics on the device: correct predictions (ties, NaN, a label nobody
   // predicts) and clipping's factor (above, below and at the limit, NaN)
-  Tensor logits = Tensor::from_vector<float>({1, 3, 3, 0, /**/ 2, 2, 1, 1, /**/ NAN, 0, -1, 5, /**/ 0, 0, 0, 0}, {4, 4});
+  Tensor logits =
+      Tensor::from_vector<float>({1, 3, 3, 0, /**/ 2, 2, 1, 1, /**/ NAN, 0, -1, 5, /**/ 0, 0, 0, 0}, {4, 4});
   Tensor answers = Tensor::from_vector<int32_t>({1, 0, 3, 2}, {4});
   expect_devices_agree([&](const Inputs& x) { return ops::correct_predictions(x[0], on(answers, x[0])); },
                        Inputs{logits});
@@ -165,7 +172,8 @@ TEST(CudaVsCpu, Int64LabelsAndEmptyTensors) {
   expect_devices_agree([&](const Inputs& x) { return ops::cross_entropy(x[0], on(labels, x[0])); },
                        Inputs{rand32({7, 10}, 40, -3, 3)});
   // zero rows: every op must accept them (no 0-block launch)
-  expect_devices_agree([](const Inputs& x) { return ops::add(x[0], x[1]); }, Inputs{rand32({0, 5}, 41), rand32({5}, 42)});
+  expect_devices_agree([](const Inputs& x) { return ops::add(x[0], x[1]); },
+                       Inputs{rand32({0, 5}, 41), rand32({5}, 42)});
   expect_devices_agree([](const Inputs& x) { return ops::sum(x[0], 1); }, Inputs{rand32({0, 5}, 43)});
   expect_devices_agree([](const Inputs& x) { return ops::sum(x[0], 0); }, Inputs{rand32({0, 5}, 44)});
   expect_devices_agree([](const Inputs& x) { return ops::softmax(x[0]); }, Inputs{rand32({0, 7}, 45)});
@@ -191,9 +199,9 @@ TEST(CudaVsCpu, GemmWithEmptyInnerDimension) {
   SKIP_WITHOUT_GPU();
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      expect_devices_agree([ta, tb](const Inputs& x) { return ops::matmul(x[0], x[1], ta, tb); },
-                           Inputs{rand32(ta ? Shape{2, 0, 3} : Shape{2, 3, 0}, 50),
-                                  rand32(tb ? Shape{2, 4, 0} : Shape{2, 0, 4}, 51)});
+      expect_devices_agree(
+          [ta, tb](const Inputs& x) { return ops::matmul(x[0], x[1], ta, tb); },
+          Inputs{rand32(ta ? Shape{2, 0, 3} : Shape{2, 3, 0}, 50), rand32(tb ? Shape{2, 4, 0} : Shape{2, 0, 4}, 51)});
 }
 
 TEST(CudaVsCpu, TopkRowsShortLongAndWithNaN) {
@@ -239,7 +247,8 @@ TEST(CudaVsCpu, TopkRowsShortLongAndWithNaN) {
 // relative to the result, is equal on both devices bit for bit.
 TEST(CudaVsCpu, ColumnSumsAreTwoStageAndBitIdentical) {
   SKIP_WITHOUT_GPU();
-  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{3000, 7}, {256, 5}, {257, 3}, {1, 4}, {70000, 2}}) {
+  for (auto [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{3000, 7}, {256, 5}, {257, 3}, {1, 4}, {70000, 2}}) {
     std::vector<float> v(rows * cols);
     uint64_t draw = 0;
     for (int64_t r = 0; r < rows; ++r)
@@ -304,8 +313,8 @@ TEST(CudaVsCpu, IndexRangeCheckAllocatesNothingAndWaitsForTheNextSync) {
   Tensor rows = ops::gather_rows(table.view({1, 4, 6}), Tensor::from_vector<int32_t>({1, 9}, {1, 2}).to(Device::cuda));
   EXPECT_CAST_ERROR(rows.to_double_vector(), "gather_rows: index out of range: 9 found");
   Tensor safe = Tensor::empty({1, 2, 6}, DType::f32, Device::cuda);
-  cuda::gather_rows(safe, table.view({1, 4, 6}), Tensor::from_vector<int32_t>({1, 9}, {1, 2}).to(Device::cuda), 1, 4, 2, 6,
-                    false);
+  cuda::gather_rows(safe, table.view({1, 4, 6}), Tensor::from_vector<int32_t>({1, 9}, {1, 2}).to(Device::cuda), 1, 4, 2,
+                    6, false);
   const std::vector<double> got = safe.to_double_vector(), want = table.to_double_vector();
   for (int j = 0; j < 6; ++j) {
     EXPECT_EQ(got[j], want[6 + j]);

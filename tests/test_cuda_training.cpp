@@ -97,15 +97,15 @@ TEST_P(CudaTrainingSteps, CopyBackOnlyTheLogAndStopAllocatingAfterWarmUp) {
     const size_t back = after.to_host - before.to_host;
     most_to_device = std::max(most_to_device, after.to_device - before.to_device);
     // the batch's tokens, mask and labels go over, and clustered attention's LSH planes
-    const bool hashes = GetParam().mechanism == nn::Mechanism::clustered || GetParam().mechanism == nn::Mechanism::iclustered;
+    const bool hashes =
+        GetParam().mechanism == nn::Mechanism::clustered || GetParam().mechanism == nn::Mechanism::iclustered;
     EXPECT_LE(after.to_device - before.to_device, hashes ? 4u : 3u) << "step " << t << ": host-to-device copies";
     if (t % log_every == 0) EXPECT_EQ(back, 1u) << "step " << t << " (a log step): one copy, the statistics";
     else EXPECT_EQ(back, 0u) << "step " << t << ": nothing copied to the host";
   }
   EXPECT_EQ(cuda::memory_stats().device_mallocs, warm.device_mallocs) << "cudaMalloc calls after the warm-up steps";
   RecordProperty("to_device_per_step", static_cast<int>(most_to_device));
-  std::printf("%s step: at most %zu host-to-device copies\n",
-              nn::mechanism_name(GetParam().mechanism), most_to_device);
+  std::printf("%s step: at most %zu host-to-device copies\n", nn::mechanism_name(GetParam().mechanism), most_to_device);
 #endif
 }
 
@@ -187,6 +187,6 @@ INSTANTIATE_TEST_SUITE_P(AllMechanisms, CudaTrainingSteps,
                                            StepCase{nn::Mechanism::clustered}, StepCase{nn::Mechanism::iclustered}),
                          [](const auto& info) {
                            const StepCase& c = info.param;
-                           return std::string(nn::mechanism_name(c.mechanism)) + (c.single_assignment ? "_satopk" : "") +
-                                  (c.shared_clustering ? "_shared" : "");
+                           return std::string(nn::mechanism_name(c.mechanism)) +
+                                  (c.single_assignment ? "_satopk" : "") + (c.shared_clustering ? "_shared" : "");
                          });

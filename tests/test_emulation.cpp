@@ -192,7 +192,8 @@ TEST(Emulation, DynamicSharedMemory) {
   CAST_LAUNCH(reverse_dynamic, 1, 96, 96 * sizeof(float), dev(x), dev(out), 96);
   for (int t = 0; t < 96; ++t) EXPECT_EQ(out[t], x[95 - t]);
   // asking for more elements than the launch gave is an error, not a silent overrun
-  const std::string e = error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 96, 64 * sizeof(float), dev(x), dev(out), 96); });
+  const std::string e =
+      error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 96, 64 * sizeof(float), dev(x), dev(out), 96); });
   EXPECT_NE(e.find("dynamic shared memory 'tile'"), std::string::npos) << e;
 }
 
@@ -236,8 +237,7 @@ TEST(Emulation, TheCorrectKernelsRaiseNoError) {
   // the same three checks on the correct versions: nothing is reported
   std::vector<float> x = iota_floats(256), out(256);
   EXPECT_EQ(error_of([&] { CAST_LAUNCH(tree_sum, 1, 256, 0, dev(x), dev(out), 256); }), "");
-  EXPECT_EQ(error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 256, 256 * sizeof(float), dev(x), dev(out), 256); }),
-            "");
+  EXPECT_EQ(error_of([&] { CAST_LAUNCH(reverse_dynamic, 1, 256, 256 * sizeof(float), dev(x), dev(out), 256); }), "");
 }
 
 // Out of device memory: the allocator gives its cache back and retries once; when that is not

@@ -56,9 +56,9 @@ Case full_attention_case(Draw& r, DType t) {
   const int64_t B = r.between(1, 2), H = r.between(1, 2), M = r.small() ? 1 : r.between(2, 70);
   const int64_t N = r.small() ? 1 : r.between(2, 90), d = r.small() ? 1 : r.between(2, 40);
   Tensor mask = r.seed % 4 == 2 ? Tensor() : padding_mask(r, B, N, t);
-  return {{leaf({B, H, M, d}, r.seed + 1, t), leaf({B, H, N, d}, r.seed + 2, t), leaf({B, H, N, d}, r.seed + 3, t),
-           mask},
-          fmt::format("B{} H{} M{} N{} d{}{}", B, H, M, N, d, mask.defined() ? " padded" : "")};
+  return {
+      {leaf({B, H, M, d}, r.seed + 1, t), leaf({B, H, N, d}, r.seed + 2, t), leaf({B, H, N, d}, r.seed + 3, t), mask},
+      fmt::format("B{} H{} M{} N{} d{}{}", B, H, M, N, d, mask.defined() ? " padded" : "")};
 }
 
 Case intra_cluster_case(Draw& r, DType t) {
@@ -100,10 +100,8 @@ Case improved_case(Draw& r, DType t) {
 
 using MakeCase = Case (*)(Draw&, DType);
 const std::map<ops::Step, MakeCase> kCases = {
-    {ops::Step::full_attention, full_attention_case},
-    {ops::Step::intra_cluster_attention, intra_cluster_case},
-    {ops::Step::cluster_summaries, summaries_case},
-    {ops::Step::combine_clusters, combine_case},
+    {ops::Step::full_attention, full_attention_case},      {ops::Step::intra_cluster_attention, intra_cluster_case},
+    {ops::Step::cluster_summaries, summaries_case},        {ops::Step::combine_clusters, combine_case},
     {ops::Step::improved_clustered_output, improved_case},
 };
 
@@ -121,7 +119,7 @@ std::vector<Tensor> copies(const std::vector<Tensor>& inputs, Device device) {
 
 // One forward and backward on fresh device copies of the inputs, gradients prefilled.
 PathRun run_once(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs,
-             Device device, const Tensor& dout_cpu) {
+                 Device device, const Tensor& dout_cpu) {
   std::vector<Tensor> in = copies(inputs, device);
   for (size_t i = 0; i < in.size(); ++i)
     if (in[i].defined() && in[i].requires_grad()) in[i].set_grad(prefilled_grad(inputs[i], i).to(device));
@@ -129,7 +127,8 @@ PathRun run_once(const std::function<Tensor(const std::vector<Tensor>&)>& fn, co
   run.out = fn(in);
   autograd::backward(run.out, dout_cpu.to(run.out.dtype()).to(device));
   autograd::clear_tape();
-  for (const Tensor& t : in) run.grads.push_back(t.defined() && t.requires_grad() ? t.grad().to(Device::cpu) : Tensor());
+  for (const Tensor& t : in)
+    run.grads.push_back(t.defined() && t.requires_grad() ? t.grad().to(Device::cpu) : Tensor());
   run.out = run.out.to(Device::cpu);
   return run;
 }
@@ -163,14 +162,13 @@ TEST_P(FastPathAgainstReference, ValuesAndEveryGradient) {
         ops::StepSizes sizes = ops::sizes_of(path.step, c.inputs);
         sizes.device = device;
         if (!path.fits(sizes)) continue;
-        SCOPED_TRACE(fmt::format("{} on {} {} {}", path.name, device == Device::cpu ? "cpu" : "cuda",
-                                 dtype_name(dtype), c.label));
+        SCOPED_TRACE(fmt::format("{} on {} {} {}", path.name, device == Device::cpu ? "cpu" : "cuda", dtype_name(dtype),
+                                 c.label));
         ASSERT_EQ(ops::choose_path(path.step, true, sizes), &path)
             << "an earlier registered path of the same step takes these inputs: this one would never run";
-        const Tensor dout = Tensor::uniform(reference_shape(path.step, c.inputs),
-                                            77 + seed, 0, -1.0, 1.0, DType::f64);
+        const Tensor dout = Tensor::uniform(reference_shape(path.step, c.inputs), 77 + seed, 0, -1.0, 1.0, DType::f64);
         const PathRun want = run_once([&](const std::vector<Tensor>& x) { return ops::run_reference(path.step, x); },
-                                  c.inputs, device, dout);
+                                      c.inputs, device, dout);
         const PathRun got = run_once(path.run, c.inputs, device, dout);
         const double rtol = dtype == DType::f32 ? 1e-4 : 1e-10, atol = dtype == DType::f32 ? 1e-5 : 1e-12;
         expect_close_per_element(got.out, want.out, rtol, atol, "output");
@@ -204,7 +202,7 @@ TEST(FastPaths, RegistryDescribesEachPath) {
     EXPECT_TRUE(std::string(path.file).rfind("ops/", 0) == 0) << path.name;
     EXPECT_FALSE(std::string(path.supports).empty()) << path.name;
   }
-  for (ops::Step step : {ops::Step::full_attention, ops::Step::intra_cluster_attention,
-                         ops::Step::improved_clustered_output})
+  for (ops::Step step :
+       {ops::Step::full_attention, ops::Step::intra_cluster_attention, ops::Step::improved_clustered_output})
     EXPECT_NE(ops::choose_path(step, true, {Device::cpu, DType::f32, 64, 32}), nullptr) << ops::step_name(step);
 }

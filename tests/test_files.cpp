@@ -47,7 +47,8 @@ TEST(Files, InputsMustBeRegularFilesAndNeverBlock) {
   fs::create_symlink("loop", d + "/loop");
   fs::create_symlink("/dev/zero", d + "/zero");
   within_seconds([&] {
-    EXPECT_CAST_ERROR(files::read_file(d + "/fifo", "config file"), "config file " + d + "/fifo: is a FIFO (named pipe)");
+    EXPECT_CAST_ERROR(files::read_file(d + "/fifo", "config file"),
+                      "config file " + d + "/fifo: is a FIFO (named pipe)");
   });
   EXPECT_CAST_ERROR(files::read_file(d + "/folder", "metrics file"), "is a folder, not a regular file");
   EXPECT_CAST_ERROR(files::read_file(d + "/loop", "review"), "a symbolic link loop");
@@ -103,7 +104,8 @@ TEST(Files, AtomicWritesRefuseAPlantedTemporaryLink) {
   const std::string d = fresh_dir("tmp_link");
   put(d + "/victim", "keep me");
   fs::create_symlink(d + "/victim", d + "/out.json.tmp");  // planted where the temporary file goes
-  EXPECT_CAST_ERROR(files::write_atomic(d + "/out.json", "new", "summary"), "is a symbolic link where a temporary file goes");
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/out.json", "new", "summary"),
+                    "is a symbolic link where a temporary file goes");
   EXPECT_EQ(slurp(d + "/victim"), "keep me");
   EXPECT_TRUE(fs::is_symlink(d + "/out.json.tmp"));
   EXPECT_FALSE(fs::exists(d + "/out.json"));
@@ -175,7 +177,8 @@ TEST(Files, TheWriteProbeNeverFollowsALink) {
   put(d + "/victim", "keep me");
   fs::create_directory(d + "/run");
   fs::create_symlink(d + "/victim", d + "/run/.write_test.tmp");
-  EXPECT_CAST_ERROR(files::make_writable_folder(d + "/run", "run folder"), "is a symbolic link where a temporary file goes");
+  EXPECT_CAST_ERROR(files::make_writable_folder(d + "/run", "run folder"),
+                    "is a symbolic link where a temporary file goes");
   EXPECT_EQ(slurp(d + "/victim"), "keep me");
   fs::remove(d + "/run/.write_test.tmp");
   files::make_writable_folder(d + "/run/new/deeper", "run folder");
@@ -187,11 +190,13 @@ TEST(Files, AppendsNeverFollowALinkNorBlockOnAFifo) {
   const std::string d = fresh_dir("append");
   put(d + "/victim", "keep me");
   fs::create_symlink(d + "/victim", d + "/metrics.jsonl");
-  EXPECT_CAST_ERROR(files::AppendFile(d + "/metrics.jsonl", false, "metrics file"), "is a symbolic link; not following it");
+  EXPECT_CAST_ERROR(files::AppendFile(d + "/metrics.jsonl", false, "metrics file"),
+                    "is a symbolic link; not following it");
   EXPECT_CAST_ERROR(files::AppendFile(d + "/metrics.jsonl", true, "metrics file"), "is a symbolic link");
   EXPECT_EQ(slurp(d + "/victim"), "keep me");
   ASSERT_EQ(::mkfifo((d + "/fifo.jsonl").c_str(), 0644), 0);
-  within_seconds([&] { EXPECT_CAST_ERROR(files::AppendFile(d + "/fifo.jsonl", false, "metrics file"), "metrics file"); });
+  within_seconds(
+      [&] { EXPECT_CAST_ERROR(files::AppendFile(d + "/fifo.jsonl", false, "metrics file"), "metrics file"); });
   {
     files::AppendFile a(d + "/m.jsonl", true, "metrics file");
     a.append("1\n");
@@ -217,8 +222,8 @@ TEST(Files, AnImmutableFolderIsPermissionDenied) {
     std::string dir;
     ~Unlock() { std::system(("chattr -i " + dir).c_str()); }
   } unlock{d};
-  EXPECT_CAST_ERROR(files::make_writable_folder(d, "run folder"), "run folder " + d + ": folder " + d +
-                                                                      " is read-only (permission denied)");
+  EXPECT_CAST_ERROR(files::make_writable_folder(d, "run folder"),
+                    "run folder " + d + ": folder " + d + " is read-only (permission denied)");
   EXPECT_CAST_ERROR(files::write_atomic(d + "/x.svg", "<svg/>", "--out"), "is read-only (permission denied)");
   EXPECT_TRUE(fs::is_empty(d));
 }

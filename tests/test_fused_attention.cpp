@@ -70,7 +70,8 @@ TEST_P(FlashAgainstReference, ValuesAndEveryGradient) {
     }
     expect_close_per_element(outs[1], outs[0], rtol, atol, "output " + label(s));
     const char* names[] = {"dq", "dk", "dv"};
-    for (int i = 0; i < 3; ++i) expect_close_per_element(grads[1][i], grads[0][i], rtol, atol, names[i] + (" " + label(s)));
+    for (int i = 0; i < 3; ++i)
+      expect_close_per_element(grads[1][i], grads[0][i], rtol, atol, names[i] + (" " + label(s)));
   }
 }
 
@@ -154,7 +155,8 @@ TEST_P(FusedLayer, MatchesReferenceLayer) {
   }
   expect_close_per_element(outs[1], outs[0], 3e-5, 3e-6, std::string(lc.name) + " output");
   ASSERT_EQ(grads[0].size(), grads[1].size());
-  for (auto& [name, g] : grads[0]) expect_close_per_element(grads[1][name], g, 3e-5, 3e-6, std::string(lc.name) + " d" + name);
+  for (auto& [name, g] : grads[0])
+    expect_close_per_element(grads[1][name], g, 3e-5, 3e-6, std::string(lc.name) + " d" + name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Mechanisms, FusedLayer,
@@ -204,11 +206,13 @@ TEST(IntraClusterFused, MatchesReferenceOnRandomClusters) {
       auto make = [&](uint64_t seed) {
         return Tensor::uniform({B, H, N, d}, seed, 0, -2.0, 2.0, dt).set_requires_grad();
       };
-      expect_same_op([&](const Inputs& x, bool fused) {
-        return fused ? ops::intra_cluster_attention_fused(x[0], x[1], x[2], members)
-                     : ops::intra_cluster_attention(x[0], x[1], x[2], members);
-      }, Inputs{make(1), make(2), make(3)}, dt == DType::f32 ? 2e-5 : 1e-11, dt == DType::f32 ? 2e-6 : 1e-13,
-                     what + " " + dtype_name(dt));
+      expect_same_op(
+          [&](const Inputs& x, bool fused) {
+            return fused ? ops::intra_cluster_attention_fused(x[0], x[1], x[2], members)
+                         : ops::intra_cluster_attention(x[0], x[1], x[2], members);
+          },
+          Inputs{make(1), make(2), make(3)}, dt == DType::f32 ? 2e-5 : 1e-11, dt == DType::f32 ? 2e-6 : 1e-13,
+          what + " " + dtype_name(dt));
     }
   }
 }
@@ -216,14 +220,16 @@ TEST(IntraClusterFused, MatchesReferenceOnRandomClusters) {
 TEST(ImprovedClusteredFusedGrad, FiniteDifferences) {
   Tensor assign = Tensor::from_vector<int32_t>({0, 1, 0, 2, -1, 1, 1, 0, 2, 2}, {1, 2, 5});
   Tensor top = Tensor::from_vector<int32_t>({0, 3, 1, 2, 2, -1, 4, 0, 1, 3, 2, 0}, {1, 2, 3, 2});
-  EXPECT_GRADCHECK([&](const Inputs& x) {
-    return ops::improved_clustered_output_fused(x[0], x[1], x[2], ops::softmax(x[3]), top, assign);
-  }, (Inputs{param({1, 2, 5, 4}, 44), param({1, 2, 5, 4}, 45), param({1, 2, 5, 4}, 46), param({1, 2, 3, 5}, 47)}));
+  EXPECT_GRADCHECK(
+      [&](const Inputs& x) {
+        return ops::improved_clustered_output_fused(x[0], x[1], x[2], ops::softmax(x[3]), top, assign);
+      },
+      (Inputs{param({1, 2, 5, 4}, 44), param({1, 2, 5, 4}, 45), param({1, 2, 5, 4}, 46), param({1, 2, 3, 5}, 47)}));
 }
 
 TEST(ImprovedClusteredFused, MatchesReferenceOnRandomClusters) {
-  for (auto [B, H, N, C, top, d] : std::vector<std::array<int64_t, 6>>{
-           {1, 1, 6, 2, 3, 4}, {2, 3, 50, 7, 8, 8}, {1, 2, 257, 16, 32, 16}}) {
+  for (auto [B, H, N, C, top, d] :
+       std::vector<std::array<int64_t, 6>>{{1, 1, 6, 2, 3, 4}, {2, 3, 50, 7, 8, 8}, {1, 2, 257, 16, 32, 16}}) {
     const std::string what = fmt::format("B{} H{} N{} C{} top{} d{}", B, H, N, C, top, d);
     Tensor assign = random_assignment(B, H, N, C, 60 + N);
     Tensor keys = random_members(B, H, C, top, N, 61 + N);  // distinct keys per cluster, some slots empty
@@ -231,12 +237,14 @@ TEST(ImprovedClusteredFused, MatchesReferenceOnRandomClusters) {
       auto make = [&](const Shape& s, uint64_t seed) {
         return Tensor::uniform(s, seed, 0, -2.0, 2.0, dt).set_requires_grad();
       };
-      expect_same_op([&](const Inputs& x, bool fused) {
-        Tensor a_c = ops::softmax(x[3]);
-        return fused ? ops::improved_clustered_output_fused(x[0], x[1], x[2], a_c, keys, assign)
-                     : ops::improved_clustered_output(x[0], x[1], x[2], a_c, keys, assign);
-      }, Inputs{make({B, H, N, d}, 1), make({B, H, N, d}, 2), make({B, H, N, d}, 3), make({B, H, C, N}, 4)},
-                     dt == DType::f32 ? 2e-5 : 1e-11, dt == DType::f32 ? 2e-6 : 1e-13, what + " " + dtype_name(dt));
+      expect_same_op(
+          [&](const Inputs& x, bool fused) {
+            Tensor a_c = ops::softmax(x[3]);
+            return fused ? ops::improved_clustered_output_fused(x[0], x[1], x[2], a_c, keys, assign)
+                         : ops::improved_clustered_output(x[0], x[1], x[2], a_c, keys, assign);
+          },
+          Inputs{make({B, H, N, d}, 1), make({B, H, N, d}, 2), make({B, H, N, d}, 3), make({B, H, C, N}, 4)},
+          dt == DType::f32 ? 2e-5 : 1e-11, dt == DType::f32 ? 2e-6 : 1e-13, what + " " + dtype_name(dt));
     }
   }
 }

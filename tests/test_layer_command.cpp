@@ -65,16 +65,19 @@ static std::vector<std::string> cast_options(std::vector<std::string> extra) {
 
 INSTANTIATE_TEST_SUITE_P(
     Mechanisms, LayerReference,
-    ::testing::Values(
-        ReferenceCase{"layer_cast.safetensors", cast_options({"--clustering", "topk", "--f", "softmax"})},
-        ReferenceCase{"layer_cast_satopk_laplace.safetensors", cast_options({"--clustering", "satopk", "--f", "laplace"})},
-        ReferenceCase{"layer_cast_nosummaries_query.safetensors", cast_options({"--summaries", "off", "--mix", "query"})},
-        ReferenceCase{"layer_cast_shared.safetensors", cast_options({"--cast-heads", "shared"})},
-        ReferenceCase{"layer_cast_shared_satopk.safetensors",
-                      cast_options({"--cast-heads", "shared", "--clustering", "satopk", "--f", "laplace", "--mix", "query"})},
-        ReferenceCase{"layer_clustered.safetensors", {"--attention", "clustered", "--heads", "2", "--clusters", "3"}},
-        ReferenceCase{"layer_iclustered.safetensors",
-                      {"--attention", "iclustered", "--heads", "2", "--clusters", "3", "--topk", "3"}}),
+    ::testing::Values(ReferenceCase{"layer_cast.safetensors", cast_options({"--clustering", "topk", "--f", "softmax"})},
+                      ReferenceCase{"layer_cast_satopk_laplace.safetensors",
+                                    cast_options({"--clustering", "satopk", "--f", "laplace"})},
+                      ReferenceCase{"layer_cast_nosummaries_query.safetensors",
+                                    cast_options({"--summaries", "off", "--mix", "query"})},
+                      ReferenceCase{"layer_cast_shared.safetensors", cast_options({"--cast-heads", "shared"})},
+                      ReferenceCase{"layer_cast_shared_satopk.safetensors",
+                                    cast_options({"--cast-heads", "shared", "--clustering", "satopk", "--f", "laplace",
+                                                  "--mix", "query"})},
+                      ReferenceCase{"layer_clustered.safetensors",
+                                    {"--attention", "clustered", "--heads", "2", "--clusters", "3"}},
+                      ReferenceCase{"layer_iclustered.safetensors",
+                                    {"--attention", "iclustered", "--heads", "2", "--clusters", "3", "--topk", "3"}}),
     [](const auto& info) {
       std::string n = info.param.file.substr(6, info.param.file.size() - 6 - 12);
       return n;
@@ -87,11 +90,19 @@ TEST(LayerCommand, MismatchedFilesNameTheTensor) {
     opts.insert(opts.end(), {"--in", in, "--out", out});
     command_layer(opts);
   };
-  std::map<std::string, Tensor> good = {{"x", Tensor::zeros({1, 4, 4})},   {"dout", Tensor::zeros({1, 4, 4})},
-                                        {"wq", Tensor::zeros({4, 4})},     {"wk", Tensor::zeros({4, 4})},
-                                        {"wv", Tensor::zeros({4, 4})},     {"wo", Tensor::zeros({4, 4})}};
-  auto without = [&](const std::string& name) { auto t = good; t.erase(name); return t; };
-  auto with = [&](const std::string& name, Tensor v) { auto t = good; t[name] = v; return t; };
+  std::map<std::string, Tensor> good = {{"x", Tensor::zeros({1, 4, 4})}, {"dout", Tensor::zeros({1, 4, 4})},
+                                        {"wq", Tensor::zeros({4, 4})},   {"wk", Tensor::zeros({4, 4})},
+                                        {"wv", Tensor::zeros({4, 4})},   {"wo", Tensor::zeros({4, 4})}};
+  auto without = [&](const std::string& name) {
+    auto t = good;
+    t.erase(name);
+    return t;
+  };
+  auto with = [&](const std::string& name, Tensor v) {
+    auto t = good;
+    t[name] = v;
+    return t;
+  };
   EXPECT_CAST_ERROR(run(without("wk"), {}), "missing tensor 'wk'");
   EXPECT_CAST_ERROR(run(with("wv", Tensor::zeros({4, 3})), {}), "'wv' must have shape [4, 4]");
   EXPECT_CAST_ERROR(run(with("dout", Tensor::zeros({1, 4, 4}, DType::i32)), {}), "'dout' must be F32 or F64");

@@ -176,7 +176,8 @@ TEST(FashionMnist, PoolingAveragesBlocksAndNoImagesFailBeforeTraining) {
   std::string pixels(784, '\0');
   pixels[0] = 10, pixels[1] = 20, pixels[28] = 30, pixels[29] = 41;  // the top-left 2 x 2 block
   pixels[783] = static_cast<char>(255);
-  const std::string images = be32(2051) + be32(1) + be32(28) + be32(28) + pixels, labels = be32(2049) + be32(1) + "\x04";
+  const std::string images = be32(2051) + be32(1) + be32(28) + be32(28) + pixels,
+                    labels = be32(2049) + be32(1) + "\x04";
   for (const char* s : {"train", "t10k"}) {
     write_gz(fmt::format("{}/{}-images-idx3-ubyte.gz", dir, s), images);
     write_gz(fmt::format("{}/{}-labels-idx1-ubyte.gz", dir, s), labels);
@@ -225,10 +226,11 @@ TEST(Png, AHugeHeaderIsRefusedBeforeAllocating) {
   for (auto [w, h] : {std::pair<uint32_t, uint32_t>{100000, 100000}, {5000, 1}, {1, 4097}}) {
     const std::string ihdr = be32(w) + be32(h) + std::string{8, 0, 0, 0, 0};  // 8-bit gray
     // the header is read up to the first data chunk; the check fires there, before any row
-    write_text(dir + "/huge.png", signature + chunk("IHDR", ihdr) + chunk("IDAT", "\x78\x9c\x03\x00\x00\x00\x00\x01") +
-                                      chunk("IEND", ""));
+    write_text(dir + "/huge.png",
+               signature + chunk("IHDR", ihdr) + chunk("IDAT", "\x78\x9c\x03\x00\x00\x00\x00\x01") + chunk("IEND", ""));
     EXPECT_CAST_ERROR(png::read_gray(dir + "/huge.png"), fmt::format("huge.png: the image is {} x {} pixels; at most "
-                                                                     "4096 x 4096", w, h));
+                                                                     "4096 x 4096",
+                                                                     w, h));
   }
 }
 

@@ -65,7 +65,9 @@ int64_t compare_nans(const std::function<Tensor(const Inputs&, bool)>& fn, Input
   return count(nan_pattern(outs[0]));
 }
 
-Tensor uniform(const Shape& s, uint64_t seed, DType dt) { return Tensor::uniform(s, seed, 0, -2.0, 2.0, dt).set_requires_grad(); }
+Tensor uniform(const Shape& s, uint64_t seed, DType dt) {
+  return Tensor::uniform(s, seed, 0, -2.0, 2.0, dt).set_requires_grad();
+}
 
 }  // namespace
 
@@ -153,7 +155,8 @@ TEST(NanPropagation, ImprovedClusteredFusedAsTheReference) {
   for (int64_t bh = 0; bh < B * H; ++bh)
     for (int64_t c = 0; c < C; ++c)
       for (int64_t s = 0; s < top; ++s) keys.push_back(s == top - 1 ? -1 : static_cast<int32_t>(c * 4 + s));
-  const Tensor assignment = Tensor::from_vector<int32_t>(assign, {B, H, N}), top_keys = Tensor::from_vector<int32_t>(keys, {B, H, C, top});
+  const Tensor assignment = Tensor::from_vector<int32_t>(assign, {B, H, N}),
+               top_keys = Tensor::from_vector<int32_t>(keys, {B, H, C, top});
   for (DType dt : {DType::f32, DType::f64}) {
     const Tensor q = uniform({B, H, N, d}, 7, dt), k = uniform({B, H, N, d}, 8, dt), v = uniform({B, H, N, d}, 9, dt);
     const Tensor scores = uniform({B, H, C, N}, 10, dt);
@@ -208,7 +211,8 @@ TEST_P(NanLayer, FusedAsTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Mechanisms, NanLayer,
-                         ::testing::Values(std::pair{"full", nn::Mechanism::full}, std::pair{"cast_topk", nn::Mechanism::cast},
+                         ::testing::Values(std::pair{"full", nn::Mechanism::full},
+                                           std::pair{"cast_topk", nn::Mechanism::cast},
                                            std::pair{"cast_satopk", nn::Mechanism::cast},
                                            std::pair{"clustered", nn::Mechanism::clustered},
                                            std::pair{"iclustered", nn::Mechanism::iclustered}),

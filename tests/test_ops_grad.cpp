@@ -100,7 +100,8 @@ TEST(Grad, SoftmaxFullyMaskedRowHasZeroGradient) {
   Tensor mask = Tensor::from_vector<double>({0, 0, 0, 1, 1, 1}, {2, 3});
   Tensor x = param({2, 3}, 9);
   Tensor y = ops::softmax(x, mask);
-  expect_values(ops::reshape(y, {6}).to(DType::f64), {0, 0, 0, y.data<double>()[3], y.data<double>()[4], y.data<double>()[5]});
+  expect_values(ops::reshape(y, {6}).to(DType::f64),
+                {0, 0, 0, y.data<double>()[3], y.data<double>()[4], y.data<double>()[5]});
   autograd::backward(y, Tensor::full({2, 3}, 1.0, DType::f64));
   for (int i = 0; i < 3; ++i) EXPECT_EQ(x.grad().data<double>()[i], 0.0);
   EXPECT_GRADCHECK([&](const Inputs& in) { return ops::softmax(in[0], mask); }, Inputs{param({2, 3}, 10)});
@@ -144,8 +145,7 @@ TEST(Grad, ReshapePermuteTranspose) {
   EXPECT_GRADCHECK([](const Inputs& x) { return ops::reshape(x[0], {4, -1}); }, in);
   EXPECT_GRADCHECK([](const Inputs& x) { return ops::permute(x[0], {2, 0, 1}); }, in);
   EXPECT_GRADCHECK([](const Inputs& x) { return ops::transpose(x[0], 0, 2); }, in);
-  EXPECT_GRADCHECK([](const Inputs& x) { return ops::permute(ops::reshape(x[0], {2, 3, 2, 2}), {0, 2, 1, 3}); },
-                   in);
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::permute(ops::reshape(x[0], {2, 3, 2, 2}), {0, 2, 1, 3}); }, in);
 }
 
 TEST(Grad, ConcatAndSplit) {
@@ -154,10 +154,12 @@ TEST(Grad, ConcatAndSplit) {
     sb[axis] = 1;
     Inputs in = {param(sa, 17), param(sb, 18)};
     EXPECT_GRADCHECK([axis](const Inputs& x) { return ops::concat({x[0], x[1]}, axis); }, in);
-    EXPECT_GRADCHECK([axis](const Inputs& x) {
-      auto parts = ops::split(x[0], {1, x[0].dim(axis) - 1}, axis);
-      return ops::mul(parts[1], parts[1]);  // only one piece used: the other gets no gradient
-    }, Inputs{in[0]});
+    EXPECT_GRADCHECK(
+        [axis](const Inputs& x) {
+          auto parts = ops::split(x[0], {1, x[0].dim(axis) - 1}, axis);
+          return ops::mul(parts[1], parts[1]);  // only one piece used: the other gets no gradient
+        },
+        Inputs{in[0]});
   }
 }
 
@@ -191,8 +193,10 @@ TEST(Grad, Dropout) {
 
 TEST(Grad, ComposedGraphReusesATensor) {
   // x feeds three ops: gradients from every use must add up.
-  EXPECT_GRADCHECK([](const Inputs& x) {
-    Tensor h = ops::gelu(ops::matmul(x[0], x[1]));
-    return ops::add(ops::mul(h, x[0]), ops::softmax(x[0]));
-  }, (Inputs{param({3, 3}, 25), param({3, 3}, 26)}));
+  EXPECT_GRADCHECK(
+      [](const Inputs& x) {
+        Tensor h = ops::gelu(ops::matmul(x[0], x[1]));
+        return ops::add(ops::mul(h, x[0]), ops::softmax(x[0]));
+      },
+      (Inputs{param({3, 3}, 25), param({3, 3}, 26)}));
 }

@@ -261,8 +261,9 @@ TEST(Values, CorrectPredictionsAndClipFactor) {
 // offsets as through the full map, in 64-bit and in 32-bit index math.
 TEST(Values, CoalescedIndexMapsAgree) {
   const std::vector<std::pair<Shape, Shape>> pairs{
-      {{2, 3, 4, 5}, {2, 3, 4, 5}}, {{2, 3, 4, 5}, {5}}, {{2, 1, 4, 1}, {1, 3, 1, 5}}, {{7, 1, 3}, {1, 1, 1}},
-      {{1}, {1}}, {{2, 3, 1, 5}, {3, 1, 1}}, {{4, 1, 6}, {4, 2, 6}}};
+      {{2, 3, 4, 5}, {2, 3, 4, 5}}, {{2, 3, 4, 5}, {5}}, {{2, 1, 4, 1}, {1, 3, 1, 5}},
+      {{7, 1, 3}, {1, 1, 1}},       {{1}, {1}},          {{2, 3, 1, 5}, {3, 1, 1}},
+      {{4, 1, 6}, {4, 2, 6}}};
   for (const auto& [sa, sb] : pairs) {
     const Shape out = broadcast_shapes("test", sa, sb);
     const BroadcastIndex full = make_broadcast_index(out, sa, sb), merged = coalesce(full);
@@ -273,7 +274,8 @@ TEST(Values, CoalescedIndexMapsAgree) {
       full.offsets(i, a0, b0);
       merged.offsets(i, a1, b1);
       merged.offsets<int32_t>(static_cast<int32_t>(i), a2, b2);
-      ASSERT_TRUE(a0 == a1 && b0 == b1 && a0 == a2 && b0 == b2) << shape_str(sa) << " with " << shape_str(sb) << ", element " << i;
+      ASSERT_TRUE(a0 == a1 && b0 == b1 && a0 == a2 && b0 == b2)
+          << shape_str(sa) << " with " << shape_str(sb) << ", element " << i;
     }
   }
   EXPECT_EQ(coalesce(make_broadcast_index({2, 3, 4}, {2, 3, 4}, {2, 3, 4})).ndim, 1);  // same shape: one dimension

@@ -41,7 +41,8 @@ TEST(SafeTensors, GetNamesMissingAndMismatchedTensors) {
 }
 
 TEST(SafeTensors, EveryTruncationIsAClearError) {
-  std::vector<char> good = serialize_safetensors({{"w", Tensor::uniform({3, 4}, 3, 0)}, {"i", Tensor::zeros({2}, DType::i64)}});
+  std::vector<char> good =
+      serialize_safetensors({{"w", Tensor::uniform({3, 4}, 3, 0)}, {"i", Tensor::zeros({2}, DType::i64)}});
   for (size_t cut = 0; cut < good.size(); ++cut) {
     std::vector<char> bad(good.begin(), good.begin() + cut);
     EXPECT_THROW(parse_safetensors(bad, "cut"), Error) << "cut at " << cut;
@@ -99,14 +100,18 @@ static std::vector<char> safetensors_bytes(const std::string& header, size_t dat
 TEST(SafeTensors, CorruptHeaders) {
   EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes("{not json", 0), "f"), "corrupt safetensors header");
   EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes("[1,2]", 0), "f"), "not a JSON object");
-  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})", 2), "f"),
-                    "unsupported dtype");
-  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "f"),
-                    "do not hold");
-  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4), "f"),
-                    "outside");
-  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "f"),
-                    "bad dimension");
+  EXPECT_CAST_ERROR(
+      parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})", 2), "f"),
+      "unsupported dtype");
+  EXPECT_CAST_ERROR(
+      parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "f"),
+      "do not hold");
+  EXPECT_CAST_ERROR(
+      parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4), "f"),
+      "outside");
+  EXPECT_CAST_ERROR(
+      parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "f"),
+      "bad dimension");
   EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "f"), "lacks");
   std::vector<char> huge = safetensors_bytes("{}", 0);
   huge[7] = 0x7f;  // header length far beyond the file
@@ -120,13 +125,20 @@ TEST(SafeTensors, MissingFile) {
 // Issue 19: a name given twice (JSON keeps the last one silently) and tensors sharing bytes.
 TEST(SafeTensors, DuplicateNamesAndOverlappingRangesAreRefused) {
   EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                                           R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8), "f"),
+                                                        R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                                        8),
+                                      "f"),
                     "f: tensor name 'a' appears twice in the header");
   EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                                           R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12), "f"),
+                                                        R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                                        12),
+                                      "f"),
                     "f: tensors 'a' and 'b' overlap in the data section");
   // a name inside a tensor entry or the metadata is no tensor name: only the top level counts
-  const TensorFile ok = parse_safetensors(safetensors_bytes(R"({"__metadata__":{"a":"x"},"a":{"dtype":"F32","shape":[1],)"
-                                               R"("data_offsets":[0,4]},"b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", 4), "f");
+  const TensorFile ok = parse_safetensors(
+      safetensors_bytes(R"({"__metadata__":{"a":"x"},"a":{"dtype":"F32","shape":[1],)"
+                        R"("data_offsets":[0,4]},"b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+                        4),
+      "f");
   EXPECT_EQ(ok.tensors.size(), 2u);
 }

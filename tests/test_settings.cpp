@@ -29,15 +29,43 @@ std::string temp_dir(const std::string& name) {
 // A value of every setting other than the listops-short preset's, all valid together and small
 // enough to build the model. A setting added to the table must be added here.
 const std::map<std::string, json>& changed_values() {
-  static const std::map<std::string, json> values = {
-      {"steps", 7}, {"log-every", 3}, {"eval-every", 2}, {"checkpoint-every", 5}, {"eval-limit", 9},
-      {"eval-best", true}, {"data", "elsewhere"}, {"run", "a-run"}, {"device", "cpu"}, {"tf32", true},
-      {"reference", true}, {"batch", 5}, {"lr", 0.25}, {"schedule", "rsqrt"}, {"warmup", 4},
-      {"weight-decay", 0.5}, {"clip", 0.0}, {"seed", 9}, {"max-len", 12}, {"dim", 12}, {"heads", 3},
-      {"mlp-dim", 10}, {"layers", 1}, {"dropout", 0.125}, {"positions", "learned"}, {"pooling", "mean"},
-      {"attention", "clustered"}, {"clusters", 3}, {"cluster-size", 5}, {"clustering", "satopk"}, {"f", "laplace"},
-      {"summaries", "off"}, {"mix", "query"}, {"cast-heads", "shared"}, {"topk", 6}, {"bits", 7},
-      {"iterations", 2}};
+  static const std::map<std::string, json> values = {{"steps", 7},
+                                                     {"log-every", 3},
+                                                     {"eval-every", 2},
+                                                     {"checkpoint-every", 5},
+                                                     {"eval-limit", 9},
+                                                     {"eval-best", true},
+                                                     {"data", "elsewhere"},
+                                                     {"run", "a-run"},
+                                                     {"device", "cpu"},
+                                                     {"tf32", true},
+                                                     {"reference", true},
+                                                     {"batch", 5},
+                                                     {"lr", 0.25},
+                                                     {"schedule", "rsqrt"},
+                                                     {"warmup", 4},
+                                                     {"weight-decay", 0.5},
+                                                     {"clip", 0.0},
+                                                     {"seed", 9},
+                                                     {"max-len", 12},
+                                                     {"dim", 12},
+                                                     {"heads", 3},
+                                                     {"mlp-dim", 10},
+                                                     {"layers", 1},
+                                                     {"dropout", 0.125},
+                                                     {"positions", "learned"},
+                                                     {"pooling", "mean"},
+                                                     {"attention", "clustered"},
+                                                     {"clusters", 3},
+                                                     {"cluster-size", 5},
+                                                     {"clustering", "satopk"},
+                                                     {"f", "laplace"},
+                                                     {"summaries", "off"},
+                                                     {"mix", "query"},
+                                                     {"cast-heads", "shared"},
+                                                     {"topk", 6},
+                                                     {"bits", 7},
+                                                     {"iterations", 2}};
   return values;
 }
 
@@ -144,12 +172,27 @@ TEST(Settings, ACheckpointWrittenBeforeTheTableLoadsAndResumesBitIdentically) {
   const train::Checkpoint ck = train::read_checkpoint_header(old);
   const train::TrainConfig& c = ck.config;
   EXPECT_EQ(ck.step, 2);
-  const std::map<std::string, json> expected = {
-      {"max-len", 24}, {"mlp-dim", 8}, {"dim", 8}, {"heads", 2}, {"layers", 1}, {"cluster-size", 4},
-      {"clusters", 2}, {"mix", "query"}, {"clustering", "satopk"}, {"cast-heads", "shared"},
-      {"positions", "learned"}, {"pooling", "mean"}, {"summaries", "off"}, {"f", "laplace"},
-      {"attention", "cast"}, {"log-every", 1}, {"eval-limit", 4}, {"schedule", "constant"}, {"warmup", 1},
-      {"batch", 4}, {"steps", 2}};
+  const std::map<std::string, json> expected = {{"max-len", 24},
+                                                {"mlp-dim", 8},
+                                                {"dim", 8},
+                                                {"heads", 2},
+                                                {"layers", 1},
+                                                {"cluster-size", 4},
+                                                {"clusters", 2},
+                                                {"mix", "query"},
+                                                {"clustering", "satopk"},
+                                                {"cast-heads", "shared"},
+                                                {"positions", "learned"},
+                                                {"pooling", "mean"},
+                                                {"summaries", "off"},
+                                                {"f", "laplace"},
+                                                {"attention", "cast"},
+                                                {"log-every", 1},
+                                                {"eval-limit", 4},
+                                                {"schedule", "constant"},
+                                                {"warmup", 1},
+                                                {"batch", 4},
+                                                {"steps", 2}};
   for (const auto& [name, value] : expected) EXPECT_EQ(train::find_setting(name)->get(c), value) << name;
 
   // The data it was trained on, generated again.

@@ -137,7 +137,7 @@ TEST(Training, AResumedRunDropsMetricsWrittenAfterItsCheckpoint) {
   c.steps = 20;
   c.log_every = 5;
   train::train_on(c, task, "", 10, true);  // checkpoint at step 10
-  {  // what a process killed at step 15 would have appended
+  {                                        // what a process killed at step 15 would have appended
     std::ofstream more(c.run_dir + "/metrics.jsonl", std::ios::app);
     more << R"({"step": 15, "split": "train", "loss": 99.0, "accuracy": 0.0})" << '\n';
   }
@@ -235,8 +235,9 @@ TEST(Training, ACheckpointIsNeverWrittenWithANonFiniteValue) {
   // with no checkpoint yet, none is called good
   train::TrainConfig fresh = c;
   fresh.run_dir = temp_dir("inf_update_fresh");
-  EXPECT_CAST_ERROR(train::train_on(fresh, task, "", 0, true), "step 1: the update made a parameter or moment "
-                                                                 "non-finite");
+  EXPECT_CAST_ERROR(train::train_on(fresh, task, "", 0, true),
+                    "step 1: the update made a parameter or moment "
+                    "non-finite");
   EXPECT_CAST_ERROR(train::train_on(fresh, task, "", 0, true), "No checkpoint was written yet");
   EXPECT_FALSE(std::filesystem::exists(fresh.run_dir + "/checkpoint.safetensors"));
 }
@@ -276,7 +277,8 @@ TEST(Training, NanLossOnTheDeviceStopsAtTheNextReadAndKeepsTheCheckpoint) {
   nn::Transformer model(c.model);
   const std::string ckpt = c.run_dir + "/checkpoint.safetensors";
   std::vector<Tensor> m, v;
-  for (auto& [name, t] : model.parameters()) m.push_back(Tensor::zeros(t->shape())), v.push_back(Tensor::zeros(t->shape()));
+  for (auto& [name, t] : model.parameters())
+    m.push_back(Tensor::zeros(t->shape())), v.push_back(Tensor::zeros(t->shape()));
   train::save_checkpoint(ckpt, c, model, m, v, 5, -1);
   const auto stamp = std::filesystem::last_write_time(ckpt);
   // overflowing(): step 6's update makes the parameters huge or infinite, step 7's statistics
@@ -290,7 +292,8 @@ TEST(Training, NanLossOnTheDeviceStopsAtTheNextReadAndKeepsTheCheckpoint) {
     const std::string what = e.what();
     EXPECT_EQ(what.rfind("step 7: the ", 0), 0u) << what;
     EXPECT_NE(what.find("training stopped at step 8. The last good checkpoint is " + ckpt + " (step 5"),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
   }
   EXPECT_EQ(std::filesystem::last_write_time(ckpt), stamp);
   EXPECT_NO_THROW(train::read_checkpoint_header(ckpt));
@@ -358,7 +361,8 @@ TEST(Training, CheckpointMetadataIsParsedStrictly) {
   model_json["layers"] = 1000000;
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())), "setting 'layers' is 1000000");
   model_json["layers"] = 1e30;  // a float where an integer belongs: once undefined behaviour
-  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())), "'layers' is 1e+30, not an integer");
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())),
+                    "'layers' is 1e+30, not an integer");
   model_json["layers"] = 2;
   model_json["heads"] = 0;
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())), "setting 'heads' is 0");
@@ -391,7 +395,8 @@ TEST(Training, EmptyTrainingSplitAndUnwritableRunFolderFailBeforeTraining) {
   EXPECT_CAST_ERROR(train::train_on(c, task, "", 0, true), "the training split has no examples");
   data::TaskData ok = counting_task(16, 8, 3);
   c.run_dir = "/proc/cast_cannot_write_here";
-  EXPECT_CAST_ERROR(train::train_on(c, ok, "", 0, true), "run folder /proc/cast_cannot_write_here: folder /proc is read-only");
+  EXPECT_CAST_ERROR(train::train_on(c, ok, "", 0, true),
+                    "run folder /proc/cast_cannot_write_here: folder /proc is read-only");
 }
 
 // ---------------------------------------------------------------- stopping and resuming
@@ -538,7 +543,8 @@ TEST(Training, ResumingIntoAnotherRunFolderObeysTheOccupiedFolderRule) {
   // a new folder needs no --overwrite; the checkpoint's own folder named by --run is no other folder
   c = train::resume_config(source, {{"steps", 7}, {"run", temp_dir("resume_new_home")}});
   EXPECT_NO_THROW(train::train_on(c, task, source, 0, true));
-  c = train::resume_config(source, {{"steps", 7}, {"run", std::filesystem::path(source).parent_path().string() + "/."}});
+  c = train::resume_config(source,
+                           {{"steps", 7}, {"run", std::filesystem::path(source).parent_path().string() + "/."}});
   EXPECT_NO_THROW(train::train_on(c, task, source, 0, true));
   EXPECT_EQ(train::read_checkpoint_header(source).step, 7);
 }
@@ -548,17 +554,23 @@ TEST(Training, ResumeSettingsAreAppliedOrRefusedByName) {
   const std::string ckpt = six_step_run(task, "resume_settings");
   const std::string before = bytes_of(ckpt);
   // --steps at or below the checkpoint's step is a usage error
-  for (int steps : {6, 3, 0})
-    try {
+  for (int steps : {6, 3, 0}) try {
       train::resume_config(ckpt, {{"steps", steps}});
       ADD_FAILURE() << "steps " << steps << " accepted";
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find(fmt::format("setting 'steps' is {}: a resumed run must end after its "
-                                                       "checkpoint's step 6", steps)), std::string::npos) << e.what();
+                                                       "checkpoint's step 6",
+                                                       steps)),
+                std::string::npos)
+          << e.what();
     }
   // what may change is applied
-  train::TrainConfig c = train::resume_config(ckpt, {{"steps", 9}, {"log-every", 3}, {"eval-every", 2},
-                                                     {"checkpoint-every", 1}, {"eval-limit", 5}, {"eval-best", true}});
+  train::TrainConfig c = train::resume_config(ckpt, {{"steps", 9},
+                                                     {"log-every", 3},
+                                                     {"eval-every", 2},
+                                                     {"checkpoint-every", 1},
+                                                     {"eval-limit", 5},
+                                                     {"eval-best", true}});
   EXPECT_EQ(c.steps, 9);
   EXPECT_EQ(c.log_every, 3);
   EXPECT_EQ(c.eval_every, 2);
@@ -566,8 +578,8 @@ TEST(Training, ResumeSettingsAreAppliedOrRefusedByName) {
   EXPECT_EQ(c.eval_limit, 5);
   EXPECT_TRUE(c.eval_best);
   // what the checkpoint fixes is refused by name, unless asked equal to what it is
-  EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"dim", 16}}), "setting 'dim' cannot change when resuming: " + ckpt +
-                                                                   " was trained with 32, not 16");
+  EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"dim", 16}}),
+                    "setting 'dim' cannot change when resuming: " + ckpt + " was trained with 32, not 16");
   EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"lr", 0.5}}), "setting 'lr' cannot change when resuming");
   EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"attention", "cast"}}), "setting 'attention' cannot change");
   EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"seed", 9}}), "setting 'seed' cannot change");

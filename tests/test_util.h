@@ -19,17 +19,16 @@ inline Tensor param(const Shape& shape, uint64_t seed, double lo = -1.0, double 
   return t;
 }
 
-inline Tensor constant(const Shape& shape, uint64_t seed, double lo = -1.0, double hi = 1.0,
-                       DType dtype = DType::f64) {
+inline Tensor constant(const Shape& shape, uint64_t seed, double lo = -1.0, double hi = 1.0, DType dtype = DType::f64) {
   return Tensor::uniform(shape, seed, 0, lo, hi, dtype);
 }
 
 // Asserts that the f64 finite-difference check passes at relative error 1e-6.
-#define EXPECT_GRADCHECK(fn, inputs)                                             \
-  do {                                                                           \
-    auto cast_gc = ::cast::autograd::gradcheck((fn), (inputs));                  \
-    EXPECT_TRUE(cast_gc.ok) << cast_gc.report;                                   \
-    EXPECT_LE(cast_gc.max_error, 1e-6) << cast_gc.report;                        \
+#define EXPECT_GRADCHECK(fn, inputs)                            \
+  do {                                                          \
+    auto cast_gc = ::cast::autograd::gradcheck((fn), (inputs)); \
+    EXPECT_TRUE(cast_gc.ok) << cast_gc.report;                  \
+    EXPECT_LE(cast_gc.max_error, 1e-6) << cast_gc.report;       \
   } while (0)
 
 inline double max_abs_diff(const Tensor& a, const Tensor& b) {
@@ -73,22 +72,22 @@ inline void expect_values(const Tensor& t, const std::vector<double>& expected, 
 }
 
 // Skips the calling test when no GPU is usable.
-#define SKIP_WITHOUT_GPU()                                                                       \
-  do {                                                                                           \
-    if (!::cast::device_memory::cuda_built()) GTEST_SKIP() << "built without CUDA";              \
-    if (!::cast::device_memory::cuda_available())                                                \
-      GTEST_SKIP() << "no CUDA GPU present (cudaGetDeviceCount found none or no driver)";        \
+#define SKIP_WITHOUT_GPU()                                                                \
+  do {                                                                                    \
+    if (!::cast::device_memory::cuda_built()) GTEST_SKIP() << "built without CUDA";       \
+    if (!::cast::device_memory::cuda_available())                                         \
+      GTEST_SKIP() << "no CUDA GPU present (cudaGetDeviceCount found none or no driver)"; \
   } while (0)
 
 // Expects `stmt` to throw cast::Error whose message contains `needle`.
-#define EXPECT_CAST_ERROR(stmt, needle)                                                   \
-  do {                                                                                    \
-    try {                                                                                 \
-      stmt;                                                                               \
-      ADD_FAILURE() << "expected an error containing '" << (needle) << "'";               \
-    } catch (const ::cast::Error& e) {                                                    \
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();       \
-    }                                                                                     \
+#define EXPECT_CAST_ERROR(stmt, needle)                                             \
+  do {                                                                              \
+    try {                                                                           \
+      stmt;                                                                         \
+      ADD_FAILURE() << "expected an error containing '" << (needle) << "'";         \
+    } catch (const ::cast::Error& e) {                                              \
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what(); \
+    }                                                                               \
   } while (0)
 
 // A (B, N) mask with `padding[b]` padded positions at the end of row b.

@@ -43,7 +43,9 @@ std::vector<Variant> variants(const std::string& list) {
     else if (name == "cast-satopk") v.config.mechanism = nn::Mechanism::cast, v.config.single_assignment = true;
     else if (name == "clustered") v.config.mechanism = nn::Mechanism::clustered;
     else if (name == "iclustered") v.config.mechanism = nn::Mechanism::iclustered;
-    else throw UsageError(fmt::format("--mechanisms: unknown '{}' (full, cast-topk, cast-satopk, clustered, iclustered)", name));
+    else
+      throw UsageError(
+          fmt::format("--mechanisms: unknown '{}' (full, cast-topk, cast-satopk, clustered, iclustered)", name));
     out.push_back(v);
   }
   return out;
@@ -134,7 +136,8 @@ TransferCounts transfer_counts(Device device) {
 class JsonLines {
  public:
   explicit JsonLines(std::string path) : path_(std::move(path)) {
-    if (!path_.empty()) files::check_replaces_own_kind(path_, "--json", "a JSON-lines file", files::looks_like_json_lines);
+    if (!path_.empty())
+      files::check_replaces_own_kind(path_, "--json", "a JSON-lines file", files::looks_like_json_lines);
   }
   void add(const nlohmann::json& row) {
     if (path_.empty()) return;
@@ -212,12 +215,19 @@ int bench_attention(const cli::Args& args) {
         train::reset_peak_memory(device);
         const size_t base = train::peak_memory(device);
         for (int64_t i = 0; i < repeats; ++i) tb.push_back(time_once(device, both));
-        const double peak_mib = static_cast<double>(train::peak_memory(device) - std::min(base, train::peak_memory(device))) / (1 << 20);
+        const double peak_mib =
+            static_cast<double>(train::peak_memory(device) - std::min(base, train::peak_memory(device))) / (1 << 20);
         fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f} {:>14.1f}{}\n", v.name, N, median(tf), median(tb),
                    peak_mib, estimate / (1 << 20), trust_note(tb));
-        json_out.add({{"mechanism", v.name}, {"n", N}, {"batch", B}, {"dim", D}, {"heads", H},
-                      {"forward_ms", median(tf)}, {"forward_backward_ms", median(tb)},
-                      {"peak_mib", peak_mib}, {"device", device_label(device)},
+        json_out.add({{"mechanism", v.name},
+                      {"n", N},
+                      {"batch", B},
+                      {"dim", D},
+                      {"heads", H},
+                      {"forward_ms", median(tf)},
+                      {"forward_backward_ms", median(tb)},
+                      {"peak_mib", peak_mib},
+                      {"device", device_label(device)},
                       {"implementations", nn::step_implementations(c, device)}});
       } catch (const Error& e) {
         autograd::clear_tape();
@@ -229,7 +239,8 @@ int bench_attention(const cli::Args& args) {
   }
   // which implementation each step ran (ops/fast.h's registry; --reference: the step ops)
   for (const Variant& v : mechanisms)
-    fmt::print("{:<12} runs {}\n", v.name, fmt::join(nn::step_implementations(layer_config(v, ns.front()), device), ", "));
+    fmt::print("{:<12} runs {}\n", v.name,
+               fmt::join(nn::step_implementations(layer_config(v, ns.front()), device), ", "));
   return failed ? 1 : 0;  // a failed row is a failed benchmark
 }
 
@@ -255,8 +266,9 @@ int bench_train(const cli::Args& args) {
                           "lower --batch-size or --length");
   }
   JsonLines json_out(args.str("json"));
-  fmt::print("training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up\n",
-             device_label(device), base.task, N, B, steps, warmup);
+  fmt::print(
+      "training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up\n",
+      device_label(device), base.task, N, B, steps, warmup);
   fmt::print("{:<12} {:>10} {:>10} {:>12} {:>14}\n", "mechanism", "ms/step", "steps/s", "peak MiB", "estimate MiB");
   for (size_t vi = 0; vi < mechanisms.size(); ++vi) {
     const Variant& v = mechanisms[vi];
@@ -298,16 +310,26 @@ int bench_train(const cli::Args& args) {
       std::vector<double> times;
       for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
       const TransferCounts per_step = (transfer_counts(device) - before) / static_cast<double>(steps);
-      const double ms = median(times), peak_mib = static_cast<double>(train::peak_memory(device) - std::min(base_bytes, train::peak_memory(device))) / (1 << 20);
+      const double ms = median(times),
+                   peak_mib = static_cast<double>(train::peak_memory(device) -
+                                                  std::min(base_bytes, train::peak_memory(device))) /
+                              (1 << 20);
       fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f} {:>14.1f}{}\n", v.name, ms, 1000.0 / ms, peak_mib,
                  estimates[vi] / (1 << 20), trust_note(times));
       if (device == Device::cuda)
-        fmt::print("{:<12} per step: {:.1f} device-to-host copies, {:.1f} host-to-device copies, {:.1f} "
-                   "synchronisations, {:.1f} cudaMalloc calls\n", "", per_step.to_host, per_step.to_device,
-                   per_step.synchronizations, per_step.mallocs);
-      json_out.add({{"mechanism", v.name}, {"task", base.task}, {"n", N}, {"batch", B},
-                    {"ms_per_step", ms}, {"peak_mib", peak_mib}, {"device", device_label(device)},
-                    {"to_host_per_step", per_step.to_host}, {"to_device_per_step", per_step.to_device},
+        fmt::print(
+            "{:<12} per step: {:.1f} device-to-host copies, {:.1f} host-to-device copies, {:.1f} "
+            "synchronisations, {:.1f} cudaMalloc calls\n",
+            "", per_step.to_host, per_step.to_device, per_step.synchronizations, per_step.mallocs);
+      json_out.add({{"mechanism", v.name},
+                    {"task", base.task},
+                    {"n", N},
+                    {"batch", B},
+                    {"ms_per_step", ms},
+                    {"peak_mib", peak_mib},
+                    {"device", device_label(device)},
+                    {"to_host_per_step", per_step.to_host},
+                    {"to_device_per_step", per_step.to_device},
                     {"synchronizations_per_step", per_step.synchronizations},
                     {"mallocs_per_step", per_step.mallocs}});
     } catch (const Error& e) {
@@ -343,7 +365,8 @@ int bench_gemm(const cli::Args& args) {
 }  // namespace
 
 int command_bench(const std::vector<std::string>& argv) {
-  cli::Args args("bench", "Benchmark attention layers (`cast bench attention`) or training steps (`cast bench train`).");
+  cli::Args args("bench",
+                 "Benchmark attention layers (`cast bench attention`) or training steps (`cast bench train`).");
   args.option("what", "attention", "attention | train | gemm")
       .option("device", "auto", "auto | cpu | cuda")
       .option("mechanisms", "full,cast-topk,cast-satopk,clustered,iclustered", "comma-separated list")

@@ -22,7 +22,11 @@ std::string non_finite_in(const std::map<std::string, Tensor>& tensors) {
     auto scan = [&](const auto* x) -> std::string {
       for (int64_t i = 0; i < host.numel(); ++i)
         if (!std::isfinite(x[i]))
-          return fmt::format("'{}' holds {} at element {}", name, std::isnan(x[i]) ? "nan" : x[i] > 0 ? "inf" : "-inf", i);
+          return fmt::format("'{}' holds {} at element {}", name,
+                             std::isnan(x[i]) ? "nan"
+                             : x[i] > 0       ? "inf"
+                                              : "-inf",
+                             i);
       return "";
     };
     std::string found;
@@ -42,7 +46,8 @@ std::string last_good_checkpoint(const std::string& path) {
   try {
     const Checkpoint ck = read_checkpoint_header(path);
     const std::string damage = checkpoint_damage(path);
-    if (damage.empty()) return fmt::format("The last good checkpoint is {} (step {}, every value checked finite)", path, ck.step);
+    if (damage.empty())
+      return fmt::format("The last good checkpoint is {} (step {}, every value checked finite)", path, ck.step);
     return fmt::format("{} holds non-finite values ({}): no good checkpoint is left", path, damage);
   } catch (const Error& e) {
     return fmt::format("{} cannot be read back ({}): no good checkpoint is left", path, e.what());
@@ -189,14 +194,15 @@ TrainConfig resume_config(const std::string& checkpoint, const json& changes) {
     if (find_setting(key)->resumable) {
       c = changed;
     } else if (all_settings_json(changed) != all_settings_json(c)) {
-      throw UsageError(fmt::format("setting '{}' cannot change when resuming: {} was trained with {}, not {}; only {} "
-                                   "may change (start a new run for other settings)",
-                                   key, checkpoint, setting_value(c, key), setting_value(changed, key), changeable));
+      throw UsageError(
+          fmt::format("setting '{}' cannot change when resuming: {} was trained with {}, not {}; only {} "
+                      "may change (start a new run for other settings)",
+                      key, checkpoint, setting_value(c, key), setting_value(changed, key), changeable));
     }
   }
   CAST_CHECK_USAGE(!changes.contains("steps") || c.steps > ck.step,
-                   "setting 'steps' is {}: a resumed run must end after its checkpoint's step {} ({})", c.steps, ck.step,
-                   checkpoint);
+                   "setting 'steps' is {}: a resumed run must end after its checkpoint's step {} ({})", c.steps,
+                   ck.step, checkpoint);
   return c;
 }
 

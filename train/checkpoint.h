@@ -18,9 +18,9 @@ namespace cast::train {
 
 // What a run has spent so far, summed over every process that worked on it.
 struct RunCost {
-  double wall_seconds = 0;   // steps, evaluations and checkpoints
-  double step_seconds = 0;   // training steps only
-  int64_t peak_bytes = 0;    // most memory tensors held at once (host, or the GPU's allocator)
+  double wall_seconds = 0;  // steps, evaluations and checkpoints
+  double step_seconds = 0;  // training steps only
+  int64_t peak_bytes = 0;   // most memory tensors held at once (host, or the GPU's allocator)
 };
 struct Checkpoint {
   TrainConfig config;

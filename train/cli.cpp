@@ -5,8 +5,8 @@
 #include "tensor/error.h"
 
 // A wrong command line is a usage error (exit code 2).
-#define CAST_USAGE_CHECK(cond, ...) \
-  do {                              \
+#define CAST_USAGE_CHECK(cond, ...)                                  \
+  do {                                                               \
     if (!(cond)) throw ::cast::UsageError(fmt::format(__VA_ARGS__)); \
   } while (0)
 
@@ -116,7 +116,8 @@ std::string Args::help() const {
                                 usage_.empty() ? fmt::format("cast {} [options]", command_) : usage_, summary_);
   for (const auto& name : order_) {
     const Spec& s = specs_.at(name);
-    std::string left = s.is_flag ? "--" + name : "--" + name + " <" + (s.default_value.empty() ? "value" : s.default_value) + ">";
+    std::string left =
+        s.is_flag ? "--" + name : "--" + name + " <" + (s.default_value.empty() ? "value" : s.default_value) + ">";
     out += fmt::format("  {:<30} {}\n", left, s.help);
   }
   if (!examples_.empty()) out += "\nexamples:\n";

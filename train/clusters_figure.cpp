@@ -47,13 +47,17 @@ std::string square(const Layout& l, int x, int y, const std::string& fill) {
 std::string header(const Layout& l, const nn::AttentionConfig& a, int64_t index) {
   std::string svg = fmt::format(
       R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
-      R"(font-family="DejaVu Sans, Arial, sans-serif" shape-rendering="crispEdges">)" "\n"
-      R"(<rect width="100%" height="100%" fill="white"/>)" "\n"
-      R"(<text x="10" y="22" font-size="16" font-weight="bold">CAST clusters ({2}): test example {3}, {4} clusters of {5} tokens per head</text>)" "\n",
+      R"(font-family="DejaVu Sans, Arial, sans-serif" shape-rendering="crispEdges">)"
+      "\n"
+      R"(<rect width="100%" height="100%" fill="white"/>)"
+      "\n"
+      R"(<text x="10" y="22" font-size="16" font-weight="bold">CAST clusters ({2}): test example {3}, {4} clusters of {5} tokens per head</text>)"
+      "\n",
       l.width, l.height, a.single_assignment ? "Single-Assignment Top-K" : "Top-K", index, l.clusters,
       a.cluster_size > 0 ? a.cluster_size : l.clusters);
   for (int h = 0; h <= l.heads; ++h)
-    svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>)" "\n",
+    svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>)"
+                       "\n",
                        l.left + h * (l.panel + l.gap) + l.panel / 2, l.top - 8,
                        h == 0 ? std::string("input") : fmt::format("head {}", h));
   return svg;
@@ -63,7 +67,8 @@ std::string header(const Layout& l, const nn::AttentionConfig& a, int64_t index)
 // cluster that holds its token (black: none).
 std::string layer_row(const Layout& l, nn::Transformer& model, const ClustersFigure& f, int layer) {
   const int y0 = l.top + layer * (l.panel + l.gap + 18), n = l.side * l.side;
-  std::string svg = fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="end">layer {}</text>)" "\n",
+  std::string svg = fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="end">layer {}</text>)"
+                                "\n",
                                 l.left - 10, y0 + l.panel / 2 + 4, layer + 1);
   for (int p = 0; p < n; ++p)
     svg += square(l, l.left + (p % l.side) * l.s, y0 + (p / l.side) * l.s,
@@ -87,20 +92,27 @@ std::string layer_row(const Layout& l, nn::Transformer& model, const ClustersFig
 }
 
 std::string legend(const Layout& l, const std::string& source) {
-  std::string svg =
-      fmt::format(R"(<text x="10" y="{}" font-size="13" font-weight="bold">clusters</text>)" "\n", l.legend_top);
+  std::string svg = fmt::format(R"(<text x="10" y="{}" font-size="13" font-weight="bold">clusters</text>)"
+                                "\n",
+                                l.legend_top);
   for (int c = 0; c < l.clusters; ++c) {
     const int x = 20 + (c % l.legend_cols) * 70, y = l.legend_top + 10 + (c / l.legend_cols) * 22;
-    svg += fmt::format(R"(<rect x="{}" y="{}" width="16" height="16" fill="{}" stroke="#555"/><text x="{}" y="{}" font-size="12">{}</text>)"
-                       "\n", x, y, colour(c), x + 22, y + 13, c + 1);
+    svg += fmt::format(
+        R"(<rect x="{}" y="{}" width="16" height="16" fill="{}" stroke="#555"/><text x="{}" y="{}" font-size="12">{}</text>)"
+        "\n",
+        x, y, colour(c), x + 22, y + 13, c + 1);
   }
   const int note = l.legend_top + 22 * l.legend_rows + 26;
-  svg += fmt::format(R"(<text x="10" y="{}" font-size="12">Black: in no cluster. Top-K picks each cluster's tokens independently: )"
-                     R"(some tokens land in several clusters, others in none;</text>)" "\n"
-                     R"(<text x="10" y="{}" font-size="12">Single-Assignment Top-K places each token at most once and leaves )"
-                     R"(the last ones out when C·κ &lt; N. In several clusters: the first is shown.</text>)" "\n"
-                     R"(<text x="10" y="{}" font-size="12" fill="#555">{}: {} layers, {} heads.</text>)" "\n</svg>\n",
-                     note, note + 17, note + 36, xml_escape(source), l.layers, l.heads);
+  svg += fmt::format(
+      R"(<text x="10" y="{}" font-size="12">Black: in no cluster. Top-K picks each cluster's tokens independently: )"
+      R"(some tokens land in several clusters, others in none;</text>)"
+      "\n"
+      R"(<text x="10" y="{}" font-size="12">Single-Assignment Top-K places each token at most once and leaves )"
+      R"(the last ones out when C·κ &lt; N. In several clusters: the first is shown.</text>)"
+      "\n"
+      R"(<text x="10" y="{}" font-size="12" fill="#555">{}: {} layers, {} heads.</text>)"
+      "\n</svg>\n",
+      note, note + 17, note + 36, xml_escape(source), l.layers, l.heads);
   return svg;
 }
 

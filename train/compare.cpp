@@ -48,13 +48,15 @@ void check_same_run(const std::string& checkpoint, const TrainConfig& started_wi
     if (key == "model") {
       for (auto& [mk, mv] : value.items())
         if (!stored["model"].contains(mk) || stored["model"][mk] != mv)
-          throw Error(fmt::format("{}: this run was started with model setting '{}' = {}, but this comparison asks "
-                                  "for {}; use another --out, or the settings it was started with",
-                                  checkpoint, mk, stored["model"].value(mk, json()).dump(), mv.dump()));
+          throw Error(
+              fmt::format("{}: this run was started with model setting '{}' = {}, but this comparison asks "
+                          "for {}; use another --out, or the settings it was started with",
+                          checkpoint, mk, stored["model"].value(mk, json()).dump(), mv.dump()));
     } else if (!stored.contains(key) || stored[key] != value) {
-      throw Error(fmt::format("{}: this run was started with '{}' = {}, but this comparison asks for {}; use another "
-                              "--out, or the settings it was started with",
-                              checkpoint, key, stored.value(key, json()).dump(), value.dump()));
+      throw Error(
+          fmt::format("{}: this run was started with '{}' = {}, but this comparison asks for {}; use another "
+                      "--out, or the settings it was started with",
+                      checkpoint, key, stored.value(key, json()).dump(), value.dump()));
     }
   }
 }
@@ -97,8 +99,8 @@ json read_summary(const std::string& path) {
   number("step_seconds", 0, 1e12, false);
   number("peak_bytes", 0, 1e18, false);
   CAST_CHECK(j.contains("steps") && j["steps"].is_number_integer() && j["steps"].get<int64_t>() >= 0,
-             "run summary {}: 'steps' is {}, not a whole number 0 or more ({})", path,
-             j.value("steps", json()).dump(), fix);
+             "run summary {}: 'steps' is {}, not a whole number 0 or more ({})", path, j.value("steps", json()).dump(),
+             fix);
   return j;
 }
 
@@ -170,12 +172,14 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
   json variants = json::array();
   std::string md = fmt::format("# Comparison: {}\n\n", spec.task);
   if (!spec.command.empty()) md += fmt::format("Command: `{}`\n\n", spec.command);
-  md += fmt::format("Test and validation accuracy: mean ± sample standard deviation over seeds ({}). Wall time is "
-                    "per run, steps, evaluations and checkpoints included; step time is the mean training step; "
-                    "peak memory is the most that tensors held at once.\n\n",
-                    fmt::join(spec.seeds, ", "));
-  md += "| variant | runs | test accuracy % | validation accuracy % | steps | wall time per run | step ms | peak MiB |\n"
-        "|---|---|---|---|---|---|---|---|\n";
+  md += fmt::format(
+      "Test and validation accuracy: mean ± sample standard deviation over seeds ({}). Wall time is "
+      "per run, steps, evaluations and checkpoints included; step time is the mean training step; "
+      "peak memory is the most that tensors held at once.\n\n",
+      fmt::join(spec.seeds, ", "));
+  md +=
+      "| variant | runs | test accuracy % | validation accuracy % | steps | wall time per run | step ms | peak MiB |\n"
+      "|---|---|---|---|---|---|---|---|\n";
   std::vector<Curves> figure;
   for (const auto& [label, settings] : spec.variants) {
     std::vector<double> test, val, wall, step_ms;
@@ -193,32 +197,41 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
       peak = std::max(peak, s.value("peak_bytes", 0.0) / (1 << 20));
       steps = s["steps"].get<int64_t>();
       curves.push_back(read_curves(r.dir));
-      run_rows.push_back({{"seed", r.seed}, {"folder", std::filesystem::path(r.dir).filename().string()},
-                          {"summary", s}});
+      run_rows.push_back(
+          {{"seed", r.seed}, {"folder", std::filesystem::path(r.dir).filename().string()}, {"summary", s}});
     }
     const Stats t = stats(test), v = stats(val), w = stats(wall), ms = stats(step_ms);
     md += fmt::format("| {} | {} | {} | {} | {} | {} | {:.1f} | {:.1f} |\n", label, t.n, percent(t), percent(v), steps,
                       duration(w.mean), ms.mean, peak);
-    variants.push_back({{"variant", label}, {"settings", settings}, {"runs", run_rows},
+    variants.push_back({{"variant", label},
+                        {"settings", settings},
+                        {"runs", run_rows},
                         {"test_accuracy", {{"mean", t.mean}, {"sd", t.sd}}},
-                        {"val_accuracy", {{"mean", v.mean}, {"sd", v.sd}}}, {"steps", steps},
-                        {"wall_seconds_mean", w.mean}, {"step_ms_mean", ms.mean}, {"peak_mib", peak}});
+                        {"val_accuracy", {{"mean", v.mean}, {"sd", v.sd}}},
+                        {"steps", steps},
+                        {"wall_seconds_mean", w.mean},
+                        {"step_ms_mean", ms.mean},
+                        {"peak_mib", peak}});
     figure.push_back(mean_curves(label, curves));
   }
-  md += "\n## Runs\n\n| variant | seed | folder | test % | validation % | majority % | steps | wall time | step ms |\n"
-        "|---|---|---|---|---|---|---|---|---|\n";
+  md +=
+      "\n## Runs\n\n| variant | seed | folder | test % | validation % | majority % | steps | wall time | step ms |\n"
+      "|---|---|---|---|---|---|---|---|---|\n";
   for (const CompareRun& r : runs) {
     const json& s = r.summary;
-    md += fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {} | {} | {:.1f} |\n", r.variant, r.seed,
-                      std::filesystem::path(r.dir).filename().string(), 100 * s["test_accuracy"].get<double>(),
-                      100 * s["val_accuracy"].get<double>(), 100 * s.value("majority_rate", 0.0),
-                      s["steps"].get<int64_t>(), duration(s.value("seconds", 0.0)),
-                      1000 * s.value("step_seconds", 0.0));
+    md +=
+        fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {} | {} | {:.1f} |\n", r.variant, r.seed,
+                    std::filesystem::path(r.dir).filename().string(), 100 * s["test_accuracy"].get<double>(),
+                    100 * s["val_accuracy"].get<double>(), 100 * s.value("majority_rate", 0.0),
+                    s["steps"].get<int64_t>(), duration(s.value("seconds", 0.0)), 1000 * s.value("step_seconds", 0.0));
   }
   md += fmt::format("\n![validation accuracy and training loss of every variant]({})\n",
                     output_name(spec, "comparison", ".svg"));
-  const json results = {{"task", spec.task}, {"seeds", spec.seeds}, {"settings", spec.settings},
-                        {"command", spec.command}, {"variants", variants}};
+  const json results = {{"task", spec.task},
+                        {"seeds", spec.seeds},
+                        {"settings", spec.settings},
+                        {"command", spec.command},
+                        {"variants", variants}};
   files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".json"), results.dump(2) + "\n",
                       "comparison results", files::Link::refuse);
   files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".md"), md, "comparison results",
@@ -251,8 +264,9 @@ TrainResult run_training_or_stop(const CompareSpec& spec, const TrainConfig& con
 
 CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool quiet) {
   CAST_CHECK(!spec.variants.empty() && !spec.seeds.empty(), "a comparison needs at least one variant and one seed");
-  CAST_CHECK_USAGE(!spec.settings.contains("run") && !spec.settings.contains("seed"),
-                   "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
+  CAST_CHECK_USAGE(
+      !spec.settings.contains("run") && !spec.settings.contains("seed"),
+      "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
   // Every run's settings are checked before the first step is spent.
   std::vector<std::pair<CompareRun, TrainConfig>> plan;
   for (const auto& [label, settings] : spec.variants)
@@ -291,7 +305,8 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
     }
     if (started && std::filesystem::exists(summary)) {
       run.summary = read_summary(summary);
-      if (!quiet) fmt::print("[{}/{}] {} seed {}: finished earlier ({})\n", index, plan.size(), run.variant, run.seed, run.dir);
+      if (!quiet)
+        fmt::print("[{}/{}] {} seed {}: finished earlier ({})\n", index, plan.size(), run.variant, run.seed, run.dir);
       result.runs.push_back(run);
       continue;
     }
@@ -300,7 +315,8 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
         fmt::print("[{}/{}] {} seed {}: resuming from step {} of {} ({})\n", index, plan.size(), run.variant, run.seed,
                    stored.step, config.steps, run.dir);
       else
-        fmt::print("[{}/{}] {} seed {}: {} steps ({})\n", index, plan.size(), run.variant, run.seed, config.steps, run.dir);
+        fmt::print("[{}/{}] {} seed {}: {} steps ({})\n", index, plan.size(), run.variant, run.seed, config.steps,
+                   run.dir);
       std::fflush(stdout);
     }
     // A resumed run's checkpoint holds these very settings (checked above).

@@ -18,7 +18,7 @@ struct CompareSpec {
   std::vector<std::pair<std::string, nlohmann::json>> variants;
   std::vector<uint64_t> seeds;
   nlohmann::json settings = nlohmann::json::object();  // shared by every run (config file, then flags)
-  std::string command;  // the command line, quoted in results.md
+  std::string command;                                 // the command line, quoted in results.md
   // Empty: results.md, results.json, comparison.svg; else results-<name>.md and so on, so that
   // several comparisons (mechanisms; each ablation) share one folder and its runs.
   std::string name;
@@ -27,9 +27,9 @@ struct CompareSpec {
 struct CompareRun {
   std::string variant, dir;
   uint64_t seed = 0;
-  nlohmann::json summary;           // the run's summary.json (empty while unfinished)
-  int64_t steps_this_process = 0;   // 0 for a run found finished
-  bool resumed = false;             // continued from a checkpoint an earlier invocation left
+  nlohmann::json summary;          // the run's summary.json (empty while unfinished)
+  int64_t steps_this_process = 0;  // 0 for a run found finished
+  bool resumed = false;            // continued from a checkpoint an earlier invocation left
 };
 
 struct CompareResult {
@@ -39,8 +39,9 @@ struct CompareResult {
 
 // Runs what is unfinished, then writes results.md, results.json and comparison.svg into
 // out_dir. A run whose settings and seed equal those of a finished run anywhere in out_dir is
-// not trained again: that run is used (an ablation's baseline is the mechanism comparison's run). `stop_after` > 0 (tests of resuming) interrupts the first unfinished run after that
-// many steps and returns with complete = false, as a killed process would leave things.
+// not trained again: that run is used (an ablation's baseline is the mechanism comparison's run). `stop_after` > 0
+// (tests of resuming) interrupts the first unfinished run after that many steps and returns with complete = false, as a
+// killed process would leave things.
 CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after = 0, bool quiet = false);
 
 // A run folder's name for a variant and seed: "cast-seed1", "clustering-satopk-seed2".

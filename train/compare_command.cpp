@@ -48,19 +48,23 @@ int command_compare(const std::vector<std::string>& argv) {
                  "mean ± standard deviation over\nseeds, steps, wall time, step time, peak memory) and comparison.svg "
                  "(validation accuracy and training loss\nagainst step). Run the same command again after an "
                  "interruption: finished runs are kept, unfinished ones resume\nfrom their checkpoints.");
-  args.option("task", "listops-short",
-              "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
+  args.option(
+          "task", "listops-short",
+          "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
       .option("attention", "", "comma-separated mechanisms (default full,cast,clustered,iclustered); with --vary, one")
       .option("vary", "", "SETTING=V1,V2,...: compare values of any train setting instead of mechanisms")
       .option("seeds", "1", "comma-separated seeds; each variant runs once per seed")
-      .option("out", "", "comparison folder (default runs/compare-<task>); with --vary the files are "
-                         "results-<setting>.md and so on, and a run equal to one already there is reused")
+      .option("out", "",
+              "comparison folder (default runs/compare-<task>); with --vary the files are "
+              "results-<setting>.md and so on, and a run equal to one already there is reused")
       .option("config", "", "JSON file of settings shared by every run");
   train::declare_setting_flags(args, {"attention", "run", "seed"});
   args.example("cast compare --task listops-short --steps 300")
       .example("cast compare --task fashion-mnist-14 --attention full,cast --seeds 1,2,3")
       .example("cast compare --task fashion-mnist-14 --attention cast --vary clustering=topk,satopk --seeds 1,2")
-      .example("cast compare --task fashion-mnist-14 --attention cast --vary summaries=on,off --out runs/ablation-summaries");
+      .example(
+          "cast compare --task fashion-mnist-14 --attention cast --vary summaries=on,off --out "
+          "runs/ablation-summaries");
   if (!args.parse(argv)) return 0;
 
   train::CompareSpec spec;
@@ -112,8 +116,7 @@ int command_compare(const std::vector<std::string>& argv) {
   for (const char* stem : {"results", "comparison"})  // the settings file is an input: never replaced
     for (const char* ext : {".md", ".json", ".svg"})
       files::check_not_an_input(spec.out_dir + "/" + stem + (spec.name.empty() ? "" : "-" + spec.name) + ext,
-                                "comparison output",
-                                {args.str("config")});
+                                "comparison output", {args.str("config")});
   spec.command = "cast compare";
   for (const std::string& a : argv) spec.command += " " + train::shell_quote(a);
   train::run_comparison(spec);  // validates every run's settings before it makes a folder

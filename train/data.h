@@ -43,7 +43,7 @@ struct ListOpsSpec {
   int max_depth = 10, max_args = 10;
   int min_length = 500, max_length = 2000;  // kept when min < length < max (digits + 2 per operator)
   int64_t train = 96000, val = 2000, test = 2000;
-  static ListOpsSpec release();  // the LRA settings
+  static ListOpsSpec release();    // the LRA settings
   static ListOpsSpec short_cpu();  // a small variant a CPU trains in minutes
 };
 // Writes basic_{train,val,test}.tsv (header Source\tTarget) into `dir`.
@@ -73,10 +73,10 @@ std::string default_fashion_mnist_dir();  // where the Debian package installs i
 
 // ---------------------------------------------------------------- Pathfinder / Path-X
 struct PathfinderSpec {
-  int side = 32;              // image width = height
-  int contour_length = 14;    // paddles per target snake
-  int distractors = 4;        // distractor snakes (length contour_length / 3)
-  int64_t count = 2000;       // images per generation
+  int side = 32;            // image width = height
+  int contour_length = 14;  // paddles per target snake
+  int distractors = 4;      // distractor snakes (length contour_length / 3)
+  int64_t count = 2000;     // images per generation
   static PathfinderSpec pathfinder32();
   static PathfinderSpec pathx128();
 };

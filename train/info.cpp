@@ -25,8 +25,7 @@ static std::string gib(size_t bytes) { return fmt::format("{:.1f} GiB", bytes / 
 static std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos)
-      return line.substr(line.find(':') + 2);
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) return line.substr(line.find(':') + 2);
   return "unknown";
 }
 
@@ -47,8 +46,9 @@ static const char* build_vector_isa() {
 
 int command_info(const std::vector<std::string>& argv) {
   cli::Args args("info", "Print the build options and the devices found.");
-  args.flag("kernels", "list how each flash attention kernel is launched (threads, dynamic shared memory), for "
-                       "scripts/kernel_report.sh; needs no GPU");
+  args.flag("kernels",
+            "list how each flash attention kernel is launched (threads, dynamic shared memory), for "
+            "scripts/kernel_report.sh; needs no GPU");
   args.example("cast info");
   args.example("cast info --kernels");
   if (!args.parse(argv)) return 0;
@@ -94,8 +94,9 @@ static void print_tensor(const char* name, const Tensor& t) {
 }
 
 int command_demo(const std::vector<std::string>& argv) {
-  cli::Args args("demo", "Walk one op (softmax with a mask, then layernorm) through forward, backward and a "
-                         "finite-difference gradient check.");
+  cli::Args args("demo",
+                 "Walk one op (softmax with a mask, then layernorm) through forward, backward and a "
+                 "finite-difference gradient check.");
   args.example("cast demo");
   if (!args.parse(argv)) return 0;
   fmt::print("forward: y = softmax(x) over the last axis, the third key masked out\n");
@@ -110,12 +111,15 @@ int command_demo(const std::vector<std::string>& argv) {
   autograd::backward(y, dy);
   print_tensor("dx", x.grad());
   fmt::print("gradient check (f64 central differences, relative error must be <= 1e-6):\n");
-  std::vector<Tensor> in = {Tensor::uniform({3, 5}, 1, 0, -1, 1, DType::f64), Tensor::uniform({5}, 2, 0, 0.5, 1.5, DType::f64),
+  std::vector<Tensor> in = {Tensor::uniform({3, 5}, 1, 0, -1, 1, DType::f64),
+                            Tensor::uniform({5}, 2, 0, 0.5, 1.5, DType::f64),
                             Tensor::uniform({5}, 3, 0, -1, 1, DType::f64)};
   for (Tensor& t : in) t.set_requires_grad();
   auto softmax_check = autograd::gradcheck([](const std::vector<Tensor>& v) { return ops::softmax(v[0]); }, {in[0]});
-  auto ln_check = autograd::gradcheck([](const std::vector<Tensor>& v) { return ops::layernorm(v[0], v[1], v[2]); }, in);
-  fmt::print("  softmax:   {} max relative error {:.2e}\n", softmax_check.ok ? "ok  " : "FAIL", softmax_check.max_error);
+  auto ln_check =
+      autograd::gradcheck([](const std::vector<Tensor>& v) { return ops::layernorm(v[0], v[1], v[2]); }, in);
+  fmt::print("  softmax:   {} max relative error {:.2e}\n", softmax_check.ok ? "ok  " : "FAIL",
+             softmax_check.max_error);
   fmt::print("  layernorm: {} max relative error {:.2e}\n", ln_check.ok ? "ok  " : "FAIL", ln_check.max_error);
   return softmax_check.ok && ln_check.ok ? 0 : 1;
 }

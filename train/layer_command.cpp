@@ -39,10 +39,13 @@ cli::Args layer_args() {
       .option("seed", "0", "seed of the LSH planes and k-means draws")
       .option("device", "cpu", "cpu | cuda")
       .option("dtype", "f32", "f32 | f64 (f64 on the CPU only)")
-      .flag("reference", "the step-by-step reference ops instead of the fast paths (CPU and GPU; on the CPU also the plain-loop matmul)")
+      .flag("reference",
+            "the step-by-step reference ops instead of the fast paths (CPU and GPU; on the CPU also the plain-loop "
+            "matmul)")
       .example("cast layer --in tests/data/layer_full.safetensors --out out.safetensors --attention full --heads 2")
-      .example("cast layer --in my_layer.safetensors --out out.safetensors --attention cast --heads 2 --clusters 3 "
-               "--cluster-size 3 --dtype f64 --reference");
+      .example(
+          "cast layer --in my_layer.safetensors --out out.safetensors --attention cast --heads 2 --clusters 3 "
+          "--cluster-size 3 --dtype f64 --reference");
   return a;
 }
 
@@ -70,7 +73,8 @@ int command_layer(const std::vector<std::string>& argv) {
   const int64_t cluster_size = bounded("cluster-size", 0, 1 << 20), topk = bounded("topk", 1, 1 << 22);
   const int64_t bits = bounded("bits", 1, 63), iterations = bounded("iterations", 0, 100000);
   const int64_t seed = bounded("seed", 0, INT64_MAX);
-  CAST_CHECK_USAGE(!args.str("in").empty() && !args.str("out").empty(), "--in and --out are required (see cast layer --help)");
+  CAST_CHECK_USAGE(!args.str("in").empty() && !args.str("out").empty(),
+                   "--in and --out are required (see cast layer --help)");
   // the output never replaces the input, and a bad output path is refused before the work
   files::check_not_an_input(args.str("out"), "--out", {args.str("in")});
   files::check_replaces_own_kind(args.str("out"), "--out", "a safetensors file other than a checkpoint",
@@ -81,7 +85,8 @@ int command_layer(const std::vector<std::string>& argv) {
 
   const TensorFile file = read_safetensors(args.str("in"), "--in");
   const Tensor& x_raw = file.get("x");
-  CAST_CHECK(x_raw.ndim() == 3, "{}: tensor 'x' must be (B, N, D), got shape {}", file.source, shape_str(x_raw.shape()));
+  CAST_CHECK(x_raw.ndim() == 3, "{}: tensor 'x' must be (B, N, D), got shape {}", file.source,
+             shape_str(x_raw.shape()));
   const int64_t B = x_raw.dim(0), N = x_raw.dim(1), D = x_raw.dim(2);
 
   nn::AttentionConfig config;
@@ -93,7 +98,8 @@ int command_layer(const std::vector<std::string>& argv) {
   config.cluster_size = cluster_size;
   if (config.mechanism == nn::Mechanism::cast && config.clusters <= 0) config.clusters = nn::default_clusters(N);
   config.single_assignment = args.choice("clustering", {"topk", "satopk"}) == "satopk";
-  config.f = args.choice("f", {"softmax", "laplace"}) == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
+  config.f =
+      args.choice("f", {"softmax", "laplace"}) == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
   config.summaries = args.choice("summaries", {"on", "off"}) == "on";
   config.fused = !args.is_set("reference");
   ops::set_cpu_gemm(args.is_set("reference") ? ops::CpuGemm::loops : ops::CpuGemm::blas);
@@ -104,11 +110,11 @@ int command_layer(const std::vector<std::string>& argv) {
   config.iterations = iterations;
   config.seed = static_cast<uint64_t>(seed);
 
-  train::require_memory(train::attention_layer_bytes(config, B, N, D, device == Device::cuda) *
-                            (dtype == DType::f64 ? 2 : 1),
-                        device, fmt::format("{}: one {} attention layer on (B {}, N {}, D {})", file.source,
-                                            nn::mechanism_name(config.mechanism), B, N, D),
-                        "a smaller input, or fewer --clusters");
+  train::require_memory(
+      train::attention_layer_bytes(config, B, N, D, device == Device::cuda) * (dtype == DType::f64 ? 2 : 1), device,
+      fmt::format("{}: one {} attention layer on (B {}, N {}, D {})", file.source, nn::mechanism_name(config.mechanism),
+                  B, N, D),
+      "a smaller input, or fewer --clusters");
   nn::Attention layer(config, dtype, device);
   const int64_t H = config.heads, d = D / H, C = config.clusters;
   std::map<std::string, Shape> weight_shapes = {{"wq", {D, D}}, {"wk", {D, D}}, {"wv", {D, D}}, {"wo", {D, D}}};

@@ -66,23 +66,24 @@ TaskData load_imdb(const std::string& dir, int64_t max_len) {
 // ---------------------------------------------------------------- AAN
 static std::vector<Example> read_aan(const std::string& path, int64_t max_len) {
   std::vector<Example> out;
-  for_each_line(path, "expected new_aan_pairs.{train,eval,test}.tsv", [&](const std::string& line, const std::string& where) {
-    std::vector<std::string> cols;
-    std::stringstream ss(line);
-    for (std::string col; std::getline(ss, col, '\t');) cols.push_back(col);
-    if (line.back() == '\t') cols.push_back("");
-    CAST_CHECK(cols.size() == 5, "{}: expected 5 tab-separated columns (label, id1, id2, text1, text2), got {}", where,
-               cols.size());
-    Example e;
-    const std::string& label = cols[0];
-    if (label == "0" || label == "0.0") e.label = 0;
-    else if (label == "1" || label == "1.0") e.label = 1;
-    else throw Error(fmt::format("{}: label '{}' is not 0 or 1", where, label));
-    e.tokens = bytes_as_tokens(cols[3], max_len);
-    e.tokens2 = bytes_as_tokens(cols[4], max_len);
-    CAST_CHECK(!e.tokens.empty() && !e.tokens2.empty(), "{}: empty text", where);
-    out.push_back(std::move(e));
-  });
+  for_each_line(
+      path, "expected new_aan_pairs.{train,eval,test}.tsv", [&](const std::string& line, const std::string& where) {
+        std::vector<std::string> cols;
+        std::stringstream ss(line);
+        for (std::string col; std::getline(ss, col, '\t');) cols.push_back(col);
+        if (line.back() == '\t') cols.push_back("");
+        CAST_CHECK(cols.size() == 5, "{}: expected 5 tab-separated columns (label, id1, id2, text1, text2), got {}",
+                   where, cols.size());
+        Example e;
+        const std::string& label = cols[0];
+        if (label == "0" || label == "0.0") e.label = 0;
+        else if (label == "1" || label == "1.0") e.label = 1;
+        else throw Error(fmt::format("{}: label '{}' is not 0 or 1", where, label));
+        e.tokens = bytes_as_tokens(cols[3], max_len);
+        e.tokens2 = bytes_as_tokens(cols[4], max_len);
+        CAST_CHECK(!e.tokens.empty() && !e.tokens2.empty(), "{}: empty text", where);
+        out.push_back(std::move(e));
+      });
   CAST_CHECK(!out.empty(), "{}: no examples", path);
   return out;
 }
@@ -106,7 +107,8 @@ static std::vector<Example> read_cifar_batch(const std::string& path) {
   const std::string bytes = read_all(path, "CIFAR-10 batch");
   constexpr size_t kRecord = 1 + 3072;
   CAST_CHECK(!bytes.empty() && bytes.size() % kRecord == 0,
-             "{}: {} bytes is not a whole number of {}-byte CIFAR-10 records (truncated?)", path, bytes.size(), kRecord);
+             "{}: {} bytes is not a whole number of {}-byte CIFAR-10 records (truncated?)", path, bytes.size(),
+             kRecord);
   std::vector<Example> out;
   for (size_t r = 0; r < bytes.size() / kRecord; ++r) {
     const auto* p = reinterpret_cast<const unsigned char*>(bytes.data() + r * kRecord);
@@ -115,7 +117,8 @@ static std::vector<Example> read_cifar_batch(const std::string& path) {
     e.label = p[0];
     e.tokens.resize(1024);
     for (int i = 0; i < 1024; ++i)  // ITU-R 601 luma, as tf.image.rgb_to_grayscale
-      e.tokens[i] = static_cast<int32_t>(std::lround(0.2989 * p[1 + i] + 0.5870 * p[1 + 1024 + i] + 0.1140 * p[1 + 2048 + i]));
+      e.tokens[i] =
+          static_cast<int32_t>(std::lround(0.2989 * p[1 + i] + 0.5870 * p[1 + 1024 + i] + 0.1140 * p[1 + 2048 + i]));
     out.push_back(std::move(e));
   }
   return out;
@@ -173,8 +176,10 @@ static uint32_t big_endian(const std::string& s, size_t at) {
 
 static std::vector<Example> read_idx_pair(const std::string& images_path, const std::string& labels_path) {
   const std::string images = read_gzip(images_path), labels = read_gzip(labels_path);
-  CAST_CHECK(images.size() >= 16 && big_endian(images, 0) == 2051, "{}: not an IDX image file (magic 2051)", images_path);
-  CAST_CHECK(labels.size() >= 8 && big_endian(labels, 0) == 2049, "{}: not an IDX label file (magic 2049)", labels_path);
+  CAST_CHECK(images.size() >= 16 && big_endian(images, 0) == 2051, "{}: not an IDX image file (magic 2051)",
+             images_path);
+  CAST_CHECK(labels.size() >= 8 && big_endian(labels, 0) == 2049, "{}: not an IDX label file (magic 2049)",
+             labels_path);
   const uint32_t n = big_endian(images, 4), rows = big_endian(images, 8), cols = big_endian(images, 12);
   CAST_CHECK(rows == 28 && cols == 28, "{}: images are {}x{}, expected 28x28", images_path, rows, cols);
   CAST_CHECK(images.size() == 16 + size_t(n) * 784, "{}: {} images declared but {} bytes present (truncated?)",

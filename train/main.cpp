@@ -44,8 +44,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cast %s: error: %s\n", name.c_str(), e.what());
       return 1;
     } catch (const std::bad_alloc&) {
-      std::fprintf(stderr, "cast %s: error: out of memory (a size in the settings or an input file is more than this "
-                   "machine holds)\n", name.c_str());
+      std::fprintf(stderr,
+                   "cast %s: error: out of memory (a size in the settings or an input file is more than this "
+                   "machine holds)\n",
+                   name.c_str());
       return 1;
     } catch (const std::length_error&) {
       std::fprintf(stderr, "cast %s: error: a size in the settings or an input file is beyond what can be allocated\n",

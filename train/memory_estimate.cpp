@@ -23,8 +23,8 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
   double floats = b * n * d * 8;  // the input's gradient, q, k, v, their head layouts, the output
   const double c = static_cast<double>(a.clusters > 0 ? a.clusters : nn::default_clusters(N));
   switch (a.mechanism) {
-    case nn::Mechanism::full:
-    {  // the step ops keep scores and probabilities (B, H, N, N); flash attention a row's log-sum-exp
+    case nn::Mechanism::full: {  // the step ops keep scores and probabilities (B, H, N, N); flash attention a row's
+                                 // log-sum-exp
       const ops::StepSizes sizes{gpu ? Device::cuda : Device::cpu, DType::f32, static_cast<int64_t>(dh), 0};
       const bool flash = ops::choose_path(ops::Step::full_attention, a.fused, sizes) != nullptr;
       floats += flash ? b * h * n * 2 : b * h * n * n * 3;
@@ -55,8 +55,8 @@ double training_step_bytes(const nn::ModelConfig& m, int64_t B, int64_t N, bool 
   a.heads = m.heads;
   // per block: two LayerNorms, residuals, projections, the MLP's hidden activations and GELU
   const double block = bn * (d * 6 + mlp * 3) * kFloat * 2 + attention_layer_bytes(a, B * towers, tokens, m.dim, gpu);
-  const double params = static_cast<double>(m.layers) * (4 * d * d + 2 * d * mlp) +
-                        static_cast<double>(m.vocab + m.max_len + 1) * d;
+  const double params =
+      static_cast<double>(m.layers) * (4 * d * d + 2 * d * mlp) + static_cast<double>(m.vocab + m.max_len + 1) * d;
   return static_cast<double>(m.layers) * block + bn * d * 2 * kFloat + params * 4 * kFloat;
 }
 

@@ -57,10 +57,11 @@ struct Canvas {
 // side until the paddle stays inside, so a snake of any length fits (it coils, as the long
 // contours of Path-X do). Returns false only if no direction fits, which a point inside the
 // margin cannot meet.
-bool draw_snake(Canvas& c, Rng& rng, int paddles, double paddle_len, double gap, Point& head, Point& tail,
-                bool draw) {
+bool draw_snake(Canvas& c, Rng& rng, int paddles, double paddle_len, double gap, Point& head, Point& tail, bool draw) {
   const double margin = 3;
-  auto inside = [&](Point q) { return q.x >= margin && q.y >= margin && q.x <= c.side - margin && q.y <= c.side - margin; };
+  auto inside = [&](Point q) {
+    return q.x >= margin && q.y >= margin && q.x <= c.side - margin && q.y <= c.side - margin;
+  };
   // start in the middle 70% of the canvas, so long snakes meet the border less often
   Point p{c.side * (0.15 + 0.7 * rng.uniform()), c.side * (0.15 + 0.7 * rng.uniform())};
   double angle = rng.uniform() * 2 * 3.14159265358979;
@@ -154,8 +155,8 @@ static std::string image_inside(const std::string& dir, const std::string& subdi
   const fs::path real = fs::weakly_canonical(path, real_ec), root = fs::weakly_canonical(dir, root_ec);
   if (real_ec || root_ec) return path;
   const auto mismatch = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
-  CAST_CHECK(mismatch.first == root.end(), "{}: image path '{}' leads out of the data folder {} (through a link)", where,
-             rel.string(), dir);
+  CAST_CHECK(mismatch.first == root.end(), "{}: image path '{}' leads out of the data folder {} (through a link)",
+             where, rel.string(), dir);
   return path;
 }
 
@@ -175,7 +176,8 @@ TaskData load_pathfinder(const std::string& dir) {
       std::istringstream fields(line);
       std::vector<std::string> cols;
       for (std::string w; fields >> w;) cols.push_back(w);
-      CAST_CHECK(cols.size() >= 4, "{}: expected at least 4 fields (subdir file idx label), got {}", where, cols.size());
+      CAST_CHECK(cols.size() >= 4, "{}: expected at least 4 fields (subdir file idx label), got {}", where,
+                 cols.size());
       CAST_CHECK(cols[3] == "0" || cols[3] == "1", "{}: label '{}' is not 0 or 1", where, cols[3]);
       png::Image img = png::read_gray(image_inside(dir, cols[0], cols[1], where));
       CAST_CHECK(img.width == img.height, "{}: image {}x{} is not square", where, img.width, img.height);

@@ -77,31 +77,39 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
   auto px = [&](double x) { return x0 + w * (x - xmin) / (xmax - xmin); };
   auto py = [&](double y) { return y0 + h - h * std::clamp((y - ymin) / (ymax - ymin), 0.0, 1.0); };
   svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="15" font-weight="bold" text-anchor="middle">{}</text>)"
-                     "\n", x0 + w / 2, y0 - 12, xml_escape(title));
+                     "\n",
+                     x0 + w / 2, y0 - 12, xml_escape(title));
   // grid, ticks and tick values
   const double xs = nice_step(xmin, xmax, 6), ys = nice_step(ymin, ymax, 5);
   for (double t = 0; t <= xmax + 1e-9; t += xs) {
     svg += fmt::format(R"(<line x1="{0:.1f}" y1="{1:.1f}" x2="{0:.1f}" y2="{2:.1f}" stroke="#e4e4e4"/>)"
-                       R"(<text x="{0:.1f}" y="{3:.1f}" font-size="12" text-anchor="middle">{4}</text>)" "\n",
+                       R"(<text x="{0:.1f}" y="{3:.1f}" font-size="12" text-anchor="middle">{4}</text>)"
+                       "\n",
                        px(t), y0, y0 + h, y0 + h + 16, tick_label(t, xs));
   }
   double first_tick = std::ceil(ymin / ys - 1e-9) * ys;
   if (first_tick == 0) first_tick = 0;  // never "-0.0"
   for (double t = first_tick; t <= ymax + 1e-9; t += ys) {
     svg += fmt::format(R"(<line x1="{0:.1f}" y1="{1:.1f}" x2="{2:.1f}" y2="{1:.1f}" stroke="#e4e4e4"/>)"
-                       R"(<text x="{3:.1f}" y="{4:.1f}" font-size="12" text-anchor="end">{5}</text>)" "\n",
-                       x0, py(t), x0 + w, x0 - 6, py(t) + 4, unit_interval ? fmt::format("{:.0f}%", 100 * t)
-                                                                            : tick_label(t, ys));
+                       R"(<text x="{3:.1f}" y="{4:.1f}" font-size="12" text-anchor="end">{5}</text>)"
+                       "\n",
+                       x0, py(t), x0 + w, x0 - 6, py(t) + 4,
+                       unit_interval ? fmt::format("{:.0f}%", 100 * t) : tick_label(t, ys));
   }
-  svg += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="none" stroke="#333"/>)" "\n",
+  svg += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="none" stroke="#333"/>)"
+                     "\n",
                      x0, y0, w, h);
-  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="13" text-anchor="middle">training step</text>)" "\n",
+  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="13" text-anchor="middle">training step</text>)"
+                     "\n",
                      x0 + w / 2, y0 + h + 36);
-  svg += fmt::format(R"(<text transform='translate({:.1f},{:.1f}) rotate(-90)' font-size="13" text-anchor="middle">{}</text>)"
-                     "\n", x0 - 46, y0 + h / 2, xml_escape(y_label));
+  svg += fmt::format(
+      R"(<text transform='translate({:.1f},{:.1f}) rotate(-90)' font-size="13" text-anchor="middle">{}</text>)"
+      "\n",
+      x0 - 46, y0 + h / 2, xml_escape(y_label));
   if (!any) {
     svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="13" text-anchor="middle" fill="#888">no data</text>)"
-                       "\n", x0 + w / 2, y0 + h / 2);
+                       "\n",
+                       x0 + w / 2, y0 + h / 2);
     return;
   }
   // the lines (a single point gets a dot)
@@ -110,25 +118,31 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
     for (size_t i = 0; i < s.xs.size(); ++i)
       if (std::isfinite(s.ys[i])) points += fmt::format("{:.1f},{:.1f} ", px(s.xs[i]), py(s.ys[i]));
     if (points.empty()) continue;
-    svg += fmt::format(R"(<polyline points="{}" fill="none" stroke="{}" stroke-width="2"{}/>)" "\n", points,
-                       s.colour, s.dashed ? R"( stroke-dasharray="6,4")" : "");
+    svg += fmt::format(R"(<polyline points="{}" fill="none" stroke="{}" stroke-width="2"{}/>)"
+                       "\n",
+                       points, s.colour, s.dashed ? R"( stroke-dasharray="6,4")" : "");
     if (s.xs.size() <= 12)
       for (size_t i = 0; i < s.xs.size(); ++i)
         if (std::isfinite(s.ys[i]))
-          svg += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="{}"/>)" "\n", px(s.xs[i]), py(s.ys[i]),
-                             s.colour);
+          svg += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="{}"/>)"
+                             "\n",
+                             px(s.xs[i]), py(s.ys[i]), s.colour);
   }
   // legend inside the panel: top right for losses (they fall), bottom right for accuracies (they rise)
-  const double legend_height = 18.0 * series.size() + 8, legend_top = unit_interval ? y0 + h - 4 - legend_height : y0 + 4;
+  const double legend_height = 18.0 * series.size() + 8,
+               legend_top = unit_interval ? y0 + h - 4 - legend_height : y0 + 4;
   double ly = legend_top + 12;
   const double lx = x0 + w - 200;
-  svg += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="192" height="{:.1f}" fill="white" fill-opacity="0.85" stroke="#ccc"/>)"
-                     "\n", lx - 6, legend_top, legend_height);
+  svg += fmt::format(
+      R"(<rect x="{:.1f}" y="{:.1f}" width="192" height="{:.1f}" fill="white" fill-opacity="0.85" stroke="#ccc"/>)"
+      "\n",
+      lx - 6, legend_top, legend_height);
   for (const Series& s : series) {
     svg += fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="3"{}/>)"
-                       R"(<text x="{:.1f}" y="{:.1f}" font-size="12">{}</text>)" "\n",
-                       lx, ly - 4, lx + 24, ly - 4, s.colour, s.dashed ? R"( stroke-dasharray="6,4")" : "", lx + 30,
-                       ly, xml_escape(s.label));
+                       R"(<text x="{:.1f}" y="{:.1f}" font-size="12">{}</text>)"
+                       "\n",
+                       lx, ly - 4, lx + 24, ly - 4, s.colour, s.dashed ? R"( stroke-dasharray="6,4")" : "", lx + 30, ly,
+                       xml_escape(s.label));
     ly += 18;
   }
 }
@@ -140,11 +154,15 @@ namespace {
 std::string figure(const std::string& title, const std::vector<Series>& left, const std::vector<Series>& right,
                    const std::string& left_title, const std::string& right_title, bool zoom = false) {
   const int width = 1100, height = 440;
-  std::string svg = fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
-                                R"(font-family="DejaVu Sans, Arial, sans-serif">)" "\n"
-                                R"(<rect width="100%" height="100%" fill="white"/>)" "\n"
-                                R"(<text x="{2}" y="26" font-size="18" font-weight="bold" text-anchor="middle">{3}</text>)" "\n",
-                                width, height, width / 2, xml_escape(title));
+  std::string svg =
+      fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
+                  R"(font-family="DejaVu Sans, Arial, sans-serif">)"
+                  "\n"
+                  R"(<rect width="100%" height="100%" fill="white"/>)"
+                  "\n"
+                  R"(<text x="{2}" y="26" font-size="18" font-weight="bold" text-anchor="middle">{3}</text>)"
+                  "\n",
+                  width, height, width / 2, xml_escape(title));
   panel(svg, 80, 70, 440, 300, left_title, "loss (cross-entropy)", left, false);
   panel(svg, 620, 70, 440, 300, right_title, "accuracy", right, true, zoom);
   return svg + "</svg>\n";

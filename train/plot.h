@@ -12,7 +12,7 @@
 namespace cast::train {
 
 struct Curves {
-  std::string label;  // the run, in legends
+  std::string label;                          // the run, in legends
   std::vector<double> steps, loss, accuracy;  // training: one point per log interval
   std::vector<double> val_steps, val_accuracy;
 };

@@ -41,11 +41,13 @@ std::string encode(const Image& image, std::string& where) {
   try {
     if (!png || !info) throw Error(fmt::format("{}: out of memory for the PNG writer", where));
     png_set_write_fn(png, &bytes, write_bytes, flush_nothing);
-    png_set_IHDR(png, info, image.width, image.height, 8, image.channels == 3 ? PNG_COLOR_TYPE_RGB : PNG_COLOR_TYPE_GRAY,
-                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_set_IHDR(png, info, image.width, image.height, 8,
+                 image.channels == 3 ? PNG_COLOR_TYPE_RGB : PNG_COLOR_TYPE_GRAY, PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     png_write_info(png, info);
     for (int y = 0; y < image.height; ++y)
-      png_write_row(png, const_cast<png_bytep>(image.pixels.data() + static_cast<size_t>(y) * image.width * image.channels));
+      png_write_row(png,
+                    const_cast<png_bytep>(image.pixels.data() + static_cast<size_t>(y) * image.width * image.channels));
     png_write_end(png, nullptr);
   } catch (...) {
     png_destroy_write_struct(&png, &info);
@@ -78,8 +80,10 @@ Image read_gray(const std::string& path) {
     png_read_info(png, info);
     // the header's size is input: checked before a row is allocated (Path-X, the largest task, is 128 x 128)
     const png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
-    CAST_CHECK(w >= 1 && h >= 1 && w <= kMaxSide && h <= kMaxSide, "{}: the image is {} x {} pixels; at most {} x {} "
-               "are read", where, w, h, kMaxSide, kMaxSide);
+    CAST_CHECK(w >= 1 && h >= 1 && w <= kMaxSide && h <= kMaxSide,
+               "{}: the image is {} x {} pixels; at most {} x {} "
+               "are read",
+               where, w, h, kMaxSide, kMaxSide);
     png_set_strip_16(png);
     png_set_strip_alpha(png);
     png_set_expand(png);

@@ -15,6 +15,6 @@ struct Image {
 
 // Atomic (files::write_atomic); `link`: files::Link::refuse for files named by the engine.
 void write(const std::string& path, const Image& image, files::Link link = files::Link::follow_once);
-Image read_gray(const std::string& path);                 // any PNG, converted to 8-bit gray
+Image read_gray(const std::string& path);  // any PNG, converted to 8-bit gray
 
 }  // namespace cast::png

@@ -34,8 +34,10 @@ bool prepare_run_folder(const TrainConfig& c, const std::string& resume_from) {
   // home, under the same rule as a new run's.
   const bool in_place = !resume_from.empty() && files::same_file(folder_of(resume_from), c.run_dir);
   if (!in_place && std::filesystem::exists(checkpoint)) {
-    CAST_CHECK(c.overwrite, "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
-               "--run, or pass --overwrite to replace it", c.run_dir, checkpoint, checkpoint);
+    CAST_CHECK(c.overwrite,
+               "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
+               "--run, or pass --overwrite to replace it",
+               c.run_dir, checkpoint, checkpoint);
     for (const char* stale : {"/best.safetensors", "/summary.json", "/curves.svg"})
       std::filesystem::remove(c.run_dir + stale);  // the old run's, never to be mistaken for the new one's
   }

@@ -18,7 +18,8 @@ namespace {
 
 // ---------------------------------------------------------------- building a row
 // A field of TrainConfig, for the const getter and the setter alike: AT(model.dim).
-#define AT(member) [](auto& c) -> auto& { return c.member; }
+#define AT(member) \
+  [](auto& c) -> auto& { return c.member; }
 
 Setting row(const char* name, Kind kind, Home home, const char* help) {
   Setting s;
@@ -71,8 +72,7 @@ Setting choice(const char* name, const char* help, std::vector<std::string> word
 
 // A choice of two words kept in the config as a bool: true is `words[yes]`.
 template <class Field>
-Setting two_words(const char* name, Home home, const char* help, std::vector<std::string> words, int yes,
-                  Field field) {
+Setting two_words(const char* name, Home home, const char* help, std::vector<std::string> words, int yes, Field field) {
   Setting s = choice(name, home, help, words);
   s.get = [field, words, yes](const TrainConfig& c) { return json(words[field(c) ? yes : 1 - yes]); };
   s.set = [field, words, yes](TrainConfig& c, const json& v) { field(c) = v.get<std::string>() == words[yes]; };
@@ -125,7 +125,9 @@ std::vector<Setting> make_table() {
     c.model.attention.mechanism = nn::parse_mechanism(v.get<std::string>());
   };
   Setting f = choice("f", attention, "CAST:", {"softmax", "laplace"});
-  f.get = [](const TrainConfig& c) { return json(c.model.attention.f == ops::AttentionFn::laplace ? "laplace" : "softmax"); };
+  f.get = [](const TrainConfig& c) {
+    return json(c.model.attention.f == ops::AttentionFn::laplace ? "laplace" : "softmax");
+  };
   f.set = [](TrainConfig& c, const json& v) {
     c.model.attention.f = v == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
   };
@@ -134,36 +136,53 @@ std::vector<Setting> make_table() {
       // What a resumed run may change: when it stops, what it logs, evaluates and saves, where
       // it reads and writes, what runs it.
       resumable(defaults(integer("steps", run, 0, kBig, "training steps", AT(steps)), "5000",
-                         {{"listops-short", "1200"}, {"text", "20000"}, {"image", "35000"}, {"pathfinder", "62000"},
-                          {"pathx", "62000"}, {"fashion-mnist", "3000"}, {"fashion-mnist-14", "2000"}})),
+                         {{"listops-short", "1200"},
+                          {"text", "20000"},
+                          {"image", "35000"},
+                          {"pathfinder", "62000"},
+                          {"pathx", "62000"},
+                          {"fashion-mnist", "3000"},
+                          {"fashion-mnist-14", "2000"}})),
       resumable(defaults(integer("log-every", run, 1, kBig, "steps between progress lines", AT(log_every)), "20")),
-      resumable(defaults(integer("eval-every", run, 0, kBig, "steps between validations (0: at the end)",
-                                 AT(eval_every)), "0", {{"fashion-mnist-14", "500"}})),
+      resumable(
+          defaults(integer("eval-every", run, 0, kBig, "steps between validations (0: at the end)", AT(eval_every)),
+                   "0", {{"fashion-mnist-14", "500"}})),
       resumable(defaults(integer("checkpoint-every", run, 0, kBig, "steps between checkpoints (0: at the end only)",
-                                 AT(checkpoint_every)), "200")),
-      resumable(defaults(integer("eval-limit", run, 0, kBig, "examples per evaluated split (0: all)", AT(eval_limit)),
-                         "0")),
-      resumable(flag("eval-best", "evaluate the best validation checkpoint instead of the final model (needs "
-                                  "--eval-every)", AT(eval_best))),
+                                 AT(checkpoint_every)),
+                         "200")),
+      resumable(
+          defaults(integer("eval-limit", run, 0, kBig, "examples per evaluated split (0: all)", AT(eval_limit)), "0")),
+      resumable(flag("eval-best",
+                     "evaluate the best validation checkpoint instead of the final model (needs "
+                     "--eval-every)",
+                     AT(eval_best))),
       resumable(defaults(word("data", "data folder", "the task's folder under data/", AT(data_dir)), "")),
       resumable(defaults(word("run", "run folder", "runs/<task>-<attention>", AT(run_dir)), "")),
       resumable(defaults(choice("device", "", {"auto", "cpu", "cuda"}, AT(device)), "auto")),
       resumable(flag("tf32", "allow TF32 tensor-core matmuls on the GPU", AT(tf32))),
-      resumable(flag("reference", "run the step-by-step reference attention ops instead of the fast paths (CPU "
-                                  "and GPU), and on the CPU the plain-loop matmul instead of the BLAS (same results, "
-                                  "slower; for study)",
+      resumable(flag("reference",
+                     "run the step-by-step reference attention ops instead of the fast paths (CPU "
+                     "and GPU), and on the CPU the plain-loop matmul instead of the BLAS (same results, "
+                     "slower; for study)",
                      AT(reference))),
 
       // The optimisation.
       defaults(integer("batch", run, 1, 1 << 20, "batch size", AT(batch)), "32",
                {{"image", "256"}, {"pathfinder", "512"}, {"fashion-mnist", "64"}, {"fashion-mnist-14", "64"}}),
       defaults(number("lr", run, Bound::positive, "peak learning rate (rsqrt: the LRA base rate)", AT(lr)), "1e-3",
-               {{"listops-short", "2e-3"}, {"listops", "0.05"}, {"text", "0.05"}, {"retrieval", "0.05"},
-                {"image", "5e-4"}, {"fashion-mnist-14", "2e-3"}}),
+               {{"listops-short", "2e-3"},
+                {"listops", "0.05"},
+                {"text", "0.05"},
+                {"retrieval", "0.05"},
+                {"image", "5e-4"},
+                {"fashion-mnist-14", "2e-3"}}),
       defaults(choice("schedule", "", {"rsqrt", "cosine", "constant"}, AT(schedule)), "cosine",
                {{"listops", "rsqrt"}, {"text", "rsqrt"}, {"retrieval", "rsqrt"}}),
       defaults(integer("warmup", run, 0, kBig, "warmup steps", AT(warmup)), "1000",
-               {{"listops-short", "100"}, {"text", "8000"}, {"retrieval", "8000"}, {"fashion-mnist", "200"},
+               {{"listops-short", "100"},
+                {"text", "8000"},
+                {"retrieval", "8000"},
+                {"fashion-mnist", "200"},
                 {"fashion-mnist-14", "100"}}),
       defaults(number("weight-decay", run, Bound::non_negative, "AdamW weight decay", AT(weight_decay)), "0.1",
                {{"listops-short", "0.01"}}),
@@ -172,57 +191,74 @@ std::vector<Setting> make_table() {
 
       // The model.
       old_spelling(defaults(integer("max-len", model, 1, 1 << 22, "longest sequence", AT(model.max_len)), "1024",
-                            {{"listops-short", "48"}, {"listops", "2000"}, {"text", "4096"}, {"retrieval", "4000"},
-                             {"pathx", "16384"}, {"fashion-mnist", "784"}, {"fashion-mnist-14", "196"}}),
+                            {{"listops-short", "48"},
+                             {"listops", "2000"},
+                             {"text", "4096"},
+                             {"retrieval", "4000"},
+                             {"pathx", "16384"},
+                             {"fashion-mnist", "784"},
+                             {"fashion-mnist-14", "196"}}),
                    "max_len"),
       defaults(integer("dim", model, 1, 1 << 16, "model dim D", AT(model.dim)), "64",
-               {{"listops", "512"}, {"text", "256"}, {"retrieval", "128"}, {"image", "128"}, {"pathfinder", "32"},
+               {{"listops", "512"},
+                {"text", "256"},
+                {"retrieval", "128"},
+                {"image", "128"},
+                {"pathfinder", "32"},
                 {"pathx", "32"}}),
       defaults(integer("heads", model, 1, 1024, "attention heads", AT(model.heads)), "4",
                {{"listops", "8"}, {"image", "8"}, {"pathx", "2"}}),
-      old_spelling(defaults(integer("mlp-dim", model, 1, 1 << 18, "MLP hidden width", AT(model.mlp_dim)), "128",
-                            {{"listops", "1024"}, {"text", "1024"}, {"retrieval", "512"}, {"pathfinder", "32"},
-                             {"pathx", "32"}}),
-                   "mlp_dim"),
-      defaults(integer("layers", model, 1, 1024, "blocks", AT(model.layers)), "4",
-               {{"listops-short", "2"}, {"image", "1"}, {"pathx", "1"}, {"fashion-mnist", "1"},
-                {"fashion-mnist-14", "1"}}),
+      old_spelling(
+          defaults(
+              integer("mlp-dim", model, 1, 1 << 18, "MLP hidden width", AT(model.mlp_dim)), "128",
+              {{"listops", "1024"}, {"text", "1024"}, {"retrieval", "512"}, {"pathfinder", "32"}, {"pathx", "32"}}),
+          "mlp_dim"),
+      defaults(
+          integer("layers", model, 1, 1024, "blocks", AT(model.layers)), "4",
+          {{"listops-short", "2"}, {"image", "1"}, {"pathx", "1"}, {"fashion-mnist", "1"}, {"fashion-mnist-14", "1"}}),
       defaults(number("dropout", model, Bound::fraction, "dropout rate", AT(model.dropout)), "0.1",
                {{"listops-short", "0"}, {"image", "0.3"}, {"fashion-mnist-14", "0"}}),
-      old_spelling(defaults(two_words("positions", model, "", {"sinusoidal", "learned"}, 1, AT(model.learned_positions)),
-                            "sinusoidal", {{"image", "learned"}, {"fashion-mnist", "learned"},
-                                           {"fashion-mnist-14", "learned"}}),
-                   "learned_positions", "sinusoidal", "learned"),
-      old_spelling(defaults(two_words("pooling", model, "", {"cls", "mean"}, 0, AT(model.cls_pooling)), "cls",
-                            {{"pathfinder", "mean"}, {"pathx", "mean"}, {"fashion-mnist", "mean"},
-                             {"fashion-mnist-14", "mean"}}),
-                   "cls_pooling", "mean", "cls"),
+      old_spelling(
+          defaults(two_words("positions", model, "", {"sinusoidal", "learned"}, 1, AT(model.learned_positions)),
+                   "sinusoidal", {{"image", "learned"}, {"fashion-mnist", "learned"}, {"fashion-mnist-14", "learned"}}),
+          "learned_positions", "sinusoidal", "learned"),
+      old_spelling(
+          defaults(
+              two_words("pooling", model, "", {"cls", "mean"}, 0, AT(model.cls_pooling)), "cls",
+              {{"pathfinder", "mean"}, {"pathx", "mean"}, {"fashion-mnist", "mean"}, {"fashion-mnist-14", "mean"}}),
+          "cls_pooling", "mean", "cls"),
 
       // The attention.
       defaults(mechanism, "cast"),
       defaults(integer("clusters", attention, 0, 1 << 16, "clusters C (0: ceil(sqrt(N)) rounded up to 8)",
-                       AT(model.attention.clusters)), "0"),
+                       AT(model.attention.clusters)),
+               "0"),
       old_spelling(defaults(integer("cluster-size", attention, 0, 1 << 22, "CAST cluster size (0: same default)",
-                                    AT(model.attention.cluster_size)), "0"),
+                                    AT(model.attention.cluster_size)),
+                            "0"),
                    "cluster_size"),
       old_spelling(defaults(two_words("clustering", attention, "CAST:", {"topk", "satopk"}, 1,
-                                      AT(model.attention.single_assignment)), "topk"),
+                                      AT(model.attention.single_assignment)),
+                            "topk"),
                    "single_assignment", "topk", "satopk"),
       defaults(f, "softmax"),
-      old_spelling(defaults(two_words("summaries", attention, "CAST:", {"on", "off"}, 0, AT(model.attention.summaries)),
-                            "on"),
-                   "summaries", "off", "on"),
-      old_spelling(defaults(two_words("mix", attention, "CAST:", {"affinity", "query"}, 1, AT(model.attention.mix_query)),
-                            "affinity"),
-                   "mix_query", "affinity", "query"),
+      old_spelling(
+          defaults(two_words("summaries", attention, "CAST:", {"on", "off"}, 0, AT(model.attention.summaries)), "on"),
+          "summaries", "off", "on"),
+      old_spelling(
+          defaults(two_words("mix", attention, "CAST:", {"affinity", "query"}, 1, AT(model.attention.mix_query)),
+                   "affinity"),
+          "mix_query", "affinity", "query"),
       old_spelling(defaults(two_words("cast-heads", attention, "CAST:", {"per-head", "shared"}, 1,
-                                      AT(model.attention.shared_clustering)), "per-head"),
+                                      AT(model.attention.shared_clustering)),
+                            "per-head"),
                    "shared_clustering", "per-head", "shared"),
       defaults(integer("topk", attention, 1, 1 << 22, "improved clustered: keys per cluster", AT(model.attention.topk)),
                "32"),
       defaults(integer("bits", attention, 1, 63, "clustered: hash bits", AT(model.attention.bits)), "63"),
-      defaults(integer("iterations", attention, 0, 100000, "clustered: Lloyd iterations",
-                       AT(model.attention.iterations)), "10"),
+      defaults(
+          integer("iterations", attention, 0, 100000, "clustered: Lloyd iterations", AT(model.attention.iterations)),
+          "10"),
   };
 }
 #undef AT
@@ -349,8 +385,8 @@ void validate(const TrainConfig& c) {
     }
     const bool zero_ok = s.bound == Bound::non_negative;
     if (!std::isfinite(v) || v < 0 || (!zero_ok && v == 0))
-      throw UsageError(fmt::format("setting '{}' is {}: it must be a {} number", s.name, v,
-                                   zero_ok ? "non-negative" : "positive"));
+      throw UsageError(
+          fmt::format("setting '{}' is {}: it must be a {} number", s.name, v, zero_ok ? "non-negative" : "positive"));
   }
   const nn::ModelConfig& m = c.model;
   if (m.dim % m.heads != 0)

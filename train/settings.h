@@ -26,7 +26,7 @@ struct TrainConfig {
   double lr = 1e-3, weight_decay = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.98, eps = 1e-9;
   std::string schedule = "cosine";  // rsqrt | cosine | constant
   uint64_t seed = 1;
-  bool eval_best = false;  // evaluate the checkpoint of best validation accuracy instead of the final model
+  bool eval_best = false;       // evaluate the checkpoint of best validation accuracy instead of the final model
   std::string device = "auto";  // auto | cpu | cuda
   bool tf32 = false;
   bool reference = false;  // CPU: step-by-step attention ops and plain-loop matmul (for study)
@@ -47,12 +47,12 @@ struct Setting {
   std::string name;
   Kind kind = Kind::integer;
   Home home = Home::run;
-  std::string help;                 // a choice's words follow it in --help
-  int64_t lo = 0, hi = 0;           // integer: the range
-  Bound bound = Bound::positive;    // number: what it accepts (always finite)
-  std::vector<std::string> words;   // choice
-  std::string when_empty;           // word: what an empty value means, for --help
-  bool resumable = false;           // a resumed run may change it (when it stops, what it logs...)
+  std::string help;                // a choice's words follow it in --help
+  int64_t lo = 0, hi = 0;          // integer: the range
+  Bound bound = Bound::positive;   // number: what it accepts (always finite)
+  std::vector<std::string> words;  // choice
+  std::string when_empty;          // word: what an empty value means, for --help
+  bool resumable = false;          // a resumed run may change it (when it stops, what it logs...)
   // The default, then the presets that differ from it: {"32", {{"image", "256"}}}.
   std::string default_text;
   std::vector<std::pair<std::string, std::string>> per_task;

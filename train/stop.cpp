@@ -46,8 +46,9 @@ std::string signal_name(int signal) {
 }
 
 std::string shell_quote(const std::string& word) {
-  const bool safe = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                                            "0123456789-_./=,:+@%") == std::string::npos;
+  const bool safe = !word.empty() && word.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789-_./=,:+@%") == std::string::npos;
   if (safe) return word;
   std::string quoted = "'";
   for (char ch : word) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);

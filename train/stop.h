@@ -26,7 +26,8 @@ class Interrupted : public Error {
  public:
   Interrupted(int signal, std::string what_happened, std::string resume_command)
       : Error(what_happened + "; resume with: " + resume_command),
-        signal_(signal), what_happened_(std::move(what_happened)) {}
+        signal_(signal),
+        what_happened_(std::move(what_happened)) {}
   int signal() const { return signal_; }
   const std::string& what_happened() const { return what_happened_; }
 

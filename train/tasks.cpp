@@ -10,15 +10,15 @@ namespace cast::train {
 const std::vector<Task>& tasks() {
   static const std::vector<Task> list = {
       //  name               vocab  classes  dual   default data folder
-      {"listops-short",      16,    10,      false, "data/listops-short"},  // small enough for a 2-core CPU
-      {"listops",            16,    10,      false, "data/listops-1000"},
-      {"text",               257,   2,       false, "data/aclImdb"},
-      {"retrieval",          257,   2,       true,  "data/aan"},
-      {"image",              256,   10,      false, "data/cifar-10-batches-bin"},
-      {"pathfinder",         256,   2,       false, "data/pathfinder32"},
-      {"pathx",              256,   2,       false, "data/pathx128"},
-      {"fashion-mnist",      256,   10,      false, data::default_fashion_mnist_dir()},
-      {"fashion-mnist-14",   256,   10,      false, data::default_fashion_mnist_dir()},  // 14×14: 196 tokens
+      {"listops-short", 16, 10, false, "data/listops-short"},  // small enough for a 2-core CPU
+      {"listops", 16, 10, false, "data/listops-1000"},
+      {"text", 257, 2, false, "data/aclImdb"},
+      {"retrieval", 257, 2, true, "data/aan"},
+      {"image", 256, 10, false, "data/cifar-10-batches-bin"},
+      {"pathfinder", 256, 2, false, "data/pathfinder32"},
+      {"pathx", 256, 2, false, "data/pathx128"},
+      {"fashion-mnist", 256, 10, false, data::default_fashion_mnist_dir()},
+      {"fashion-mnist-14", 256, 10, false, data::default_fashion_mnist_dir()},  // 14×14: 196 tokens
   };
   return list;
 }
@@ -58,7 +58,8 @@ data::TaskData load_task(const TrainConfig& c, bool generate_if_missing) {
   if (t == "text") return data::load_imdb(dir, max_len);
   if (t == "retrieval") return data::load_aan(dir, max_len);
   if (t == "image") return data::load_cifar10(dir);
-  if (t == "fashion-mnist" || t == "fashion-mnist-14") return data::load_fashion_mnist(dir, t == "fashion-mnist" ? 1 : 2);
+  if (t == "fashion-mnist" || t == "fashion-mnist-14")
+    return data::load_fashion_mnist(dir, t == "fashion-mnist" ? 1 : 2);
   if (t == "pathfinder" || t == "pathx") return data::load_pathfinder(dir);
   throw Error(fmt::format("task '{}' has no loader", t));
 }

@@ -33,10 +33,13 @@ int command_train(const std::vector<std::string>& argv) {
                  "Train a Transformer on an LRA task. With no options: generate short ListOps if missing and train a "
                  "small CAST model\non the CPU in a few minutes. Settings: task preset, then --config FILE (JSON, keys "
                  "as the flags), then flags.");
-  args.option("task", "listops-short", "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
+  args.option(
+          "task", "listops-short",
+          "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
       .option("config", "", "JSON file of settings")
-      .option("resume", "", "checkpoint to continue from, in its own folder unless --run names another (its settings "
-                            "are used; steps, logging, evaluation, checkpoints, data, device may change)");
+      .option("resume", "",
+              "checkpoint to continue from, in its own folder unless --run names another (its settings "
+              "are used; steps, logging, evaluation, checkpoints, data, device may change)");
   train::declare_setting_flags(args, {});
   args.flag("overwrite", "replace the run already in the run folder (without it, such a folder is refused)");
   args.example("cast train                                     (short ListOps, a small CAST model)")
@@ -63,8 +66,7 @@ int command_train(const std::vector<std::string>& argv) {
   check_config_is_no_run_file(config, args.str("config"));
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
              config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
-             config.model.heads, config.steps, config.batch,
-             device_name(train::resolve_device(config.device)));
+             config.model.heads, config.steps, config.batch, device_name(train::resolve_device(config.device)));
   train::run_training(config, args.str("resume"));
   return 0;
 }
@@ -100,11 +102,13 @@ int command_eval(const std::vector<std::string>& argv) {
 }
 
 int command_data(const std::vector<std::string>& argv) {
-  cli::Args args("data", "Generate a task in the LRA release layout: --task listops | listops-short | pathfinder | pathx.");
+  cli::Args args("data",
+                 "Generate a task in the LRA release layout: --task listops | listops-short | pathfinder | pathx.");
   args.option("task", "", "listops | listops-short | pathfinder | pathx")
       .option("out", "", "output folder (default: data/<name>)")
-      .option("count", "0", "training examples for ListOps (0: 96000, short 6000); images for pathfinder/pathx "
-                            "(0: 2000)")
+      .option("count", "0",
+              "training examples for ListOps (0: 96000, short 6000); images for pathfinder/pathx "
+              "(0: 2000)")
       .option("max-length", "0", "ListOps: longest expression in tokens (0: 2000 as in LRA, short 48)")
       .option("min-length", "0", "ListOps: shortest expression (0: a quarter of --max-length, as LRA's 500 of 2000)")
       .option("seed", "1", "seed")
@@ -140,7 +144,8 @@ int command_data(const std::vector<std::string>& argv) {
     data::generate_listops(out, spec, static_cast<uint64_t>(seed));
   } else {
     if (out.empty()) out = train::find_task(task).data_dir;
-    data::PathfinderSpec spec = task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
+    data::PathfinderSpec spec =
+        task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
     if (count > 0) spec.count = count;
     data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed));
   }
@@ -164,7 +169,8 @@ int command_clusters(const std::vector<std::string>& argv) {
   const int scale = static_cast<int>(args.integer("scale", 1, 64));  // pixels per image pixel
   const int64_t index = args.integer("index", 0, INT64_MAX);
   // the figure never replaces the checkpoint it draws, nor its run's other files
-  std::vector<std::string> inputs = train::run_folder_files(std::filesystem::path(args.str("checkpoint")).parent_path().string());
+  std::vector<std::string> inputs =
+      train::run_folder_files(std::filesystem::path(args.str("checkpoint")).parent_path().string());
   inputs.push_back(args.str("checkpoint"));
   files::check_not_an_input(args.str("out"), "--out", inputs);
   files::check_replaces_own_kind(args.str("out"), "--out", "an SVG figure", files::looks_like_svg);  // before the work
@@ -192,9 +198,10 @@ int command_clusters(const std::vector<std::string>& argv) {
 }
 
 int command_plot(const std::vector<std::string>& argv) {
-  cli::Args args("plot",
-                 "Plot run folders' metrics.jsonl as SVG: one folder gives training loss and training/validation "
-                 "accuracy against the step; several give a comparison (training loss and validation accuracy of each).");
+  cli::Args args(
+      "plot",
+      "Plot run folders' metrics.jsonl as SVG: one folder gives training loss and training/validation "
+      "accuracy against the step; several give a comparison (training loss and validation accuracy of each).");
   args.option("out", "", "output SVG (one run: <run>/curves.svg; several: comparison.svg)")
       .option("title", "", "figure title (default: the run folders)")
       .usage("cast plot <run folder> [<run folder> ...] [options]")

@@ -174,7 +174,8 @@ void check_task_fits(const Run& run) {
              task.classes, c.model.vocab, c.model.classes);
   const int64_t length = std::min(c.model.max_len, task.max_len);
   require_memory(training_step_bytes(c.model, c.batch, length, run.device == Device::cuda), run.device,
-                 fmt::format("a training step of batch {} at length {}", c.batch, length), "lower --batch or --max-len");
+                 fmt::format("a training step of batch {} at length {}", c.batch, length),
+                 "lower --batch or --max-len");
 }
 
 // The model and zero moments, or the checkpoint's.
@@ -209,8 +210,8 @@ void save(const Run& run, const std::string& path) {
 
 EvalResult evaluate_split(Run& run, const char* split_name, const std::vector<data::Example>& split) {
   EvalResult r = evaluate(*run.model, run.task, split, run.c.batch, run.c.eval_limit, run.device);
-  run.metrics->append(json{{"step", run.step}, {"split", split_name}, {"loss", r.loss}, {"accuracy", r.accuracy}}.dump() +
-                      '\n');
+  run.metrics->append(
+      json{{"step", run.step}, {"split", split_name}, {"loss", r.loss}, {"accuracy", r.accuracy}}.dump() + '\n');
   return r;
 }
 
@@ -222,8 +223,11 @@ void take_statistics(const Run& run, TrainingStep& training, Window& window, Tra
       autograd::clear_tape();
       const bool loss_bad = !std::isfinite(r.loss);
       const double bad = loss_bad ? r.loss : r.grad_norm;
-      throw Error(fmt::format("step {}: the {} is {}; training stopped{}. {}", r.step, loss_bad ? "loss" : "gradient norm",
-                              std::isnan(bad) ? "nan" : bad > 0 ? "inf" : "-inf",
+      throw Error(fmt::format("step {}: the {} is {}; training stopped{}. {}", r.step,
+                              loss_bad ? "loss" : "gradient norm",
+                              std::isnan(bad) ? "nan"
+                              : bad > 0       ? "inf"
+                                              : "-inf",
                               r.step == run.step ? " before the update" : fmt::format(" at step {}", run.step),
                               last_good_checkpoint(run.checkpoint)));
     }
@@ -243,8 +247,14 @@ void log_progress(Run& run, Window& window, double lr) {
   const double eta = elapsed / std::max<int64_t>(1, run.step - run.start_step) * (run.c.steps - run.step);
   const double l = window.loss / window.examples, a = window.correct / window.examples;
   const double tokens_per_s = window.tokens / std::max(dt, 1e-9);
-  run.metrics->append(json{{"step", run.step}, {"split", "train"}, {"loss", l}, {"accuracy", a}, {"lr", lr},
-                           {"tokens_per_s", tokens_per_s}}.dump() + '\n');
+  run.metrics->append(json{{"step", run.step},
+                           {"split", "train"},
+                           {"loss", l},
+                           {"accuracy", a},
+                           {"lr", lr},
+                           {"tokens_per_s", tokens_per_s}}
+                          .dump() +
+                      '\n');
   if (!run.quiet) {
     const std::string line = fmt::format("step {:>6}/{}  loss {:.4f}  acc {:5.1f}%  lr {:.2e}  {:.0f} tok/s  ETA {}",
                                          run.step, run.c.steps, l, 100 * a, lr, tokens_per_s, format_duration(eta));
@@ -268,8 +278,8 @@ void validate_now(Run& run) {
 }
 
 [[noreturn]] void stopped(const Run& run, int signal, const std::string& when) {
-  throw Interrupted(signal, fmt::format("stopped by {} {}: checkpoint {} written", signal_name(signal), when,
-                                        run.checkpoint),
+  throw Interrupted(signal,
+                    fmt::format("stopped by {} {}: checkpoint {} written", signal_name(signal), when, run.checkpoint),
                     "cast train --resume " + shell_quote(run.checkpoint));
 }
 
@@ -324,13 +334,19 @@ void finish(Run& run, TrainResult& result) {
   plot_run(c.run_dir + "/curves.svg", run_title(c), read_curves(c.run_dir), files::Link::refuse);
   const RunCost cost = cost_now(run);
   const int64_t step = run.step;
-  write_summary(c.run_dir, {{"task", c.task}, {"attention", nn::mechanism_name(c.model.attention.mechanism)},
-                            {"steps", step}, {"seconds", cost.wall_seconds},
+  write_summary(c.run_dir, {{"task", c.task},
+                            {"attention", nn::mechanism_name(c.model.attention.mechanism)},
+                            {"steps", step},
+                            {"seconds", cost.wall_seconds},
                             {"step_seconds", step > 0 ? cost.step_seconds / step : 0.0},
-                            {"peak_bytes", cost.peak_bytes}, {"device", device_name(run.device)},
-                            {"val_accuracy", result.val.accuracy}, {"test_accuracy", result.test.accuracy},
-                            {"val_examples", result.val.examples}, {"test_examples", result.test.examples},
-                            {"majority_rate", result.majority}, {"evaluated", evaluate_best ? "best" : "final"}});
+                            {"peak_bytes", cost.peak_bytes},
+                            {"device", device_name(run.device)},
+                            {"val_accuracy", result.val.accuracy},
+                            {"test_accuracy", result.test.accuracy},
+                            {"val_examples", result.val.examples},
+                            {"test_examples", result.test.examples},
+                            {"majority_rate", result.majority},
+                            {"evaluated", evaluate_best ? "best" : "final"}});
   if (run.quiet) return;
   fmt::print("done in {}: {} model after {} steps\n", format_duration(cost.wall_seconds),
              evaluate_best ? "best" : "final", step);

@@ -9,8 +9,8 @@
 
 namespace cast::train {
 
-TrainingStep::TrainingStep(nn::Transformer& model, nn::ParamList params, std::vector<Tensor>& m,
-                           std::vector<Tensor>& v, int64_t capacity)
+TrainingStep::TrainingStep(nn::Transformer& model, nn::ParamList params, std::vector<Tensor>& m, std::vector<Tensor>& v,
+                           int64_t capacity)
     : model_(model), params_(std::move(params)), m_(m), v_(v) {
   CAST_CHECK(capacity >= 1, "training step: capacity must be >= 1, got {}", capacity);
   CAST_CHECK(m_.size() == params_.size() && v_.size() == params_.size(),
@@ -20,8 +20,10 @@ TrainingStep::TrainingStep(nn::Transformer& model, nn::ParamList params, std::ve
 }
 
 void TrainingStep::compute(const nn::Batch& batch, int64_t step) {
-  CAST_CHECK(pending() < buffer_.dim(1), "training step: {} steps computed since the last read, the most the buffer "
-             "holds; read() first", pending());
+  CAST_CHECK(pending() < buffer_.dim(1),
+             "training step: {} steps computed since the last read, the most the buffer "
+             "holds; read() first",
+             pending());
   Tensor logits = model_.forward(batch, true);
   Tensor loss = ops::cross_entropy(logits, batch.labels);
   autograd::backward(loss);

@@ -278,14 +278,16 @@ void release_barrier(Block& b) {
   const std::string at = fmt::format("{}:{}", site->file, site->line);
   if (!other.empty()) {
     const Fiber& o = g_fibers[other.front()];
-    throw Error(fmt::format("CUDA emulation: barrier divergence in kernel {}, block {}: threads {} wait at "
-                            "__syncthreads() {} while threads {} wait at {}:{}",
-                            b.kernel, coords(b.idx), thread_list(first), at, thread_list(other), o.file, o.line));
+    throw Error(
+        fmt::format("CUDA emulation: barrier divergence in kernel {}, block {}: threads {} wait at "
+                    "__syncthreads() {} while threads {} wait at {}:{}",
+                    b.kernel, coords(b.idx), thread_list(first), at, thread_list(other), o.file, o.line));
   }
   if (!exited.empty())
-    throw Error(fmt::format("CUDA emulation: barrier divergence in kernel {}, block {}: threads {} wait at "
-                            "__syncthreads() {} but threads {} have exited",
-                            b.kernel, coords(b.idx), thread_list(first), at, thread_list(exited)));
+    throw Error(
+        fmt::format("CUDA emulation: barrier divergence in kernel {}, block {}: threads {} wait at "
+                    "__syncthreads() {} but threads {} have exited",
+                    b.kernel, coords(b.idx), thread_list(first), at, thread_list(exited)));
   for (int t = 0; t < b.threads; ++t) g_fibers[t].state = State::runnable;
   ++b.epoch;
   ++g_stats.barriers;
@@ -301,10 +303,11 @@ void release_barrier(Block& b) {
       const int u = t / 32 * 32 + lane;
       if ((w.mask >> lane & 1u) && (u >= b.threads || g_fibers[u].state != State::at_warp)) missing.push_back(u);
     }
-    throw Error(fmt::format("CUDA emulation: warp collective at {}:{} never completes in kernel {}, block {}: "
-                            "thread {} waits for threads {} of its mask 0x{:08x}, which exited, do not exist or "
-                            "wait elsewhere",
-                            f.file, f.line, b.kernel, coords(b.idx), t, thread_list(missing), w.mask));
+    throw Error(
+        fmt::format("CUDA emulation: warp collective at {}:{} never completes in kernel {}, block {}: "
+                    "thread {} waits for threads {} of its mask 0x{:08x}, which exited, do not exist or "
+                    "wait elsewhere",
+                    f.file, f.line, b.kernel, coords(b.idx), t, thread_list(missing), w.mask));
   }
   throw Error(fmt::format("CUDA emulation: kernel {} block {} cannot progress", b.kernel, coords(b.idx)));
 }
@@ -361,11 +364,14 @@ void launch(const char* kernel_name, const void* kernel_id, Dim3 grid, Dim3 bloc
              "CUDA emulation: kernel {} launched with grid {} and block {}: every dimension must be positive "
              "(invalid configuration)",
              kernel_name, coords(grid), coords(block));
-  CAST_CHECK(threads <= 1024 && block.z <= 64, "CUDA emulation: kernel {} launched with block {}: at most 1024 "
-             "threads per block (invalid configuration)", kernel_name, coords(block));
+  CAST_CHECK(threads <= 1024 && block.z <= 64,
+             "CUDA emulation: kernel {} launched with block {}: at most 1024 "
+             "threads per block (invalid configuration)",
+             kernel_name, coords(block));
   CAST_CHECK(grid.y <= 65535 && grid.z <= 65535, "CUDA emulation: kernel {} grid {} exceeds 65535 in y or z",
              kernel_name, coords(grid));
-  CAST_CHECK(dynamic_shared_bytes <= max_dynamic_shared(kernel_id), "CUDA emulation: kernel {} asks for {} bytes "
+  CAST_CHECK(dynamic_shared_bytes <= max_dynamic_shared(kernel_id),
+             "CUDA emulation: kernel {} asks for {} bytes "
              "of dynamic shared memory, more than its {} (48 KiB without an opt-in by cudaFuncSetAttribute)",
              kernel_name, dynamic_shared_bytes, max_dynamic_shared(kernel_id));
   ++g_stats.launches;
@@ -402,15 +408,17 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, in
   Fiber& f = *g_fiber;
   const int lane = f.tid % 32, warp = f.tid / 32;
   WarpState& w = b.warps[warp];
-  if (!(mask >> lane & 1u)) fail(fmt::format("warp function at {}:{} called by lane {} outside its mask 0x{:08x}",
-                                             file, line, lane, mask));
+  if (!(mask >> lane & 1u))
+    fail(fmt::format("warp function at {}:{} called by lane {} outside its mask 0x{:08x}", file, line, lane, mask));
   if (width <= 0 || width > 32 || (width & (width - 1)))
     fail(fmt::format("warp function at {}:{}: width {} is not a power of two up to 32", file, line, width));
   if (w.arrived == 0) {
     w.mask = mask, w.op = op, w.width = width, w.file = file, w.line = line;
   } else if (w.mask != mask || w.op != op || w.file != file || w.line != line) {
-    fail(fmt::format("lanes of warp {} meet at different warp functions: {}:{} (mask 0x{:08x}) and {}:{} "
-                     "(mask 0x{:08x})", warp, w.file, w.line, w.mask, file, line, mask));
+    fail(
+        fmt::format("lanes of warp {} meet at different warp functions: {}:{} (mask 0x{:08x}) and {}:{} "
+                    "(mask 0x{:08x})",
+                    warp, w.file, w.line, w.mask, file, line, mask));
   }
   w.payload[lane] = payload;
   w.arg[lane] = arg;
@@ -432,8 +440,8 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, in
       }
       if ((op == WarpOp::shfl || op == WarpOp::shfl_xor || op == WarpOp::shfl_down || op == WarpOp::shfl_up) &&
           !(mask >> src & 1u))
-        fail(fmt::format("warp shuffle at {}:{}: lane {} reads lane {}, which is not in the mask 0x{:08x}", file,
-                         line, l, src, mask));
+        fail(fmt::format("warp shuffle at {}:{}: lane {} reads lane {}, which is not in the mask 0x{:08x}", file, line,
+                         l, src, mask));
       switch (op) {
         case WarpOp::ballot: w.result[l] = vote; break;
         case WarpOp::any: w.result[l] = vote != 0; break;
@@ -465,8 +473,8 @@ void shared_access(const void* base, int64_t index, int64_t size, SharedAccess k
   if (s.epoch != g_block->epoch) s = Shadow{g_block->epoch, -1, -1, false, -1, false};
   const int t = g_fiber->tid;
   auto race = [&](const char* what, int other) {
-    fail(fmt::format("shared-memory race on '{}'[{}]: thread {} {} since the last __syncthreads()", name, index,
-                     other, what));
+    fail(fmt::format("shared-memory race on '{}'[{}]: thread {} {} since the last __syncthreads()", name, index, other,
+                     what));
   };
   // Atomic updates may meet each other; a plain access by another thread may meet none.
   if (kind == SharedAccess::atomic) {

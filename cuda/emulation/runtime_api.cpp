@@ -17,10 +17,10 @@
 namespace {
 
 std::mutex g_mutex;
-std::map<const char*, size_t> g_allocations;        // live cudaMalloc blocks, by address
-std::map<const char*, size_t> g_mapped;             // live cudaHostAlloc blocks (mapped host memory)
+std::map<const char*, size_t> g_allocations;       // live cudaMalloc blocks, by address
+std::map<const char*, size_t> g_mapped;            // live cudaHostAlloc blocks (mapped host memory)
 std::unordered_map<const void*, size_t> g_opt_in;  // kernels' dynamic shared memory opt-ins
-cudaError_t g_sticky = cudaSuccess;                 // set by tests: a failed kernel's error
+cudaError_t g_sticky = cudaSuccess;                // set by tests: a failed kernel's error
 cast::emu::RuntimeCounts g_counts;
 thread_local cudaError_t g_last_error = cudaSuccess;
 
@@ -244,7 +244,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaDeviceSynchronize(); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
   *ms = std::chrono::duration<float, std::milli>(reinterpret_cast<Event*>(stop)->when -
-                                                 reinterpret_cast<Event*>(start)->when).count();
+                                                 reinterpret_cast<Event*>(start)->when)
+            .count();
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
@@ -276,9 +277,9 @@ cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STA
 // our kernels: the CPU BLAS computes each product (fp32, as cuBLAS without TF32), which keeps
 // the emulated training steps fast enough to test.
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb, int m,
-                                         int n, int k, const float* alpha, const float* a, int lda,
-                                         long long stride_a, const float* b, int ldb, long long stride_b,
-                                         const float* beta, float* c, int ldc, long long stride_c, int batch) {
+                                         int n, int k, const float* alpha, const float* a, int lda, long long stride_a,
+                                         const float* b, int ldb, long long stride_b, const float* beta, float* c,
+                                         int ldc, long long stride_c, int batch) {
   const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
   if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) ||
       ldc < std::max(1, m))
@@ -289,7 +290,8 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t trans
   for (int bi = 0; bi < batch; ++bi) {
     float* cb = c + bi * stride_c;
     if (*beta == 0.f)  // never read C (it may hold NaN)
-      for (int j = 0; j < n; ++j) std::fill(cb + static_cast<long long>(j) * ldc, cb + static_cast<long long>(j) * ldc + m, 0.f);
+      for (int j = 0; j < n; ++j)
+        std::fill(cb + static_cast<long long>(j) * ldc, cb + static_cast<long long>(j) * ldc + m, 0.f);
     cblas_sgemm(CblasColMajor, transa == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
                 transb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, *alpha, a + bi * stride_a, lda,
                 b + bi * stride_b, ldb, *beta, cb, ldc);

@@ -81,8 +81,8 @@ T* dynamic_shared_as(int64_t count, const char* name) {
 }  // namespace cast::cuda
 
 // Shared by the threads of a block: blocks run one after another on one host thread.
-#define CAST_SHARED_ARRAY(T, name, n)          \
-  static thread_local T name##_storage_[n];    \
+#define CAST_SHARED_ARRAY(T, name, n)       \
+  static thread_local T name##_storage_[n]; \
   ::cast::cuda::SharedArray<T> name(name##_storage_, n, #name)
 
 #define CAST_DYNAMIC_SHARED(T, name, count) \
