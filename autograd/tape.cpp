@@ -1,5 +1,6 @@
 #include "autograd/tape.h"
 
+#include "autograd/trace.h"
 #include "ops/elementwise.h"
 
 namespace cast::autograd {
@@ -26,27 +27,39 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs) {
 
 void record(std::unique_ptr<Node> node) {
   for (Tensor& out : node->outputs) out.impl()->requires_grad = true;
+  node->step = current_step();
+  node->fast_path = current_fast_path();
   tape.nodes.push_back(std::move(node));
+  if (TapeObserver* observer = tape_observer()) observer->recorded(*tape.nodes.back());
 }
 
 size_t tape_size() { return tape.nodes.size(); }
 void clear_tape() { tape.nodes.clear(); }
+
+void for_each_node(const std::function<void(const Node&)>& visit) {
+  for (const auto& node : tape.nodes) visit(*node);
+}
 
 void backward(const Tensor& output, const Tensor& output_grad) {
   CAST_CHECK(output.requires_grad(), "backward: the output does not require grad (nothing was recorded)");
   Tensor out = output;
   accumulate(out, output_grad);
   NoGradGuard no_record;  // backward itself is not recorded
+  TapeObserver* observer = tape_observer();
+  if (observer) observer->backward_began();
   for (auto it = tape.nodes.rbegin(); it != tape.nodes.rend(); ++it) {
     Node& node = **it;
     bool has_grad = false;
     for (const Tensor& o : node.outputs) has_grad = has_grad || o.grad().defined();
+    if (observer) observer->before_backward(node);
     if (has_grad) node.backward();
+    if (observer) observer->after_backward(node, has_grad);
     // Every consumer of these outputs ran earlier in this reverse walk: their gradients are done.
     for (Tensor& o : node.outputs)
       if (!o.same_as(output)) o.reset_grad();
   }
   clear_tape();
+  if (observer) observer->backward_ended();
 }
 
 void backward(const Tensor& loss) {

@@ -4,6 +4,9 @@
 //
 // A node is a struct per op with its saved tensors as named fields and a backward() that
 // ADDS into the gradients of its inputs. Outputs keep their gradient in tensor.grad().
+// Each node also lists those fields by name (fields()), so that tools can show what the tape
+// holds: `--trace` (train/trace.h) and the tests that count the tape's bytes.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -11,11 +14,27 @@
 
 namespace cast::autograd {
 
+// Receives a node's tensor fields by name. An undefined tensor (an optional input that was not
+// given) is passed too; visitors skip it.
+class FieldVisitor {
+ public:
+  virtual void input(const char* name, const Tensor& t) = 0;  // an argument of the op, kept for backward
+  virtual void saved(const char* name, const Tensor& t) = 0;  // computed by the forward for the backward
+
+ protected:
+  ~FieldVisitor() = default;
+};
+
 struct Node {
   virtual ~Node() = default;
   virtual const char* name() const = 0;
   virtual void backward() = 0;
-  std::vector<Tensor> outputs;  // released (their gradients freed) once this node has run
+  virtual void fields(FieldVisitor& visit) const = 0;  // every tensor field, in declaration order
+  std::vector<Tensor> outputs;                         // released (their gradients freed) once this node has run
+  // Stamped by record() from the scopes of autograd/trace.h: the step of docs/attention.md the
+  // node belongs to, and the fast path (ops/fast.h) that ran it; nullptr: none, the reference.
+  const char* step = nullptr;
+  const char* fast_path = nullptr;
 };
 
 bool grad_enabled();
@@ -45,6 +64,8 @@ void backward(const Tensor& output, const Tensor& output_grad);
 
 size_t tape_size();
 void clear_tape();
+// Every node on the tape, oldest first.
+void for_each_node(const std::function<void(const Node&)>& visit);
 
 // Adds `g` into t's gradient buffer, checking the shape (the accumulation contract).
 void accumulate(Tensor& t, const Tensor& g);

@@ -104,6 +104,44 @@ if torch is not None:  # the models exist only where PyTorch does
             return self.head(self.norm(h)[:, 0])
 
 
+    class CastAttention(torch.nn.Module):
+        """CAST (Top-K, softmax, summaries on, W = A_g, per-head clustering) in eager PyTorch ops,
+        written from docs/attention.md's seven steps; no padding (the benchmark has none)."""
+
+        def __init__(self, dim, heads, clusters, kappa):
+            super().__init__()
+            self.heads, self.clusters, self.kappa = heads, clusters, kappa
+            d = dim // heads
+            self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
+            self.surrogates = torch.nn.Parameter(torch.randn(heads, clusters, d) / d ** 0.5)
+            self.gate = torch.nn.Linear(dim, heads)
+
+        def forward(self, x):
+            B, N, D = x.shape
+            H, C, K, d = self.heads, self.clusters, self.kappa, D // self.heads
+            split = lambda t: t.view(B, N, H, d).transpose(1, 2)  # (B, H, N, d)
+            q, k, v = split(self.wq(x)), split(self.wk(x)), split(self.wv(x))
+            s = self.surrogates.unsqueeze(0)  # (1, H, C, d)
+            a_q = torch.softmax(q @ s.transpose(-1, -2) / d ** 0.5, dim=-1)  # steps 1-2: (B, H, N, C)
+            a_k = torch.softmax(k @ s.transpose(-1, -2) / d ** 0.5, dim=-1)
+            g = torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)  # step 3: (B, H, N, 1)
+            a_g = a_k + g * (a_q - a_k)
+            with torch.no_grad():  # step 4: each cluster's K tokens of largest affinity, in position order
+                members = torch.topk(a_g.transpose(-1, -2), K, dim=-1).indices.sort(dim=-1).values  # (B, H, C, K)
+            rows = members.reshape(B, H, C * K, 1).expand(-1, -1, -1, d)
+            gather = lambda t: t.gather(2, rows).view(B, H, C, K, d)
+            qc, kc, vc = gather(q), gather(k), gather(v)
+            r_intra = torch.softmax(qc @ kc.transpose(-1, -2) / d ** 0.5, dim=-1) @ vc  # step 5: (B, H, C, K, d)
+            p = a_k / a_k.sum(dim=2, keepdim=True)  # step 6: normalised over tokens
+            r_inter = p.transpose(-1, -2) @ v  # (B, H, C, d)
+            w = a_g  # step 7: O = W R_inter + the members' W (R_intra - R_inter) added at their tokens
+            w_slot = w.gather(2, members.reshape(B, H, C * K, 1).expand(-1, -1, -1, C))  # (B, H, C·K, C)
+            w_slot = w_slot.view(B, H, C, K, C).diagonal(dim1=2, dim2=4).permute(0, 1, 3, 2)  # W[I_c[p], c]
+            extra = (w_slot.unsqueeze(-1) * (r_intra - r_inter.unsqueeze(3))).reshape(B, H, C * K, d)
+            o = (w @ r_inter).scatter_add(2, rows, extra)
+            return self.wo(o.transpose(1, 2).reshape(B, N, D))
+
+
 PRESETS = {  # as train::preset in train/trainer.cpp
     "listops-short": dict(vocab=16, length=48, dim=64, heads=4, mlp=128, layers=2, classes=10, dropout=0.0,
                           batch=32, lr=2e-3, weight_decay=0.01),
@@ -148,7 +186,7 @@ def torch_clustered(n, improved, device, warmup, repeats):
     from fast_transformers.attention import ClusteredAttention, ImprovedClusteredAttention
     from fast_transformers.masking import FullMask, LengthMask
     B, H, D = 1, 4, 256
-    clusters = (int(n ** 0.5 + 0.999) + 7) // 8 * 8  # cast's default: ⌈√N⌉ to a multiple of 8
+    clusters = default_clusters(n)
     inner = (ImprovedClusteredAttention(clusters, iterations=10, bits=63, topk=32, attention_dropout=0.0) if improved
              else ClusteredAttention(clusters, iterations=10, bits=63, attention_dropout=0.0))
     layer = Attention(D, H).to(device)  # the same projections as cast's layer around it
@@ -161,6 +199,78 @@ def torch_clustered(n, improved, device, warmup, repeats):
         split = lambda t: t.view(B, n, H, D // H)
         o = inner(split(layer.wq(x)), split(layer.wk(x)), split(layer.wv(x)), mask, lengths, lengths)
         layer.wo(o.reshape(B, n, D)).backward(dout)
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+
+    return timed(both, warmup, repeats, device)
+
+
+def default_clusters(n):
+    """cast's default C = κ: ⌈√N⌉ rounded up to a multiple of 8."""
+    return (int(n ** 0.5 + 0.999) + 7) // 8 * 8
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        data = t.detach().contiguous().cpu().numpy().tobytes()
+        dtype = {torch.float32: "F32", torch.float64: "F64"}[t.dtype]
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+
+
+def read_safetensors(path):
+    import numpy
+    raw = open(path, "rb").read()
+    size = int.from_bytes(raw[:8], "little")
+    header, body = json.loads(raw[8:8 + size]), raw[8 + size:]
+    kinds = {"F32": numpy.float32, "F64": numpy.float64, "I32": numpy.int32}
+    return {name: torch.from_numpy(numpy.frombuffer(body[m["data_offsets"][0]:m["data_offsets"][1]],
+                                                    dtype=kinds[m["dtype"]]).reshape(m["shape"]).copy())
+            for name, m in header.items() if name != "__metadata__"}
+
+
+def check_cast_layer(binary, n=256, dim=256, heads=4):
+    """The eager CAST layer must equal `cast layer` on the same inputs (f64) before it is timed."""
+    torch.manual_seed(1)
+    C = default_clusters(n)
+    layer = CastAttention(dim, heads, C, C).double()
+    x = torch.randn(1, n, dim, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn_like(x)
+    out = layer(x)
+    out.backward(dout)
+    inputs = {"x": x, "dout": dout, "surrogates": layer.surrogates, "gate_w": layer.gate.weight.t(),
+              "gate_b": layer.gate.bias}
+    inputs.update({name: getattr(layer, name).weight.t() for name in ("wq", "wk", "wv", "wo")})
+    with tempfile.TemporaryDirectory() as folder:
+        src, dst = os.path.join(folder, "in.safetensors"), os.path.join(folder, "out.safetensors")
+        write_safetensors(src, inputs)
+        subprocess.run([binary, "layer", "--in", src, "--out", dst, "--attention", "cast", "--heads", str(heads),
+                        "--clusters", str(C), "--cluster-size", str(C), "--dtype", "f64"], check=True,
+                       stdout=subprocess.DEVNULL)
+        got = read_safetensors(dst)
+    want = {"out": out, "grad.x": x.grad, "grad.surrogates": layer.surrogates.grad,
+            "grad.gate_w": layer.gate.weight.grad.t(), "grad.gate_b": layer.gate.bias.grad}
+    want.update({f"grad.{name}": getattr(layer, name).weight.grad.t() for name in ("wq", "wk", "wv", "wo")})
+    for name, w in want.items():
+        error = (got[name] - w.detach()).abs().max().item() / max(w.abs().max().item(), 1e-300)
+        if not error < 1e-9:
+            raise SystemExit(f"the PyTorch CAST layer differs from cast layer in {name}: relative error {error:.2e}")
+    return len(want)
+
+
+def torch_cast_layer(n, device, warmup, repeats):
+    C = default_clusters(n)
+    layer = CastAttention(256, 4, C, C).to(device)
+    x = torch.randn(1, n, 256, device=device, requires_grad=True)
+    dout = torch.randn_like(x)
+
+    def both():
+        layer(x).backward(dout)
         x.grad = None
         layer.zero_grad(set_to_none=True)
 
@@ -186,9 +296,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lengths", default="1024,4096", help="full attention layer: sequence lengths")
-    parser.add_argument("--work", default="layer,short-step,text-step",
-                        help="comma-separated: layer (full attention layer), short-step (listops-short "
-                             "training step), text-step (Text-preset training step)")
+    parser.add_argument("--work", default="layer,cast-layer,short-step,text-step",
+                        help="comma-separated: layer (full attention layer), cast-layer (CAST Top-K layer, "
+                             "PyTorch's in eager ops), short-step (listops-short training step), text-step "
+                             "(Text-preset training step)")
     parser.add_argument("--text-length", type=int, default=1024, help="text-step: sequence length")
     parser.add_argument("--text-batch", type=int, default=4, help="text-step: batch size")
     parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on both sides (GPU)")
@@ -197,9 +308,9 @@ def main():
                         help="check the calls: one round, PyTorch's side only where it is installed")
     args = parser.parse_args()
     work_kinds = args.work.split(",")
-    unknown = sorted(set(work_kinds) - {"layer", "short-step", "text-step"})
+    unknown = sorted(set(work_kinds) - {"layer", "cast-layer", "short-step", "text-step"})
     if unknown:
-        parser.error(f"--work: unknown {', '.join(unknown)} (layer, short-step, text-step)")
+        parser.error(f"--work: unknown {', '.join(unknown)} (layer, cast-layer, short-step, text-step)")
     if not os.path.isfile(args.cast):
         parser.error(f"--cast: {args.cast} is not a file (build it first: scripts/build.sh)")
     have_torch = torch is not None and (args.device == "cpu" or torch.cuda.is_available())
@@ -222,6 +333,13 @@ def main():
             work.append((f"full attention layer fwd+bwd, N {n}",
                          ["attention", "--mechanisms", "full", "--lengths", str(n)] + common,
                          lambda n=n: torch_layer(n, device, 1, args.repeats)))
+    if "cast-layer" in work_kinds:
+        if have_torch:
+            print(f"the PyTorch CAST layer equals cast layer (f64, N 256): {check_cast_layer(args.cast)} tensors")
+        for n in (int(v) for v in args.lengths.split(",")):
+            work.append((f"CAST Top-K layer fwd+bwd, N {n} (PyTorch: eager ops)",
+                         ["attention", "--mechanisms", "cast-topk", "--lengths", str(n)] + common,
+                         lambda n=n: torch_cast_layer(n, device, 1, args.repeats)))
     if "short-step" in work_kinds:
         work.append(("listops-short training step (full attention)",
                      ["train", "--task", "listops-short", "--mechanisms", "full"] + common,

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "autograd/tape.h"
+#include "autograd/trace.h"
 #include "ops/clustering.h"
 #include "ops/fast.h"
 #include "ops/ops.h"
@@ -199,7 +200,11 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
   result.assignment = assignment;
   if (config_.mechanism == Mechanism::clustered) {
     // A^c V: the same step as full attention, with the centroids as queries
-    Tensor per_cluster = step(ops::Step::full_attention, {centroids, k, v, mask});
+    Tensor per_cluster;
+    {
+      autograd::StepScope named("centroid_attention");  // its name in docs/attention.md
+      per_cluster = step(ops::Step::full_attention, {centroids, k, v, mask});
+    }
     result.out = ops::broadcast_to_members(per_cluster, assignment);
     return result;
   }
@@ -208,6 +213,7 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
   Tensor top_keys;
   {
     autograd::NoGradGuard constant;
+    autograd::StepScope named("topk");
     top_keys = ops::topk(a_c, top, mask);  // (B, H, C, top); masked keys never chosen
   }
   result.top_keys = top_keys;

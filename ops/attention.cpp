@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "autograd/trace.h"
 #include "ops/cluster_index.h"
 #include "ops/clustering.h"
 #include "ops/ops.h"
@@ -53,6 +54,12 @@ struct AttentionProbsNode final : autograd::Node {
   Tensor probs;   // saved output P
   double factor;  // 1/√d
   const char* name() const override { return "attention_probabilities"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("q", q);
+    visit.input("k", k);
+    visit.input("mask", mask);
+    visit.saved("probs", probs);
+  }
   void backward() override {
     Tensor dscores = zeros(probs.shape(), probs);
     softmax_backward(dscores, probs.grad(), probs, mask, false);  // dS = P ⊙ (dP − Σ P·dP)
@@ -79,6 +86,7 @@ Tensor attention_probabilities(const Tensor& q, const Tensor& k, const Tensor& m
 }
 
 Tensor full_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  autograd::StepScope named("full_attention");
   return matmul(attention_probabilities(q, k, mask), v);
 }
 
@@ -91,6 +99,11 @@ struct SurrogateScoresNode final : autograd::Node {
   Tensor s_repeated;  // (B, G, C, w)
   double factor;
   const char* name() const override { return "surrogate_scores"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("q", q);
+    visit.input("s", s);
+    visit.saved("s_repeated", s_repeated);
+  }
   void backward() override {
     const Tensor& dscores = outputs[0].grad();                                                         // (B, G, N, C)
     if (q.requires_grad()) bmm(q.grad_accumulator(), dscores, s_repeated, false, false, factor, 1.0);  // dQ += dS S/√w
@@ -102,6 +115,7 @@ struct SurrogateScoresNode final : autograd::Node {
 };
 
 Tensor surrogate_scores(const Tensor& q, const Tensor& s, double factor) {
+  autograd::StepScope named("surrogate_scores");
   check_ndim("surrogate_scores", q, 4, "q");
   check_ndim("surrogate_scores", s, 3, "surrogates");
   CAST_CHECK(s.dim(0) == q.dim(1) && s.dim(2) == q.dim(3), "surrogate_scores: surrogates {} do not fit q {}",
@@ -126,6 +140,12 @@ struct LaplaceRowsNode final : autograd::Node {
   Tensor total;  // row sums (…, 1)
   Tensor a;      // saved output
   const char* name() const override { return "laplace_rows"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("x", x);
+    visit.saved("u", u);
+    visit.saved("total", total);
+    visit.saved("a", a);
+  }
   void backward() override {
     const Tensor& da = a.grad();
     Tensor rowdot = sum_axis_raw(raw(BinaryOp::mul, da, a), -1);            // Σ_c dA·A
@@ -136,6 +156,7 @@ struct LaplaceRowsNode final : autograd::Node {
 };
 
 Tensor cluster_probabilities(const Tensor& scores, AttentionFn f) {
+  autograd::StepScope named("cluster_probabilities");
   if (f == AttentionFn::softmax) return softmax(scores);
   check_float("cluster_probabilities", scores, "scores");
   Tensor u = like(scores.shape(), scores);
@@ -160,6 +181,12 @@ struct AffinityMixNode final : autograd::Node {
   Tensor a_q, a_k;  // (B, G, N, C)
   Tensor diff;      // saved A_q − A_k
   const char* name() const override { return "affinity_mix"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("g", g);
+    visit.input("a_q", a_q);
+    visit.input("a_k", a_k);
+    visit.saved("diff", diff);
+  }
   void backward() override {
     const Tensor& da = outputs[0].grad();
     if (g.requires_grad()) add_into(g.grad_accumulator(), sum_axis_raw(raw(BinaryOp::mul, da, diff), -1));
@@ -174,6 +201,7 @@ struct AffinityMixNode final : autograd::Node {
 
 Tensor gated_affinity(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& a_q,
                       const Tensor& a_k) {
+  autograd::StepScope named("gated_affinity");
   check_ndim("gated_affinity", x, 3, "x");
   check_ndim("gated_affinity", a_q, 4, "a_q");
   check_same_shape("gated_affinity", a_q, a_k);
@@ -204,6 +232,17 @@ struct IntraClusterNode final : autograd::Node {
   Tensor slots;       // slot mask (B·H·C, κ)
   double factor;
   const char* name() const override { return "intra_cluster_attention"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("q", q);
+    visit.input("k", k);
+    visit.input("v", v);
+    visit.input("members", members);
+    visit.saved("qc", qc);
+    visit.saved("kc", kc);
+    visit.saved("vc", vc);
+    visit.saved("probs", probs);
+    visit.saved("slots", slots);
+  }
   void backward() override {
     const int64_t BH = members.dim(0), N = q.dim(2), d = q.dim(3);
     Tensor dout = outputs[0].grad().view(vc.shape());
@@ -224,6 +263,7 @@ struct IntraClusterNode final : autograd::Node {
 };
 
 Tensor intra_cluster_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& members) {
+  autograd::StepScope named("intra_cluster_attention");
   check_ndim("intra_cluster_attention", members, 4, "members");
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
   const int64_t C = members.dim(2), kappa = members.dim(3);
@@ -262,6 +302,13 @@ struct SummariesNode final : autograd::Node {
   Tensor p;       // saved P
   Tensor colsum;  // (B, H, 1, C)
   const char* name() const override { return "cluster_summaries"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("a_k", a_k);
+    visit.input("v", v);
+    visit.input("mask", mask4);
+    visit.saved("p", p);
+    visit.saved("colsum", colsum);
+  }
   void backward() override {
     const Tensor& dr = outputs[0].grad();                                             // (B, H, C, d)
     if (v.requires_grad()) bmm(v.grad_accumulator(), p, dr, false, false, 1.0, 1.0);  // dV += P dR
@@ -275,6 +322,7 @@ struct SummariesNode final : autograd::Node {
 };
 
 Tensor cluster_summaries(const Tensor& a_k, const Tensor& v, const Tensor& mask) {
+  autograd::StepScope named("cluster_summaries");
   const int64_t B = a_k.dim(0), H = a_k.dim(1), N = a_k.dim(2), C = a_k.dim(3);
   Tensor mask4 = mask.defined() ? mask.view({B, 1, N, 1}) : Tensor();
   Tensor w = mask4.defined() ? raw(BinaryOp::mul, a_k, mask4) : a_k;
@@ -301,6 +349,15 @@ struct CombineNode final : autograd::Node {
   Tensor w_slot;               // saved W[I_c[p], c]: (B·H, C, κ, 1)
   Tensor diff;                 // saved R_intra − R_inter (or R_intra): (B·H, C, κ, d)
   const char* name() const override { return "combine_clusters"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("w", w);
+    visit.input("r_intra", r_intra);
+    visit.input("r_inter", r_inter);
+    visit.input("members", members);
+    visit.saved("weight_index", weight_index);
+    visit.saved("w_slot", w_slot);
+    visit.saved("diff", diff);
+  }
   void backward() override {
     const int64_t BH = members.dim(0), N = w.dim(2), C = w.dim(3), d = r_intra.dim(4), kappa = r_intra.dim(3);
     const Tensor& dout = outputs[0].grad();  // (B, H, N, d)
@@ -325,6 +382,7 @@ struct CombineNode final : autograd::Node {
 };
 
 Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_inter, const Tensor& members) {
+  autograd::StepScope named("combine_clusters");
   const int64_t B = w.dim(0), H = w.dim(1), N = w.dim(2), C = w.dim(3);
   const int64_t kappa = members.dim(3), d = r_intra.dim(4), BH = B * H;
   Tensor idx = members.view({BH, C * kappa});
@@ -355,6 +413,11 @@ struct CentroidsNode final : autograd::Node {
   Tensor assignment;  // (B·H, N)
   Tensor inverse;     // 1/|j| (0 for an empty cluster): (B·H, C, 1)
   const char* name() const override { return "cluster_centroids"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("q", q);
+    visit.input("assignment", assignment);
+    visit.saved("inverse", inverse);
+  }
   void backward() override {
     const int64_t BH = assignment.dim(0), C = inverse.dim(1), d = q.dim(3);
     Tensor scaled = raw(BinaryOp::mul, outputs[0].grad().view({BH, C, d}), inverse);
@@ -364,6 +427,7 @@ struct CentroidsNode final : autograd::Node {
 };
 
 Tensor cluster_centroids(const Tensor& q, const Tensor& assignment, int64_t clusters) {
+  autograd::StepScope named("cluster_centroids");
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
   Tensor assign = assignment.view({B * H, N});
   check_index_range("cluster_centroids", assign, -1, clusters);
@@ -382,10 +446,12 @@ Tensor cluster_centroids(const Tensor& q, const Tensor& assignment, int64_t clus
 
 // ---------------------------------------------------------------- clustered step 4
 Tensor centroid_attention(const Tensor& centroids, const Tensor& k, const Tensor& mask) {
+  autograd::StepScope named("centroid_attention");
   return attention_probabilities(centroids, k, mask);
 }
 
 Tensor broadcast_to_members(const Tensor& per_cluster, const Tensor& assignment) {
+  autograd::StepScope named("broadcast_to_members");
   const int64_t B = per_cluster.dim(0), H = per_cluster.dim(1), C = per_cluster.dim(2), w = per_cluster.dim(3);
   const int64_t N = assignment.dim(2);
   Tensor out = gather_rows(reshape(per_cluster, {B * H, C, w}), assignment.view({B * H, N}));
@@ -409,6 +475,23 @@ struct ImprovedClusteredNode final : autograd::Node {
   Tensor a_rest;        // A^c ⊙ outside
   double factor;
   const char* name() const override { return "improved_clustered_output"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("q", q);
+    visit.input("k", k);
+    visit.input("v", v);
+    visit.input("a_c", a_c);
+    visit.input("top_keys", keys);
+    visit.input("assignment", assignment);
+    visit.saved("keys_rows", keys_rows);
+    visit.saved("kt", kt);
+    visit.saved("vt", vt);
+    visit.saved("probs", probs);
+    visit.saved("slots", slots);
+    visit.saved("top_out", top_out);
+    visit.saved("m_query", m_query);
+    visit.saved("outside", outside);
+    visit.saved("a_rest", a_rest);
+  }
   void backward() override {
     const int64_t BH = assignment.dim(0), N = q.dim(2), d = q.dim(3), C = a_c.dim(2), top = keys_rows.dim(1);
     const Tensor& dout = outputs[0].grad();  // (B, H, N, d)
@@ -456,6 +539,7 @@ struct ImprovedClusteredNode final : autograd::Node {
 
 Tensor improved_clustered_output(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a_c,
                                  const Tensor& top_keys, const Tensor& assignment) {
+  autograd::StepScope named("improved_clustered_output");
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3), BH = B * H;
   const int64_t C = a_c.dim(2), top = top_keys.dim(3);
   const double factor = 1.0 / std::sqrt(static_cast<double>(d));

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "autograd/trace.h"
 #include "ops/clustering_rules.h"
 #include "ops/rows.h"
 #include "ops/topk_order.h"
@@ -67,6 +68,7 @@ void check_device_inputs(const char* op, const Tensor& x, const Tensor& mask) {
 }  // namespace
 
 Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
+  autograd::StepScope named("cluster_topk");
   CAST_CHECK(kappa >= 1, "cluster_topk: cluster size must be >= 1, got {}", kappa);
 #ifdef CAST_WITH_CUDA
   if (affinity.is_cuda()) {  // selected on the device: nothing crosses to the host
@@ -108,6 +110,7 @@ Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
 }
 
 Tensor cluster_satopk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
+  autograd::StepScope named("cluster_satopk");
   CAST_CHECK(kappa >= 1, "cluster_satopk: cluster size must be >= 1, got {}", kappa);
 #ifdef CAST_WITH_CUDA
   if (affinity.is_cuda()) {
@@ -157,6 +160,7 @@ Tensor cluster_satopk(const Tensor& affinity, const Tensor& mask, int64_t kappa)
 }
 
 Tensor lsh_hash(const Tensor& q, const Tensor& planes) {
+  autograd::StepScope named("lsh_hash");
   check_ndim("lsh_hash", q, 3, "q");
   check_ndim("lsh_hash", planes, 2, "planes");
   const int64_t bits = planes.dim(0);
@@ -189,6 +193,7 @@ Tensor lsh_hash(const Tensor& q, const Tensor& planes) {
 }
 
 Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters, int64_t iterations, uint64_t seed) {
+  autograd::StepScope named("hamming_kmeans");
   check_dtype("hamming_kmeans", hashes, DType::i64, "hashes");
   check_ndim("hamming_kmeans", hashes, 2, "hashes");
   CAST_CHECK(clusters >= 1, "hamming_kmeans: clusters must be >= 1, got {}", clusters);

@@ -21,6 +21,12 @@ struct CombineFusedNode final : autograd::Node {
   Tensor w, r_intra, r_inter;  // inputs; r_inter undefined with summaries off
   Tensor members;              // (B·H, C·κ) token per slot
   const char* name() const override { return "combine_clusters_fused"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("w", w);
+    visit.input("r_intra", r_intra);
+    visit.input("r_inter", r_inter);
+    visit.input("members", members);
+  }
   void backward() override {
     const int64_t BH = members.dim(0), N = w.dim(2), C = w.dim(3), kappa = r_intra.dim(3), d = r_intra.dim(4);
     const Tensor& dout = outputs[0].grad();  // (B, H, N, d)

@@ -43,6 +43,7 @@ struct DropoutNode final : autograd::Node {
   uint64_t seed = 0, offset = 0;  // the mask is a function of these: nothing else is saved
   Tensor x;
   const char* name() const override { return "dropout"; }
+  void fields(autograd::FieldVisitor& visit) const override { visit.input("x", x); }
   void backward() override {
     Tensor dx = x.grad_accumulator();
     dropout_backward(dx, outputs[0].grad(), p, seed, offset);

@@ -117,6 +117,10 @@ struct BinaryNode final : autograd::Node {
   BinaryOp op;
   Tensor a, b;  // inputs, saved: mul and div need them for their derivatives
   const char* name() const override { return binary_name(op); }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("a", a);
+    visit.input("b", b);
+  }
   void backward() override {
     Tensor da = a.requires_grad() ? a.grad_accumulator() : Tensor();
     Tensor db = b.requires_grad() ? b.grad_accumulator() : Tensor();
@@ -163,6 +167,7 @@ struct AffineNode final : autograd::Node {
   double alpha = 1.0;
   Tensor x;  // input; only its gradient is needed
   const char* name() const override { return "affine"; }
+  void fields(autograd::FieldVisitor& visit) const override { visit.input("x", x); }
   void backward() override {
     Tensor dx = x.grad_accumulator();
     affine_backward(dx, outputs[0].grad(), alpha);

@@ -1,5 +1,6 @@
 #include "ops/fast.h"
 
+#include "autograd/trace.h"
 #include "ops/attention.h"
 #include "ops/flash_attention.h"
 #include "ops/rows.h"
@@ -118,8 +119,11 @@ const FastPath* choose_path(Step step, bool fast, const StepSizes& sizes) {
 }
 
 Tensor run_step(Step step, bool fast, const std::vector<Tensor>& inputs) {
+  autograd::StepScope named(step_name(step));
   const FastPath* path = choose_path(step, fast, sizes_of(step, inputs));
-  return path ? path->run(inputs) : run_reference(step, inputs);
+  if (!path) return run_reference(step, inputs);
+  autograd::FastPathScope by(path->name);  // its nodes name it in a trace
+  return path->run(inputs);
 }
 
 // ---------------------------------------------------------------- shared input checks

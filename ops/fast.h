@@ -6,18 +6,14 @@
 // reference) in less time or memory, on the inputs it declares it supports; each is its own op
 // in its own file, with its own node and backward:
 //
-//   step (reference, ops/attention.cpp)  fast path                          file                               where
-//   full_attention                       flash_attention                    ops/flash_attention.cpp            CPU;
-//   CUDA f32, d ≤ 128 intra_cluster_attention              intra_cluster_attention_fused ops/intra_cluster_fused.cpp
-//   CPU
-//                                        intra_cluster_attention_flash      ops/intra_cluster_flash.cpp        CUDA
-//                                        f32, d ≤ 128
-//   cluster_summaries                    cluster_summaries_fused            ops/summaries_fused.cpp            CUDA f32
-//   combine_clusters                     combine_clusters_fused             ops/combine_fused.cpp              CUDA
-//   f32, d ≤ 128 improved_clustered_output            improved_clustered_output_fused ops/improved_clustered_fused.cpp
-//   CPU
-//                                        improved_clustered_output_topkey   ops/topkey_attention.cpp           CUDA
-//                                        f32, k·d fits
+//   step (reference)           fast path                          file (in ops/)                where
+//   full_attention             flash_attention                    flash_attention.cpp           CPU; CUDA f32, d ≤ 128
+//   intra_cluster_attention    intra_cluster_attention_fused      intra_cluster_fused.cpp       CPU
+//                              intra_cluster_attention_flash      intra_cluster_flash.cpp       CUDA f32, d ≤ 128
+//   cluster_summaries          cluster_summaries_fused            summaries_fused.cpp           CUDA f32
+//   combine_clusters           combine_clusters_fused             combine_fused.cpp             CUDA f32, d ≤ 128
+//   improved_clustered_output  improved_clustered_output_fused    improved_clustered_fused.cpp  CPU
+//                              improved_clustered_output_topkey   topkey_attention.cpp          CUDA f32, k·d fits
 //
 // `fast_paths()` is that table; `run_step` picks the first fast path of a step that supports
 // the inputs (when fast paths are on: `--reference` turns them off on every device) and falls

@@ -287,6 +287,14 @@ struct FlashAttentionNode final : autograd::Node {
   Tensor out;      // saved output O, for Δ
   Tensor lse;      // saved row log-sum-exp L: (B, H, M)
   const char* name() const override { return "flash_attention"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("q", q);
+    visit.input("k", k);
+    visit.input("v", v);
+    visit.input("mask", mask);
+    visit.saved("out", out);
+    visit.saved("lse", lse);
+  }
   void backward() override {
     Tensor dq = q.requires_grad() ? q.grad_accumulator() : Tensor();
     Tensor dk = k.requires_grad() ? k.grad_accumulator() : Tensor();

@@ -202,6 +202,17 @@ struct ImprovedClusteredFusedNode final : autograd::Node {
   Tensor m_hat;         // saved m̂_j: (B, H, C)
   Tensor lse;           // saved log-sum-exp of each query's top-key softmax: (B, H, N)
   const char* name() const override { return "improved_clustered_output_fused"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("q", q);
+    visit.input("k", k);
+    visit.input("v", v);
+    visit.input("a_c", a_c);
+    visit.input("top_keys", top_keys);
+    visit.input("assignment", assignment);
+    visit.saved("top_out", top_out);
+    visit.saved("m_hat", m_hat);
+    visit.saved("lse", lse);
+  }
   void backward() override {
     Tensor dq = q.requires_grad() ? q.grad_accumulator() : Tensor();
     Tensor dk = k.requires_grad() ? k.grad_accumulator() : Tensor();

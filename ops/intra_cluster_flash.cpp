@@ -22,6 +22,18 @@ struct IntraClusterFlashNode final : autograd::Node {
   Tensor slots;       // (B·H·C, κ): 1 filled, 0 empty
   Tensor out, lse;    // (B·H·C, 1, κ, d) and its log-sum-exp
   const char* name() const override { return "intra_cluster_attention_flash"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("q", q);
+    visit.input("k", k);
+    visit.input("v", v);
+    visit.input("members", idx);
+    visit.saved("qc", qc);
+    visit.saved("kc", kc);
+    visit.saved("vc", vc);
+    visit.saved("slots", slots);
+    visit.saved("out", out);
+    visit.saved("lse", lse);
+  }
   void backward() override {
     const int64_t BH = idx.dim(0), N = q.dim(2), d = q.dim(3);
     Tensor dqc = Tensor::zeros(qc.shape(), qc.dtype(), qc.device());

@@ -90,6 +90,13 @@ struct IntraClusterFusedNode final : autograd::Node {
   Tensor members;  // (B, H, C, κ) i32
   Tensor lse;      // saved row log-sum-exp of each slot's softmax: (B, H, C, κ)
   const char* name() const override { return "intra_cluster_attention_fused"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("q", q);
+    visit.input("k", k);
+    visit.input("v", v);
+    visit.input("members", members);
+    visit.saved("lse", lse);
+  }
   void backward() override {
     Tensor dq = q.requires_grad() ? q.grad_accumulator() : Tensor();
     Tensor dk = k.requires_grad() ? k.grad_accumulator() : Tensor();

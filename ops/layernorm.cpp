@@ -116,6 +116,13 @@ struct LayerNormNode final : autograd::Node {
   Tensor x, gamma, beta;  // inputs
   Tensor mean, rstd;      // saved per-row statistics: (rows)
   const char* name() const override { return "layernorm"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("x", x);
+    visit.input("gamma", gamma);
+    visit.input("beta", beta);
+    visit.saved("mean", mean);
+    visit.saved("rstd", rstd);
+  }
   void backward() override {
     Tensor dx = x.requires_grad() ? x.grad_accumulator() : Tensor();
     Tensor dg = gamma.requires_grad() ? gamma.grad_accumulator() : Tensor();

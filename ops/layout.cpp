@@ -17,6 +17,7 @@ namespace cast::ops {
 struct ReshapeNode final : autograd::Node {
   Tensor x;  // input; the gradient is viewed back to its shape
   const char* name() const override { return "reshape"; }
+  void fields(autograd::FieldVisitor& visit) const override { visit.input("x", x); }
   void backward() override { autograd::accumulate(x, outputs[0].grad().view(x.shape())); }
 };
 
@@ -98,6 +99,7 @@ struct PermuteNode final : autograd::Node {
   std::vector<int> perm;
   Tensor x;
   const char* name() const override { return "permute"; }
+  void fields(autograd::FieldVisitor& visit) const override { visit.input("x", x); }
   void backward() override {
     Tensor dx = x.grad_accumulator();
     permute_backward(dx, outputs[0].grad(), perm);
@@ -186,6 +188,9 @@ struct ConcatNode final : autograd::Node {
   int axis = 0;
   std::vector<Tensor> xs;  // inputs; only their shapes and gradients are used
   const char* name() const override { return "concat"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    for (const Tensor& x : xs) visit.input("x", x);
+  }
   void backward() override {
     std::vector<Tensor> grads(xs.size());
     std::vector<Tensor*> dxs(xs.size(), nullptr);
@@ -232,6 +237,7 @@ struct SplitNode final : autograd::Node {
   int axis = 0;
   Tensor x;  // input; piece k's gradient lands in its slice of x's gradient
   const char* name() const override { return "split"; }
+  void fields(autograd::FieldVisitor& visit) const override { visit.input("x", x); }
   void backward() override {
     Tensor dx = x.grad_accumulator();
     int64_t start = 0;

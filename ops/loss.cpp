@@ -72,6 +72,12 @@ struct CrossEntropyNode final : autograd::Node {
   Tensor logp;    // saved log-probabilities: (R, C)
   Tensor count;   // (1) labelled rows
   const char* name() const override { return "cross_entropy"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("logits", logits);
+    visit.input("labels", labels);
+    visit.saved("logp", logp);
+    visit.saved("count", count);
+  }
   void backward() override {
     Tensor dlogits = logits.grad_accumulator();
     cross_entropy_backward(dlogits, outputs[0].grad(), logp, labels, count);

@@ -205,6 +205,10 @@ struct MatmulNode final : autograd::Node {
   bool trans_a = false, trans_b = false;
   Tensor a, b;  // both inputs are needed: each one's gradient uses the other
   const char* name() const override { return "matmul"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("a", a);
+    visit.input("b", b);
+  }
   void backward() override {
     Tensor da = a.requires_grad() ? a.grad_accumulator() : Tensor();
     Tensor db = b.requires_grad() ? b.grad_accumulator() : Tensor();

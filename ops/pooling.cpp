@@ -64,6 +64,10 @@ struct MaskedMeanNode final : autograd::Node {
   Tensor x;     // (B, N, D)
   Tensor mask;  // (B, N), a constant
   const char* name() const override { return "masked_mean"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("x", x);
+    visit.input("mask", mask);
+  }
   void backward() override {
     Tensor dx = x.grad_accumulator();
     masked_mean_backward(dx, outputs[0].grad(), mask);

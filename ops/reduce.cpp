@@ -90,6 +90,7 @@ struct SumNode final : autograd::Node {
   double scale = 1.0;  // 1 for sum, 1/n for mean
   Tensor x;            // input; only its shape matters
   const char* name() const override { return "sum"; }
+  void fields(autograd::FieldVisitor& visit) const override { visit.input("x", x); }
   void backward() override {
     Tensor dx = x.grad_accumulator();
     sum_axis_backward(dx, outputs[0].grad(), axis, scale);

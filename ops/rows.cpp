@@ -83,6 +83,10 @@ struct GatherRowsNode final : autograd::Node {
   Tensor x;    // input: (B, N, D), receives the scattered gradient
   Tensor idx;  // (B, M), a constant of the backward pass
   const char* name() const override { return "gather_rows"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("x", x);
+    visit.input("idx", idx);
+  }
   void backward() override {
     Tensor dx = x.grad_accumulator();
     gather_rows_backward(dx, outputs[0].grad(), idx);
@@ -109,6 +113,10 @@ struct ScatterAddRowsNode final : autograd::Node {
   Tensor src;  // input: (B, M, D)
   Tensor idx;  // (B, M)
   const char* name() const override { return "scatter_add_rows"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("src", src);
+    visit.input("idx", idx);
+  }
   void backward() override {
     Tensor dsrc = src.grad_accumulator();
     gather_rows_forward(dsrc, outputs[0].grad(), idx, /*accumulate=*/true);
@@ -135,6 +143,10 @@ struct EmbeddingNode final : autograd::Node {
   Tensor table;  // (V, D)
   Tensor idx;    // any shape, flattened to (1, M) for the row kernels
   const char* name() const override { return "embedding"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("table", table);
+    visit.input("idx", idx);
+  }
   void backward() override {
     Tensor dtable = table.grad_accumulator().view({1, table.dim(0), table.dim(1)});
     gather_rows_backward(dtable, outputs[0].grad().view({1, idx.numel(), table.dim(1)}), idx.view({1, -1}));

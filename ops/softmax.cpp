@@ -106,6 +106,11 @@ struct SoftmaxNode final : autograd::Node {
   Tensor y;     // saved output: the backward is written in terms of it
   Tensor mask;  // optional
   const char* name() const override { return log ? "log_softmax" : "softmax"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("x", x);
+    visit.input("mask", mask);
+    visit.saved("y", y);
+  }
   void backward() override {
     Tensor dx = x.grad_accumulator();
     softmax_backward(dx, y.grad(), y, mask, log);

@@ -21,6 +21,13 @@ struct SummariesFusedNode final : autograd::Node {
   Tensor p;       // saved P (B, H, N, C)
   Tensor colsum;  // saved Σ_tokens W (+1e-30): (B·H, C)
   const char* name() const override { return "cluster_summaries_fused"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("a_k", a_k);
+    visit.input("v", v);
+    visit.input("mask", mask);
+    visit.saved("p", p);
+    visit.saved("colsum", colsum);
+  }
   void backward() override {
     const Tensor& dr = outputs[0].grad();  // (B, H, C, d)
     if (v.requires_grad()) {

@@ -30,6 +30,14 @@ struct TopKeyAttentionNode final : autograd::Node {
   int64_t clusters, top;
   double factor;
   const char* name() const override { return "topkey_attention"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("q", q);
+    visit.input("k", k);
+    visit.input("v", v);
+    visit.input("keys", keys);
+    visit.input("assignment", assignment);
+    visit.saved("lse", lse);
+  }
   void backward() override {
     Tensor dq = q.requires_grad() ? q.grad_accumulator() : Tensor();
     Tensor dk = k.requires_grad() ? k.grad_accumulator() : Tensor();

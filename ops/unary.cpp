@@ -140,6 +140,10 @@ struct UnaryNode final : autograd::Node {
   Tensor x;  // input, for derivatives written in x (log, relu, gelu, laplace)
   Tensor y;  // output, for derivatives written in y (exp, sqrt, sigmoid)
   const char* name() const override { return unary_name(op); }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("x", x);
+    visit.saved("y", y);
+  }
   void backward() override {
     Tensor dx = x.grad_accumulator();
     unary_backward(dx, op, y.grad(), x, y);

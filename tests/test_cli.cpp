@@ -203,6 +203,37 @@ TEST(Cli, TrainReadsAJsonConfigAndRejectsAWrongOne) {
   EXPECT_NE(bad.err.find("setting 'steps' is \"three\": it must be an integer"), std::string::npos) << bad.err;
 }
 
+// `--trace` prints the tape: cast layer's one pass, cast train's every step.
+TEST(Cli, TracePrintsTheTape) {
+  const auto dir = fs::temp_directory_path() / ("cast_cli_trace_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string data_dir = CAST_TEST_DATA_DIR;
+  CliRun layer = run("layer --in " + data_dir + "/layer_cast.safetensors --out " + (dir / "out.safetensors").string() +
+                     " --attention cast --heads 2 --clusters 3 --cluster-size 3 --trace");
+  ASSERT_EQ(layer.code, 0) << layer.err;
+  for (const char* want : {"trace layer: forward", "── cluster_topk", "no node", "intra_cluster_attention_fused",
+                           "fast cpu", "reference cpu", "trace layer: backward", "nodes, saved"})
+    EXPECT_NE(layer.out.find(want), std::string::npos) << want << "\n" << layer.out;
+  const std::string data = (dir / "listops").string();
+  ASSERT_EQ(run("data listops-short --count 200 --out " + data).code, 0);
+  CliRun train =
+      run("train --steps 2 --dim 16 --heads 2 --layers 1 --mlp-dim 16 --batch 4 --eval-limit 8 --device cpu "
+          "--data " +
+          data + " --run " + (dir / "run").string() + " --trace");
+  ASSERT_EQ(train.code, 0) << train.err;
+  for (const char* want : {"trace step 1: forward", "trace step 1: backward", "trace step 2: forward", "cross_entropy",
+                           "── combine_clusters"})
+    EXPECT_NE(train.out.find(want), std::string::npos) << want << "\n" << train.out;
+  // --trace FILE refuses the run's own files
+  CliRun clash =
+      run("train --steps 1 --dim 16 --heads 2 --layers 1 --mlp-dim 16 --device cpu --data " + data + " --run " +
+          (dir / "run").string() + " --overwrite --trace " + (dir / "run" / "metrics.jsonl").string());
+  EXPECT_EQ(clash.code, 2) << clash.err;
+  EXPECT_NE(clash.err.find("is the run's own"), std::string::npos) << clash.err;
+  fs::remove_all(dir);
+}
+
 // ---------------------------------------------------------------- Ctrl-C, SIGTERM and resuming
 namespace {
 

@@ -3,6 +3,8 @@
 // central differences), and its errors on files that do not match the options.
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "tensor/safetensors.h"
 #include "tests/test_util.h"
@@ -138,4 +140,38 @@ TEST(LayerCommand, EveryMechanismRunsAndWritesItsIndices) {
     }
     if (m == "clustered" || m == "iclustered") f.get("assignment", DType::i32, {B, H, N});
   }
+}
+
+// --trace FILE: one JSON object per line, the forward nodes, the backward in reverse, the totals.
+TEST(LayerCommand, TraceWritesJsonLines) {
+  const std::string out = temp_file("trace_out.safetensors"), trace = temp_file("trace.jsonl");
+  std::vector<std::string> options = cast_options({"--in", data_file("layer_cast.safetensors"), "--out", out});
+  options.insert(options.end(), {"--trace", trace});
+  ASSERT_EQ(command_layer(options), 0);
+  std::ifstream in(trace);
+  std::map<std::string, int> phases;
+  std::vector<std::string> steps;
+  nlohmann::json last;
+  for (std::string line; std::getline(in, line);) {
+    last = nlohmann::json::parse(line);
+    ++phases[last["phase"]];
+    if (last["phase"] == "step" && last["event"] == "begin" &&
+        (steps.empty() || steps.back() != last["step"].get<std::string>()))
+      steps.push_back(last["step"]);
+  }
+  EXPECT_GT(phases["forward"], 10);
+  EXPECT_EQ(phases["forward"], phases["backward"]);
+  EXPECT_EQ(phases["totals"], 1);
+  EXPECT_EQ(last["phase"], "totals");
+  EXPECT_EQ(last["nodes"], phases["forward"]);
+  EXPECT_GT(last["saved_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(steps.size(), 9u);  // steps 1 and 2 twice (queries, keys), then steps 3 to 7
+  // The trace file is never an input or the output.
+  for (const std::string& clash : {data_file("layer_cast.safetensors"), out}) {
+    std::vector<std::string> bad = cast_options({"--in", data_file("layer_cast.safetensors"), "--out", out});
+    bad.insert(bad.end(), {"--trace", clash});
+    EXPECT_THROW(command_layer(bad), UsageError) << clash;
+  }
+  std::filesystem::remove(out);
+  std::filesystem::remove(trace);
 }

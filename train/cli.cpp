@@ -13,13 +13,19 @@
 namespace cast::cli {
 
 Args& Args::option(const std::string& name, const std::string& default_value, const std::string& help) {
-  specs_[name] = Spec{default_value, help, false};
+  specs_[name] = Spec{default_value, help, Kind::option};
   order_.push_back(name);
   return *this;
 }
 
 Args& Args::flag(const std::string& name, const std::string& help) {
-  specs_[name] = Spec{"", help, true};
+  specs_[name] = Spec{"", help, Kind::flag};
+  order_.push_back(name);
+  return *this;
+}
+
+Args& Args::optional_value(const std::string& name, const std::string& value_name, const std::string& help) {
+  specs_[name] = Spec{value_name, help, Kind::optional_value};
   order_.push_back(name);
   return *this;
 }
@@ -40,9 +46,14 @@ bool Args::parse(const std::vector<std::string>& argv) {
     }
     auto it = specs_.find(name);
     CAST_USAGE_CHECK(it != specs_.end(), "unknown option --{} (see cast {} --help)", name, command_);
-    if (it->second.is_flag) {
+    if (it->second.kind == Kind::flag) {
       CAST_USAGE_CHECK(eq == std::string::npos, "--{} takes no value", name);
       values_[name] = "1";
+      continue;
+    }
+    if (it->second.kind == Kind::optional_value) {
+      if (eq == std::string::npos && i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) value = argv[++i];
+      values_[name] = value;
       continue;
     }
     if (eq == std::string::npos) {
@@ -59,7 +70,7 @@ std::string Args::str(const std::string& name) const {
   if (v != values_.end()) return v->second;
   auto s = specs_.find(name);
   CAST_USAGE_CHECK(s != specs_.end(), "internal: undeclared option --{}", name);
-  return s->second.default_value;
+  return s->second.kind == Kind::optional_value ? "" : s->second.default_value;
 }
 
 int64_t Args::integer(const std::string& name) const {
@@ -116,8 +127,9 @@ std::string Args::help() const {
                                 usage_.empty() ? fmt::format("cast {} [options]", command_) : usage_, summary_);
   for (const auto& name : order_) {
     const Spec& s = specs_.at(name);
-    std::string left =
-        s.is_flag ? "--" + name : "--" + name + " <" + (s.default_value.empty() ? "value" : s.default_value) + ">";
+    std::string left = "--" + name;
+    if (s.kind == Kind::option) left += " <" + (s.default_value.empty() ? "value" : s.default_value) + ">";
+    if (s.kind == Kind::optional_value) left += " [" + s.default_value + "]";
     out += fmt::format("  {:<30} {}\n", left, s.help);
   }
   if (!examples_.empty()) out += "\nexamples:\n";

@@ -13,6 +13,9 @@ class Args {
 
   Args& option(const std::string& name, const std::string& default_value, const std::string& help);
   Args& flag(const std::string& name, const std::string& help);
+  // `--name` alone or `--name VALUE` (`--name=VALUE` for a value that starts with --): is_set
+  // tells whether it was given, str its value ("" when alone).
+  Args& optional_value(const std::string& name, const std::string& value_name, const std::string& help);
   // The usage line after "usage: " (default: "cast <command> [options]") and example commands,
   // both shown by --help.
   Args& usage(const std::string& line);
@@ -33,9 +36,10 @@ class Args {
   std::string help() const;
 
  private:
+  enum class Kind { option, flag, optional_value };
   struct Spec {
     std::string default_value, help;
-    bool is_flag = false;
+    Kind kind = Kind::option;
   };
   std::string command_, summary_, usage_;
   std::vector<std::string> examples_;

@@ -1,6 +1,8 @@
 #include "train/layer_command.h"
 
 #include <climits>
+#include <filesystem>
+#include <optional>
 
 #include "autograd/tape.h"
 #include "nn/attention.h"
@@ -9,6 +11,7 @@
 #include "tensor/files.h"
 #include "tensor/safetensors.h"
 #include "train/cli.h"
+#include "train/trace.h"
 
 namespace cast {
 
@@ -39,13 +42,19 @@ cli::Args layer_args() {
       .option("seed", "0", "seed of the LSH planes and k-means draws")
       .option("device", "cpu", "cpu | cuda")
       .option("dtype", "f32", "f32 | f64 (f64 on the CPU only)")
+      .optional_value("trace", "FILE",
+                      "print the tape as it runs: each node's op, implementation, shapes, saved tensors and "
+                      "time, then the totals (with FILE: JSON lines there instead)")
       .flag("reference",
             "the step-by-step reference ops instead of the fast paths (CPU and GPU; on the CPU also the plain-loop "
             "matmul)")
       .example("cast layer --in tests/data/layer_full.safetensors --out out.safetensors --attention full --heads 2")
       .example(
           "cast layer --in my_layer.safetensors --out out.safetensors --attention cast --heads 2 --clusters 3 "
-          "--cluster-size 3 --dtype f64 --reference");
+          "--cluster-size 3 --dtype f64 --reference")
+      .example(
+          "cast layer --in tests/data/layer_cast.safetensors --out out.safetensors --attention cast --heads 2 "
+          "--clusters 3 --cluster-size 3 --trace");
   return a;
 }
 
@@ -79,6 +88,15 @@ int command_layer(const std::vector<std::string>& argv) {
   files::check_not_an_input(args.str("out"), "--out", {args.str("in")});
   files::check_replaces_own_kind(args.str("out"), "--out", "a safetensors file other than a checkpoint",
                                  looks_like_plain_safetensors);
+  const std::string trace_file = args.str("trace");
+  if (!trace_file.empty()) {
+    files::check_not_an_input(trace_file, "--trace", {args.str("in"), args.str("out")});
+    namespace fs = std::filesystem;
+    CAST_CHECK_USAGE(fs::weakly_canonical(trace_file) != fs::weakly_canonical(args.str("out")),
+                     "--trace {} is also --out: name two files", trace_file);
+  }
+  std::optional<train::Trace> trace;  // installed before the layer runs; checks its file first
+  if (args.is_set("trace")) trace.emplace(trace_file);
   const DType dtype = args.choice("dtype", {"f32", "f64"}) == "f64" ? DType::f64 : DType::f32;
   const Device device = args.choice("device", {"cpu", "cuda"}) == "cuda" ? Device::cuda : Device::cpu;
   CAST_CHECK_USAGE(!(dtype == DType::f64 && device == Device::cuda), "--dtype f64 runs on the CPU only");
@@ -137,8 +155,10 @@ int command_layer(const std::vector<std::string>& argv) {
     assignment = file.get("assignment", DType::i32, {B, H, N}).to(device);
   }
 
+  if (trace) trace->begin_pass("layer", device);
   nn::AttentionOutput result = layer.forward(x, mask, assignment);
   autograd::backward(result.out, dout);
+  if (trace) trace->end_pass();
 
   std::map<std::string, Tensor> out = {{"out", result.out}, {"grad.x", x.grad()}};
   for (auto& [name, p] : layer.parameters())
@@ -146,6 +166,7 @@ int command_layer(const std::vector<std::string>& argv) {
   if (result.clusters.defined()) out["clusters"] = result.clusters;
   if (result.assignment.defined()) out["assignment"] = result.assignment;
   write_safetensors(args.str("out"), out, {{"attention", nn::mechanism_name(config.mechanism)}}, "--out");
+  if (trace) trace->write_file();
   fmt::print("cast layer: {} B={} N={} D={} H={}{} -> {}\n", nn::mechanism_name(config.mechanism), B, N, D, H,
              config.mechanism == nn::Mechanism::cast ? fmt::format(" C={}", C) : std::string(), args.str("out"));
   return 0;

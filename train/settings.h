@@ -33,6 +33,8 @@ struct TrainConfig {
   // A new run refuses a run folder that already holds a checkpoint unless this is set. Not a
   // setting of the run: it is never stored.
   bool overwrite = false;
+  // `--trace`: prints (or writes) the tape of every step. Not a setting either.
+  class Trace* trace = nullptr;
   nn::ModelConfig model;
 };
 

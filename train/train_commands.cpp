@@ -6,6 +6,7 @@
 #include <climits>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "autograd/tape.h"
 #include "tensor/files.h"
@@ -13,6 +14,7 @@
 #include "train/clusters_figure.h"
 #include "train/plot.h"
 #include "train/run_folder.h"
+#include "train/trace.h"
 #include "train/trainer.h"
 
 namespace cast {
@@ -26,6 +28,21 @@ static void check_config_is_no_run_file(const train::TrainConfig& config, const 
   std::vector<std::string> outputs = train::run_folder_files(run_dir);
   outputs.push_back(run_dir + "/curves.svg");
   for (const std::string& out : outputs) files::check_not_an_input(out, "run file", {config_path});
+}
+
+// The trace file is written at the end: it must be neither an input nor a file the run keeps.
+static void check_trace_is_no_run_file(const train::TrainConfig& config, const std::string& trace,
+                                       const std::string& config_path, const std::string& resume) {
+  files::check_not_an_input(trace, "--trace", {config_path, resume});
+  const std::string run_dir = config.run_dir.empty() ? train::default_run_dir(config) : config.run_dir;
+  std::vector<std::string> run_files = train::run_folder_files(run_dir);
+  run_files.push_back(run_dir + "/curves.svg");
+  namespace fs = std::filesystem;
+  for (const std::string& f : run_files)
+    CAST_CHECK_USAGE(!files::same_file(trace, f) && fs::weakly_canonical(trace) != fs::weakly_canonical(f),
+                     "--trace {} is the run's own {}: name a file outside the run's files", trace, f);
+  files::output_target(trace, "--trace", files::Link::follow_once);
+  files::check_replaces_own_kind(trace, "--trace", "a JSON lines trace", files::looks_like_json_lines);
 }
 
 int command_train(const std::vector<std::string>& argv) {
@@ -42,10 +59,14 @@ int command_train(const std::vector<std::string>& argv) {
               "are used; steps, logging, evaluation, checkpoints, data, device may change)");
   train::declare_setting_flags(args, {});
   args.flag("overwrite", "replace the run already in the run folder (without it, such a folder is refused)");
+  args.optional_value("trace", "FILE",
+                      "print every step's tape: each node's op, implementation, shapes, saved tensors and time "
+                      "(with FILE: JSON lines there instead)");
   args.example("cast train                                     (short ListOps, a small CAST model)")
       .example("cast train --task fashion-mnist --attention full --steps 3000")
       .example("cast train --task listops --config settings.json --run runs/my-listops")
-      .example("cast train --resume runs/listops-short-cast/checkpoint.safetensors --steps 2400");
+      .example("cast train --resume runs/listops-short-cast/checkpoint.safetensors --steps 2400")
+      .example("cast train --steps 1 --trace                   (the tape of one step)");
   if (!args.parse(argv)) return 0;
 
   train::TrainConfig config;
@@ -64,10 +85,18 @@ int command_train(const std::vector<std::string>& argv) {
   }
   config.overwrite = args.is_set("overwrite");
   check_config_is_no_run_file(config, args.str("config"));
+  std::optional<train::Trace> trace;
+  if (args.is_set("trace")) {
+    const std::string& file = args.str("trace");
+    if (!file.empty()) check_trace_is_no_run_file(config, file, args.str("config"), args.str("resume"));
+    trace.emplace(file);
+    config.trace = &*trace;
+  }
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
              config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
              config.model.heads, config.steps, config.batch, device_name(train::resolve_device(config.device)));
   train::run_training(config, args.str("resume"));
+  if (trace) trace->write_file();
   return 0;
 }
 

@@ -20,6 +20,7 @@
 #include "train/plot.h"
 #include "train/run_folder.h"
 #include "train/stop.h"
+#include "train/trace.h"
 #include "train/training_step.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/runtime.h"
@@ -295,7 +296,9 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
     const int64_t step = ++run.step;
     const auto step_start = Clock::now();
     nn::Batch batch = data::make_batch(run.task, run.task.train, sampler.batch(step, c.batch), DType::f32, run.device);
+    if (c.trace) c.trace->begin_pass(fmt::format("step {}", step), run.device);
     training.compute(batch, step);
+    if (c.trace) c.trace->end_pass();
     // The host reads the steps' statistics (one copy) before it logs, evaluates or saves, and
     // always on the host, where reading costs nothing.
     const bool log_step = step % c.log_every == 0 || step == c.steps;

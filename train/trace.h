@@ -1,0 +1,81 @@
+#pragma once
+// `--trace`: every node of the tape as it is recorded (the forward) and as its backward runs:
+// its op, the implementation that ran it, its input and output shapes, the tensors it holds for
+// the backward with their bytes, and its time; then the totals of the pass. Text on stdout, or
+// one JSON object per line in a file, for tools.
+//
+// What "saved bytes" counts: the distinct storage the tape keeps alive, that is every tensor a
+// node holds (its named fields: the inputs it keeps and what its forward saved, and its
+// outputs), each storage once. A node's "holds +N" is the storage first held by it, so the
+// nodes' figures add up to the total.
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "autograd/trace.h"
+#include "tensor/tensor.h"
+
+namespace cast::train {
+
+struct TraceTotals {
+  int64_t nodes = 0;
+  size_t saved_bytes = 0;                  // distinct storage the tape holds
+  size_t saved_bytes_unmade = 0;           // the part no node produced: parameters, inputs, masks, indices
+  double forward_ms = 0, backward_ms = 0;  // wall time of the pass's forward and of its backward
+};
+
+class Trace final : public autograd::TapeObserver {
+ public:
+  // json_path "": text on stdout (print false: kept in events() only, for tests); else JSON
+  // lines, written to json_path by write_file(). Installs itself on this thread's tape.
+  explicit Trace(std::string json_path = "", bool print = true);
+  ~Trace();
+  Trace(const Trace&) = delete;
+  Trace& operator=(const Trace&) = delete;
+
+  // A pass is one forward and its backward ("layer", "step 3"), on one device (a GPU is
+  // synchronized before every time taken).
+  void begin_pass(const std::string& label, Device device);
+  TraceTotals end_pass();                                // prints or stores the totals
+  const TraceTotals& totals() const { return totals_; }  // of the pass so far
+  void write_file() const;                               // the JSON lines, written atomically (text mode: nothing)
+
+  // Every event so far, as written to the JSON file: phase forward | step | backward | totals.
+  const std::vector<nlohmann::json>& events() const { return events_; }
+
+  void step_began(const char* step) override;
+  void step_ended(const char* step) override;
+  void recorded(const autograd::Node& node) override;
+  void backward_began() override;
+  void before_backward(const autograd::Node& node) override;
+  void after_backward(const autograd::Node& node, bool ran) override;
+  void backward_ended() override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double lap_ms();  // since the previous event
+  void emit(nlohmann::json event);
+
+  void say(const std::string& line) const;
+
+  std::string json_path_;
+  bool print_;
+  autograd::TapeObserver* previous_;
+  std::vector<nlohmann::json> events_;
+  std::string label_;
+  bool on_gpu_ = false, in_pass_ = false;
+  Clock::time_point last_, pass_start_, backward_start_;
+  std::set<const Storage*> held_, made_;  // storage held by the tape; storage some node produced
+  std::unordered_map<const autograd::Node*, int64_t> index_;
+  int64_t step_nodes_ = 0;
+  std::string backward_step_;  // the step of the last backward line (text: a header when it changes)
+  TraceTotals totals_;
+};
+
+// "1.5 KiB": bytes for people.
+std::string human_bytes(size_t bytes);
+
+}  // namespace cast::train
