@@ -11,6 +11,7 @@
 #include "nn/attention.h"
 #include "tensor/device_memory.h"
 #include "tests/test_util.h"
+#include "train/cli.h"
 #include "train/trace.h"
 
 namespace {
@@ -192,4 +193,22 @@ TEST(Trace, SavedBytesStayBelowTheBenchPeak) {
   fs::remove_all(dir);
 }
 
+}  // namespace
+
+namespace {
+// `--trace` alone, `--trace FILE` and `--trace=FILE`: an option whose value may be left out.
+TEST(Trace, OptionTakesAnOptionalFile) {
+  auto parse = [](std::vector<std::string> argv) {
+    cli::Args args("x", "test");
+    args.optional_value("trace", "FILE", "help").option("steps", "1", "help");
+    args.parse(argv);
+    return std::make_tuple(args.is_set("trace"), args.str("trace"), args.str("steps"));
+  };
+  EXPECT_EQ(parse({}), std::make_tuple(false, std::string(), std::string("1")));
+  EXPECT_EQ(parse({"--trace"}), std::make_tuple(true, std::string(), std::string("1")));
+  EXPECT_EQ(parse({"--trace", "--steps", "3"}), std::make_tuple(true, std::string(), std::string("3")));
+  EXPECT_EQ(parse({"--trace", "t.jsonl", "--steps", "3"}),
+            std::make_tuple(true, std::string("t.jsonl"), std::string("3")));
+  EXPECT_EQ(parse({"--trace=--odd"}), std::make_tuple(true, std::string("--odd"), std::string("1")));
+}
 }  // namespace

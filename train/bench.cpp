@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "autograd/tape.h"
@@ -18,6 +19,7 @@
 #include "tensor/files.h"
 #include "train/cli.h"
 #include "train/memory_estimate.h"
+#include "train/trace.h"
 #include "train/trainer.h"
 #include "train/training_step.h"
 #ifdef CAST_WITH_CUDA
@@ -160,7 +162,7 @@ std::string device_label(Device device) {
   return "cpu";
 }
 
-int bench_attention(const cli::Args& args) {
+int bench_attention(const cli::Args& args, train::Trace* trace) {
   const Device device = train::resolve_device(args.str("device"));
   ops::set_allow_tf32(args.is_set("tf32"));
   const int64_t B = bounded(args, "batch", 1, 4096), D = bounded(args, "dim", 1, 65536),
@@ -217,6 +219,11 @@ int bench_attention(const cli::Args& args) {
         for (int64_t i = 0; i < repeats; ++i) tb.push_back(time_once(device, both));
         const double peak_mib =
             static_cast<double>(train::peak_memory(device) - std::min(base, train::peak_memory(device))) / (1 << 20);
+        if (trace) {  // one more, warm, pass: where its time goes
+          trace->begin_pass(fmt::format("{} N {}", v.name, N), device);
+          both();
+          trace->end_pass();
+        }
         fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f} {:>14.1f}{}\n", v.name, N, median(tf), median(tb),
                    peak_mib, estimate / (1 << 20), trust_note(tb));
         json_out.add({{"mechanism", v.name},
@@ -244,7 +251,7 @@ int bench_attention(const cli::Args& args) {
   return failed ? 1 : 0;  // a failed row is a failed benchmark
 }
 
-int bench_train(const cli::Args& args) {
+int bench_train(const cli::Args& args, train::Trace* trace) {
   const Device device = train::resolve_device(args.str("device"));
   ops::set_allow_tf32(args.is_set("tf32"));
   const int64_t steps = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
@@ -310,6 +317,11 @@ int bench_train(const cli::Args& args) {
       std::vector<double> times;
       for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
       const TransferCounts per_step = (transfer_counts(device) - before) / static_cast<double>(steps);
+      if (trace) {  // one more, warm, step: where its time goes
+        trace->begin_pass(fmt::format("{} step", v.name), device);
+        step();
+        trace->end_pass();
+      }
       const double ms = median(times),
                    peak_mib = static_cast<double>(train::peak_memory(device) -
                                                   std::min(base_bytes, train::peak_memory(device))) /
@@ -382,17 +394,33 @@ int command_bench(const std::vector<std::string>& argv) {
       .option("json", "", "also write the results as JSON lines to this file")
       .flag("reference", "time the step-by-step reference attention ops instead of the fast paths (CPU and GPU)")
       .flag("tf32", "allow TF32 matmuls on the GPU")
+      .optional_value("trace", "FILE",
+                      "after timing each row, trace one more (warm) forward+backward: every node, then where "
+                      "the time went by step (with FILE: JSON lines there instead)")
       .usage("cast bench attention|train|gemm [options]")
       .example("cast bench attention --lengths 1024,4096 --mechanisms full,cast-topk")
       .example("cast bench attention --lengths 16384 --mechanisms cast-topk,clustered --reference")
       .example("cast bench train --task listops-short --mechanisms full,cast-topk")
       .example("cast bench train --task text --length 1024 --batch-size 4")
+      .example("cast bench attention --lengths 4096 --mechanisms cast-topk --repeats 3 --trace")
       .example("cast bench gemm");
   std::vector<std::string> rest = argv;
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--what");  // `cast bench train`
   if (!args.parse(rest)) return 0;
   const std::string what = args.choice("what", {"attention", "train", "gemm"});
-  return what == "attention" ? bench_attention(args) : what == "train" ? bench_train(args) : bench_gemm(args);
+  std::optional<train::Trace> trace;
+  if (args.is_set("trace")) {
+    CAST_CHECK_USAGE(what != "gemm", "--trace traces attention layers and training steps, not gemm");
+    files::check_not_an_input(args.str("trace"), "--trace", {args.str("json")});
+    CAST_CHECK_USAGE(args.str("trace").empty() || args.str("trace") != args.str("json"),
+                     "--trace and --json name the same file {}", args.str("json"));
+    trace.emplace(args.str("trace"));
+  }
+  const int code = what == "attention" ? bench_attention(args, trace ? &*trace : nullptr)
+                   : what == "train"   ? bench_train(args, trace ? &*trace : nullptr)
+                                       : bench_gemm(args);
+  if (trace) trace->write_file();
+  return code;
 }
 
 }  // namespace cast

@@ -1,6 +1,8 @@
 #include "train/trace.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "autograd/tape.h"
 #include "tensor/files.h"
@@ -152,6 +154,7 @@ void Trace::begin_pass(const std::string& label, Device device) {
                   label));
   lap_ms();
   pass_start_ = last_;
+  pass_first_event_ = events_.size();
   backward_start_ = last_;
 }
 
@@ -235,14 +238,55 @@ TraceTotals Trace::end_pass() {
     lap_ms();
     totals_.forward_ms = std::chrono::duration<double, std::milli>(last_ - pass_start_).count();
   }
+  json by = where_the_time_went();
   emit({{"phase", "totals"},
         {"nodes", totals_.nodes},
         {"saved_bytes", totals_.saved_bytes},
         {"saved_bytes_unmade", totals_.saved_bytes_unmade},
         {"forward_ms", totals_.forward_ms},
-        {"backward_ms", totals_.backward_ms}});
+        {"backward_ms", totals_.backward_ms},
+        {"by", by}});
+  say(fmt::format("trace {}: where the time went, by step of docs/attention.md (else by op), most first", label_));
+  for (const json& row : by)
+    say(fmt::format("  {:<31} {:>5} nodes  forward {:>9.3f} ms  backward {:>9.3f} ms  holds {}",
+                    row["name"].get<std::string>(), row["nodes"].get<int64_t>(), row["forward_ms"].get<double>(),
+                    row["backward_ms"].get<double>(), human_bytes(row["new_bytes"].get<size_t>())));
   in_pass_ = false;
+  if (print_ && json_path_.empty()) events_.clear();  // printed: a long `cast train --trace` keeps nothing
   return totals_;
+}
+
+// The pass's events summed by step (a node outside every step: by its op), most time first.
+json Trace::where_the_time_went() const {
+  struct Row {
+    int64_t nodes = 0;
+    double forward_ms = 0, backward_ms = 0;
+    size_t new_bytes = 0;
+  };
+  std::map<std::string, Row> rows;
+  for (size_t i = pass_first_event_; i < events_.size(); ++i) {
+    const json& e = events_[i];
+    const std::string phase = e["phase"];
+    if (phase == "totals" || (phase == "step" && e["event"] == "begin")) continue;
+    Row& row = rows[e["step"].is_string() ? e["step"].get<std::string>() : e["op"].get<std::string>()];
+    if (phase == "forward") {
+      ++row.nodes;
+      row.new_bytes += e["new_bytes"].get<size_t>();
+    }
+    (phase == "backward" ? row.backward_ms : row.forward_ms) += e["ms"].get<double>();
+  }
+  std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    return a.second.forward_ms + a.second.backward_ms > b.second.forward_ms + b.second.backward_ms;
+  });
+  json by = json::array();
+  for (const auto& [name, r] : sorted)
+    by.push_back({{"name", name},
+                  {"nodes", r.nodes},
+                  {"forward_ms", r.forward_ms},
+                  {"backward_ms", r.backward_ms},
+                  {"new_bytes", r.new_bytes}});
+  return by;
 }
 
 void Trace::write_file() const {

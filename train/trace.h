@@ -43,7 +43,8 @@ class Trace final : public autograd::TapeObserver {
   const TraceTotals& totals() const { return totals_; }  // of the pass so far
   void write_file() const;                               // the JSON lines, written atomically (text mode: nothing)
 
-  // Every event so far, as written to the JSON file: phase forward | step | backward | totals.
+  // Every event so far (text printed to stdout: those of the pass under way), as written to the
+  // JSON file: phase forward | step | backward | totals.
   const std::vector<nlohmann::json>& events() const { return events_; }
 
   void step_began(const char* step) override;
@@ -58,6 +59,7 @@ class Trace final : public autograd::TapeObserver {
   using Clock = std::chrono::steady_clock;
   double lap_ms();  // since the previous event
   void emit(nlohmann::json event);
+  nlohmann::json where_the_time_went() const;
 
   void say(const std::string& line) const;
 
@@ -71,6 +73,7 @@ class Trace final : public autograd::TapeObserver {
   std::set<const Storage*> held_, made_;  // storage held by the tape; storage some node produced
   std::unordered_map<const autograd::Node*, int64_t> index_;
   int64_t step_nodes_ = 0;
+  size_t pass_first_event_ = 0;
   std::string backward_step_;  // the step of the last backward line (text: a header when it changes)
   TraceTotals totals_;
 };
