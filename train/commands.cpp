@@ -1,6 +1,7 @@
 #include "train/commands.h"
 
 #include "train/bench.h"
+#include "train/demo.h"
 #include "train/info.h"
 #include "train/layer_command.h"
 #include "train/train_commands.h"
@@ -17,7 +18,7 @@ const std::vector<Command>& commands() {
       {"clusters", "render a CAST model's clusters over an image input (SVG, with a legend)", command_clusters},
       {"plot", "plot one run's curves, or several runs side by side (SVG)", command_plot},
       {"info", "build options, devices and their memory", command_info},
-      {"demo", "one op's forward, backward and gradient check, step by step", command_demo},
+      {"demo", "one attention layer (or one op) step by step: forward, backward, gradient check", command_demo},
       {"bench", "time and peak memory of attention layers and training steps", command_bench},
       {"layer", "one attention layer forward+backward on a safetensors file (the audit interface)", command_layer},
   };
