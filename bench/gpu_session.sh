@@ -224,7 +224,7 @@ profile_stage() {
 
 pytorch_stage() {
   local args=(--device cuda --cast "$cast" --rounds "$rounds" --repeats "$repeats" --lengths "$lengths"
-              --work layer,text-step --text-length "$text_length" --text-batch "$text_batch")
+              --work layer,cast-layer,text-step --text-length "$text_length" --text-batch "$text_batch")
   [ $dry = 1 ] && args+=(--dry-run)
   python3 bench/pytorch_compare.py "${args[@]}" > "$TORCH" 2>&1 || { tail -n 20 "$TORCH" >&2; return 1; }
   tail -n 1 "$TORCH" > "$note"

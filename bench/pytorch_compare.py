@@ -4,6 +4,9 @@
 Times the same work in both, with the same thread count:
   * one full-attention layer forward+backward (B 1, D 256, 4 heads; PyTorch through
     scaled_dot_product_attention, its fastest attention), at N 1024 and 4096;
+  * one CAST Top-K layer forward+backward at the same sizes (C = κ = ⌈√N⌉ to a multiple of 8),
+    PyTorch's written in eager ops from docs/attention.md and first checked against
+    `cast layer` on the same inputs (f64: the output and every gradient);
   * one `listops-short` training step (the `cast train` default model, full attention:
     2 layers, D 64, 4 heads, MLP 128, batch 32, 48 tokens + CLS, AdamW);
   * one Text-preset training step (4 layers, D 256, 4 heads, MLP 1024) at N 1024, batch 4;
@@ -150,8 +153,9 @@ PRESETS = {  # as train::preset in train/trainer.cpp
 }
 
 
-def torch_layer(n, device, warmup, repeats):
-    layer = Attention(256, 4).to(device)
+def time_layer(layer, n, device, warmup, repeats):
+    """Forward+backward of one attention layer on x (1, n, 256)."""
+    layer = layer.to(device)
     x = torch.randn(1, n, 256, device=device, requires_grad=True)
     dout = torch.randn_like(x)
 
@@ -161,6 +165,10 @@ def torch_layer(n, device, warmup, repeats):
         layer.zero_grad(set_to_none=True)
 
     return timed(both, warmup, repeats, device)
+
+
+def torch_layer(n, device, warmup, repeats):
+    return time_layer(Attention(256, 4), n, device, warmup, repeats)
 
 
 def torch_step(task, length, batch, device, warmup, repeats):
@@ -265,16 +273,7 @@ def check_cast_layer(binary, n=256, dim=256, heads=4):
 
 def torch_cast_layer(n, device, warmup, repeats):
     C = default_clusters(n)
-    layer = CastAttention(256, 4, C, C).to(device)
-    x = torch.randn(1, n, 256, device=device, requires_grad=True)
-    dout = torch.randn_like(x)
-
-    def both():
-        layer(x).backward(dout)
-        x.grad = None
-        layer.zero_grad(set_to_none=True)
-
-    return timed(both, warmup, repeats, device)
+    return time_layer(CastAttention(256, 4, C, C), n, device, warmup, repeats)
 
 
 def ours(binary, threads, argv):

@@ -102,21 +102,25 @@ __global__ void cluster_satopk_kernel(int32_t* out, const float* aff, const floa
 }
 
 // ---------------------------------------------------------------- LSH
-// One thread per query: the sign of q·a_b + a_b0 for each plane, summed in double in the CPU
-// op's order. A product of two floats is exact in double, so the sums equal the host's bit for
-// bit, with or without fused multiply-adds.
-__global__ void lsh_hash_kernel(int64_t* out, const float* q, const float* planes, int64_t rows, int64_t d,
+// 64 threads per query, one per plane: thread b takes the sign of q·a_b + a_b0, summed in double
+// in the CPU op's order. A product of two floats is exact in double, so the sums equal the host's
+// bit for bit, with or without fused multiply-adds. Each warp's 32 signs are one ballot, written
+// as its half of the 64-bit code (bit 63 and the bits past `bits` stay 0). The query is read by
+// every thread of the warp at once (a broadcast); the planes stay in L1.
+__global__ void lsh_hash_kernel(uint32_t* out_halves, const float* q, const float* planes, int64_t rows, int64_t d,
                                 int64_t bits) {
-  CAST_KERNEL_LOOP(r, rows) {
-    const float* x = q + r * d;
-    int64_t code = 0;
-    for (int64_t b = 0; b < bits; ++b) {
+  CAST_KERNEL_LOOP(t, rows * 64) {  // rows·64 and the grid stride are whole warps: the ballot sees 32 lanes
+    const int64_t r = t / 64, b = t % 64;
+    bool positive = false;
+    if (b < bits) {
+      const float* x = q + r * d;
       const float* a = planes + b * (d + 1);
       double s = a[d];
       for (int64_t j = 0; j < d; ++j) s += static_cast<double>(x[j]) * static_cast<double>(a[j]);
-      if (s > 0) code |= int64_t{1} << b;
+      positive = s > 0;
     }
-    out[r] = code;
+    const unsigned signs = __ballot_sync(0xffffffffu, positive);
+    if (t % 32 == 0) out_halves[t / 32] = signs;  // little-endian: bits 0–31, then 32–63
   }
 }
 
@@ -252,8 +256,8 @@ void cluster_satopk(Tensor& out, const Tensor& affinity, const Tensor& mask, int
 void lsh_hash(Tensor& out, const Tensor& q, const Tensor& planes) {
   const int64_t rows = q.dim(0) * q.dim(1), d = q.dim(2), bits = planes.dim(0);
   if (rows == 0) return;
-  CAST_LAUNCH(lsh_hash_kernel, blocks_for(rows), kThreads, 0, out.data<int64_t>(), fptr(q), fptr(planes), rows, d,
-              bits);
+  CAST_LAUNCH(lsh_hash_kernel, blocks_for(rows * 64), kThreads, 0, reinterpret_cast<uint32_t*>(out.data<int64_t>()),
+              fptr(q), fptr(planes), rows, d, bits);
   CUDA_CHECK_LAUNCH();
 }
 
