@@ -41,7 +41,7 @@ const char* current_fast_path();  // nullptr: the reference ops
 class TapeObserver {
  public:
   virtual void step_began(const char* step) = 0;
-  virtual void step_ended(const char* step) = 0;
+  virtual void step_ended(const char* step) = 0;  // runs in StepScope's destructor: must not throw
   virtual void recorded(const Node& node) = 0;
   virtual void backward_began() = 0;
   virtual void before_backward(const Node& node) = 0;

@@ -102,6 +102,9 @@ for k in fifo dir loop in_rodir; do  # outputs that are files
   check "plot --out" $k "$C plot base/run --out @"
   check "layer --out" $k "$C layer --in base/layer.safetensors --out @"
   check "bench --json" $k "$C bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json @"
+  check "layer --trace" $k "$C layer --in base/layer.safetensors --out $WORK/lt$k.safetensors --trace @"
+  check "train --trace" $k "$C train --data base/data --run $WORK/rt$k $SMALL --trace @"
+  check "bench --trace" $k "$C bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --trace @"
 done
 for k in fifo loop rodir in_rodir; do  # outputs that are folders (an existing folder is their kind)
   check "train --run" $k "$C train --data base/data --run @ $SMALL"

@@ -8,6 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CAST=${1:-build/cast}
 [ -x "$CAST" ] || { echo "update_golden: no binary at $CAST (build first, or give its path)" >&2; exit 1; }
+for walk in cast clustered iclustered full; do  # the doc has a block for each before anything is rewritten
+  grep -qF "<summary>cast demo $walk</summary>" docs/attention.md ||
+    { echo "update_golden: docs/attention.md has no <summary>cast demo $walk</summary> block" >&2; exit 1; }
+done
 for walk in cast clustered iclustered full; do
   golden=tests/golden/demo_$walk.txt
   if ! "$CAST" demo "$walk" > "$golden.tmp"; then
@@ -16,8 +20,6 @@ for walk in cast clustered iclustered full; do
     exit 1
   fi
   mv "$golden.tmp" "$golden"
-  grep -qF "<summary>cast demo $walk</summary>" docs/attention.md ||
-    { echo "update_golden: docs/attention.md has no <summary>cast demo $walk</summary> block" >&2; exit 1; }
   # In the walk's <details> block, the lines between "```text" and "```" become the golden file.
   awk -v summary="<summary>cast demo $walk</summary>" -v golden="$golden" '
     index($0, summary) { in_details = 1 }

@@ -61,6 +61,16 @@ bool same_file(const std::string& a, const std::string& b) {
   return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+bool same_path(const std::string& a, const std::string& b) {
+  if (same_file(a, b)) return true;
+  std::error_code ea, eb;  // a link loop or an unreadable folder: compared as spelled
+  const auto ca = std::filesystem::weakly_canonical(std::filesystem::absolute(a), ea);
+  const auto cb = std::filesystem::weakly_canonical(std::filesystem::absolute(b), eb);
+  if (ea || eb)
+    return std::filesystem::absolute(a).lexically_normal() == std::filesystem::absolute(b).lexically_normal();
+  return ca == cb;
+}
+
 void check_not_an_input(const std::string& output, const std::string& what, const std::vector<std::string>& inputs) {
   for (const std::string& in : inputs)
     if (!in.empty() && same_file(output, in))

@@ -28,6 +28,9 @@ std::string reason(int err);
 // True when both paths name existing files that are one file (same device and inode; links
 // followed), whatever their spelling.
 bool same_file(const std::string& a, const std::string& b);
+// True when both paths name one file, or would once written: same_file, or the same absolute
+// path once links and `.`/`..` are resolved (a file not made yet: "o.st", "./o.st", "d/../o.st").
+bool same_path(const std::string& a, const std::string& b);
 // A usage error when `output` is the same file as one of `inputs`: `what` names the output.
 void check_not_an_input(const std::string& output, const std::string& what, const std::vector<std::string>& inputs);
 

@@ -228,6 +228,15 @@ TEST(Cli, TracePrintsTheTape) {
   for (const char* want : {"trace step 1: forward", "trace step 1: backward", "trace step 2: forward", "cross_entropy",
                            "── combine_clusters"})
     EXPECT_NE(train.out.find(want), std::string::npos) << want << "\n" << train.out;
+  // cast bench: the trace is never the --json file, and the benchmark's name comes first
+  const std::string results = (dir / "bench.jsonl").string();
+  CliRun same = run("bench attention --lengths 16 --mechanisms full --repeats 1 --warmup 0 --dim 8 --heads 2 --json " +
+                    results + " --trace " + (dir / "." / "bench.jsonl").string());
+  EXPECT_EQ(same.code, 2) << same.err;
+  EXPECT_FALSE(fs::exists(results));
+  CliRun order = run("bench --trace train --lengths 16");
+  EXPECT_EQ(order.code, 2) << order.err;
+  EXPECT_NE(order.err.find("name the benchmark first"), std::string::npos) << order.err;
   // --trace FILE refuses the run's own files
   CliRun clash =
       run("train --steps 1 --dim 16 --heads 2 --layers 1 --mlp-dim 16 --device cpu --data " + data + " --run " +

@@ -166,7 +166,15 @@ TEST(LayerCommand, TraceWritesJsonLines) {
   EXPECT_EQ(last["nodes"], phases["forward"]);
   EXPECT_GT(last["saved_bytes"].get<int64_t>(), 0);
   EXPECT_EQ(steps.size(), 9u);  // steps 1 and 2 twice (queries, keys), then steps 3 to 7
-  // The trace file is never an input or the output.
+  // The trace file is never an input or the output, however the output is spelled, and also
+  // when the output does not exist yet.
+  const std::string fresh = temp_file("trace_fresh.safetensors");
+  const std::string fresh_spelled =
+      (std::filesystem::path(fresh).parent_path() / "." / std::filesystem::path(fresh).filename()).string();
+  std::vector<std::string> fresh_options = cast_options({"--in", data_file("layer_cast.safetensors"), "--out", fresh});
+  fresh_options.insert(fresh_options.end(), {"--trace", fresh_spelled});
+  EXPECT_THROW(command_layer(fresh_options), UsageError);
+  EXPECT_FALSE(std::filesystem::exists(fresh));
   for (const std::string& clash : {data_file("layer_cast.safetensors"), out}) {
     std::vector<std::string> bad = cast_options({"--in", data_file("layer_cast.safetensors"), "--out", out});
     bad.insert(bad.end(), {"--trace", clash});

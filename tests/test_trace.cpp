@@ -9,6 +9,7 @@
 
 #include "autograd/tape.h"
 #include "nn/attention.h"
+#include "ops/ops.h"
 #include "tensor/device_memory.h"
 #include "tests/test_util.h"
 #include "train/cli.h"
@@ -122,6 +123,25 @@ TEST(Trace, ReferenceNamesOnlyReferenceOps) {
       EXPECT_EQ(fast_paths, chosen);
     }
   }
+}
+
+// A pass that throws is dropped; the trace records nothing until the next pass begins.
+TEST(Trace, AnAbortedPassLeavesTheTraceOff) {
+  Layer layer(layer_config(nn::Mechanism::cast, true), Device::cpu);
+  train::Trace trace("", false);
+  trace.begin_pass("fails", Device::cpu);
+  layer.forward();
+  EXPECT_THROW(ops::matmul(layer.x, layer.x), Error);  // (B, N, D) · (B, N, D): inner dims differ
+  autograd::clear_tape();
+  trace.abort_pass();
+  EXPECT_TRUE(trace.events().empty());
+  layer.forward();  // outside a pass: not traced
+  autograd::clear_tape();
+  EXPECT_TRUE(trace.events().empty());
+  trace.begin_pass("works", Device::cpu);
+  autograd::backward(layer.forward(), layer.dout);
+  EXPECT_GT(trace.end_pass().nodes, 0);
+  for (const json& e : trace.events()) EXPECT_EQ(e["pass"], "works");
 }
 
 // Every storage the tape holds, each once, counted by walking the tape.

@@ -238,6 +238,7 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
                       {"implementations", nn::step_implementations(c, device)}});
       } catch (const Error& e) {
         autograd::clear_tape();
+        if (trace) trace->abort_pass();
         fmt::print("{:<12} {:>6} failed: {}\n", v.name, N, e.what());
         failed = true;
       }
@@ -317,15 +318,15 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
       std::vector<double> times;
       for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
       const TransferCounts per_step = (transfer_counts(device) - before) / static_cast<double>(steps);
+      const double ms = median(times),
+                   peak_mib = static_cast<double>(train::peak_memory(device) -
+                                                  std::min(base_bytes, train::peak_memory(device))) /
+                              (1 << 20);
       if (trace) {  // one more, warm, step: where its time goes
         trace->begin_pass(fmt::format("{} step", v.name), device);
         step();
         trace->end_pass();
       }
-      const double ms = median(times),
-                   peak_mib = static_cast<double>(train::peak_memory(device) -
-                                                  std::min(base_bytes, train::peak_memory(device))) /
-                              (1 << 20);
       fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f} {:>14.1f}{}\n", v.name, ms, 1000.0 / ms, peak_mib,
                  estimates[vi] / (1 << 20), trust_note(times));
       if (device == Device::cuda)
@@ -346,6 +347,7 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
                     {"mallocs_per_step", per_step.mallocs}});
     } catch (const Error& e) {
       autograd::clear_tape();
+      if (trace) trace->abort_pass();
       fmt::print("{:<12} failed: {}\n", v.name, e.what());
       failed = true;
     }
@@ -411,9 +413,11 @@ int command_bench(const std::vector<std::string>& argv) {
   std::optional<train::Trace> trace;
   if (args.is_set("trace")) {
     CAST_CHECK_USAGE(what != "gemm", "--trace traces attention layers and training steps, not gemm");
-    files::check_not_an_input(args.str("trace"), "--trace", {args.str("json")});
-    CAST_CHECK_USAGE(args.str("trace").empty() || args.str("trace") != args.str("json"),
-                     "--trace and --json name the same file {}", args.str("json"));
+    const std::string& file = args.str("trace");
+    CAST_CHECK_USAGE(file.empty() || args.str("json").empty() || !files::same_path(file, args.str("json")),
+                     "--trace and --json name the same file {}", file);
+    CAST_CHECK_USAGE(file != "attention" && file != "train" && file != "gemm",
+                     "--trace {0}: name the benchmark first (cast bench {0} --trace)", file);
     trace.emplace(args.str("trace"));
   }
   const int code = what == "attention" ? bench_attention(args, trace ? &*trace : nullptr)

@@ -1,7 +1,6 @@
 #include "train/layer_command.h"
 
 #include <climits>
-#include <filesystem>
 #include <optional>
 
 #include "autograd/tape.h"
@@ -90,10 +89,9 @@ int command_layer(const std::vector<std::string>& argv) {
                                  looks_like_plain_safetensors);
   const std::string trace_file = args.str("trace");
   if (!trace_file.empty()) {
-    files::check_not_an_input(trace_file, "--trace", {args.str("in"), args.str("out")});
-    namespace fs = std::filesystem;
-    CAST_CHECK_USAGE(fs::weakly_canonical(trace_file) != fs::weakly_canonical(args.str("out")),
-                     "--trace {} is also --out: name two files", trace_file);
+    files::check_not_an_input(trace_file, "--trace", {args.str("in")});
+    CAST_CHECK_USAGE(!files::same_path(trace_file, args.str("out")), "--trace {} is also --out: name two files",
+                     trace_file);
   }
   std::optional<train::Trace> trace;  // installed before the layer runs; checks its file first
   if (args.is_set("trace")) trace.emplace(trace_file);

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <map>
+#include <utility>
 
 #include "autograd/tape.h"
 #include "tensor/files.h"
@@ -140,6 +142,11 @@ void Trace::emit(json event) {
   event["pass"] = label_;
   say(text_line(event));
   events_.push_back(std::move(event));
+  last_ = Clock::now();  // the trace's own work counts towards no node
+}
+
+void Trace::rethrow_failure() {
+  if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 
 void Trace::begin_pass(const std::string& label, Device device) {
@@ -150,16 +157,14 @@ void Trace::begin_pass(const std::string& label, Device device) {
   made_.clear();
   index_.clear();
   totals_ = TraceTotals{};
-  say(fmt::format("trace {}: forward, every node as it is recorded (ms: since the line before, the op's forward)",
-                  label));
-  lap_ms();
-  pass_start_ = last_;
+  say(fmt::format("trace {}: forward, every node as it is recorded (ms: its forward, since the line before)", label));
   pass_first_event_ = events_.size();
-  backward_start_ = last_;
+  lap_ms();
 }
 
 void Trace::step_began(const char* step) {
   if (!in_pass_) return;
+  rethrow_failure();
   lap_ms();  // work between steps belongs to no node shown
   step_nodes_ = 0;
   emit({{"phase", "step"}, {"event", "begin"}, {"step", step}});
@@ -167,12 +172,20 @@ void Trace::step_began(const char* step) {
 
 void Trace::step_ended(const char* step) {
   if (!in_pass_ || step_nodes_ > 0) return;
-  emit({{"phase", "step"}, {"event", "no node"}, {"step", step}, {"ms", lap_ms()}});
+  try {  // called from a destructor: an error (stdout full) waits for the next call that may throw
+    const double ms = lap_ms();
+    totals_.forward_ms += ms;
+    emit({{"phase", "step"}, {"event", "no node"}, {"step", step}, {"ms", ms}});
+  } catch (...) {
+    if (!failure_) failure_ = std::current_exception();
+  }
 }
 
 void Trace::recorded(const autograd::Node& node) {
   if (!in_pass_) return;
+  rethrow_failure();
   const double ms = lap_ms();
+  totals_.forward_ms += ms;
   FieldList fields(held_, made_);
   node.fields(fields);
   for (const Tensor& out : node.outputs) fields.output(out);
@@ -198,10 +211,8 @@ void Trace::recorded(const autograd::Node& node) {
 
 void Trace::backward_began() {
   if (!in_pass_) return;
-  lap_ms();
-  backward_start_ = last_;
+  rethrow_failure();
   backward_step_.clear();
-  totals_.forward_ms = std::chrono::duration<double, std::milli>(backward_start_ - pass_start_).count();
   say(fmt::format("trace {}: backward, every node in reverse", label_));
 }
 
@@ -211,7 +222,8 @@ void Trace::before_backward(const autograd::Node&) {
 
 void Trace::after_backward(const autograd::Node& node, bool ran) {
   if (!in_pass_) return;
-  const double ms = lap_ms();
+  const double ms = ran ? lap_ms() : 0.0;
+  totals_.backward_ms += ms;
   const std::string step = node.step ? node.step : "";
   if (step != backward_step_ && !step.empty()) say(fmt::format("      ── {}", step));
   backward_step_ = step;
@@ -223,21 +235,15 @@ void Trace::after_backward(const autograd::Node& node, bool ran) {
         {"implementation", implementation(node, device)},
         {"step", node.step ? json(node.step) : json()},
         {"ran", ran},
-        {"ms", ran ? ms : 0.0}});
+        {"ms", ms}});
 }
 
 void Trace::backward_ended() {
-  if (!in_pass_) return;
-  lap_ms();
-  totals_.backward_ms = std::chrono::duration<double, std::milli>(last_ - backward_start_).count();
-  index_.clear();  // the nodes are gone
+  if (in_pass_) index_.clear();  // the nodes are gone
 }
 
 TraceTotals Trace::end_pass() {
-  if (totals_.forward_ms == 0) {  // no backward ran: all of it was the forward
-    lap_ms();
-    totals_.forward_ms = std::chrono::duration<double, std::milli>(last_ - pass_start_).count();
-  }
+  rethrow_failure();
   json by = where_the_time_went();
   emit({{"phase", "totals"},
         {"nodes", totals_.nodes},
@@ -252,8 +258,20 @@ TraceTotals Trace::end_pass() {
                     row["name"].get<std::string>(), row["nodes"].get<int64_t>(), row["forward_ms"].get<double>(),
                     row["backward_ms"].get<double>(), human_bytes(row["new_bytes"].get<size_t>())));
   in_pass_ = false;
-  if (print_ && json_path_.empty()) events_.clear();  // printed: a long `cast train --trace` keeps nothing
+  if (!json_path_.empty()) {  // a finished pass is kept as its lines: as much memory as the file takes
+    for (const json& e : events_) file_text_ += e.dump() + "\n";
+    events_.clear();
+  } else if (print_) {
+    events_.clear();  // printed: a long `cast train --trace` keeps nothing
+  }
   return totals_;
+}
+
+void Trace::abort_pass() {
+  if (!in_pass_) return;
+  in_pass_ = false;
+  events_.resize(pass_first_event_);
+  index_.clear();
 }
 
 // The pass's events summed by step (a node outside every step: by its op), most time first.
@@ -290,10 +308,7 @@ json Trace::where_the_time_went() const {
 }
 
 void Trace::write_file() const {
-  if (json_path_.empty()) return;
-  std::string text;
-  for (const json& e : events_) text += e.dump() + "\n";
-  files::write_atomic(json_path_, text, "--trace");
+  if (!json_path_.empty()) files::write_atomic(json_path_, file_text_, "--trace");
 }
 
 }  // namespace cast::train

@@ -9,6 +9,7 @@
 // outputs), each storage once. A node's "holds +N" is the storage first held by it, so the
 // nodes' figures add up to the total.
 #include <chrono>
+#include <exception>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -24,13 +25,14 @@ struct TraceTotals {
   int64_t nodes = 0;
   size_t saved_bytes = 0;                  // distinct storage the tape holds
   size_t saved_bytes_unmade = 0;           // the part no node produced: parameters, inputs, masks, indices
-  double forward_ms = 0, backward_ms = 0;  // wall time of the pass's forward and of its backward
+  double forward_ms = 0, backward_ms = 0;  // the sums of the pass's lines (the trace's own work left out)
 };
 
 class Trace final : public autograd::TapeObserver {
  public:
   // json_path "": text on stdout (print false: kept in events() only, for tests); else JSON
-  // lines, written to json_path by write_file(). Installs itself on this thread's tape.
+  // lines, the finished passes' written to json_path by write_file() (kept in memory until
+  // then, as many bytes as the file). Installs itself on this thread's tape.
   explicit Trace(std::string json_path = "", bool print = true);
   ~Trace();
   Trace(const Trace&) = delete;
@@ -39,12 +41,13 @@ class Trace final : public autograd::TapeObserver {
   // A pass is one forward and its backward ("layer", "step 3"), on one device (a GPU is
   // synchronized before every time taken).
   void begin_pass(const std::string& label, Device device);
-  TraceTotals end_pass();                                // prints or stores the totals
+  TraceTotals end_pass();  // prints or stores the totals
+  void abort_pass();       // a pass that threw: its events are dropped, the trace waits for the next
   const TraceTotals& totals() const { return totals_; }  // of the pass so far
   void write_file() const;                               // the JSON lines, written atomically (text mode: nothing)
 
-  // Every event so far (text printed to stdout: those of the pass under way), as written to the
-  // JSON file: phase forward | step | backward | totals.
+  // The events not yet printed or written (with print false: every event), as the JSON file has
+  // them: phase forward | step | backward | totals.
   const std::vector<nlohmann::json>& events() const { return events_; }
 
   void step_began(const char* step) override;
@@ -60,6 +63,7 @@ class Trace final : public autograd::TapeObserver {
   double lap_ms();  // since the previous event
   void emit(nlohmann::json event);
   nlohmann::json where_the_time_went() const;
+  void rethrow_failure();  // an error kept by step_ended, which runs in a destructor
 
   void say(const std::string& line) const;
 
@@ -69,7 +73,9 @@ class Trace final : public autograd::TapeObserver {
   std::vector<nlohmann::json> events_;
   std::string label_;
   bool on_gpu_ = false, in_pass_ = false;
-  Clock::time_point last_, pass_start_, backward_start_;
+  Clock::time_point last_;
+  std::string file_text_;  // JSON mode: the finished passes' lines
+  std::exception_ptr failure_;
   std::set<const Storage*> held_, made_;  // storage held by the tape; storage some node produced
   std::unordered_map<const autograd::Node*, int64_t> index_;
   int64_t step_nodes_ = 0;

@@ -37,12 +37,20 @@ static void check_trace_is_no_run_file(const train::TrainConfig& config, const s
   const std::string run_dir = config.run_dir.empty() ? train::default_run_dir(config) : config.run_dir;
   std::vector<std::string> run_files = train::run_folder_files(run_dir);
   run_files.push_back(run_dir + "/curves.svg");
-  namespace fs = std::filesystem;
   for (const std::string& f : run_files)
-    CAST_CHECK_USAGE(!files::same_file(trace, f) && fs::weakly_canonical(trace) != fs::weakly_canonical(f),
-                     "--trace {} is the run's own {}: name a file outside the run's files", trace, f);
+    CAST_CHECK_USAGE(!files::same_path(trace, f), "--trace {} is the run's own {}: name a file outside the run's files",
+                     trace, f);
   files::output_target(trace, "--trace", files::Link::follow_once);
   files::check_replaces_own_kind(trace, "--trace", "a JSON lines trace", files::looks_like_json_lines);
+}
+
+// The steps traced before a stop or a failure are written; that error, not one of the trace's,
+// is the one reported.
+static void keep_trace_of_a_stopped_run(const train::Trace& trace) {
+  try {
+    trace.write_file();
+  } catch (const Error&) {
+  }
 }
 
 int command_train(const std::vector<std::string>& argv) {
@@ -95,7 +103,12 @@ int command_train(const std::vector<std::string>& argv) {
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
              config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
              config.model.heads, config.steps, config.batch, device_name(train::resolve_device(config.device)));
-  train::run_training(config, args.str("resume"));
+  try {
+    train::run_training(config, args.str("resume"));
+  } catch (...) {  // stopped (Ctrl-C) or failed: the steps traced in full are kept
+    if (trace) keep_trace_of_a_stopped_run(*trace);
+    throw;
+  }
   if (trace) trace->write_file();
   return 0;
 }
