@@ -17,6 +17,7 @@
 #include "tensor/philox.h"
 #include "tests/device_compare.h"
 #include "tests/random_clusters.h"
+#include "tests/devices.h"
 #include "tests/test_util.h"
 
 using namespace cast;
@@ -131,12 +132,6 @@ PathRun run_once(const std::function<Tensor(const std::vector<Tensor>&)>& fn, co
     run.grads.push_back(t.defined() && t.requires_grad() ? t.grad().to(Device::cpu) : Tensor());
   run.out = run.out.to(Device::cpu);
   return run;
-}
-
-std::vector<Device> devices_here() {
-  std::vector<Device> devices{Device::cpu};
-  if (device_memory::cuda_built() && device_memory::cuda_available()) devices.push_back(Device::cuda);
-  return devices;
 }
 
 // The output's shape, from a forward that records nothing.

@@ -10,7 +10,7 @@
 #include "autograd/tape.h"
 #include "nn/attention.h"
 #include "ops/ops.h"
-#include "tensor/device_memory.h"
+#include "tests/devices.h"
 #include "tests/test_util.h"
 #include "train/cli.h"
 #include "train/trace.h"
@@ -18,14 +18,9 @@
 namespace {
 
 using namespace cast;
+using cast::testing::devices_here;
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-std::vector<Device> devices_here() {
-  std::vector<Device> devices{Device::cpu};
-  if (device_memory::cuda_built() && device_memory::cuda_available()) devices.push_back(Device::cuda);
-  return devices;
-}
 
 nn::AttentionConfig layer_config(nn::Mechanism mechanism, bool fast) {
   nn::AttentionConfig c;

@@ -37,11 +37,11 @@ json tensor_json(const char* name, const Tensor& t) {
   return j;
 }
 
-// The node's fields, each storage seen for the first time in this pass added to `held` (and,
-// when the node's forward made it, to `made`).
+// The node's fields. Each storage seen for the first time in this pass is added to `held` and
+// counted; first seen as an input, it is one no node made (the inputs of a node come before it).
 class FieldList final : public autograd::FieldVisitor {
  public:
-  FieldList(std::set<const Storage*>& held, std::set<const Storage*>& made) : held_(held), made_(made) {}
+  explicit FieldList(std::set<const Storage*>& held) : held_(held) {}
   void input(const char* name, const Tensor& t) override {
     if (!t.defined()) return;
     inputs.push_back(tensor_json(name, t));
@@ -66,11 +66,9 @@ class FieldList final : public autograd::FieldVisitor {
     const Storage* s = t.impl()->storage.get();
     if (!held_.insert(s).second) return;
     new_bytes += s->bytes;
-    if (made_here) made_.insert(s);
-    else new_unmade_bytes += s->bytes;
+    if (!made_here) new_unmade_bytes += s->bytes;
   }
   std::set<const Storage*>& held_;
-  std::set<const Storage*>& made_;
 };
 
 std::string implementation(const autograd::Node& node, Device device) {
@@ -154,7 +152,6 @@ void Trace::begin_pass(const std::string& label, Device device) {
   on_gpu_ = device == Device::cuda;
   in_pass_ = true;
   held_.clear();
-  made_.clear();
   index_.clear();
   totals_ = TraceTotals{};
   say(fmt::format("trace {}: forward, every node as it is recorded (ms: its forward, since the line before)", label));
@@ -186,7 +183,7 @@ void Trace::recorded(const autograd::Node& node) {
   rethrow_failure();
   const double ms = lap_ms();
   totals_.forward_ms += ms;
-  FieldList fields(held_, made_);
+  FieldList fields(held_);
   node.fields(fields);
   for (const Tensor& out : node.outputs) fields.output(out);
   const Device device = node.outputs.empty() ? Device::cpu : node.outputs[0].device();

@@ -76,7 +76,7 @@ class Trace final : public autograd::TapeObserver {
   Clock::time_point last_;
   std::string file_text_;  // JSON mode: the finished passes' lines
   std::exception_ptr failure_;
-  std::set<const Storage*> held_, made_;  // storage held by the tape; storage some node produced
+  std::set<const Storage*> held_;  // storage the tape holds in this pass
   std::unordered_map<const autograd::Node*, int64_t> index_;
   int64_t step_nodes_ = 0;
   size_t pass_first_event_ = 0;

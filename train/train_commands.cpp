@@ -21,27 +21,28 @@ namespace cast {
 
 using json = nlohmann::json;
 
+// The files a run writes in its folder.
+static std::vector<std::string> run_files(const train::TrainConfig& config) {
+  const std::string run_dir = config.run_dir.empty() ? train::default_run_dir(config) : config.run_dir;
+  std::vector<std::string> files = train::run_folder_files(run_dir);
+  files.push_back(run_dir + "/curves.svg");
+  return files;
+}
+
 // The settings file is an input: a run writing (or, with --overwrite, removing) it would lose it.
 static void check_config_is_no_run_file(const train::TrainConfig& config, const std::string& config_path) {
   if (config_path.empty()) return;
-  const std::string run_dir = config.run_dir.empty() ? train::default_run_dir(config) : config.run_dir;
-  std::vector<std::string> outputs = train::run_folder_files(run_dir);
-  outputs.push_back(run_dir + "/curves.svg");
-  for (const std::string& out : outputs) files::check_not_an_input(out, "run file", {config_path});
+  for (const std::string& out : run_files(config)) files::check_not_an_input(out, "run file", {config_path});
 }
 
-// The trace file is written at the end: it must be neither an input nor a file the run keeps.
+// The trace file is written at the end: it must be neither an input nor a file the run keeps
+// (train::Trace checks, as it opens, that it can be written).
 static void check_trace_is_no_run_file(const train::TrainConfig& config, const std::string& trace,
                                        const std::string& config_path, const std::string& resume) {
   files::check_not_an_input(trace, "--trace", {config_path, resume});
-  const std::string run_dir = config.run_dir.empty() ? train::default_run_dir(config) : config.run_dir;
-  std::vector<std::string> run_files = train::run_folder_files(run_dir);
-  run_files.push_back(run_dir + "/curves.svg");
-  for (const std::string& f : run_files)
+  for (const std::string& f : run_files(config))
     CAST_CHECK_USAGE(!files::same_path(trace, f), "--trace {} is the run's own {}: name a file outside the run's files",
                      trace, f);
-  files::output_target(trace, "--trace", files::Link::follow_once);
-  files::check_replaces_own_kind(trace, "--trace", "a JSON lines trace", files::looks_like_json_lines);
 }
 
 // The steps traced before a stop or a failure are written; that error, not one of the trace's,
