@@ -23,7 +23,9 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
     const T* g = grad.data<T>();
     T* pm = m.data<T>();
     T* pv = v.data<T>();
-    for (int64_t i = 0; i < param.numel(); ++i) {
+    const int64_t n = param.numel();  // once: a call in the condition kept the loop scalar
+    CAST_OMP("omp simd")
+    for (int64_t i = 0; i < n; ++i) {
       pm[i] = static_cast<T>(s.beta1) * pm[i] + static_cast<T>(1 - s.beta1) * g[i];
       pv[i] = static_cast<T>(s.beta2) * pv[i] + static_cast<T>(1 - s.beta2) * g[i] * g[i];
       const T mhat = pm[i] / static_cast<T>(c1), vhat = pv[i] / static_cast<T>(c2);

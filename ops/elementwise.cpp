@@ -84,9 +84,19 @@ void binary_forward(Tensor& out, BinaryOp op, const Tensor& a, const Tensor& b) 
   });
 }
 
-// Partial gradients of full size, summed down to each input's shape; an input of the output's
-// shape takes its partial directly, with no full-size temporary.
+// add and sub: each derivative is ±1, so an input's gradient is dout summed down to the input's
+// shape (a bias: over the rows), added in place with its sign. No partial buffer is made and no
+// derivative is evaluated.
+static void add_sub_backward(Tensor* da, Tensor* db, BinaryOp op, const Tensor& dout, const Tensor& a,
+                             const Tensor& b) {
+  if (da) add_into(*da, sum_to_shape(dout, a.shape()));
+  if (db) add_into(*db, sum_to_shape(dout, b.shape()), op == BinaryOp::sub ? -1.0 : 1.0);
+}
+
+// mul and div: partial gradients of full size, summed down to each input's shape; an input of
+// the output's shape takes its partial directly, with no full-size temporary.
 void binary_backward(Tensor* da, Tensor* db, BinaryOp op, const Tensor& dout, const Tensor& a, const Tensor& b) {
+  if (op == BinaryOp::add || op == BinaryOp::sub) return add_sub_backward(da, db, op, dout, a, b);
   BroadcastIndex idx = make_broadcast_index(dout.shape(), a.shape(), b.shape());
   const bool direct_a = da && a.shape() == dout.shape() && !dout.is_cuda();
   const bool direct_b = db && b.shape() == dout.shape() && !dout.is_cuda();
@@ -98,13 +108,26 @@ void binary_backward(Tensor* da, Tensor* db, BinaryOp op, const Tensor& dout, co
       const T *pa = a.data<T>(), *pb = b.data<T>(), *pd = dout.data<T>();
       T* pga = direct_a ? da->data<T>() : da ? ga.data<T>() : nullptr;
       T* pgb = direct_b ? db->data<T>() : db ? gb.data<T>() : nullptr;
-      for_each_row(idx, dout.numel(), [&](int64_t i, int64_t ia, int64_t ib, const RowStrides& r) {
-        for (int64_t j = 0; j < r.len; ++j) {
-          const T x = pa[ia + j * r.a], y = pb[ib + j * r.b], g = pd[i + j];
-          if (pga) pga[i + j] = (direct_a ? pga[i + j] : T(0)) + g * binary_da(op, x, y);
-          if (pgb) pgb[i + j] = (direct_b ? pgb[i + j] : T(0)) + g * binary_db(op, x, y);
-        }
-      });
+      // the op is fixed per loop, and a partial either starts the gradient or adds to it, so
+      // each loop vectorises
+      auto rows = [&](auto is_mul) {
+        constexpr BinaryOp kOp = decltype(is_mul)::value ? BinaryOp::mul : BinaryOp::div;
+        for_each_row(idx, dout.numel(), [&](int64_t i, int64_t ia, int64_t ib, const RowStrides& r) {
+          const T *x = pa + ia, *y = pb + ib, *g = pd + i;
+          if (pga && direct_a)
+            for (int64_t j = 0; j < r.len; ++j) pga[i + j] += g[j] * binary_da(kOp, x[j * r.a], y[j * r.b]);
+          else if (pga)
+            for (int64_t j = 0; j < r.len; ++j) pga[i + j] = g[j] * binary_da(kOp, x[j * r.a], y[j * r.b]);
+          if (pgb && direct_b)
+            for (int64_t j = 0; j < r.len; ++j) pgb[i + j] += g[j] * binary_db(kOp, x[j * r.a], y[j * r.b]);
+          else if (pgb)
+            for (int64_t j = 0; j < r.len; ++j) pgb[i + j] = g[j] * binary_db(kOp, x[j * r.a], y[j * r.b]);
+        });
+      };
+      if (op == BinaryOp::mul)
+        rows(std::true_type{});
+      else
+        rows(std::false_type{});
     });
   };
   partials();
@@ -157,7 +180,8 @@ void affine_forward(Tensor& y, const Tensor& x, double alpha, double beta) {
   CAST_DISPATCH_FLOAT(x.dtype(), "affine", [&] {
     const T* px = x.data<T>();
     T* py = y.data<T>();
-    for (int64_t i = 0; i < x.numel(); ++i) py[i] = static_cast<T>(alpha) * px[i] + static_cast<T>(beta);
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) py[i] = static_cast<T>(alpha) * px[i] + static_cast<T>(beta);
   });
 }
 

@@ -22,8 +22,11 @@ namespace cast::ops {
 namespace {
 
 // 64 queries × 128 keys: the score tile (32 KiB in f32) and the Q, K, V, O tiles of a head
-// width up to 128 stay within a core's L2 cache.
-constexpr int64_t kQueryTile = 64, kKeyTile = 128;
+// width up to 128 stay within a core's L2 cache. Where there are queries enough to keep every
+// thread busy, the forward takes 256 queries at a time: each key and value tile is then packed
+// for the tile kernel once per 256 queries instead of once per 64 (the score tile, 128 KiB,
+// still fits the L2).
+constexpr int64_t kQueryTile = 64, kKeyTile = 128, kWideQueryTile = 256;
 
 template <class T>
 struct Problem {
@@ -65,16 +68,25 @@ void zero_masked_columns(T* ds, const T* key_mask, int64_t rows, int64_t cols) {
 // ---------------------------------------------------------------- forward
 // One tile of nq queries against all keys: the online softmax.
 template <class T>
-void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* out, T* lse, T* scores, T* acc,
-                  T* row_max, T* row_sum) {
+struct ForwardScratch {
+  std::vector<T> scores, acc, row_max, row_sum;
+  TileOperand<T> keys, values;  // op(b) of S = Q Kᵀ and of O += P V, packed once per key tile
+  ForwardScratch(int64_t query_tile, int64_t d)
+      : scores(query_tile * kKeyTile), acc(query_tile * d), row_max(query_tile), row_sum(query_tile) {}
+};
+
+template <class T>
+void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* out, T* lse, ForwardScratch<T>& w) {
   const int64_t d = p.d;
+  T *scores = w.scores.data(), *acc = w.acc.data(), *row_max = w.row_max.data(), *row_sum = w.row_sum.data();
   std::fill(acc, acc + nq * d, T(0));
   std::fill(row_max, row_max + nq, softmax_rule::masked<T>());
   std::fill(row_sum, row_sum + nq, T(0));
   for (int64_t j0 = 0; j0 < p.N; j0 += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, p.N - j0);
     const T* mk = p.key_mask(bh, j0);
-    gemm_tile<T>(scores, p.q_rows(bh, i0), p.k_rows(bh, j0), false, true, p.scale, T(0), nq, nk, d);  // S = Q Kᵀ/√d
+    w.keys.set(p.k_rows(bh, j0), true, nk, d);
+    w.keys.multiply(scores, p.q_rows(bh, i0), false, p.scale, T(0), nq);  // S = Q Kᵀ/√d
     if (mk) mask_columns(scores, mk, nq, nk);
     for (int64_t r = 0; r < nq; ++r) {
       T* s = scores + r * nk;
@@ -96,7 +108,8 @@ void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* ou
 #pragma omp simd
       for (int64_t e = 0; e < d; ++e) a[e] *= rescale;
     }
-    gemm_tile<T>(acc, scores, p.v_rows(bh, j0), false, false, T(1), T(1), nq, d, nk);  // O += P V
+    w.values.set(p.v_rows(bh, j0), false, d, nk);
+    w.values.multiply(acc, scores, false, T(1), T(1), nq);  // O += P V
   }
   for (int64_t r = 0; r < nq; ++r) {
     const T inv = softmax_rule::inverse_sum(row_sum[r]);
@@ -107,15 +120,17 @@ void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* ou
 
 template <class T>
 void forward_cpu(const Problem<T>& p, T* out, T* lse) {
-  const int64_t tiles = (p.M + kQueryTile - 1) / kQueryTile, tasks = p.B * p.H * tiles;
+  auto tiles_of = [&](int64_t tile) { return (p.M + tile - 1) / tile; };
+  const int64_t query_tile =
+      p.B * p.H * tiles_of(kWideQueryTile) >= 2 * omp_get_max_threads() ? kWideQueryTile : kQueryTile;
+  const int64_t tiles = tiles_of(query_tile), tasks = p.B * p.H * tiles;
 #pragma omp parallel if (tasks > 1)
   {
-    std::vector<T> scores(kQueryTile * kKeyTile), acc(kQueryTile * p.d), row_max(kQueryTile), row_sum(kQueryTile);
+    ForwardScratch<T> scratch(query_tile, p.d);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t bh = task / tiles, i0 = (task % tiles) * kQueryTile, nq = std::min(kQueryTile, p.M - i0);
-      forward_tile(p, bh, i0, nq, out + (bh * p.M + i0) * p.d, lse + bh * p.M + i0, scores.data(), acc.data(),
-                   row_max.data(), row_sum.data());
+      const int64_t bh = task / tiles, i0 = (task % tiles) * query_tile, nq = std::min(query_tile, p.M - i0);
+      forward_tile(p, bh, i0, nq, out + (bh * p.M + i0) * p.d, lse + bh * p.M + i0, scratch);
     }
   }
 }
@@ -132,20 +147,33 @@ struct Grads {
 // The keys [j_begin, j_end) of head bh against every query. dK and dV of these keys are owned
 // by this call; dQ goes to dq_rows (the gradient itself, or this split's partial sum).
 template <class T>
+struct BackwardScratch {
+  std::vector<T> probs, dprobs, dk_tile, dv_tile;
+  // the key tile's operands, packed once for every query tile: Kᵀ of S, Vᵀ of dP, K of dQ
+  TileOperand<T> keys_t, values_t, keys;
+  explicit BackwardScratch(int64_t d)
+      : probs(kQueryTile * kKeyTile), dprobs(kQueryTile * kKeyTile), dk_tile(kKeyTile * d), dv_tile(kKeyTile * d) {}
+};
+
+template <class T>
 void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j_begin, int64_t j_end, T* dq_rows,
-                   T* probs, T* dprobs, T* dk_tile, T* dv_tile) {
+                   BackwardScratch<T>& w) {
   const int64_t d = p.d;
+  T *probs = w.probs.data(), *dprobs = w.dprobs.data(), *dk_tile = w.dk_tile.data(), *dv_tile = w.dv_tile.data();
   for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, j_end - j0);
     const T* mk = p.key_mask(bh, j0);
     const T *kj = p.k_rows(bh, j0), *vj = p.v_rows(bh, j0);
+    w.keys_t.set(kj, true, nk, d);
+    if (g.dq || g.dk) w.values_t.set(vj, true, nk, d);
+    if (g.dq) w.keys.set(kj, false, d, nk);
     std::fill(dk_tile, dk_tile + nk * d, T(0));
     std::fill(dv_tile, dv_tile + nk * d, T(0));
     for (int64_t i0 = 0; i0 < p.M; i0 += kQueryTile) {
       const int64_t nq = std::min(kQueryTile, p.M - i0);
       const T *qi = p.q_rows(bh, i0), *doi = g.dout + (bh * p.M + i0) * d;
       const T *lse = g.lse + bh * p.M + i0, *delta = g.delta + bh * p.M + i0;
-      gemm_tile<T>(probs, qi, kj, false, true, p.scale, T(0), nq, nk, d);  // S = Q Kᵀ/√d
+      w.keys_t.multiply(probs, qi, false, p.scale, T(0), nq);  // S = Q Kᵀ/√d
       if (mk) mask_columns(probs, mk, nq, nk);
       for (int64_t r = 0; r < nq; ++r) {  // P = exp(S − L); a row with no real key has L = −∞ and P = 0
         T* s = probs + r * nk;
@@ -155,7 +183,7 @@ void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j
       }
       if (g.dv) gemm_tile<T>(dv_tile, probs, doi, true, false, T(1), T(1), nk, d, nq);  // dV += Pᵀ dO
       if (!g.dq && !g.dk) continue;
-      gemm_tile<T>(dprobs, doi, vj, false, true, T(1), T(0), nq, nk, d);  // dP = dO Vᵀ
+      w.values_t.multiply(dprobs, doi, false, T(1), T(0), nq);  // dP = dO Vᵀ
       for (int64_t r = 0; r < nq; ++r) {                                  // dS = P ⊙ (dP − Δ)
         T* ds = dprobs + r * nk;
         const T* s = probs + r * nk;
@@ -163,7 +191,7 @@ void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j
         for (int64_t c = 0; c < nk; ++c) ds[c] = softmax_rule::score_gradient(s[c], ds[c], delta[r]);
       }
       if (mk) zero_masked_columns(dprobs, mk, nq, nk);
-      if (g.dq) gemm_tile<T>(dq_rows + i0 * d, dprobs, kj, false, false, p.scale, T(1), nq, d, nk);  // dQ += dS K/√d
+      if (g.dq) w.keys.multiply(dq_rows + i0 * d, dprobs, false, p.scale, T(1), nq);  // dQ += dS K/√d
       if (g.dk) gemm_tile<T>(dk_tile, dprobs, qi, true, false, p.scale, T(1), nk, d, nq);  // dK += dSᵀ Q/√d
     }
     const int64_t base = (bh * p.N + j0) * d;
@@ -217,15 +245,14 @@ void backward_cpu(const Problem<T>& p, Grads<T> g) {
   const int64_t tasks = BH * splits;
 #pragma omp parallel if (tasks > 1)
   {
-    std::vector<T> probs(kQueryTile * kKeyTile), dprobs(kQueryTile * kKeyTile), dk_tile(kKeyTile * d),
-        dv_tile(kKeyTile * d);
+    BackwardScratch<T> scratch(d);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t bh = task / splits, split = task % splits;
       const int64_t j_begin = std::min(p.N, split * tiles_per_split * kKeyTile);
       const int64_t j_end = std::min(p.N, (split + 1) * tiles_per_split * kKeyTile);
       T* dq_rows = !g.dq ? nullptr : splits > 1 ? partial.data() + (split * BH + bh) * p.M * d : g.dq + bh * p.M * d;
-      backward_keys(p, g, bh, j_begin, j_end, dq_rows, probs.data(), dprobs.data(), dk_tile.data(), dv_tile.data());
+      backward_keys(p, g, bh, j_begin, j_end, dq_rows, scratch);
     }
   }
   if (!partial.empty()) {

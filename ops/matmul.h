@@ -2,6 +2,10 @@
 // Matrix products. a: (..., M, K) (or (..., K, M) with trans_a), b: (..., K, N) (or (..., N, K)
 // with trans_b), same leading batch dims; b may also be 2-D and shared by every batch (a linear
 // layer), in which case trans_a must be false.
+#include <type_traits>
+#include <vector>
+
+#include "ops/gemm_tile.h"
 #include "tensor/tensor.h"
 
 namespace cast::ops {
@@ -39,13 +43,45 @@ void gemm_loops(T* c, const T* a, const T* b, bool trans_a, bool trans_b, T alph
 template <class T>
 void gemm_blas(T* c, const T* a, const T* b, bool trans_a, bool trans_b, T alpha, T beta, const GemmShape& s);
 
-// One product on the calling thread's BLAS: c (m, n) = alpha op(a) op(b) + beta c, row-major
-// and packed. The fused CPU kernels call it on tiles inside their own parallel regions.
+// One product on the calling thread: c (m, n) = alpha op(a) op(b) + beta c, row-major and
+// packed. The fused CPU kernels call it on tiles inside their own parallel regions. f32 runs the
+// register-blocked tile kernel (ops/gemm_tile.h) unless the BLAS is chosen; f64 runs the BLAS.
 template <class T>
 inline void gemm_tile(T* c, const T* a, const T* b, bool trans_a, bool trans_b, T alpha, T beta, int64_t m, int64_t n,
                       int64_t k) {
+  if constexpr (std::is_same_v<T, float>)
+    if (tile_gemm() == TileGemm::kernel) return gemm_tile_kernel(c, a, b, trans_a, trans_b, alpha, beta, m, n, k);
   gemm_blas<T>(c, a, b, trans_a, trans_b, alpha, beta, GemmShape{1, m, n, k});
 }
+
+// The right operand op(b) of several tile products, packed once: on f32 with the tile kernel
+// it holds op(b)'s panels; otherwise it keeps b and each product calls gemm_tile.
+template <class T>
+class TileOperand {
+ public:
+  void set(const T* b, bool trans_b, int64_t n, int64_t k) {
+    b_ = b, trans_b_ = trans_b, n_ = n, k_ = k, packed_ = false;
+    if constexpr (std::is_same_v<T, float>) {
+      if (tile_gemm() == TileGemm::kernel) {
+        if (panels_.size() < packed_floats(n, k)) panels_.resize(packed_floats(n, k));
+        pack_b(panels_.data(), b, trans_b, n, k);
+        packed_ = true;
+      }
+    }
+  }
+  // c (m, n) = alpha op(a) op(b) + beta c
+  void multiply(T* c, const T* a, bool trans_a, T alpha, T beta, int64_t m) const {
+    if constexpr (std::is_same_v<T, float>)
+      if (packed_) return gemm_tile_packed(c, a, trans_a, panels_.data(), alpha, beta, m, n_, k_);
+    gemm_tile<T>(c, a, b_, trans_a, trans_b_, alpha, beta, m, n_, k_);
+  }
+
+ private:
+  const T* b_ = nullptr;
+  bool trans_b_ = false, packed_ = false;
+  int64_t n_ = 0, k_ = 0;
+  std::vector<T> panels_;
+};
 
 // Allows TF32 tensor-core math in cuBLAS matmuls (off by default: full fp32).
 void set_allow_tf32(bool allow);

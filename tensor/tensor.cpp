@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "tensor/device_memory.h"
+#include "tensor/host_cache.h"
 #include "tensor/philox.h"
 
 namespace cast {
@@ -53,8 +54,7 @@ void reset_host_peak_memory() { g_host_peak = g_host_current.load(); }
 // Sizes are rounded up to 64 bytes (aligned_alloc needs a multiple of the alignment).
 Storage::Storage(size_t nbytes, Device dev) : bytes(std::max<size_t>(64, (nbytes + 63) / 64 * 64)), device(dev) {
   if (device == Device::cpu) {
-    data = std::aligned_alloc(64, bytes);
-    if (!data) throw Error(fmt::format("out of host memory allocating {} bytes", nbytes));
+    data = host_cache::allocate(bytes);
     const size_t now = g_host_current += bytes;
     size_t peak = g_host_peak.load();
     while (now > peak && !g_host_peak.compare_exchange_weak(peak, now)) {
@@ -66,7 +66,7 @@ Storage::Storage(size_t nbytes, Device dev) : bytes(std::max<size_t>(64, (nbytes
 
 Storage::~Storage() {
   if (device == Device::cpu) {
-    std::free(data);
+    host_cache::release(data, bytes);
     g_host_current -= bytes;
   } else {
     device_memory::release(data, bytes);

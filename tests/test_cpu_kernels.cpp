@@ -1,6 +1,7 @@
 // The CPU fast paths under the primitive ops against their readable references: the BLAS
-// matmul against the plain loops (every transpose case, batches, empty and k = 0 products),
-// and the row-wise broadcasting loops against element-by-element arithmetic.
+// matmul and the fused kernels' tile kernel against the plain loops (every transpose case,
+// batches, edge sizes, empty and k = 0 products), and the row-wise broadcasting loops against
+// element-by-element arithmetic.
 #include "ops/flash_attention.h"
 #include "ops/matmul.h"
 #include "tests/test_util.h"
@@ -45,6 +46,50 @@ TEST(BlasGemm, BetaZeroOverwritesPoison) {
   Tensor c = Tensor::full({4, 5}, std::nan(""));
   ops::gemm_blas<float>(c.data<float>(), a.data<float>(), b.data<float>(), false, false, 1.0f, 0.0f, {1, 4, 5, 3});
   for (double v : c.to_double_vector()) EXPECT_TRUE(std::isfinite(v));
+}
+
+// Sizes around the kernel's 6-row and 16- or 32-column blocks, the flash tiles (64 queries ×
+// 128 keys, head width 64), and empty products. C starts as NaN where beta is 0, so a kernel
+// that reads it shows.
+TEST(TileGemm, MatchesPlainLoopsInEveryCase) {
+  const int64_t sizes[] = {0, 1, 5, 6, 7, 16, 17, 31, 33, 64, 128, 130};
+  int cases = 0;
+  for (int64_t m : sizes)
+    for (int64_t n : sizes)
+      for (int64_t k : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{64}, int64_t{129}}) {
+        if ((m * 7 + n * 3 + k) % 4 != 0 && !(m == 64 && (n == 128 || n == 64))) continue;  // a spread, not all
+        for (bool ta : {false, true})
+          for (bool tb : {false, true})
+            for (double beta : {0.0, 1.0, -0.5}) {
+              SCOPED_TRACE(fmt::format("m {} n {} k {} ta {} tb {} beta {}", m, n, k, ta, tb, beta));
+              Tensor a = Tensor::uniform({std::max<int64_t>(m * k, 1)}, 11, 0, -1.0, 1.0);
+              Tensor b = Tensor::uniform({std::max<int64_t>(k * n, 1)}, 12, 0, -1.0, 1.0);
+              Tensor c = beta == 0.0 ? Tensor::full({std::max<int64_t>(m * n, 1)}, std::nan(""))
+                                     : Tensor::uniform({std::max<int64_t>(m * n, 1)}, 13, 0, -1.0, 1.0);
+              Tensor c_loops = c.clone();
+              ops::gemm_tile_kernel(c.data<float>(), a.data<float>(), b.data<float>(), ta, tb, 0.7f, float(beta), m, n, k);
+              ops::gemm_loops<float>(c_loops.data<float>(), a.data<float>(), b.data<float>(), ta, tb, 0.7f, float(beta),
+                                     {1, m, n, k});
+              auto x = c.to_double_vector(), y = c_loops.to_double_vector();
+              for (int64_t i = 0; i < m * n; ++i)
+                ASSERT_NEAR(x[i], y[i], 2e-5 * (1 + std::abs(y[i]) + k)) << "element " << i;
+              ++cases;
+            }
+      }
+  EXPECT_GT(cases, 300);
+}
+
+TEST(TileGemm, IsWhatTheFusedKernelsRun) {
+  // the default, and the switch `cast bench --tile-gemm` uses
+  EXPECT_EQ(ops::tile_gemm(), ops::TileGemm::kernel);
+  Tensor a = Tensor::uniform({6 * 5}, 1, 0, -1.0, 1.0), b = Tensor::uniform({5 * 9}, 2, 0, -1.0, 1.0);
+  Tensor c1 = Tensor::zeros({6 * 9}), c2 = Tensor::zeros({6 * 9});
+  ops::gemm_tile<float>(c1.data<float>(), a.data<float>(), b.data<float>(), false, false, 1.0f, 0.0f, 6, 9, 5);
+  ops::set_tile_gemm(ops::TileGemm::blas);
+  ops::gemm_tile<float>(c2.data<float>(), a.data<float>(), b.data<float>(), false, false, 1.0f, 0.0f, 6, 9, 5);
+  ops::set_tile_gemm(ops::TileGemm::kernel);
+  auto x = c1.to_double_vector(), y = c2.to_double_vector();
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], y[i], 1e-5);
 }
 
 TEST(BroadcastLoops, EveryStrideCaseAgainstElementwise) {

@@ -356,8 +356,48 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
   return failed ? 1 : 0;
 }
 
+// The tile products of the fused CPU kernels (flash attention's, at head width 64), on one
+// thread as the kernels run them: the tile kernel against the BLAS on the same operands.
+void bench_tiles(int64_t repeats, int64_t warmup, JsonLines& json_out) {
+  struct Tile {
+    const char* what;
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  const Tile tiles[] = {{"S = Q Kt", 64, 128, 64, false, true},
+                        {"O += P V", 64, 64, 128, false, false},
+                        {"dK += dSt Q", 128, 64, 64, true, false}};
+  fmt::print("tile products on one thread (per core), median of {} batches of 64 after {} warm-up\n", repeats, warmup);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // the BLAS then runs on this thread, as inside the kernels' parallel regions
+  for (const Tile& t : tiles) {
+    Tensor a = Tensor::normal({t.m * t.k}, 1, 0, 1.0), b = Tensor::normal({t.k * t.n}, 2, 0, 1.0);
+    Tensor c = Tensor::zeros({t.m * t.n});
+    std::string line = fmt::format("  {:<12} {}x{}x{}:", t.what, t.m, t.n, t.k);
+    for (ops::TileGemm which : {ops::TileGemm::kernel, ops::TileGemm::blas}) {
+      const ops::TileGemm saved = ops::tile_gemm();
+      ops::set_tile_gemm(which);
+      auto run = [&] {
+        for (int i = 0; i < 64; ++i)
+          ops::gemm_tile<float>(c.data<float>(), a.data<float>(), b.data<float>(), t.ta, t.tb, 1.0f, 1.0f, t.m, t.n,
+                                t.k);
+      };
+      for (int64_t i = 0; i < warmup; ++i) run();
+      std::vector<double> times;
+      for (int64_t i = 0; i < repeats; ++i) times.push_back(time_once(Device::cpu, run));
+      ops::set_tile_gemm(saved);
+      const double gflops = 64 * 2.0 * t.m * t.n * t.k / median(times) / 1e6;
+      const char* name = which == ops::TileGemm::kernel ? "kernel" : "blas";
+      line += fmt::format("  {} {:.1f} GFLOP/s{}", name, gflops, trust_note(times));
+      json_out.add({{"tile", t.what}, {"m", t.m}, {"n", t.n}, {"k", t.k}, {"kernel", name}, {"gflops", gflops}});
+    }
+    fmt::print("{}\n", line);
+  }
+  omp_set_num_threads(threads);
+}
+
 // The machine's sgemm rate through the BLAS under matmul: the peak the attention kernels'
-// GFLOP/s are compared with.
+// GFLOP/s are compared with; then the tile products the fused kernels are made of.
 int bench_gemm(const cli::Args& args) {
   const int64_t repeats = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
   JsonLines json_out(args.str("json"));
@@ -373,6 +413,7 @@ int bench_gemm(const cli::Args& args) {
     fmt::print("  {}x{}x{}: {:.2f} ms, {:.1f} GFLOP/s{}\n", n, n, n, ms, 2.0 * n * n * n / ms / 1e6, trust_note(times));
     json_out.add({{"gemm", n}, {"ms", ms}, {"gflops", 2.0 * n * n * n / ms / 1e6}, {"threads", omp_get_max_threads()}});
   }
+  bench_tiles(repeats, warmup, json_out);
   return 0;
 }
 
@@ -396,6 +437,8 @@ int command_bench(const std::vector<std::string>& argv) {
       .option("json", "", "also write the results as JSON lines to this file")
       .flag("reference", "time the step-by-step reference attention ops instead of the fast paths (CPU and GPU)")
       .flag("tf32", "allow TF32 matmuls on the GPU")
+      .option("tile-gemm", "kernel",
+              "the fused CPU kernels' tile products: kernel (register-blocked, ops/gemm_tile.cpp) | blas")
       .optional_value("trace", "FILE",
                       "after timing each row, trace one more (warm) forward+backward: every node, then where "
                       "the time went by step (with FILE: JSON lines there instead)")
@@ -410,6 +453,8 @@ int command_bench(const std::vector<std::string>& argv) {
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--what");  // `cast bench train`
   if (!args.parse(rest)) return 0;
   const std::string what = args.choice("what", {"attention", "train", "gemm"});
+  ops::set_tile_gemm(args.choice("tile-gemm", {"kernel", "blas"}) == "blas" ? ops::TileGemm::blas
+                                                                            : ops::TileGemm::kernel);
   std::optional<train::Trace> trace;
   if (args.is_set("trace")) {
     CAST_CHECK_USAGE(what != "gemm", "--trace traces attention layers and training steps, not gemm");

@@ -1,0 +1,148 @@
+#include "ops/gemm_tile.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace cast::ops {
+
+static TileGemm g_tile_gemm = TileGemm::kernel;
+void set_tile_gemm(TileGemm which) { g_tile_gemm = which; }
+TileGemm tile_gemm() { return g_tile_gemm; }
+
+namespace {
+
+// One vector register of floats, in GCC's vector extension: the compiler emits the machine's
+// own instructions (AVX-512, AVX2, or pairs of SSE registers in a portable build).
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+
+// Unaligned loads and stores of a Vec at p (compiled to one vector move each).
+inline Vec load(const float* p) {
+  Vec v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
+
+// 6 rows × 2 vectors: 12 accumulators, 2 registers of b and one broadcast of a fit in the 16
+// registers of AVX2 (AVX-512 has 32, and the same shape keeps its two FMA ports busy).
+constexpr int kRows = 6, kCols = 2 * kLanes;
+
+// c(r, j) = alpha Σ_p a(r, p) · panel[p][j] + beta c(r, j) for r < Rows, j < cols ≤ kCols, with
+// a(r, p) = a[r·rs + p·cs], panel the k × kCols packed columns of op(b), and c's rows ldc apart.
+// A full-width panel is written from the registers; a narrower one (the last) through acc.
+template <int Rows>
+void microkernel(const float* a, int64_t rs, int64_t cs, const float* panel, int64_t k, float* c, int64_t ldc,
+                 int64_t cols, float alpha, float beta) {
+  Vec lo[Rows], hi[Rows];
+  for (int r = 0; r < Rows; ++r) lo[r] = hi[r] = Vec{};
+#pragma GCC unroll 2
+  for (int64_t p = 0; p < k; ++p) {
+    const Vec b_lo = load(panel + p * kCols), b_hi = load(panel + p * kCols + kLanes);
+    const float* ap = a + p * cs;
+#pragma GCC unroll 6
+    for (int r = 0; r < Rows; ++r) {
+      const float x = ap[r * rs];
+      lo[r] += x * b_lo;
+      hi[r] += x * b_hi;
+    }
+  }
+  if (cols == kCols) {
+    for (int r = 0; r < Rows; ++r) {
+      float* out = c + r * ldc;
+      if (beta == 0.0f) {  // c may hold anything (NaN included): it is not read
+        store(out, alpha * lo[r]);
+        store(out + kLanes, alpha * hi[r]);
+      } else {
+        store(out, alpha * lo[r] + beta * load(out));
+        store(out + kLanes, alpha * hi[r] + beta * load(out + kLanes));
+      }
+    }
+    return;
+  }
+  float acc[Rows * kCols];
+  for (int r = 0; r < Rows; ++r) {
+    store(acc + r * kCols, lo[r]);
+    store(acc + r * kCols + kLanes, hi[r]);
+  }
+  for (int r = 0; r < Rows; ++r) {
+    float* out = c + r * ldc;
+    const float* in = acc + r * kCols;
+    if (beta == 0.0f)
+      for (int64_t j = 0; j < cols; ++j) out[j] = alpha * in[j];
+    else
+      for (int64_t j = 0; j < cols; ++j) out[j] = alpha * in[j] + beta * out[j];
+  }
+}
+
+void run_microkernel(int rows, const float* a, int64_t rs, int64_t cs, const float* panel, int64_t k, float* c,
+                     int64_t ldc, int64_t cols, float alpha, float beta) {
+  switch (rows) {
+    case 6: return microkernel<6>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
+    case 5: return microkernel<5>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
+    case 4: return microkernel<4>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
+    case 3: return microkernel<3>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
+    case 2: return microkernel<2>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
+    default: return microkernel<1>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
+  }
+}
+
+}  // namespace
+
+size_t packed_floats(int64_t n, int64_t k) {
+  return static_cast<size_t>((n + kCols - 1) / kCols * kCols * std::max<int64_t>(k, 1));
+}
+
+// op(b) as column panels: panel q holds columns [q·kCols, (q+1)·kCols) for every p, kCols
+// floats per p, zeros past n (their results are computed and not stored).
+void pack_b(float* packed, const float* b, bool trans_b, int64_t n, int64_t k) {
+  const int64_t panels = (n + kCols - 1) / kCols;
+  for (int64_t q = 0; q < panels; ++q) {
+    float* dst = packed + q * k * kCols;
+    const int64_t j0 = q * kCols, cols = std::min<int64_t>(kCols, n - j0);
+    if (trans_b) {  // b: (n, k); each row of b is read once along p
+      if (cols < kCols)
+        for (int64_t p = 0; p < k; ++p) std::fill(dst + p * kCols + cols, dst + (p + 1) * kCols, 0.0f);
+      for (int64_t j = 0; j < cols; ++j) {
+        const float* row = b + (j0 + j) * k;
+        for (int64_t p = 0; p < k; ++p) dst[p * kCols + j] = row[p];
+      }
+    } else {  // b: (k, n)
+      for (int64_t p = 0; p < k; ++p) {
+        float* row = dst + p * kCols;
+        std::copy(b + p * n + j0, b + p * n + j0 + cols, row);
+        std::fill(row + cols, row + kCols, 0.0f);
+      }
+    }
+  }
+}
+
+void gemm_tile_packed(float* c, const float* a, bool trans_a, const float* packed_b, float alpha, float beta,
+                      int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  const int64_t rs = trans_a ? 1 : k, cs = trans_a ? m : 1;  // a(i, p) = a[i·rs + p·cs]
+  const int64_t panels = (n + kCols - 1) / kCols;
+  for (int64_t q = 0; q < panels; ++q) {
+    const int64_t j0 = q * kCols, cols = std::min<int64_t>(kCols, n - j0);
+    for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i0));
+      run_microkernel(rows, a + i0 * rs, rs, cs, packed_b + q * k * kCols, k, c + i0 * n + j0, n, cols, alpha, beta);
+    }
+  }
+}
+
+void gemm_tile_kernel(float* c, const float* a, const float* b, bool trans_a, bool trans_b, float alpha, float beta,
+                      int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  thread_local std::vector<float> panels;  // this thread's, sized up once
+  const size_t floats = packed_floats(n, k);
+  if (panels.size() < floats) panels.resize(floats);
+  pack_b(panels.data(), b, trans_b, n, k);
+  gemm_tile_packed(c, a, trans_a, panels.data(), alpha, beta, m, n, k);
+}
+
+}  // namespace cast::ops
