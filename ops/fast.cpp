@@ -38,10 +38,9 @@ bool flash_fits(const StepSizes& s) { return cpu_float(s) || (cuda_f32(s) && s.h
 bool cuda_flash_fits(const StepSizes& s) { return cuda_f32(s) && s.head_width <= 128; }
 bool combine_fits(const StepSizes& s) {
 #ifdef CAST_WITH_CUDA
-  return cuda_f32(s) && s.head_width <= cuda::kCombineMaxHead;
+  return cpu_float(s) || (cuda_f32(s) && s.head_width <= cuda::kCombineMaxHead);
 #else
-  (void)s;
-  return false;
+  return cpu_float(s);
 #endif
 }
 bool topkey_fits(const StepSizes& s) {
@@ -82,7 +81,8 @@ const std::vector<FastPath>& fast_paths() {
        }},
       {"cluster_summaries_fused", Step::cluster_summaries, "ops/summaries_fused.cpp", "CUDA f32", cuda_only,
        [](const std::vector<Tensor>& in) { return cluster_summaries_fused(at(in, 0), at(in, 1), opt(in, 2)); }},
-      {"combine_clusters_fused", Step::combine_clusters, "ops/combine_fused.cpp", "CUDA f32 with head width up to 128",
+      {"combine_clusters_fused", Step::combine_clusters, "ops/combine_fused.cpp",
+       "CPU f32/f64; CUDA f32 with head width up to 128",
        combine_fits,
        [](const std::vector<Tensor>& in) {
          return combine_clusters_fused(at(in, 0), at(in, 1), opt(in, 2), at(in, 3));

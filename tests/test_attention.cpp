@@ -284,6 +284,40 @@ TEST(Clustering, TopKPicksLargestInPositionOrder) {
   expect_values(ops::cluster_satopk(aff, mask, 2), {0, 2, 1, 3});
 }
 
+// Top-K against a full sort of each cluster's column by the same order (larger first, NaN
+// last, ties toward the earlier token), on columns with many ties, NaN, padding, more clusters
+// than one block of the CPU op, and κ below, at and above the real tokens.
+TEST(Clustering, TopKEqualsAFullSortOfEachColumn) {
+  for (int64_t N : {5, 37, 300})
+    for (int64_t C : {3, 16, 21})
+      for (int64_t kappa : {int64_t{1}, N / 3 + 1, N, N + 2}) {
+        const int64_t G = 4;
+        std::vector<float> a(G * N * C);
+        for (size_t e = 0; e < a.size(); ++e) a[e] = static_cast<float>((e * 7919 + N) % 13) / 4.0f;  // ties
+        for (size_t e = 5; e < a.size(); e += 17) a[e] = std::nanf("");
+        std::vector<float> m(2 * N, 1.0f);
+        for (int64_t i = 0; i < N; i += 4) m[i] = 0.0f;  // batch row 0: every fourth token padded
+        const Tensor aff = Tensor::from_vector<float>(a, {G, N, C});
+        const auto got = ops::cluster_topk(aff, Tensor::from_vector<float>(m, {2, N}), kappa).to_double_vector();
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t c = 0; c < C; ++c) {
+            std::vector<int64_t> order;
+            for (int64_t i = 0; i < N; ++i)
+              if (m[(g / 2) * N + i] != 0.0f) order.push_back(i);
+            auto value = [&](int64_t i) { return a[(g * N + i) * C + c]; };
+            std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+              const bool nx = std::isnan(value(x)), ny = std::isnan(value(y));
+              return nx != ny ? ny : (!nx && value(x) > value(y));
+            });
+            order.resize(std::min<size_t>(order.size(), kappa));
+            std::sort(order.begin(), order.end());
+            for (int64_t s = 0; s < kappa; ++s)
+              ASSERT_EQ(got[(g * C + c) * kappa + s], s < static_cast<int64_t>(order.size()) ? order[s] : -1)
+                  << "N " << N << " C " << C << " kappa " << kappa << " group " << g << " cluster " << c << " slot " << s;
+          }
+      }
+}
+
 TEST(Clustering, KMeansAssignsEveryRealQueryAndIsDeterministic) {
   Tensor q = constant({2, 40, 4}, 60, -1, 1, DType::f32);
   Tensor planes = Tensor::normal({16, 5}, 61, 0);

@@ -217,6 +217,15 @@ TEST(IntraClusterFused, MatchesReferenceOnRandomClusters) {
   }
 }
 
+TEST(CombineFusedGrad, FiniteDifferences) {
+  // B 1, H 2, N 6, C 3, κ 4, d 3: with the summaries (R_inter) and without
+  Tensor members = random_members(1, 2, 3, 4, 6, 48);
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::combine_clusters_fused(x[0], x[1], x[2], members); },
+                   (Inputs{param({1, 2, 6, 3}, 51), param({1, 2, 3, 4, 3}, 52), param({1, 2, 3, 3}, 53)}));
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::combine_clusters_fused(x[0], x[1], Tensor(), members); },
+                   (Inputs{param({1, 2, 6, 3}, 54), param({1, 2, 3, 4, 3}, 55)}));
+}
+
 TEST(ImprovedClusteredFusedGrad, FiniteDifferences) {
   Tensor assign = Tensor::from_vector<int32_t>({0, 1, 0, 2, -1, 1, 1, 0, 2, 2}, {1, 2, 5});
   Tensor top = Tensor::from_vector<int32_t>({0, 3, 1, 2, 2, -1, 4, 0, 1, 3, 2, 0}, {1, 2, 3, 2});

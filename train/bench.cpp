@@ -177,11 +177,15 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   JsonLines json_out(args.str("json"));
   fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
              device_label(device), B, D, H, repeats, warmup, args.is_set("tf32") ? ", TF32 matmuls" : "");
+  // 0: the defaults, C = κ = ⌈√N⌉ rounded up to 8, so the work grows as N^1.5; fixed C and κ
+  // (the CAST paper's O(αN) setting) make it linear in N
+  const int64_t clusters = bounded(args, "clusters", 0, 1 << 20), cluster_size = bounded(args, "cluster-size", 0, 1 << 20);
   auto layer_config = [&](const Variant& v, int64_t N) {
     nn::AttentionConfig c = v.config;
     c.dim = D;
     c.heads = H;
-    c.clusters = nn::default_clusters(N);
+    c.clusters = clusters > 0 ? clusters : nn::default_clusters(N);
+    c.cluster_size = cluster_size;
     c.seed = 1;
     c.fused = !args.is_set("reference");
     return c;
@@ -231,6 +235,8 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
                       {"batch", B},
                       {"dim", D},
                       {"heads", H},
+                      {"clusters", c.clusters},
+                      {"cluster_size", c.cluster_size},
                       {"forward_ms", median(tf)},
                       {"forward_backward_ms", median(tb)},
                       {"peak_mib", peak_mib},
@@ -356,6 +362,21 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
   return failed ? 1 : 0;
 }
 
+// The host memory bandwidth the memory-bound steps are compared with: acc += g over 64 Mi
+// floats each (256 MiB, far past the caches), on every thread: two arrays read, one written.
+void bench_bandwidth(int64_t repeats, int64_t warmup, JsonLines& json_out) {
+  const int64_t n = int64_t{1} << 26;
+  Tensor acc = Tensor::zeros({n}), g = Tensor::zeros({n});
+  auto run = [&] { ops::add_into(acc, g); };
+  for (int64_t i = 0; i < warmup; ++i) run();
+  std::vector<double> times;
+  for (int64_t i = 0; i < repeats; ++i) times.push_back(time_once(Device::cpu, run));
+  const double gbps = 3.0 * 4 * n / median(times) / 1e6;
+  fmt::print("memory bandwidth ({} threads), acc += g over 256 MiB arrays: {:.1f} GB/s{}\n", omp_get_max_threads(), gbps,
+             trust_note(times));
+  json_out.add({{"bandwidth_gbps", gbps}, {"threads", omp_get_max_threads()}});
+}
+
 // The tile products of the fused CPU kernels (flash attention's, at head width 64), on one
 // thread as the kernels run them: the tile kernel against the BLAS on the same operands.
 void bench_tiles(int64_t repeats, int64_t warmup, JsonLines& json_out) {
@@ -413,6 +434,7 @@ int bench_gemm(const cli::Args& args) {
     fmt::print("  {}x{}x{}: {:.2f} ms, {:.1f} GFLOP/s{}\n", n, n, n, ms, 2.0 * n * n * n / ms / 1e6, trust_note(times));
     json_out.add({{"gemm", n}, {"ms", ms}, {"gflops", 2.0 * n * n * n / ms / 1e6}, {"threads", omp_get_max_threads()}});
   }
+  bench_bandwidth(repeats, warmup, json_out);
   bench_tiles(repeats, warmup, json_out);
   return 0;
 }
@@ -421,7 +443,8 @@ int bench_gemm(const cli::Args& args) {
 
 int command_bench(const std::vector<std::string>& argv) {
   cli::Args args("bench",
-                 "Benchmark attention layers (`cast bench attention`) or training steps (`cast bench train`).");
+                 "Benchmark attention layers (`cast bench attention`), training steps (`cast bench train`), or the CPU's "
+                 "sgemm rate, memory bandwidth and tile products (`cast bench gemm`).");
   args.option("what", "attention", "attention | train | gemm")
       .option("device", "auto", "auto | cpu | cuda")
       .option("mechanisms", "full,cast-topk,cast-satopk,clustered,iclustered", "comma-separated list")
@@ -429,6 +452,8 @@ int command_bench(const std::vector<std::string>& argv) {
       .option("batch", "1", "attention: batch size")
       .option("dim", "256", "attention: model dim (LRA Text: 256)")
       .option("heads", "4", "attention: heads (LRA Text: 4)")
+      .option("clusters", "0", "attention: CAST and clustered clusters C (0: ⌈√N⌉ rounded up to 8)")
+      .option("cluster-size", "0", "attention: CAST cluster size κ (0: ⌈√N⌉ rounded up to 8)")
       .option("task", "text", "train: task preset")
       .option("length", "", "train: sequence length (default: the preset's)")
       .option("batch-size", "", "train: batch size (default: the preset's)")
@@ -445,6 +470,7 @@ int command_bench(const std::vector<std::string>& argv) {
       .usage("cast bench attention|train|gemm [options]")
       .example("cast bench attention --lengths 1024,4096 --mechanisms full,cast-topk")
       .example("cast bench attention --lengths 16384 --mechanisms cast-topk,clustered --reference")
+      .example("cast bench attention --lengths 1024,4096,16384 --mechanisms cast-topk --clusters 64 --cluster-size 64")
       .example("cast bench train --task listops-short --mechanisms full,cast-topk")
       .example("cast bench train --task text --length 1024 --batch-size 4")
       .example("cast bench attention --lengths 4096 --mechanisms cast-topk --repeats 3 --trace")
