@@ -36,6 +36,7 @@ bool cuda_f32(const StepSizes& s) { return s.device == Device::cuda && s.dtype =
 // The CUDA flash kernels are compiled for head widths up to 128 (cuda/flash_attention.cu).
 bool flash_fits(const StepSizes& s) { return cpu_float(s) || (cuda_f32(s) && s.head_width <= 128); }
 bool cuda_flash_fits(const StepSizes& s) { return cuda_f32(s) && s.head_width <= 128; }
+bool summaries_fits(const StepSizes& s) { return cpu_float(s) || cuda_f32(s); }
 bool combine_fits(const StepSizes& s) {
 #ifdef CAST_WITH_CUDA
   return cpu_float(s) || (cuda_f32(s) && s.head_width <= cuda::kCombineMaxHead);
@@ -46,14 +47,6 @@ bool combine_fits(const StepSizes& s) {
 bool topkey_fits(const StepSizes& s) {
 #ifdef CAST_WITH_CUDA
   return cuda_f32(s) && cuda::topkey_attention_fits(s.top_keys, s.head_width);
-#else
-  (void)s;
-  return false;
-#endif
-}
-bool cuda_only(const StepSizes& s) {
-#ifdef CAST_WITH_CUDA
-  return cuda_f32(s);
 #else
   (void)s;
   return false;
@@ -79,7 +72,8 @@ const std::vector<FastPath>& fast_paths() {
        [](const std::vector<Tensor>& in) {
          return intra_cluster_attention_flash(at(in, 0), at(in, 1), at(in, 2), at(in, 3));
        }},
-      {"cluster_summaries_fused", Step::cluster_summaries, "ops/summaries_fused.cpp", "CUDA f32", cuda_only,
+      {"cluster_summaries_fused", Step::cluster_summaries, "ops/summaries_fused.cpp", "CPU f32/f64; CUDA f32",
+       summaries_fits,
        [](const std::vector<Tensor>& in) { return cluster_summaries_fused(at(in, 0), at(in, 1), opt(in, 2)); }},
       {"combine_clusters_fused", Step::combine_clusters, "ops/combine_fused.cpp",
        "CPU f32/f64; CUDA f32 with head width up to 128",

@@ -10,7 +10,7 @@
 //   full_attention             flash_attention                    flash_attention.cpp           CPU; CUDA f32, d ≤ 128
 //   intra_cluster_attention    intra_cluster_attention_fused      intra_cluster_fused.cpp       CPU
 //                              intra_cluster_attention_flash      intra_cluster_flash.cpp       CUDA f32, d ≤ 128
-//   cluster_summaries          cluster_summaries_fused            summaries_fused.cpp           CUDA f32
+//   cluster_summaries          cluster_summaries_fused            summaries_fused.cpp           CPU; CUDA f32
 //   combine_clusters           combine_clusters_fused             combine_fused.cpp             CPU; CUDA f32, d ≤ 128
 //   improved_clustered_output  improved_clustered_output_fused    improved_clustered_fused.cpp  CPU
 //                              improved_clustered_output_topkey   topkey_attention.cpp          CUDA f32, k·d fits

@@ -226,6 +226,15 @@ TEST(CombineFusedGrad, FiniteDifferences) {
                    (Inputs{param({1, 2, 6, 3}, 54), param({1, 2, 3, 4, 3}, 55)}));
 }
 
+TEST(SummariesFusedGrad, FiniteDifferences) {
+  // B 2, H 2, N 5, C 3, d 3; batch row 0 has a padded token. A_k positive, as a softmax gives.
+  Tensor mask = Tensor::from_vector<double>({1, 1, 0, 1, 1, 1, 1, 1, 1, 1}, {2, 5});
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::cluster_summaries_fused(ops::softmax(x[0]), x[1], mask); },
+                   (Inputs{param({2, 2, 5, 3}, 56), param({2, 2, 5, 3}, 57)}));
+  EXPECT_GRADCHECK([&](const Inputs& x) { return ops::cluster_summaries_fused(ops::softmax(x[0]), x[1], Tensor()); },
+                   (Inputs{param({2, 2, 5, 3}, 58), param({2, 2, 5, 3}, 59)}));
+}
+
 TEST(ImprovedClusteredFusedGrad, FiniteDifferences) {
   Tensor assign = Tensor::from_vector<int32_t>({0, 1, 0, 2, -1, 1, 1, 0, 2, 2}, {1, 2, 5});
   Tensor top = Tensor::from_vector<int32_t>({0, 3, 1, 2, 2, -1, 4, 0, 1, 3, 2, 0}, {1, 2, 3, 2});
