@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <functional>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -69,6 +71,55 @@ void check_device_inputs(const char* op, const Tensor& x, const Tensor& mask) {
 
 }  // namespace
 
+// The `take` real tokens of a column that rank first in the order of ops/topk_order.h (larger
+// values first, NaN after every number, ties toward the earlier token), written to members in
+// position order. The take-th largest number t is found first; the members are
+// then every token above t and, in position order, as many tokens equal to t as are left (then
+// NaNs, in position order, when there are fewer numbers than take): the set a full sort picks.
+template <class T>
+static void select_top(const T* column, const std::vector<int32_t>& real, int64_t take, std::vector<T>& numbers,
+                int32_t* members) {
+  numbers.clear();
+  for (int32_t i : real)
+    if (column[i] == column[i]) numbers.push_back(column[i]);
+  const int64_t count = static_cast<int64_t>(numbers.size());
+  T threshold = T(0);
+  int64_t equal_left = 0, nan_left = 0;
+  if (take == 0) return;
+  if (take <= count) {
+    // the take largest numbers in a min-heap, in one pass: past the first few hundred numbers a
+    // number rarely beats the heap's least, so the branch is predicted (nth_element's
+    // partitioning mispredicts about every other comparison)
+    std::make_heap(numbers.begin(), numbers.begin() + take, std::greater<T>());
+    for (int64_t e = take; e < count; ++e) {
+      if (numbers[e] > numbers[0]) {
+        std::pop_heap(numbers.begin(), numbers.begin() + take, std::greater<T>());
+        numbers[take - 1] = numbers[e];
+        std::push_heap(numbers.begin(), numbers.begin() + take, std::greater<T>());
+      }
+    }
+    threshold = numbers[0];
+    int64_t above = 0;
+    for (int64_t e = 0; e < take; ++e) above += numbers[e] > threshold;
+    equal_left = take - above;
+  } else {
+    threshold = -std::numeric_limits<T>::infinity();  // every number is taken, then NaNs
+    equal_left = count;
+    nan_left = take - count;
+  }
+  int64_t slot = 0;
+  for (int32_t i : real) {
+    const T x = column[i];
+    if (x != x) {
+      if (nan_left > 0) members[slot++] = i, --nan_left;
+    } else if (x > threshold) {
+      members[slot++] = i;
+    } else if (x == threshold && equal_left > 0) {
+      members[slot++] = i, --equal_left;
+    }
+  }
+}
+
 Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
   autograd::StepScope named("cluster_topk");
   CAST_CHECK(kappa >= 1, "cluster_topk: cluster size must be >= 1, got {}", kappa);
@@ -92,27 +143,24 @@ Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
     const T* values = affinity.data<T>();
     CAST_OMP("omp parallel if (h.groups * C * n > 65536)")
     {
-      std::vector<T> columns(kBlock * n);
-      std::vector<int32_t> real, order;
+      // rows n + 16 apart: at a power-of-two n the 16 rows written side by side would share one
+      // set of the L1 cache (a power-of-two stride), and the transpose ran four times slower
+      const int64_t ld = n + 16;
+      std::vector<T> columns(kBlock * ld), numbers;
+      std::vector<int32_t> real;
       CAST_OMP("omp for schedule(dynamic)")
       for (int64_t task = 0; task < h.groups * blocks; ++task) {
         const int64_t g = task / blocks, c0 = task % blocks * kBlock, width = std::min(kBlock, C - c0);
         for (int64_t i = 0; i < n; ++i)
-          for (int64_t c = 0; c < width; ++c) columns[c * n + i] = values[(g * n + i) * C + c0 + c];
+          for (int64_t c = 0; c < width; ++c) columns[c * ld + i] = values[(g * n + i) * C + c0 + c];
         real.clear();
         for (int64_t i = 0; i < n; ++i)
           if (h.real(g, i)) real.push_back(static_cast<int32_t>(i));
         const int64_t take = std::min<int64_t>(kappa, real.size());
         for (int64_t c = 0; c < width; ++c) {
-          const T* column = columns.data() + c * n;
-          order = real;
-          // the order (ops/topk_order.h) is a strict total order (NaN last, ties to the earlier
-          // token), so selecting the first `take` (O(n)) picks exactly the set a full sort would
-          if (take < static_cast<int64_t>(order.size()))
-            std::nth_element(order.begin(), order.begin() + take, order.end(),
-                             [&](int32_t x, int32_t y) { return ranks_before(column[x], x, column[y], y); });
-          std::sort(order.begin(), order.begin() + take);  // members in position order
-          std::copy(order.begin(), order.begin() + take, out.begin() + ((g * C + c0 + c) * kappa));
+          const T* column = columns.data() + c * ld;
+          int32_t* members = out.data() + (g * C + c0 + c) * kappa;
+          select_top(column, real, take, numbers, members);
         }
       }
     }
