@@ -39,7 +39,7 @@ def cast_steps(n, c, kappa):
         ("1-2 affinities Q S^T, K S^T and cluster softmax", 2 * (act + 2 * aff), 2 * (2 * H * n * c * d + 5 * H * n * c)),
         ("3 Top-K selection", 2 * aff + H * c * kappa * 4, H * n * c),
         ("4-5 gather and intra-cluster attention forward", 3 * gathered + gathered, intra),
-        ("6-7 summaries and combine forward", aff + act + H * c * d * F, 4 * H * n * c * d),
+        ("6-7 summaries and combine forward", 2 * aff + 2 * act + H * c * d * F, 4 * H * n * c * d),
         ("projections backward (dX, dW)", 2 * proj_bytes, 2 * proj_flops),
         ("1-2 affinities backward", 2 * (act + 3 * aff), 2 * (4 * H * n * c * d + 5 * H * n * c)),
         ("4-5 intra-cluster attention backward", 4 * gathered + 3 * gathered, 2.5 * intra),

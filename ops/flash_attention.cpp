@@ -66,7 +66,7 @@ void zero_masked_columns(T* ds, const T* key_mask, int64_t rows, int64_t cols) {
 }
 
 // ---------------------------------------------------------------- forward
-// One tile of nq queries against all keys: the online softmax.
+// A thread's tiles, allocated once per call
 template <class T>
 struct ForwardScratch {
   std::vector<T> scores, acc, row_max, row_sum;
@@ -75,6 +75,7 @@ struct ForwardScratch {
       : scores(query_tile * kKeyTile), acc(query_tile * d), row_max(query_tile), row_sum(query_tile) {}
 };
 
+// One tile of nq queries against all keys: the online softmax.
 template <class T>
 void forward_tile(const Problem<T>& p, int64_t bh, int64_t i0, int64_t nq, T* out, T* lse, ForwardScratch<T>& w) {
   const int64_t d = p.d;

@@ -55,7 +55,9 @@ void weights_backward_cpu(T* da_k, const T* dp, const T* p, const T* colsum, con
     for (int64_t i = 0; i < N; ++i) {
       const T mi = m ? m[i] : T(1);
       T* da = da_k + (bh * N + i) * C;
-      for (int64_t c = 0; c < C; ++c) da[c] += mi * (g[i * C + c] - dot[c]) / sum[c];
+      // (g − dot) / Σ first, then the mask, as the reference: a padded token of a cluster whose
+      // quotient overflows gets inf · 0 = NaN there too
+      for (int64_t c = 0; c < C; ++c) da[c] += (g[i * C + c] - dot[c]) / sum[c] * mi;
     }
   }
 }

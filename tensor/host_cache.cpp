@@ -75,15 +75,21 @@ void* allocate(size_t bytes) {
   return p;
 }
 
-void release(void* ptr, size_t bytes) {
+void release(void* ptr, size_t bytes) noexcept {
   if (!ptr) return;
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mutex);
-    if (c.cached + bytes <= c.limit) {
-      c.free_blocks[bytes].push_back(ptr);
-      c.cached += bytes;
-      return;
+    if (bytes <= c.limit) {
+      // room for the newest block first: sizes the run has moved on from (another sequence
+      // length, say) go, largest first, rather than this one
+      c.trim_locked(c.limit - bytes);
+      try {
+        c.free_blocks[bytes].push_back(ptr);
+        c.cached += bytes;
+        return;
+      } catch (...) {  // no memory for the bookkeeping: the block goes back instead
+      }
     }
   }
   std::free(ptr);

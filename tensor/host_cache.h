@@ -14,8 +14,9 @@ namespace cast::host_cache {
 
 // 64-byte aligned memory of `bytes` (a multiple of 64); throws when the host has none
 void* allocate(size_t bytes);
-// gives a block from allocate() back: kept for the next allocate() of the same size, or freed
-void release(void* ptr, size_t bytes);
+// gives a block from allocate() back: kept for the next allocate() of the same size (making
+// room by freeing kept blocks of other sizes, largest first), or freed when over the limit
+void release(void* ptr, size_t bytes) noexcept;
 
 size_t cached_bytes();   // kept now, held by no tensor
 size_t cache_limit();    // the most it keeps

@@ -78,7 +78,9 @@ TEST_P(FlashAgainstReference, ValuesAndEveryGradient) {
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashAgainstReference,
                          ::testing::Values(Shape5{1, 1, 1, 1, 1}, Shape5{2, 3, 17, 29, 8}, Shape5{1, 1, 64, 128, 16},
                                            Shape5{2, 2, 130, 300, 32}, Shape5{1, 1, 200, 257, 64},
-                                           Shape5{3, 1, 9, 400, 5}),
+                                           Shape5{3, 1, 9, 400, 5},
+                                           // the forward's 256-query tiles: a second one and a partial last
+                                           Shape5{2, 2, 600, 300, 32}),
                          [](const ::testing::TestParamInfo<Shape5>& info) {
                            const Shape5& s = info.param;
                            return fmt::format("B{}_H{}_M{}_N{}_d{}", s.B, s.H, s.M, s.N, s.d);

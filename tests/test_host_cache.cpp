@@ -57,6 +57,25 @@ TEST(HostCache, KeepsNoMoreThanItsLimit) {
   EXPECT_EQ(host_cache::cached_bytes(), 0u);  // a limit of 0 keeps nothing
 }
 
+TEST(HostCache, ANewSizeMakesRoomByFreeingOldSizes) {
+  // a run that moves to another sequence length keeps reusing memory: the full cache frees
+  // its kept blocks of other sizes (largest first) to keep the block just given back
+  if (host_cache::cache_limit() == 0) GTEST_SKIP() << "this build keeps nothing (AddressSanitizer)";
+  CacheLimitGuard guard;
+  host_cache::free_cached();
+  host_cache::set_cache_limit(5 << 20);
+  { Tensor old_length = Tensor::empty({1 << 20}); }  // 4 MiB kept
+  EXPECT_EQ(host_cache::cached_bytes(), size_t{4} << 20);
+  const void* second = nullptr;
+  {
+    Tensor new_length = Tensor::empty({1 << 19});  // 2 MiB
+    second = new_length.data<float>();
+  }
+  EXPECT_EQ(host_cache::cached_bytes(), size_t{2} << 20);  // the 4 MiB block went
+  Tensor again = Tensor::empty({1 << 19});
+  EXPECT_EQ(again.data<float>(), second);
+}
+
 TEST(HostCache, ReusedMemoryIsStillPoisonedInTests) {
   // the tests' poison must reach a reused block too, or a kernel that skips part of its output
   // would read the last tensor's values instead of NaN
