@@ -78,7 +78,7 @@ void check_device_inputs(const char* op, const Tensor& x, const Tensor& mask) {
 // NaNs, in position order, when there are fewer numbers than take): the set a full sort picks.
 template <class T>
 static void select_top(const T* column, const std::vector<int32_t>& real, int64_t take, std::vector<T>& numbers,
-                int32_t* members) {
+                       int32_t* members) {
   numbers.clear();
   for (int32_t i : real)
     if (column[i] == column[i]) numbers.push_back(column[i]);

@@ -124,10 +124,8 @@ void binary_backward(Tensor* da, Tensor* db, BinaryOp op, const Tensor& dout, co
             for (int64_t j = 0; j < r.len; ++j) pgb[i + j] = g[j] * binary_db(kOp, x[j * r.a], y[j * r.b]);
         });
       };
-      if (op == BinaryOp::mul)
-        rows(std::true_type{});
-      else
-        rows(std::false_type{});
+      if (op == BinaryOp::mul) rows(std::true_type{});
+      else rows(std::false_type{});
     });
   };
   partials();

@@ -76,8 +76,7 @@ const std::vector<FastPath>& fast_paths() {
        summaries_fits,
        [](const std::vector<Tensor>& in) { return cluster_summaries_fused(at(in, 0), at(in, 1), opt(in, 2)); }},
       {"combine_clusters_fused", Step::combine_clusters, "ops/combine_fused.cpp",
-       "CPU f32/f64; CUDA f32 with head width up to 128",
-       combine_fits,
+       "CPU f32/f64; CUDA f32 with head width up to 128", combine_fits,
        [](const std::vector<Tensor>& in) {
          return combine_clusters_fused(at(in, 0), at(in, 1), opt(in, 2), at(in, 3));
        }},

@@ -185,14 +185,14 @@ void backward_keys(const Problem<T>& p, const Grads<T>& g, int64_t bh, int64_t j
       if (g.dv) gemm_tile<T>(dv_tile, probs, doi, true, false, T(1), T(1), nk, d, nq);  // dV += Pᵀ dO
       if (!g.dq && !g.dk) continue;
       w.values_t.multiply(dprobs, doi, false, T(1), T(0), nq);  // dP = dO Vᵀ
-      for (int64_t r = 0; r < nq; ++r) {                                  // dS = P ⊙ (dP − Δ)
+      for (int64_t r = 0; r < nq; ++r) {                        // dS = P ⊙ (dP − Δ)
         T* ds = dprobs + r * nk;
         const T* s = probs + r * nk;
 #pragma omp simd
         for (int64_t c = 0; c < nk; ++c) ds[c] = softmax_rule::score_gradient(s[c], ds[c], delta[r]);
       }
       if (mk) zero_masked_columns(dprobs, mk, nq, nk);
-      if (g.dq) w.keys.multiply(dq_rows + i0 * d, dprobs, false, p.scale, T(1), nq);  // dQ += dS K/√d
+      if (g.dq) w.keys.multiply(dq_rows + i0 * d, dprobs, false, p.scale, T(1), nq);       // dQ += dS K/√d
       if (g.dk) gemm_tile<T>(dk_tile, dprobs, qi, true, false, p.scale, T(1), nk, d, nq);  // dK += dSᵀ Q/√d
     }
     const int64_t base = (bh * p.N + j0) * d;

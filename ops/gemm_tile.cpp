@@ -32,17 +32,18 @@ inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
 // registers of AVX2 (AVX-512 has 32, and the same shape keeps its two FMA ports busy).
 constexpr int kRows = 6, kCols = 2 * kLanes;
 
-// c(r, j) = alpha Σ_p a(r, p) · panel[p][j] + beta c(r, j) for r < Rows, j < cols ≤ kCols, with
-// a(r, p) = a[r·rs + p·cs], panel the k × kCols packed columns of op(b), and c's rows ldc apart.
+// c(r, j) = alpha Σ_p a(r, p) · panel[p·ldp + j] + beta c(r, j) for r < Rows, j < cols ≤ kCols,
+// with a(r, p) = a[r·rs + p·cs], panel kCols columns of op(b) (packed: ldp = kCols; or b itself,
+// row-major, ldp = n), and c's rows ldc apart.
 // A full-width panel is written from the registers; a narrower one (the last) through acc.
 template <int Rows>
-void microkernel(const float* a, int64_t rs, int64_t cs, const float* panel, int64_t k, float* c, int64_t ldc,
-                 int64_t cols, float alpha, float beta) {
+void microkernel(const float* a, int64_t rs, int64_t cs, const float* panel, int64_t ldp, int64_t k, float* c,
+                 int64_t ldc, int64_t cols, float alpha, float beta) {
   Vec lo[Rows], hi[Rows];
   for (int r = 0; r < Rows; ++r) lo[r] = hi[r] = Vec{};
 #pragma GCC unroll 2
   for (int64_t p = 0; p < k; ++p) {
-    const Vec b_lo = load(panel + p * kCols), b_hi = load(panel + p * kCols + kLanes);
+    const Vec b_lo = load(panel + p * ldp), b_hi = load(panel + p * ldp + kLanes);
     const float* ap = a + p * cs;
 #pragma GCC unroll 6
     for (int r = 0; r < Rows; ++r) {
@@ -79,15 +80,15 @@ void microkernel(const float* a, int64_t rs, int64_t cs, const float* panel, int
   }
 }
 
-void run_microkernel(int rows, const float* a, int64_t rs, int64_t cs, const float* panel, int64_t k, float* c,
-                     int64_t ldc, int64_t cols, float alpha, float beta) {
+void run_microkernel(int rows, const float* a, int64_t rs, int64_t cs, const float* panel, int64_t ldp, int64_t k,
+                     float* c, int64_t ldc, int64_t cols, float alpha, float beta) {
   switch (rows) {
-    case 6: return microkernel<6>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
-    case 5: return microkernel<5>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
-    case 4: return microkernel<4>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
-    case 3: return microkernel<3>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
-    case 2: return microkernel<2>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
-    default: return microkernel<1>(a, rs, cs, panel, k, c, ldc, cols, alpha, beta);
+    case 6: return microkernel<6>(a, rs, cs, panel, ldp, k, c, ldc, cols, alpha, beta);
+    case 5: return microkernel<5>(a, rs, cs, panel, ldp, k, c, ldc, cols, alpha, beta);
+    case 4: return microkernel<4>(a, rs, cs, panel, ldp, k, c, ldc, cols, alpha, beta);
+    case 3: return microkernel<3>(a, rs, cs, panel, ldp, k, c, ldc, cols, alpha, beta);
+    case 2: return microkernel<2>(a, rs, cs, panel, ldp, k, c, ldc, cols, alpha, beta);
+    default: return microkernel<1>(a, rs, cs, panel, ldp, k, c, ldc, cols, alpha, beta);
   }
 }
 
@@ -121,8 +122,8 @@ void pack_b(float* packed, const float* b, bool trans_b, int64_t n, int64_t k) {
   }
 }
 
-void gemm_tile_packed(float* c, const float* a, bool trans_a, const float* packed_b, float alpha, float beta,
-                      int64_t m, int64_t n, int64_t k) {
+void gemm_tile_packed(float* c, const float* a, bool trans_a, const float* packed_b, float alpha, float beta, int64_t m,
+                      int64_t n, int64_t k) {
   if (m == 0 || n == 0) return;
   const int64_t rs = trans_a ? 1 : k, cs = trans_a ? m : 1;  // a(i, p) = a[i·rs + p·cs]
   const int64_t panels = (n + kCols - 1) / kCols;
@@ -130,7 +131,8 @@ void gemm_tile_packed(float* c, const float* a, bool trans_a, const float* packe
     const int64_t j0 = q * kCols, cols = std::min<int64_t>(kCols, n - j0);
     for (int64_t i0 = 0; i0 < m; i0 += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i0));
-      run_microkernel(rows, a + i0 * rs, rs, cs, packed_b + q * k * kCols, k, c + i0 * n + j0, n, cols, alpha, beta);
+      run_microkernel(rows, a + i0 * rs, rs, cs, packed_b + q * k * kCols, kCols, k, c + i0 * n + j0, n, cols, alpha,
+                      beta);
     }
   }
 }
@@ -139,10 +141,30 @@ void gemm_tile_kernel(float* c, const float* a, const float* b, bool trans_a, bo
                       int64_t m, int64_t n, int64_t k) {
   if (m == 0 || n == 0) return;
   thread_local std::vector<float> panels;  // this thread's, sized up once
-  const size_t floats = packed_floats(n, k);
-  if (panels.size() < floats) panels.resize(floats);
-  pack_b(panels.data(), b, trans_b, n, k);
-  gemm_tile_packed(c, a, trans_a, panels.data(), alpha, beta, m, n, k);
+  if (trans_b) {                           // op(b)'s columns are rows of b: packed first
+    const size_t floats = packed_floats(n, k);
+    if (panels.size() < floats) panels.resize(floats);
+    pack_b(panels.data(), b, true, n, k);
+    return gemm_tile_packed(c, a, trans_a, panels.data(), alpha, beta, m, n, k);
+  }
+  // b (k, n) row-major already holds every full panel, its rows n apart: read in place (the
+  // copy cost a sixth of a 64 × 64 × 128 product); only a last, narrower panel is packed
+  const int64_t rs = trans_a ? 1 : k, cs = trans_a ? m : 1;
+  const int64_t full = n / kCols * kCols;
+  for (int64_t j0 = 0; j0 < full; j0 += kCols)
+    for (int64_t i0 = 0; i0 < m; i0 += kRows)
+      run_microkernel(static_cast<int>(std::min<int64_t>(kRows, m - i0)), a + i0 * rs, rs, cs, b + j0, n, k,
+                      c + i0 * n + j0, n, kCols, alpha, beta);
+  if (full == n) return;
+  const int64_t cols = n - full;
+  if (panels.size() < packed_floats(cols, k)) panels.resize(packed_floats(cols, k));
+  for (int64_t p = 0; p < k; ++p) {
+    std::copy(b + p * n + full, b + p * n + n, panels.data() + p * kCols);
+    std::fill(panels.data() + p * kCols + cols, panels.data() + (p + 1) * kCols, 0.0f);
+  }
+  for (int64_t i0 = 0; i0 < m; i0 += kRows)
+    run_microkernel(static_cast<int>(std::min<int64_t>(kRows, m - i0)), a + i0 * rs, rs, cs, panels.data(), kCols, k,
+                    c + i0 * n + full, n, cols, alpha, beta);
 }
 
 }  // namespace cast::ops

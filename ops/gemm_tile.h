@@ -22,8 +22,8 @@ void gemm_tile_kernel(float* c, const float* a, const float* b, bool trans_a, bo
 // and gemm_tile_packed multiplies by it.
 size_t packed_floats(int64_t n, int64_t k);
 void pack_b(float* packed, const float* b, bool trans_b, int64_t n, int64_t k);
-void gemm_tile_packed(float* c, const float* a, bool trans_a, const float* packed_b, float alpha, float beta,
-                      int64_t m, int64_t n, int64_t k);
+void gemm_tile_packed(float* c, const float* a, bool trans_a, const float* packed_b, float alpha, float beta, int64_t m,
+                      int64_t n, int64_t k);
 
 // Which kernel gemm_tile (ops/matmul.h) runs for f32: this one (the default) or the BLAS, for
 // comparison (`cast bench --tile-gemm blas`).

@@ -55,14 +55,15 @@ inline void gemm_tile(T* c, const T* a, const T* b, bool trans_a, bool trans_b, 
 }
 
 // The right operand op(b) of several tile products, packed once: on f32 with the tile kernel
-// it holds op(b)'s panels; otherwise it keeps b and each product calls gemm_tile.
+// and a transposed b it holds op(b)'s panels; otherwise it keeps b and each product calls
+// gemm_tile (the tile kernel reads an untransposed b in place).
 template <class T>
 class TileOperand {
  public:
   void set(const T* b, bool trans_b, int64_t n, int64_t k) {
     b_ = b, trans_b_ = trans_b, n_ = n, k_ = k, packed_ = false;
     if constexpr (std::is_same_v<T, float>) {
-      if (tile_gemm() == TileGemm::kernel) {
+      if (tile_gemm() == TileGemm::kernel && trans_b) {
         if (panels_.size() < packed_floats(n, k)) panels_.resize(packed_floats(n, k));
         pack_b(panels_.data(), b, trans_b, n, k);
         packed_ = true;

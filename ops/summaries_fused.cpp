@@ -65,8 +65,8 @@ void weights_backward_cpu(T* da_k, const T* dp, const T* p, const T* colsum, con
 void weights_forward(Tensor& p, Tensor& colsum, const Tensor& a_k, const Tensor* mask, int64_t heads) {
   CAST_ON_CUDA(a_k, cuda::summary_weights_forward(p, colsum, a_k, mask, heads));
   CAST_DISPATCH_FLOAT(a_k.dtype(), "cluster_summaries_fused", [&] {
-    weights_forward_cpu<T>(p.data<T>(), colsum.data<T>(), a_k.data<T>(), mask ? mask->data<T>() : nullptr,
-                           a_k.dim(0), a_k.dim(1), a_k.dim(2), heads);
+    weights_forward_cpu<T>(p.data<T>(), colsum.data<T>(), a_k.data<T>(), mask ? mask->data<T>() : nullptr, a_k.dim(0),
+                           a_k.dim(1), a_k.dim(2), heads);
   });
 }
 
@@ -103,8 +103,7 @@ struct SummariesFusedNode final : autograd::Node {
     Tensor dp = Tensor::empty(p.shape(), p.dtype(), p.device());
     gemm(dp, v, dr, false, true, 1.0, 0.0, matmul_shape(v, dr, false, true));  // dP = V dRᵀ
     Tensor da = a_k.grad_accumulator().view({BH, N, C});
-    weights_backward(da, dp.view({BH, N, C}), p.view({BH, N, C}), colsum,
-                                   mask.defined() ? &mask : nullptr, a_k.dim(1));
+    weights_backward(da, dp.view({BH, N, C}), p.view({BH, N, C}), colsum, mask.defined() ? &mask : nullptr, a_k.dim(1));
   }
 };
 }  // namespace
@@ -116,8 +115,7 @@ Tensor cluster_summaries_fused(const Tensor& a_k, const Tensor& v, const Tensor&
   check_same_device(op, a_k, v);
   check_float(op, a_k, "a_k");
   check_same_dtype(op, a_k, v);
-  CAST_CHECK(!a_k.is_cuda() || a_k.dtype() == DType::f32, "{}: the CUDA kernel is f32, got a_k {}", op,
-             a_k.describe());
+  CAST_CHECK(!a_k.is_cuda() || a_k.dtype() == DType::f32, "{}: the CUDA kernel is f32, got a_k {}", op, a_k.describe());
   const int64_t B = a_k.dim(0), H = a_k.dim(1), N = a_k.dim(2), C = a_k.dim(3);
   CAST_CHECK(v.dim(0) == B && v.dim(1) == H && v.dim(2) == N, "{}: v {} does not fit a_k {}", op, v.describe(),
              a_k.describe());

@@ -18,9 +18,9 @@ void* allocate(size_t bytes);
 // room by freeing kept blocks of other sizes, largest first), or freed when over the limit
 void release(void* ptr, size_t bytes) noexcept;
 
-size_t cached_bytes();   // kept now, held by no tensor
-size_t cache_limit();    // the most it keeps
+size_t cached_bytes();               // kept now, held by no tensor
+size_t cache_limit();                // the most it keeps
 void set_cache_limit(size_t bytes);  // 0 keeps nothing; frees what is over the new limit
-void free_cached();      // returns every kept block to the C library
+void free_cached();                  // returns every kept block to the C library
 
 }  // namespace cast::host_cache

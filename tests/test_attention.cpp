@@ -313,7 +313,8 @@ TEST(Clustering, TopKEqualsAFullSortOfEachColumn) {
             std::sort(order.begin(), order.end());
             for (int64_t s = 0; s < kappa; ++s)
               ASSERT_EQ(got[(g * C + c) * kappa + s], s < static_cast<int64_t>(order.size()) ? order[s] : -1)
-                  << "N " << N << " C " << C << " kappa " << kappa << " group " << g << " cluster " << c << " slot " << s;
+                  << "N " << N << " C " << C << " kappa " << kappa << " group " << g << " cluster " << c << " slot "
+                  << s;
           }
       }
 }

@@ -67,7 +67,8 @@ TEST(TileGemm, MatchesPlainLoopsInEveryCase) {
               Tensor c = beta == 0.0 ? Tensor::full({std::max<int64_t>(m * n, 1)}, std::nan(""))
                                      : Tensor::uniform({std::max<int64_t>(m * n, 1)}, 13, 0, -1.0, 1.0);
               Tensor c_loops = c.clone();
-              ops::gemm_tile_kernel(c.data<float>(), a.data<float>(), b.data<float>(), ta, tb, 0.7f, float(beta), m, n, k);
+              ops::gemm_tile_kernel(c.data<float>(), a.data<float>(), b.data<float>(), ta, tb, 0.7f, float(beta), m, n,
+                                    k);
               ops::gemm_loops<float>(c_loops.data<float>(), a.data<float>(), b.data<float>(), ta, tb, 0.7f, float(beta),
                                      {1, m, n, k});
               auto x = c.to_double_vector(), y = c_loops.to_double_vector();

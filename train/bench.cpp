@@ -179,7 +179,8 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
              device_label(device), B, D, H, repeats, warmup, args.is_set("tf32") ? ", TF32 matmuls" : "");
   // 0: the defaults, C = κ = ⌈√N⌉ rounded up to 8, so the work grows as N^1.5; fixed C and κ
   // (the CAST paper's O(αN) setting) make it linear in N
-  const int64_t clusters = bounded(args, "clusters", 0, 1 << 20), cluster_size = bounded(args, "cluster-size", 0, 1 << 20);
+  const int64_t clusters = bounded(args, "clusters", 0, 1 << 20),
+                cluster_size = bounded(args, "cluster-size", 0, 1 << 20);
   auto layer_config = [&](const Variant& v, int64_t N) {
     nn::AttentionConfig c = v.config;
     c.dim = D;
@@ -372,8 +373,8 @@ void bench_bandwidth(int64_t repeats, int64_t warmup, JsonLines& json_out) {
   std::vector<double> times;
   for (int64_t i = 0; i < repeats; ++i) times.push_back(time_once(Device::cpu, run));
   const double gbps = 3.0 * 4 * n / median(times) / 1e6;
-  fmt::print("memory bandwidth ({} threads), acc += g over 256 MiB arrays: {:.1f} GB/s{}\n", omp_get_max_threads(), gbps,
-             trust_note(times));
+  fmt::print("memory bandwidth ({} threads), acc += g over 256 MiB arrays: {:.1f} GB/s{}\n", omp_get_max_threads(),
+             gbps, trust_note(times));
   json_out.add({{"bandwidth_gbps", gbps}, {"threads", omp_get_max_threads()}});
 }
 
@@ -442,9 +443,10 @@ int bench_gemm(const cli::Args& args) {
 }  // namespace
 
 int command_bench(const std::vector<std::string>& argv) {
-  cli::Args args("bench",
-                 "Benchmark attention layers (`cast bench attention`), training steps (`cast bench train`), or the CPU's "
-                 "sgemm rate, memory bandwidth and tile products (`cast bench gemm`).");
+  cli::Args args(
+      "bench",
+      "Benchmark attention layers (`cast bench attention`), training steps (`cast bench train`), or the CPU's "
+      "sgemm rate, memory bandwidth and tile products (`cast bench gemm`).");
   args.option("what", "attention", "attention | train | gemm")
       .option("device", "auto", "auto | cpu | cuda")
       .option("mechanisms", "full,cast-topk,cast-satopk,clustered,iclustered", "comma-separated list")
