@@ -217,3 +217,35 @@ INSTANTIATE_TEST_SUITE_P(Mechanisms, NanLayer,
                                            std::pair{"clustered", nn::Mechanism::clustered},
                                            std::pair{"iclustered", nn::Mechanism::iclustered}),
                          [](const auto& info) { return std::string(info.param.first); });
+
+TEST(NanPropagation, SummariesAndCombineFusedAsTheReference) {
+  const int64_t B = 1, H = 2, N = 16, C = 3, kappa = 4, d = 5;  // tokens 12 … 15 in no cluster
+  Tensor members = block_members(B, H, C, kappa);
+  Tensor mask = Tensor::from_vector<double>({1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}, {B, N});
+  for (DType dt : {DType::f32, DType::f64}) {
+    const std::string t = dtype_name(dt);
+    const Tensor m = mask.to(dt);
+    const Tensor a_k = Tensor::uniform({B, H, N, C}, 7, 0, 0.1, 1.0, dt).set_requires_grad();  // as a softmax gives
+    const Tensor v = uniform({B, H, N, d}, 8, dt);
+    auto summaries = [&](const Inputs& x, bool fused) {
+      return fused ? ops::cluster_summaries_fused(x[0], x[1], m) : ops::cluster_summaries(x[0], x[1], m);
+    };
+    const int64_t real = 1 * N * C + 5 * C + 1, padded = 3 * C;
+    EXPECT_GT(compare_nans(summaries, {with_nan(a_k, real), v}, t + " summaries: NaN in a real token's affinity"), 0);
+    EXPECT_GT(compare_nans(summaries, {a_k, with_nan(v, 5 * d + 2)}, t + " summaries: NaN in a real token's value"), 0);
+    compare_nans(summaries, {with_nan(a_k, padded), v}, t + " summaries: NaN in a padded token's affinity");
+    compare_nans(summaries, {a_k, with_nan(v, 3 * d)}, t + " summaries: NaN in a padded token's value");
+
+    const Tensor w = uniform({B, H, N, C}, 9, dt), r_intra = uniform({B, H, C, kappa, d}, 10, dt);
+    const Tensor r_inter = uniform({B, H, C, d}, 11, dt);
+    auto combine = [&](const Inputs& x, bool fused) {
+      return fused ? ops::combine_clusters_fused(x[0], x[1], x[2], members)
+                   : ops::combine_clusters(x[0], x[1], x[2], members);
+    };
+    EXPECT_GT(
+        compare_nans(combine, {with_nan(w, 4 * C + 1), r_intra, r_inter}, t + " combine: NaN in a member's weight"), 0);
+    EXPECT_GT(compare_nans(combine, {w, with_nan(r_intra, 2 * d + 1), r_inter}, t + " combine: NaN in R_intra"), 0);
+    EXPECT_GT(compare_nans(combine, {w, r_intra, with_nan(r_inter, d + 3)}, t + " combine: NaN in R_inter"), 0);
+    compare_nans(combine, {with_nan(w, 13 * C), r_intra, r_inter}, t + " combine: NaN in an outsider's weight");
+  }
+}
