@@ -74,6 +74,28 @@ void softmax_forward(Tensor& y, const Tensor& x, const Tensor& mask, bool log) {
   });
 }
 
+// One row's gradient, added to dr. A plain function: the unmasked softmax's update loop then
+// vectorises (written inside the parallel region's body, GCC kept it scalar).
+template <class T>
+static void softmax_row_backward(T* dr, const T* gr, const T* yr, const T* mr, int64_t n, bool log) {
+  T dot = 0;  // softmax: Σ y·dy ; log-softmax: Σ dy
+  if (!mr && !log) {
+    for (int64_t j = 0; j < n; ++j) dot += yr[j] * gr[j];
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dr[j] += softmax_rule::score_gradient(yr[j], gr[j], dot);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j)
+    if (!mr || mr[j] != T(0)) dot += log ? gr[j] : yr[j] * gr[j];
+  bool empty_row = true;
+  for (int64_t j = 0; j < n; ++j) empty_row = empty_row && mr && mr[j] == T(0);
+  if (empty_row) return;
+  for (int64_t j = 0; j < n; ++j) {
+    if (mr && mr[j] == T(0)) continue;
+    dr[j] += log ? gr[j] - std::exp(yr[j]) * dot : softmax_rule::score_gradient(yr[j], gr[j], dot);
+  }
+}
+
 void softmax_backward(Tensor& dx, const Tensor& dy, const Tensor& y, const Tensor& mask, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   MaskRows m = mask_rows(op, y, mask);
@@ -81,22 +103,9 @@ void softmax_backward(Tensor& dx, const Tensor& dy, const Tensor& y, const Tenso
   CAST_DISPATCH_FLOAT(y.dtype(), op, [&] {
     const T* pm = mask.defined() ? mask.data<T>() : nullptr;
     CAST_OMP("omp parallel for if (m.rows * m.len > 16384)")
-    for (int64_t r = 0; r < m.rows; ++r) {
-      const T* yr = y.data<T>() + r * m.len;
-      const T* gr = dy.data<T>() + r * m.len;
-      const T* mr = pm ? pm + (r / m.group) * m.len : nullptr;
-      T* dr = dx.data<T>() + r * m.len;
-      T dot = 0;  // softmax: Σ y·dy ; log-softmax: Σ dy
-      for (int64_t j = 0; j < m.len; ++j)
-        if (!mr || mr[j] != T(0)) dot += log ? gr[j] : yr[j] * gr[j];
-      bool empty_row = true;
-      for (int64_t j = 0; j < m.len; ++j) empty_row = empty_row && mr && mr[j] == T(0);
-      if (empty_row) continue;
-      for (int64_t j = 0; j < m.len; ++j) {
-        if (mr && mr[j] == T(0)) continue;
-        dr[j] += log ? gr[j] - std::exp(yr[j]) * dot : softmax_rule::score_gradient(yr[j], gr[j], dot);
-      }
-    }
+    for (int64_t r = 0; r < m.rows; ++r)
+      softmax_row_backward(dx.data<T>() + r * m.len, dy.data<T>() + r * m.len, y.data<T>() + r * m.len,
+                           pm ? pm + (r / m.group) * m.len : nullptr, m.len, log);
   });
 }
 
