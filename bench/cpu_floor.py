@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--no-measure", action="store_true", help="the floors only, no cast bench attention")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
+    if not os.access(args.cast, os.X_OK):
+        raise SystemExit(f"cpu_floor.py: {args.cast} is not an executable cast binary (scripts/build.sh cast builds it)")
 
     gemm = run_json([args.cast, "bench", "gemm", "--repeats", "5", "--warmup", "1"], args.threads)
     gflops = max(r["gflops"] for r in gemm if "gemm" in r)

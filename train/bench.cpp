@@ -174,13 +174,13 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   if (lens.empty()) lens = device == Device::cuda ? "1024,2048,4096,8192,16384" : "256,512,1024";
   const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));  // usage errors before any output
   const std::vector<int64_t> ns = lengths(lens);
-  JsonLines json_out(args.str("json"));
-  fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
-             device_label(device), B, D, H, repeats, warmup, args.is_set("tf32") ? ", TF32 matmuls" : "");
   // 0: the defaults, C = κ = ⌈√N⌉ rounded up to 8, so the work grows as N^1.5; fixed C and κ
   // (the CAST paper's O(αN) setting) make it linear in N
   const int64_t clusters = bounded(args, "clusters", 0, 1 << 20),
                 cluster_size = bounded(args, "cluster-size", 0, 1 << 20);
+  JsonLines json_out(args.str("json"));
+  fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
+             device_label(device), B, D, H, repeats, warmup, args.is_set("tf32") ? ", TF32 matmuls" : "");
   auto layer_config = [&](const Variant& v, int64_t N) {
     nn::AttentionConfig c = v.config;
     c.dim = D;
