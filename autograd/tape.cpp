@@ -11,6 +11,7 @@ struct Tape {
   bool enabled = true;
 };
 thread_local Tape tape;
+thread_local const TensorImpl* backward_root = nullptr;  // the output backward() started from, while it runs
 }  // namespace
 
 bool grad_enabled() { return tape.enabled; }
@@ -44,6 +45,10 @@ void backward(const Tensor& output, const Tensor& output_grad) {
   CAST_CHECK(output.requires_grad(), "backward: the output does not require grad (nothing was recorded)");
   Tensor out = output;
   accumulate(out, output_grad);
+  backward_root = out.impl();
+  struct ClearRoot {
+    ~ClearRoot() { backward_root = nullptr; }
+  } clear_root;
   NoGradGuard no_record;  // backward itself is not recorded
   TapeObserver* observer = tape_observer();
   if (observer) observer->backward_began();
@@ -77,6 +82,17 @@ void accumulate(Tensor& t, const Tensor& g) {
   }
   Tensor acc = t.grad();
   ops::add_into(acc, g);
+}
+
+void accumulate_reshaped(Tensor& t, const Tensor& output) {
+  const std::shared_ptr<TensorImpl>& g = output.impl()->grad;
+  CAST_CHECK(g != nullptr, "autograd: {} has no gradient to pass on", output.describe());
+  const bool released = output.impl() != backward_root;  // backward() frees it once its node has run
+  if (released && !t.grad().defined() && g.use_count() == 1 && g->storage.use_count() == 1) {
+    t.set_grad(output.grad().view(t.shape()));  // the buffer changes hands: nobody else can see it
+    return;
+  }
+  accumulate(t, output.grad().view(t.shape()));
 }
 
 }  // namespace cast::autograd

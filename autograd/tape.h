@@ -70,4 +70,10 @@ void for_each_node(const std::function<void(const Node&)>& visit);
 // Adds `g` into t's gradient buffer, checking the shape (the accumulation contract).
 void accumulate(Tensor& t, const Tensor& g);
 
+// Adds the gradient of `output`, viewed to t's shape, into t's gradient: the backward of a node
+// whose output is its input reshaped. backward() releases an output's gradient once its node has
+// run, so when t has no gradient yet and nothing else holds that buffer (not the caller of
+// backward(), whose output keeps its gradient), t takes the buffer over instead of a copy.
+void accumulate_reshaped(Tensor& t, const Tensor& output);
+
 }  // namespace cast::autograd

@@ -38,8 +38,11 @@ std::vector<ops::Step> fast_path_steps(const AttentionConfig& c) {
     case Mechanism::clustered: return {ops::Step::full_attention};
     case Mechanism::iclustered: return {ops::Step::improved_clustered_output};
     default:
-      if (!c.summaries) return {ops::Step::intra_cluster_attention, ops::Step::combine_clusters};
-      return {ops::Step::intra_cluster_attention, ops::Step::cluster_summaries, ops::Step::combine_clusters};
+      if (!c.summaries)
+        return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::intra_cluster_attention,
+                ops::Step::combine_clusters};
+      return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::intra_cluster_attention,
+              ops::Step::cluster_summaries, ops::Step::combine_clusters};
   }
 }
 
@@ -133,18 +136,18 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
   const int64_t C = config_.clusters;
   const int64_t kappa = config_.cluster_size > 0 ? config_.cluster_size : default_clusters(N);
   const Tensor& s = params_.at("surrogates");
-  // Steps 1–3 on per-head (G = H) or full-width (G = 1) queries and keys.
+  // Steps 1–3 on per-head (G = H) or full-width (G = 1) queries and keys; the scores are scaled
+  // by 1/√ of that width.
   Tensor qg = q, kg = k, surrogates = s;
-  double factor = 1.0 / std::sqrt(static_cast<double>(d));
   if (config_.shared_clustering) {
     qg = ops::reshape(merge_heads(q), {B, 1, N, H * d});
     kg = ops::reshape(merge_heads(k), {B, 1, N, H * d});
     surrogates = ops::reshape(s, {1, C, H * d});
-    factor = 1.0 / std::sqrt(static_cast<double>(H * d));
   }
-  Tensor a_q = ops::cluster_probabilities(ops::surrogate_scores(qg, surrogates, factor), config_.f);
-  Tensor a_k = ops::cluster_probabilities(ops::surrogate_scores(kg, surrogates, factor), config_.f);
-  Tensor a_g = ops::gated_affinity(x, params_.at("gate_w"), params_.at("gate_b"), a_q, a_k);  // (B, G, N, C)
+  const ops::StepOptions f{config_.f};
+  Tensor a_q = step(ops::Step::cluster_affinities, {qg, surrogates}, f);  // steps 1–2: (B, G, N, C)
+  Tensor a_k = step(ops::Step::cluster_affinities, {kg, surrogates}, f);
+  Tensor a_g = step(ops::Step::gated_affinity, {x, params_.at("gate_w"), params_.at("gate_b"), a_q, a_k});
   // Step 4: clustering, an integer constant of the backward pass.
   const int64_t G = a_g.dim(1);
   Tensor flat = a_g.view({B * G, N, C});

@@ -73,7 +73,9 @@ class Attention : public Module {
   AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& assignment);
   // One step through ops/fast.h: a fast path when the config allows and one fits, else the reference.
-  Tensor step(ops::Step s, const std::vector<Tensor>& inputs) const { return ops::run_step(s, config_.fused, inputs); }
+  Tensor step(ops::Step s, const std::vector<Tensor>& inputs, const ops::StepOptions& options = {}) const {
+    return ops::run_step(s, config_.fused, inputs, options);
+  }
   AttentionConfig config_;
   std::map<std::string, Tensor> params_;
   uint64_t forward_calls_ = 0;  // the LSH planes are redrawn each forward

@@ -7,6 +7,7 @@
 #include "autograd/trace.h"
 #include "ops/cluster_index.h"
 #include "ops/clustering.h"
+#include "ops/fast.h"
 #include "ops/ops.h"
 
 namespace cast::ops {
@@ -174,6 +175,13 @@ Tensor cluster_probabilities(const Tensor& scores, AttentionFn f) {
   return a;
 }
 
+// ---------------------------------------------------------------- CAST steps 1–2 together
+Tensor cluster_affinities(const Tensor& x, const Tensor& s, AttentionFn f) {
+  autograd::StepScope named("cluster_affinities");
+  check_cluster_affinities_inputs("cluster_affinities", x, s);
+  return cluster_probabilities(surrogate_scores(x, s, 1.0 / std::sqrt(static_cast<double>(x.dim(3)))), f);
+}
+
 // ---------------------------------------------------------------- CAST step 3
 // A_g = A_k + g ⊙ (A_q − A_k)
 struct AffinityMixNode final : autograd::Node {
@@ -202,13 +210,8 @@ struct AffinityMixNode final : autograd::Node {
 Tensor gated_affinity(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& a_q,
                       const Tensor& a_k) {
   autograd::StepScope named("gated_affinity");
-  check_ndim("gated_affinity", x, 3, "x");
-  check_ndim("gated_affinity", a_q, 4, "a_q");
-  check_same_shape("gated_affinity", a_q, a_k);
+  check_gated_affinity_inputs("gated_affinity", x, gate_w, gate_b, a_q, a_k);
   const int64_t G = a_q.dim(1);
-  CAST_CHECK(gate_w.shape() == (Shape{x.dim(2), G}) && gate_b.shape() == Shape{G},
-             "gated_affinity: gate_w {} and gate_b {} must be [{}, {}] and [{}]", gate_w.describe(), gate_b.describe(),
-             x.dim(2), G, G);
   // the gate is a linear layer and a sigmoid (recorded primitives)
   Tensor g = sigmoid(add(matmul(x, gate_w), gate_b));                      // (B, N, G)
   Tensor g4 = reshape(permute(g, {0, 2, 1}), {x.dim(0), G, x.dim(1), 1});  // (B, G, N, 1)

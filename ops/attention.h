@@ -28,6 +28,10 @@ enum class AttentionFn { softmax, laplace };
 // 2. rows of A over the C clusters, summing to 1 (laplace: elementwise, then divided by the row sum).
 Tensor cluster_probabilities(const Tensor& scores, AttentionFn f);
 
+// 1–2 together, the step with a fast path (ops/fast.h): A = f-rows of (X Sᵀ/√w) for x (B, G, N, w)
+// and s (G, C, w) -> (B, G, N, C), the queries' or the keys' affinities to the surrogates.
+Tensor cluster_affinities(const Tensor& x, const Tensor& s, AttentionFn f);
+
 // 3. g = sigmoid(x W_φ + b_φ): (B, N, G) -> A_g = A_k + g ⊙ (A_q − A_k): (B, G, N, C).
 Tensor gated_affinity(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& a_q,
                       const Tensor& a_k);

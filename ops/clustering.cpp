@@ -71,51 +71,85 @@ void check_device_inputs(const char* op, const Tensor& x, const Tensor& mask) {
 
 }  // namespace
 
-// The `take` real tokens of a column that rank first in the order of ops/topk_order.h (larger
-// values first, NaN after every number, ties toward the earlier token), written to members in
-// position order. The take-th largest number t is found first; the members are
-// then every token above t and, in position order, as many tokens equal to t as are left (then
-// NaNs, in position order, when there are fewer numbers than take): the set a full sort picks.
+// The `take` real tokens of each column of a block that rank first in the order of
+// ops/topk_order.h (larger values first, NaN after every number, ties toward the earlier token),
+// written to members in position order: the set a full sort picks. The take-th largest number t
+// of each column is found first; its members are then every token above t and, in position
+// order, as many tokens equal to t as are left (then NaNs, in position order, when the column
+// has fewer numbers than take).
+//
+// The affinities are stored token-major, C apart, so the block's columns (up to 16: one cache
+// line of a row) are read side by side in two passes over the group's rows, without a copy.
+// Pass 1 keeps each column's take largest numbers in a min-heap; a row is looked at closely only
+// where one of its values is not below its column's least kept number, which after the first
+// few hundred rows is rare and predicted (nth_element's partitioning mispredicted every other
+// comparison). Pass 2 writes the members.
+constexpr int64_t kTopBlock = 16;
+
 template <class T>
-static void select_top(const T* column, const std::vector<int32_t>& real, int64_t take, std::vector<T>& numbers,
-                       int32_t* members) {
-  numbers.clear();
-  for (int32_t i : real)
-    if (column[i] == column[i]) numbers.push_back(column[i]);
-  const int64_t count = static_cast<int64_t>(numbers.size());
-  T threshold = T(0);
-  int64_t equal_left = 0, nan_left = 0;
+struct TopColumns {
+  std::vector<T> heaps;  // (width, take): each column's take largest numbers, least first once full
+  std::array<T, kTopBlock> least{};    // the least kept number of a full heap, NaN before it is full
+  std::array<int64_t, kTopBlock> kept{}, nans{};
+};
+
+template <class T>
+void select_top_block(const T* rows, int64_t C, int64_t width, const std::vector<int32_t>& real, int64_t take,
+                      int64_t kappa, TopColumns<T>& st, int32_t* members) {
   if (take == 0) return;
-  if (take <= count) {
-    // the take largest numbers in a min-heap, in one pass: past the first few hundred numbers a
-    // number rarely beats the heap's least, so the branch is predicted (nth_element's
-    // partitioning mispredicts about every other comparison)
-    std::make_heap(numbers.begin(), numbers.begin() + take, std::greater<T>());
-    for (int64_t e = take; e < count; ++e) {
-      if (numbers[e] > numbers[0]) {
-        std::pop_heap(numbers.begin(), numbers.begin() + take, std::greater<T>());
-        numbers[take - 1] = numbers[e];
-        std::push_heap(numbers.begin(), numbers.begin() + take, std::greater<T>());
+  st.heaps.resize(width * take);
+  for (int64_t c = 0; c < width; ++c) st.least[c] = std::numeric_limits<T>::quiet_NaN(), st.kept[c] = st.nans[c] = 0;
+  for (int32_t i : real) {
+    const T* row = rows + i * C;
+    bool look = false;
+    for (int64_t c = 0; c < width; ++c) look |= !(row[c] < st.least[c]);  // NaN in either: look
+    if (!look) continue;
+    for (int64_t c = 0; c < width; ++c) {
+      const T x = row[c];
+      T* heap = st.heaps.data() + c * take;
+      if (x != x) {
+        ++st.nans[c];
+      } else if (st.kept[c] < take) {
+        heap[st.kept[c]++] = x;
+        if (st.kept[c] == take) std::make_heap(heap, heap + take, std::greater<T>()), st.least[c] = heap[0];
+      } else if (x > heap[0]) {
+        std::pop_heap(heap, heap + take, std::greater<T>());
+        heap[take - 1] = x;
+        std::push_heap(heap, heap + take, std::greater<T>());
+        st.least[c] = heap[0];
       }
     }
-    threshold = numbers[0];
-    int64_t above = 0;
-    for (int64_t e = 0; e < take; ++e) above += numbers[e] > threshold;
-    equal_left = take - above;
-  } else {
-    threshold = -std::numeric_limits<T>::infinity();  // every number is taken, then NaNs
-    equal_left = count;
-    nan_left = take - count;
   }
-  int64_t slot = 0;
+  std::array<T, kTopBlock> threshold{};
+  std::array<int64_t, kTopBlock> equal_left{}, nan_left{}, slot{};
+  for (int64_t c = 0; c < width; ++c) {
+    const T* heap = st.heaps.data() + c * take;
+    if (st.kept[c] == take) {  // at least take numbers: the take-th largest is the heap's least
+      threshold[c] = heap[0];
+      int64_t above = 0;
+      for (int64_t e = 0; e < take; ++e) above += heap[e] > threshold[c];
+      equal_left[c] = take - above;
+    } else {  // every number is taken, then NaNs
+      threshold[c] = -std::numeric_limits<T>::infinity();
+      equal_left[c] = st.kept[c];
+      nan_left[c] = take - st.kept[c];
+    }
+  }
   for (int32_t i : real) {
-    const T x = column[i];
-    if (x != x) {
-      if (nan_left > 0) members[slot++] = i, --nan_left;
-    } else if (x > threshold) {
-      members[slot++] = i;
-    } else if (x == threshold && equal_left > 0) {
-      members[slot++] = i, --equal_left;
+    const T* row = rows + i * C;
+    bool look = false;
+    for (int64_t c = 0; c < width; ++c) look |= !(row[c] < threshold[c]);
+    if (!look) continue;
+    for (int64_t c = 0; c < width; ++c) {
+      const T x = row[c];
+      int32_t* out = members + c * kappa;
+      if (x != x) {
+        if (nan_left[c] > 0) out[slot[c]++] = i, --nan_left[c];
+      } else if (x > threshold[c]) {
+        out[slot[c]++] = i;
+      } else if (x == threshold[c] && equal_left[c] > 0) {
+        out[slot[c]++] = i, --equal_left[c];
+      }
     }
   }
 }
@@ -134,34 +168,23 @@ Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
   HostGroups h = host_groups("cluster_topk", affinity, mask, /*values_too=*/false);
   const int64_t C = h.width, n = h.n;
   std::vector<int32_t> out(h.groups * C * kappa, -1);
-  // One task per group and block of clusters. The affinities are stored token-major, C apart:
-  // the block's columns are copied to contiguous rows first, in one pass over the group's
-  // tokens (16 columns of N floats: within a core's L2 cache up to N = 8192).
-  constexpr int64_t kBlock = 16;
-  const int64_t blocks = (C + kBlock - 1) / kBlock;
+  // One task per group and block of clusters (select_top_block).
+  const int64_t blocks = (C + kTopBlock - 1) / kTopBlock;
+  std::vector<std::vector<int32_t>> real(h.groups);  // each group's real tokens, in position order
+  for (int64_t g = 0; g < h.groups; ++g)
+    for (int64_t i = 0; i < n; ++i)
+      if (h.real(g, i)) real[g].push_back(static_cast<int32_t>(i));
   CAST_DISPATCH_FLOAT(affinity.dtype(), "cluster_topk", [&] {
     const T* values = affinity.data<T>();
     CAST_OMP("omp parallel if (h.groups * C * n > 65536)")
     {
-      // rows n + 16 apart: at a power-of-two n the 16 rows written side by side would share one
-      // set of the L1 cache (a power-of-two stride), and the transpose ran four times slower
-      const int64_t ld = n + 16;
-      std::vector<T> columns(kBlock * ld), numbers;
-      std::vector<int32_t> real;
+      TopColumns<T> state;
       CAST_OMP("omp for schedule(dynamic)")
       for (int64_t task = 0; task < h.groups * blocks; ++task) {
-        const int64_t g = task / blocks, c0 = task % blocks * kBlock, width = std::min(kBlock, C - c0);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t c = 0; c < width; ++c) columns[c * ld + i] = values[(g * n + i) * C + c0 + c];
-        real.clear();
-        for (int64_t i = 0; i < n; ++i)
-          if (h.real(g, i)) real.push_back(static_cast<int32_t>(i));
-        const int64_t take = std::min<int64_t>(kappa, real.size());
-        for (int64_t c = 0; c < width; ++c) {
-          const T* column = columns.data() + c * ld;
-          int32_t* members = out.data() + (g * C + c0 + c) * kappa;
-          select_top(column, real, take, numbers, members);
-        }
+        const int64_t g = task / blocks, c0 = task % blocks * kTopBlock, width = std::min(kTopBlock, C - c0);
+        const int64_t take = std::min<int64_t>(kappa, real[g].size());
+        select_top_block(values + g * n * C + c0, C, width, real[g], take, kappa, state,
+                         out.data() + (g * C + c0) * kappa);
       }
     }
   });

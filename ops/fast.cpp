@@ -13,6 +13,8 @@ namespace cast::ops {
 
 const char* step_name(Step step) {
   switch (step) {
+    case Step::cluster_affinities: return "cluster_affinities";
+    case Step::gated_affinity: return "gated_affinity";
     case Step::full_attention: return "full_attention";
     case Step::intra_cluster_attention: return "intra_cluster_attention";
     case Step::cluster_summaries: return "cluster_summaries";
@@ -59,43 +61,54 @@ Tensor opt(const std::vector<Tensor>& in, size_t i) { return i < in.size() ? in[
 
 const std::vector<FastPath>& fast_paths() {
   static const std::vector<FastPath> table = {
+      {"cluster_affinities_fused", Step::cluster_affinities, "ops/cluster_affinities_fused.cpp",
+       "CPU f32/f64, softmax and Laplace rows", cpu_float,
+       [](const std::vector<Tensor>& in, const StepOptions& o) {
+         return cluster_affinities_fused(at(in, 0), at(in, 1), o.f);
+       }},
+      {"gated_affinity_fused", Step::gated_affinity, "ops/gated_affinity_fused.cpp", "CPU f32/f64", cpu_float,
+       [](const std::vector<Tensor>& in, const StepOptions&) {
+         return gated_affinity_fused(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4));
+       }},
       {"flash_attention", Step::full_attention, "ops/flash_attention.cpp",
        "CPU f32/f64; CUDA f32 with head width up to 128", flash_fits,
-       [](const std::vector<Tensor>& in) { return flash_attention(at(in, 0), at(in, 1), at(in, 2), opt(in, 3)); }},
+       [](const std::vector<Tensor>& in, const StepOptions&) { return flash_attention(at(in, 0), at(in, 1), at(in, 2), opt(in, 3)); }},
       {"intra_cluster_attention_fused", Step::intra_cluster_attention, "ops/intra_cluster_fused.cpp", "CPU f32/f64",
        cpu_float,
-       [](const std::vector<Tensor>& in) {
+       [](const std::vector<Tensor>& in, const StepOptions&) {
          return intra_cluster_attention_fused(at(in, 0), at(in, 1), at(in, 2), at(in, 3));
        }},
       {"intra_cluster_attention_flash", Step::intra_cluster_attention, "ops/intra_cluster_flash.cpp",
        "CUDA f32 with head width up to 128", cuda_flash_fits,
-       [](const std::vector<Tensor>& in) {
+       [](const std::vector<Tensor>& in, const StepOptions&) {
          return intra_cluster_attention_flash(at(in, 0), at(in, 1), at(in, 2), at(in, 3));
        }},
       {"cluster_summaries_fused", Step::cluster_summaries, "ops/summaries_fused.cpp", "CPU f32/f64; CUDA f32",
        summaries_fits,
-       [](const std::vector<Tensor>& in) { return cluster_summaries_fused(at(in, 0), at(in, 1), opt(in, 2)); }},
+       [](const std::vector<Tensor>& in, const StepOptions&) { return cluster_summaries_fused(at(in, 0), at(in, 1), opt(in, 2)); }},
       {"combine_clusters_fused", Step::combine_clusters, "ops/combine_fused.cpp",
        "CPU f32/f64; CUDA f32 with head width up to 128", combine_fits,
-       [](const std::vector<Tensor>& in) {
+       [](const std::vector<Tensor>& in, const StepOptions&) {
          return combine_clusters_fused(at(in, 0), at(in, 1), opt(in, 2), at(in, 3));
        }},
       {"improved_clustered_output_fused", Step::improved_clustered_output, "ops/improved_clustered_fused.cpp",
        "CPU f32/f64", cpu_float,
-       [](const std::vector<Tensor>& in) {
+       [](const std::vector<Tensor>& in, const StepOptions&) {
          return improved_clustered_output_fused(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5));
        }},
       {"improved_clustered_output_topkey", Step::improved_clustered_output, "ops/topkey_attention.cpp",
        "CUDA f32 where a cluster's top-key gradients fit in shared memory", topkey_fits,
-       [](const std::vector<Tensor>& in) {
+       [](const std::vector<Tensor>& in, const StepOptions&) {
          return improved_clustered_output_topkey(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5));
        }},
   };
   return table;
 }
 
-Tensor run_reference(Step step, const std::vector<Tensor>& in) {
+Tensor run_reference(Step step, const std::vector<Tensor>& in, const StepOptions& options) {
   switch (step) {
+    case Step::cluster_affinities: return cluster_affinities(at(in, 0), at(in, 1), options.f);
+    case Step::gated_affinity: return gated_affinity(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4));
     case Step::full_attention: return full_attention(at(in, 0), at(in, 1), at(in, 2), opt(in, 3));
     case Step::intra_cluster_attention: return intra_cluster_attention(at(in, 0), at(in, 1), at(in, 2), at(in, 3));
     case Step::cluster_summaries: return cluster_summaries(at(in, 0), at(in, 1), opt(in, 2));
@@ -111,12 +124,12 @@ const FastPath* choose_path(Step step, bool fast, const StepSizes& sizes) {
   return nullptr;
 }
 
-Tensor run_step(Step step, bool fast, const std::vector<Tensor>& inputs) {
+Tensor run_step(Step step, bool fast, const std::vector<Tensor>& inputs, const StepOptions& options) {
   autograd::StepScope named(step_name(step));
   const FastPath* path = choose_path(step, fast, sizes_of(step, inputs));
-  if (!path) return run_reference(step, inputs);
+  if (!path) return run_reference(step, inputs, options);
   autograd::FastPathScope by(path->name);  // its nodes name it in a trace
-  return path->run(inputs);
+  return path->run(inputs, options);
 }
 
 // ---------------------------------------------------------------- shared input checks
@@ -129,6 +142,33 @@ static void check_heads(const char* op, const Tensor& q, const Tensor& k, const 
   check_same_dtype(op, q, v);
   check_same_device(op, q, k);
   check_same_device(op, q, v);
+}
+
+void check_cluster_affinities_inputs(const char* op, const Tensor& x, const Tensor& s) {
+  check_float(op, x, "x");
+  check_ndim(op, x, 4, "x");
+  check_ndim(op, s, 3, "surrogates");
+  check_same_dtype(op, x, s);
+  check_same_device(op, x, s);
+  CAST_CHECK(s.dim(0) == x.dim(1) && s.dim(2) == x.dim(3), "{}: surrogates {} do not fit x {} (want [{}, C, {}])", op,
+             s.describe(), x.describe(), x.dim(1), x.dim(3));
+}
+
+void check_gated_affinity_inputs(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
+                                 const Tensor& a_q, const Tensor& a_k) {
+  check_float(op, x, "x");
+  check_ndim(op, x, 3, "x");
+  check_ndim(op, a_q, 4, "a_q");
+  check_same_shape(op, a_q, a_k);
+  for (const Tensor* t : {&gate_w, &gate_b, &a_q, &a_k}) {
+    check_same_dtype(op, x, *t);
+    check_same_device(op, x, *t);
+  }
+  const int64_t B = x.dim(0), N = x.dim(1), D = x.dim(2), G = a_q.dim(1);
+  CAST_CHECK(a_q.dim(0) == B && a_q.dim(2) == N, "{}: a_q {} does not fit x {} (want [{}, G, {}, C])", op,
+             a_q.describe(), x.describe(), B, N);
+  CAST_CHECK(gate_w.shape() == (Shape{D, G}) && gate_b.shape() == Shape{G},
+             "{}: gate_w {} and gate_b {} must be [{}, {}] and [{}]", op, gate_w.describe(), gate_b.describe(), D, G, G);
 }
 
 void check_intra_cluster_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -7,6 +7,8 @@
 // in its own file, with its own node and backward:
 //
 //   step (reference)           fast path                          file (in ops/)                where
+//   cluster_affinities         cluster_affinities_fused           cluster_affinities_fused.cpp  CPU
+//   gated_affinity             gated_affinity_fused               gated_affinity_fused.cpp      CPU
 //   full_attention             flash_attention                    flash_attention.cpp           CPU; CUDA f32, d ≤ 128
 //   intra_cluster_attention    intra_cluster_attention_fused      intra_cluster_fused.cpp       CPU
 //                              intra_cluster_attention_flash      intra_cluster_flash.cpp       CUDA f32, d ≤ 128
@@ -22,19 +24,22 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/attention.h"
 #include "tensor/tensor.h"
 
 namespace cast::ops {
 
 // The steps that have fast paths, named by their reference op. Their inputs, in order:
 enum class Step {
+  cluster_affinities,         // x (B, G, N, w), s (G, C, w); options.f
+  gated_affinity,             // x (B, N, D), gate_w (D, G), gate_b (G), a_q, a_k (B, G, N, C)
   full_attention,             // q (B, H, M, d), k, v (B, H, N, d), mask (B, N) or undefined
   intra_cluster_attention,    // q, k, v (B, H, N, d), members (B, H, C, κ) i32
   cluster_summaries,          // a_k (B, H, N, C), v (B, H, N, d), mask (B, N) or undefined
   combine_clusters,           // w (B, H, N, C), r_intra (B, H, C, κ, d), r_inter (B, H, C, d) or undefined, members
   improved_clustered_output,  // q, k, v (B, H, N, d), a_c (B, H, C, N), top_keys (B, H, C, k), assignment (B, H, N)
 };
-constexpr Step kSteps[] = {Step::full_attention, Step::intra_cluster_attention, Step::cluster_summaries,
+constexpr Step kSteps[] = {Step::cluster_affinities,    Step::gated_affinity, Step::full_attention, Step::intra_cluster_attention, Step::cluster_summaries,
                            Step::combine_clusters, Step::improved_clustered_output};
 const char* step_name(Step step);
 
@@ -47,7 +52,12 @@ struct StepSizes {
 };
 StepSizes sizes_of(Step step, const std::vector<Tensor>& inputs);
 
-using StepFn = Tensor (*)(const std::vector<Tensor>& inputs);
+// What a step takes besides its tensors.
+struct StepOptions {
+  AttentionFn f = AttentionFn::softmax;  // cluster_affinities: the softmax or the Laplace rows
+};
+
+using StepFn = Tensor (*)(const std::vector<Tensor>& inputs, const StepOptions& options);
 
 struct FastPath {
   const char* name;      // the op
@@ -60,13 +70,16 @@ struct FastPath {
 
 const std::vector<FastPath>& fast_paths();
 // The reference op of a step, through the same interface.
-Tensor run_reference(Step step, const std::vector<Tensor>& inputs);
+Tensor run_reference(Step step, const std::vector<Tensor>& inputs, const StepOptions& options = {});
 // The fast path `run_step` takes for these sizes, or nullptr for the reference.
 const FastPath* choose_path(Step step, bool fast, const StepSizes& sizes);
 // Runs the step: its first fitting fast path when `fast`, else the reference.
-Tensor run_step(Step step, bool fast, const std::vector<Tensor>& inputs);
+Tensor run_step(Step step, bool fast, const std::vector<Tensor>& inputs, const StepOptions& options = {});
 
 // ---------------------------------------------------------------- the fast ops
+Tensor cluster_affinities_fused(const Tensor& x, const Tensor& s, AttentionFn f);
+Tensor gated_affinity_fused(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& a_q,
+                            const Tensor& a_k);
 // flash_attention: ops/flash_attention.h.
 Tensor intra_cluster_attention_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& members);
 Tensor intra_cluster_attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& members);
@@ -78,6 +91,9 @@ Tensor improved_clustered_output_topkey(const Tensor& q, const Tensor& k, const 
                                         const Tensor& top_keys, const Tensor& assignment);
 
 // Input checks the fast ops share (the reference ops check as they compose).
+void check_cluster_affinities_inputs(const char* op, const Tensor& x, const Tensor& s);
+void check_gated_affinity_inputs(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
+                                 const Tensor& a_q, const Tensor& a_k);
 void check_intra_cluster_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& members);
 void check_improved_clustered_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,

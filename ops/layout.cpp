@@ -18,7 +18,7 @@ struct ReshapeNode final : autograd::Node {
   Tensor x;  // input; the gradient is viewed back to its shape
   const char* name() const override { return "reshape"; }
   void fields(autograd::FieldVisitor& visit) const override { visit.input("x", x); }
-  void backward() override { autograd::accumulate(x, outputs[0].grad().view(x.shape())); }
+  void backward() override { autograd::accumulate_reshaped(x, outputs[0]); }
 };
 
 Tensor reshape(const Tensor& x, const Shape& shape) {

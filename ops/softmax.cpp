@@ -34,11 +34,11 @@ MaskRows mask_rows(const char* op, const Tensor& x, const Tensor& mask) {
 // One row: masked entries are set to −∞ first, so the max, exp and sum loops run without a
 // test per element and vectorise (ops/fast_math.h). A fully masked row gives zeros.
 template <class T>
-static void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log) {
+void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log) {
   const T minus_inf = -std::numeric_limits<T>::infinity();
   if (mask)
     for (int64_t j = 0; j < n; ++j) y[j] = mask[j] != T(0) ? x[j] : minus_inf;
-  else std::copy(x, x + n, y);
+  else if (y != x) std::copy(x, x + n, y);
   const T mx = max_of(y, n);  // NaN compares false: an all-NaN row also gives −∞ here
   if (mx == minus_inf) {
     bool nan = false;
@@ -77,7 +77,7 @@ void softmax_forward(Tensor& y, const Tensor& x, const Tensor& mask, bool log) {
 // One row's gradient, added to dr. A plain function: the unmasked softmax's update loop then
 // vectorises (written inside the parallel region's body, GCC kept it scalar).
 template <class T>
-static void softmax_row_backward(T* dr, const T* gr, const T* yr, const T* mr, int64_t n, bool log) {
+void softmax_row_backward(T* dr, const T* gr, const T* yr, const T* mr, int64_t n, bool log) {
   T dot = 0;  // softmax: Σ y·dy ; log-softmax: Σ dy
   if (!mr && !log) {
     for (int64_t j = 0; j < n; ++j) dot += yr[j] * gr[j];
@@ -95,6 +95,11 @@ static void softmax_row_backward(T* dr, const T* gr, const T* yr, const T* mr, i
     dr[j] += log ? gr[j] - std::exp(yr[j]) * dot : softmax_rule::score_gradient(yr[j], gr[j], dot);
   }
 }
+
+template void softmax_row<float>(float*, const float*, const float*, int64_t, bool);
+template void softmax_row<double>(double*, const double*, const double*, int64_t, bool);
+template void softmax_row_backward<float>(float*, const float*, const float*, const float*, int64_t, bool);
+template void softmax_row_backward<double>(double*, const double*, const double*, const double*, int64_t, bool);
 
 void softmax_backward(Tensor& dx, const Tensor& dy, const Tensor& y, const Tensor& mask, bool log) {
   const char* op = log ? "log_softmax" : "softmax";

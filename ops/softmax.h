@@ -18,6 +18,14 @@ void softmax_forward(Tensor& y, const Tensor& x, const Tensor& mask, bool log);
 // dx += softmax'(x)ᵀ dy, from the saved output y (softmax or log-softmax)
 void softmax_backward(Tensor& dx, const Tensor& dy, const Tensor& y, const Tensor& mask, bool log);
 
+// The CPU's row forms, for fused kernels that end in a softmax over rows they computed
+// themselves: one row y = softmax(x) (x may be y for the softmax, not the log-softmax), and one
+// row's gradient added to dr, from the saved output yr. mask: the row's mask or nullptr.
+template <class T>
+void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log);
+template <class T>
+void softmax_row_backward(T* dr, const T* gr, const T* yr, const T* mr, int64_t n, bool log);
+
 Tensor softmax(const Tensor& x, const Tensor& mask = Tensor());
 Tensor log_softmax(const Tensor& x, const Tensor& mask = Tensor());
 

@@ -38,6 +38,7 @@ struct Draw {
 struct Case {
   std::vector<Tensor> inputs;  // on the CPU; float inputs require gradients
   std::string label;
+  ops::StepOptions options = {};
 };
 
 Tensor leaf(const Shape& shape, uint64_t seed, DType dtype, double lo = -2.0, double hi = 2.0) {
@@ -51,6 +52,23 @@ Tensor padding_mask(Draw& r, int64_t B, int64_t N, DType dtype) {
   for (int64_t b = 0; b < B; ++b)
     padding.push_back(b == B - 1 && B > 1 && r.seed % 2 == 1 ? N : r.between(0, std::max<int64_t>(N / 2, 0)));
   return tail_mask(N, padding, dtype);
+}
+
+Case affinities_case(Draw& r, DType t) {
+  const int64_t B = r.between(1, 2), G = r.between(1, 3), N = r.small() ? 1 : r.between(2, 700);
+  const int64_t C = r.small() ? 1 : r.between(2, 40), w = r.small() ? 1 : r.between(2, 40);
+  const ops::AttentionFn f = r.seed % 2 == 0 ? ops::AttentionFn::softmax : ops::AttentionFn::laplace;
+  return {{leaf({B, G, N, w}, r.seed + 1, t), leaf({G, C, w}, r.seed + 2, t)},
+          fmt::format("B{} G{} N{} C{} w{} {}", B, G, N, C, w, f == ops::AttentionFn::softmax ? "softmax" : "laplace"),
+          {f}};
+}
+
+Case gated_affinity_case(Draw& r, DType t) {
+  const int64_t B = r.between(1, 3), G = r.between(1, 3), N = r.small() ? 1 : r.between(2, 600);
+  const int64_t C = r.small() ? 1 : r.between(2, 20), D = r.small() ? 1 : r.between(2, 40);
+  return {{leaf({B, N, D}, r.seed + 1, t), leaf({D, G}, r.seed + 2, t), leaf({G}, r.seed + 3, t),
+           leaf({B, G, N, C}, r.seed + 4, t, 0.0, 1.0), leaf({B, G, N, C}, r.seed + 5, t, 0.0, 1.0)},
+          fmt::format("B{} G{} N{} C{} D{}", B, G, N, C, D)};
 }
 
 Case full_attention_case(Draw& r, DType t) {
@@ -101,6 +119,7 @@ Case improved_case(Draw& r, DType t) {
 
 using MakeCase = Case (*)(Draw&, DType);
 const std::map<ops::Step, MakeCase> kCases = {
+    {ops::Step::cluster_affinities, affinities_case},      {ops::Step::gated_affinity, gated_affinity_case},
     {ops::Step::full_attention, full_attention_case},      {ops::Step::intra_cluster_attention, intra_cluster_case},
     {ops::Step::cluster_summaries, summaries_case},        {ops::Step::combine_clusters, combine_case},
     {ops::Step::improved_clustered_output, improved_case},
@@ -135,9 +154,9 @@ PathRun run_once(const std::function<Tensor(const std::vector<Tensor>&)>& fn, co
 }
 
 // The output's shape, from a forward that records nothing.
-Shape reference_shape(ops::Step step, const std::vector<Tensor>& inputs) {
+Shape reference_shape(ops::Step step, const Case& c) {
   autograd::NoGradGuard no_grad;
-  return ops::run_reference(step, inputs).shape();
+  return ops::run_reference(step, c.inputs, c.options).shape();
 }
 
 class FastPathAgainstReference : public ::testing::TestWithParam<size_t> {};
@@ -161,10 +180,12 @@ TEST_P(FastPathAgainstReference, ValuesAndEveryGradient) {
                                  c.label));
         ASSERT_EQ(ops::choose_path(path.step, true, sizes), &path)
             << "an earlier registered path of the same step takes these inputs: this one would never run";
-        const Tensor dout = Tensor::uniform(reference_shape(path.step, c.inputs), 77 + seed, 0, -1.0, 1.0, DType::f64);
-        const PathRun want = run_once([&](const std::vector<Tensor>& x) { return ops::run_reference(path.step, x); },
-                                      c.inputs, device, dout);
-        const PathRun got = run_once(path.run, c.inputs, device, dout);
+        const Tensor dout = Tensor::uniform(reference_shape(path.step, c), 77 + seed, 0, -1.0, 1.0, DType::f64);
+        const PathRun want = run_once(
+            [&](const std::vector<Tensor>& x) { return ops::run_reference(path.step, x, c.options); }, c.inputs,
+            device, dout);
+        const PathRun got =
+            run_once([&](const std::vector<Tensor>& x) { return path.run(x, c.options); }, c.inputs, device, dout);
         const double rtol = dtype == DType::f32 ? 1e-4 : 1e-10, atol = dtype == DType::f32 ? 1e-5 : 1e-12;
         expect_close_per_element(got.out, want.out, rtol, atol, "output");
         for (size_t i = 0; i < c.inputs.size(); ++i)

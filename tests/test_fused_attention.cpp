@@ -278,3 +278,18 @@ TEST(ImprovedClusteredFused, RefusesAKeyListedTwiceInACluster) {
   EXPECT_CAST_ERROR(ops::improved_clustered_output_fused(x, x, x, Tensor::full({1, 1, 2, 4}, 0.25), top, assign),
                     "improved_clustered_output_fused: cluster 1 of head row 0 lists key 3 twice");
 }
+
+TEST(ClusterAffinitiesFusedGrad, FiniteDifferences) {
+  // B 2, G 2, N 5, C 3, w 4: the softmax rows and the Laplace rows, gradients of X and S
+  for (ops::AttentionFn f : {ops::AttentionFn::softmax, ops::AttentionFn::laplace})
+    EXPECT_GRADCHECK([f](const Inputs& x) { return ops::cluster_affinities_fused(x[0], x[1], f); },
+                     (Inputs{param({2, 2, 5, 4}, 61), param({2, 3, 4}, 62)}));
+}
+
+TEST(GatedAffinityFusedGrad, FiniteDifferences) {
+  // B 2, N 5, D 4, G 3, C 3: the gradients of X, W_φ, b_φ, A_q and A_k
+  EXPECT_GRADCHECK(
+      [](const Inputs& x) { return ops::gated_affinity_fused(x[0], x[1], x[2], x[3], x[4]); },
+      (Inputs{param({2, 5, 4}, 63), param({4, 3}, 64), param({3}, 65), param({2, 3, 5, 3}, 66, 0.0, 1.0),
+              param({2, 3, 5, 3}, 67, 0.0, 1.0)}));
+}

@@ -165,7 +165,7 @@ TEST(LayerCommand, TraceWritesJsonLines) {
   EXPECT_EQ(last["phase"], "totals");
   EXPECT_EQ(last["nodes"], phases["forward"]);
   EXPECT_GT(last["saved_bytes"].get<int64_t>(), 0);
-  EXPECT_EQ(steps.size(), 9u);  // steps 1 and 2 twice (queries, keys), then steps 3 to 7
+  EXPECT_EQ(steps.size(), 6u);  // steps 1–2 (twice in a row, queries then keys, counted once), then 3 to 7
   // The trace file is never an input or the output, however the output is spelled, and also
   // when the output does not exist yet.
   const std::string fresh = temp_file("trace_fresh.safetensors");

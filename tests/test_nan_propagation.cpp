@@ -249,3 +249,30 @@ TEST(NanPropagation, SummariesAndCombineFusedAsTheReference) {
     compare_nans(combine, {with_nan(w, 13 * C), r_intra, r_inter}, t + " combine: NaN in an outsider's weight");
   }
 }
+
+TEST(NanPropagation, AffinitiesAndGateFusedAsTheReference) {
+  const int64_t B = 1, G = 2, N = 9, C = 3, w = 4, D = 5;
+  for (DType dt : {DType::f32, DType::f64}) {
+    const std::string t = dtype_name(dt);
+    const Tensor x = uniform({B, G, N, w}, 12, dt), s = uniform({G, C, w}, 13, dt);
+    for (ops::AttentionFn f : {ops::AttentionFn::softmax, ops::AttentionFn::laplace}) {
+      const std::string what = t + (f == ops::AttentionFn::softmax ? " softmax" : " laplace");
+      auto affinities = [f](const Inputs& in, bool fused) {
+        return fused ? ops::cluster_affinities_fused(in[0], in[1], f) : ops::cluster_affinities(in[0], in[1], f);
+      };
+      EXPECT_GT(compare_nans(affinities, {with_nan(x, 3 * w + 1), s}, what + " affinities: NaN in a token"), 0);
+      EXPECT_GT(compare_nans(affinities, {x, with_nan(s, C * w + 2)}, what + " affinities: NaN in a surrogate"), 0);
+    }
+    const Tensor xs = uniform({B, N, D}, 14, dt), gate_w = uniform({D, G}, 15, dt), gate_b = uniform({G}, 16, dt);
+    const Tensor a_q = Tensor::uniform({B, G, N, C}, 17, 0, 0.0, 1.0, dt).set_requires_grad();
+    const Tensor a_k = Tensor::uniform({B, G, N, C}, 18, 0, 0.0, 1.0, dt).set_requires_grad();
+    auto gate = [](const Inputs& in, bool fused) {
+      return fused ? ops::gated_affinity_fused(in[0], in[1], in[2], in[3], in[4])
+                   : ops::gated_affinity(in[0], in[1], in[2], in[3], in[4]);
+    };
+    EXPECT_GT(compare_nans(gate, {with_nan(xs, 2 * D + 1), gate_w, gate_b, a_q, a_k}, t + " gate: NaN in x"), 0);
+    EXPECT_GT(compare_nans(gate, {xs, with_nan(gate_w, 1), gate_b, a_q, a_k}, t + " gate: NaN in W"), 0);
+    EXPECT_GT(compare_nans(gate, {xs, gate_w, gate_b, with_nan(a_q, N * C + 4), a_k}, t + " gate: NaN in A_q"), 0);
+    EXPECT_GT(compare_nans(gate, {xs, gate_w, gate_b, a_q, with_nan(a_k, 5)}, t + " gate: NaN in A_k"), 0);
+  }
+}

@@ -192,6 +192,25 @@ TEST(Autograd, ShapeCheckedAccumulation) {
   EXPECT_CAST_ERROR(autograd::accumulate(x, Tensor::zeros({3, 2}, DType::f64)), "does not match");
 }
 
+// A reshape's backward hands its output's gradient buffer to the input instead of copying it,
+// but only a buffer that backward() releases: the root's gradient stays the caller's own, and
+// a later gradient added into the input never shows in it.
+TEST(Autograd, ReshapeTakesOverOnlyAReleasedGradient) {
+  Tensor x = param({2, 3}, 5);
+  Tensor y = ops::reshape(x, {3, 2});
+  const Tensor dy = Tensor::from_vector<double>({1, 2, 3, 4, 5, 6}, {3, 2});
+  autograd::backward(y, dy);
+  expect_values(x.grad(), {1, 2, 3, 4, 5, 6});
+  EXPECT_NE(x.grad().raw_data(), y.grad().raw_data());
+  autograd::backward(ops::sum_all(ops::scale(x, 1.0)));  // adds 1 into x's gradient
+  expect_values(y.grad(), {1, 2, 3, 4, 5, 6});
+  // inside a graph, with x reaching the loss twice: the reshaped path's buffer becomes x's
+  // gradient, and the other path adds into it
+  Tensor z = param({2, 3}, 6);
+  autograd::backward(ops::sum_all(ops::add(ops::scale(ops::reshape(z, {6}), 2.0), ops::reshape(ops::scale(z, 3.0), {6}))));
+  expect_values(z.grad(), {5, 5, 5, 5, 5, 5});
+}
+
 // ---------------------------------------------------------------- bad calls
 TEST(Errors, ShapeMismatchNamesTheOp) {
   EXPECT_CAST_ERROR(ops::matmul(Tensor::zeros({2, 3}), Tensor::zeros({4, 5})), "matmul");
