@@ -6,6 +6,7 @@
 #include "autograd/trace.h"
 #include "ops/clustering.h"
 #include "ops/fast.h"
+#include "ops/head_projections.h"
 #include "ops/ops.h"
 
 namespace cast::nn {
@@ -53,6 +54,7 @@ std::vector<std::string> step_implementations(const AttentionConfig& c, Device d
     const ops::FastPath* path = ops::choose_path(s, c.fused, sizes);
     names.push_back(path ? path->name : fmt::format("{} (reference)", ops::step_name(s)));
   }
+  if (c.fused) names.insert(names.end(), {"project_heads", "merge_heads_project"});  // Attention::forward
   return names;
 }
 
@@ -108,9 +110,15 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
   if (mask.defined())
     CAST_CHECK(mask.shape() == (Shape{x.dim(0), x.dim(1)}) && mask.dtype() == x.dtype(),
                "attention: mask {} must be {}[{}, {}]", mask.describe(), dtype_name(x.dtype()), x.dim(0), x.dim(1));
-  Tensor q = split_heads(ops::matmul(x, params_.at("wq")), config_.heads);
-  Tensor k = split_heads(ops::matmul(x, params_.at("wk")), config_.heads);
-  Tensor v = split_heads(ops::matmul(x, params_.at("wv")), config_.heads);
+  // With fast paths on, each projection and its split into heads is one node that keeps the heads
+  // only (ops/head_projections.h); the reference records the product and the permute apart.
+  const bool heads_in_one_node = config_.fused;
+  auto project = [&](const char* w) {
+    if (!heads_in_one_node) return split_heads(ops::matmul(x, params_.at(w)), config_.heads);
+    autograd::FastPathScope by("project_heads");
+    return ops::project_heads(x, params_.at(w), config_.heads);
+  };
+  Tensor q = project("wq"), k = project("wk"), v = project("wv");
   AttentionOutput result;
   Tensor heads_out;
   switch (config_.mechanism) {
@@ -125,7 +133,12 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
       break;
   }
   ++forward_calls_;
-  result.out = ops::matmul(merge_heads(heads_out), params_.at("wo"));
+  if (heads_in_one_node) {
+    autograd::FastPathScope by("merge_heads_project");
+    result.out = ops::merge_heads_project(heads_out, params_.at("wo"));
+  } else {
+    result.out = ops::matmul(merge_heads(heads_out), params_.at("wo"));
+  }
   if (mask.defined()) result.out = ops::mul(result.out, ops::reshape(mask, {x.dim(0), x.dim(1), 1}));
   return result;
 }

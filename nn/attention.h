@@ -43,7 +43,8 @@ const char* mechanism_name(Mechanism m);
 int64_t default_clusters(int64_t n);  // ⌈√N⌉ rounded up to a multiple of 8
 // The steps with fast paths (ops/fast.h) that a layer of this config runs, in order, and the
 // implementation each takes on `device` for f32 inputs: a fast path's name, or the step's name
-// followed by " (reference)". What `cast bench` prints, from the registry the layer asks.
+// followed by " (reference)", then the one-node head projections when fast paths are on
+// (ops/head_projections.h). What `cast bench` prints, from the registry the layer asks.
 std::vector<ops::Step> fast_path_steps(const AttentionConfig& config);
 std::vector<std::string> step_implementations(const AttentionConfig& config, Device device);
 

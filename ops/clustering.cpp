@@ -80,16 +80,18 @@ void check_device_inputs(const char* op, const Tensor& x, const Tensor& mask) {
 //
 // The affinities are stored token-major, C apart, so the block's columns (up to 16: one cache
 // line of a row) are read side by side in two passes over the group's rows, without a copy.
-// Pass 1 keeps each column's take largest numbers in a min-heap; a row is looked at closely only
-// where one of its values is not below its column's least kept number, which after the first
-// few hundred rows is rare and predicted (nth_element's partitioning mispredicted every other
-// comparison). Pass 2 writes the members.
+// Pass 1 keeps for each column candidates for its take largest numbers: every number above a
+// bar, which starts open and, each time 2·take candidates have piled up, is raised to the
+// take-th largest of them (nth_element on 2·take numbers, the other half dropped). A row is
+// looked at closely only where one of its values clears its column's bar, which after the first
+// few hundred rows is rare and predicted; a heap paid a sift for every such value instead.
+// Pass 2 writes the members.
 constexpr int64_t kTopBlock = 16;
 
 template <class T>
 struct TopColumns {
-  std::vector<T> heaps;  // (width, take): each column's take largest numbers, least first once full
-  std::array<T, kTopBlock> least{};    // the least kept number of a full heap, NaN before it is full
+  std::vector<T> candidates;              // (width, 2·take)
+  std::array<T, kTopBlock> bar{};         // NaN while open: every number is a candidate
   std::array<int64_t, kTopBlock> kept{}, nans{};
 };
 
@@ -97,37 +99,36 @@ template <class T>
 void select_top_block(const T* rows, int64_t C, int64_t width, const std::vector<int32_t>& real, int64_t take,
                       int64_t kappa, TopColumns<T>& st, int32_t* members) {
   if (take == 0) return;
-  st.heaps.resize(width * take);
-  for (int64_t c = 0; c < width; ++c) st.least[c] = std::numeric_limits<T>::quiet_NaN(), st.kept[c] = st.nans[c] = 0;
+  st.candidates.resize(width * 2 * take);
+  for (int64_t c = 0; c < width; ++c) st.bar[c] = std::numeric_limits<T>::quiet_NaN(), st.kept[c] = st.nans[c] = 0;
   for (int32_t i : real) {
     const T* row = rows + i * C;
-    bool look = false;
-    for (int64_t c = 0; c < width; ++c) look |= !(row[c] < st.least[c]);  // NaN in either: look
-    if (!look) continue;
-    for (int64_t c = 0; c < width; ++c) {
+    uint32_t look = 0;  // the columns whose value clears the bar or is NaN: a mask without branches
+    for (int64_t c = 0; c < width; ++c) look |= static_cast<uint32_t>(!(row[c] <= st.bar[c])) << c;
+    for (; look != 0; look &= look - 1) {
+      const int c = std::countr_zero(look);
       const T x = row[c];
-      T* heap = st.heaps.data() + c * take;
       if (x != x) {
         ++st.nans[c];
-      } else if (st.kept[c] < take) {
-        heap[st.kept[c]++] = x;
-        if (st.kept[c] == take) std::make_heap(heap, heap + take, std::greater<T>()), st.least[c] = heap[0];
-      } else if (x > heap[0]) {
-        std::pop_heap(heap, heap + take, std::greater<T>());
-        heap[take - 1] = x;
-        std::push_heap(heap, heap + take, std::greater<T>());
-        st.least[c] = heap[0];
+      } else {
+        T* cand = st.candidates.data() + c * 2 * take;
+        cand[st.kept[c]++] = x;
+        if (st.kept[c] == 2 * take) {
+          std::nth_element(cand, cand + take - 1, cand + 2 * take, std::greater<T>());
+          st.bar[c] = cand[take - 1], st.kept[c] = take;
+        }
       }
     }
   }
   std::array<T, kTopBlock> threshold{};
   std::array<int64_t, kTopBlock> equal_left{}, nan_left{}, slot{};
   for (int64_t c = 0; c < width; ++c) {
-    const T* heap = st.heaps.data() + c * take;
-    if (st.kept[c] == take) {  // at least take numbers: the take-th largest is the heap's least
-      threshold[c] = heap[0];
+    T* cand = st.candidates.data() + c * 2 * take;
+    if (st.kept[c] >= take) {  // at least take numbers: the take-th largest of the candidates
+      std::nth_element(cand, cand + take - 1, cand + st.kept[c], std::greater<T>());
+      threshold[c] = cand[take - 1];
       int64_t above = 0;
-      for (int64_t e = 0; e < take; ++e) above += heap[e] > threshold[c];
+      for (int64_t e = 0; e < take; ++e) above += cand[e] > threshold[c];
       equal_left[c] = take - above;
     } else {  // every number is taken, then NaNs
       threshold[c] = -std::numeric_limits<T>::infinity();
@@ -137,10 +138,10 @@ void select_top_block(const T* rows, int64_t C, int64_t width, const std::vector
   }
   for (int32_t i : real) {
     const T* row = rows + i * C;
-    bool look = false;
-    for (int64_t c = 0; c < width; ++c) look |= !(row[c] < threshold[c]);
-    if (!look) continue;
-    for (int64_t c = 0; c < width; ++c) {
+    uint32_t look = 0;
+    for (int64_t c = 0; c < width; ++c) look |= static_cast<uint32_t>(!(row[c] < threshold[c])) << c;
+    for (; look != 0; look &= look - 1) {
+      const int c = std::countr_zero(look);
       const T x = row[c];
       int32_t* out = members + c * kappa;
       if (x != x) {

@@ -33,10 +33,13 @@ void sparse_forward_cpu(T* out, const T* w, const T* intra, const T* inter, cons
         const T* r = intra + slot * d;
         const T* r0 = inter ? inter + (bh * C + c) * d : nullptr;
         T* o = out + (bh * N + i) * d;
-        if (r0)
+        if (r0) {
+#pragma omp simd
           for (int64_t e = 0; e < d; ++e) o[e] += wi * (r[e] - r0[e]);
-        else
+        } else {
+#pragma omp simd
           for (int64_t e = 0; e < d; ++e) o[e] += wi * r[e];
+        }
       }
 }
 
@@ -56,15 +59,25 @@ void sparse_backward_cpu(T* dw, T* dintra, T* dinter, const T* dout, const T* w,
         const T wi = w[(bh * N + i) * C + c];
         const T* g = dout + (bh * N + i) * d;
         const T* r = intra + slot * d;
-        if (dw) {
+        if (dw) {  // a vector sum: the scalar chain of adds waited on each add's latency
           T part = 0;
-          for (int64_t e = 0; e < d; ++e) part += g[e] * (r[e] - (r0 ? r0[e] : T(0)));
+          if (r0) {
+#pragma omp simd reduction(+ : part)
+            for (int64_t e = 0; e < d; ++e) part += g[e] * (r[e] - r0[e]);
+          } else {
+#pragma omp simd reduction(+ : part)
+            for (int64_t e = 0; e < d; ++e) part += g[e] * r[e];
+          }
           dw[(bh * N + i) * C + c] += part;
         }
-        if (dintra)
+        if (dintra) {
+#pragma omp simd
           for (int64_t e = 0; e < d; ++e) dintra[slot * d + e] += wi * g[e];
-        if (dr0)
+        }
+        if (dr0) {
+#pragma omp simd
           for (int64_t e = 0; e < d; ++e) dr0[e] -= wi * g[e];
+        }
       }
     }
 }
@@ -102,13 +115,14 @@ struct CombineFusedNode final : autograd::Node {
   void backward() override {
     const int64_t BH = members.dim(0), N = w.dim(2), C = w.dim(3), kappa = r_intra.dim(3), d = r_intra.dim(4);
     const Tensor& dout = outputs[0].grad();  // (B, H, N, d)
+    bool fresh = false;  // a first gradient is written by the product, not added to zeros
     if (r_inter.defined() && w.requires_grad()) {
-      Tensor dw = w.grad_accumulator();
-      gemm(dw, dout, r_inter, false, true, 1.0, 1.0, matmul_shape(dout, r_inter, false, true));  // dW += dO R_interᵀ
+      Tensor dw = w.grad_buffer(&fresh);
+      gemm(dw, dout, r_inter, false, true, 1.0, fresh ? 0.0 : 1.0, matmul_shape(dout, r_inter, false, true));  // dO R_interᵀ
     }
     if (r_inter.defined() && r_inter.requires_grad()) {
-      Tensor dr = r_inter.grad_accumulator();
-      gemm(dr, w, dout, true, false, 1.0, 1.0, matmul_shape(w, dout, true, false));  // dR_inter += Wᵀ dO
+      Tensor dr = r_inter.grad_buffer(&fresh);
+      gemm(dr, w, dout, true, false, 1.0, fresh ? 0.0 : 1.0, matmul_shape(w, dout, true, false));  // Wᵀ dO
     }
     Tensor dw = w.requires_grad() ? w.grad_accumulator().view({BH, N, C}) : Tensor();
     Tensor dintra = r_intra.requires_grad() ? r_intra.grad_accumulator().view({BH, C, kappa, d}) : Tensor();

@@ -101,8 +101,9 @@ struct PermuteNode final : autograd::Node {
   const char* name() const override { return "permute"; }
   void fields(autograd::FieldVisitor& visit) const override { visit.input("x", x); }
   void backward() override {
-    Tensor dx = x.grad_accumulator();
-    permute_backward(dx, outputs[0].grad(), perm);
+    bool fresh = false;  // a first gradient is written, not added to zeros
+    Tensor dx = x.grad_buffer(&fresh);
+    permute_forward(dx, outputs[0].grad(), inverse_perm(perm), /*accumulate=*/!fresh);
   }
 };
 

@@ -186,17 +186,18 @@ void matmul_forward(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool t
   gemm(c, a, b, ta, tb, 1.0, 0.0, s);
 }
 
-void matmul_backward(Tensor* da, Tensor* db, const Tensor& dc, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+void matmul_backward(Tensor* da, Tensor* db, const Tensor& dc, const Tensor& a, const Tensor& b, bool ta, bool tb,
+                     double beta_a, double beta_b) {
   GemmShape s = matmul_shape(a, b, ta, tb);
   if (da) {
     // d op(a) = dc op(b)ᵀ : (m, k). Stored transposed when ta.
-    if (!ta) gemm(*da, dc, b, false, !tb, 1.0, 1.0, GemmShape{s.batch, s.m, s.k, s.n});
-    else gemm(*da, b, dc, tb, true, 1.0, 1.0, GemmShape{s.batch, s.k, s.m, s.n});
+    if (!ta) gemm(*da, dc, b, false, !tb, 1.0, beta_a, GemmShape{s.batch, s.m, s.k, s.n});
+    else gemm(*da, b, dc, tb, true, 1.0, beta_a, GemmShape{s.batch, s.k, s.m, s.n});
   }
   if (db) {
     // d op(b) = op(a)ᵀ dc : (k, n). Stored transposed when tb.
-    if (!tb) gemm(*db, a, dc, !ta, false, 1.0, 1.0, GemmShape{s.batch, s.k, s.n, s.m});
-    else gemm(*db, dc, a, true, ta, 1.0, 1.0, GemmShape{s.batch, s.n, s.k, s.m});
+    if (!tb) gemm(*db, a, dc, !ta, false, 1.0, beta_b, GemmShape{s.batch, s.k, s.n, s.m});
+    else gemm(*db, dc, a, true, ta, 1.0, beta_b, GemmShape{s.batch, s.n, s.k, s.m});
   }
 }
 
@@ -210,10 +211,11 @@ struct MatmulNode final : autograd::Node {
     visit.input("b", b);
   }
   void backward() override {
-    Tensor da = a.requires_grad() ? a.grad_accumulator() : Tensor();
-    Tensor db = b.requires_grad() ? b.grad_accumulator() : Tensor();
+    bool fresh_a = false, fresh_b = false;  // a first gradient is written, not added to zeros
+    Tensor da = a.requires_grad() ? a.grad_buffer(&fresh_a) : Tensor();
+    Tensor db = b.requires_grad() ? b.grad_buffer(&fresh_b) : Tensor();
     matmul_backward(da.defined() ? &da : nullptr, db.defined() ? &db : nullptr, outputs[0].grad(), a, b, trans_a,
-                    trans_b);
+                    trans_b, fresh_a ? 0.0 : 1.0, fresh_b ? 0.0 : 1.0);
   }
 };
 

@@ -26,9 +26,10 @@ GemmShape matmul_shape(const Tensor& a, const Tensor& b, bool trans_a, bool tran
 // product per batch row would leave most of the GPU idle.
 void gemm_sum_over_batch(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha);
 void matmul_forward(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
-// da += dc op(b)ᵀ (arranged for trans_a), db += op(a)ᵀ dc (arranged for trans_b).
+// da = dc op(b)ᵀ + beta_a da (arranged for trans_a), db = op(a)ᵀ dc + beta_b db (arranged for
+// trans_b): beta 1 adds into the gradients, beta 0 writes a fresh buffer.
 void matmul_backward(Tensor* da, Tensor* db, const Tensor& dc, const Tensor& a, const Tensor& b, bool trans_a,
-                     bool trans_b);
+                     bool trans_b, double beta_a = 1.0, double beta_b = 1.0);
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 

@@ -95,8 +95,9 @@ struct SummariesFusedNode final : autograd::Node {
   void backward() override {
     const Tensor& dr = outputs[0].grad();  // (B, H, C, d)
     if (v.requires_grad()) {
-      Tensor dv = v.grad_accumulator();
-      gemm(dv, p, dr, false, false, 1.0, 1.0, matmul_shape(p, dr, false, false));  // dV += P dR
+      bool fresh = false;  // a first gradient is written by the product, not added to zeros
+      Tensor dv = v.grad_buffer(&fresh);
+      gemm(dv, p, dr, false, false, 1.0, fresh ? 0.0 : 1.0, matmul_shape(p, dr, false, false));  // dV (+)= P dR
     }
     if (!a_k.requires_grad()) return;
     const int64_t BH = a_k.dim(0) * a_k.dim(1), N = a_k.dim(2), C = a_k.dim(3);

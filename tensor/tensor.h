@@ -84,6 +84,10 @@ class Tensor {
   Tensor& set_requires_grad(bool value = true);
   Tensor grad() const;        // undefined when no gradient has arrived
   Tensor grad_accumulator();  // the gradient buffer, created as zeros on first use
+  // The gradient buffer for a backward that writes every element of it: when none exists yet it
+  // is created uninitialised and *fresh is set (the caller must overwrite it, beta = 0 in a
+  // product), which saves zero-filling a buffer only to add into it; else *fresh is cleared.
+  Tensor grad_buffer(bool* fresh);
   void zero_grad();
   void reset_grad();
   void set_grad(const Tensor& g);

@@ -12,6 +12,8 @@
 #include "ops/attention.h"
 #include "ops/fast.h"
 #include "ops/flash_attention.h"
+#include "ops/head_projections.h"
+#include "ops/ops.h"
 #include "tests/random_clusters.h"
 #include "tests/test_util.h"
 
@@ -292,4 +294,56 @@ TEST(GatedAffinityFusedGrad, FiniteDifferences) {
       [](const Inputs& x) { return ops::gated_affinity_fused(x[0], x[1], x[2], x[3], x[4]); },
       (Inputs{param({2, 5, 4}, 63), param({4, 3}, 64), param({3}, 65), param({2, 3, 5, 3}, 66, 0.0, 1.0),
               param({2, 3, 5, 3}, 67, 0.0, 1.0)}));
+}
+
+TEST(HeadProjectionsGrad, FiniteDifferences) {
+  // B 2, N 3, D 4, 2 heads of width 3 (w (4, 6)), and the output projection back to 5
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::project_heads(x[0], x[1], 2); },
+                   (Inputs{param({2, 3, 4}, 71), param({4, 6}, 72)}));
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::merge_heads_project(x[0], x[1]); },
+                   (Inputs{param({2, 2, 3, 3}, 73), param({6, 5}, 74)}));
+}
+
+// The in-place head projections against the reference's product and permute, values and the
+// gradient of every input: once from no gradient (the first gradient is written, not added) and
+// once from random gradients (a backward that overwrites instead of adding fails).
+TEST(HeadProjections, MatchTheProductAndPermute) {
+  using Fn = std::function<Tensor(const Inputs&, bool)>;
+  auto compare = [](const Fn& fn, const std::vector<Shape>& shapes, DType dt, const std::string& what) {
+    const double rtol = dt == DType::f32 ? 1e-5 : 1e-12, atol = dt == DType::f32 ? 1e-6 : 1e-13;
+    for (bool prefilled : {false, true}) {
+      Tensor outs[2];
+      std::vector<Tensor> grads[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        Inputs in;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          in.push_back(Tensor::uniform(shapes[i], 10 + i, 0, -1.0, 1.0, dt).set_requires_grad());
+          if (prefilled) in.back().set_grad(Tensor::uniform(shapes[i], 20 + i, 0, -1.0, 1.0, dt));
+        }
+        outs[fused] = fn(in, fused == 1);
+        autograd::backward(outs[fused], Tensor::uniform(outs[fused].shape(), 77, 0, -1.0, 1.0, dt));
+        for (Tensor& t : in) grads[fused].push_back(t.grad());
+      }
+      const std::string how = what + (prefilled ? ", gradients prefilled" : ", no gradients before");
+      expect_close_per_element(outs[1], outs[0], rtol, atol, how + " output");
+      for (size_t i = 0; i < shapes.size(); ++i)
+        expect_close_per_element(grads[1][i], grads[0][i], rtol, atol, how + fmt::format(" gradient of input {}", i));
+    }
+  };
+  for (auto [B, N, D, H, d] : std::vector<std::array<int64_t, 5>>{{1, 1, 1, 1, 1}, {2, 7, 12, 3, 4}, {3, 33, 16, 2, 9}})
+    for (DType dt : {DType::f32, DType::f64}) {
+      const std::string what = fmt::format("B{} N{} D{} H{} d{} {}", B, N, D, H, d, dtype_name(dt));
+      compare(
+          [&](const Inputs& x, bool fused) {
+            if (fused) return ops::project_heads(x[0], x[1], H);
+            return ops::permute(ops::reshape(ops::matmul(x[0], x[1]), {B, N, H, d}), {0, 2, 1, 3});
+          },
+          {{B, N, D}, {D, H * d}}, dt, what + " project_heads");
+      compare(
+          [&](const Inputs& x, bool fused) {
+            if (fused) return ops::merge_heads_project(x[0], x[1]);
+            return ops::matmul(ops::reshape(ops::permute(x[0], {0, 2, 1, 3}), {B, N, H * d}), x[1]);
+          },
+          {{B, H, N, d}, {H * d, D}}, dt, what + " merge_heads_project");
+    }
 }
