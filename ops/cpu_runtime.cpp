@@ -2,8 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
 
 extern "C" char* openblas_get_corename(void);
 
@@ -30,13 +35,45 @@ bool blas_core_is_weak(const char* core) {
   return false;
 }
 
+// The most processes found running besides this one, over a few samples of /proc/stat's
+// procs_running 2 ms apart (-1 where it cannot be read).
+int64_t others_running() {
+  int64_t most = -1;
+  for (int sample = 0; sample < 5; ++sample) {
+    std::ifstream stat("/proc/stat");
+    for (std::string key; stat >> key;) {
+      if (key != "procs_running") continue;
+      int64_t running = 0;
+      if (stat >> running) most = std::max(most, running - 1);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return most;
+}
+
+// Whether this run's OpenMP threads find their cores free: no more processes running besides
+// this one than there are cores the threads leave over.
+bool cores_free_for_threads() {
+  const int64_t cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const char* set = std::getenv("OMP_NUM_THREADS");
+  const int64_t threads = set ? std::max<int64_t>(1, std::atoll(set)) : cores;
+  const int64_t others = others_running();
+  return others >= 0 && others <= std::max<int64_t>(0, cores - threads);
+}
+
 }  // namespace
 
 void restart_with_cpu_runtime(char** argv) {
   if (std::getenv("CAST_RUNTIME_SET") != nullptr) return;  // already restarted once
   bool changed = false;
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
+    if (cores_free_for_threads()) {
+      setenv("OMP_WAIT_POLICY", "active", 1);
+      if (std::getenv("GOMP_SPINCOUNT") == nullptr) setenv("GOMP_SPINCOUNT", kSpinCount, 1);
+    } else {
+      setenv("OMP_WAIT_POLICY", "passive", 1);
+    }
     changed = true;
   }
   const char* core = wanted_blas_core();
@@ -53,7 +90,9 @@ std::string blas_core() { return openblas_get_corename(); }
 
 std::string openmp_wait_policy() {
   const char* p = std::getenv("OMP_WAIT_POLICY");
-  return p ? p : "default";
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  std::string policy = p ? p : "default";
+  return spin ? policy + ", spin count " + spin : policy;
 }
 
 }  // namespace cast::ops

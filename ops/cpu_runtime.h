@@ -7,16 +7,22 @@
 namespace cast::ops {
 
 // Call first thing in main. Sets, where the user has not:
-//  * OMP_WAIT_POLICY=passive: threads sleep at barriers instead of spinning, so another busy
-//    process on the machine no longer makes every step wait for a descheduled spinner;
+//  * the OpenMP wait policy, from a look at the machine as the program starts:
+//    - the cores the threads need free (no other process running on them): OMP_WAIT_POLICY
+//      active with GOMP_SPINCOUNT=kSpinCount, so a thread spins about 0.1 ms at a barrier
+//      before it sleeps: a small model's step is hundreds of short parallel regions, and
+//      waking a sleeping thread for each cost a third of its time;
+//    - another process running: passive, threads sleep at barriers at once, so that process
+//      no longer makes every step wait for a descheduled spinner;
 //  * OPENBLAS_CORETYPE to this CPU's vector ISA when OpenBLAS's own detection picked an older
 //    one (it does on virtual machines that report a generic CPU model: "Prescott" kernels
 //    run sgemm at a quarter of the speed of the AVX-512 ones).
 // If anything changed it re-executes the program (execv of /proc/self/exe); on failure it
 // returns and the program runs with the libraries' defaults.
 void restart_with_cpu_runtime(char** argv);
+inline constexpr const char* kSpinCount = "10000";
 
 std::string blas_core();           // the OpenBLAS kernel set in use, e.g. "Cooperlake"
-std::string openmp_wait_policy();  // OMP_WAIT_POLICY as set, or "default"
+std::string openmp_wait_policy();  // OMP_WAIT_POLICY as set, or "default", and GOMP_SPINCOUNT if set
 
 }  // namespace cast::ops

@@ -167,4 +167,36 @@ void gemm_tile_kernel(float* c, const float* a, const float* b, bool trans_a, bo
                     c + i0 * n + full, n, cols, alpha, beta);
 }
 
+bool gemm_small_fits(int64_t m, int64_t n, int64_t k) {
+  // rows for four tasks of 48 at least: with fewer (a weight gradient, 64 × 64 × N) the BLAS,
+  // which splits the long k too, does better
+  return m * n * k <= (int64_t{1} << 24) && m >= 192 && n <= 512 && k <= 2048;
+}
+
+void gemm_small(float* c, const float* a, const float* b, bool trans_a, bool trans_b, float alpha, float beta,
+                int64_t batch, int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  const int64_t rs = trans_a ? 1 : k, cs = trans_a ? m : 1;  // a(i, p) = a[i·rs + p·cs]
+  const int64_t panels = (n + kCols - 1) / kCols;
+  constexpr int64_t kTaskRows = 8 * kRows;  // 48 rows of c per task
+  const int64_t blocks = (m + kTaskRows - 1) / kTaskRows;
+  std::vector<float> packed(batch * panels * kCols * std::max<int64_t>(k, 1));
+  const size_t per_batch = packed.size() / batch;
+  for (int64_t bi = 0; bi < batch; ++bi)  // op(b) once for every row block
+    pack_b(packed.data() + bi * per_batch, b + bi * k * n, trans_b, n, k);
+#pragma omp parallel for schedule(static) if (batch * m * n * k > 65536)
+  for (int64_t task = 0; task < batch * blocks; ++task) {
+    const int64_t bi = task / blocks, r0 = task % blocks * kTaskRows, r1 = std::min(m, r0 + kTaskRows);
+    const float* ab = a + bi * m * k;
+    float* cb = c + bi * m * n;
+    for (int64_t q = 0; q < panels; ++q) {
+      const int64_t j0 = q * kCols, cols = std::min<int64_t>(kCols, n - j0);
+      for (int64_t i0 = r0; i0 < r1; i0 += kRows)
+        run_microkernel(static_cast<int>(std::min<int64_t>(kRows, r1 - i0)), ab + i0 * rs, rs, cs,
+                        packed.data() + bi * per_batch + q * k * kCols, kCols, k, cb + i0 * n + j0, n, cols, alpha,
+                        beta);
+    }
+  }
+}
+
 }  // namespace cast::ops

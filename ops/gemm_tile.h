@@ -25,6 +25,13 @@ void pack_b(float* packed, const float* b, bool trans_b, int64_t n, int64_t k);
 void gemm_tile_packed(float* c, const float* a, bool trans_a, const float* packed_b, float alpha, float beta, int64_t m,
                       int64_t n, int64_t k);
 
+// A whole small product on every thread, rows of c split among them: what matmul runs on the
+// CPU for f32 where the BLAS would spend more time packing and setting up than multiplying (the
+// small model's projections and MLP: 1568 × 64 × 64). Batched over `batch` packed products.
+bool gemm_small_fits(int64_t m, int64_t n, int64_t k);
+void gemm_small(float* c, const float* a, const float* b, bool trans_a, bool trans_b, float alpha, float beta,
+                int64_t batch, int64_t m, int64_t n, int64_t k);
+
 // Which kernel gemm_tile (ops/matmul.h) runs for f32: this one (the default) or the BLAS, for
 // comparison (`cast bench --tile-gemm blas`).
 enum class TileGemm { kernel, blas };

@@ -133,6 +133,10 @@ template void gemm_blas<double>(double*, const double*, const double*, bool, boo
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha, double beta,
           const GemmShape& s) {
   CAST_ON_CUDA(c, cuda::gemm(c, a, b, ta, tb, alpha, beta, s.batch, s.m, s.n, s.k, g_allow_tf32));
+  if (c.dtype() == DType::f32 && g_cpu_gemm == CpuGemm::blas && tile_gemm() == TileGemm::kernel &&
+      gemm_small_fits(s.m, s.n, s.k))
+    return gemm_small(c.data<float>(), a.data<float>(), b.data<float>(), ta, tb, static_cast<float>(alpha),
+                      static_cast<float>(beta), s.batch, s.m, s.n, s.k);
   CAST_DISPATCH_FLOAT(c.dtype(), "matmul", [&] {
     auto kernel = g_cpu_gemm == CpuGemm::blas ? gemm_blas<T> : gemm_loops<T>;
     kernel(c.data<T>(), a.data<T>(), b.data<T>(), ta, tb, static_cast<T>(alpha), static_cast<T>(beta), s);

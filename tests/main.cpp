@@ -1,5 +1,5 @@
-// The test binary's entry point: the same CPU runtime as the cast binary (passive OpenMP
-// waits, the BLAS kernels for this CPU), then GoogleTest.
+// The test binary's entry point: the same CPU runtime as the cast binary (the OpenMP wait
+// policy for the machine's load, the BLAS kernels for this CPU), then GoogleTest.
 #include <gtest/gtest.h>
 
 #include "ops/cpu_runtime.h"

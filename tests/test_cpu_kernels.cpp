@@ -80,6 +80,30 @@ TEST(TileGemm, MatchesPlainLoopsInEveryCase) {
   EXPECT_GT(cases, 300);
 }
 
+// The small products matmul runs on every thread (ops/gemm_tile.h's gemm_small): batched, row
+// blocks of 48 and their remainders, every transpose, beta 0 over NaN.
+TEST(TileGemm, SmallProductsOnEveryThreadMatchPlainLoops) {
+  const ops::GemmShape shapes[] = {{1, 1, 1, 1},      {1, 1568, 64, 64}, {3, 50, 33, 17}, {2, 197, 130, 129},
+                                   {1, 64, 64, 1568}, {4, 5, 7, 0},      {1, 0, 3, 4},    {1, 200, 512, 2048}};
+  for (const auto& s : shapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (double beta : {0.0, 1.0}) {
+          SCOPED_TRACE(fmt::format("batch {} m {} n {} k {} ta {} tb {} beta {}", s.batch, s.m, s.n, s.k, ta, tb, beta));
+          const int64_t cn = std::max<int64_t>(s.batch * s.m * s.n, 1);
+          Tensor a = Tensor::uniform({std::max<int64_t>(s.batch * s.m * s.k, 1)}, 21, 0, -1.0, 1.0);
+          Tensor b = Tensor::uniform({std::max<int64_t>(s.batch * s.k * s.n, 1)}, 22, 0, -1.0, 1.0);
+          Tensor c = beta == 0.0 ? Tensor::full({cn}, std::nan("")) : Tensor::uniform({cn}, 23, 0, -1.0, 1.0);
+          Tensor c_loops = c.clone();
+          ops::gemm_small(c.data<float>(), a.data<float>(), b.data<float>(), ta, tb, 0.7f, float(beta), s.batch, s.m,
+                          s.n, s.k);
+          ops::gemm_loops<float>(c_loops.data<float>(), a.data<float>(), b.data<float>(), ta, tb, 0.7f, float(beta), s);
+          auto x = c.to_double_vector(), y = c_loops.to_double_vector();
+          for (int64_t i = 0; i < s.batch * s.m * s.n; ++i)
+            ASSERT_NEAR(x[i], y[i], 2e-5 * (1 + std::abs(y[i]) + s.k)) << "element " << i;
+        }
+}
+
 TEST(TileGemm, IsWhatTheFusedKernelsRun) {
   // the default, and the switch `cast bench --tile-gemm` uses
   EXPECT_EQ(ops::tile_gemm(), ops::TileGemm::kernel);
