@@ -25,7 +25,7 @@ namespace {
 struct AffinityShape {
   int64_t BG, G, N, C, w;  // BG = B·G groups of rows; group bg uses the surrogates of bg % G
 };
-constexpr int64_t kTileRows = 64;   // a 64 × C score tile and its 64 × w rows of X stay in cache
+constexpr int64_t kTileRows = 64;    // a 64 × C score tile and its 64 × w rows of X stay in cache
 constexpr int64_t kChunkRows = 256;  // the rows a backward task multiplies out at once, and sums dS over
 
 // Laplace rows as the reference forms them: u = f(x), A = u / (Σ u + 1e-30); returns Σ u + 1e-30.

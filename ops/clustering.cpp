@@ -90,8 +90,8 @@ constexpr int64_t kTopBlock = 16;
 
 template <class T>
 struct TopColumns {
-  std::vector<T> candidates;              // (width, 2·take)
-  std::array<T, kTopBlock> bar{};         // NaN while open: every number is a candidate
+  std::vector<T> candidates;       // (width, 2·take)
+  std::array<T, kTopBlock> bar{};  // NaN while open: every number is a candidate
   std::array<int64_t, kTopBlock> kept{}, nans{};
 };
 

@@ -115,10 +115,11 @@ struct CombineFusedNode final : autograd::Node {
   void backward() override {
     const int64_t BH = members.dim(0), N = w.dim(2), C = w.dim(3), kappa = r_intra.dim(3), d = r_intra.dim(4);
     const Tensor& dout = outputs[0].grad();  // (B, H, N, d)
-    bool fresh = false;  // a first gradient is written by the product, not added to zeros
+    bool fresh = false;                      // a first gradient is written by the product, not added to zeros
     if (r_inter.defined() && w.requires_grad()) {
       Tensor dw = w.grad_buffer(&fresh);
-      gemm(dw, dout, r_inter, false, true, 1.0, fresh ? 0.0 : 1.0, matmul_shape(dout, r_inter, false, true));  // dO R_interᵀ
+      gemm(dw, dout, r_inter, false, true, 1.0, fresh ? 0.0 : 1.0,
+           matmul_shape(dout, r_inter, false, true));  // dO R_interᵀ
     }
     if (r_inter.defined() && r_inter.requires_grad()) {
       Tensor dr = r_inter.grad_buffer(&fresh);

@@ -72,7 +72,9 @@ const std::vector<FastPath>& fast_paths() {
        }},
       {"flash_attention", Step::full_attention, "ops/flash_attention.cpp",
        "CPU f32/f64; CUDA f32 with head width up to 128", flash_fits,
-       [](const std::vector<Tensor>& in, const StepOptions&) { return flash_attention(at(in, 0), at(in, 1), at(in, 2), opt(in, 3)); }},
+       [](const std::vector<Tensor>& in, const StepOptions&) {
+         return flash_attention(at(in, 0), at(in, 1), at(in, 2), opt(in, 3));
+       }},
       {"intra_cluster_attention_fused", Step::intra_cluster_attention, "ops/intra_cluster_fused.cpp", "CPU f32/f64",
        cpu_float,
        [](const std::vector<Tensor>& in, const StepOptions&) {
@@ -85,7 +87,9 @@ const std::vector<FastPath>& fast_paths() {
        }},
       {"cluster_summaries_fused", Step::cluster_summaries, "ops/summaries_fused.cpp", "CPU f32/f64; CUDA f32",
        summaries_fits,
-       [](const std::vector<Tensor>& in, const StepOptions&) { return cluster_summaries_fused(at(in, 0), at(in, 1), opt(in, 2)); }},
+       [](const std::vector<Tensor>& in, const StepOptions&) {
+         return cluster_summaries_fused(at(in, 0), at(in, 1), opt(in, 2));
+       }},
       {"combine_clusters_fused", Step::combine_clusters, "ops/combine_fused.cpp",
        "CPU f32/f64; CUDA f32 with head width up to 128", combine_fits,
        [](const std::vector<Tensor>& in, const StepOptions&) {
@@ -168,7 +172,8 @@ void check_gated_affinity_inputs(const char* op, const Tensor& x, const Tensor& 
   CAST_CHECK(a_q.dim(0) == B && a_q.dim(2) == N, "{}: a_q {} does not fit x {} (want [{}, G, {}, C])", op,
              a_q.describe(), x.describe(), B, N);
   CAST_CHECK(gate_w.shape() == (Shape{D, G}) && gate_b.shape() == Shape{G},
-             "{}: gate_w {} and gate_b {} must be [{}, {}] and [{}]", op, gate_w.describe(), gate_b.describe(), D, G, G);
+             "{}: gate_w {} and gate_b {} must be [{}, {}] and [{}]", op, gate_w.describe(), gate_b.describe(), D, G,
+             G);
 }
 
 void check_intra_cluster_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -39,8 +39,9 @@ enum class Step {
   combine_clusters,           // w (B, H, N, C), r_intra (B, H, C, κ, d), r_inter (B, H, C, d) or undefined, members
   improved_clustered_output,  // q, k, v (B, H, N, d), a_c (B, H, C, N), top_keys (B, H, C, k), assignment (B, H, N)
 };
-constexpr Step kSteps[] = {Step::cluster_affinities,    Step::gated_affinity, Step::full_attention, Step::intra_cluster_attention, Step::cluster_summaries,
-                           Step::combine_clusters, Step::improved_clustered_output};
+constexpr Step kSteps[] = {Step::cluster_affinities,       Step::gated_affinity,    Step::full_attention,
+                           Step::intra_cluster_attention,  Step::cluster_summaries, Step::combine_clusters,
+                           Step::improved_clustered_output};
 const char* step_name(Step step);
 
 // What a fast path's support depends on.

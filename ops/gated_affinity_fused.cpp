@@ -57,8 +57,7 @@ std::vector<T> transposed(const T* w, int64_t D, int64_t G) {
 }
 
 template <class T>
-void gate_forward(const GateShape& s, const T* x, const T* w, const T* bias, const T* a_q, const T* a_k, T* g,
-                  T* a_g) {
+void gate_forward(const GateShape& s, const T* x, const T* w, const T* bias, const T* a_q, const T* a_k, T* g, T* a_g) {
   const std::vector<T> wt = transposed(w, s.D, s.G);
   const int64_t blocks = (s.N + kRows - 1) / kRows;
   CAST_OMP("omp parallel for schedule(static) if (s.B * s.N * s.G * (s.C + s.D) > 65536)")
@@ -133,7 +132,9 @@ void gate_backward(const GateShape& s, const T* x, const T* wt, const T* a_q, co
   }
 }
 
-GateShape shape_of(const Tensor& x, const Tensor& a_q) { return {x.dim(0), x.dim(1), x.dim(2), a_q.dim(1), a_q.dim(3)}; }
+GateShape shape_of(const Tensor& x, const Tensor& a_q) {
+  return {x.dim(0), x.dim(1), x.dim(2), a_q.dim(1), a_q.dim(3)};
+}
 
 struct GatedAffinityFusedNode final : autograd::Node {
   Tensor x, gate_w, gate_b;  // inputs (B, N, D), (D, G), (G)
@@ -154,8 +155,8 @@ struct GatedAffinityFusedNode final : autograd::Node {
     CAST_DISPATCH_FLOAT(x.dtype(), "gated_affinity_fused", [&] {
       auto ptr = [](Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
       const GateShape sh = shape_of(x, a_q);
-      gate_backward<T>(sh, x.data<T>(), transposed(gate_w.data<T>(), sh.D, sh.G).data(), a_q.data<T>(), a_k.data<T>(), g.data<T>(),
-                       outputs[0].grad().data<T>(), ptr(dx), ptr(dw), ptr(db), ptr(da_q), ptr(da_k));
+      gate_backward<T>(sh, x.data<T>(), transposed(gate_w.data<T>(), sh.D, sh.G).data(), a_q.data<T>(), a_k.data<T>(),
+                       g.data<T>(), outputs[0].grad().data<T>(), ptr(dx), ptr(dw), ptr(db), ptr(da_q), ptr(da_k));
     });
   }
 };

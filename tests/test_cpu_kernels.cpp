@@ -89,7 +89,8 @@ TEST(TileGemm, SmallProductsOnEveryThreadMatchPlainLoops) {
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for (double beta : {0.0, 1.0}) {
-          SCOPED_TRACE(fmt::format("batch {} m {} n {} k {} ta {} tb {} beta {}", s.batch, s.m, s.n, s.k, ta, tb, beta));
+          SCOPED_TRACE(
+              fmt::format("batch {} m {} n {} k {} ta {} tb {} beta {}", s.batch, s.m, s.n, s.k, ta, tb, beta));
           const int64_t cn = std::max<int64_t>(s.batch * s.m * s.n, 1);
           Tensor a = Tensor::uniform({std::max<int64_t>(s.batch * s.m * s.k, 1)}, 21, 0, -1.0, 1.0);
           Tensor b = Tensor::uniform({std::max<int64_t>(s.batch * s.k * s.n, 1)}, 22, 0, -1.0, 1.0);

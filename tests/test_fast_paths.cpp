@@ -181,9 +181,9 @@ TEST_P(FastPathAgainstReference, ValuesAndEveryGradient) {
         ASSERT_EQ(ops::choose_path(path.step, true, sizes), &path)
             << "an earlier registered path of the same step takes these inputs: this one would never run";
         const Tensor dout = Tensor::uniform(reference_shape(path.step, c), 77 + seed, 0, -1.0, 1.0, DType::f64);
-        const PathRun want = run_once(
-            [&](const std::vector<Tensor>& x) { return ops::run_reference(path.step, x, c.options); }, c.inputs,
-            device, dout);
+        const PathRun want =
+            run_once([&](const std::vector<Tensor>& x) { return ops::run_reference(path.step, x, c.options); },
+                     c.inputs, device, dout);
         const PathRun got =
             run_once([&](const std::vector<Tensor>& x) { return path.run(x, c.options); }, c.inputs, device, dout);
         const double rtol = dtype == DType::f32 ? 1e-4 : 1e-10, atol = dtype == DType::f32 ? 1e-5 : 1e-12;

@@ -290,10 +290,9 @@ TEST(ClusterAffinitiesFusedGrad, FiniteDifferences) {
 
 TEST(GatedAffinityFusedGrad, FiniteDifferences) {
   // B 2, N 5, D 4, G 3, C 3: the gradients of X, W_φ, b_φ, A_q and A_k
-  EXPECT_GRADCHECK(
-      [](const Inputs& x) { return ops::gated_affinity_fused(x[0], x[1], x[2], x[3], x[4]); },
-      (Inputs{param({2, 5, 4}, 63), param({4, 3}, 64), param({3}, 65), param({2, 3, 5, 3}, 66, 0.0, 1.0),
-              param({2, 3, 5, 3}, 67, 0.0, 1.0)}));
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::gated_affinity_fused(x[0], x[1], x[2], x[3], x[4]); },
+                   (Inputs{param({2, 5, 4}, 63), param({4, 3}, 64), param({3}, 65), param({2, 3, 5, 3}, 66, 0.0, 1.0),
+                           param({2, 3, 5, 3}, 67, 0.0, 1.0)}));
 }
 
 TEST(HeadProjectionsGrad, FiniteDifferences) {

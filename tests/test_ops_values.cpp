@@ -207,7 +207,8 @@ TEST(Autograd, ReshapeTakesOverOnlyAReleasedGradient) {
   // inside a graph, with x reaching the loss twice: the reshaped path's buffer becomes x's
   // gradient, and the other path adds into it
   Tensor z = param({2, 3}, 6);
-  autograd::backward(ops::sum_all(ops::add(ops::scale(ops::reshape(z, {6}), 2.0), ops::reshape(ops::scale(z, 3.0), {6}))));
+  autograd::backward(
+      ops::sum_all(ops::add(ops::scale(ops::reshape(z, {6}), 2.0), ops::reshape(ops::scale(z, 3.0), {6}))));
   expect_values(z.grad(), {5, 5, 5, 5, 5, 5});
 }
 
