@@ -84,6 +84,9 @@ Attention::Attention(const AttentionConfig& config, DType dtype, Device device) 
       init("gate_w", {D, H}, s);
       init("gate_b", {H}, 0.0);
     }
+    // Frozen: static clustering directions, as Reformer's or SMYRF's random projections. No
+    // gradient reaches them, so the optimizer leaves them as drawn (no update, no decay).
+    if (config.frozen_surrogates) params_.at("surrogates").set_requires_grad(false);
   }
 }
 

@@ -28,6 +28,7 @@ struct AttentionConfig {
   bool summaries = true;                           // CAST cluster summaries on | off
   bool mix_query = false;                          // CAST mixing weights: affinity (false) | query
   bool shared_clustering = false;                  // CAST clustering: per-head (false) | shared
+  bool frozen_surrogates = false;                  // CAST surrogate tokens: learned (false) | frozen at init
   int64_t topk = 32;                               // improved clustered: keys per cluster
   int64_t bits = 63;                               // clustered: LSH hash bits
   int64_t iterations = 10;                         // clustered: Lloyd iterations

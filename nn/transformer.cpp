@@ -34,6 +34,7 @@ json ModelConfig::to_json() const {
                 {"summaries", a.summaries},
                 {"mix_query", a.mix_query},
                 {"shared_clustering", a.shared_clustering},
+                {"frozen_surrogates", a.frozen_surrogates},
                 {"topk", a.topk},
                 {"bits", a.bits},
                 {"iterations", a.iterations}}}};

@@ -13,6 +13,8 @@
 
 #include "tensor/safetensors.h"
 #include "tests/test_util.h"
+#include "nn/transformer.h"
+#include "train/settings.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -491,5 +493,78 @@ TEST(Cli, EvalBestWithoutEvalEveryIsAUsageError) {
   EXPECT_NE(r.err.find("setting 'eval-best' needs 'eval-every' above 0"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("best model"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir / "best"));
+  fs::remove_all(dir);
+}
+
+// A trained full-attention model evaluated with clustered and improved clustered attention and
+// its own weights (the clustered-attention paper's approximation without retraining): the
+// output names the swap; with as many clusters as tokens, improved clustered attention keeps
+// every key of each query's cluster, so it equals full attention's accuracy. CAST is refused by
+// name, before anything is evaluated.
+TEST(Cli, EvalWithAnotherAttentionCarriesTheWeightsOver) {
+  const fs::path dir = lifecycle_dir("eval_swap");
+  ASSERT_EQ(run(tiny_train(dir, "full", 6)).code, 0);
+  const std::string ckpt = (dir / "full" / "checkpoint.safetensors").string();
+  const std::string before = slurp_file(ckpt);
+  CliRun full = run("eval --device cpu --eval-limit 40 --checkpoint " + ckpt);
+  ASSERT_EQ(full.code, 0) << full.err;
+  auto accuracy = [](const std::string& out, const std::string& what) {
+    const size_t at = out.find(what);
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('%', at) - at);
+  };
+  CliRun clustered = run("eval --device cpu --eval-limit 40 --attention clustered --clusters 4 --checkpoint " + ckpt);
+  ASSERT_EQ(clustered.code, 0) << clustered.err;
+  EXPECT_NE(clustered.out.find("attention clustered in place of the trained full, the same weights; clusters 4"),
+            std::string::npos)
+      << clustered.out;
+  // listops-short sequences are at most 49 tokens with the CLS: 64 clusters and 64 top keys hold them all
+  CliRun every_key =
+      run("eval --device cpu --eval-limit 40 --attention iclustered --clusters 64 --topk 64 --checkpoint " + ckpt);
+  ASSERT_EQ(every_key.code, 0) << every_key.err;
+  EXPECT_EQ(accuracy(every_key.out, "test accuracy"), accuracy(full.out, "test accuracy")) << every_key.out;
+  EXPECT_EQ(accuracy(every_key.out, "validation accuracy"), accuracy(full.out, "validation accuracy"))
+      << every_key.out;
+  CliRun cast_swap = run("eval --device cpu --attention cast --checkpoint " + ckpt);
+  EXPECT_EQ(cast_swap.code, 2);
+  EXPECT_EQ(lines(cast_swap.err), 1) << cast_swap.err;
+  EXPECT_NE(cast_swap.err.find("--attention cast: CAST needs surrogate tokens and a gate"), std::string::npos)
+      << cast_swap.err;
+  EXPECT_EQ(cast_swap.out.find("accuracy"), std::string::npos);
+  CliRun unknown = run("eval --device cpu --attention flash --checkpoint " + ckpt);
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.err.find("--attention must be full, clustered or iclustered, got 'flash'"), std::string::npos)
+      << unknown.err;
+  EXPECT_EQ(slurp_file(ckpt), before);
+  fs::remove_all(dir);
+}
+
+// --surrogates frozen trains everything but the surrogate tokens, which stay as drawn at the
+// start (static clustering directions); the setting is stored in the checkpoint, and a resume
+// keeps it.
+TEST(Cli, FrozenSurrogatesStayAsDrawn) {
+  const fs::path dir = lifecycle_dir("frozen_surrogates");
+  std::string args = tiny_train(dir, "frozen", 3);
+  args.replace(args.find("--attention full"), std::string("--attention full").size(),
+               "--attention cast --surrogates frozen");
+  CliRun r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  cast::TensorFile f = cast::read_safetensors((dir / "frozen" / "checkpoint.safetensors").string());
+  const cast::nn::ModelConfig config =
+      cast::train::model_from_json(nlohmann::json::parse(f.metadata.at("model")));
+  EXPECT_TRUE(config.attention.frozen_surrogates);
+  cast::nn::Transformer fresh(config, cast::DType::f32, cast::Device::cpu);
+  int surrogates = 0, moved = 0;
+  for (auto& [name, t] : fresh.parameters()) {
+    const std::vector<double> start = t->to_double_vector(), end = f.tensors.at("param/" + name).to_double_vector();
+    if (name.find("surrogates") != std::string::npos) {
+      ++surrogates;
+      EXPECT_EQ(end, start) << name;
+      EXPECT_EQ(f.tensors.at("adam.m/" + name).to_double_vector(), std::vector<double>(start.size(), 0.0)) << name;
+    } else if (end != start) {
+      ++moved;
+    }
+  }
+  EXPECT_EQ(surrogates, 1);
+  EXPECT_GT(moved, 5);
   fs::remove_all(dir);
 }

@@ -63,6 +63,7 @@ const std::map<std::string, json>& changed_values() {
                                                      {"summaries", "off"},
                                                      {"mix", "query"},
                                                      {"cast-heads", "shared"},
+                                                     {"surrogates", "frozen"},
                                                      {"topk", 6},
                                                      {"bits", 7},
                                                      {"iterations", 2}};

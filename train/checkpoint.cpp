@@ -171,6 +171,34 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
   return run;
 }
 
+void swap_attention(TrainedRun& run, const nn::AttentionConfig& attention, Device device) {
+  const nn::Mechanism from = run.checkpoint.config.model.attention.mechanism, to = attention.mechanism;
+  CAST_CHECK_USAGE(to != nn::Mechanism::cast,
+                   "--attention cast: CAST needs surrogate tokens and a gate that a trained {} model does not have "
+                   "(full, clustered and iclustered share their weights)",
+                   nn::mechanism_name(from));
+  CAST_CHECK_USAGE(from != nn::Mechanism::cast,
+                   "--attention {}: {} is a CAST model, whose surrogate tokens and gate have no place in {} attention",
+                   nn::mechanism_name(to), run.checkpoint.config.task, nn::mechanism_name(to));
+  nn::ModelConfig config = run.checkpoint.config.model;
+  const nn::AttentionConfig& trained = config.attention;
+  nn::AttentionConfig swapped_attention = attention;  // the sizes, the seed of the LSH planes and the path kept
+  swapped_attention.dim = trained.dim, swapped_attention.heads = trained.heads;
+  swapped_attention.seed = trained.seed, swapped_attention.fused = trained.fused;
+  config.attention = swapped_attention;
+  auto swapped = std::make_unique<nn::Transformer>(config, DType::f32, device);
+  nn::ParamList theirs = run.model->parameters(), mine = swapped->parameters();
+  CAST_CHECK(theirs.size() == mine.size(), "swap_attention: {} parameters against {}", theirs.size(), mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    CAST_CHECK(theirs[i].first == mine[i].first && theirs[i].second->shape() == mine[i].second->shape(),
+               "swap_attention: parameter {} does not match {}", theirs[i].first, mine[i].first);
+    mine[i].second->copy_from(*theirs[i].second);
+  }
+  swapped->rng_offset = run.model->rng_offset;
+  run.model = std::move(swapped);
+  run.checkpoint.config.model = config;
+}
+
 // ---------------------------------------------------------------- resuming
 TrainConfig resume_config(const std::string& checkpoint, const json& changes) {
   CAST_CHECK_USAGE(changes.is_object(), "resume settings: expected a JSON object");

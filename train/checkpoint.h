@@ -67,4 +67,10 @@ struct TrainedRun {
 // data_dir empty: the folder the run used.
 TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device);
 
+// The run's model with another attention mechanism and the same weights, as the clustered-
+// attention paper approximates a trained model without retraining. Full, clustered and
+// improved clustered attention share their weights (the projections); CAST has surrogate
+// tokens and a gate that the others lack, and is refused either way.
+void swap_attention(TrainedRun& run, const nn::AttentionConfig& attention, Device device);
+
 }  // namespace cast::train

@@ -108,6 +108,12 @@ Setting old_spelling(Setting s, const char* key, const char* if_false = nullptr,
   return s;
 }
 
+// A model setting that checkpoints written before it lack: they were trained with `value`.
+Setting absent_before(Setting s, const char* value) {
+  s.absent = value;
+  return s;
+}
+
 constexpr int64_t kBig = int64_t{1} << 40;
 
 // ---------------------------------------------------------------- the table
@@ -253,6 +259,11 @@ std::vector<Setting> make_table() {
                                       AT(model.attention.shared_clustering)),
                             "per-head"),
                    "shared_clustering", "per-head", "shared"),
+      absent_before(defaults(two_words("surrogates", attention, "CAST: the surrogate tokens trained, or frozen at "
+                                                                "their random start (static directions)",
+                                       {"learned", "frozen"}, 1, AT(model.attention.frozen_surrogates)),
+                             "learned"),
+                    "learned"),
       defaults(integer("topk", attention, 1, 1 << 22, "improved clustered: keys per cluster", AT(model.attention.topk)),
                "32"),
       defaults(integer("bits", attention, 1, 63, "clustered: hash bits", AT(model.attention.bits)), "63"),
@@ -462,6 +473,7 @@ json stored_value(const json& group, const Setting& s) {
   const std::string key = model_key(s);
   if (group.contains(key) && !group.at(key).is_boolean()) return group.at(key);
   const char* old_key = s.old.key ? s.old.key : key.c_str();
+  if (!group.contains(old_key) && !group.contains(key) && s.absent) return json(s.absent);
   if (!group.contains(old_key)) throw Error(fmt::format("model config: '{}' is missing", key));
   const json& v = group.at(old_key);
   if (s.old.if_false && v.is_boolean()) return json(v.get<bool>() ? s.old.if_true : s.old.if_false);

@@ -68,6 +68,9 @@ struct Setting {
     const char* if_false = nullptr;
     const char* if_true = nullptr;
   } old;
+  // A model setting added after checkpoints were first written: the value a checkpoint without
+  // it was trained with (nullptr: the setting must be there).
+  const char* absent = nullptr;
 };
 
 // Every setting, in the order --help lists them.

@@ -115,25 +115,55 @@ int command_train(const std::vector<std::string>& argv) {
 }
 
 int command_eval(const std::vector<std::string>& argv) {
-  cli::Args args("eval", "Evaluate a checkpoint on the validation and test splits of its task.");
+  cli::Args args("eval",
+                 "Evaluate a checkpoint on the validation and test splits of its task; with --attention, with another "
+                 "mechanism and the same weights (a full-attention model approximated by clustered attention, "
+                 "without retraining).");
   args.option("checkpoint", "", "checkpoint file (required)")
       .option("data", "", "data folder (default: the one the run used)")
       .option("device", "auto", "auto | cpu | cuda")
       .option("eval-limit", "0", "examples per split (0: all)")
+      .option("attention", "", "evaluate with this mechanism instead: full | clustered | iclustered (CAST is refused: "
+                               "its surrogates and gate are not in a model trained without them)")
+      .option("clusters", "0", "with --attention: clusters C (0: ceil(sqrt(N)) rounded up to 8)")
+      .option("topk", "32", "with --attention iclustered: keys per cluster")
+      .option("bits", "63", "with --attention: LSH hash bits")
+      .option("iterations", "10", "with --attention: Lloyd iterations")
       .example("cast eval --checkpoint runs/listops-short-cast/checkpoint.safetensors")
-      .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000");
+      .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000")
+      .example("cast eval --checkpoint runs/fashion-mnist-full/checkpoint.safetensors --attention iclustered "
+               "--clusters 8");
   if (!args.parse(argv)) return 0;
   const int64_t limit = args.integer("eval-limit", 0, int64_t{1} << 40);
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
+  const std::string swap = args.str("attention");
+  nn::AttentionConfig attention;
+  if (!swap.empty()) {
+    CAST_CHECK_USAGE(swap == "full" || swap == "clustered" || swap == "iclustered" || swap == "cast",
+                     "--attention must be full, clustered or iclustered, got '{}'", swap);
+    attention.mechanism = nn::parse_mechanism(swap);
+    attention.clusters = args.integer("clusters", 0, 1 << 16);
+    attention.topk = args.integer("topk", 1, 1 << 22);
+    attention.bits = args.integer("bits", 1, 63);
+    attention.iterations = args.integer("iterations", 0, 100000);
+  }
   const Device device = train::resolve_device(args.str("device"));
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
+  const nn::Mechanism trained = run.checkpoint.config.model.attention.mechanism;
+  if (!swap.empty()) train::swap_attention(run, attention, device);
   const train::Checkpoint& ck = run.checkpoint;
   nn::Transformer& model = *run.model;
   const data::TaskData& task = run.task;
   auto val = train::evaluate(model, task, task.val, ck.config.batch, limit, device);
   auto test = train::evaluate(model, task, task.test, ck.config.batch, limit, device);
-  fmt::print("{} (step {}, task {}, attention {})\n", args.str("checkpoint"), ck.step, ck.config.task,
-             nn::mechanism_name(ck.config.model.attention.mechanism));
+  std::string how = nn::mechanism_name(trained);
+  if (!swap.empty()) {
+    const nn::AttentionConfig& a = ck.config.model.attention;
+    how = fmt::format("{} in place of the trained {}, the same weights; clusters {}{}", nn::mechanism_name(a.mechanism),
+                      nn::mechanism_name(trained), a.clusters > 0 ? std::to_string(a.clusters) : "ceil(sqrt(N))",
+                      a.mechanism == nn::Mechanism::iclustered ? fmt::format(", top keys {}", a.topk) : "");
+  }
+  fmt::print("{} (step {}, task {}, attention {})\n", args.str("checkpoint"), ck.step, ck.config.task, how);
   auto line = [](const char* name, const train::EvalResult& r) {
     if (r.examples == 0) return fmt::print("  {:<19} no examples\n", name);
     fmt::print("  {:<19} {:.2f}%  loss {:.4f}  ({} examples; majority class {:.2f}% of them)\n", name, 100 * r.accuracy,
