@@ -534,6 +534,9 @@ TEST(Cli, EvalWithAnotherAttentionCarriesTheWeightsOver) {
   EXPECT_EQ(unknown.code, 2);
   EXPECT_NE(unknown.err.find("--attention must be full, clustered or iclustered, got 'flash'"), std::string::npos)
       << unknown.err;
+  CliRun stray = run("eval --device cpu --clusters 4 --checkpoint " + ckpt);
+  EXPECT_EQ(stray.code, 2);
+  EXPECT_NE(stray.err.find("--clusters sets the mechanism given by --attention"), std::string::npos) << stray.err;
   EXPECT_EQ(slurp_file(ckpt), before);
   fs::remove_all(dir);
 }

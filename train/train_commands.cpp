@@ -137,6 +137,11 @@ int command_eval(const std::vector<std::string>& argv) {
   const int64_t limit = args.integer("eval-limit", 0, int64_t{1} << 40);
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
   const std::string swap = args.str("attention");
+  for (const char* option : {"clusters", "topk", "bits", "iterations"})
+    CAST_CHECK_USAGE(!swap.empty() || !args.is_set(option),
+                     "--{} sets the mechanism given by --attention, and there is none (the checkpoint's own settings "
+                     "are used without it)",
+                     option);
   nn::AttentionConfig attention;
   if (!swap.empty()) {
     CAST_CHECK_USAGE(swap == "full" || swap == "clustered" || swap == "iclustered" || swap == "cast",
