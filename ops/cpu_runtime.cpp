@@ -58,8 +58,9 @@ bool cores_free_for_threads() {
   const int64_t cores = sysconf(_SC_NPROCESSORS_ONLN);
   const char* set = std::getenv("OMP_NUM_THREADS");
   const int64_t threads = set ? std::max<int64_t>(1, std::atoll(set)) : cores;
+  if (threads > cores) return false;  // the threads share cores among themselves already
   const int64_t others = others_running();
-  return others >= 0 && others <= std::max<int64_t>(0, cores - threads);
+  return others >= 0 && others <= cores - threads;
 }
 
 }  // namespace

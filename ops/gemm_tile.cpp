@@ -175,13 +175,14 @@ bool gemm_small_fits(int64_t m, int64_t n, int64_t k) {
 
 void gemm_small(float* c, const float* a, const float* b, bool trans_a, bool trans_b, float alpha, float beta,
                 int64_t batch, int64_t m, int64_t n, int64_t k) {
-  if (m == 0 || n == 0) return;
+  if (batch == 0 || m == 0 || n == 0) return;
   const int64_t rs = trans_a ? 1 : k, cs = trans_a ? m : 1;  // a(i, p) = a[i·rs + p·cs]
   const int64_t panels = (n + kCols - 1) / kCols;
   constexpr int64_t kTaskRows = 8 * kRows;  // 48 rows of c per task
   const int64_t blocks = (m + kTaskRows - 1) / kTaskRows;
-  std::vector<float> packed(batch * panels * kCols * std::max<int64_t>(k, 1));
-  const size_t per_batch = packed.size() / batch;
+  const size_t per_batch = static_cast<size_t>(panels * kCols * std::max<int64_t>(k, 1));
+  std::vector<float> packed(batch * per_batch);
+#pragma omp parallel for schedule(static) if (batch > 1 && batch * n * k > 65536)
   for (int64_t bi = 0; bi < batch; ++bi)  // op(b) once for every row block
     pack_b(packed.data() + bi * per_batch, b + bi * k * n, trans_b, n, k);
 #pragma omp parallel for schedule(static) if (batch * m * n * k > 65536)

@@ -522,8 +522,7 @@ TEST(Cli, EvalWithAnotherAttentionCarriesTheWeightsOver) {
       run("eval --device cpu --eval-limit 40 --attention iclustered --clusters 64 --topk 64 --checkpoint " + ckpt);
   ASSERT_EQ(every_key.code, 0) << every_key.err;
   EXPECT_EQ(accuracy(every_key.out, "test accuracy"), accuracy(full.out, "test accuracy")) << every_key.out;
-  EXPECT_EQ(accuracy(every_key.out, "validation accuracy"), accuracy(full.out, "validation accuracy"))
-      << every_key.out;
+  EXPECT_EQ(accuracy(every_key.out, "validation accuracy"), accuracy(full.out, "validation accuracy")) << every_key.out;
   CliRun cast_swap = run("eval --device cpu --attention cast --checkpoint " + ckpt);
   EXPECT_EQ(cast_swap.code, 2);
   EXPECT_EQ(lines(cast_swap.err), 1) << cast_swap.err;
@@ -552,8 +551,7 @@ TEST(Cli, FrozenSurrogatesStayAsDrawn) {
   CliRun r = run(args);
   ASSERT_EQ(r.code, 0) << r.err;
   cast::TensorFile f = cast::read_safetensors((dir / "frozen" / "checkpoint.safetensors").string());
-  const cast::nn::ModelConfig config =
-      cast::train::model_from_json(nlohmann::json::parse(f.metadata.at("model")));
+  const cast::nn::ModelConfig config = cast::train::model_from_json(nlohmann::json::parse(f.metadata.at("model")));
   EXPECT_TRUE(config.attention.frozen_surrogates);
   cast::nn::Transformer fresh(config, cast::DType::f32, cast::Device::cpu);
   int surrogates = 0, moved = 0;
@@ -569,5 +567,10 @@ TEST(Cli, FrozenSurrogatesStayAsDrawn) {
   }
   EXPECT_EQ(surrogates, 1);
   EXPECT_GT(moved, 5);
+  // a CAST model's attention cannot be swapped for another mechanism at evaluation
+  CliRun swap = run("eval --device cpu --attention clustered --checkpoint " +
+                    (dir / "frozen" / "checkpoint.safetensors").string());
+  EXPECT_EQ(swap.code, 2);
+  EXPECT_NE(swap.err.find("--attention clustered: this is a CAST model"), std::string::npos) << swap.err;
   fs::remove_all(dir);
 }

@@ -83,8 +83,9 @@ TEST(TileGemm, MatchesPlainLoopsInEveryCase) {
 // The small products matmul runs on every thread (ops/gemm_tile.h's gemm_small): batched, row
 // blocks of 48 and their remainders, every transpose, beta 0 over NaN.
 TEST(TileGemm, SmallProductsOnEveryThreadMatchPlainLoops) {
-  const ops::GemmShape shapes[] = {{1, 1, 1, 1},      {1, 1568, 64, 64}, {3, 50, 33, 17}, {2, 197, 130, 129},
-                                   {1, 64, 64, 1568}, {4, 5, 7, 0},      {1, 0, 3, 4},    {1, 200, 512, 2048}};
+  const ops::GemmShape shapes[] = {{1, 1, 1, 1},       {1, 1568, 64, 64},   {3, 50, 33, 17},
+                                   {2, 197, 130, 129}, {1, 64, 64, 1568},   {4, 5, 7, 0},
+                                   {1, 0, 3, 4},       {1, 200, 512, 2048}, {0, 200, 3, 4}};
   for (const auto& s : shapes)
     for (bool ta : {false, true})
       for (bool tb : {false, true})

@@ -173,13 +173,14 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
 
 void swap_attention(TrainedRun& run, const nn::AttentionConfig& attention, Device device) {
   const nn::Mechanism from = run.checkpoint.config.model.attention.mechanism, to = attention.mechanism;
+  CAST_CHECK_USAGE(from != nn::Mechanism::cast,
+                   "--attention {}: this is a CAST model, whose attention cannot be swapped (its surrogate tokens "
+                   "and gate have no place in other mechanisms; evaluate it without --attention)",
+                   nn::mechanism_name(to));
   CAST_CHECK_USAGE(to != nn::Mechanism::cast,
                    "--attention cast: CAST needs surrogate tokens and a gate that a trained {} model does not have "
                    "(full, clustered and iclustered share their weights)",
                    nn::mechanism_name(from));
-  CAST_CHECK_USAGE(from != nn::Mechanism::cast,
-                   "--attention {}: {} is a CAST model, whose surrogate tokens and gate have no place in {} attention",
-                   nn::mechanism_name(to), run.checkpoint.config.task, nn::mechanism_name(to));
   nn::ModelConfig config = run.checkpoint.config.model;
   const nn::AttentionConfig& trained = config.attention;
   nn::AttentionConfig swapped_attention = attention;  // the sizes, the seed of the LSH planes and the path kept

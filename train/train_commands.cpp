@@ -123,16 +123,18 @@ int command_eval(const std::vector<std::string>& argv) {
       .option("data", "", "data folder (default: the one the run used)")
       .option("device", "auto", "auto | cpu | cuda")
       .option("eval-limit", "0", "examples per split (0: all)")
-      .option("attention", "", "evaluate with this mechanism instead: full | clustered | iclustered (CAST is refused: "
-                               "its surrogates and gate are not in a model trained without them)")
+      .option("attention", "",
+              "evaluate with this mechanism instead: full | clustered | iclustered (CAST is refused: "
+              "its surrogates and gate are not in a model trained without them)")
       .option("clusters", "0", "with --attention: clusters C (0: ceil(sqrt(N)) rounded up to 8)")
       .option("topk", "32", "with --attention iclustered: keys per cluster")
       .option("bits", "63", "with --attention: LSH hash bits")
       .option("iterations", "10", "with --attention: Lloyd iterations")
       .example("cast eval --checkpoint runs/listops-short-cast/checkpoint.safetensors")
       .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000")
-      .example("cast eval --checkpoint runs/fashion-mnist-full/checkpoint.safetensors --attention iclustered "
-               "--clusters 8");
+      .example(
+          "cast eval --checkpoint runs/fashion-mnist-full/checkpoint.safetensors --attention iclustered "
+          "--clusters 8");
   if (!args.parse(argv)) return 0;
   const int64_t limit = args.integer("eval-limit", 0, int64_t{1} << 40);
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
@@ -165,7 +167,8 @@ int command_eval(const std::vector<std::string>& argv) {
   if (!swap.empty()) {
     const nn::AttentionConfig& a = ck.config.model.attention;
     how = fmt::format("{} in place of the trained {}, the same weights; clusters {}{}", nn::mechanism_name(a.mechanism),
-                      nn::mechanism_name(trained), a.clusters > 0 ? std::to_string(a.clusters) : "ceil(sqrt(N))",
+                      nn::mechanism_name(trained),
+                      a.clusters > 0 ? std::to_string(a.clusters) : "ceil(sqrt(N)) rounded up to 8",
                       a.mechanism == nn::Mechanism::iclustered ? fmt::format(", top keys {}", a.topk) : "");
   }
   fmt::print("{} (step {}, task {}, attention {})\n", args.str("checkpoint"), ck.step, ck.config.task, how);
