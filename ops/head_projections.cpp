@@ -77,15 +77,20 @@ struct MergeHeadsProjectNode final : autograd::Node {
   }
 };
 
+// The checks both ops make: a float input of `ndim` dims and a 2-D w, on one device and dtype.
+void check_operands(const char* op, const Tensor& in, const char* name, int ndim, const Tensor& w) {
+  check_float(op, in, name);
+  check_ndim(op, in, ndim, name);
+  check_ndim(op, w, 2, "w");
+  check_same_dtype(op, in, w);
+  check_same_device(op, in, w);
+}
+
 }  // namespace
 
 Tensor project_heads(const Tensor& x, const Tensor& w, int64_t heads) {
   const char* op = "project_heads";
-  check_float(op, x, "x");
-  check_ndim(op, x, 3, "x");
-  check_ndim(op, w, 2, "w");
-  check_same_dtype(op, x, w);
-  check_same_device(op, x, w);
+  check_operands(op, x, "x", 3, w);
   CAST_CHECK(heads > 0 && w.dim(0) == x.dim(2) && w.dim(1) % heads == 0,
              "{}: w {} must be [{}, a multiple of the {} heads]", op, w.describe(), x.dim(2), heads);
   const int64_t B = x.dim(0), N = x.dim(1), d = w.dim(1) / heads;
@@ -104,11 +109,7 @@ Tensor project_heads(const Tensor& x, const Tensor& w, int64_t heads) {
 
 Tensor merge_heads_project(const Tensor& heads, const Tensor& w) {
   const char* op = "merge_heads_project";
-  check_float(op, heads, "heads");
-  check_ndim(op, heads, 4, "heads");
-  check_ndim(op, w, 2, "w");
-  check_same_dtype(op, heads, w);
-  check_same_device(op, heads, w);
+  check_operands(op, heads, "heads", 4, w);
   const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3);
   CAST_CHECK(w.dim(0) == H * d, "{}: w {} must have {} rows (heads {} × width {})", op, w.describe(), H * d, H, d);
   Tensor out = like({B, N, w.dim(1)}, heads);
