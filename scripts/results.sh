@@ -5,6 +5,7 @@
 # thread each.
 #   scripts/results.sh fashion-mnist        # Fashion-MNIST 14x14: mechanisms, ablations, seeds
 #   scripts/results.sh listops-pathfinder   # generated ListOps (length <= 512), Pathfinder-32
+#   scripts/results.sh surrogates           # CAST with learned against frozen surrogate tokens
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +47,17 @@ listops_pathfinder() {
     --attention full,cast --seeds 1 --out runs/results/pathfinder32
 }
 
+surrogates() {
+  # Learned against frozen surrogate tokens (static directions, as Reformer's or SMYRF's random
+  # projections): Fashion-MNIST 14x14 at the preset's 2000 steps, three seeds each, one stream
+  # on both threads.
+  OMP_NUM_THREADS=2 "$cast" compare --task fashion-mnist-14 --attention cast --vary surrogates=learned,frozen \
+    --seeds 1,2,3 --out runs/results/fm14-surrogates
+}
+
 case "${1:-}" in
   fashion-mnist) fashion_mnist ;;
   listops-pathfinder) listops_pathfinder ;;
-  *) echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder" >&2; exit 2 ;;
+  surrogates) surrogates ;;
+  *) echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates" >&2; exit 2 ;;
 esac
