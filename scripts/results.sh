@@ -6,6 +6,7 @@
 #   scripts/results.sh fashion-mnist        # Fashion-MNIST 14x14: mechanisms, ablations, seeds
 #   scripts/results.sh listops-pathfinder   # generated ListOps (length <= 512), Pathfinder-32
 #   scripts/results.sh surrogates           # CAST with learned against frozen surrogate tokens
+#   scripts/results.sh approximation        # a trained full model evaluated with clustered attention
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,9 +56,23 @@ surrogates() {
     --seeds 1,2,3 --out runs/results/fm14-surrogates
 }
 
+approximation() {
+  # A trained full-attention model evaluated with clustered and improved clustered attention and
+  # its own weights, without retraining (the clustered-attention paper's third experiment), at
+  # C 4 to 196 (196: a cluster per pixel-token).
+  local out=runs/results/fm14-approx
+  OMP_NUM_THREADS=2 "$cast" compare --task fashion-mnist-14 --attention full --seeds 1 --out $out
+  for m in clustered iclustered; do
+    for c in 4 8 16 32 196; do
+      OMP_NUM_THREADS=2 "$cast" eval --checkpoint $out/full-seed1/checkpoint.safetensors --attention $m --clusters $c
+    done
+  done
+}
+
 case "${1:-}" in
   fashion-mnist) fashion_mnist ;;
   listops-pathfinder) listops_pathfinder ;;
   surrogates) surrogates ;;
-  *) echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates" >&2; exit 2 ;;
+  approximation) approximation ;;
+  *) echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation" >&2; exit 2 ;;
 esac
