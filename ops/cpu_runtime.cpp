@@ -35,21 +35,22 @@ bool blas_core_is_weak(const char* core) {
   return false;
 }
 
-// The most processes found running besides this one, over a few samples of /proc/stat's
-// procs_running 2 ms apart (-1 where it cannot be read).
-int64_t others_running() {
-  int64_t most = -1;
+// Whether no sample of /proc/stat's procs_running, up to five 2 ms apart, finds more processes
+// running besides this one than `spare` (false at once on the first that does, or where the
+// file cannot be read).
+bool others_within(int64_t spare) {
   for (int sample = 0; sample < 5; ++sample) {
+    if (sample > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     std::ifstream stat("/proc/stat");
-    for (std::string key; stat >> key;) {
-      if (key != "procs_running") continue;
-      int64_t running = 0;
-      if (stat >> running) most = std::max(most, running - 1);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    int64_t running = -1;
+    for (std::string key; stat >> key;)
+      if (key == "procs_running") {
+        stat >> running;
+        break;
+      }
+    if (running < 1 || running - 1 > spare) return false;
   }
-  return most;
+  return true;
 }
 
 // Whether this run's OpenMP threads find their cores free: no more processes running besides
@@ -59,8 +60,7 @@ bool cores_free_for_threads() {
   const char* set = std::getenv("OMP_NUM_THREADS");
   const int64_t threads = set ? std::max<int64_t>(1, std::atoll(set)) : cores;
   if (threads > cores) return false;  // the threads share cores among themselves already
-  const int64_t others = others_running();
-  return others >= 0 && others <= cores - threads;
+  return others_within(cores - threads);
 }
 
 }  // namespace

@@ -91,8 +91,8 @@ static std::vector<int> inverse_perm(const std::vector<int>& perm) {
   return inv;
 }
 
-void permute_backward(Tensor& dx, const Tensor& dy, const std::vector<int>& perm) {
-  permute_forward(dx, dy, inverse_perm(perm), /*accumulate=*/true);
+void permute_backward(Tensor& dx, const Tensor& dy, const std::vector<int>& perm, bool accumulate) {
+  permute_forward(dx, dy, inverse_perm(perm), accumulate);
 }
 
 struct PermuteNode final : autograd::Node {
@@ -103,7 +103,7 @@ struct PermuteNode final : autograd::Node {
   void backward() override {
     bool fresh = false;  // a first gradient is written, not added to zeros
     Tensor dx = x.grad_buffer(&fresh);
-    permute_forward(dx, outputs[0].grad(), inverse_perm(perm), /*accumulate=*/!fresh);
+    permute_backward(dx, outputs[0].grad(), perm, /*accumulate=*/!fresh);
   }
 };
 

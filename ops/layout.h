@@ -13,7 +13,8 @@ Tensor reshape(const Tensor& x, const Shape& shape);  // one dim may be -1
 PermuteIndex make_permute_index(const Shape& in, const std::vector<int>& perm);
 // y[..] = x permuted; dx += dy permuted back. `accumulate` adds instead of writing.
 void permute_forward(Tensor& y, const Tensor& x, const std::vector<int>& perm, bool accumulate = false);
-void permute_backward(Tensor& dx, const Tensor& dy, const std::vector<int>& perm);
+// the backward: dx += dy permuted back (written, not added, with accumulate false: a fresh buffer)
+void permute_backward(Tensor& dx, const Tensor& dy, const std::vector<int>& perm, bool accumulate = true);
 Tensor permute(const Tensor& x, const std::vector<int>& perm);
 Tensor transpose(const Tensor& x, int axis0, int axis1);
 
