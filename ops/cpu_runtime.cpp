@@ -35,9 +35,11 @@ bool blas_core_is_weak(const char* core) {
   return false;
 }
 
-// Whether no sample of /proc/stat's procs_running, up to five 2 ms apart, finds more processes
-// running besides this one than `spare` (false at once on the first that does, or where the
-// file cannot be read).
+// Whether some sample of /proc/stat's procs_running, up to five 2 ms apart, finds no more
+// processes running besides this one than `spare` (false where the file cannot be read). A
+// process that keeps a core busy shows in every sample; one that runs for a moment does not: the
+// other end of a pipe (`cast train | tee log`) is running as it starts with this one, and
+// then waits for input.
 bool others_within(int64_t spare) {
   for (int sample = 0; sample < 5; ++sample) {
     if (sample > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -48,9 +50,10 @@ bool others_within(int64_t spare) {
         stat >> running;
         break;
       }
-    if (running < 1 || running - 1 > spare) return false;
+    if (running < 1) return false;
+    if (running - 1 <= spare) return true;
   }
-  return true;
+  return false;
 }
 
 // Whether this run's OpenMP threads find their cores free: no more processes running besides
