@@ -33,12 +33,14 @@ int64_t default_clusters(int64_t n) {
   return (c + 7) / 8 * 8;
 }
 
-std::vector<ops::Step> fast_path_steps(const AttentionConfig& c) {
+std::vector<ops::Step> fast_path_steps(const AttentionConfig& c, Device device) {
   switch (c.mechanism) {
     case Mechanism::full:
     case Mechanism::clustered: return {ops::Step::full_attention};
     case Mechanism::iclustered: return {ops::Step::improved_clustered_output};
     default:
+      if (!c.shared_clustering && ops::choose_path(ops::Step::cast_attention, c.fused, {device, DType::f32, 1, 0}))
+        return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::cast_attention};
       if (!c.summaries)
         return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::intra_cluster_attention,
                 ops::Step::combine_clusters};
@@ -50,7 +52,7 @@ std::vector<ops::Step> fast_path_steps(const AttentionConfig& c) {
 std::vector<std::string> step_implementations(const AttentionConfig& c, Device device) {
   const ops::StepSizes sizes{device, DType::f32, c.dim / std::max<int64_t>(c.heads, 1), c.topk};
   std::vector<std::string> names;
-  for (ops::Step s : fast_path_steps(c)) {
+  for (ops::Step s : fast_path_steps(c, device)) {
     const ops::FastPath* path = ops::choose_path(s, c.fused, sizes);
     names.push_back(path ? path->name : fmt::format("{} (reference)", ops::step_name(s)));
   }
@@ -152,6 +154,30 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
   const int64_t C = config_.clusters;
   const int64_t kappa = config_.cluster_size > 0 ? config_.cluster_size : default_clusters(N);
   const Tensor& s = params_.at("surrogates");
+  const Tensor &gate_w = params_.at("gate_w"), &gate_b = params_.at("gate_b");
+  const ops::StepOptions options{config_.f, config_.summaries, config_.mix_query};
+  // Step 4: clustering, an integer constant of the backward pass.
+  auto clusters_of = [&](const Tensor& a_g) {
+    Tensor flat = a_g.view({B * a_g.dim(1), N, C});
+    return config_.single_assignment ? ops::cluster_satopk(flat, mask, kappa) : ops::cluster_topk(flat, mask, kappa);
+  };
+  // With per-head clustering and a fast path for the whole of steps 1–3 and 5–7 (ops/fast.h),
+  // A_g is formed once without a gradient to choose the clusters, and the one op forms the
+  // affinities again for the output and its backward, keeping none of them.
+  std::vector<Tensor> whole{x, gate_w, gate_b, q, k, v, s, mask, Tensor()};
+  if (!config_.shared_clustering &&
+      ops::choose_path(ops::Step::cast_attention, config_.fused, ops::sizes_of(ops::Step::cast_attention, whole))) {
+    {
+      autograd::NoGradGuard choosing_clusters;
+      Tensor a_q = step(ops::Step::cluster_affinities, {q, s}, options);
+      Tensor a_k = step(ops::Step::cluster_affinities, {k, s}, options);
+      whole.back() = clusters_of(step(ops::Step::gated_affinity, {x, gate_w, gate_b, a_q, a_k})).view({B, H, C, kappa});
+    }
+    AttentionOutput result;
+    result.out = step(ops::Step::cast_attention, whole, options);
+    result.clusters = whole.back();
+    return result;
+  }
   // Steps 1–3 on per-head (G = H) or full-width (G = 1) queries and keys; the scores are scaled
   // by 1/√ of that width.
   Tensor qg = q, kg = k, surrogates = s;
@@ -160,17 +186,12 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
     kg = ops::reshape(merge_heads(k), {B, 1, N, H * d});
     surrogates = ops::reshape(s, {1, C, H * d});
   }
-  const ops::StepOptions f{config_.f};
-  Tensor a_q = step(ops::Step::cluster_affinities, {qg, surrogates}, f);  // steps 1–2: (B, G, N, C)
-  Tensor a_k = step(ops::Step::cluster_affinities, {kg, surrogates}, f);
-  Tensor a_g = step(ops::Step::gated_affinity, {x, params_.at("gate_w"), params_.at("gate_b"), a_q, a_k});
-  // Step 4: clustering, an integer constant of the backward pass.
-  const int64_t G = a_g.dim(1);
-  Tensor flat = a_g.view({B * G, N, C});
-  Tensor members =
-      config_.single_assignment ? ops::cluster_satopk(flat, mask, kappa) : ops::cluster_topk(flat, mask, kappa);
+  Tensor a_q = step(ops::Step::cluster_affinities, {qg, surrogates}, options);  // steps 1–2: (B, G, N, C)
+  Tensor a_k = step(ops::Step::cluster_affinities, {kg, surrogates}, options);
+  Tensor a_g = step(ops::Step::gated_affinity, {x, gate_w, gate_b, a_q, a_k});
+  Tensor members = clusters_of(a_g);
   Tensor w = config_.mix_query ? a_q : a_g;
-  if (G == 1) {  // shared: one clustering and one set of weights for every head
+  if (a_g.dim(1) == 1) {  // shared: one clustering and one set of weights for every head
     members = ops::repeat_for_heads(members.view({B, C, kappa}), H);
     w = ops::expand(w, {B, H, N, C});
     a_k = ops::expand(a_k, {B, H, N, C});

@@ -46,7 +46,7 @@ int64_t default_clusters(int64_t n);  // ⌈√N⌉ rounded up to a multiple of 
 // implementation each takes on `device` for f32 inputs: a fast path's name, or the step's name
 // followed by " (reference)", then the one-node head projections when fast paths are on
 // (ops/head_projections.h). What `cast bench` prints, from the registry the layer asks.
-std::vector<ops::Step> fast_path_steps(const AttentionConfig& config);
+std::vector<ops::Step> fast_path_steps(const AttentionConfig& config, Device device = Device::cpu);
 std::vector<std::string> step_implementations(const AttentionConfig& config, Device device);
 
 struct AttentionOutput {

@@ -409,6 +409,19 @@ Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_
   return out;
 }
 
+// ---------------------------------------------------------------- CAST steps 1–3, 5–7
+Tensor cast_attention(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q, const Tensor& k,
+                      const Tensor& v, const Tensor& s, const Tensor& mask, const Tensor& members, AttentionFn f,
+                      bool summaries, bool mix_query) {
+  check_cast_attention_inputs("cast_attention", x, gate_w, gate_b, q, k, v, s, mask, members);
+  Tensor a_q = cluster_affinities(q, s, f);  // (B, H, N, C)
+  Tensor a_k = cluster_affinities(k, s, f);
+  Tensor w = mix_query ? a_q : gated_affinity(x, gate_w, gate_b, a_q, a_k);
+  Tensor r_intra = intra_cluster_attention(q, k, v, members);
+  Tensor r_inter = summaries ? cluster_summaries(a_k, v, mask) : Tensor();
+  return combine_clusters(w, r_intra, r_inter, members);
+}
+
 // ---------------------------------------------------------------- clustered step 3
 // Q̄_j = (1/|j|) Σ_{i in j} Q_i
 struct CentroidsNode final : autograd::Node {

@@ -46,6 +46,15 @@ Tensor cluster_summaries(const Tensor& a_k, const Tensor& v, const Tensor& mask)
 // With r_inter undefined (summaries off) only the intra-cluster terms remain.
 Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_inter, const Tensor& members);
 
+// Steps 1–3 and 5–7 together, given the clusters that step 4 chose from A_g (a constant of the
+// backward): per-head clustering, x (B, N, D), gate_w (D, H), gate_b (H), q, k, v (B, H, N, d),
+// s (H, C, d), mask (B, N) or undefined, members (B, H, C, κ) -> O (B, H, N, d). The mixing
+// weights W are A_g, or A_q with `mix_query`; `summaries` off drops R_inter. The chain of the
+// step ops above, and the reference of the one fused op (ops/cast_attention_fused.cpp).
+Tensor cast_attention(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q, const Tensor& k,
+                      const Tensor& v, const Tensor& s, const Tensor& mask, const Tensor& members, AttentionFn f,
+                      bool summaries, bool mix_query);
+
 // ---------------------------------------------------------------- clustered (§3, §4)
 // 3. Q̄_j = mean of member queries: assignment (B, H, N) int -> (B, H, C, d)
 Tensor cluster_centroids(const Tensor& q, const Tensor& assignment, int64_t clusters);

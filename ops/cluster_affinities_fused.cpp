@@ -8,7 +8,7 @@
 #include "ops/fast.h"
 #include "ops/matmul.h"
 #include "ops/softmax.h"
-#include "ops/unary_cpu.h"
+#include "ops/affinity_rows.h"
 
 // CAST steps 1–2 fused on the CPU: the affinities A = f(X Sᵀ/√w) of the queries (or keys) to
 // the surrogate tokens, f the softmax over the C clusters or the Laplace rows. The reference
@@ -28,18 +28,7 @@ struct AffinityShape {
 constexpr int64_t kTileRows = 64;    // a 64 × C score tile and its 64 × w rows of X stay in cache
 constexpr int64_t kChunkRows = 256;  // the rows a backward task multiplies out at once, and sums dS over
 
-// Laplace rows as the reference forms them: u = f(x), A = u / (Σ u + 1e-30); returns Σ u + 1e-30.
-template <class T>
-T laplace_row(T* row, int64_t C) {
-  T total = 0;
-  for (int64_t c = 0; c < C; ++c) {
-    row[c] = unary_cpu::apply_cpu<UnaryOp::laplace, T>(row[c]);
-    total += row[c];
-  }
-  total += static_cast<T>(1e-30);
-  for (int64_t c = 0; c < C; ++c) row[c] /= total;
-  return total;
-}
+using affinity_rows::laplace_row;
 
 // a: (BG, N, C) = f-rows of (x (BG, N, w) · s (G, C, w)ᵀ · factor); total (BG, N): Laplace's row sums
 template <class T>
@@ -75,14 +64,7 @@ void score_gradient_tile(T* ds, const T* da, const T* a, const T* total, const T
     return;
   }
   gemm_tile<T>(ds, x, sur, false, true, factor, T(0), rows, C, w);  // the scores again
-  for (int64_t r = 0; r < rows; ++r) {
-    const T *g = da + r * C, *ar = a + r * C;
-    T* row = ds + r * C;
-    T dot = 0;
-    for (int64_t c = 0; c < C; ++c) dot += g[c] * ar[c];
-    for (int64_t c = 0; c < C; ++c)
-      row[c] = (g[c] - dot) / total[r] * unary_cpu::derivative_cpu<UnaryOp::laplace, T>(row[c], T(0));
-  }
+  for (int64_t r = 0; r < rows; ++r) affinity_rows::laplace_gradient_row(ds + r * C, da + r * C, a + r * C, total[r], C);
 }
 
 // dx += factor dS S, and dsur += factor Σ dSᵀ X. A task forms the score gradient of a chunk of

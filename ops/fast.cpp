@@ -19,7 +19,8 @@ const char* step_name(Step step) {
     case Step::intra_cluster_attention: return "intra_cluster_attention";
     case Step::cluster_summaries: return "cluster_summaries";
     case Step::combine_clusters: return "combine_clusters";
-    default: return "improved_clustered_output";
+    case Step::improved_clustered_output: return "improved_clustered_output";
+    default: return "cast_attention";
   }
 }
 
@@ -29,6 +30,7 @@ StepSizes sizes_of(Step step, const std::vector<Tensor>& in) {
   if (step == Step::cluster_summaries) s.head_width = in.at(1).dim(-1);        // v
   if (step == Step::combine_clusters) s.head_width = in.at(1).dim(-1);         // r_intra
   if (step == Step::improved_clustered_output) s.top_keys = in.at(4).dim(-1);  // top_keys
+  if (step == Step::cast_attention) s.head_width = in.at(3).dim(-1);           // q
   return s;
 }
 
@@ -105,6 +107,12 @@ const std::vector<FastPath>& fast_paths() {
        [](const std::vector<Tensor>& in, const StepOptions&) {
          return improved_clustered_output_topkey(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5));
        }},
+      {"cast_attention_fused", Step::cast_attention, "ops/cast_attention_fused.cpp",
+       "CPU f32/f64, per-head clustering", cpu_float,
+       [](const std::vector<Tensor>& in, const StepOptions& o) {
+         return cast_attention_fused(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5), at(in, 6),
+                                     opt(in, 7), at(in, 8), o);
+       }},
   };
   return table;
 }
@@ -117,7 +125,11 @@ Tensor run_reference(Step step, const std::vector<Tensor>& in, const StepOptions
     case Step::intra_cluster_attention: return intra_cluster_attention(at(in, 0), at(in, 1), at(in, 2), at(in, 3));
     case Step::cluster_summaries: return cluster_summaries(at(in, 0), at(in, 1), opt(in, 2));
     case Step::combine_clusters: return combine_clusters(at(in, 0), at(in, 1), opt(in, 2), at(in, 3));
-    default: return improved_clustered_output(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5));
+    case Step::improved_clustered_output:
+      return improved_clustered_output(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5));
+    default:
+      return cast_attention(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5), at(in, 6), opt(in, 7),
+                            at(in, 8), options.f, options.summaries, options.mix_query);
   }
 }
 
@@ -185,6 +197,34 @@ void check_intra_cluster_inputs(const char* op, const Tensor& q, const Tensor& k
   CAST_CHECK(members.dim(0) == q.dim(0) && members.dim(1) == q.dim(1), "{}: members {} do not fit q {}", op,
              members.describe(), q.describe());
   check_index_range(op, members, -1, q.dim(2));
+}
+
+void check_cast_attention_inputs(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
+                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
+                                 const Tensor& mask, const Tensor& members) {
+  check_heads(op, q, k, v);
+  check_ndim(op, x, 3, "x");
+  check_ndim(op, s, 3, "surrogates");
+  for (const Tensor* t : {&x, &gate_w, &gate_b, &s}) {
+    check_same_dtype(op, q, *t);
+    check_same_device(op, q, *t);
+  }
+  const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3), D = x.dim(2);
+  CAST_CHECK(x.dim(0) == B && x.dim(1) == N, "{}: x {} does not fit q {} (want [{}, {}, D])", op, x.describe(),
+             q.describe(), B, N);
+  CAST_CHECK(s.dim(0) == H && s.dim(2) == d, "{}: surrogates {} do not fit q {} (want [{}, C, {}])", op,
+             s.describe(), q.describe(), H, d);
+  CAST_CHECK(gate_w.shape() == (Shape{D, H}) && gate_b.shape() == Shape{H},
+             "{}: gate_w {} and gate_b {} must be [{}, {}] and [{}]", op, gate_w.describe(), gate_b.describe(), D, H,
+             H);
+  if (mask.defined()) {
+    check_same_dtype(op, q, mask);
+    check_same_device(op, q, mask);
+    CAST_CHECK(mask.shape() == (Shape{B, N}), "{}: mask {} must be [{}, {}]", op, mask.describe(), B, N);
+  }
+  check_intra_cluster_inputs(op, q, k, v, members);
+  CAST_CHECK(members.dim(2) == s.dim(1), "{}: members {} name {} clusters, the surrogates {}", op, members.describe(),
+             members.dim(2), s.dim(1));
 }
 
 void check_improved_clustered_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -16,6 +16,11 @@
 //   combine_clusters           combine_clusters_fused             combine_fused.cpp             CPU; CUDA f32, d ≤ 128
 //   improved_clustered_output  improved_clustered_output_fused    improved_clustered_fused.cpp  CPU
 //                              improved_clustered_output_topkey   topkey_attention.cpp          CUDA f32, k·d fits
+//   cast_attention             cast_attention_fused               cast_attention_fused.cpp      CPU
+//
+// cast_attention is CAST's steps 1–3 and 5–7 as one op (the chain of the step ops above is its
+// reference); where it fits, the layer runs it instead of those steps' own fast paths, and keeps
+// no (B, H, N, C) or (B, H, C, κ, d) tensor for the backward.
 //
 // `fast_paths()` is that table; `run_step` picks the first fast path of a step that supports
 // the inputs (when fast paths are on: `--reference` turns them off on every device) and falls
@@ -38,10 +43,11 @@ enum class Step {
   cluster_summaries,          // a_k (B, H, N, C), v (B, H, N, d), mask (B, N) or undefined
   combine_clusters,           // w (B, H, N, C), r_intra (B, H, C, κ, d), r_inter (B, H, C, d) or undefined, members
   improved_clustered_output,  // q, k, v (B, H, N, d), a_c (B, H, C, N), top_keys (B, H, C, k), assignment (B, H, N)
+  cast_attention,             // x, gate_w, gate_b, q, k, v, s (H, C, d), mask or undefined, members; options
 };
 constexpr Step kSteps[] = {Step::cluster_affinities,       Step::gated_affinity,    Step::full_attention,
                            Step::intra_cluster_attention,  Step::cluster_summaries, Step::combine_clusters,
-                           Step::improved_clustered_output};
+                           Step::improved_clustered_output, Step::cast_attention};
 const char* step_name(Step step);
 
 // What a fast path's support depends on.
@@ -55,7 +61,9 @@ StepSizes sizes_of(Step step, const std::vector<Tensor>& inputs);
 
 // What a step takes besides its tensors.
 struct StepOptions {
-  AttentionFn f = AttentionFn::softmax;  // cluster_affinities: the softmax or the Laplace rows
+  AttentionFn f = AttentionFn::softmax;  // cluster_affinities, cast_attention: the softmax or the Laplace rows
+  bool summaries = true;                  // cast_attention: R_inter on | off
+  bool mix_query = false;                 // cast_attention: W = A_q instead of A_g
 };
 
 using StepFn = Tensor (*)(const std::vector<Tensor>& inputs, const StepOptions& options);
@@ -90,6 +98,9 @@ Tensor improved_clustered_output_fused(const Tensor& q, const Tensor& k, const T
                                        const Tensor& top_keys, const Tensor& assignment);
 Tensor improved_clustered_output_topkey(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a_c,
                                         const Tensor& top_keys, const Tensor& assignment);
+Tensor cast_attention_fused(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
+                            const Tensor& members, const StepOptions& options);
 
 // Input checks the fast ops share (the reference ops check as they compose).
 void check_cluster_affinities_inputs(const char* op, const Tensor& x, const Tensor& s);
@@ -97,6 +108,9 @@ void check_gated_affinity_inputs(const char* op, const Tensor& x, const Tensor& 
                                  const Tensor& a_q, const Tensor& a_k);
 void check_intra_cluster_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& members);
+void check_cast_attention_inputs(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
+                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
+                                 const Tensor& mask, const Tensor& members);
 void check_improved_clustered_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& a_c, const Tensor& top_keys, const Tensor& assignment);
 

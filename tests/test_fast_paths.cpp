@@ -117,12 +117,28 @@ Case improved_case(Draw& r, DType t) {
           fmt::format("B{} H{} N{} C{} top{} d{}", B, H, N, C, top, d)};
 }
 
+Case cast_attention_case(Draw& r, DType t) {
+  const int64_t B = r.between(1, 2), H = r.between(1, 3), N = r.small() ? 1 : r.between(2, 150);
+  const int64_t C = r.small() ? 1 : r.between(2, 9), kappa = r.small() ? 1 : r.between(2, 20);
+  const int64_t d = r.small() ? 1 : r.between(2, 24), D = r.small() ? 1 : r.between(2, 20);
+  const ops::StepOptions o{r.seed % 2 == 0 ? ops::AttentionFn::softmax : ops::AttentionFn::laplace,
+                           r.between(0, 2) > 0, r.between(0, 2) == 0};
+  Tensor mask = r.seed % 4 == 2 ? Tensor() : padding_mask(r, B, N, t);
+  return {{leaf({B, N, D}, r.seed + 1, t), leaf({D, H}, r.seed + 2, t), leaf({H}, r.seed + 3, t),
+           leaf({B, H, N, d}, r.seed + 4, t), leaf({B, H, N, d}, r.seed + 5, t), leaf({B, H, N, d}, r.seed + 6, t),
+           leaf({H, C, d}, r.seed + 7, t), mask, random_members(B, H, C, kappa, N, r.seed + 8)},
+          fmt::format("B{} H{} N{} C{} kappa{} d{} D{} {} summaries {} mix {}{}", B, H, N, C, kappa, d, D,
+                      o.f == ops::AttentionFn::softmax ? "softmax" : "laplace", o.summaries ? "on" : "off",
+                      o.mix_query ? "query" : "affinity", mask.defined() ? " padded" : ""),
+          o};
+}
+
 using MakeCase = Case (*)(Draw&, DType);
 const std::map<ops::Step, MakeCase> kCases = {
     {ops::Step::cluster_affinities, affinities_case},      {ops::Step::gated_affinity, gated_affinity_case},
     {ops::Step::full_attention, full_attention_case},      {ops::Step::intra_cluster_attention, intra_cluster_case},
     {ops::Step::cluster_summaries, summaries_case},        {ops::Step::combine_clusters, combine_case},
-    {ops::Step::improved_clustered_output, improved_case},
+    {ops::Step::improved_clustered_output, improved_case}, {ops::Step::cast_attention, cast_attention_case},
 };
 
 struct PathRun {

@@ -1,0 +1,502 @@
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "ops/affinity_rows.h"
+#include "ops/dispatch.h"
+#include "ops/elementwise.h"
+#include "ops/fast.h"
+#include "ops/fused_rows.h"
+#include "ops/matmul.h"
+#include "ops/softmax.h"
+#include "ops/unary.h"
+
+// CAST steps 1–3 and 5–7 as one op on the CPU, given the clusters of step 4. The step ops
+// (ops/attention.cpp), and their fast paths one by one, each write a (B, H, N, C) or
+// (B, H, C, κ, d) tensor that the next reads, and the tape keeps A_q, A_k, A_g, P and R_intra
+// for the backward. Here one thread takes a (batch, head) group at a time and runs every step of
+// it with the group's affinities in its own scratch: the backward keeps nothing per token but
+// the gate g, and recomputes the affinities (the same rows, bit for bit) and each cluster's tile
+// of R_intra from its saved row log-sum-exp, as flash attention recomputes its scores.
+namespace cast::ops {
+
+namespace {
+using namespace fused_rows;
+
+struct CastShape {
+  int64_t B, H, N, d, C, kappa;
+  AttentionFn f;
+  bool summaries, mix_query;
+};
+constexpr int64_t kTileRows = 64;  // rows of the affinities formed or read at once
+
+// The scratch of one thread, in floats: the group's affinities and their gradients (N, C) each,
+// Laplace's row sums, a row tile, and one cluster's tiles.
+struct Scratch {
+  int64_t aq, ak, da_q, da_k, totals, tile, colsum, r_inter_grad, qc, kc, vc, p, dp, r, dr, floats;
+  explicit Scratch(const CastShape& s, bool backward) {
+    const int64_t nc = s.N * s.C, kd = s.kappa * s.d, kk = s.kappa * s.kappa;
+    int64_t at = 0;
+    auto take = [&](int64_t n) { return std::exchange(at, at + n); };
+    aq = take(nc), ak = take(nc), da_q = take(backward ? nc : 0), da_k = take(backward ? nc : 0);
+    totals = take(2 * s.N), tile = take(kTileRows * s.C), colsum = take(2 * s.C), r_inter_grad = take(s.C * s.d);
+    qc = take(kd), kc = take(kd), vc = take(kd), p = take(kk), dp = take(kk), r = take(kd), dr = take(kd);
+    floats = at;
+  }
+};
+
+// One (batch, head) group's inputs: rows of q, k, v (N, d), its surrogates (C, d), the mask row,
+// its gate values (N, stride H) and its members (C, κ).
+template <class T>
+struct Group {
+  const T *q, *k, *v, *s, *mask, *g;
+  const int32_t* members;
+  int64_t g_stride;
+  T gate(int64_t i) const { return g[i * g_stride]; }
+};
+
+template <class T>
+Group<T> group_of(const CastShape& s, int64_t bh, const T* q, const T* k, const T* v, const T* sur, const T* mask,
+                  const T* g, const int32_t* members) {
+  const int64_t b = bh / s.H, h = bh % s.H, rows = s.N * s.d;
+  return {q + bh * rows, k + bh * rows, v + bh * rows, sur + h * s.C * s.d, mask ? mask + b * s.N : nullptr,
+          g + b * s.N * s.H + h, members + bh * s.C * s.kappa, s.H};
+}
+
+// a (N, C) = f-rows of x (N, d) Sᵀ/√d, a tile of rows at a time as cluster_affinities_fused
+// forms them; total (N): the Laplace rows' sums.
+template <class T>
+void affinities(T* a, T* total, const T* x, const TileOperand<T>& s_t, const CastShape& s) {
+  const T factor = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.d)));
+  for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {
+    const int64_t rows = std::min(kTileRows, s.N - r0);
+    T* tile = a + r0 * s.C;
+    s_t.multiply(tile, x + r0 * s.d, false, factor, T(0), rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = tile + r * s.C;
+      if (s.f == AttentionFn::softmax) softmax_row<T>(row, row, nullptr, s.C, false);
+      else total[r0 + r] = affinity_rows::laplace_row(row, s.C);
+    }
+  }
+}
+
+// The mixing weight W[i, c]: A_q, or A_g = A_k + g (A_q − A_k)
+template <class T>
+T weight(const CastShape& s, const T* aq, const T* ak, T g, int64_t at) {
+  return s.mix_query ? aq[at] : ak[at] + g * (aq[at] - ak[at]);
+}
+
+// out (rows, C) = W of rows [r0, r0 + rows)
+template <class T>
+void weight_tile(T* out, const CastShape& s, const Group<T>& in, const T* aq, const T* ak, int64_t r0, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T g = s.mix_query ? T(0) : in.gate(r0 + r);
+    for (int64_t c = 0; c < s.C; ++c) out[r * s.C + c] = weight(s, aq, ak, g, (r0 + r) * s.C + c);
+  }
+}
+
+// colsum (C) = Σ_i A_k[i,c] m_i + 1e-30, in token order as the reference sums
+template <class T>
+void column_sums(T* colsum, const CastShape& s, const Group<T>& in, const T* ak) {
+  std::fill(colsum, colsum + s.C, T(0));
+  for (int64_t i = 0; i < s.N; ++i) {
+    const T m = in.mask ? in.mask[i] : T(1);
+    for (int64_t c = 0; c < s.C; ++c) colsum[c] += ak[i * s.C + c] * m;
+  }
+  for (int64_t c = 0; c < s.C; ++c) colsum[c] += T(1e-30);
+}
+
+// out (rows, C) = P of rows [r0, r0 + rows): A_k m / colsum
+template <class T>
+void summary_weight_tile(T* out, const CastShape& s, const Group<T>& in, const T* ak, const T* colsum, int64_t r0,
+                         int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T m = in.mask ? in.mask[r0 + r] : T(1);
+    for (int64_t c = 0; c < s.C; ++c) out[r * s.C + c] = ak[(r0 + r) * s.C + c] * m / colsum[c];
+  }
+}
+
+// One cluster's R_intra tile r (κ, d) = softmax(Qc Kcᵀ/√d + slot mask) Vc, with Qc, Kc, Vc
+// gathered into the scratch; p holds the probabilities. The forward writes the rows' log-sum-exp
+// to lse_out; the backward passes it as lse_in and the probabilities are recomputed from it.
+template <class T>
+void intra_tile(const CastShape& s, const Group<T>& in, int64_t c, T* lse_out, const T* lse_in, T* base,
+                const Scratch& at) {
+  const int64_t K = s.kappa, d = s.d;
+  const int32_t* ids = in.members + c * K;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
+  T *qc = base + at.qc, *kc = base + at.kc, *vc = base + at.vc, *p = base + at.p;
+  gather(qc, in.q, ids, K, d);
+  gather(kc, in.k, ids, K, d);
+  gather(vc, in.v, ids, K, d);
+  gemm_tile<T>(p, qc, kc, false, true, scale, T(0), K, K, d);
+  if (lse_in) probabilities_from_lse(p, ids, K, K, lse_in);
+  else softmax_rows(p, ids, K, K, lse_out);
+  gemm_tile<T>(base + at.r, p, vc, false, false, T(1), T(0), K, d, K);
+}
+
+// out (N, d) of one group: the dense part W R_inter (r_inter (C, d) written here), then each
+// cluster's R_intra and its slots' terms W[i,c] (R_intra[c][p] − R_inter[c]).
+template <class T>
+void group_forward(const CastShape& s, const Group<T>& in, T* out, T* r_inter, T* lse, T* base, const Scratch& at) {
+  T *aq = base + at.aq, *ak = base + at.ak, *tile = base + at.tile, *colsum = base + at.colsum;
+  TileOperand<T> s_t;
+  s_t.set(in.s, true, s.C, s.d);
+  affinities(aq, base + at.totals, in.q, s_t, s);
+  affinities(ak, base + at.totals + s.N, in.k, s_t, s);
+  if (s.summaries) {
+    column_sums(colsum, s, in, ak);
+    for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {  // R_inter = Pᵀ V
+      const int64_t rows = std::min(kTileRows, s.N - r0);
+      summary_weight_tile(tile, s, in, ak, colsum, r0, rows);
+      gemm_tile<T>(r_inter, tile, in.v + r0 * s.d, true, false, T(1), r0 == 0 ? T(0) : T(1), s.C, s.d, rows);
+    }
+    if (s.N == 0) std::fill(r_inter, r_inter + s.C * s.d, T(0));
+    for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {  // O = W R_inter
+      const int64_t rows = std::min(kTileRows, s.N - r0);
+      weight_tile(tile, s, in, aq, ak, r0, rows);
+      gemm_tile<T>(out + r0 * s.d, tile, r_inter, false, false, T(1), T(0), rows, s.d, s.C);
+    }
+  } else {
+    std::fill(out, out + s.N * s.d, T(0));
+  }
+  const T* r = base + at.r;
+  for (int64_t c = 0; c < s.C; ++c) {
+    intra_tile(s, in, c, lse + c * s.kappa, static_cast<const T*>(nullptr), base, at);
+    const int32_t* ids = in.members + c * s.kappa;
+    const T* r0 = s.summaries ? r_inter + c * s.d : nullptr;
+    for (int64_t p = 0; p < s.kappa; ++p) {
+      const int64_t i = ids[p];
+      if (i < 0) continue;
+      const T w = weight(s, aq, ak, s.mix_query ? T(0) : in.gate(i), i * s.C + c);
+      const T* rp = r + p * s.d;
+      T* o = out + i * s.d;
+      if (r0) {
+#pragma omp simd
+        for (int64_t e = 0; e < s.d; ++e) o[e] += w * (rp[e] - r0[e]);
+      } else {
+#pragma omp simd
+        for (int64_t e = 0; e < s.d; ++e) o[e] += w * rp[e];
+      }
+    }
+  }
+}
+
+// The gradients of one group. dq, dk, dv (N, d) are added to; dz (N, stride H) gets the gate's
+// pre-sigmoid gradient; dsur (C, d) is this group's share of the surrogates' gradient. Any of
+// dq, dk, dv, dsur may be null.
+template <class T>
+struct GroupGrads {
+  T *dq, *dk, *dv, *dz, *dsur;
+};
+
+// Every cluster's R_intra tile again, its slots' share of dW and dR_inter, and step 5's backward.
+template <class T>
+void clusters_backward(const CastShape& s, const Group<T>& in, const T* dout, const T* r_inter, const T* lse,
+                       const GroupGrads<T>& out, T* base, const Scratch& at) {
+  const int64_t K = s.kappa, d = s.d;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
+  const T *aq = base + at.aq, *ak = base + at.ak;
+  T *dw = base + at.da_q, *dri = base + at.r_inter_grad;
+  T *qc = base + at.qc, *kc = base + at.kc, *vc = base + at.vc, *p = base + at.p, *dp = base + at.dp;
+  T *r = base + at.r, *dr = base + at.dr;
+  for (int64_t c = 0; c < s.C; ++c) {
+    const int32_t* ids = in.members + c * K;
+    intra_tile(s, in, c, static_cast<T*>(nullptr), lse + c * K, base, at);
+    const T* r0 = s.summaries ? r_inter + c * d : nullptr;
+    for (int64_t slot = 0; slot < K; ++slot) {
+      const int64_t i = ids[slot];
+      T* drp = dr + slot * d;
+      if (i < 0) {
+        std::fill(drp, drp + d, T(0));
+        continue;
+      }
+      const T w = weight(s, aq, ak, s.mix_query ? T(0) : in.gate(i), i * s.C + c);
+      const T *g = dout + i * d, *rp = r + slot * d;
+      T part = 0;
+      if (r0) {
+#pragma omp simd reduction(+ : part)
+        for (int64_t e = 0; e < d; ++e) part += g[e] * (rp[e] - r0[e]);
+        T* dri_c = dri + c * d;
+#pragma omp simd
+        for (int64_t e = 0; e < d; ++e) dri_c[e] -= w * g[e];
+      } else {
+#pragma omp simd reduction(+ : part)
+        for (int64_t e = 0; e < d; ++e) part += g[e] * rp[e];
+      }
+      dw[i * s.C + c] += part;
+#pragma omp simd
+      for (int64_t e = 0; e < d; ++e) drp[e] = w * g[e];
+    }
+    T* rows = r;  // R_intra's tile is spent: it holds the rows scattered back to the tokens
+    if (out.dv) {  // dVc = Pᵀ dR
+      gemm_tile<T>(rows, p, dr, true, false, T(1), T(0), K, d, K);
+      scatter_add(out.dv, rows, ids, K, d);
+    }
+    if (!out.dq && !out.dk) continue;
+    gemm_tile<T>(dp, dr, vc, false, true, T(1), T(0), K, K, d);  // dP = dR Vcᵀ
+    softmax_grad_rows(dp, p, K, K);                              // dS
+    if (out.dq) {                                                // dQc = dS Kc/√d
+      gemm_tile<T>(rows, dp, kc, false, false, scale, T(0), K, d, K);
+      scatter_add(out.dq, rows, ids, K, d);
+    }
+    if (out.dk) {  // dKc = dSᵀ Qc/√d
+      gemm_tile<T>(rows, dp, qc, true, false, scale, T(0), K, d, K);
+      scatter_add(out.dk, rows, ids, K, d);
+    }
+  }
+}
+
+// The score gradient of one side's affinities in place of dA (N, C), then dx += dS S/√d and
+// dsur (+)= dSᵀ x/√d.
+template <class T>
+void affinities_backward(const CastShape& s, const T* x, const T* a, const T* total, const Group<T>& in,
+                         const TileOperand<T>& s_t, T* da, T* dx, T* dsur, bool dsur_fresh, T* tile) {
+  const T factor = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.d)));
+  if (s.f == AttentionFn::softmax) {
+    softmax_grad_rows(da, a, s.N, s.C);
+  } else {
+    for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {
+      const int64_t rows = std::min(kTileRows, s.N - r0);
+      s_t.multiply(tile, x + r0 * s.d, false, factor, T(0), rows);  // the scores again
+      for (int64_t r = 0; r < rows; ++r) {
+        T* scores = tile + r * s.C;
+        const int64_t at = (r0 + r) * s.C;
+        affinity_rows::laplace_gradient_row(scores, da + at, a + at, total[r0 + r], s.C);
+        std::copy(scores, scores + s.C, da + at);
+      }
+    }
+  }
+  if (dx) gemm_tile<T>(dx, da, in.s, false, false, factor, T(1), s.N, s.d, s.C);
+  if (dsur) gemm_tile<T>(dsur, da, x, true, false, factor, dsur_fresh ? T(0) : T(1), s.C, s.d, s.N);
+}
+
+// The backward of one group, in the forward's steps reversed: the dense part of step 7, the
+// clusters (steps 7 and 5), the summaries (step 6), the mix (step 3) and the affinities (1–2).
+template <class T>
+void group_backward(const CastShape& s, const Group<T>& in, const T* dout, const T* r_inter, const T* lse,
+                    const GroupGrads<T>& out, T* base, const Scratch& at) {
+  T *aq = base + at.aq, *ak = base + at.ak, *tile = base + at.tile, *colsum = base + at.colsum;
+  T *dw = base + at.da_q, *dak = base + at.da_k, *dri = base + at.r_inter_grad;
+  const T *total_q = base + at.totals, *total_k = base + at.totals + s.N;
+  TileOperand<T> s_t;
+  s_t.set(in.s, true, s.C, s.d);
+  affinities(aq, base + at.totals, in.q, s_t, s);
+  affinities(ak, base + at.totals + s.N, in.k, s_t, s);
+  // step 7's dense part: dW = dO R_interᵀ, dR_inter = Wᵀ dO
+  if (s.summaries) {
+    gemm_tile<T>(dw, dout, r_inter, false, true, T(1), T(0), s.N, s.C, s.d);
+    std::fill(dri, dri + s.C * s.d, T(0));
+    for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {
+      const int64_t rows = std::min(kTileRows, s.N - r0);
+      weight_tile(tile, s, in, aq, ak, r0, rows);
+      gemm_tile<T>(dri, tile, dout + r0 * s.d, true, false, T(1), T(1), s.C, s.d, rows);
+    }
+  } else {
+    std::fill(dw, dw + s.N * s.C, T(0));
+  }
+  clusters_backward(s, in, dout, r_inter, lse, out, base, at);
+  // step 6: dV += P dR_inter; dA_k = m (dP − Σ_tokens P·dP) / colsum with dP = V dR_interᵀ
+  if (s.summaries) {
+    column_sums(colsum, s, in, ak);
+    T* dot = colsum + s.C;
+    std::fill(dot, dot + s.C, T(0));
+    gemm_tile<T>(dak, in.v, dri, false, true, T(1), T(0), s.N, s.C, s.d);
+    for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {
+      const int64_t rows = std::min(kTileRows, s.N - r0);
+      summary_weight_tile(tile, s, in, ak, colsum, r0, rows);
+      if (out.dv) gemm_tile<T>(out.dv + r0 * s.d, tile, dri, false, false, T(1), T(1), rows, s.d, s.C);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < s.C; ++c) dot[c] += dak[(r0 + r) * s.C + c] * tile[r * s.C + c];
+    }
+    for (int64_t i = 0; i < s.N; ++i) {
+      const T m = in.mask ? in.mask[i] : T(1);
+      // divided before the mask, as the reference: an overflowed quotient gives inf · 0 = NaN there too
+      for (int64_t c = 0; c < s.C; ++c) dak[i * s.C + c] = (dak[i * s.C + c] - dot[c]) / colsum[c] * m;
+    }
+  } else {
+    std::fill(dak, dak + s.N * s.C, T(0));
+  }
+  // step 3: dA_q = g dA_g, dA_k += (1 − g) dA_g, the gate's dz = Σ_c dA_g (A_q − A_k) g (1 − g);
+  // with W = A_q the gradient of W is A_q's and the gate gets none
+  if (!s.mix_query)
+    for (int64_t i = 0; i < s.N; ++i) {
+      const T g = in.gate(i), rest = T(1) - g;
+      T* dwi = dw + i * s.C;
+      const T *qi = aq + i * s.C, *ki = ak + i * s.C;
+      T* dki = dak + i * s.C;
+      T dg = 0;
+#pragma omp simd reduction(+ : dg)
+      for (int64_t c = 0; c < s.C; ++c) dg += dwi[c] * (qi[c] - ki[c]);
+      out.dz[i * s.H] = dg * unary_derivative(UnaryOp::sigmoid, T(0), g);
+#pragma omp simd
+      for (int64_t c = 0; c < s.C; ++c) {
+        dki[c] += dwi[c] * rest;
+        dwi[c] *= g;
+      }
+    }
+  // steps 1–2, the queries' side and then the keys'
+  affinities_backward(s, in.q, aq, total_q, in, s_t, dw, out.dq, out.dsur, true, tile);
+  affinities_backward(s, in.k, ak, total_k, in, s_t, dak, out.dk, out.dsur, false, tile);
+}
+
+template <class T>
+struct CastPointers {
+  const T *x, *q, *k, *v, *s, *mask, *g;
+  const int32_t* members;
+};
+
+// Threads for B·H groups: never more than there are groups.
+int threads_for(int64_t groups) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), groups)));
+}
+
+template <class T>
+void cast_forward(const CastShape& s, const CastPointers<T>& in, T* out, T* r_inter, T* lse, Tensor& scratch,
+                  const Scratch& at) {
+  const int64_t groups = s.B * s.H;
+#pragma omp parallel num_threads(threads_for(groups))
+  {
+    T* base = scratch.data<T>() + omp_get_thread_num() * at.floats;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < groups; ++bh)
+      group_forward(s, group_of(s, bh, in.q, in.k, in.v, in.s, in.mask, in.g, in.members), out + bh * s.N * s.d,
+                    r_inter + bh * s.C * s.d, lse + bh * s.C * s.kappa, base, at);
+  }
+}
+
+// dsur_parts (B·H, C, d): each group's share, summed over the batch in order afterwards so the
+// result does not depend on the number of threads.
+template <class T>
+void cast_backward(const CastShape& s, const CastPointers<T>& in, const T* dout, const T* r_inter, const T* lse,
+                   T* dq, T* dk, T* dv, T* dz, T* dsur_parts, Tensor& scratch, const Scratch& at) {
+  const int64_t groups = s.B * s.H, rows = s.N * s.d;
+#pragma omp parallel num_threads(threads_for(groups))
+  {
+    T* base = scratch.data<T>() + omp_get_thread_num() * at.floats;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < groups; ++bh) {
+      const GroupGrads<T> grads{dq ? dq + bh * rows : nullptr, dk ? dk + bh * rows : nullptr,
+                                dv ? dv + bh * rows : nullptr, dz + (bh / s.H) * s.N * s.H + bh % s.H,
+                                dsur_parts ? dsur_parts + bh * s.C * s.d : nullptr};
+      group_backward(s, group_of(s, bh, in.q, in.k, in.v, in.s, in.mask, in.g, in.members), dout + bh * rows,
+                     r_inter + bh * s.C * s.d, lse + bh * s.C * s.kappa, grads, base, at);
+    }
+  }
+}
+
+CastShape shape_of(const Tensor& q, const Tensor& members, const StepOptions& o) {
+  return {q.dim(0), q.dim(1), q.dim(2), q.dim(3), members.dim(2), members.dim(3), o.f, o.summaries, o.mix_query};
+}
+
+// g (B, N, H) = sigmoid(x W_φ + b_φ), recording nothing: the node below is the gate's backward.
+Tensor gate_values(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b) {
+  autograd::NoGradGuard inside_the_op;
+  return sigmoid(add(matmul(x, gate_w), gate_b));
+}
+
+struct CastAttentionFusedNode final : autograd::Node {
+  Tensor x, gate_w, gate_b;  // inputs (B, N, D), (D, H), (H)
+  Tensor q, k, v, s;         // inputs (B, H, N, d), surrogates (H, C, d)
+  Tensor mask, members;      // (B, N) or undefined; (B, H, C, κ) i32
+  Tensor g;                  // saved gate (B, N, H)
+  Tensor r_inter;            // saved summaries R_inter (B, H, C, d); undefined with summaries off
+  Tensor lse;                // saved row log-sum-exp of each cluster's slots (B, H, C, κ)
+  StepOptions options;
+  const char* name() const override { return "cast_attention_fused"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    for (auto [name, t] : {std::pair{"x", &x}, {"gate_w", &gate_w}, {"gate_b", &gate_b}, {"q", &q}, {"k", &k},
+                           {"v", &v}, {"s", &s}, {"mask", &mask}, {"members", &members}})
+      visit.input(name, *t);
+    visit.saved("g", g);
+    visit.saved("r_inter", r_inter);
+    visit.saved("lse", lse);
+  }
+  void backward() override;
+};
+
+void CastAttentionFusedNode::backward() {
+  const CastShape sh = shape_of(q, members, options);
+  auto grad = [](Tensor& t) { return t.requires_grad() ? t.grad_accumulator() : Tensor(); };
+  Tensor dq = grad(q), dk = grad(k), dv = grad(v);
+  const bool gate = !options.mix_query && (x.requires_grad() || gate_w.requires_grad() || gate_b.requires_grad());
+  Tensor dz = Tensor::zeros(g.shape(), g.dtype());  // (B, N, H): the gate's pre-sigmoid gradient
+  Tensor dsur_parts = s.requires_grad() ? Tensor::empty({sh.B, sh.H, sh.C, sh.d}, q.dtype()) : Tensor();
+  const Scratch at(sh, true);
+  Tensor scratch = Tensor::empty({threads_for(sh.B * sh.H) * at.floats}, q.dtype());
+  CAST_DISPATCH_FLOAT(q.dtype(), "cast_attention_fused", [&] {
+    auto ptr = [](Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+    const CastPointers<T> in{x.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), s.data<T>(),
+                             mask.defined() ? mask.data<T>() : nullptr, g.data<T>(), members.data<int32_t>()};
+    cast_backward<T>(sh, in, outputs[0].grad().data<T>(), r_inter.defined() ? r_inter.data<T>() : nullptr,
+                     lse.data<T>(), ptr(dq), ptr(dk), ptr(dv), dz.data<T>(), ptr(dsur_parts), scratch, at);
+    if (dsur_parts.defined()) {  // dS[h] += Σ_b, in batch order
+      T* ds = s.grad_accumulator().data<T>();
+      const T* parts = dsur_parts.data<T>();
+      const int64_t per_head = sh.C * sh.d;
+      for (int64_t bh = 0; bh < sh.B * sh.H; ++bh)
+        for (int64_t e = 0; e < per_head; ++e) ds[(bh % sh.H) * per_head + e] += parts[bh * per_head + e];
+    }
+  });
+  if (!gate) return;
+  const int64_t BN = sh.B * sh.N, D = x.dim(2);
+  const Tensor x2 = x.view({BN, D}), dz2 = dz.view({BN, sh.H});
+  if (x.requires_grad()) {  // dx += dz W_φᵀ
+    Tensor dx = x.grad_accumulator().view({BN, D});
+    gemm(dx, dz2, gate_w, false, true, 1.0, 1.0, matmul_shape(dz2, gate_w, false, true));
+  }
+  if (gate_w.requires_grad()) {  // dW_φ += xᵀ dz
+    Tensor dw = gate_w.grad_accumulator();
+    gemm(dw, x2, dz2, true, false, 1.0, 1.0, matmul_shape(x2, dz2, true, false));
+  }
+  if (gate_b.requires_grad()) {  // db_φ += Σ_tokens dz
+    Tensor db = gate_b.grad_accumulator();
+    CAST_DISPATCH_FLOAT(q.dtype(), "cast_attention_fused", [&] {
+      const T* z = dz.data<T>();
+      T* out = db.data<T>();
+      for (int64_t r = 0; r < BN; ++r)
+        for (int64_t h = 0; h < sh.H; ++h) out[h] += z[r * sh.H + h];
+    });
+  }
+}
+
+}  // namespace
+
+Tensor cast_attention_fused(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
+                            const Tensor& members, const StepOptions& options) {
+  const char* op = "cast_attention_fused";
+  check_cast_attention_inputs(op, x, gate_w, gate_b, q, k, v, s, mask, members);
+  CAST_CHECK(!q.is_cuda(), "{}: a CPU kernel, got q {}", op, q.describe());
+  const CastShape sh = shape_of(q, members, options);
+  Tensor g = gate_values(x, gate_w, gate_b);  // (B, N, H)
+  Tensor out = Tensor::empty(q.shape(), q.dtype());
+  Tensor r_inter = options.summaries ? Tensor::empty({sh.B, sh.H, sh.C, sh.d}, q.dtype()) : Tensor();
+  Tensor lse = Tensor::empty({sh.B, sh.H, sh.C, sh.kappa}, q.dtype());
+  {
+    const Scratch at(sh, false);
+    Tensor scratch = Tensor::empty({threads_for(sh.B * sh.H) * at.floats}, q.dtype());
+    CAST_DISPATCH_FLOAT(q.dtype(), op, [&] {
+      const CastPointers<T> in{x.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), s.data<T>(),
+                               mask.defined() ? mask.data<T>() : nullptr, g.data<T>(), members.data<int32_t>()};
+      cast_forward<T>(sh, in, out.data<T>(), r_inter.defined() ? r_inter.data<T>() : nullptr, lse.data<T>(), scratch,
+                      at);
+    });
+  }
+  if (autograd::needs_grad({&x, &gate_w, &gate_b, &q, &k, &v, &s})) {
+    auto node = std::make_unique<CastAttentionFusedNode>();
+    node->x = x, node->gate_w = gate_w, node->gate_b = gate_b, node->q = q, node->k = k, node->v = v, node->s = s;
+    node->mask = mask, node->members = members, node->g = g, node->r_inter = r_inter, node->lse = lse;
+    node->options = options;
+    node->outputs = {out};
+    autograd::record(std::move(node));
+  }
+  return out;
+}
+
+}  // namespace cast::ops
