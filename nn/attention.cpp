@@ -164,16 +164,23 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
   // With per-head clustering and a fast path for the whole of steps 1–3 and 5–7 (ops/fast.h),
   // A_g is formed once without a gradient to choose the clusters, and the one op forms the
   // affinities again for the output and its backward, keeping none of them.
+  // For Top-K the one op chooses the clusters itself, from the A_g it forms anyway.
   std::vector<Tensor> whole{x, gate_w, gate_b, q, k, v, s, mask, Tensor()};
   if (!config_.shared_clustering &&
       ops::choose_path(ops::Step::cast_attention, config_.fused, ops::sizes_of(ops::Step::cast_attention, whole))) {
+    AttentionOutput result;
+    if (!config_.single_assignment) {
+      autograd::StepScope named(ops::step_name(ops::Step::cast_attention));
+      autograd::FastPathScope by("cast_attention_fused");
+      result.out = ops::cast_attention_fused_topk(x, gate_w, gate_b, q, k, v, s, mask, kappa, options, result.clusters);
+      return result;
+    }
     {
       autograd::NoGradGuard choosing_clusters;
       Tensor a_q = step(ops::Step::cluster_affinities, {q, s}, options);
       Tensor a_k = step(ops::Step::cluster_affinities, {k, s}, options);
       whole.back() = clusters_of(step(ops::Step::gated_affinity, {x, gate_w, gate_b, a_q, a_k})).view({B, H, C, kappa});
     }
-    AttentionOutput result;
     result.out = step(ops::Step::cast_attention, whole, options);
     result.clusters = whole.back();
     return result;

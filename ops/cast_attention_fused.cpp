@@ -8,6 +8,7 @@
 
 #include "autograd/tape.h"
 #include "ops/affinity_rows.h"
+#include "ops/clustering.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
 #include "ops/fast.h"
@@ -38,12 +39,14 @@ constexpr int64_t kTileRows = 64;  // rows of the affinities formed or read at o
 // The scratch of one thread, in floats: the group's affinities and their gradients (N, C) each,
 // Laplace's row sums, a row tile, and one cluster's tiles.
 struct Scratch {
-  int64_t aq, ak, da_q, da_k, totals, tile, colsum, r_inter_grad, qc, kc, vc, p, dp, r, dr, floats;
-  explicit Scratch(const CastShape& s, bool backward) {
+  int64_t aq, ak, ag, da_q, da_k, totals, tile, colsum, r_inter_grad, qc, kc, vc, p, dp, r, dr, floats;
+  // forward: A_q, A_k, and A_g where the forward chooses the clusters; backward: A_q, A_k, dA_q, dA_k
+  Scratch(const CastShape& s, bool backward, bool choosing) {
     const int64_t nc = s.N * s.C, kd = s.kappa * s.d, kk = s.kappa * s.kappa;
     int64_t at = 0;
     auto take = [&](int64_t n) { return std::exchange(at, at + n); };
-    aq = take(nc), ak = take(nc), da_q = take(backward ? nc : 0), da_k = take(backward ? nc : 0);
+    aq = take(nc), ak = take(nc), ag = take(choosing ? nc : 0);
+    da_q = take(backward ? nc : 0), da_k = take(backward ? nc : 0);
     totals = take(2 * s.N), tile = take(kTileRows * s.C), colsum = take(2 * s.C), r_inter_grad = take(s.C * s.d);
     qc = take(kd), kc = take(kd), vc = take(kd), p = take(kk), dp = take(kk), r = take(kd), dr = take(kd);
     floats = at;
@@ -140,15 +143,33 @@ void intra_tile(const CastShape& s, const Group<T>& in, int64_t c, T* lse_out, c
   gemm_tile<T>(base + at.r, p, vc, false, false, T(1), T(0), K, d, K);
 }
 
-// out (N, d) of one group: the dense part W R_inter (r_inter (C, d) written here), then each
-// cluster's R_intra and its slots' terms W[i,c] (R_intra[c][p] − R_inter[c]).
+// Step 4 inside the op: members (C, κ) = the Top-K clusters of A_g = A_k + g (A_q − A_k), as
+// cluster_topk chooses them.
 template <class T>
-void group_forward(const CastShape& s, const Group<T>& in, T* out, T* r_inter, T* lse, T* base, const Scratch& at) {
+void choose_clusters(const CastShape& s, const Group<T>& in, const T* aq, const T* ak, T* ag, int32_t* members) {
+  std::vector<int32_t> real;  // the real tokens in position order
+  for (int64_t i = 0; i < s.N; ++i) {
+    if (in.mask && in.mask[i] == T(0)) continue;
+    real.push_back(static_cast<int32_t>(i));
+    const T g = in.gate(i);
+    for (int64_t c = 0; c < s.C; ++c) ag[i * s.C + c] = ak[i * s.C + c] + g * (aq[i * s.C + c] - ak[i * s.C + c]);
+  }
+  std::fill(members, members + s.C * s.kappa, -1);
+  cluster_topk_group(ag, s.C, real, s.kappa, members);
+}
+
+// out (N, d) of one group: the dense part W R_inter (r_inter (C, d) written here), then each
+// cluster's R_intra and its slots' terms W[i,c] (R_intra[c][p] − R_inter[c]). With `chosen`,
+// the clusters are chosen here first and written there (in.members is the same array).
+template <class T>
+void group_forward(const CastShape& s, const Group<T>& in, T* out, T* r_inter, T* lse, int32_t* chosen, T* base,
+                   const Scratch& at) {
   T *aq = base + at.aq, *ak = base + at.ak, *tile = base + at.tile, *colsum = base + at.colsum;
   TileOperand<T> s_t;
   s_t.set(in.s, true, s.C, s.d);
   affinities(aq, base + at.totals, in.q, s_t, s);
   affinities(ak, base + at.totals + s.N, in.k, s_t, s);
+  if (chosen) choose_clusters(s, in, aq, ak, base + at.ag, chosen);
   if (s.summaries) {
     column_sums(colsum, s, in, ak);
     for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {  // R_inter = Pᵀ V
@@ -357,8 +378,8 @@ int threads_for(int64_t groups) {
 }
 
 template <class T>
-void cast_forward(const CastShape& s, const CastPointers<T>& in, T* out, T* r_inter, T* lse, Tensor& scratch,
-                  const Scratch& at) {
+void cast_forward(const CastShape& s, const CastPointers<T>& in, T* out, T* r_inter, T* lse, int32_t* chosen,
+                  Tensor& scratch, const Scratch& at) {
   const int64_t groups = s.B * s.H;
 #pragma omp parallel num_threads(threads_for(groups))
   {
@@ -366,7 +387,8 @@ void cast_forward(const CastShape& s, const CastPointers<T>& in, T* out, T* r_in
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < groups; ++bh)
       group_forward(s, group_of(s, bh, in.q, in.k, in.v, in.s, in.mask, in.g, in.members), out + bh * s.N * s.d,
-                    r_inter + bh * s.C * s.d, lse + bh * s.C * s.kappa, base, at);
+                    r_inter + bh * s.C * s.d, lse + bh * s.C * s.kappa,
+                    chosen ? chosen + bh * s.C * s.kappa : nullptr, base, at);
   }
 }
 
@@ -427,7 +449,7 @@ void CastAttentionFusedNode::backward() {
   const bool gate = !options.mix_query && (x.requires_grad() || gate_w.requires_grad() || gate_b.requires_grad());
   Tensor dz = Tensor::zeros(g.shape(), g.dtype());  // (B, N, H): the gate's pre-sigmoid gradient
   Tensor dsur_parts = s.requires_grad() ? Tensor::empty({sh.B, sh.H, sh.C, sh.d}, q.dtype()) : Tensor();
-  const Scratch at(sh, true);
+  const Scratch at(sh, true, false);
   Tensor scratch = Tensor::empty({threads_for(sh.B * sh.H) * at.floats}, q.dtype());
   CAST_DISPATCH_FLOAT(q.dtype(), "cast_attention_fused", [&] {
     auto ptr = [](Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
@@ -467,10 +489,12 @@ void CastAttentionFusedNode::backward() {
 
 }  // namespace
 
-Tensor cast_attention_fused(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
-                            const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
-                            const Tensor& members, const StepOptions& options) {
-  const char* op = "cast_attention_fused";
+namespace {
+
+// Both entry points: with `choosing`, members (−1 throughout) is filled by step 4 in the op.
+Tensor cast_attention_fused_run(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
+                                const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
+                                Tensor members, const StepOptions& options, bool choosing) {
   check_cast_attention_inputs(op, x, gate_w, gate_b, q, k, v, s, mask, members);
   CAST_CHECK(!q.is_cuda(), "{}: a CPU kernel, got q {}", op, q.describe());
   const CastShape sh = shape_of(q, members, options);
@@ -479,13 +503,13 @@ Tensor cast_attention_fused(const Tensor& x, const Tensor& gate_w, const Tensor&
   Tensor r_inter = options.summaries ? Tensor::empty({sh.B, sh.H, sh.C, sh.d}, q.dtype()) : Tensor();
   Tensor lse = Tensor::empty({sh.B, sh.H, sh.C, sh.kappa}, q.dtype());
   {
-    const Scratch at(sh, false);
+    const Scratch at(sh, false, choosing);
     Tensor scratch = Tensor::empty({threads_for(sh.B * sh.H) * at.floats}, q.dtype());
     CAST_DISPATCH_FLOAT(q.dtype(), op, [&] {
       const CastPointers<T> in{x.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), s.data<T>(),
                                mask.defined() ? mask.data<T>() : nullptr, g.data<T>(), members.data<int32_t>()};
-      cast_forward<T>(sh, in, out.data<T>(), r_inter.defined() ? r_inter.data<T>() : nullptr, lse.data<T>(), scratch,
-                      at);
+      cast_forward<T>(sh, in, out.data<T>(), r_inter.defined() ? r_inter.data<T>() : nullptr, lse.data<T>(),
+                      choosing ? members.data<int32_t>() : nullptr, scratch, at);
     });
   }
   if (autograd::needs_grad({&x, &gate_w, &gate_b, &q, &k, &v, &s})) {
@@ -497,6 +521,27 @@ Tensor cast_attention_fused(const Tensor& x, const Tensor& gate_w, const Tensor&
     autograd::record(std::move(node));
   }
   return out;
+}
+
+}  // namespace
+
+Tensor cast_attention_fused(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
+                            const Tensor& members, const StepOptions& options) {
+  return cast_attention_fused_run("cast_attention_fused", x, gate_w, gate_b, q, k, v, s, mask, members, options,
+                                  false);
+}
+
+Tensor cast_attention_fused_topk(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
+                                 const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask, int64_t kappa,
+                                 const StepOptions& options, Tensor& members) {
+  const char* op = "cast_attention_fused";
+  CAST_CHECK(kappa >= 1, "{}: cluster size must be >= 1, got {}", op, kappa);
+  CAST_CHECK(q.ndim() == 4 && s.ndim() == 3, "{}: q {} and surrogates {} must be [B, H, N, d] and [H, C, d]", op,
+             q.describe(), s.describe());
+  const int64_t slots = q.dim(0) * q.dim(1) * s.dim(1) * kappa;
+  members = Tensor::from_vector<int32_t>(std::vector<int32_t>(slots, -1), {q.dim(0), q.dim(1), s.dim(1), kappa});
+  return cast_attention_fused_run(op, x, gate_w, gate_b, q, k, v, s, mask, members, options, true);
 }
 
 }  // namespace cast::ops

@@ -155,6 +155,16 @@ void select_top_block(const T* rows, int64_t C, int64_t width, const std::vector
   }
 }
 
+template <class T>
+void cluster_topk_group(const T* a, int64_t C, const std::vector<int32_t>& real, int64_t kappa, int32_t* members) {
+  TopColumns<T> state;
+  const int64_t take = std::min<int64_t>(kappa, static_cast<int64_t>(real.size()));
+  for (int64_t c0 = 0; c0 < C; c0 += kTopBlock)
+    select_top_block(a + c0, C, std::min(kTopBlock, C - c0), real, take, kappa, state, members + c0 * kappa);
+}
+template void cluster_topk_group<float>(const float*, int64_t, const std::vector<int32_t>&, int64_t, int32_t*);
+template void cluster_topk_group<double>(const double*, int64_t, const std::vector<int32_t>&, int64_t, int32_t*);
+
 Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa) {
   autograd::StepScope named("cluster_topk");
   CAST_CHECK(kappa >= 1, "cluster_topk: cluster size must be >= 1, got {}", kappa);

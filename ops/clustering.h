@@ -7,6 +7,8 @@
 // g / (G / B) of the (B, N) key mask (1 = real token, 0 = padding).
 #include <cstdint>
 
+#include <vector>
+
 #include "tensor/tensor.h"
 
 namespace cast::ops {
@@ -15,6 +17,11 @@ namespace cast::ops {
 // for each cluster the κ real tokens of largest affinity (ties toward the lower index, NaN
 // after every number: ops/topk_order.h), kept in ascending position order; −1 fills slots that real tokens cannot fill.
 Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa);
+// The same selection for one group on the calling thread, for a fused op that holds the group's
+// affinities a (N, C) (ops/cast_attention_fused.cpp): members (C, κ), filled with −1 beforehand,
+// get each column's κ largest among `real`, the real tokens in position order.
+template <class T>
+void cluster_topk_group(const T* a, int64_t C, const std::vector<int32_t>& real, int64_t kappa, int32_t* members);
 
 // Single-Assignment Top-K: tokens in descending order of their best affinity (ties toward the
 // lower index) each take the cluster of highest affinity that still has room (ties toward the

@@ -101,6 +101,12 @@ Tensor improved_clustered_output_topkey(const Tensor& q, const Tensor& k, const 
 Tensor cast_attention_fused(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
                             const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
                             const Tensor& members, const StepOptions& options);
+// The same op with step 4 (Top-K) inside it: each group's clusters are chosen from its A_g while
+// the affinities are in the op's scratch, and returned in `members` (B, H, C, κ), so the layer
+// forms the affinities once in the forward. What the layer runs for Top-K clustering.
+Tensor cast_attention_fused_topk(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
+                                 const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask, int64_t kappa,
+                                 const StepOptions& options, Tensor& members);
 
 // Input checks the fast ops share (the reference ops check as they compose).
 void check_cluster_affinities_inputs(const char* op, const Tensor& x, const Tensor& s);
