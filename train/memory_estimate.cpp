@@ -1,5 +1,7 @@
 #include "train/memory_estimate.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -32,6 +34,15 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
     }
     case nn::Mechanism::cast: {
       const double kappa = static_cast<double>(a.cluster_size > 0 ? a.cluster_size : nn::default_clusters(N));
+      const ops::StepSizes sizes{gpu ? Device::cuda : Device::cpu, DType::f32, static_cast<int64_t>(dh), 0};
+      if (!a.shared_clustering && ops::choose_path(ops::Step::cast_attention, a.fused, sizes)) {
+        // cast_attention_fused: four (N, C) scratch matrices per thread (at most one thread per
+        // group) and the slots' log-sum-exp; Single-Assignment Top-K forms A_q, A_k and A_g first
+        const double threads = std::min(b * h, static_cast<double>(omp_get_max_threads()));
+        floats += threads * n * c * 4 + b * h * c * (kappa + dh * 2);
+        if (a.single_assignment) floats += b * h * n * c * 3;
+        break;
+      }
       floats += b * h * n * c * 4;                         // affinities, their softmaxes, mixing weights
       floats += b * h * c * kappa * (kappa * 3 + dh * 4);  // intra-cluster scores and gathered q, k, v, out
       floats += b * h * c * dh * 4;                        // summaries
