@@ -39,8 +39,10 @@ std::vector<ops::Step> fast_path_steps(const AttentionConfig& c, Device device) 
     case Mechanism::clustered: return {ops::Step::full_attention};
     case Mechanism::iclustered: return {ops::Step::improved_clustered_output};
     default:
-      if (!c.shared_clustering && ops::choose_path(ops::Step::cast_attention, c.fused, {device, DType::f32, 1, 0}))
+      if (!c.shared_clustering && ops::choose_path(ops::Step::cast_attention, c.fused, {device, DType::f32, 1, 0})) {
+        if (!c.single_assignment) return {ops::Step::cast_attention};  // it chooses the Top-K clusters itself
         return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::cast_attention};
+      }
       if (!c.summaries)
         return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::intra_cluster_attention,
                 ops::Step::combine_clusters};

@@ -217,9 +217,14 @@ TEST(Cli, TracePrintsTheTape) {
   CliRun layer = run("layer --in " + data_dir + "/layer_cast.safetensors --out " + (dir / "out.safetensors").string() +
                      " --attention cast --heads 2 --clusters 3 --cluster-size 3 --trace");
   ASSERT_EQ(layer.code, 0) << layer.err;
-  for (const char* want : {"trace layer: forward", "── cluster_topk", "no node", "intra_cluster_attention_fused",
-                           "fast cpu", "reference cpu", "trace layer: backward", "nodes, saved"})
+  for (const char* want : {"trace layer: forward", "── cast_attention", "cast_attention_fused", "fast cpu",
+                           "reference cpu", "trace layer: backward", "nodes, saved"})
     EXPECT_NE(layer.out.find(want), std::string::npos) << want << "\n" << layer.out;
+  CliRun steps = run("layer --in " + data_dir + "/layer_cast.safetensors --out " + (dir / "steps.safetensors").string() +
+                     " --attention cast --heads 2 --clusters 3 --cluster-size 3 --trace --reference");
+  ASSERT_EQ(steps.code, 0) << steps.err;
+  for (const char* want : {"── cluster_topk", "no node", "── intra_cluster_attention", "reference cpu"})
+    EXPECT_NE(steps.out.find(want), std::string::npos) << want << "\n" << steps.out;
   const std::string data = (dir / "listops").string();
   ASSERT_EQ(run("data listops-short --count 200 --out " + data).code, 0);
   CliRun train =
@@ -228,7 +233,7 @@ TEST(Cli, TracePrintsTheTape) {
           data + " --run " + (dir / "run").string() + " --trace");
   ASSERT_EQ(train.code, 0) << train.err;
   for (const char* want : {"trace step 1: forward", "trace step 1: backward", "trace step 2: forward", "cross_entropy",
-                           "── combine_clusters"})
+                           "── cast_attention"})
     EXPECT_NE(train.out.find(want), std::string::npos) << want << "\n" << train.out;
   // cast bench: the trace is never the --json file, and the benchmark's name comes first
   const std::string results = (dir / "bench.jsonl").string();

@@ -146,7 +146,7 @@ TEST(LayerCommand, EveryMechanismRunsAndWritesItsIndices) {
 TEST(LayerCommand, TraceWritesJsonLines) {
   const std::string out = temp_file("trace_out.safetensors"), trace = temp_file("trace.jsonl");
   std::vector<std::string> options = cast_options({"--in", data_file("layer_cast.safetensors"), "--out", out});
-  options.insert(options.end(), {"--trace", trace});
+  options.insert(options.end(), {"--trace", trace, "--reference"});  // the step ops: one step each
   ASSERT_EQ(command_layer(options), 0);
   std::ifstream in(trace);
   std::map<std::string, int> phases;
