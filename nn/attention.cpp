@@ -164,9 +164,9 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
     return config_.single_assignment ? ops::cluster_satopk(flat, mask, kappa) : ops::cluster_topk(flat, mask, kappa);
   };
   // With per-head clustering and a fast path for the whole of steps 1–3 and 5–7 (ops/fast.h),
-  // A_g is formed once without a gradient to choose the clusters, and the one op forms the
-  // affinities again for the output and its backward, keeping none of them.
-  // For Top-K the one op chooses the clusters itself, from the A_g it forms anyway.
+  // one op runs them and keeps no affinities for its backward. For Top-K it also chooses the
+  // clusters, from the A_g it forms anyway; for Single-Assignment Top-K, A_g is formed first
+  // without a gradient to choose them, and the op forms the affinities again.
   std::vector<Tensor> whole{x, gate_w, gate_b, q, k, v, s, mask, Tensor()};
   if (!config_.shared_clustering &&
       ops::choose_path(ops::Step::cast_attention, config_.fused, ops::sizes_of(ops::Step::cast_attention, whole))) {

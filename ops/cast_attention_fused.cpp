@@ -67,8 +67,14 @@ template <class T>
 Group<T> group_of(const CastShape& s, int64_t bh, const T* q, const T* k, const T* v, const T* sur, const T* mask,
                   const T* g, const int32_t* members) {
   const int64_t b = bh / s.H, h = bh % s.H, rows = s.N * s.d;
-  return {q + bh * rows, k + bh * rows, v + bh * rows, sur + h * s.C * s.d, mask ? mask + b * s.N : nullptr,
-          g + b * s.N * s.H + h, members + bh * s.C * s.kappa, s.H};
+  return {q + bh * rows,
+          k + bh * rows,
+          v + bh * rows,
+          sur + h * s.C * s.d,
+          mask ? mask + b * s.N : nullptr,
+          g + b * s.N * s.H + h,
+          members + bh * s.C * s.kappa,
+          s.H};
 }
 
 // a (N, C) = f-rows of x (N, d) Sᵀ/√d, a tile of rows at a time as cluster_affinities_fused
@@ -88,10 +94,16 @@ void affinities(T* a, T* total, const T* x, const TileOperand<T>& s_t, const Cas
   }
 }
 
-// The mixing weight W[i, c]: A_q, or A_g = A_k + g (A_q − A_k)
+// A_g[i, c] = A_k + g (A_q − A_k), at = i·C + c
+template <class T>
+T gated(const T* aq, const T* ak, T g, int64_t at) {
+  return ak[at] + g * (aq[at] - ak[at]);
+}
+
+// The mixing weight W[i, c]: A_q, or A_g
 template <class T>
 T weight(const CastShape& s, const T* aq, const T* ak, T g, int64_t at) {
-  return s.mix_query ? aq[at] : ak[at] + g * (aq[at] - ak[at]);
+  return s.mix_query ? aq[at] : gated(aq, ak, g, at);
 }
 
 // out (rows, C) = W of rows [r0, r0 + rows)
@@ -152,7 +164,7 @@ void choose_clusters(const CastShape& s, const Group<T>& in, const T* aq, const 
     if (in.mask && in.mask[i] == T(0)) continue;
     real.push_back(static_cast<int32_t>(i));
     const T g = in.gate(i);
-    for (int64_t c = 0; c < s.C; ++c) ag[i * s.C + c] = ak[i * s.C + c] + g * (aq[i * s.C + c] - ak[i * s.C + c]);
+    for (int64_t c = 0; c < s.C; ++c) ag[i * s.C + c] = gated(aq, ak, g, i * s.C + c);
   }
   std::fill(members, members + s.C * s.kappa, -1);
   cluster_topk_group(ag, s.C, real, s.kappa, members);
@@ -254,7 +266,7 @@ void clusters_backward(const CastShape& s, const Group<T>& in, const T* dout, co
 #pragma omp simd
       for (int64_t e = 0; e < d; ++e) drp[e] = w * g[e];
     }
-    T* rows = r;  // R_intra's tile is spent: it holds the rows scattered back to the tokens
+    T* rows = r;   // R_intra's tile is spent: it holds the rows scattered back to the tokens
     if (out.dv) {  // dVc = Pᵀ dR
       gemm_tile<T>(rows, p, dr, true, false, T(1), T(0), K, d, K);
       scatter_add(out.dv, rows, ids, K, d);
@@ -387,16 +399,16 @@ void cast_forward(const CastShape& s, const CastPointers<T>& in, T* out, T* r_in
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < groups; ++bh)
       group_forward(s, group_of(s, bh, in.q, in.k, in.v, in.s, in.mask, in.g, in.members), out + bh * s.N * s.d,
-                    r_inter + bh * s.C * s.d, lse + bh * s.C * s.kappa,
-                    chosen ? chosen + bh * s.C * s.kappa : nullptr, base, at);
+                    r_inter + bh * s.C * s.d, lse + bh * s.C * s.kappa, chosen ? chosen + bh * s.C * s.kappa : nullptr,
+                    base, at);
   }
 }
 
 // dsur_parts (B·H, C, d): each group's share, summed over the batch in order afterwards so the
 // result does not depend on the number of threads.
 template <class T>
-void cast_backward(const CastShape& s, const CastPointers<T>& in, const T* dout, const T* r_inter, const T* lse,
-                   T* dq, T* dk, T* dv, T* dz, T* dsur_parts, Tensor& scratch, const Scratch& at) {
+void cast_backward(const CastShape& s, const CastPointers<T>& in, const T* dout, const T* r_inter, const T* lse, T* dq,
+                   T* dk, T* dv, T* dz, T* dsur_parts, Tensor& scratch, const Scratch& at) {
   const int64_t groups = s.B * s.H, rows = s.N * s.d;
 #pragma omp parallel num_threads(threads_for(groups))
   {
@@ -432,8 +444,15 @@ struct CastAttentionFusedNode final : autograd::Node {
   StepOptions options;
   const char* name() const override { return "cast_attention_fused"; }
   void fields(autograd::FieldVisitor& visit) const override {
-    for (auto [name, t] : {std::pair{"x", &x}, {"gate_w", &gate_w}, {"gate_b", &gate_b}, {"q", &q}, {"k", &k},
-                           {"v", &v}, {"s", &s}, {"mask", &mask}, {"members", &members}})
+    for (auto [name, t] : {std::pair{"x", &x},
+                           {"gate_w", &gate_w},
+                           {"gate_b", &gate_b},
+                           {"q", &q},
+                           {"k", &k},
+                           {"v", &v},
+                           {"s", &s},
+                           {"mask", &mask},
+                           {"members", &members}})
       visit.input(name, *t);
     visit.saved("g", g);
     visit.saved("r_inter", r_inter);
@@ -453,8 +472,10 @@ void CastAttentionFusedNode::backward() {
   Tensor scratch = Tensor::empty({threads_for(sh.B * sh.H) * at.floats}, q.dtype());
   CAST_DISPATCH_FLOAT(q.dtype(), "cast_attention_fused", [&] {
     auto ptr = [](Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
-    const CastPointers<T> in{x.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), s.data<T>(),
-                             mask.defined() ? mask.data<T>() : nullptr, g.data<T>(), members.data<int32_t>()};
+    const CastPointers<T> in{x.data<T>(), q.data<T>(),
+                             k.data<T>(), v.data<T>(),
+                             s.data<T>(), mask.defined() ? mask.data<T>() : nullptr,
+                             g.data<T>(), members.data<int32_t>()};
     cast_backward<T>(sh, in, outputs[0].grad().data<T>(), r_inter.defined() ? r_inter.data<T>() : nullptr,
                      lse.data<T>(), ptr(dq), ptr(dk), ptr(dv), dz.data<T>(), ptr(dsur_parts), scratch, at);
     if (dsur_parts.defined()) {  // dS[h] += Σ_b, in batch order
@@ -487,10 +508,6 @@ void CastAttentionFusedNode::backward() {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Both entry points: with `choosing`, members (−1 throughout) is filled by step 4 in the op.
 Tensor cast_attention_fused_run(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
@@ -506,8 +523,10 @@ Tensor cast_attention_fused_run(const char* op, const Tensor& x, const Tensor& g
     const Scratch at(sh, false, choosing);
     Tensor scratch = Tensor::empty({threads_for(sh.B * sh.H) * at.floats}, q.dtype());
     CAST_DISPATCH_FLOAT(q.dtype(), op, [&] {
-      const CastPointers<T> in{x.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), s.data<T>(),
-                               mask.defined() ? mask.data<T>() : nullptr, g.data<T>(), members.data<int32_t>()};
+      const CastPointers<T> in{x.data<T>(), q.data<T>(),
+                               k.data<T>(), v.data<T>(),
+                               s.data<T>(), mask.defined() ? mask.data<T>() : nullptr,
+                               g.data<T>(), members.data<int32_t>()};
       cast_forward<T>(sh, in, out.data<T>(), r_inter.defined() ? r_inter.data<T>() : nullptr, lse.data<T>(),
                       choosing ? members.data<int32_t>() : nullptr, scratch, at);
     });
@@ -528,8 +547,7 @@ Tensor cast_attention_fused_run(const char* op, const Tensor& x, const Tensor& g
 Tensor cast_attention_fused(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
                             const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
                             const Tensor& members, const StepOptions& options) {
-  return cast_attention_fused_run("cast_attention_fused", x, gate_w, gate_b, q, k, v, s, mask, members, options,
-                                  false);
+  return cast_attention_fused_run("cast_attention_fused", x, gate_w, gate_b, q, k, v, s, mask, members, options, false);
 }
 
 Tensor cast_attention_fused_topk(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,

@@ -4,11 +4,11 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "ops/affinity_rows.h"
 #include "ops/dispatch.h"
 #include "ops/fast.h"
 #include "ops/matmul.h"
 #include "ops/softmax.h"
-#include "ops/affinity_rows.h"
 
 // CAST steps 1–2 fused on the CPU: the affinities A = f(X Sᵀ/√w) of the queries (or keys) to
 // the surrogate tokens, f the softmax over the C clusters or the Laplace rows. The reference
@@ -64,7 +64,8 @@ void score_gradient_tile(T* ds, const T* da, const T* a, const T* total, const T
     return;
   }
   gemm_tile<T>(ds, x, sur, false, true, factor, T(0), rows, C, w);  // the scores again
-  for (int64_t r = 0; r < rows; ++r) affinity_rows::laplace_gradient_row(ds + r * C, da + r * C, a + r * C, total[r], C);
+  for (int64_t r = 0; r < rows; ++r)
+    affinity_rows::laplace_gradient_row(ds + r * C, da + r * C, a + r * C, total[r], C);
 }
 
 // dx += factor dS S, and dsur += factor Σ dSᵀ X. A task forms the score gradient of a chunk of

@@ -6,7 +6,6 @@
 // Grouped mask convention (as softmax): inputs have G = B·heads groups; group g uses row
 // g / (G / B) of the (B, N) key mask (1 = real token, 0 = padding).
 #include <cstdint>
-
 #include <vector>
 
 #include "tensor/tensor.h"

@@ -107,8 +107,8 @@ const std::vector<FastPath>& fast_paths() {
        [](const std::vector<Tensor>& in, const StepOptions&) {
          return improved_clustered_output_topkey(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5));
        }},
-      {"cast_attention_fused", Step::cast_attention, "ops/cast_attention_fused.cpp",
-       "CPU f32/f64, per-head clustering", cpu_float,
+      {"cast_attention_fused", Step::cast_attention, "ops/cast_attention_fused.cpp", "CPU f32/f64, per-head clustering",
+       cpu_float,
        [](const std::vector<Tensor>& in, const StepOptions& o) {
          return cast_attention_fused(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5), at(in, 6),
                                      opt(in, 7), at(in, 8), o);
@@ -200,8 +200,8 @@ void check_intra_cluster_inputs(const char* op, const Tensor& q, const Tensor& k
 }
 
 void check_cast_attention_inputs(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
-                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
-                                 const Tensor& mask, const Tensor& members) {
+                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
+                                 const Tensor& members) {
   check_heads(op, q, k, v);
   check_ndim(op, x, 3, "x");
   check_ndim(op, s, 3, "surrogates");
@@ -212,8 +212,8 @@ void check_cast_attention_inputs(const char* op, const Tensor& x, const Tensor& 
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3), D = x.dim(2);
   CAST_CHECK(x.dim(0) == B && x.dim(1) == N, "{}: x {} does not fit q {} (want [{}, {}, D])", op, x.describe(),
              q.describe(), B, N);
-  CAST_CHECK(s.dim(0) == H && s.dim(2) == d, "{}: surrogates {} do not fit q {} (want [{}, C, {}])", op,
-             s.describe(), q.describe(), H, d);
+  CAST_CHECK(s.dim(0) == H && s.dim(2) == d, "{}: surrogates {} do not fit q {} (want [{}, C, {}])", op, s.describe(),
+             q.describe(), H, d);
   CAST_CHECK(gate_w.shape() == (Shape{D, H}) && gate_b.shape() == Shape{H},
              "{}: gate_w {} and gate_b {} must be [{}, {}] and [{}]", op, gate_w.describe(), gate_b.describe(), D, H,
              H);

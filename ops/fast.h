@@ -45,8 +45,8 @@ enum class Step {
   improved_clustered_output,  // q, k, v (B, H, N, d), a_c (B, H, C, N), top_keys (B, H, C, k), assignment (B, H, N)
   cast_attention,             // x, gate_w, gate_b, q, k, v, s (H, C, d), mask or undefined, members; options
 };
-constexpr Step kSteps[] = {Step::cluster_affinities,       Step::gated_affinity,    Step::full_attention,
-                           Step::intra_cluster_attention,  Step::cluster_summaries, Step::combine_clusters,
+constexpr Step kSteps[] = {Step::cluster_affinities,        Step::gated_affinity,    Step::full_attention,
+                           Step::intra_cluster_attention,   Step::cluster_summaries, Step::combine_clusters,
                            Step::improved_clustered_output, Step::cast_attention};
 const char* step_name(Step step);
 
@@ -62,8 +62,8 @@ StepSizes sizes_of(Step step, const std::vector<Tensor>& inputs);
 // What a step takes besides its tensors.
 struct StepOptions {
   AttentionFn f = AttentionFn::softmax;  // cluster_affinities, cast_attention: the softmax or the Laplace rows
-  bool summaries = true;                  // cast_attention: R_inter on | off
-  bool mix_query = false;                 // cast_attention: W = A_q instead of A_g
+  bool summaries = true;                 // cast_attention: R_inter on | off
+  bool mix_query = false;                // cast_attention: W = A_q instead of A_g
 };
 
 using StepFn = Tensor (*)(const std::vector<Tensor>& inputs, const StepOptions& options);
@@ -115,8 +115,8 @@ void check_gated_affinity_inputs(const char* op, const Tensor& x, const Tensor& 
 void check_intra_cluster_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& members);
 void check_cast_attention_inputs(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
-                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
-                                 const Tensor& mask, const Tensor& members);
+                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
+                                 const Tensor& members);
 void check_improved_clustered_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& a_c, const Tensor& top_keys, const Tensor& assignment);
 

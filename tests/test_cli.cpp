@@ -220,8 +220,9 @@ TEST(Cli, TracePrintsTheTape) {
   for (const char* want : {"trace layer: forward", "── cast_attention", "cast_attention_fused", "fast cpu",
                            "reference cpu", "trace layer: backward", "nodes, saved"})
     EXPECT_NE(layer.out.find(want), std::string::npos) << want << "\n" << layer.out;
-  CliRun steps = run("layer --in " + data_dir + "/layer_cast.safetensors --out " + (dir / "steps.safetensors").string() +
-                     " --attention cast --heads 2 --clusters 3 --cluster-size 3 --trace --reference");
+  CliRun steps =
+      run("layer --in " + data_dir + "/layer_cast.safetensors --out " + (dir / "steps.safetensors").string() +
+          " --attention cast --heads 2 --clusters 3 --cluster-size 3 --trace --reference");
   ASSERT_EQ(steps.code, 0) << steps.err;
   for (const char* want : {"── cluster_topk", "no node", "── intra_cluster_attention", "reference cpu"})
     EXPECT_NE(steps.out.find(want), std::string::npos) << want << "\n" << steps.out;

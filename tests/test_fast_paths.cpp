@@ -121,8 +121,8 @@ Case cast_attention_case(Draw& r, DType t) {
   const int64_t B = r.between(1, 2), H = r.between(1, 3), N = r.small() ? 1 : r.between(2, 150);
   const int64_t C = r.small() ? 1 : r.between(2, 9), kappa = r.small() ? 1 : r.between(2, 20);
   const int64_t d = r.small() ? 1 : r.between(2, 24), D = r.small() ? 1 : r.between(2, 20);
-  const ops::StepOptions o{r.seed % 2 == 0 ? ops::AttentionFn::softmax : ops::AttentionFn::laplace,
-                           r.between(0, 2) > 0, r.between(0, 2) == 0};
+  const ops::StepOptions o{r.seed % 2 == 0 ? ops::AttentionFn::softmax : ops::AttentionFn::laplace, r.between(0, 2) > 0,
+                           r.between(0, 2) == 0};
   Tensor mask = r.seed % 4 == 2 ? Tensor() : padding_mask(r, B, N, t);
   return {{leaf({B, N, D}, r.seed + 1, t), leaf({D, H}, r.seed + 2, t), leaf({H}, r.seed + 3, t),
            leaf({B, H, N, d}, r.seed + 4, t), leaf({B, H, N, d}, r.seed + 5, t), leaf({B, H, N, d}, r.seed + 6, t),

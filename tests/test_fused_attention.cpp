@@ -393,7 +393,7 @@ TEST(CastAttentionFused, MatchesTheStepChainInEverySetting) {
         const ops::StepOptions o = cast_options(variant);
         const std::string what =
             fmt::format("B{} H{} N{} C{} kappa{} d{} D{} {} {}", B, H, N, C, kappa, d, D, describe(o), dtype_name(dt));
-        Inputs x{make({B, N, D}, 1), make({D, H}, 2),     make({H}, 3),       make({B, H, N, d}, 4),
+        Inputs x{make({B, N, D}, 1),    make({D, H}, 2),       make({H}, 3),      make({B, H, N, d}, 4),
                  make({B, H, N, d}, 5), make({B, H, N, d}, 6), make({H, C, d}, 7)};
         const Tensor dout = Tensor::uniform({B, H, N, d}, 77, 0, -1.0, 1.0, dt);
         Tensor outs[2];
@@ -414,7 +414,8 @@ TEST(CastAttentionFused, MatchesTheStepChainInEverySetting) {
           // with W = A_q the gate gets no gradient from either
           ASSERT_EQ(grads[1][i].defined(), grads[0][i].defined()) << what << " gradient of input " << i;
           if (grads[0][i].defined())
-            expect_close_per_element(grads[1][i], grads[0][i], rtol, atol, what + fmt::format(" gradient of input {}", i));
+            expect_close_per_element(grads[1][i], grads[0][i], rtol, atol,
+                                     what + fmt::format(" gradient of input {}", i));
         }
       }
     }

@@ -73,9 +73,9 @@ TEST(Trace, OneCastLayerListsItsStepsInOrder) {
       EXPECT_EQ(one_op, fast && device == Device::cpu);
       const std::vector<std::string> want =
           one_op ? std::vector<std::string>{"cast_attention"}
-                 : std::vector<std::string>{"cluster_affinities",      "cluster_affinities", "gated_affinity",
-                                            "cluster_topk",            "intra_cluster_attention",
-                                            "cluster_summaries",       "combine_clusters"};
+                 : std::vector<std::string>{"cluster_affinities", "cluster_affinities",      "gated_affinity",
+                                            "cluster_topk",       "intra_cluster_attention", "cluster_summaries",
+                                            "combine_clusters"};
       EXPECT_EQ(step_sequence(events), want) << device_name(device) << (fast ? " fast" : " reference");
       // Step 4 records no node (its indices are constants); every other step records some.
       std::map<std::string, int> nodes;
