@@ -125,13 +125,21 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
     autograd::FastPathScope by("project_heads");
     return ops::project_heads(x, params_.at(w), config_.heads);
   };
+  // Where one op runs CAST, the gate g (B, N, H) is its input, recorded before the projections:
+  // the backward then reaches the gate after them and adds to the gradient of x they form, rather
+  // than forming a (B, N, D) gradient while the heads' gradients are all alive.
+  Tensor gate;
+  if (cast_runs_as_one_op(x)) {
+    autograd::StepScope named(ops::step_name(ops::Step::gated_affinity));  // step 3's first half
+    gate = ops::cast_gate(x, params_.at("gate_w"), params_.at("gate_b"));
+  }
   Tensor q = project("wq"), k = project("wk"), v = project("wv");
   AttentionOutput result;
   Tensor heads_out;
   switch (config_.mechanism) {
     case Mechanism::full: heads_out = step(ops::Step::full_attention, {q, k, v, mask}); break;
     case Mechanism::cast:
-      result = forward_cast(x, mask, q, k, v);
+      result = forward_cast(x, mask, q, k, v, gate);
       heads_out = result.out;
       break;
     default:
@@ -150,8 +158,14 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
   return result;
 }
 
+bool Attention::cast_runs_as_one_op(const Tensor& x) const {
+  if (config_.mechanism != Mechanism::cast || config_.shared_clustering) return false;
+  const ops::StepSizes sizes{x.device(), x.dtype(), config_.dim / config_.heads, 0};
+  return ops::choose_path(ops::Step::cast_attention, config_.fused, sizes) != nullptr;
+}
+
 AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k,
-                                        const Tensor& v) {
+                                        const Tensor& v, const Tensor& gate) {
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
   const int64_t C = config_.clusters;
   const int64_t kappa = config_.cluster_size > 0 ? config_.cluster_size : default_clusters(N);
@@ -163,18 +177,17 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
     Tensor flat = a_g.view({B * a_g.dim(1), N, C});
     return config_.single_assignment ? ops::cluster_satopk(flat, mask, kappa) : ops::cluster_topk(flat, mask, kappa);
   };
-  // With per-head clustering and a fast path for the whole of steps 1–3 and 5–7 (ops/fast.h),
-  // one op runs them and keeps no affinities for its backward. For Top-K it also chooses the
+  // Where one op runs steps 1–3 and 5–7 (per-head clustering and a fast path of ops/fast.h's
+  // cast_attention: the gate is then given), it keeps no affinities for its backward. For Top-K it also chooses the
   // clusters, from the A_g it forms anyway; for Single-Assignment Top-K, A_g is formed first
   // without a gradient to choose them, and the op forms the affinities again.
-  std::vector<Tensor> whole{x, gate_w, gate_b, q, k, v, s, mask, Tensor()};
-  if (!config_.shared_clustering &&
-      ops::choose_path(ops::Step::cast_attention, config_.fused, ops::sizes_of(ops::Step::cast_attention, whole))) {
+  if (gate.defined()) {
+    std::vector<Tensor> whole{gate, q, k, v, s, mask, Tensor()};
     AttentionOutput result;
     if (!config_.single_assignment) {
       autograd::StepScope named(ops::step_name(ops::Step::cast_attention));
       autograd::FastPathScope by("cast_attention_fused");
-      result.out = ops::cast_attention_fused_topk(x, gate_w, gate_b, q, k, v, s, mask, kappa, options, result.clusters);
+      result.out = ops::cast_attention_fused_topk(gate, q, k, v, s, mask, kappa, options, result.clusters);
       return result;
     }
     {

@@ -71,7 +71,10 @@ class Attention : public Module {
   void collect_parameters(ParamList& out, const std::string& prefix) override;
 
  private:
-  AttentionOutput forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v);
+  AttentionOutput forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& gate);
+  // Whether CAST's steps 1–3 and 5–7 run as one op (ops/fast.h's cast_attention) on x's device.
+  bool cast_runs_as_one_op(const Tensor& x) const;
   AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& assignment);
   // One step through ops/fast.h: a fast path when the config allows and one fits, else the reference.

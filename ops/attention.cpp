@@ -207,14 +207,15 @@ struct AffinityMixNode final : autograd::Node {
   }
 };
 
-Tensor gated_affinity(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& a_q,
-                      const Tensor& a_k) {
-  autograd::StepScope named("gated_affinity");
-  check_gated_affinity_inputs("gated_affinity", x, gate_w, gate_b, a_q, a_k);
-  const int64_t G = a_q.dim(1);
-  // the gate is a linear layer and a sigmoid (recorded primitives)
-  Tensor g = sigmoid(add(matmul(x, gate_w), gate_b));                      // (B, N, G)
-  Tensor g4 = reshape(permute(g, {0, 2, 1}), {x.dim(0), G, x.dim(1), 1});  // (B, G, N, 1)
+Tensor cast_gate(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b) {
+  return sigmoid(add(matmul(x, gate_w), gate_b));  // a linear layer and a sigmoid (recorded primitives)
+}
+
+Tensor mix_affinities(const Tensor& g, const Tensor& a_q, const Tensor& a_k) {
+  const int64_t B = a_q.dim(0), G = a_q.dim(1), N = a_q.dim(2);
+  CAST_CHECK(g.shape() == (Shape{B, N, G}), "mix_affinities: gate {} must be [{}, {}, {}] for affinities {}",
+             g.describe(), B, N, G, a_q.describe());
+  Tensor g4 = reshape(permute(g, {0, 2, 1}), {B, G, N, 1});  // (B, G, N, 1)
   Tensor diff = raw(BinaryOp::sub, a_q, a_k);
   Tensor a_g = raw(BinaryOp::add, a_k, raw(BinaryOp::mul, g4, diff));
   if (autograd::needs_grad({&g4, &a_q, &a_k})) {
@@ -224,6 +225,13 @@ Tensor gated_affinity(const Tensor& x, const Tensor& gate_w, const Tensor& gate_
     autograd::record(std::move(node));
   }
   return a_g;
+}
+
+Tensor gated_affinity(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& a_q,
+                      const Tensor& a_k) {
+  autograd::StepScope named("gated_affinity");
+  check_gated_affinity_inputs("gated_affinity", x, gate_w, gate_b, a_q, a_k);
+  return mix_affinities(cast_gate(x, gate_w, gate_b), a_q, a_k);
 }
 
 // ---------------------------------------------------------------- CAST step 5
@@ -410,13 +418,16 @@ Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_
 }
 
 // ---------------------------------------------------------------- CAST steps 1–3, 5–7
-Tensor cast_attention(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q, const Tensor& k,
-                      const Tensor& v, const Tensor& s, const Tensor& mask, const Tensor& members, AttentionFn f,
-                      bool summaries, bool mix_query) {
-  check_cast_attention_inputs("cast_attention", x, gate_w, gate_b, q, k, v, s, mask, members);
+Tensor cast_attention(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
+                      const Tensor& mask, const Tensor& members, AttentionFn f, bool summaries, bool mix_query) {
+  check_cast_attention_inputs("cast_attention", g, q, k, v, s, mask, members);
   Tensor a_q = cluster_affinities(q, s, f);  // (B, H, N, C)
   Tensor a_k = cluster_affinities(k, s, f);
-  Tensor w = mix_query ? a_q : gated_affinity(x, gate_w, gate_b, a_q, a_k);
+  Tensor w = a_q;
+  if (!mix_query) {
+    autograd::StepScope named("gated_affinity");
+    w = mix_affinities(g, a_q, a_k);
+  }
   Tensor r_intra = intra_cluster_attention(q, k, v, members);
   Tensor r_inter = summaries ? cluster_summaries(a_k, v, mask) : Tensor();
   return combine_clusters(w, r_intra, r_inter, members);

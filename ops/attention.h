@@ -35,6 +35,10 @@ Tensor cluster_affinities(const Tensor& x, const Tensor& s, AttentionFn f);
 // 3. g = sigmoid(x W_φ + b_φ): (B, N, G) -> A_g = A_k + g ⊙ (A_q − A_k): (B, G, N, C).
 Tensor gated_affinity(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& a_q,
                       const Tensor& a_k);
+// Its two halves: the gate g = sigmoid(x W_φ + b_φ): x (B, N, D), gate_w (D, G), gate_b (G) ->
+// (B, N, G), and the mix A_g = A_k + g ⊙ (A_q − A_k) given g.
+Tensor cast_gate(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b);
+Tensor mix_affinities(const Tensor& g, const Tensor& a_q, const Tensor& a_k);
 
 // 5. members: (B, H, C, κ) int, −1 = empty slot -> R_intra: (B, H, C, κ, d)
 Tensor intra_cluster_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& members);
@@ -46,14 +50,16 @@ Tensor cluster_summaries(const Tensor& a_k, const Tensor& v, const Tensor& mask)
 // With r_inter undefined (summaries off) only the intra-cluster terms remain.
 Tensor combine_clusters(const Tensor& w, const Tensor& r_intra, const Tensor& r_inter, const Tensor& members);
 
-// Steps 1–3 and 5–7 together, given the clusters that step 4 chose from A_g (a constant of the
-// backward): per-head clustering, x (B, N, D), gate_w (D, H), gate_b (H), q, k, v (B, H, N, d),
-// s (H, C, d), mask (B, N) or undefined, members (B, H, C, κ) -> O (B, H, N, d). The mixing
-// weights W are A_g, or A_q with `mix_query`; `summaries` off drops R_inter. The chain of the
-// step ops above, and the reference of the one fused op (ops/cast_attention_fused.cpp).
-Tensor cast_attention(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q, const Tensor& k,
-                      const Tensor& v, const Tensor& s, const Tensor& mask, const Tensor& members, AttentionFn f,
-                      bool summaries, bool mix_query);
+// Steps 1–3 and 5–7 together, given the gate and the clusters that step 4 chose from A_g (a
+// constant of the backward): per-head clustering, g (B, N, H) = cast_gate(x, W_φ, b_φ),
+// q, k, v (B, H, N, d), s (H, C, d), mask (B, N) or undefined, members (B, H, C, κ) ->
+// O (B, H, N, d). The mixing weights W are A_g, or A_q with `mix_query` (g then gets no
+// gradient); `summaries` off drops R_inter. The chain of the step ops above, and the reference
+// of the one fused op (ops/cast_attention_fused.cpp). The gate is an input, not a step of it, so
+// that a layer can record the gate before its projections: x's gradient is then first formed
+// where the projections' backward forms it anyway.
+Tensor cast_attention(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
+                      const Tensor& mask, const Tensor& members, AttentionFn f, bool summaries, bool mix_query);
 
 // ---------------------------------------------------------------- clustered (§3, §4)
 // 3. Q̄_j = mean of member queries: assignment (B, H, N) int -> (B, H, C, d)

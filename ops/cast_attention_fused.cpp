@@ -10,20 +10,19 @@
 #include "ops/affinity_rows.h"
 #include "ops/clustering.h"
 #include "ops/dispatch.h"
-#include "ops/elementwise.h"
 #include "ops/fast.h"
 #include "ops/fused_rows.h"
 #include "ops/matmul.h"
 #include "ops/softmax.h"
-#include "ops/unary.h"
 
 // CAST steps 1–3 and 5–7 as one op on the CPU, given the clusters of step 4. The step ops
 // (ops/attention.cpp), and their fast paths one by one, each write a (B, H, N, C) or
 // (B, H, C, κ, d) tensor that the next reads, and the tape keeps A_q, A_k, A_g, P and R_intra
 // for the backward. Here one thread takes a (batch, head) group at a time and runs every step of
-// it with the group's affinities in its own scratch: the backward keeps nothing per token but
-// the gate g, and recomputes the affinities (the same rows, bit for bit) and each cluster's tile
-// of R_intra from its saved row log-sum-exp, as flash attention recomputes its scores.
+// it with the group's affinities in its own scratch. The backward keeps nothing per token but the
+// gate g: it forms the affinities again a tile of rows at a time (the same rows, bit for bit) and
+// each cluster's tile of R_intra from its saved row log-sum-exp, as flash attention recomputes
+// its scores, so its scratch is a few tiles, not the group's (N, C) matrices.
 namespace cast::ops {
 
 namespace {
@@ -34,23 +33,29 @@ struct CastShape {
   AttentionFn f;
   bool summaries, mix_query;
 };
-constexpr int64_t kTileRows = 64;  // rows of the affinities formed or read at once
+constexpr int64_t kTileRows = 64;       // rows of the affinities formed or read at once
+constexpr int64_t kBackwardRows = 256;  // rows of the backward's tiles: products of 256 rows run near the tile rate
 
-// The scratch of one thread, in floats: the group's affinities and their gradients (N, C) each,
-// Laplace's row sums, a row tile, and one cluster's tiles.
+// The scratch of one thread, in floats. The forward holds the group's affinities A_q and A_k
+// (N, C) each, and A_g where it chooses the clusters; the backward holds one row tile of each,
+// the gradients of those tiles and the slots' share of dW. Both hold a cluster's tiles.
 struct Scratch {
-  int64_t aq, ak, ag, da_q, da_k, totals, tile, colsum, r_inter_grad, qc, kc, vc, p, dp, r, dr, floats;
-  // forward: A_q, A_k, and A_g where the forward chooses the clusters; backward: A_q, A_k, dA_q, dA_k
+  int64_t aq, ak, ag, da_q, da_k, totals, tile, dot, r_inter_grad, slot_dw, qc, kc, vc, p, dp, r, dr, floats;
   Scratch(const CastShape& s, bool backward, bool choosing) {
-    const int64_t nc = s.N * s.C, kd = s.kappa * s.d, kk = s.kappa * s.kappa;
+    const int64_t rows = backward ? std::min(kBackwardRows, s.N) : s.N;
+    const int64_t kd = s.kappa * s.d, kk = s.kappa * s.kappa, slots = s.C * s.kappa;
     int64_t at = 0;
     auto take = [&](int64_t n) { return std::exchange(at, at + n); };
-    aq = take(nc), ak = take(nc), ag = take(choosing ? nc : 0);
-    da_q = take(backward ? nc : 0), da_k = take(backward ? nc : 0);
-    totals = take(2 * s.N), tile = take(kTileRows * s.C), colsum = take(2 * s.C), r_inter_grad = take(s.C * s.d);
+    aq = take(rows * s.C), ak = take(rows * s.C), ag = take(choosing ? s.N * s.C : 0);
+    da_q = take(backward ? rows * s.C : 0), da_k = take(backward ? rows * s.C : 0);
+    totals = take(2 * rows), tile = take((backward ? rows : kTileRows) * s.C), dot = take(s.C),
+    r_inter_grad = take(s.C * s.d);
+    slot_dw = take(backward ? slots : 0);
     qc = take(kd), kc = take(kd), vc = take(kd), p = take(kk), dp = take(kk), r = take(kd), dr = take(kd);
     floats = at;
   }
+  // int32s per thread for the backward: each token's slots (N + 1 offsets and C·κ slot indices)
+  static int64_t ints(const CastShape& s) { return s.N + 1 + s.C * s.kappa; }
 };
 
 // One (batch, head) group's inputs: rows of q, k, v (N, d), its surrogates (C, d), the mask row,
@@ -77,16 +82,16 @@ Group<T> group_of(const CastShape& s, int64_t bh, const T* q, const T* k, const 
           s.H};
 }
 
-// a (N, C) = f-rows of x (N, d) Sᵀ/√d, a tile of rows at a time as cluster_affinities_fused
-// forms them; total (N): the Laplace rows' sums.
+// a (rows, C) = f-rows of x (rows, d) Sᵀ/√d, a tile at a time as cluster_affinities_fused forms
+// them; total (rows): the Laplace rows' sums.
 template <class T>
-void affinities(T* a, T* total, const T* x, const TileOperand<T>& s_t, const CastShape& s) {
+void affinities(T* a, T* total, const T* x, const TileOperand<T>& s_t, const CastShape& s, int64_t rows) {
   const T factor = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.d)));
-  for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {
-    const int64_t rows = std::min(kTileRows, s.N - r0);
+  for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+    const int64_t n = std::min(kTileRows, rows - r0);
     T* tile = a + r0 * s.C;
-    s_t.multiply(tile, x + r0 * s.d, false, factor, T(0), rows);
-    for (int64_t r = 0; r < rows; ++r) {
+    s_t.multiply(tile, x + r0 * s.d, false, factor, T(0), n);
+    for (int64_t r = 0; r < n; ++r) {
       T* row = tile + r * s.C;
       if (s.f == AttentionFn::softmax) softmax_row<T>(row, row, nullptr, s.C, false);
       else total[r0 + r] = affinity_rows::laplace_row(row, s.C);
@@ -106,12 +111,12 @@ T weight(const CastShape& s, const T* aq, const T* ak, T g, int64_t at) {
   return s.mix_query ? aq[at] : gated(aq, ak, g, at);
 }
 
-// out (rows, C) = W of rows [r0, r0 + rows)
+// out (rows, C) = W of rows [r0, r0 + rows), from aq and ak (rows, C) of those rows
 template <class T>
 void weight_tile(T* out, const CastShape& s, const Group<T>& in, const T* aq, const T* ak, int64_t r0, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r) {
     const T g = s.mix_query ? T(0) : in.gate(r0 + r);
-    for (int64_t c = 0; c < s.C; ++c) out[r * s.C + c] = weight(s, aq, ak, g, (r0 + r) * s.C + c);
+    for (int64_t c = 0; c < s.C; ++c) out[r * s.C + c] = weight(s, aq, ak, g, r * s.C + c);
   }
 }
 
@@ -126,13 +131,13 @@ void column_sums(T* colsum, const CastShape& s, const Group<T>& in, const T* ak)
   for (int64_t c = 0; c < s.C; ++c) colsum[c] += T(1e-30);
 }
 
-// out (rows, C) = P of rows [r0, r0 + rows): A_k m / colsum
+// out (rows, C) = P of rows [r0, r0 + rows): A_k m / colsum, from ak (rows, C) of those rows
 template <class T>
 void summary_weight_tile(T* out, const CastShape& s, const Group<T>& in, const T* ak, const T* colsum, int64_t r0,
                          int64_t rows) {
   for (int64_t r = 0; r < rows; ++r) {
     const T m = in.mask ? in.mask[r0 + r] : T(1);
-    for (int64_t c = 0; c < s.C; ++c) out[r * s.C + c] = ak[(r0 + r) * s.C + c] * m / colsum[c];
+    for (int64_t c = 0; c < s.C; ++c) out[r * s.C + c] = ak[r * s.C + c] * m / colsum[c];
   }
 }
 
@@ -170,29 +175,37 @@ void choose_clusters(const CastShape& s, const Group<T>& in, const T* aq, const 
   cluster_topk_group(ag, s.C, real, s.kappa, members);
 }
 
-// out (N, d) of one group: the dense part W R_inter (r_inter (C, d) written here), then each
-// cluster's R_intra and its slots' terms W[i,c] (R_intra[c][p] − R_inter[c]). With `chosen`,
-// the clusters are chosen here first and written there (in.members is the same array).
+// What the forward of one group writes besides its output, and the backward reads: r_inter
+// (C, d) and colsum (C) with summaries on, each slot's log-sum-exp and mixing weight W (C, κ).
 template <class T>
-void group_forward(const CastShape& s, const Group<T>& in, T* out, T* r_inter, T* lse, int32_t* chosen, T* base,
+struct GroupSaved {
+  T *r_inter, *colsum, *lse, *slot_w;
+};
+
+// out (N, d) of one group: the dense part W R_inter, then each cluster's R_intra and its slots'
+// terms W[i,c] (R_intra[c][p] − R_inter[c]). With `chosen`, the clusters are chosen here first and
+// written there (in.members is the same array).
+template <class T>
+void group_forward(const CastShape& s, const Group<T>& in, T* out, const GroupSaved<T>& saved, int32_t* chosen, T* base,
                    const Scratch& at) {
-  T *aq = base + at.aq, *ak = base + at.ak, *tile = base + at.tile, *colsum = base + at.colsum;
+  T *aq = base + at.aq, *ak = base + at.ak, *tile = base + at.tile;
   TileOperand<T> s_t;
   s_t.set(in.s, true, s.C, s.d);
-  affinities(aq, base + at.totals, in.q, s_t, s);
-  affinities(ak, base + at.totals + s.N, in.k, s_t, s);
+  affinities(aq, base + at.totals, in.q, s_t, s, s.N);
+  affinities(ak, base + at.totals + s.N, in.k, s_t, s, s.N);
   if (chosen) choose_clusters(s, in, aq, ak, base + at.ag, chosen);
   if (s.summaries) {
-    column_sums(colsum, s, in, ak);
+    T* r_inter = saved.r_inter;
+    column_sums(saved.colsum, s, in, ak);
     for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {  // R_inter = Pᵀ V
       const int64_t rows = std::min(kTileRows, s.N - r0);
-      summary_weight_tile(tile, s, in, ak, colsum, r0, rows);
+      summary_weight_tile(tile, s, in, ak + r0 * s.C, saved.colsum, r0, rows);
       gemm_tile<T>(r_inter, tile, in.v + r0 * s.d, true, false, T(1), r0 == 0 ? T(0) : T(1), s.C, s.d, rows);
     }
     if (s.N == 0) std::fill(r_inter, r_inter + s.C * s.d, T(0));
     for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {  // O = W R_inter
       const int64_t rows = std::min(kTileRows, s.N - r0);
-      weight_tile(tile, s, in, aq, ak, r0, rows);
+      weight_tile(tile, s, in, aq + r0 * s.C, ak + r0 * s.C, r0, rows);
       gemm_tile<T>(out + r0 * s.d, tile, r_inter, false, false, T(1), T(0), rows, s.d, s.C);
     }
   } else {
@@ -200,13 +213,18 @@ void group_forward(const CastShape& s, const Group<T>& in, T* out, T* r_inter, T
   }
   const T* r = base + at.r;
   for (int64_t c = 0; c < s.C; ++c) {
-    intra_tile(s, in, c, lse + c * s.kappa, static_cast<const T*>(nullptr), base, at);
+    intra_tile(s, in, c, saved.lse + c * s.kappa, static_cast<const T*>(nullptr), base, at);
     const int32_t* ids = in.members + c * s.kappa;
-    const T* r0 = s.summaries ? r_inter + c * s.d : nullptr;
+    const T* r0 = s.summaries ? saved.r_inter + c * s.d : nullptr;
     for (int64_t p = 0; p < s.kappa; ++p) {
       const int64_t i = ids[p];
-      if (i < 0) continue;
+      T& w_saved = saved.slot_w[c * s.kappa + p];
+      if (i < 0) {
+        w_saved = T(0);
+        continue;
+      }
       const T w = weight(s, aq, ak, s.mix_query ? T(0) : in.gate(i), i * s.C + c);
+      w_saved = w;
       const T* rp = r + p * s.d;
       T* o = out + i * s.d;
       if (r0) {
@@ -220,36 +238,53 @@ void group_forward(const CastShape& s, const Group<T>& in, T* out, T* r_inter, T
   }
 }
 
-// The gradients of one group. dq, dk, dv (N, d) are added to; dz (N, stride H) gets the gate's
-// pre-sigmoid gradient; dsur (C, d) is this group's share of the surrogates' gradient. Any of
-// dq, dk, dv, dsur may be null.
+// The gradients of one group, added to: dq, dk, dv (N, d) and the gate's dg (N, stride H); dsur
+// (C, d), written, is this group's share of the surrogates' gradient. Any may be null.
 template <class T>
 struct GroupGrads {
-  T *dq, *dk, *dv, *dz, *dsur;
+  T *dq, *dk, *dv, *dg, *dsur;
 };
 
-// Every cluster's R_intra tile again, its slots' share of dW and dR_inter, and step 5's backward.
+// Each token's slots, so that a row tile finds the slot terms of its dW: the slots of token i are
+// slot[first[i] .. first[i + 1]), each an index c·κ + p into members (C, κ). A token of Top-K can
+// sit in several clusters.
+struct SlotsByToken {
+  int32_t *first, *slot;
+  SlotsByToken(int32_t* ints, const int32_t* members, int64_t N, int64_t slots) : first(ints), slot(ints + N + 1) {
+    std::fill(first, first + N + 1, 0);
+    for (int64_t j = 0; j < slots; ++j)
+      if (members[j] >= 0) ++first[members[j] + 1];
+    for (int64_t i = 0; i < N; ++i) first[i + 1] += first[i];
+    for (int64_t j = 0; j < slots; ++j)  // first[i] runs to token i's end while it places them
+      if (members[j] >= 0) slot[first[members[j]]++] = static_cast<int32_t>(j);
+    for (int64_t i = N; i > 0; --i) first[i] = first[i - 1];
+    first[0] = 0;
+  }
+};
+
+// Every cluster's R_intra tile again, its slots' share of dW (slot_dw (C, κ)) and of dR_inter,
+// and step 5's backward.
 template <class T>
-void clusters_backward(const CastShape& s, const Group<T>& in, const T* dout, const T* r_inter, const T* lse,
+void clusters_backward(const CastShape& s, const Group<T>& in, const T* dout, const GroupSaved<T>& saved,
                        const GroupGrads<T>& out, T* base, const Scratch& at) {
   const int64_t K = s.kappa, d = s.d;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
-  const T *aq = base + at.aq, *ak = base + at.ak;
-  T *dw = base + at.da_q, *dri = base + at.r_inter_grad;
+  T *slot_dw = base + at.slot_dw, *dri = base + at.r_inter_grad;
   T *qc = base + at.qc, *kc = base + at.kc, *vc = base + at.vc, *p = base + at.p, *dp = base + at.dp;
   T *r = base + at.r, *dr = base + at.dr;
   for (int64_t c = 0; c < s.C; ++c) {
     const int32_t* ids = in.members + c * K;
-    intra_tile(s, in, c, static_cast<T*>(nullptr), lse + c * K, base, at);
-    const T* r0 = s.summaries ? r_inter + c * d : nullptr;
+    intra_tile(s, in, c, static_cast<T*>(nullptr), saved.lse + c * K, base, at);
+    const T* r0 = s.summaries ? saved.r_inter + c * d : nullptr;
     for (int64_t slot = 0; slot < K; ++slot) {
       const int64_t i = ids[slot];
       T* drp = dr + slot * d;
       if (i < 0) {
+        slot_dw[c * K + slot] = T(0);
         std::fill(drp, drp + d, T(0));
         continue;
       }
-      const T w = weight(s, aq, ak, s.mix_query ? T(0) : in.gate(i), i * s.C + c);
+      const T w = saved.slot_w[c * K + slot];
       const T *g = dout + i * d, *rp = r + slot * d;
       T part = 0;
       if (r0) {
@@ -262,7 +297,7 @@ void clusters_backward(const CastShape& s, const Group<T>& in, const T* dout, co
 #pragma omp simd reduction(+ : part)
         for (int64_t e = 0; e < d; ++e) part += g[e] * rp[e];
       }
-      dw[i * s.C + c] += part;
+      slot_dw[c * K + slot] = part;
 #pragma omp simd
       for (int64_t e = 0; e < d; ++e) drp[e] = w * g[e];
     }
@@ -285,88 +320,73 @@ void clusters_backward(const CastShape& s, const Group<T>& in, const T* dout, co
   }
 }
 
-// The score gradient of one side's affinities in place of dA (N, C), then dx += dS S/√d and
-// dsur (+)= dSᵀ x/√d.
+// The score gradient of one side's affinities of rows [r0, r0 + rows) in place of dA (rows, C),
+// then dx += dS S/√d and dsur += dSᵀ x/√d. a and total are the rows' affinities and Laplace sums.
 template <class T>
 void affinities_backward(const CastShape& s, const T* x, const T* a, const T* total, const Group<T>& in,
-                         const TileOperand<T>& s_t, T* da, T* dx, T* dsur, bool dsur_fresh, T* tile) {
+                         const TileOperand<T>& s_t, T* da, T* dx, T* dsur, T* tile, int64_t r0, int64_t rows) {
   const T factor = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.d)));
+  x += r0 * s.d;
   if (s.f == AttentionFn::softmax) {
-    softmax_grad_rows(da, a, s.N, s.C);
+    softmax_grad_rows(da, a, rows, s.C);
   } else {
-    for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {
-      const int64_t rows = std::min(kTileRows, s.N - r0);
-      s_t.multiply(tile, x + r0 * s.d, false, factor, T(0), rows);  // the scores again
-      for (int64_t r = 0; r < rows; ++r) {
-        T* scores = tile + r * s.C;
-        const int64_t at = (r0 + r) * s.C;
-        affinity_rows::laplace_gradient_row(scores, da + at, a + at, total[r0 + r], s.C);
-        std::copy(scores, scores + s.C, da + at);
-      }
+    s_t.multiply(tile, x, false, factor, T(0), rows);  // the scores again
+    for (int64_t r = 0; r < rows; ++r) {
+      T* scores = tile + r * s.C;
+      affinity_rows::laplace_gradient_row(scores, da + r * s.C, a + r * s.C, total[r], s.C);
+      std::copy(scores, scores + s.C, da + r * s.C);
     }
   }
-  if (dx) gemm_tile<T>(dx, da, in.s, false, false, factor, T(1), s.N, s.d, s.C);
-  if (dsur) gemm_tile<T>(dsur, da, x, true, false, factor, dsur_fresh ? T(0) : T(1), s.C, s.d, s.N);
+  if (dx) gemm_tile<T>(dx + r0 * s.d, da, in.s, false, false, factor, T(1), rows, s.d, s.C);
+  if (dsur) gemm_tile<T>(dsur, da, x, true, false, factor, T(1), s.C, s.d, rows);
 }
 
-// The backward of one group, in the forward's steps reversed: the dense part of step 7, the
-// clusters (steps 7 and 5), the summaries (step 6), the mix (step 3) and the affinities (1–2).
+// Steps 7 (its dense part), 6, 3 and 2–1 backward for rows [r0, r0 + rows), once dR_inter, the
+// slots' dW and dot (C) = Σ_tokens P·dP are known. `formed`: the rows' affinities and Laplace
+// sums are in the scratch already.
 template <class T>
-void group_backward(const CastShape& s, const Group<T>& in, const T* dout, const T* r_inter, const T* lse,
-                    const GroupGrads<T>& out, T* base, const Scratch& at) {
-  T *aq = base + at.aq, *ak = base + at.ak, *tile = base + at.tile, *colsum = base + at.colsum;
-  T *dw = base + at.da_q, *dak = base + at.da_k, *dri = base + at.r_inter_grad;
-  const T *total_q = base + at.totals, *total_k = base + at.totals + s.N;
-  TileOperand<T> s_t;
-  s_t.set(in.s, true, s.C, s.d);
-  affinities(aq, base + at.totals, in.q, s_t, s);
-  affinities(ak, base + at.totals + s.N, in.k, s_t, s);
-  // step 7's dense part: dW = dO R_interᵀ, dR_inter = Wᵀ dO
-  if (s.summaries) {
-    gemm_tile<T>(dw, dout, r_inter, false, true, T(1), T(0), s.N, s.C, s.d);
-    std::fill(dri, dri + s.C * s.d, T(0));
-    for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {
-      const int64_t rows = std::min(kTileRows, s.N - r0);
-      weight_tile(tile, s, in, aq, ak, r0, rows);
-      gemm_tile<T>(dri, tile, dout + r0 * s.d, true, false, T(1), T(1), s.C, s.d, rows);
-    }
-  } else {
-    std::fill(dw, dw + s.N * s.C, T(0));
+void rows_backward(const CastShape& s, const Group<T>& in, const T* dout, const GroupSaved<T>& saved,
+                   const SlotsByToken& slots, const TileOperand<T>& s_t, const GroupGrads<T>& out, T* base,
+                   const Scratch& at, int64_t r0, int64_t rows, bool formed) {
+  T *aq = base + at.aq, *ak = base + at.ak, *dw = base + at.da_q, *dak = base + at.da_k, *tile = base + at.tile;
+  T *total_q = base + at.totals, *total_k = total_q + std::min(kBackwardRows, s.N);
+  const T *dri = base + at.r_inter_grad, *slot_dw = base + at.slot_dw, *dot = base + at.dot;
+  const T* colsum = saved.colsum;
+  if (!formed) {
+    affinities(aq, total_q, in.q + r0 * s.d, s_t, s, rows);
+    affinities(ak, total_k, in.k + r0 * s.d, s_t, s, rows);
   }
-  clusters_backward(s, in, dout, r_inter, lse, out, base, at);
+  // step 7: dW = dO R_interᵀ and each slot's term
+  if (s.summaries) gemm_tile<T>(dw, dout + r0 * s.d, saved.r_inter, false, true, T(1), T(0), rows, s.C, s.d);
+  else std::fill(dw, dw + rows * s.C, T(0));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int32_t j = slots.first[r0 + r]; j < slots.first[r0 + r + 1]; ++j)
+      dw[r * s.C + slots.slot[j] / s.kappa] += slot_dw[slots.slot[j]];
   // step 6: dV += P dR_inter; dA_k = m (dP − Σ_tokens P·dP) / colsum with dP = V dR_interᵀ
   if (s.summaries) {
-    column_sums(colsum, s, in, ak);
-    T* dot = colsum + s.C;
-    std::fill(dot, dot + s.C, T(0));
-    gemm_tile<T>(dak, in.v, dri, false, true, T(1), T(0), s.N, s.C, s.d);
-    for (int64_t r0 = 0; r0 < s.N; r0 += kTileRows) {
-      const int64_t rows = std::min(kTileRows, s.N - r0);
-      summary_weight_tile(tile, s, in, ak, colsum, r0, rows);
-      if (out.dv) gemm_tile<T>(out.dv + r0 * s.d, tile, dri, false, false, T(1), T(1), rows, s.d, s.C);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < s.C; ++c) dot[c] += dak[(r0 + r) * s.C + c] * tile[r * s.C + c];
-    }
-    for (int64_t i = 0; i < s.N; ++i) {
-      const T m = in.mask ? in.mask[i] : T(1);
+    summary_weight_tile(tile, s, in, ak, colsum, r0, rows);
+    if (out.dv) gemm_tile<T>(out.dv + r0 * s.d, tile, dri, false, false, T(1), T(1), rows, s.d, s.C);
+    gemm_tile<T>(dak, in.v + r0 * s.d, dri, false, true, T(1), T(0), rows, s.C, s.d);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T m = in.mask ? in.mask[r0 + r] : T(1);
       // divided before the mask, as the reference: an overflowed quotient gives inf · 0 = NaN there too
-      for (int64_t c = 0; c < s.C; ++c) dak[i * s.C + c] = (dak[i * s.C + c] - dot[c]) / colsum[c] * m;
+      for (int64_t c = 0; c < s.C; ++c) dak[r * s.C + c] = (dak[r * s.C + c] - dot[c]) / colsum[c] * m;
     }
   } else {
-    std::fill(dak, dak + s.N * s.C, T(0));
+    std::fill(dak, dak + rows * s.C, T(0));
   }
-  // step 3: dA_q = g dA_g, dA_k += (1 − g) dA_g, the gate's dz = Σ_c dA_g (A_q − A_k) g (1 − g);
-  // with W = A_q the gradient of W is A_q's and the gate gets none
+  // step 3: dA_q = g dA_g, dA_k += (1 − g) dA_g, the gate's dg = Σ_c dA_g (A_q − A_k); with
+  // W = A_q the gradient of W is A_q's and the gate gets none
   if (!s.mix_query)
-    for (int64_t i = 0; i < s.N; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = r0 + r;
       const T g = in.gate(i), rest = T(1) - g;
-      T* dwi = dw + i * s.C;
-      const T *qi = aq + i * s.C, *ki = ak + i * s.C;
-      T* dki = dak + i * s.C;
+      T *dwi = dw + r * s.C, *dki = dak + r * s.C;
+      const T *qi = aq + r * s.C, *ki = ak + r * s.C;
       T dg = 0;
 #pragma omp simd reduction(+ : dg)
       for (int64_t c = 0; c < s.C; ++c) dg += dwi[c] * (qi[c] - ki[c]);
-      out.dz[i * s.H] = dg * unary_derivative(UnaryOp::sigmoid, T(0), g);
+      if (out.dg) out.dg[i * s.H] += dg;
 #pragma omp simd
       for (int64_t c = 0; c < s.C; ++c) {
         dki[c] += dwi[c] * rest;
@@ -374,13 +394,51 @@ void group_backward(const CastShape& s, const Group<T>& in, const T* dout, const
       }
     }
   // steps 1–2, the queries' side and then the keys'
-  affinities_backward(s, in.q, aq, total_q, in, s_t, dw, out.dq, out.dsur, true, tile);
-  affinities_backward(s, in.k, ak, total_k, in, s_t, dak, out.dk, out.dsur, false, tile);
+  affinities_backward(s, in.q, aq, total_q, in, s_t, dw, out.dq, out.dsur, tile, r0, rows);
+  affinities_backward(s, in.k, ak, total_k, in, s_t, dak, out.dk, out.dsur, tile, r0, rows);
+}
+
+// The backward of one group, a row tile at a time: dR_inter's dense part Wᵀ dO over every row
+// tile, then the clusters (steps 7 and 5), then each row tile's own gradients. The affinities are
+// formed twice, as the price of keeping no (N, C) matrix: dR_inter must be whole before any
+// row's dA_k. A group of one tile keeps them from the first pass.
+template <class T>
+void group_backward(const CastShape& s, const Group<T>& in, const T* dout, const GroupSaved<T>& saved,
+                    const GroupGrads<T>& out, T* base, int32_t* ints, const Scratch& at) {
+  T *aq = base + at.aq, *ak = base + at.ak, *tile = base + at.tile, *dri = base + at.r_inter_grad;
+  TileOperand<T> s_t;
+  s_t.set(in.s, true, s.C, s.d);
+  if (out.dsur) std::fill(out.dsur, out.dsur + s.C * s.d, T(0));
+  T *total_q = base + at.totals, *total_k = total_q + std::min(kBackwardRows, s.N);
+  const bool one_tile = s.N <= kBackwardRows;
+  if (s.summaries) {  // step 7's dense part: dR_inter = Wᵀ dO
+    std::fill(dri, dri + s.C * s.d, T(0));
+    for (int64_t r0 = 0; r0 < s.N; r0 += kBackwardRows) {
+      const int64_t rows = std::min(kBackwardRows, s.N - r0);
+      affinities(aq, total_q, in.q + r0 * s.d, s_t, s, rows);
+      if (!s.mix_query || one_tile) affinities(ak, total_k, in.k + r0 * s.d, s_t, s, rows);
+      weight_tile(tile, s, in, aq, ak, r0, rows);
+      gemm_tile<T>(dri, tile, dout + r0 * s.d, true, false, T(1), T(1), s.C, s.d, rows);
+    }
+  }
+  clusters_backward(s, in, dout, saved, out, base, at);
+  if (s.summaries) {  // Σ_tokens P·dP = Σ_tokens P (V dR_interᵀ) = R_inter · dR_inter, cluster by cluster
+    T* dot = base + at.dot;
+    for (int64_t c = 0; c < s.C; ++c) {
+      T sum = 0;
+      for (int64_t e = 0; e < s.d; ++e) sum += saved.r_inter[c * s.d + e] * dri[c * s.d + e];
+      dot[c] = sum;
+    }
+  }
+  const SlotsByToken slots(ints, in.members, s.N, s.C * s.kappa);
+  for (int64_t r0 = 0; r0 < s.N; r0 += kBackwardRows)
+    rows_backward(s, in, dout, saved, slots, s_t, out, base, at, r0, std::min(kBackwardRows, s.N - r0),
+                  s.summaries && one_tile);
 }
 
 template <class T>
 struct CastPointers {
-  const T *x, *q, *k, *v, *s, *mask, *g;
+  const T *q, *k, *v, *s, *mask, *g;
   const int32_t* members;
 };
 
@@ -390,7 +448,13 @@ int threads_for(int64_t groups) {
 }
 
 template <class T>
-void cast_forward(const CastShape& s, const CastPointers<T>& in, T* out, T* r_inter, T* lse, int32_t* chosen,
+GroupSaved<T> saved_of(const CastShape& s, int64_t bh, T* r_inter, T* colsum, T* lse, T* slot_w) {
+  return {r_inter ? r_inter + bh * s.C * s.d : nullptr, colsum ? colsum + bh * s.C : nullptr, lse + bh * s.C * s.kappa,
+          slot_w + bh * s.C * s.kappa};
+}
+
+template <class T>
+void cast_forward(const CastShape& s, const CastPointers<T>& in, T* out, const GroupSaved<T>& saved, int32_t* chosen,
                   Tensor& scratch, const Scratch& at) {
   const int64_t groups = s.B * s.H;
 #pragma omp parallel num_threads(threads_for(groups))
@@ -399,27 +463,28 @@ void cast_forward(const CastShape& s, const CastPointers<T>& in, T* out, T* r_in
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < groups; ++bh)
       group_forward(s, group_of(s, bh, in.q, in.k, in.v, in.s, in.mask, in.g, in.members), out + bh * s.N * s.d,
-                    r_inter + bh * s.C * s.d, lse + bh * s.C * s.kappa, chosen ? chosen + bh * s.C * s.kappa : nullptr,
-                    base, at);
+                    saved_of(s, bh, saved.r_inter, saved.colsum, saved.lse, saved.slot_w),
+                    chosen ? chosen + bh * s.C * s.kappa : nullptr, base, at);
   }
 }
 
 // dsur_parts (B·H, C, d): each group's share, summed over the batch in order afterwards so the
 // result does not depend on the number of threads.
 template <class T>
-void cast_backward(const CastShape& s, const CastPointers<T>& in, const T* dout, const T* r_inter, const T* lse, T* dq,
-                   T* dk, T* dv, T* dz, T* dsur_parts, Tensor& scratch, const Scratch& at) {
+void cast_backward(const CastShape& s, const CastPointers<T>& in, const T* dout, const GroupSaved<T>& saved, T* dq,
+                   T* dk, T* dv, T* dg, T* dsur_parts, Tensor& scratch, Tensor& int_scratch, const Scratch& at) {
   const int64_t groups = s.B * s.H, rows = s.N * s.d;
 #pragma omp parallel num_threads(threads_for(groups))
   {
     T* base = scratch.data<T>() + omp_get_thread_num() * at.floats;
+    int32_t* ints = int_scratch.data<int32_t>() + omp_get_thread_num() * Scratch::ints(s);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < groups; ++bh) {
       const GroupGrads<T> grads{dq ? dq + bh * rows : nullptr, dk ? dk + bh * rows : nullptr,
-                                dv ? dv + bh * rows : nullptr, dz + (bh / s.H) * s.N * s.H + bh % s.H,
+                                dv ? dv + bh * rows : nullptr, dg ? dg + (bh / s.H) * s.N * s.H + bh % s.H : nullptr,
                                 dsur_parts ? dsur_parts + bh * s.C * s.d : nullptr};
       group_backward(s, group_of(s, bh, in.q, in.k, in.v, in.s, in.mask, in.g, in.members), dout + bh * rows,
-                     r_inter + bh * s.C * s.d, lse + bh * s.C * s.kappa, grads, base, at);
+                     saved_of(s, bh, saved.r_inter, saved.colsum, saved.lse, saved.slot_w), grads, base, ints, at);
     }
   }
 }
@@ -428,35 +493,24 @@ CastShape shape_of(const Tensor& q, const Tensor& members, const StepOptions& o)
   return {q.dim(0), q.dim(1), q.dim(2), q.dim(3), members.dim(2), members.dim(3), o.f, o.summaries, o.mix_query};
 }
 
-// g (B, N, H) = sigmoid(x W_φ + b_φ), recording nothing: the node below is the gate's backward.
-Tensor gate_values(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b) {
-  autograd::NoGradGuard inside_the_op;
-  return sigmoid(add(matmul(x, gate_w), gate_b));
-}
-
 struct CastAttentionFusedNode final : autograd::Node {
-  Tensor x, gate_w, gate_b;  // inputs (B, N, D), (D, H), (H)
-  Tensor q, k, v, s;         // inputs (B, H, N, d), surrogates (H, C, d)
-  Tensor mask, members;      // (B, N) or undefined; (B, H, C, κ) i32
-  Tensor g;                  // saved gate (B, N, H)
-  Tensor r_inter;            // saved summaries R_inter (B, H, C, d); undefined with summaries off
-  Tensor lse;                // saved row log-sum-exp of each cluster's slots (B, H, C, κ)
+  Tensor g;              // input gate (B, N, H)
+  Tensor q, k, v, s;     // inputs (B, H, N, d), surrogates (H, C, d)
+  Tensor mask, members;  // (B, N) or undefined; (B, H, C, κ) i32
+  Tensor r_inter;        // saved summaries R_inter (B, H, C, d); undefined with summaries off
+  Tensor colsum;         // saved Σ_tokens A_k m (B, H, C); undefined with summaries off
+  Tensor lse;            // saved row log-sum-exp of each cluster's slots (B, H, C, κ)
+  Tensor slot_w;         // saved mixing weight W of each slot (B, H, C, κ)
   StepOptions options;
   const char* name() const override { return "cast_attention_fused"; }
   void fields(autograd::FieldVisitor& visit) const override {
-    for (auto [name, t] : {std::pair{"x", &x},
-                           {"gate_w", &gate_w},
-                           {"gate_b", &gate_b},
-                           {"q", &q},
-                           {"k", &k},
-                           {"v", &v},
-                           {"s", &s},
-                           {"mask", &mask},
-                           {"members", &members}})
+    for (auto [name, t] :
+         {std::pair{"g", &g}, {"q", &q}, {"k", &k}, {"v", &v}, {"s", &s}, {"mask", &mask}, {"members", &members}})
       visit.input(name, *t);
-    visit.saved("g", g);
     visit.saved("r_inter", r_inter);
+    visit.saved("colsum", colsum);
     visit.saved("lse", lse);
+    visit.saved("slot_w", slot_w);
   }
   void backward() override;
 };
@@ -464,20 +518,19 @@ struct CastAttentionFusedNode final : autograd::Node {
 void CastAttentionFusedNode::backward() {
   const CastShape sh = shape_of(q, members, options);
   auto grad = [](Tensor& t) { return t.requires_grad() ? t.grad_accumulator() : Tensor(); };
-  Tensor dq = grad(q), dk = grad(k), dv = grad(v);
-  const bool gate = !options.mix_query && (x.requires_grad() || gate_w.requires_grad() || gate_b.requires_grad());
-  Tensor dz = Tensor::zeros(g.shape(), g.dtype());  // (B, N, H): the gate's pre-sigmoid gradient
+  Tensor dq = grad(q), dk = grad(k), dv = grad(v), dg = options.mix_query ? Tensor() : grad(g);
   Tensor dsur_parts = s.requires_grad() ? Tensor::empty({sh.B, sh.H, sh.C, sh.d}, q.dtype()) : Tensor();
   const Scratch at(sh, true, false);
-  Tensor scratch = Tensor::empty({threads_for(sh.B * sh.H) * at.floats}, q.dtype());
+  const int64_t threads = threads_for(sh.B * sh.H);
+  Tensor scratch = Tensor::empty({threads * at.floats}, q.dtype());
+  Tensor int_scratch = Tensor::empty({threads * Scratch::ints(sh)}, DType::i32);
   CAST_DISPATCH_FLOAT(q.dtype(), "cast_attention_fused", [&] {
     auto ptr = [](Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
-    const CastPointers<T> in{x.data<T>(), q.data<T>(),
-                             k.data<T>(), v.data<T>(),
-                             s.data<T>(), mask.defined() ? mask.data<T>() : nullptr,
-                             g.data<T>(), members.data<int32_t>()};
-    cast_backward<T>(sh, in, outputs[0].grad().data<T>(), r_inter.defined() ? r_inter.data<T>() : nullptr,
-                     lse.data<T>(), ptr(dq), ptr(dk), ptr(dv), dz.data<T>(), ptr(dsur_parts), scratch, at);
+    const CastPointers<T> in{
+        q.data<T>(), k.data<T>(), v.data<T>(), s.data<T>(), ptr(mask), g.data<T>(), members.data<int32_t>()};
+    const GroupSaved<T> saved{ptr(r_inter), ptr(colsum), lse.data<T>(), slot_w.data<T>()};
+    cast_backward<T>(sh, in, outputs[0].grad().data<T>(), saved, ptr(dq), ptr(dk), ptr(dv), ptr(dg), ptr(dsur_parts),
+                     scratch, int_scratch, at);
     if (dsur_parts.defined()) {  // dS[h] += Σ_b, in batch order
       T* ds = s.grad_accumulator().data<T>();
       const T* parts = dsur_parts.data<T>();
@@ -486,55 +539,41 @@ void CastAttentionFusedNode::backward() {
         for (int64_t e = 0; e < per_head; ++e) ds[(bh % sh.H) * per_head + e] += parts[bh * per_head + e];
     }
   });
-  if (!gate) return;
-  const int64_t BN = sh.B * sh.N, D = x.dim(2);
-  const Tensor x2 = x.view({BN, D}), dz2 = dz.view({BN, sh.H});
-  if (x.requires_grad()) {  // dx += dz W_φᵀ
-    Tensor dx = x.grad_accumulator().view({BN, D});
-    gemm(dx, dz2, gate_w, false, true, 1.0, 1.0, matmul_shape(dz2, gate_w, false, true));
-  }
-  if (gate_w.requires_grad()) {  // dW_φ += xᵀ dz
-    Tensor dw = gate_w.grad_accumulator();
-    gemm(dw, x2, dz2, true, false, 1.0, 1.0, matmul_shape(x2, dz2, true, false));
-  }
-  if (gate_b.requires_grad()) {  // db_φ += Σ_tokens dz
-    Tensor db = gate_b.grad_accumulator();
-    CAST_DISPATCH_FLOAT(q.dtype(), "cast_attention_fused", [&] {
-      const T* z = dz.data<T>();
-      T* out = db.data<T>();
-      for (int64_t r = 0; r < BN; ++r)
-        for (int64_t h = 0; h < sh.H; ++h) out[h] += z[r * sh.H + h];
-    });
-  }
 }
 
 // Both entry points: with `choosing`, members (−1 throughout) is filled by step 4 in the op.
-Tensor cast_attention_fused_run(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
-                                const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
-                                Tensor members, const StepOptions& options, bool choosing) {
-  check_cast_attention_inputs(op, x, gate_w, gate_b, q, k, v, s, mask, members);
+Tensor cast_attention_fused_run(const char* op, const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& s, const Tensor& mask, Tensor members, const StepOptions& options,
+                                bool choosing) {
+  check_cast_attention_inputs(op, g, q, k, v, s, mask, members);
   CAST_CHECK(!q.is_cuda(), "{}: a CPU kernel, got q {}", op, q.describe());
   const CastShape sh = shape_of(q, members, options);
-  Tensor g = gate_values(x, gate_w, gate_b);  // (B, N, H)
   Tensor out = Tensor::empty(q.shape(), q.dtype());
   Tensor r_inter = options.summaries ? Tensor::empty({sh.B, sh.H, sh.C, sh.d}, q.dtype()) : Tensor();
+  Tensor colsum = options.summaries ? Tensor::empty({sh.B, sh.H, sh.C}, q.dtype()) : Tensor();
   Tensor lse = Tensor::empty({sh.B, sh.H, sh.C, sh.kappa}, q.dtype());
+  Tensor slot_w = Tensor::empty({sh.B, sh.H, sh.C, sh.kappa}, q.dtype());
   {
     const Scratch at(sh, false, choosing);
     Tensor scratch = Tensor::empty({threads_for(sh.B * sh.H) * at.floats}, q.dtype());
     CAST_DISPATCH_FLOAT(q.dtype(), op, [&] {
-      const CastPointers<T> in{x.data<T>(), q.data<T>(),
-                               k.data<T>(), v.data<T>(),
-                               s.data<T>(), mask.defined() ? mask.data<T>() : nullptr,
-                               g.data<T>(), members.data<int32_t>()};
-      cast_forward<T>(sh, in, out.data<T>(), r_inter.defined() ? r_inter.data<T>() : nullptr, lse.data<T>(),
-                      choosing ? members.data<int32_t>() : nullptr, scratch, at);
+      auto ptr = [](Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+      const CastPointers<T> in{q.data<T>(),
+                               k.data<T>(),
+                               v.data<T>(),
+                               s.data<T>(),
+                               mask.defined() ? mask.data<T>() : nullptr,
+                               g.data<T>(),
+                               members.data<int32_t>()};
+      const GroupSaved<T> saved{ptr(r_inter), ptr(colsum), lse.data<T>(), slot_w.data<T>()};
+      cast_forward<T>(sh, in, out.data<T>(), saved, choosing ? members.data<int32_t>() : nullptr, scratch, at);
     });
   }
-  if (autograd::needs_grad({&x, &gate_w, &gate_b, &q, &k, &v, &s})) {
+  if (autograd::needs_grad({&g, &q, &k, &v, &s})) {
     auto node = std::make_unique<CastAttentionFusedNode>();
-    node->x = x, node->gate_w = gate_w, node->gate_b = gate_b, node->q = q, node->k = k, node->v = v, node->s = s;
-    node->mask = mask, node->members = members, node->g = g, node->r_inter = r_inter, node->lse = lse;
+    node->g = g, node->q = q, node->k = k, node->v = v, node->s = s;
+    node->mask = mask, node->members = members, node->r_inter = r_inter, node->colsum = colsum;
+    node->lse = lse, node->slot_w = slot_w;
     node->options = options;
     node->outputs = {out};
     autograd::record(std::move(node));
@@ -544,22 +583,20 @@ Tensor cast_attention_fused_run(const char* op, const Tensor& x, const Tensor& g
 
 }  // namespace
 
-Tensor cast_attention_fused(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
-                            const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
-                            const Tensor& members, const StepOptions& options) {
-  return cast_attention_fused_run("cast_attention_fused", x, gate_w, gate_b, q, k, v, s, mask, members, options, false);
+Tensor cast_attention_fused(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
+                            const Tensor& mask, const Tensor& members, const StepOptions& options) {
+  return cast_attention_fused_run("cast_attention_fused", g, q, k, v, s, mask, members, options, false);
 }
 
-Tensor cast_attention_fused_topk(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
-                                 const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask, int64_t kappa,
-                                 const StepOptions& options, Tensor& members) {
+Tensor cast_attention_fused_topk(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
+                                 const Tensor& mask, int64_t kappa, const StepOptions& options, Tensor& members) {
   const char* op = "cast_attention_fused";
   CAST_CHECK(kappa >= 1, "{}: cluster size must be >= 1, got {}", op, kappa);
   CAST_CHECK(q.ndim() == 4 && s.ndim() == 3, "{}: q {} and surrogates {} must be [B, H, N, d] and [H, C, d]", op,
              q.describe(), s.describe());
   const int64_t slots = q.dim(0) * q.dim(1) * s.dim(1) * kappa;
   members = Tensor::from_vector<int32_t>(std::vector<int32_t>(slots, -1), {q.dim(0), q.dim(1), s.dim(1), kappa});
-  return cast_attention_fused_run(op, x, gate_w, gate_b, q, k, v, s, mask, members, options, true);
+  return cast_attention_fused_run(op, g, q, k, v, s, mask, members, options, true);
 }
 
 }  // namespace cast::ops

@@ -30,7 +30,7 @@ StepSizes sizes_of(Step step, const std::vector<Tensor>& in) {
   if (step == Step::cluster_summaries) s.head_width = in.at(1).dim(-1);        // v
   if (step == Step::combine_clusters) s.head_width = in.at(1).dim(-1);         // r_intra
   if (step == Step::improved_clustered_output) s.top_keys = in.at(4).dim(-1);  // top_keys
-  if (step == Step::cast_attention) s.head_width = in.at(3).dim(-1);           // q
+  if (step == Step::cast_attention) s.head_width = in.at(1).dim(-1);           // q
   return s;
 }
 
@@ -110,8 +110,7 @@ const std::vector<FastPath>& fast_paths() {
       {"cast_attention_fused", Step::cast_attention, "ops/cast_attention_fused.cpp", "CPU f32/f64, per-head clustering",
        cpu_float,
        [](const std::vector<Tensor>& in, const StepOptions& o) {
-         return cast_attention_fused(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5), at(in, 6),
-                                     opt(in, 7), at(in, 8), o);
+         return cast_attention_fused(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), opt(in, 5), at(in, 6), o);
        }},
   };
   return table;
@@ -128,8 +127,8 @@ Tensor run_reference(Step step, const std::vector<Tensor>& in, const StepOptions
     case Step::improved_clustered_output:
       return improved_clustered_output(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5));
     default:
-      return cast_attention(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), at(in, 5), at(in, 6), opt(in, 7),
-                            at(in, 8), options.f, options.summaries, options.mix_query);
+      return cast_attention(at(in, 0), at(in, 1), at(in, 2), at(in, 3), at(in, 4), opt(in, 5), at(in, 6), options.f,
+                            options.summaries, options.mix_query);
   }
 }
 
@@ -199,24 +198,19 @@ void check_intra_cluster_inputs(const char* op, const Tensor& q, const Tensor& k
   check_index_range(op, members, -1, q.dim(2));
 }
 
-void check_cast_attention_inputs(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
-                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
-                                 const Tensor& members) {
+void check_cast_attention_inputs(const char* op, const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& s, const Tensor& mask, const Tensor& members) {
   check_heads(op, q, k, v);
-  check_ndim(op, x, 3, "x");
   check_ndim(op, s, 3, "surrogates");
-  for (const Tensor* t : {&x, &gate_w, &gate_b, &s}) {
+  for (const Tensor* t : {&g, &s}) {
     check_same_dtype(op, q, *t);
     check_same_device(op, q, *t);
   }
-  const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3), D = x.dim(2);
-  CAST_CHECK(x.dim(0) == B && x.dim(1) == N, "{}: x {} does not fit q {} (want [{}, {}, D])", op, x.describe(),
-             q.describe(), B, N);
+  const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
+  CAST_CHECK(g.shape() == (Shape{B, N, H}), "{}: gate {} does not fit q {} (want [{}, {}, {}])", op, g.describe(),
+             q.describe(), B, N, H);
   CAST_CHECK(s.dim(0) == H && s.dim(2) == d, "{}: surrogates {} do not fit q {} (want [{}, C, {}])", op, s.describe(),
              q.describe(), H, d);
-  CAST_CHECK(gate_w.shape() == (Shape{D, H}) && gate_b.shape() == Shape{H},
-             "{}: gate_w {} and gate_b {} must be [{}, {}] and [{}]", op, gate_w.describe(), gate_b.describe(), D, H,
-             H);
   if (mask.defined()) {
     check_same_dtype(op, q, mask);
     check_same_device(op, q, mask);

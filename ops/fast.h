@@ -43,7 +43,7 @@ enum class Step {
   cluster_summaries,          // a_k (B, H, N, C), v (B, H, N, d), mask (B, N) or undefined
   combine_clusters,           // w (B, H, N, C), r_intra (B, H, C, κ, d), r_inter (B, H, C, d) or undefined, members
   improved_clustered_output,  // q, k, v (B, H, N, d), a_c (B, H, C, N), top_keys (B, H, C, k), assignment (B, H, N)
-  cast_attention,             // x, gate_w, gate_b, q, k, v, s (H, C, d), mask or undefined, members; options
+  cast_attention,             // g (B, N, H), q, k, v, s (H, C, d), mask or undefined, members; options
 };
 constexpr Step kSteps[] = {Step::cluster_affinities,        Step::gated_affinity,    Step::full_attention,
                            Step::intra_cluster_attention,   Step::cluster_summaries, Step::combine_clusters,
@@ -98,15 +98,13 @@ Tensor improved_clustered_output_fused(const Tensor& q, const Tensor& k, const T
                                        const Tensor& top_keys, const Tensor& assignment);
 Tensor improved_clustered_output_topkey(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a_c,
                                         const Tensor& top_keys, const Tensor& assignment);
-Tensor cast_attention_fused(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
-                            const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
-                            const Tensor& members, const StepOptions& options);
+Tensor cast_attention_fused(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
+                            const Tensor& mask, const Tensor& members, const StepOptions& options);
 // The same op with step 4 (Top-K) inside it: each group's clusters are chosen from its A_g while
 // the affinities are in the op's scratch, and returned in `members` (B, H, C, κ), so the layer
 // forms the affinities once in the forward. What the layer runs for Top-K clustering.
-Tensor cast_attention_fused_topk(const Tensor& x, const Tensor& gate_w, const Tensor& gate_b, const Tensor& q,
-                                 const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask, int64_t kappa,
-                                 const StepOptions& options, Tensor& members);
+Tensor cast_attention_fused_topk(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
+                                 const Tensor& mask, int64_t kappa, const StepOptions& options, Tensor& members);
 
 // Input checks the fast ops share (the reference ops check as they compose).
 void check_cluster_affinities_inputs(const char* op, const Tensor& x, const Tensor& s);
@@ -114,9 +112,8 @@ void check_gated_affinity_inputs(const char* op, const Tensor& x, const Tensor& 
                                  const Tensor& a_q, const Tensor& a_k);
 void check_intra_cluster_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& members);
-void check_cast_attention_inputs(const char* op, const Tensor& x, const Tensor& gate_w, const Tensor& gate_b,
-                                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s, const Tensor& mask,
-                                 const Tensor& members);
+void check_cast_attention_inputs(const char* op, const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& s, const Tensor& mask, const Tensor& members);
 void check_improved_clustered_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& a_c, const Tensor& top_keys, const Tensor& assignment);
 

@@ -120,14 +120,14 @@ Case improved_case(Draw& r, DType t) {
 Case cast_attention_case(Draw& r, DType t) {
   const int64_t B = r.between(1, 2), H = r.between(1, 3), N = r.small() ? 1 : r.between(2, 150);
   const int64_t C = r.small() ? 1 : r.between(2, 9), kappa = r.small() ? 1 : r.between(2, 20);
-  const int64_t d = r.small() ? 1 : r.between(2, 24), D = r.small() ? 1 : r.between(2, 20);
+  const int64_t d = r.small() ? 1 : r.between(2, 24);
   const ops::StepOptions o{r.seed % 2 == 0 ? ops::AttentionFn::softmax : ops::AttentionFn::laplace, r.between(0, 2) > 0,
                            r.between(0, 2) == 0};
   Tensor mask = r.seed % 4 == 2 ? Tensor() : padding_mask(r, B, N, t);
-  return {{leaf({B, N, D}, r.seed + 1, t), leaf({D, H}, r.seed + 2, t), leaf({H}, r.seed + 3, t),
-           leaf({B, H, N, d}, r.seed + 4, t), leaf({B, H, N, d}, r.seed + 5, t), leaf({B, H, N, d}, r.seed + 6, t),
-           leaf({H, C, d}, r.seed + 7, t), mask, random_members(B, H, C, kappa, N, r.seed + 8)},
-          fmt::format("B{} H{} N{} C{} kappa{} d{} D{} {} summaries {} mix {}{}", B, H, N, C, kappa, d, D,
+  return {{leaf({B, N, H}, r.seed + 1, t, 0.0, 1.0), leaf({B, H, N, d}, r.seed + 4, t),
+           leaf({B, H, N, d}, r.seed + 5, t), leaf({B, H, N, d}, r.seed + 6, t), leaf({H, C, d}, r.seed + 7, t), mask,
+           random_members(B, H, C, kappa, N, r.seed + 8)},
+          fmt::format("B{} H{} N{} C{} kappa{} d{} {} summaries {} mix {}{}", B, H, N, C, kappa, d,
                       o.f == ops::AttentionFn::softmax ? "softmax" : "laplace", o.summaries ? "on" : "off",
                       o.mix_query ? "query" : "affinity", mask.defined() ? " padded" : ""),
           o};

@@ -371,7 +371,7 @@ TEST(CastAttentionFusedGrad, FiniteDifferences) {
     SCOPED_TRACE(describe(o));
     EXPECT_GRADCHECK(
         [&](const Inputs& x) {
-          return ops::cast_attention_fused(x[0], x[1], x[2], x[3], x[4], x[5], x[6], mask, members, o);
+          return ops::cast_attention_fused(ops::cast_gate(x[0], x[1], x[2]), x[3], x[4], x[5], x[6], mask, members, o);
         },
         (Inputs{param({2, 5, 4}, 71), param({4, 2}, 72), param({2}, 73), param({2, 2, 5, 3}, 74),
                 param({2, 2, 5, 3}, 75), param({2, 2, 5, 3}, 76), param({2, 3, 3}, 77)}));
@@ -399,9 +399,9 @@ TEST(CastAttentionFused, MatchesTheStepChainInEverySetting) {
         Tensor outs[2];
         std::vector<Tensor> grads[2];
         for (int fused = 0; fused < 2; ++fused) {
-          outs[fused] = fused ? ops::cast_attention_fused(x[0], x[1], x[2], x[3], x[4], x[5], x[6], mask, members, o)
-                              : ops::run_reference(ops::Step::cast_attention,
-                                                   {x[0], x[1], x[2], x[3], x[4], x[5], x[6], mask, members}, o);
+          const Tensor g = ops::cast_gate(x[0], x[1], x[2]);
+          outs[fused] = fused ? ops::cast_attention_fused(g, x[3], x[4], x[5], x[6], mask, members, o)
+                              : ops::run_reference(ops::Step::cast_attention, {g, x[3], x[4], x[5], x[6], mask, members}, o);
           autograd::backward(outs[fused], dout);
           for (Tensor& t : x) {
             grads[fused].push_back(t.grad());
@@ -448,8 +448,9 @@ TEST(CastAttentionFused, TheLayerRunsItAndItsTapeKeepsNoAffinities) {
   });
   autograd::clear_tape();
   EXPECT_TRUE(ran);
-  // g (2, 30, 2), R_inter (2, 2, 4, 8), the slots' log-sum-exp (2, 2, 4, 8), 4 bytes each
-  EXPECT_EQ(saved_bytes, (2 * 30 * 2 + 2 * 2 * 4 * 8 + 2 * 2 * 4 * 8) * 4u);
+  // R_inter (2, 2, 4, 8), the column sums (2, 2, 4), the slots' log-sum-exp and mixing weights
+  // (2, 2, 4, 8) each, 4 bytes each (the gate g is an input)
+  EXPECT_EQ(saved_bytes, (2 * 2 * 4 * 8 + 2 * 2 * 4 + 2 * (2 * 2 * 4 * 8)) * 4u);
   c.shared_clustering = true;  // the one op is per-head: shared clustering keeps the step chain
   EXPECT_NE(nn::fast_path_steps(c).back(), ops::Step::cast_attention);
 }

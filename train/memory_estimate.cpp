@@ -36,10 +36,11 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
       const double kappa = static_cast<double>(a.cluster_size > 0 ? a.cluster_size : nn::default_clusters(N));
       const ops::StepSizes sizes{gpu ? Device::cuda : Device::cpu, DType::f32, static_cast<int64_t>(dh), 0};
       if (!a.shared_clustering && ops::choose_path(ops::Step::cast_attention, a.fused, sizes)) {
-        // cast_attention_fused: four (N, C) scratch matrices per thread (at most one thread per
-        // group) and the slots' log-sum-exp; Single-Assignment Top-K forms A_q, A_k and A_g first
+        // cast_attention_fused: the forward's A_q, A_k and A_g, (N, C) each per thread (at most one
+        // thread per group; the backward's scratch is row tiles), and the slots' log-sum-exp and
+        // weights; Single-Assignment Top-K forms A_q, A_k and A_g for the whole batch first
         const double threads = std::min(b * h, static_cast<double>(omp_get_max_threads()));
-        floats += threads * n * c * 4 + b * h * c * (kappa + dh * 2);
+        floats += threads * n * c * 3 + b * h * c * (kappa * 2 + dh * 2 + 1);
         if (a.single_assignment) floats += b * h * n * c * 3;
         break;
       }
