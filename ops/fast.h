@@ -18,9 +18,9 @@
 //                              improved_clustered_output_topkey   topkey_attention.cpp          CUDA f32, k·d fits
 //   cast_attention             cast_attention_fused               cast_attention_fused.cpp      CPU
 //
-// cast_attention is CAST's steps 1–3 and 5–7 as one op (the chain of the step ops above is its
-// reference); where it fits, the layer runs it instead of those steps' own fast paths, and keeps
-// no (B, H, N, C) or (B, H, C, κ, d) tensor for the backward.
+// cast_attention is CAST's steps 1–3 and 5–7 as one op given the gate g (the chain of the step
+// ops above is its reference); where it fits, the layer runs it instead of those steps' own fast
+// paths, and keeps no (B, H, N, C) or (B, H, C, κ, d) tensor for the backward.
 //
 // `fast_paths()` is that table; `run_step` picks the first fast path of a step that supports
 // the inputs (when fast paths are on: `--reference` turns them off on every device) and falls
