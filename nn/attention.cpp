@@ -39,7 +39,7 @@ std::vector<ops::Step> fast_path_steps(const AttentionConfig& c, Device device) 
     case Mechanism::clustered: return {ops::Step::full_attention};
     case Mechanism::iclustered: return {ops::Step::improved_clustered_output};
     default:
-      if (!c.shared_clustering && ops::choose_path(ops::Step::cast_attention, c.fused, {device, DType::f32, 1, 0})) {
+      if (cast_runs_as_one_op(c, device)) {
         if (!c.single_assignment) return {ops::Step::cast_attention};  // it chooses the Top-K clusters itself
         return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::cast_attention};
       }
@@ -49,6 +49,12 @@ std::vector<ops::Step> fast_path_steps(const AttentionConfig& c, Device device) 
       return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::intra_cluster_attention,
               ops::Step::cluster_summaries, ops::Step::combine_clusters};
   }
+}
+
+bool cast_runs_as_one_op(const AttentionConfig& c, Device device, DType dtype) {
+  if (c.mechanism != Mechanism::cast || c.shared_clustering) return false;
+  const ops::StepSizes sizes{device, dtype, c.dim / std::max<int64_t>(c.heads, 1), 0};
+  return ops::choose_path(ops::Step::cast_attention, c.fused, sizes) != nullptr;
 }
 
 std::vector<std::string> step_implementations(const AttentionConfig& c, Device device) {
@@ -129,7 +135,7 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
   // the backward then reaches the gate after them and adds to the gradient of x they form, rather
   // than forming a (B, N, D) gradient while the heads' gradients are all alive.
   Tensor gate;
-  if (cast_runs_as_one_op(x)) {
+  if (cast_runs_as_one_op(config_, x.device(), x.dtype())) {
     autograd::StepScope named(ops::step_name(ops::Step::gated_affinity));  // step 3's first half
     gate = ops::cast_gate(x, params_.at("gate_w"), params_.at("gate_b"));
   }
@@ -158,12 +164,6 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
   return result;
 }
 
-bool Attention::cast_runs_as_one_op(const Tensor& x) const {
-  if (config_.mechanism != Mechanism::cast || config_.shared_clustering) return false;
-  const ops::StepSizes sizes{x.device(), x.dtype(), config_.dim / config_.heads, 0};
-  return ops::choose_path(ops::Step::cast_attention, config_.fused, sizes) != nullptr;
-}
-
 AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k,
                                         const Tensor& v, const Tensor& gate) {
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
@@ -177,12 +177,11 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
     Tensor flat = a_g.view({B * a_g.dim(1), N, C});
     return config_.single_assignment ? ops::cluster_satopk(flat, mask, kappa) : ops::cluster_topk(flat, mask, kappa);
   };
-  // Where one op runs steps 1–3 and 5–7 (per-head clustering and a fast path of ops/fast.h's
-  // cast_attention: the gate is then given), it keeps no affinities for its backward. For Top-K it also chooses the
-  // clusters, from the A_g it forms anyway; for Single-Assignment Top-K, A_g is formed first
-  // without a gradient to choose them, and the op forms the affinities again.
+  // Where one op runs steps 1–3 and 5–7 (cast_runs_as_one_op: the gate is then given), it keeps
+  // no affinities for its backward. For Top-K it also chooses the clusters, from the A_g it forms
+  // anyway; for Single-Assignment Top-K, A_g is formed first without a gradient to choose them,
+  // and the op forms the affinities again.
   if (gate.defined()) {
-    std::vector<Tensor> whole{gate, q, k, v, s, mask, Tensor()};
     AttentionOutput result;
     if (!config_.single_assignment) {
       autograd::StepScope named(ops::step_name(ops::Step::cast_attention));
@@ -190,6 +189,7 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
       result.out = ops::cast_attention_fused_topk(gate, q, k, v, s, mask, kappa, options, result.clusters);
       return result;
     }
+    std::vector<Tensor> whole{gate, q, k, v, s, mask, Tensor()};
     {
       autograd::NoGradGuard choosing_clusters;
       Tensor a_q = step(ops::Step::cluster_affinities, {q, s}, options);

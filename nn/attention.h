@@ -47,6 +47,9 @@ int64_t default_clusters(int64_t n);  // ⌈√N⌉ rounded up to a multiple of 
 // followed by " (reference)", then the one-node head projections when fast paths are on
 // (ops/head_projections.h). What `cast bench` prints, from the registry the layer asks.
 std::vector<ops::Step> fast_path_steps(const AttentionConfig& config, Device device = Device::cpu);
+// Whether a CAST layer of this config runs steps 1–3 and 5–7 as one op (ops/fast.h's
+// cast_attention) for inputs of this device and dtype: per-head clustering and a fast path that fits.
+bool cast_runs_as_one_op(const AttentionConfig& config, Device device, DType dtype = DType::f32);
 std::vector<std::string> step_implementations(const AttentionConfig& config, Device device);
 
 struct AttentionOutput {
@@ -73,8 +76,6 @@ class Attention : public Module {
  private:
   AttentionOutput forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& gate);
-  // Whether CAST's steps 1–3 and 5–7 run as one op (ops/fast.h's cast_attention) on x's device.
-  bool cast_runs_as_one_op(const Tensor& x) const;
   AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& assignment);
   // One step through ops/fast.h: a fast path when the config allows and one fits, else the reference.

@@ -34,8 +34,7 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
     }
     case nn::Mechanism::cast: {
       const double kappa = static_cast<double>(a.cluster_size > 0 ? a.cluster_size : nn::default_clusters(N));
-      const ops::StepSizes sizes{gpu ? Device::cuda : Device::cpu, DType::f32, static_cast<int64_t>(dh), 0};
-      if (!a.shared_clustering && ops::choose_path(ops::Step::cast_attention, a.fused, sizes)) {
+      if (nn::cast_runs_as_one_op(a, gpu ? Device::cuda : Device::cpu)) {
         // cast_attention_fused: the forward's A_q, A_k and A_g, (N, C) each per thread (at most one
         // thread per group; the backward's scratch is row tiles), and the slots' log-sum-exp and
         // weights; Single-Assignment Top-K forms A_q, A_k and A_g for the whole batch first
