@@ -41,14 +41,26 @@ void for_each_node(const std::function<void(const Node&)>& visit) {
   for (const auto& node : tape.nodes) visit(*node);
 }
 
+namespace {
+// An output held by its node alone can be read by nobody but that node's backward.
+void release_unread_outputs(Node& node, const Tensor& root) {
+  if (node.backward_reads_outputs()) return;
+  for (Tensor& o : node.outputs)
+    if (o.impl_ptr().use_count() == 1 && !o.same_as(root)) o.impl()->storage.reset();
+}
+}  // namespace
+
 void backward(const Tensor& output, const Tensor& output_grad) {
   CAST_CHECK(output.requires_grad(), "backward: the output does not require grad (nothing was recorded)");
   Tensor out = output;
   accumulate(out, output_grad);
   backward_root = out.impl();
-  struct ClearRoot {
-    ~ClearRoot() { backward_root = nullptr; }
-  } clear_root;
+  struct Finish {  // also when a backward throws: the nodes that ran are gone, so is the tape
+    ~Finish() {
+      backward_root = nullptr;
+      tape.nodes.clear();
+    }
+  } finish;
   NoGradGuard no_record;  // backward itself is not recorded
   TapeObserver* observer = tape_observer();
   if (observer) observer->backward_began();
@@ -57,11 +69,15 @@ void backward(const Tensor& output, const Tensor& output_grad) {
     bool has_grad = false;
     for (const Tensor& o : node.outputs) has_grad = has_grad || o.grad().defined();
     if (observer) observer->before_backward(node);
-    if (has_grad) node.backward();
+    if (has_grad) {
+      release_unread_outputs(node, out);
+      node.backward();
+    }
     if (observer) observer->after_backward(node, has_grad);
     // Every consumer of these outputs ran earlier in this reverse walk: their gradients are done.
     for (Tensor& o : node.outputs)
       if (!o.same_as(output)) o.reset_grad();
+    it->reset();  // and so is this node: what it saved for its backward goes now, not at the end
   }
   clear_tape();
   if (observer) observer->backward_ended();

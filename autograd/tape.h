@@ -30,7 +30,11 @@ struct Node {
   virtual const char* name() const = 0;
   virtual void backward() = 0;
   virtual void fields(FieldVisitor& visit) const = 0;  // every tensor field, in declaration order
-  std::vector<Tensor> outputs;                         // released (their gradients freed) once this node has run
+  // False for a backward that reads its outputs' gradients only, never their values. backward()
+  // then releases the values of an output nothing else holds before this node's backward runs,
+  // so they are not alive beside the gradients that backward forms.
+  virtual bool backward_reads_outputs() const { return true; }
+  std::vector<Tensor> outputs;  // released (their gradients freed) once this node has run
   // Stamped by record() from the scopes of autograd/trace.h: the step of docs/attention.md the
   // node belongs to, and the fast path (ops/fast.h) that ran it; nullptr: none, the reference.
   const char* step = nullptr;
@@ -58,6 +62,7 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs);
 void record(std::unique_ptr<Node> node);
 
 // Seeds d(loss)/d(loss) = 1 (loss must have one element), runs every node in reverse, clears the tape.
+// Each node is freed, with what it saved, as soon as its backward has run.
 void backward(const Tensor& loss);
 // Same with an explicit output gradient of loss's shape.
 void backward(const Tensor& output, const Tensor& output_grad);

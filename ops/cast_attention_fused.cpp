@@ -503,6 +503,10 @@ struct CastAttentionFusedNode final : autograd::Node {
   Tensor slot_w;         // saved mixing weight W of each slot (B, H, C, κ)
   StepOptions options;
   const char* name() const override { return "cast_attention_fused"; }
+  // The backward forms what it needs again from the inputs and what was saved; the output
+  // (B, H, N, d) need not be alive beside dQ, dK and dV. (Flash attention's backward reads its
+  // output for Δ = rowsum(dO ⊙ O); this one takes Σ P·dP from the probabilities it forms again.)
+  bool backward_reads_outputs() const override { return false; }
   void fields(autograd::FieldVisitor& visit) const override {
     for (auto [name, t] :
          {std::pair{"g", &g}, {"q", &q}, {"k", &k}, {"v", &v}, {"s", &s}, {"mask", &mask}, {"members", &members}})

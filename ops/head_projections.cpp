@@ -1,8 +1,10 @@
 #include "ops/head_projections.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "autograd/tape.h"
+#include "ops/dispatch.h"
 #include "ops/layout.h"
 #include "ops/matmul.h"
 
@@ -26,6 +28,23 @@ Tensor tokens_major(const Tensor& heads) {
   permute_forward(rows, heads, kSplit);
   return rows.view({B * N, H * d});
 }
+// Rows [r0, r0 + n) of tokens_major(heads) into rows (n, H·d), on the CPU.
+void gather_token_rows(Tensor& rows, const Tensor& heads, int64_t r0) {
+  const int64_t H = heads.dim(1), N = heads.dim(2), d = heads.dim(3), n = rows.dim(0);
+  CAST_DISPATCH_FLOAT(heads.dtype(), "project_heads", [&] {
+    const T* src = heads.data<T>();
+    T* dst = rows.data<T>();
+    CAST_OMP("omp parallel for if (n * H * d >= (1 << 16))")
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t b = (r0 + r) / N, i = (r0 + r) % N;
+      for (int64_t h = 0; h < H; ++h) std::copy_n(src + ((b * H + h) * N + i) * d, d, dst + (r * H + h) * d);
+    }
+  });
+}
+// A chunk of at least this many rows keeps the products at the BLAS's rate; of at most this
+// many elements (1 MiB of f32), unless a row is wider.
+constexpr int64_t kMinChunkRows = 256, kChunkElements = int64_t(1) << 18;
+
 void to_heads(Tensor& heads, const Tensor& rows, bool accumulate) {
   const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3);
   permute_forward(heads, rows.view({B, N, H, d}), kSplit, accumulate);
@@ -38,17 +57,28 @@ struct ProjectHeadsNode final : autograd::Node {
     visit.input("x", x);
     visit.input("w", w);
   }
+  // The gradient dY is needed token-major, (B·N, H·d). This backward runs while the gradients of
+  // all three projections are alive (the layer's peak), so the CPU lays dY out a chunk of rows at
+  // a time rather than as a second whole copy; CUDA permutes it whole.
   void backward() override {
-    const Tensor dy = tokens_major(outputs[0].grad());  // (B·N, H·d)
-    const Tensor x2 = x.view({x.dim(0) * x.dim(1), x.dim(2)});
-    bool fresh = false;  // a first gradient is written by the product, not added to zeros
-    if (x.requires_grad()) {
-      Tensor dx = x.grad_buffer(&fresh).view(x2.shape());
-      product(dx, dy, w, false, true, fresh ? 0.0 : 1.0);  // dX = dY Wᵀ
-    }
-    if (w.requires_grad()) {
-      Tensor dw = w.grad_buffer(&fresh);
-      product(dw, x2, dy, true, false, fresh ? 0.0 : 1.0);  // dW = Xᵀ dY
+    const Tensor& dheads = outputs[0].grad();  // (B, H, N, d)
+    const int64_t rows = x.dim(0) * x.dim(1), width = w.dim(1);
+    const Tensor x2 = x.view({rows, x.dim(2)});
+    const bool on_cpu = dheads.device() == Device::cpu;
+    const int64_t chunk = on_cpu ? std::min(rows, std::max(kMinChunkRows, kChunkElements / width)) : rows;
+    Tensor buffer = on_cpu ? like({chunk, width}, dheads) : tokens_major(dheads);
+    bool x_fresh = false, w_fresh = false;  // a first gradient is written by the product, not added to zeros
+    Tensor dx = x.requires_grad() ? x.grad_buffer(&x_fresh).view(x2.shape()) : Tensor();
+    Tensor dw = w.requires_grad() ? w.grad_buffer(&w_fresh) : Tensor();
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
+      Tensor dy = buffer.narrow0(0, n);  // token-major rows [r0, r0 + n)
+      if (on_cpu) gather_token_rows(dy, dheads, r0);
+      if (dx.defined()) {
+        Tensor dx_rows = dx.narrow0(r0, n);
+        product(dx_rows, dy, w, false, true, x_fresh ? 0.0 : 1.0);  // dX = dY Wᵀ
+      }
+      if (dw.defined()) product(dw, x2.narrow0(r0, n), dy, true, false, w_fresh && r0 == 0 ? 0.0 : 1.0);  // += Xᵀ dY
     }
   }
 };

@@ -180,10 +180,14 @@ std::string Tensor::describe() const {
 
 void* Tensor::raw_data() {
   auto& t = checked(impl_);
+  CAST_CHECK(t.storage, "tensor: the values of {} were released: a backward that declared it does not read them did",
+             describe());
   return static_cast<char*>(t.storage->data) + t.byte_offset;
 }
 const void* Tensor::raw_data() const {
   auto& t = checked(impl_);
+  CAST_CHECK(t.storage, "tensor: the values of {} were released: a backward that declared it does not read them did",
+             describe());
   return static_cast<const char*>(t.storage->data) + t.byte_offset;
 }
 

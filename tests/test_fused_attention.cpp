@@ -329,8 +329,14 @@ TEST(HeadProjections, MatchTheProductAndPermute) {
         expect_close_per_element(grads[1][i], grads[0][i], rtol, atol, how + fmt::format(" gradient of input {}", i));
     }
   };
-  for (auto [B, N, D, H, d] : std::vector<std::array<int64_t, 5>>{{1, 1, 1, 1, 1}, {2, 7, 12, 3, 4}, {3, 33, 16, 2, 9}})
+  // The last shape's gradient (300 rows of width 1024) is laid out token-major in chunks of 256
+  // rows on the CPU, the second chunk starting inside the second batch row. It runs in f64 only:
+  // in f32 its sums of 1024 products differ from the reference's order by more than the
+  // tolerance of these small shapes.
+  for (auto [B, N, D, H, d] :
+       std::vector<std::array<int64_t, 5>>{{1, 1, 1, 1, 1}, {2, 7, 12, 3, 4}, {3, 33, 16, 2, 9}, {2, 150, 3, 4, 256}})
     for (DType dt : {DType::f32, DType::f64}) {
+      if (H * d > 1000 && dt == DType::f32) continue;
       const std::string what = fmt::format("B{} N{} D{} H{} d{} {}", B, N, D, H, d, dtype_name(dt));
       compare(
           [&](const Inputs& x, bool fused) {
@@ -409,14 +415,29 @@ TEST(CastAttentionFused, MatchesTheStepChainInEverySetting) {
             t.reset_grad();
           }
         }
+        // Once more with nothing but the op holding its output when its backward runs, as in the
+        // layer: backward() releases the output's values first (the op reads none of them).
+        std::vector<Tensor> released_grads;
+        {
+          const Tensor g = ops::cast_gate(x[0], x[1], x[2]);
+          autograd::backward(
+              ops::sum_all(ops::mul(ops::cast_attention_fused(g, x[3], x[4], x[5], x[6], mask, members, o), dout)));
+          for (Tensor& t : x) {
+            released_grads.push_back(t.grad());
+            t.reset_grad();
+          }
+        }
         const double rtol = dt == DType::f32 ? 3e-5 : 1e-10, atol = dt == DType::f32 ? 3e-6 : 1e-12;
         expect_close_per_element(outs[1], outs[0], rtol, atol, what + " output");
         for (size_t i = 0; i < x.size(); ++i) {
           // with W = A_q the gate gets no gradient from either
           ASSERT_EQ(grads[1][i].defined(), grads[0][i].defined()) << what << " gradient of input " << i;
-          if (grads[0][i].defined())
-            expect_close_per_element(grads[1][i], grads[0][i], rtol, atol,
-                                     what + fmt::format(" gradient of input {}", i));
+          ASSERT_EQ(released_grads[i].defined(), grads[0][i].defined()) << what << " gradient of input " << i;
+          if (!grads[0][i].defined()) continue;
+          expect_close_per_element(grads[1][i], grads[0][i], rtol, atol,
+                                   what + fmt::format(" gradient of input {}", i));
+          expect_close_per_element(released_grads[i], grads[0][i], rtol, atol,
+                                   what + fmt::format(" gradient of input {}, output released", i));
         }
       }
     }

@@ -1,5 +1,7 @@
 // Ops against hand-computed results, and the errors each kind of bad call produces.
 #include <cmath>
+#include <functional>
+#include <memory>
 
 #include "ops/adamw.h"
 #include "ops/layout.h"
@@ -210,6 +212,70 @@ TEST(Autograd, ReshapeTakesOverOnlyAReleasedGradient) {
   autograd::backward(
       ops::sum_all(ops::add(ops::scale(ops::reshape(z, {6}), 2.0), ops::reshape(ops::scale(z, 3.0), {6}))));
   expect_values(z.grad(), {5, 5, 5, 5, 5, 5});
+}
+
+namespace {
+// y = 2x, recorded by hand, whose backward first runs `check` on itself.
+struct ProbeNode final : autograd::Node {
+  Tensor x;
+  bool reads_outputs = true;
+  std::function<void(const ProbeNode&)> check;
+  const char* name() const override { return "probe"; }
+  bool backward_reads_outputs() const override { return reads_outputs; }
+  void fields(autograd::FieldVisitor& visit) const override { visit.input("x", x); }
+  void backward() override {
+    check(*this);
+    autograd::accumulate(x, ops::scale(outputs[0].grad(), 2.0));
+  }
+};
+Tensor probe(const Tensor& x, bool reads_outputs, std::function<void(const ProbeNode&)> check) {
+  Tensor y;
+  {
+    autograd::NoGradGuard made_by_hand;
+    y = ops::scale(x, 2.0);
+  }
+  auto node = std::make_unique<ProbeNode>();
+  node->x = x, node->reads_outputs = reads_outputs, node->check = std::move(check);
+  node->outputs = {y};
+  autograd::record(std::move(node));
+  return y;
+}
+}  // namespace
+
+// backward() frees each node, with what it saved, once its backward has run, and releases the
+// values of an output that only its node holds when that node's backward does not read them.
+TEST(Autograd, BackwardFreesWhatNoLaterNodeReads) {
+  Tensor x = param({3}, 7);
+  std::weak_ptr<TensorImpl> later_output;
+  int ran = 0;
+  Tensor kept = probe(x, false, [&](const ProbeNode& node) {
+    ++ran;
+    EXPECT_TRUE(later_output.expired()) << "the later node and the output only it held are gone";
+    EXPECT_NE(node.outputs[0].impl()->storage, nullptr) << "the caller holds this output: its values stay";
+  });
+  Tensor dropped = probe(kept, false, [&](const ProbeNode& node) {
+    ++ran;
+    EXPECT_EQ(node.outputs[0].impl()->storage, nullptr) << "only this node held its output, and reads no value";
+  });
+  Tensor read = probe(kept, true, [&](const ProbeNode& node) {
+    ++ran;
+    EXPECT_NE(node.outputs[0].impl()->storage, nullptr) << "this backward declares that it reads its output";
+  });
+  later_output = dropped.impl_ptr();
+  Tensor loss = ops::add(ops::sum_all(dropped), ops::sum_all(read));
+  dropped = Tensor(), read = Tensor();
+  autograd::backward(loss);
+  EXPECT_EQ(ran, 3);
+  expect_values(x.grad(), {8, 8, 8});  // loss = Σ 2·kept + Σ 2·kept, kept = 2x
+  const std::vector<double> xs = x.to_double_vector(), ks = kept.to_double_vector();
+  for (size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(ks[i], 2 * xs[i]);
+  EXPECT_CAST_ERROR(
+      [] {
+        Tensor t = Tensor::zeros({2});
+        t.impl()->storage.reset();
+        return t.raw_data();
+      }(),
+      "were released");
 }
 
 // ---------------------------------------------------------------- bad calls

@@ -225,9 +225,11 @@ void Trace::after_backward(const autograd::Node& node, bool ran) {
   if (step != backward_step_ && !step.empty()) say(fmt::format("      ── {}", step));
   backward_step_ = step;
   auto it = index_.find(&node);
+  const int64_t index = it == index_.end() ? 0 : it->second;
+  if (it != index_.end()) index_.erase(it);  // the tape frees the node next
   const Device device = node.outputs.empty() ? Device::cpu : node.outputs[0].device();
   emit({{"phase", "backward"},
-        {"index", it == index_.end() ? 0 : it->second},
+        {"index", index},
         {"op", node.name()},
         {"implementation", implementation(node, device)},
         {"step", node.step ? json(node.step) : json()},
