@@ -1,5 +1,7 @@
 // Attention: finite differences of every step and of every whole layer variant, the
 // invariants of ATTENTION.md, padding invariance, and the clustering rules.
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "nn/attention.h"
@@ -288,13 +290,19 @@ TEST(Clustering, TopKPicksLargestInPositionOrder) {
 // last, ties toward the earlier token), on columns with many ties, NaN, padding, more clusters
 // than one block of the CPU op, and κ below, at and above the real tokens.
 TEST(Clustering, TopKEqualsAFullSortOfEachColumn) {
-  for (int64_t N : {5, 37, 300})
+  for (int64_t N : {5, 37, 300, 2000})
     for (int64_t C : {3, 16, 21})
-      for (int64_t kappa : {int64_t{1}, N / 3 + 1, N, N + 2}) {
+      for (int64_t kappa : {int64_t{1}, N / 3 + 1, N / 40 + 1, N, N + 2}) {
         const int64_t G = 4;
         std::vector<float> a(G * N * C);
         for (size_t e = 0; e < a.size(); ++e) a[e] = static_cast<float>((e * 7919 + N) % 13) / 4.0f;  // ties
+        if (N == 2000)  // few ties: values spread over many levels
+          for (size_t e = 0; e < a.size(); ++e) a[e] = static_cast<float>((e * 104729 + 7) % 100003) / 1000.0f;
         for (size_t e = 5; e < a.size(); e += 17) a[e] = std::nanf("");
+        for (size_t e = 11; e < a.size(); e += 23) a[e] = -std::numeric_limits<float>::infinity();
+        if (C == 21)  // a column of NaN and −∞ only, in every group
+          for (int64_t i = 0; i < G * N; ++i)
+            a[i * C + 20] = i % 3 ? std::nanf("") : -std::numeric_limits<float>::infinity();
         std::vector<float> m(2 * N, 1.0f);
         for (int64_t i = 0; i < N; i += 4) m[i] = 0.0f;  // batch row 0: every fourth token padded
         const Tensor aff = Tensor::from_vector<float>(a, {G, N, C});
