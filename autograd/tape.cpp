@@ -55,7 +55,7 @@ void backward(const Tensor& output, const Tensor& output_grad) {
   Tensor out = output;
   accumulate(out, output_grad);
   backward_root = out.impl();
-  struct Finish {  // also when a backward throws: the nodes that ran are gone, so is the tape
+  struct Finish {  // also when a backward throws: what is left of the tape goes too
     ~Finish() {
       backward_root = nullptr;
       tape.nodes.clear();
@@ -64,8 +64,10 @@ void backward(const Tensor& output, const Tensor& output_grad) {
   NoGradGuard no_record;  // backward itself is not recorded
   TapeObserver* observer = tape_observer();
   if (observer) observer->backward_began();
-  for (auto it = tape.nodes.rbegin(); it != tape.nodes.rend(); ++it) {
-    Node& node = **it;
+  while (!tape.nodes.empty()) {  // newest first; each node leaves the tape as it runs
+    const std::unique_ptr<Node> taken = std::move(tape.nodes.back());
+    tape.nodes.pop_back();
+    Node& node = *taken;
     bool has_grad = false;
     for (const Tensor& o : node.outputs) has_grad = has_grad || o.grad().defined();
     if (observer) observer->before_backward(node);
@@ -74,10 +76,10 @@ void backward(const Tensor& output, const Tensor& output_grad) {
       node.backward();
     }
     if (observer) observer->after_backward(node, has_grad);
-    // Every consumer of these outputs ran earlier in this reverse walk: their gradients are done.
+    // Every consumer of these outputs ran earlier in this reverse walk: their gradients are done,
+    // and so is this node: what it saved for its backward goes now, not at the end of the walk.
     for (Tensor& o : node.outputs)
       if (!o.same_as(output)) o.reset_grad();
-    it->reset();  // and so is this node: what it saved for its backward goes now, not at the end
   }
   clear_tape();
   if (observer) observer->backward_ended();

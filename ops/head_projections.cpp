@@ -70,6 +70,7 @@ struct ProjectHeadsNode final : autograd::Node {
     bool x_fresh = false, w_fresh = false;  // a first gradient is written by the product, not added to zeros
     Tensor dx = x.requires_grad() ? x.grad_buffer(&x_fresh).view(x2.shape()) : Tensor();
     Tensor dw = w.requires_grad() ? w.grad_buffer(&w_fresh) : Tensor();
+    if (rows == 0 && w_fresh) dw.fill_zero();  // no chunk writes it: a sum of no products
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t n = std::min(chunk, rows - r0);
       Tensor dy = buffer.narrow0(0, n);  // token-major rows [r0, r0 + n)

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <functional>
+#include <memory>
 
 #include "nn/attention.h"
 #include "ops/attention.h"
@@ -353,6 +354,16 @@ TEST(HeadProjections, MatchTheProductAndPermute) {
     }
 }
 
+// No tokens: the weight's first gradient is a sum of no products, zeros, not what the buffer held.
+TEST(HeadProjections, NoTokensGiveAZeroWeightGradient) {
+  Tensor x = Tensor::zeros({2, 0, 3}).set_requires_grad();
+  Tensor w = Tensor::uniform({3, 4}, 5, 0, -1.0, 1.0, DType::f32).set_requires_grad();
+  Tensor out = ops::project_heads(x, w, 2);
+  ASSERT_EQ(out.shape(), (Shape{2, 2, 0, 2}));
+  autograd::backward(out, Tensor::zeros(out.shape()));
+  for (double v : w.grad().to_double_vector()) EXPECT_EQ(v, 0.0);
+}
+
 // ---------------------------------------------------------------- CAST steps 1–3 and 5–7 in one op
 namespace {
 
@@ -419,9 +430,17 @@ TEST(CastAttentionFused, MatchesTheStepChainInEverySetting) {
         // layer: backward() releases the output's values first (the op reads none of them).
         std::vector<Tensor> released_grads;
         {
-          const Tensor g = ops::cast_gate(x[0], x[1], x[2]);
-          autograd::backward(
-              ops::sum_all(ops::mul(ops::cast_attention_fused(g, x[3], x[4], x[5], x[6], mask, members, o), dout)));
+          Tensor loss;
+          std::weak_ptr<TensorImpl> op_output;
+          {
+            const Tensor out =
+                ops::cast_attention_fused(ops::cast_gate(x[0], x[1], x[2]), x[3], x[4], x[5], x[6], mask, members, o);
+            op_output = out.impl_ptr();
+            loss = ops::sum_all(ops::mul(out, dout));
+          }
+          ASSERT_EQ(op_output.use_count(), 2) << what << ": the op's node and mul's, which runs and goes first";
+          autograd::backward(loss);
+          EXPECT_TRUE(op_output.expired()) << what;
           for (Tensor& t : x) {
             released_grads.push_back(t.grad());
             t.reset_grad();
