@@ -7,6 +7,7 @@
 #   scripts/results.sh listops-pathfinder   # generated ListOps (length <= 512), Pathfinder-32
 #   scripts/results.sh surrogates           # CAST with learned against frozen surrogate tokens
 #   scripts/results.sh approximation        # a trained full model evaluated with clustered attention
+#   scripts/results.sh convergence          # Fashion-MNIST: two layers, longer, wider (towards 88%)
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,10 +70,31 @@ approximation() {
   done
 }
 
+convergence() {
+  # Towards a converged Fashion-MNIST recipe (docs/results.md, "Towards convergence"): the preset
+  # with two layers and 5000 steps, full attention and CAST side by side (one thread each); then
+  # both twice as wide. The last command gathers the first two into one table.
+  for m in full cast; do
+    "$cast" compare --task fashion-mnist-14 --layers 2 --steps 5000 --warmup 200 --eval-every 1000 \
+      --attention $m --seeds 1 --out runs/results/fm14-l2/$m &
+  done
+  wait
+  for m in full cast; do
+    "$cast" compare --task fashion-mnist-14 --layers 2 --dim 128 --mlp-dim 256 --steps 6000 --warmup 200 \
+      --eval-every 1000 --attention $m --seeds 1 --out runs/results/fm14-l2-d128/$m &
+  done
+  wait
+  mkdir -p runs/results/fm14-l2/both
+  cp -r runs/results/fm14-l2/full/full-seed1 runs/results/fm14-l2/cast/cast-seed1 runs/results/fm14-l2/both/
+  "$cast" compare --task fashion-mnist-14 --layers 2 --steps 5000 --warmup 200 --eval-every 1000 \
+    --attention full,cast --seeds 1 --out runs/results/fm14-l2/both
+}
+
 case "${1:-}" in
   fashion-mnist) fashion_mnist ;;
   listops-pathfinder) listops_pathfinder ;;
   surrogates) surrogates ;;
   approximation) approximation ;;
-  *) echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation" >&2; exit 2 ;;
+  convergence) convergence ;;
+  *) echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation | convergence" >&2; exit 2 ;;
 esac
