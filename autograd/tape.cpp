@@ -81,7 +81,6 @@ void backward(const Tensor& output, const Tensor& output_grad) {
     for (Tensor& o : node.outputs)
       if (!o.same_as(output)) o.reset_grad();
   }
-  clear_tape();
   if (observer) observer->backward_ended();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <utility>
 #include <fmt/ranges.h>
 
 #include "tensor/device_memory.h"
@@ -178,12 +179,7 @@ std::string Tensor::describe() const {
   return fmt::format("{}{} {}", dtype_name(dtype()), shape_str(shape()), device_name(device()));
 }
 
-void* Tensor::raw_data() {
-  auto& t = checked(impl_);
-  CAST_CHECK(t.storage, "tensor: the values of {} were released: a backward that declared it does not read them did",
-             describe());
-  return static_cast<char*>(t.storage->data) + t.byte_offset;
-}
+void* Tensor::raw_data() { return const_cast<void*>(std::as_const(*this).raw_data()); }
 const void* Tensor::raw_data() const {
   auto& t = checked(impl_);
   CAST_CHECK(t.storage, "tensor: the values of {} were released: a backward that declared it does not read them did",
