@@ -15,6 +15,7 @@ json ModelConfig::to_json() const {
   const AttentionConfig& a = attention;
   return json{{"vocab", vocab},
               {"max_len", max_len},
+              {"patch", patch},
               {"dim", dim},
               {"heads", heads},
               {"mlp_dim", mlp_dim},
@@ -46,7 +47,7 @@ Block::Block(const ModelConfig& c, int index, Initializer& init)
   a.dim = c.dim;
   a.heads = c.heads;
   a.seed = c.seed * 1000 + static_cast<uint64_t>(index) + 1;
-  const int64_t n = c.max_len + (c.cls_pooling ? 1 : 0);
+  const int64_t n = c.tokens() + (c.cls_pooling ? 1 : 0);
   if ((a.mechanism == Mechanism::cast || a.mechanism == Mechanism::clustered || a.mechanism == Mechanism::iclustered) &&
       a.clusters <= 0)
     a.clusters = default_clusters(n);
@@ -84,16 +85,17 @@ static Tensor sinusoidal(int64_t len, int64_t dim, DType dtype, Device device) {
 }
 
 Transformer::Transformer(const ModelConfig& c, DType dtype, Device device) : config_(c) {
-  CAST_CHECK(c.vocab > 0 && c.max_len > 0 && c.layers >= 0 && c.classes >= 2, "model: invalid config {}",
-             c.to_json().dump());
+  CAST_CHECK(c.vocab > 0 && c.max_len > 0 && c.layers >= 0 && c.classes >= 2 && c.patch >= 1 && c.tokens() >= 1,
+             "model: invalid config {}", c.to_json().dump());
   Initializer init{c.seed, 0, dtype, device};
-  token_table_ = init.normal({c.vocab, c.dim}, 1.0);
-  position_table_ =
-      c.learned_positions ? init.normal({c.max_len, c.dim}, 0.02) : sinusoidal(c.max_len, c.dim, dtype, device);
+  if (c.patch > 1) patch_embedding_ = Linear(c.patch * c.patch, c.dim, true, init);
+  else token_table_ = init.normal({c.vocab, c.dim}, 1.0);
+  const int64_t n = c.tokens();
+  position_table_ = c.learned_positions ? init.normal({n, c.dim}, 0.02) : sinusoidal(n, c.dim, dtype, device);
   if (c.cls_pooling) cls_ = init.normal({1, 1, c.dim}, 0.02);
-  std::vector<int32_t> positions(c.max_len);
-  for (int64_t i = 0; i < c.max_len; ++i) positions[i] = static_cast<int32_t>(i);
-  positions_ = Tensor::from_vector<int32_t>(positions, {c.max_len}, device);  // sent once, not per batch
+  std::vector<int32_t> positions(n);
+  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(i);
+  positions_ = Tensor::from_vector<int32_t>(positions, {n}, device);  // sent once, not per batch
   for (int i = 0; i < c.layers; ++i) blocks_.push_back(std::make_unique<Block>(c, i, init));
   final_norm_ = LayerNorm(c.dim, init);
   const int64_t head_in = c.dual ? 4 * c.dim : c.dim;
@@ -101,15 +103,36 @@ Transformer::Transformer(const ModelConfig& c, DType dtype, Device device) : con
   head2_ = Linear(c.mlp_dim, c.classes, true, init);
 }
 
+// (B, rows, P, cols, P) -> (B, rows, cols, P, P)
+Tensor patch_major(const Tensor& x, int64_t side, int64_t patch) {
+  const int64_t B = x.dim(0), cells = side / patch;
+  Tensor grid = ops::reshape(x, {B, cells, patch, cells, patch});
+  return ops::reshape(ops::permute(grid, {0, 1, 3, 2, 4}), {B, cells * cells, patch * patch});
+}
+
+Tensor Transformer::embed_patches(const Tensor& pixels, const Tensor& mask, Tensor& patch_mask) const {
+  const int64_t width = pixels.dim(1), P = config_.patch;
+  const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(width))));
+  CAST_CHECK(side * side == width && side % P == 0,
+             "model: an input of {} pixels is not a square image of whole {}x{} patches", width, P, P);
+  // grey levels 0..255 as numbers in [0, 1]; the conversion runs on the host (a small copy)
+  const Tensor grey = ops::affine(pixels.to(Device::cpu).to(mask.dtype()).to(pixels.device()), 1.0 / 255.0);
+  patch_mask = ops::mean(patch_major(mask, side, P), 2);  // 1 where every pixel of the patch is real
+  return patch_embedding_.forward(patch_major(grey, side, P));
+}
+
 Tensor Transformer::encode(const Tensor& tokens, const Tensor& mask, bool train) {
-  const int64_t B = tokens.dim(0), N = tokens.dim(1);
-  CAST_CHECK(N <= config_.max_len, "model: sequence of {} tokens exceeds max_len {}", N, config_.max_len);
+  const int64_t B = tokens.dim(0);
+  Tensor m = mask, embedded;
+  if (config_.patch > 1) embedded = embed_patches(tokens, mask, m);  // m becomes the patches' mask
+  else embedded = ops::embedding(token_table_, tokens);
+  const int64_t N = embedded.dim(1);
+  CAST_CHECK(N <= config_.tokens(), "model: sequence of {} tokens exceeds max_len {}", N, config_.tokens());
   Tensor pos = ops::embedding(position_table_, positions_.narrow0(0, N));  // positions 0..N−1
-  Tensor h = ops::add(ops::embedding(token_table_, tokens), pos);          // (B, N, D)
-  Tensor m = mask;
+  Tensor h = ops::add(embedded, pos);                                      // (B, N, D)
   if (config_.cls_pooling) {
     h = ops::concat({ops::expand(cls_, {B, 1, config_.dim}), h}, 1);
-    m = ops::concat({Tensor::full({B, 1}, 1.0, mask.dtype(), mask.device()), mask}, 1);
+    m = ops::concat({Tensor::full({B, 1}, 1.0, mask.dtype(), mask.device()), m}, 1);
   }
   if (train && config_.dropout > 0) {
     h = ops::dropout(h, config_.dropout, config_.seed, rng_offset);
@@ -132,7 +155,8 @@ Tensor Transformer::forward(const Batch& batch, bool train) {
 }
 
 void Transformer::collect_parameters(ParamList& out, const std::string& prefix) {
-  out.push_back({join_name(prefix, "token_embedding"), &token_table_});
+  if (config_.patch > 1) patch_embedding_.collect_parameters(out, join_name(prefix, "patch_embedding"));
+  else out.push_back({join_name(prefix, "token_embedding"), &token_table_});
   if (config_.learned_positions) out.push_back({join_name(prefix, "position_embedding"), &position_table_});
   if (config_.cls_pooling) out.push_back({join_name(prefix, "cls"), &cls_});
   for (size_t i = 0; i < blocks_.size(); ++i)

@@ -1,5 +1,6 @@
 #pragma once
-// The LRA Transformer encoder: token embedding + positions, pre-LayerNorm blocks
+// The LRA Transformer encoder: token embedding (or, for images, a linear embedding of each
+// patch of pixels) + positions, pre-LayerNorm blocks
 // (LN -> attention -> dropout -> residual; LN -> MLP (GELU) -> dropout -> residual), a final
 // LayerNorm, CLS or mean pooling (padding excluded), and a classifier head
 // (Dense -> ReLU -> Dense). The dual encoder (Retrieval) runs one encoder on both texts and
@@ -17,7 +18,10 @@ namespace cast::nn {
 
 struct ModelConfig {
   int64_t vocab = 16;    // token ids in [0, vocab)
-  int64_t max_len = 64;  // longest sequence (CLS excluded)
+  int64_t max_len = 64;  // longest input sequence (CLS excluded); of pixels under `patch`
+  // Images: each patch × patch block of pixels is one token, its grey levels (/ 255) embedded
+  // by a Linear layer, as in ViT. 1: every pixel a token, its grey level a token id.
+  int64_t patch = 1;
   int64_t dim = 64, heads = 4, mlp_dim = 128, layers = 2, classes = 10;
   bool learned_positions = false;  // else fixed sinusoidal
   bool cls_pooling = true;         // else mean over real tokens
@@ -27,6 +31,7 @@ struct ModelConfig {
   uint64_t seed = 0;
 
   nlohmann::json to_json() const;  // the fields by their C++ names (files: train/settings.h)
+  int64_t tokens() const { return max_len / (patch * patch); }  // longest sequence the blocks see
 };
 
 struct Batch {
@@ -51,6 +56,10 @@ class Block : public Module {
   AttentionOutput last;  // the last forward's cluster indices, for `cast clusters`
 };
 
+// A batch of square images' pixels in patch order: (B, side²) raster -> (B, (side / patch)², patch²),
+// the patches in raster order, each one's pixels in raster order.
+Tensor patch_major(const Tensor& x, int64_t side, int64_t patch);
+
 class Transformer : public Module {
  public:
   Transformer(const ModelConfig& config, DType dtype = DType::f32, Device device = Device::cpu);
@@ -63,9 +72,12 @@ class Transformer : public Module {
 
  private:
   Tensor encode(const Tensor& tokens, const Tensor& mask, bool train);
+  // (B, side²) raster-order grey levels -> (B, (side / patch)², D); the mask likewise to (B, n).
+  Tensor embed_patches(const Tensor& pixels, const Tensor& mask, Tensor& patch_mask) const;
   ModelConfig config_;
   Tensor token_table_, position_table_, cls_;
-  Tensor positions_;  // 0 .. max_len − 1 (i32) where the model is
+  Linear patch_embedding_;  // (patch², D), used instead of token_table_ when patch > 1
+  Tensor positions_;        // 0 .. max_len − 1 (i32) where the model is
   std::vector<std::unique_ptr<Block>> blocks_;
   LayerNorm final_norm_;
   Linear head1_, head2_;

@@ -47,7 +47,8 @@ const std::map<std::string, json>& changed_values() {
                                                      {"weight-decay", 0.5},
                                                      {"clip", 0.0},
                                                      {"seed", 9},
-                                                     {"max-len", 12},
+                                                     {"max-len", 16},
+                                                     {"patch", 2},
                                                      {"dim", 12},
                                                      {"heads", 3},
                                                      {"mlp-dim", 10},
@@ -114,7 +115,7 @@ TEST(Settings, EveryFlagIsReadAsItsSettingAndEveryKeyByTheConfigReader) {
     // the config file's key: the same name, the same value
     train::TrainConfig c = train::preset("listops-short");
     EXPECT_NE(s.get(c), value) << name << ": choose a value other than the preset's";
-    train::apply_overrides(c, json{{name, value}, {"dim", 12}, {"heads", 3}});
+    train::apply_overrides(c, json{{name, value}, {"dim", 12}, {"heads", 3}, {"max-len", 16}});
     EXPECT_EQ(s.get(c), value) << name;
     // and its text (--vary) the same again
     EXPECT_EQ(train::setting_from_text(name, train::setting_value(c, name)), value) << name;

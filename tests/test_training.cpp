@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -635,4 +636,79 @@ TEST(MemoryEstimate, GpuFullAttentionIsLinearInLengthWithinTheFlashBound) {
   a.fused = false;  // the reference (--reference) keeps the N x N matrices on either device
   EXPECT_GT(train::attention_layer_bytes(a, 1, 4096, 256, true) / train::attention_layer_bytes(a, 1, 1024, 256, true),
             10.0);
+}
+
+// ---------------------------------------------------------------- patches of pixels as tokens
+
+TEST(PatchEmbedding, PixelsGoToTheirPatchInRasterOrder) {
+  std::vector<double> pixels(2 * 16);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<double>(i);
+  const Tensor patches = nn::patch_major(Tensor::from_vector<double>(pixels, {2, 16}), 4, 2);  // 4 × 4 images
+  ASSERT_EQ(patches.shape(), (Shape{2, 4, 4}));
+  const std::vector<double> one = {0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15};
+  std::vector<double> want = one;
+  for (double v : one) want.push_back(v + 16);  // the second image, the same way
+  EXPECT_EQ(patches.to_double_vector(), want);
+  // 6 × 6 pixels in 3 × 3 patches: the second patch starts at column 3 of row 0
+  std::vector<double> big(36);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<double>(i);
+  const auto p = nn::patch_major(Tensor::from_vector<double>(big, {1, 36}), 6, 3).to_double_vector();
+  EXPECT_EQ(std::vector<double>(p.begin() + 9, p.begin() + 18), (std::vector<double>{3, 4, 5, 9, 10, 11, 15, 16, 17}));
+}
+
+// 8 × 8 grey images of noise with one bright 4 × 4 quadrant; the label is the quadrant.
+static data::TaskData quadrant_task(int64_t train, int64_t test, uint64_t seed) {
+  data::TaskData t;
+  t.name = "quadrants";
+  t.vocab = 256;
+  t.classes = 4;
+  t.image_side = 8;
+  t.max_len = 64;
+  t.fixed_length = true;
+  uint64_t draw = 0;
+  auto make = [&](int64_t n, std::vector<data::Example>& out) {
+    for (int64_t i = 0; i < n; ++i) {
+      data::Example e;
+      e.label = static_cast<int32_t>(philox::uniform(seed, draw++) * 4);
+      for (int p = 0; p < 64; ++p) {
+        const bool bright = (p / 8 / 4) * 2 + (p % 8) / 4 == e.label;
+        e.tokens.push_back(static_cast<int32_t>(philox::uniform(seed, draw++) * 128) + (bright ? 96 : 0));
+      }
+      out.push_back(e);
+    }
+  };
+  make(train, t.train);
+  make(test, t.val);
+  make(test, t.test);
+  return t;
+}
+
+TEST(PatchEmbedding, AModelOfPatchTokensLearnsWhichQuadrantIsBright) {
+  data::TaskData task = quadrant_task(1000, 200, 5);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("patches"));
+  c.task = "quadrants";
+  c.steps = 200;
+  c.model.vocab = 256, c.model.classes = 4, c.model.max_len = 64, c.model.patch = 4;  // 4 tokens of 16 pixels
+  auto result = train::train_on(c, task, "", 0, true);
+  EXPECT_GE(result.test.accuracy, 0.9);
+  // the model's parameters: a (16, D) patch embedding and its bias in place of the token table
+  nn::Transformer model(c.model);
+  std::map<std::string, Shape> shapes;
+  for (auto& [name, t] : model.parameters()) shapes[name] = t->shape();
+  EXPECT_EQ(shapes.count("token_embedding"), 0u);
+  EXPECT_EQ(shapes["patch_embedding.weight"], (Shape{16, c.model.dim}));
+  EXPECT_EQ(shapes["patch_embedding.bias"], (Shape{c.model.dim}));
+}
+
+TEST(PatchEmbedding, PatchesNeedASquareImageOfWholePatches) {
+  train::TrainConfig c = train::preset("fashion-mnist");
+  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"patch", 3}}),
+                    "setting 'patch' is 3: 'max-len' (784) must be the pixels of a square image");
+  EXPECT_NO_THROW(train::apply_overrides(c, nlohmann::json{{"patch", 4}}));
+  EXPECT_EQ(c.model.tokens(), 49);
+  // a task that is not an image: refused before training, by name
+  data::TaskData counting = counting_task(100, 20, 3);
+  train::TrainConfig t = tiny_config(nn::Mechanism::full, temp_dir("patches_text"));
+  t.model.patch = 2;
+  EXPECT_CAST_ERROR(train::train_on(t, counting, "", 0, true), "--patch 2: task counting is not an image of 16 pixels");
 }

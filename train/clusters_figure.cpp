@@ -15,6 +15,7 @@ struct Layout {
   int panel = 0, gap = 14, left = 80, top = 60;
   int width = 0, height = 0, legend_cols = 0, legend_rows = 0, legend_top = 0;
   int offset = 0;  // token 0 is CLS under CLS pooling
+  int patch = 1;   // a token covers patch x patch pixels
 };
 
 Layout layout(nn::Transformer& model, const ClustersFigure& f) {
@@ -25,6 +26,7 @@ Layout layout(nn::Transformer& model, const ClustersFigure& f) {
   l.clusters = l.layers ? static_cast<int>(model.blocks()[0]->last.clusters.dim(2)) : 0;
   l.offset = m.cls_pooling ? 1 : 0;
   l.side = f.side, l.s = f.scale;
+  l.patch = static_cast<int>(m.patch);
   l.panel = l.side * l.s;
   l.width = std::max(l.left + (l.heads + 1) * (l.panel + l.gap) + 10, 940);
   l.legend_cols = std::max(1, (l.width - 40) / 70);
@@ -63,6 +65,12 @@ std::string header(const Layout& l, const nn::AttentionConfig& a, int64_t index)
   return svg;
 }
 
+// The token that holds pixel p (raster order).
+int token_of_pixel(const Layout& l, int p) {
+  const int cells = l.side / l.patch;
+  return (p / l.side / l.patch) * cells + (p % l.side) / l.patch;
+}
+
 // One layer's row: the input image, then each head's panel, a pixel coloured by the first
 // cluster that holds its token (black: none).
 std::string layer_row(const Layout& l, nn::Transformer& model, const ClustersFigure& f, int layer) {
@@ -77,15 +85,18 @@ std::string layer_row(const Layout& l, nn::Transformer& model, const ClustersFig
   const int C = l.clusters, K = static_cast<int>(clusters.dim(3));
   const auto ids = clusters.to_double_vector();
   for (int h = 0; h < l.heads; ++h) {
-    std::vector<int> owner(n, -1);
+    const int tokens = n / (l.patch * l.patch);
+    std::vector<int> owner(tokens, -1);
     for (int c = 0; c < C; ++c)
       for (int k = 0; k < K; ++k) {
         const int token = static_cast<int>(ids[(h * C + c) * K + k]) - l.offset;
-        if (token >= 0 && token < n && owner[token] < 0) owner[token] = c;
+        if (token >= 0 && token < tokens && owner[token] < 0) owner[token] = c;
       }
     const int x0 = l.left + (h + 1) * (l.panel + l.gap);
-    for (int p = 0; p < n; ++p)
-      svg += square(l, x0 + (p % l.side) * l.s, y0 + (p / l.side) * l.s, owner[p] >= 0 ? colour(owner[p]) : "#000000");
+    for (int p = 0; p < n; ++p) {
+      const int o = owner[token_of_pixel(l, p)];
+      svg += square(l, x0 + (p % l.side) * l.s, y0 + (p / l.side) * l.s, o >= 0 ? colour(o) : "#000000");
+    }
     svg += "\n";
   }
   return svg;

@@ -58,7 +58,7 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
 }
 
 double training_step_bytes(const nn::ModelConfig& m, int64_t B, int64_t N, bool gpu) {
-  const int64_t towers = m.dual ? 2 : 1, tokens = N + (m.cls_pooling ? 1 : 0);
+  const int64_t towers = m.dual ? 2 : 1, tokens = N / (m.patch * m.patch) + (m.cls_pooling ? 1 : 0);
   const double bn = static_cast<double>(B * towers) * static_cast<double>(tokens);
   const double d = static_cast<double>(m.dim), mlp = static_cast<double>(m.mlp_dim);
   nn::AttentionConfig a = m.attention;
@@ -66,8 +66,8 @@ double training_step_bytes(const nn::ModelConfig& m, int64_t B, int64_t N, bool 
   a.heads = m.heads;
   // per block: two LayerNorms, residuals, projections, the MLP's hidden activations and GELU
   const double block = bn * (d * 6 + mlp * 3) * kFloat * 2 + attention_layer_bytes(a, B * towers, tokens, m.dim, gpu);
-  const double params =
-      static_cast<double>(m.layers) * (4 * d * d + 2 * d * mlp) + static_cast<double>(m.vocab + m.max_len + 1) * d;
+  const double params = static_cast<double>(m.layers) * (4 * d * d + 2 * d * mlp) +
+                        static_cast<double>((m.patch > 1 ? m.patch * m.patch : m.vocab) + m.tokens() + 1) * d;
   return static_cast<double>(m.layers) * block + bn * d * 2 * kFloat + params * 4 * kFloat;
 }
 

@@ -205,6 +205,12 @@ std::vector<Setting> make_table() {
                              {"fashion-mnist", "784"},
                              {"fashion-mnist-14", "196"}}),
                    "max_len"),
+      absent_before(defaults(integer("patch", model, 1, 64,
+                                     "images: a token per patch x patch pixels, embedded linearly (1: a token "
+                                     "per pixel, its grey level as a token id)",
+                                     AT(model.patch)),
+                             "1"),
+                    "1"),
       defaults(integer("dim", model, 1, 1 << 16, "model dim D", AT(model.dim)), "64",
                {{"listops", "512"},
                 {"text", "256"},
@@ -259,8 +265,9 @@ std::vector<Setting> make_table() {
                                       AT(model.attention.shared_clustering)),
                             "per-head"),
                    "shared_clustering", "per-head", "shared"),
-      absent_before(defaults(two_words("surrogates", attention, "CAST: the surrogate tokens trained, or frozen at "
-                                                                "their random start (static directions)",
+      absent_before(defaults(two_words("surrogates", attention,
+                                       "CAST: the surrogate tokens trained, or frozen at "
+                                       "their random start (static directions)",
                                        {"learned", "frozen"}, 1, AT(model.attention.frozen_surrogates)),
                              "learned"),
                     "learned"),
@@ -400,6 +407,14 @@ void validate(const TrainConfig& c) {
           fmt::format("setting '{}' is {}: it must be a {} number", s.name, v, zero_ok ? "non-negative" : "positive"));
   }
   const nn::ModelConfig& m = c.model;
+  if (m.patch > 1) {
+    const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(m.max_len))));
+    if (side * side != m.max_len || side % m.patch != 0)
+      throw UsageError(
+          fmt::format("setting 'patch' is {}: 'max-len' ({}) must be the pixels of a square image "
+                      "whose side is a multiple of it",
+                      m.patch, m.max_len));
+  }
   if (m.dim % m.heads != 0)
     throw UsageError(fmt::format("setting 'dim' is {}: it must be a multiple of 'heads' ({})", m.dim, m.heads));
 }
@@ -473,7 +488,7 @@ json stored_value(const json& group, const Setting& s) {
   const std::string key = model_key(s);
   if (group.contains(key) && !group.at(key).is_boolean()) return group.at(key);
   const char* old_key = s.old.key ? s.old.key : key.c_str();
-  if (!group.contains(old_key) && !group.contains(key) && s.absent) return json(s.absent);
+  if (!group.contains(old_key) && !group.contains(key) && s.absent) return setting_from_text(s.name, s.absent);
   if (!group.contains(old_key)) throw Error(fmt::format("model config: '{}' is missing", key));
   const json& v = group.at(old_key);
   if (s.old.if_false && v.is_boolean()) return json(v.get<bool>() ? s.old.if_true : s.old.if_false);

@@ -173,6 +173,10 @@ void check_task_fits(const Run& run) {
   CAST_CHECK(task.vocab <= c.model.vocab && task.classes == c.model.classes && task.dual == c.model.dual,
              "task {} (vocab {}, {} classes) does not fit the model (vocab {}, {} classes)", task.name, task.vocab,
              task.classes, c.model.vocab, c.model.classes);
+  CAST_CHECK(c.model.patch == 1 || (task.image_side > 0 && task.image_side * task.image_side == c.model.max_len),
+             "--patch {}: task {} is not an image of {} pixels (patches need an image task whose side "
+             "--max-len is the square of)",
+             c.model.patch, task.name, c.model.max_len);
   const int64_t length = std::min(c.model.max_len, task.max_len);
   require_memory(training_step_bytes(c.model, c.batch, length, run.device == Device::cuda), run.device,
                  fmt::format("a training step of batch {} at length {}", c.batch, length),
