@@ -12,6 +12,8 @@
 #include "tensor/philox.h"
 #include "tensor/safetensors.h"
 #include "tests/test_util.h"
+#include "train/cluster_changes.h"
+#include "train/clusters_figure.h"
 #include "train/memory_estimate.h"
 #include "train/stop.h"
 #include "train/trainer.h"
@@ -711,4 +713,52 @@ TEST(PatchEmbedding, PatchesNeedASquareImageOfWholePatches) {
   train::TrainConfig t = tiny_config(nn::Mechanism::full, temp_dir("patches_text"));
   t.model.patch = 2;
   EXPECT_CAST_ERROR(train::train_on(t, counting, "", 0, true), "--patch 2: task counting is not an image of 16 pixels");
+}
+
+// ---------------------------------------------------------------- what training did to the clusters
+
+TEST(ClusterChanges, FirstClustersSkipEmptySlotsAndTheCls) {
+  // (B 1, H 2, C 2, κ 2); under CLS pooling token 0 is the CLS, so ids 1..3 are tokens 0..2
+  const Tensor clusters = Tensor::from_vector<int32_t>({2, 0, 3, 2, /* head 2 */ -1, 1, 1, 3}, {1, 2, 2, 2});
+  EXPECT_EQ(train::first_clusters(clusters, 3, 1), (std::vector<int>{-1, 0, 1, /* head 2 */ 0, -1, 1}));
+  EXPECT_EQ(train::first_clusters(clusters, 4, 0), (std::vector<int>{0, -1, 0, 1, /* head 2 */ -1, 0, -1, 1}));
+}
+
+TEST(ClusterChanges, PositionPurityIsTheCommonestClustersShare) {
+  // B 4 images, H 1, 2 positions: position 0 always in cluster 3; position 1 in 0, 1, 1, −1
+  const std::vector<int> owners = {3, 0, 3, 1, 3, 1, 3, -1};
+  EXPECT_DOUBLE_EQ(train::position_purity(owners, 4, 1, 2), (1.0 + 0.5) / 2);
+}
+
+TEST(ClusterChanges, TrainingMovesTokensAndTheFigureColoursEachPatch) {
+  data::TaskData task = quadrant_task(600, 64, 7);
+  train::TrainConfig c = tiny_config(nn::Mechanism::cast, temp_dir("cluster_changes"));
+  c.task = "quadrants";
+  c.steps = 100;
+  c.model.vocab = 256, c.model.classes = 4, c.model.max_len = 64, c.model.patch = 2;  // 16 tokens of 4 pixels
+  train::train_on(c, task, "", 0, true);
+  auto ck = train::read_checkpoint_header(c.run_dir + "/checkpoint.safetensors");
+  nn::Transformer trained(ck.config.model), initial(ck.config.model), again(ck.config.model);
+  train::load_checkpoint(c.run_dir + "/checkpoint.safetensors", trained, nullptr, nullptr);
+  std::vector<int64_t> first(64);
+  for (int64_t i = 0; i < 64; ++i) first[i] = i;
+  const nn::Batch batch = data::make_batch(task, task.test, first, DType::f32, Device::cpu);
+  // the initialisation against itself: nothing changed
+  const auto same = train::cluster_changes(initial, again, batch);
+  ASSERT_EQ(same.size(), 1u);
+  EXPECT_EQ(same[0].changed, 0.0);
+  EXPECT_EQ(same[0].purity_initial, same[0].purity_trained);
+  const auto moved = train::cluster_changes(initial, trained, batch);
+  EXPECT_GT(moved[0].changed, 0.0);
+  EXPECT_LE(moved[0].changed, 1.0);
+  EXPECT_GT(moved[0].purity_trained, 0.0);
+  // the figure: one square per pixel in the input and in each head's panel, plus the legend's
+  {
+    autograd::NoGradGuard no_grad;
+    trained.forward(data::make_batch(task, task.test, {0}, DType::f32, Device::cpu), false);
+  }
+  const std::string svg = train::clusters_svg(trained, {task.test[0].tokens, 8, 2, 0, "test"});
+  size_t squares = 0;
+  for (size_t at = svg.find("<rect x="); at != std::string::npos; at = svg.find("<rect x=", at + 1)) ++squares;
+  EXPECT_EQ(squares, static_cast<size_t>(64 * (1 + c.model.heads) + c.model.attention.clusters));
 }

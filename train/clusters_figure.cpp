@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "train/cluster_changes.h"
 #include "train/plot.h"
 
 namespace cast::train {
@@ -81,20 +82,12 @@ std::string layer_row(const Layout& l, nn::Transformer& model, const ClustersFig
   for (int p = 0; p < n; ++p)
     svg += square(l, l.left + (p % l.side) * l.s, y0 + (p / l.side) * l.s,
                   fmt::format("#{0:02x}{0:02x}{0:02x}", std::clamp(static_cast<int>(f.pixels[p]), 0, 255)));
-  const Tensor& clusters = model.blocks()[layer]->last.clusters;  // (1, H, C, κ)
-  const int C = l.clusters, K = static_cast<int>(clusters.dim(3));
-  const auto ids = clusters.to_double_vector();
+  const int tokens = n / (l.patch * l.patch);
+  const auto owner = first_clusters(model.blocks()[layer]->last.clusters, tokens, l.offset);  // (1, H, tokens)
   for (int h = 0; h < l.heads; ++h) {
-    const int tokens = n / (l.patch * l.patch);
-    std::vector<int> owner(tokens, -1);
-    for (int c = 0; c < C; ++c)
-      for (int k = 0; k < K; ++k) {
-        const int token = static_cast<int>(ids[(h * C + c) * K + k]) - l.offset;
-        if (token >= 0 && token < tokens && owner[token] < 0) owner[token] = c;
-      }
     const int x0 = l.left + (h + 1) * (l.panel + l.gap);
     for (int p = 0; p < n; ++p) {
-      const int o = owner[token_of_pixel(l, p)];
+      const int o = owner[h * tokens + token_of_pixel(l, p)];
       svg += square(l, x0 + (p % l.side) * l.s, y0 + (p / l.side) * l.s, o >= 0 ? colour(o) : "#000000");
     }
     svg += "\n";

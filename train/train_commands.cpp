@@ -11,6 +11,7 @@
 #include "autograd/tape.h"
 #include "tensor/files.h"
 #include "train/cli.h"
+#include "train/cluster_changes.h"
 #include "train/clusters_figure.h"
 #include "train/plot.h"
 #include "train/run_folder.h"
@@ -234,6 +235,21 @@ int command_data(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// What training changed in the clusters, on the first `images` test images, as a table.
+static void print_cluster_changes(nn::Transformer& initial, nn::Transformer& trained, const data::TaskData& task,
+                                  int64_t images) {
+  std::vector<int64_t> first(images);
+  for (int64_t i = 0; i < images; ++i) first[i] = i;
+  const auto layers =
+      train::cluster_changes(initial, trained, data::make_batch(task, task.test, first, DType::f32, Device::cpu));
+  fmt::print("clusters at initialisation against trained, {} test images:\n", images);
+  fmt::print("{:<7} {:>24} {:>34}\n", "layer", "tokens changing cluster", "position purity initial -> trained");
+  for (size_t l = 0; l < layers.size(); ++l)
+    fmt::print("{:<7} {:>23.1f}% {:>25.1f}% -> {:.1f}%\n", l + 1, 100 * layers[l].changed,
+               100 * layers[l].purity_initial, 100 * layers[l].purity_trained);
+  fmt::print("position purity: the share of images in which a position lands in its commonest cluster (per head)\n");
+}
+
 int command_clusters(const std::vector<std::string>& argv) {
   cli::Args args("clusters",
                  "Render a trained CAST model's cluster assignment over one image-task input as an SVG: one panel per "
@@ -244,7 +260,14 @@ int command_clusters(const std::vector<std::string>& argv) {
       .option("index", "0", "which test example")
       .option("data", "", "data folder (default: the one the run used)")
       .option("scale", "4", "pixels per image pixel")
-      .example("cast clusters --checkpoint runs/fashion-mnist-cast/checkpoint.safetensors --index 3 --out fm.svg");
+      .flag("initial", "draw the model as it was initialised (the checkpoint's settings and seed, untrained weights)")
+      .option("changes", "0",
+              "compare the trained clusters with the initial ones over this many test images: per layer, the "
+              "share of tokens whose first cluster changed, and how much a position fixes its cluster (0: off)")
+      .example("cast clusters --checkpoint runs/fashion-mnist-cast/checkpoint.safetensors --index 3 --out fm.svg")
+      .example(
+          "cast clusters --checkpoint runs/fashion-mnist-cast/checkpoint.safetensors --initial --changes 500 "
+          "--out fm-initial.svg");
   if (!args.parse(argv)) return 0;
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast clusters --help)");
   const int scale = static_cast<int>(args.integer("scale", 1, 64));  // pixels per image pixel
@@ -259,17 +282,21 @@ int command_clusters(const std::vector<std::string>& argv) {
   const train::Checkpoint& ck = run.checkpoint;
   CAST_CHECK(ck.config.model.attention.mechanism == nn::Mechanism::cast, "{}: the model uses {} attention, not cast",
              args.str("checkpoint"), nn::mechanism_name(ck.config.model.attention.mechanism));
-  nn::Transformer& model = *run.model;
   const data::TaskData& task = run.task;
   CAST_CHECK(task.image_side > 0, "task {} is not an image task", task.name);
   CAST_CHECK_USAGE(index < static_cast<int64_t>(task.test.size()), "--index {} outside the {} test examples", index,
                    task.test.size());
+  const int64_t changes = args.integer("changes", 0, static_cast<int64_t>(task.test.size()));
+  // the same settings and seed build the weights the training started from
+  nn::Transformer initial(ck.config.model, DType::f32, Device::cpu);
+  if (changes > 0) print_cluster_changes(initial, *run.model, task, changes);
+  nn::Transformer& model = args.is_set("initial") ? initial : *run.model;
   {
     autograd::NoGradGuard no_grad;
     model.forward(data::make_batch(task, task.test, {index}, DType::f32, Device::cpu), false);
   }
   train::ClustersFigure figure{task.test[index].tokens, static_cast<int>(task.image_side), scale, index,
-                               args.str("checkpoint")};
+                               args.str("checkpoint") + (args.is_set("initial") ? " as initialised" : "")};
   const std::string svg = train::clusters_svg(model, figure);
   files::write_atomic(args.str("out"), svg, "--out");
   const int64_t clusters = model.blocks().empty() ? 0 : model.blocks()[0]->last.clusters.dim(2);
