@@ -84,12 +84,25 @@ static Tensor sinusoidal(int64_t len, int64_t dim, DType dtype, Device device) {
   return Tensor::from_vector<double>(v, {len, dim}).to(dtype).to(device);
 }
 
+// (levels, 1): pixel value v as the number v · (1 / 255), multiplied in the model's precision.
+static Tensor grey_levels(int64_t levels, DType dtype, Device device) {
+  std::vector<double> grey(levels);
+  for (int64_t v = 0; v < levels; ++v)
+    grey[v] = dtype == DType::f32 ? static_cast<double>(static_cast<float>(1.0 / 255.0) * static_cast<float>(v))
+                                  : (1.0 / 255.0) * static_cast<double>(v);
+  return Tensor::from_vector<double>(grey, {levels, 1}).to(dtype).to(device);
+}
+
 Transformer::Transformer(const ModelConfig& c, DType dtype, Device device) : config_(c) {
   CAST_CHECK(c.vocab > 0 && c.max_len > 0 && c.layers >= 0 && c.classes >= 2 && c.patch >= 1 && c.tokens() >= 1,
              "model: invalid config {}", c.to_json().dump());
   Initializer init{c.seed, 0, dtype, device};
-  if (c.patch > 1) patch_embedding_ = Linear(c.patch * c.patch, c.dim, true, init);
-  else token_table_ = init.normal({c.vocab, c.dim}, 1.0);
+  if (c.patch > 1) {
+    patch_embedding_ = Linear(c.patch * c.patch, c.dim, true, init);
+    grey_levels_ = grey_levels(c.vocab, dtype, device);
+  } else {
+    token_table_ = init.normal({c.vocab, c.dim}, 1.0);
+  }
   const int64_t n = c.tokens();
   position_table_ = c.learned_positions ? init.normal({n, c.dim}, 0.02) : sinusoidal(n, c.dim, dtype, device);
   if (c.cls_pooling) cls_ = init.normal({1, 1, c.dim}, 0.02);
@@ -111,13 +124,16 @@ Tensor patch_major(const Tensor& x, int64_t side, int64_t patch) {
 }
 
 Tensor Transformer::embed_patches(const Tensor& pixels, const Tensor& mask, Tensor& patch_mask) const {
-  const int64_t width = pixels.dim(1), P = config_.patch;
+  const int64_t B = pixels.dim(0), width = pixels.dim(1), P = config_.patch;
+  // the positions belong to one image size: a smaller image would shift them silently
+  CAST_CHECK(width == config_.max_len,
+             "model: an input of {} pixels, but the model reads images of {} in {}x{} patches", width, config_.max_len,
+             P, P);
   const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(width))));
-  CAST_CHECK(side * side == width && side % P == 0,
-             "model: an input of {} pixels is not a square image of whole {}x{} patches", width, P, P);
-  // grey levels 0..255 as numbers in [0, 1]; the conversion runs on the host (a small copy)
-  const Tensor grey = ops::affine(pixels.to(Device::cpu).to(mask.dtype()).to(pixels.device()), 1.0 / 255.0);
-  patch_mask = ops::mean(patch_major(mask, side, P), 2);  // 1 where every pixel of the patch is real
+  // grey levels as numbers in [0, 1], looked up where the pixels are (no copy to the host)
+  const Tensor grey = ops::reshape(ops::embedding(grey_levels_, pixels), {B, width});
+  // the share of each patch's pixels that are real: 1 in image tasks, which have no padding
+  patch_mask = ops::mean(patch_major(mask, side, P), 2);
   return patch_embedding_.forward(patch_major(grey, side, P));
 }
 
@@ -127,7 +143,8 @@ Tensor Transformer::encode(const Tensor& tokens, const Tensor& mask, bool train)
   if (config_.patch > 1) embedded = embed_patches(tokens, mask, m);  // m becomes the patches' mask
   else embedded = ops::embedding(token_table_, tokens);
   const int64_t N = embedded.dim(1);
-  CAST_CHECK(N <= config_.tokens(), "model: sequence of {} tokens exceeds max_len {}", N, config_.tokens());
+  CAST_CHECK(N <= config_.tokens(), "model: sequence of {} tokens exceeds the model's {} (max_len)", N,
+             config_.tokens());
   Tensor pos = ops::embedding(position_table_, positions_.narrow0(0, N));  // positions 0..N−1
   Tensor h = ops::add(embedded, pos);                                      // (B, N, D)
   if (config_.cls_pooling) {

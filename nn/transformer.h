@@ -77,7 +77,8 @@ class Transformer : public Module {
   ModelConfig config_;
   Tensor token_table_, position_table_, cls_;
   Linear patch_embedding_;  // (patch², D), used instead of token_table_ when patch > 1
-  Tensor positions_;        // 0 .. max_len − 1 (i32) where the model is
+  Tensor grey_levels_;      // (vocab, 1): a constant that turns pixel values into numbers
+  Tensor positions_;        // 0 .. tokens() − 1 (i32) where the model is
   std::vector<std::unique_ptr<Block>> blocks_;
   LayerNorm final_norm_;
   Linear head1_, head2_;

@@ -8,6 +8,9 @@
 #   scripts/results.sh surrogates           # CAST with learned against frozen surrogate tokens
 #   scripts/results.sh approximation        # a trained full model evaluated with clustered attention
 #   scripts/results.sh convergence          # Fashion-MNIST: two layers, longer, wider (towards 88%)
+#   scripts/results.sh converged            # Fashion-MNIST 28x28 in 4x4 patches: mechanisms, seeds, surrogates
+#   scripts/results.sh converged-approximation  # its full-attention model under clustered attention
+#   scripts/results.sh listops-5k           # ListOps (length <= 512), 5000 steps
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,11 +93,70 @@ convergence() {
     --attention full,cast --seeds 1 --out runs/results/fm14-l2/both
 }
 
+# The converged recipe (docs/results.md, "Converged: Fashion-MNIST in patches"): full resolution,
+# each 4x4 patch a token (49 tokens), two layers, 10000 steps (11.6 epochs). Two streams of one
+# thread each: the first does the seed-1 table, seeds 2 and 3 of full and CAST, then learned
+# against frozen surrogates (reusing the CAST runs); the second, seeds 2 and 3 of the clustered
+# variants. The last commands gather every run into one table.
+converged() {
+  local recipe="--task fashion-mnist --patch 4 --layers 2 --steps 10000 --warmup 500 --eval-every 1000"
+  local out=runs/results/fm28-p4 seeds=runs/results/fm28-p4-seeds23 surrogates=runs/results/fm28-p4-surrogates
+  (
+    "$cast" compare $recipe --attention full,cast,clustered,iclustered --seeds 1 --out $out
+    "$cast" compare $recipe --attention full,cast --seeds 2,3 --out $seeds/full-cast
+    mkdir -p $surrogates
+    cp -rn $out/cast-seed1 $seeds/full-cast/cast-seed2 $seeds/full-cast/cast-seed3 $surrogates/
+    "$cast" compare $recipe --attention cast --vary surrogates=learned,frozen --seeds 1,2,3 --out $surrogates
+  ) &
+  (
+    while [ ! -f $out/iclustered-seed1/summary.json ]; do sleep 60; done  # after the seed-1 table
+    "$cast" compare $recipe --attention clustered,iclustered --seeds 2,3 --out $seeds/clustered
+  ) &
+  wait
+  mkdir -p $out/all
+  cp -rn $out/*-seed1 $seeds/*/*-seed[23] $out/all/
+  "$cast" compare $recipe --attention full,cast,clustered,iclustered --seeds 1,2,3 --out $out/all
+  # what learning did to the clusters: seed 1, learned and frozen, against their initialisation
+  for s in learned frozen; do
+    local ck=$surrogates/cast-surrogates-$s-seed1/checkpoint.safetensors
+    [ $s = learned ] && ck=$surrogates/cast-seed1/checkpoint.safetensors
+    "$cast" clusters --checkpoint $ck --changes 2000 --index 0 --out $surrogates/clusters-$s.svg
+    "$cast" clusters --checkpoint $ck --initial --index 0 --out $surrogates/clusters-$s-initial.svg
+  done
+}
+
+converged_approximation() {
+  # The converged full-attention model (seed 1) under clustered and improved clustered attention,
+  # its own weights, no retraining; C 49 gives every patch-token its own cluster.
+  local ck=runs/results/fm28-p4/full-seed1/checkpoint.safetensors
+  for m in clustered iclustered; do
+    for c in 4 8 16 32 49; do
+      "$cast" eval --checkpoint $ck --attention $m --clusters $c
+    done
+  done
+}
+
+listops_5k() {
+  # ListOps with the LRA generator's rules (lengths 128-512, as above), full attention first,
+  # 5000 steps, to tune the recipe before the other mechanisms.
+  [ -f data/listops-512/basic_train.tsv ] || "$cast" data listops --max-length 512 --count 20000 --out data/listops-512
+  "$cast" compare --task listops --data data/listops-512 --max-len 512 --dim 64 --heads 4 --mlp-dim 128 --layers 2 \
+    --steps 5000 --batch 32 --lr 1e-3 --schedule cosine --warmup 100 --eval-every 500 --eval-limit 1000 \
+    --attention full --seeds 1 --out runs/results/listops-512-5k/full
+}
+
 case "${1:-}" in
   fashion-mnist) fashion_mnist ;;
   listops-pathfinder) listops_pathfinder ;;
   surrogates) surrogates ;;
   approximation) approximation ;;
   convergence) convergence ;;
-  *) echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation | convergence" >&2; exit 2 ;;
+  converged) converged ;;
+  converged-approximation) converged_approximation ;;
+  listops-5k) listops_5k ;;
+  *)
+    echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation | convergence |" \
+      "converged | converged-approximation | listops-5k" >&2
+    exit 2
+    ;;
 esac

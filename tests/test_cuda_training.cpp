@@ -2,7 +2,8 @@
 // (train/training_step.h): what a step costs in round trips and device allocations. After two
 // warm-up steps of the largest shape, a step copies nothing to the host except the statistics
 // read on a log step (one copy), sends only its batch (and clustered attention's LSH planes),
-// and makes no cudaMalloc call, for batches padded to other lengths and of other sizes too.
+// and makes no cudaMalloc call, for batches padded to other lengths and of other sizes too; a
+// model of image patches turns its pixels into numbers on the device.
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -21,6 +22,7 @@ using namespace cast::testing;
 struct StepCase {
   nn::Mechanism mechanism;
   bool single_assignment = false, shared_clustering = false;
+  int64_t patch = 1;  // 2: 4 × 4 images in 2 × 2 patches, every pixel real
 };
 
 class CudaTrainingSteps : public ::testing::TestWithParam<StepCase> {};
@@ -35,6 +37,7 @@ static nn::ModelConfig step_model(const StepCase& c, int64_t layers, int64_t clu
   m.attention.shared_clustering = c.shared_clustering;
   m.attention.clusters = clusters, m.attention.cluster_size = 6, m.attention.topk = 5, m.attention.bits = 8;
   m.attention.iterations = 2;
+  m.patch = c.patch;
   return m;
 }
 
@@ -57,7 +60,7 @@ TEST_P(CudaTrainingSteps, CopyBackOnlyTheLogAndStopAllocatingAfterWarmUp) {
     std::vector<float> mask(B * N);
     int64_t real = 0;
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t length = N - b % 3;  // padded rows
+      const int64_t length = GetParam().patch > 1 ? N : N - b % 3;  // padded rows, images not
       for (int64_t i = 0; i < N; ++i) {
         tokens[b * N + i] = i < length ? static_cast<int32_t>(1 + (b * 5 + i * 3) % 7) : 0;
         mask[b * N + i] = i < length ? 1.f : 0.f;
@@ -88,7 +91,8 @@ TEST_P(CudaTrainingSteps, CopyBackOnlyTheLogAndStopAllocatingAfterWarmUp) {
   step(6, 16);  // the largest batch, twice: every block a step needs is now cached
   step(6, 16);
   const cuda::MemoryStats warm = cuda::memory_stats();
-  const std::vector<std::pair<int64_t, int64_t>> shapes{{3, 5}, {6, 11}, {2, 16}, {6, 16}, {1, 3}, {5, 16}};
+  std::vector<std::pair<int64_t, int64_t>> shapes{{3, 5}, {6, 11}, {2, 16}, {6, 16}, {1, 3}, {5, 16}};
+  if (GetParam().patch > 1) shapes = {{3, 16}, {6, 16}, {1, 16}, {5, 16}};  // images have one size
   size_t most_to_device = 0;
   for (auto [B, N] : shapes) {
     const cuda::MemoryStats before = cuda::memory_stats();
@@ -138,12 +142,12 @@ TEST_P(CudaTrainingSteps, OneStepEqualsTheCpuStep) {
   ASSERT_EQ(sides[0].params.size(), sides[1].params.size());
   for (size_t p = 0; p < sides[0].params.size(); ++p)  // the same weights on both devices
     sides[1].params[p].second->copy_from(*sides[0].params[p].second);
-  const int64_t B = 5, N = 14;
+  const int64_t B = 5, N = GetParam().patch > 1 ? 16 : 14;
   std::vector<int32_t> tokens(B * N), labels(B);
   std::vector<float> mask(B * N);
   int64_t real = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t length = N - 3 * b % 7;  // padded rows
+    const int64_t length = GetParam().patch > 1 ? N : N - 3 * b % 7;  // padded rows, images not
     for (int64_t i = 0; i < N; ++i) {
       tokens[b * N + i] = i < length ? static_cast<int32_t>(1 + (b * 5 + i * 3) % 7) : 0;
       mask[b * N + i] = i < length ? 1.f : 0.f;
@@ -184,9 +188,12 @@ INSTANTIATE_TEST_SUITE_P(AllMechanisms, CudaTrainingSteps,
                          ::testing::Values(StepCase{nn::Mechanism::full}, StepCase{nn::Mechanism::cast},
                                            StepCase{nn::Mechanism::cast, true, false},
                                            StepCase{nn::Mechanism::cast, false, true},
-                                           StepCase{nn::Mechanism::clustered}, StepCase{nn::Mechanism::iclustered}),
+                                           StepCase{nn::Mechanism::clustered}, StepCase{nn::Mechanism::iclustered},
+                                           StepCase{nn::Mechanism::full, false, false, 2},
+                                           StepCase{nn::Mechanism::cast, false, false, 2}),
                          [](const auto& info) {
                            const StepCase& c = info.param;
                            return std::string(nn::mechanism_name(c.mechanism)) +
-                                  (c.single_assignment ? "_satopk" : "") + (c.shared_clustering ? "_shared" : "");
+                                  (c.single_assignment ? "_satopk" : "") + (c.shared_clustering ? "_shared" : "") +
+                                  (c.patch > 1 ? "_patches" : "");
                          });

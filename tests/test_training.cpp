@@ -712,7 +712,7 @@ TEST(PatchEmbedding, PatchesNeedASquareImageOfWholePatches) {
   data::TaskData counting = counting_task(100, 20, 3);
   train::TrainConfig t = tiny_config(nn::Mechanism::full, temp_dir("patches_text"));
   t.model.patch = 2;
-  EXPECT_CAST_ERROR(train::train_on(t, counting, "", 0, true), "--patch 2: task counting is not an image of 16 pixels");
+  EXPECT_CAST_ERROR(train::train_on(t, counting, "", 0, true), "--patch 2: task counting is not an image task");
 }
 
 // ---------------------------------------------------------------- what training did to the clusters
@@ -725,9 +725,11 @@ TEST(ClusterChanges, FirstClustersSkipEmptySlotsAndTheCls) {
 }
 
 TEST(ClusterChanges, PositionPurityIsTheCommonestClustersShare) {
-  // B 4 images, H 1, 2 positions: position 0 always in cluster 3; position 1 in 0, 1, 1, −1
-  const std::vector<int> owners = {3, 0, 3, 1, 3, 1, 3, -1};
-  EXPECT_DOUBLE_EQ(train::position_purity(owners, 4, 1, 2), (1.0 + 0.5) / 2);
+  // B 4 images, H 1, 3 positions: position 0 always in cluster 3; position 1 in 0, 1, 1 and
+  // none (2 of the 3 clustered); position 2 never clustered, so not counted
+  const std::vector<int> owners = {3, 0, -1, 3, 1, -1, 3, 1, -1, 3, -1, -1};
+  EXPECT_DOUBLE_EQ(train::position_purity(owners, 4, 1, 3), (1.0 + 2.0 / 3.0) / 2);
+  EXPECT_CAST_ERROR(train::position_purity(owners, 4, 1, 2), "position purity: 12 owners, not 4 x 1 x 2");
 }
 
 TEST(ClusterChanges, TrainingMovesTokensAndTheFigureColoursEachPatch) {
@@ -740,9 +742,12 @@ TEST(ClusterChanges, TrainingMovesTokensAndTheFigureColoursEachPatch) {
   auto ck = train::read_checkpoint_header(c.run_dir + "/checkpoint.safetensors");
   nn::Transformer trained(ck.config.model), initial(ck.config.model), again(ck.config.model);
   train::load_checkpoint(c.run_dir + "/checkpoint.safetensors", trained, nullptr, nullptr);
-  std::vector<int64_t> first(64);
-  for (int64_t i = 0; i < 64; ++i) first[i] = i;
-  const nn::Batch batch = data::make_batch(task, task.test, first, DType::f32, Device::cpu);
+  std::vector<nn::Batch> batch;  // 64 images in two batches
+  for (int64_t at : {0, 32}) {
+    std::vector<int64_t> some;
+    for (int64_t i = at; i < at + 32; ++i) some.push_back(i);
+    batch.push_back(data::make_batch(task, task.test, some, DType::f32, Device::cpu));
+  }
   // the initialisation against itself: nothing changed
   const auto same = train::cluster_changes(initial, again, batch);
   ASSERT_EQ(same.size(), 1u);
@@ -761,4 +766,24 @@ TEST(ClusterChanges, TrainingMovesTokensAndTheFigureColoursEachPatch) {
   size_t squares = 0;
   for (size_t at = svg.find("<rect x="); at != std::string::npos; at = svg.find("<rect x=", at + 1)) ++squares;
   EXPECT_EQ(squares, static_cast<size_t>(64 * (1 + c.model.heads) + c.model.attention.clusters));
+}
+
+// `cast clusters --initial` rebuilds the starting weights from the checkpoint's settings: the
+// weights a run of no steps saves.
+TEST(ClusterChanges, TheCheckpointsSettingsRebuildTheWeightsTrainingStartedFrom) {
+  data::TaskData task = quadrant_task(64, 16, 9);
+  train::TrainConfig c = tiny_config(nn::Mechanism::cast, temp_dir("initial_weights"));
+  c.task = "quadrants";
+  c.steps = 0;
+  c.model.seed = 4;
+  c.model.vocab = 256, c.model.classes = 4, c.model.max_len = 64, c.model.patch = 2;
+  train::train_on(c, task, "", 0, true);
+  const std::string path = c.run_dir + "/checkpoint.safetensors";
+  const auto ck = train::read_checkpoint_header(path);
+  nn::Transformer saved(ck.config.model), rebuilt(ck.config.model);
+  train::load_checkpoint(path, saved, nullptr, nullptr);
+  auto a = saved.parameters(), b = rebuilt.parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i].second->to_double_vector(), b[i].second->to_double_vector()) << a[i].first;
 }

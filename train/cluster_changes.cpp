@@ -24,39 +24,63 @@ std::vector<int> first_clusters(const Tensor& clusters, int64_t tokens, int offs
 }
 
 double position_purity(const std::vector<int>& owners, int64_t B, int64_t H, int64_t tokens) {
+  CAST_CHECK(static_cast<int64_t>(owners.size()) == B * H * tokens, "position purity: {} owners, not {} x {} x {}",
+             owners.size(), B, H, tokens);
   double sum = 0;
+  int64_t pairs = 0;
   for (int64_t h = 0; h < H; ++h)
     for (int64_t t = 0; t < tokens; ++t) {
       std::map<int, int64_t> count;
-      for (int64_t b = 0; b < B; ++b) ++count[owners[(b * H + h) * tokens + t]];
+      int64_t clustered = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        const int owner = owners[(b * H + h) * tokens + t];
+        if (owner < 0) continue;  // in no cluster: not a place of any cluster
+        ++count[owner];
+        ++clustered;
+      }
+      if (clustered == 0) continue;
       int64_t most = 0;
       for (const auto& [cluster, n] : count) most = std::max(most, n);
-      sum += static_cast<double>(most) / static_cast<double>(B);
+      sum += static_cast<double>(most) / static_cast<double>(clustered);
+      ++pairs;
     }
-  return sum / static_cast<double>(H * tokens);
+  return pairs ? sum / static_cast<double>(pairs) : 0.0;
 }
 
-std::vector<LayerChange> cluster_changes(nn::Transformer& initial, nn::Transformer& trained, const nn::Batch& batch) {
+std::vector<LayerChange> cluster_changes(nn::Transformer& initial, nn::Transformer& trained,
+                                         const std::vector<nn::Batch>& batches) {
   CAST_CHECK(initial.blocks().size() == trained.blocks().size(), "cluster changes: models of {} and {} layers",
              initial.blocks().size(), trained.blocks().size());
-  {
-    autograd::NoGradGuard no_grad;
-    initial.forward(batch, false);
-    trained.forward(batch, false);
-  }
   const nn::ModelConfig& m = trained.config();
-  const int64_t B = batch.tokens.dim(0), H = m.heads, tokens = batch.tokens.dim(1) / (m.patch * m.patch);
+  const size_t layers = trained.blocks().size();
   const int offset = m.cls_pooling ? 1 : 0;
+  int64_t tokens = -1, B = 0;
+  std::vector<std::vector<int>> before(layers), after(layers);  // (B, H, tokens) each, batch after batch
+  for (const nn::Batch& batch : batches) {
+    const int64_t n = batch.tokens.dim(1) / (m.patch * m.patch);
+    CAST_CHECK(tokens < 0 || n == tokens, "cluster changes: batches of {} and {} tokens", tokens, n);
+    tokens = n;
+    B += batch.tokens.dim(0);
+    {
+      autograd::NoGradGuard no_grad;
+      initial.forward(batch, false);
+      trained.forward(batch, false);
+    }
+    for (size_t l = 0; l < layers; ++l) {
+      const auto a = first_clusters(initial.blocks()[l]->last.clusters, tokens, offset);
+      const auto b = first_clusters(trained.blocks()[l]->last.clusters, tokens, offset);
+      before[l].insert(before[l].end(), a.begin(), a.end());
+      after[l].insert(after[l].end(), b.begin(), b.end());
+    }
+  }
   std::vector<LayerChange> out;
-  for (size_t layer = 0; layer < trained.blocks().size(); ++layer) {
-    const auto a = first_clusters(initial.blocks()[layer]->last.clusters, tokens, offset);
-    const auto b = first_clusters(trained.blocks()[layer]->last.clusters, tokens, offset);
+  for (size_t l = 0; l < layers && B > 0; ++l) {
     LayerChange change;
     int64_t differ = 0;
-    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
-    change.changed = static_cast<double>(differ) / static_cast<double>(a.size());
-    change.purity_initial = position_purity(a, B, H, tokens);
-    change.purity_trained = position_purity(b, B, H, tokens);
+    for (size_t i = 0; i < before[l].size(); ++i) differ += before[l][i] != after[l][i];
+    change.changed = static_cast<double>(differ) / static_cast<double>(before[l].size());
+    change.purity_initial = position_purity(before[l], B, m.heads, tokens);
+    change.purity_trained = position_purity(after[l], B, m.heads, tokens);
     out.push_back(change);
   }
   return out;

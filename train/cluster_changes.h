@@ -12,9 +12,10 @@ namespace cast::train {
 // −1 where no cluster holds it. `offset` is 1 under CLS pooling (token 0 is the CLS).
 std::vector<int> first_clusters(const Tensor& clusters, int64_t tokens, int offset);
 
-// Of (B, H, tokens) owners: the share of each (head, position) held by its commonest cluster
-// across the B images, averaged. 1: a position always lands in the same cluster (clusters are
-// places); near 1 / C: the cluster depends on the content.
+// Of (B, H, tokens) owners: for each (head, position), among the images where some cluster
+// holds it, the share held by its commonest cluster; averaged over the (head, position) pairs
+// clustered at least once. 1: a position always lands in the same cluster (clusters are places);
+// lower: the content decides.
 double position_purity(const std::vector<int>& owners, int64_t B, int64_t H, int64_t tokens);
 
 struct LayerChange {
@@ -22,7 +23,9 @@ struct LayerChange {
   double purity_initial = 0, purity_trained = 0;
 };
 
-// Runs both models forward on `batch` (no gradients) and compares their clusters layer by layer.
-std::vector<LayerChange> cluster_changes(nn::Transformer& initial, nn::Transformer& trained, const nn::Batch& batch);
+// Runs both models forward on each batch (no gradients; a batch at a time bounds the memory)
+// and compares their clusters layer by layer over all of them.
+std::vector<LayerChange> cluster_changes(nn::Transformer& initial, nn::Transformer& trained,
+                                         const std::vector<nn::Batch>& batches);
 
 }  // namespace cast::train

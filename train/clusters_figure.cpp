@@ -17,6 +17,7 @@ struct Layout {
   int width = 0, height = 0, legend_cols = 0, legend_rows = 0, legend_top = 0;
   int offset = 0;  // token 0 is CLS under CLS pooling
   int patch = 1;   // a token covers patch x patch pixels
+  int kappa = 0;   // tokens per cluster
 };
 
 Layout layout(nn::Transformer& model, const ClustersFigure& f) {
@@ -25,6 +26,7 @@ Layout layout(nn::Transformer& model, const ClustersFigure& f) {
   l.layers = static_cast<int>(model.blocks().size());
   l.heads = static_cast<int>(m.heads);
   l.clusters = l.layers ? static_cast<int>(model.blocks()[0]->last.clusters.dim(2)) : 0;
+  l.kappa = l.layers ? static_cast<int>(model.blocks()[0]->last.clusters.dim(3)) : 0;
   l.offset = m.cls_pooling ? 1 : 0;
   l.side = f.side, l.s = f.scale;
   l.patch = static_cast<int>(m.patch);
@@ -56,8 +58,7 @@ std::string header(const Layout& l, const nn::AttentionConfig& a, int64_t index)
       "\n"
       R"(<text x="10" y="22" font-size="16" font-weight="bold">CAST clusters ({2}): test example {3}, {4} clusters of {5} tokens per head</text>)"
       "\n",
-      l.width, l.height, a.single_assignment ? "Single-Assignment Top-K" : "Top-K", index, l.clusters,
-      a.cluster_size > 0 ? a.cluster_size : l.clusters);
+      l.width, l.height, a.single_assignment ? "Single-Assignment Top-K" : "Top-K", index, l.clusters, l.kappa);
   for (int h = 0; h <= l.heads; ++h)
     svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>)"
                        "\n",

@@ -196,7 +196,9 @@ std::vector<Setting> make_table() {
       defaults(seed, "1"),
 
       // The model.
-      old_spelling(defaults(integer("max-len", model, 1, 1 << 22, "longest sequence", AT(model.max_len)), "1024",
+      old_spelling(defaults(integer("max-len", model, 1, 1 << 22, "longest sequence (of pixels under --patch)",
+                                    AT(model.max_len)),
+                            "1024",
                             {{"listops-short", "48"},
                              {"listops", "2000"},
                              {"text", "4096"},

@@ -238,16 +238,22 @@ int command_data(const std::vector<std::string>& argv) {
 // What training changed in the clusters, on the first `images` test images, as a table.
 static void print_cluster_changes(nn::Transformer& initial, nn::Transformer& trained, const data::TaskData& task,
                                   int64_t images) {
-  std::vector<int64_t> first(images);
-  for (int64_t i = 0; i < images; ++i) first[i] = i;
-  const auto layers =
-      train::cluster_changes(initial, trained, data::make_batch(task, task.test, first, DType::f32, Device::cpu));
+  constexpr int64_t kImagesPerBatch = 32;  // what a forward pass holds at once
+  std::vector<nn::Batch> batches;
+  for (int64_t at = 0; at < images; at += kImagesPerBatch) {
+    std::vector<int64_t> some;
+    for (int64_t i = at; i < std::min(images, at + kImagesPerBatch); ++i) some.push_back(i);
+    batches.push_back(data::make_batch(task, task.test, some, DType::f32, Device::cpu));
+  }
+  const auto layers = train::cluster_changes(initial, trained, batches);
   fmt::print("clusters at initialisation against trained, {} test images:\n", images);
   fmt::print("{:<7} {:>24} {:>34}\n", "layer", "tokens changing cluster", "position purity initial -> trained");
   for (size_t l = 0; l < layers.size(); ++l)
     fmt::print("{:<7} {:>23.1f}% {:>25.1f}% -> {:.1f}%\n", l + 1, 100 * layers[l].changed,
                100 * layers[l].purity_initial, 100 * layers[l].purity_trained);
-  fmt::print("position purity: the share of images in which a position lands in its commonest cluster (per head)\n");
+  fmt::print(
+      "position purity: per head and position, the share of the images clustering it that put it in its "
+      "commonest cluster\n");
 }
 
 int command_clusters(const std::vector<std::string>& argv) {
@@ -288,9 +294,10 @@ int command_clusters(const std::vector<std::string>& argv) {
                    task.test.size());
   const int64_t changes = args.integer("changes", 0, static_cast<int64_t>(task.test.size()));
   // the same settings and seed build the weights the training started from
-  nn::Transformer initial(ck.config.model, DType::f32, Device::cpu);
-  if (changes > 0) print_cluster_changes(initial, *run.model, task, changes);
-  nn::Transformer& model = args.is_set("initial") ? initial : *run.model;
+  std::optional<nn::Transformer> initial;
+  if (changes > 0 || args.is_set("initial")) initial.emplace(ck.config.model, DType::f32, Device::cpu);
+  if (changes > 0) print_cluster_changes(*initial, *run.model, task, changes);
+  nn::Transformer& model = args.is_set("initial") ? *initial : *run.model;
   {
     autograd::NoGradGuard no_grad;
     model.forward(data::make_batch(task, task.test, {index}, DType::f32, Device::cpu), false);

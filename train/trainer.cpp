@@ -173,10 +173,12 @@ void check_task_fits(const Run& run) {
   CAST_CHECK(task.vocab <= c.model.vocab && task.classes == c.model.classes && task.dual == c.model.dual,
              "task {} (vocab {}, {} classes) does not fit the model (vocab {}, {} classes)", task.name, task.vocab,
              task.classes, c.model.vocab, c.model.classes);
-  CAST_CHECK(c.model.patch == 1 || (task.image_side > 0 && task.image_side * task.image_side == c.model.max_len),
-             "--patch {}: task {} is not an image of {} pixels (patches need an image task whose side "
-             "--max-len is the square of)",
-             c.model.patch, task.name, c.model.max_len);
+  if (c.model.patch > 1) {
+    CAST_CHECK_USAGE(task.image_side > 0, "--patch {}: task {} is not an image task", c.model.patch, task.name);
+    CAST_CHECK_USAGE(task.image_side * task.image_side == c.model.max_len,
+                     "--patch {}: task {}'s images have {} pixels, not --max-len {}", c.model.patch, task.name,
+                     task.image_side * task.image_side, c.model.max_len);
+  }
   const int64_t length = std::min(c.model.max_len, task.max_len);
   require_memory(training_step_bytes(c.model, c.batch, length, run.device == Device::cuda), run.device,
                  fmt::format("a training step of batch {} at length {}", c.batch, length),
@@ -384,9 +386,9 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   check_run_settings(run, resume_from);
   choose_compute(run);
   if (run.c.run_dir.empty()) run.c.run_dir = default_run_dir(run.c);
+  check_task_fits(run);                                          // before the folder is touched
   const bool in_place = prepare_run_folder(run.c, resume_from);  // before any step is spent
   run.checkpoint = run.c.run_dir + "/checkpoint.safetensors";
-  check_task_fits(run);
   build_model(run, resume_from);
 
   run.terminal = !quiet && isatty(STDOUT_FILENO);
