@@ -123,6 +123,19 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
   if (mask.defined())
     CAST_CHECK(mask.shape() == (Shape{x.dim(0), x.dim(1)}) && mask.dtype() == x.dtype(),
                "attention: mask {} must be {}[{}, {}]", mask.describe(), dtype_name(x.dtype()), x.dim(0), x.dim(1));
+  AttentionOutput result = attend(x, mask, assignment, Tensor());
+  // With fast paths on, the heads' merge and the output projection are one node.
+  if (config_.fused) {
+    autograd::FastPathScope by("merge_heads_project");
+    result.out = ops::merge_heads_project(result.out, params_.at("wo"));
+  } else {
+    result.out = ops::matmul(merge_heads(result.out), params_.at("wo"));
+  }
+  if (mask.defined()) result.out = ops::mul(result.out, ops::reshape(mask, {x.dim(0), x.dim(1), 1}));
+  return result;
+}
+
+AttentionOutput Attention::attend(const Tensor& x, const Tensor& mask, const Tensor& assignment, const Tensor& values) {
   // With fast paths on, each projection and its split into heads is one node that keeps the heads
   // only (ops/head_projections.h); the reference records the product and the permute apart.
   const bool heads_in_one_node = config_.fused;
@@ -139,7 +152,7 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
     autograd::StepScope named(ops::step_name(ops::Step::gated_affinity));  // step 3's first half
     gate = ops::cast_gate(x, params_.at("gate_w"), params_.at("gate_b"));
   }
-  Tensor q = project("wq"), k = project("wk"), v = project("wv");
+  Tensor q = project("wq"), k = project("wk"), v = values.defined() ? values : project("wv");
   AttentionOutput result;
   Tensor heads_out;
   switch (config_.mechanism) {
@@ -154,14 +167,27 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
       break;
   }
   ++forward_calls_;
-  if (heads_in_one_node) {
-    autograd::FastPathScope by("merge_heads_project");
-    result.out = ops::merge_heads_project(heads_out, params_.at("wo"));
-  } else {
-    result.out = ops::matmul(merge_heads(heads_out), params_.at("wo"));
-  }
-  if (mask.defined()) result.out = ops::mul(result.out, ops::reshape(mask, {x.dim(0), x.dim(1), 1}));
+  result.out = heads_out;
   return result;
+}
+
+Tensor Attention::weights(const Tensor& x, const Tensor& mask, const Tensor& supplied) {
+  autograd::NoGradGuard no_grad;
+  const int64_t B = x.dim(0), H = config_.heads, N = x.dim(1), d = config_.dim / config_.heads;
+  std::vector<double> w(static_cast<size_t>(B * H * N * N), 0.0);
+  Tensor assignment = supplied;  // else the first pass's, kept for the others (LSH redraws each pass)
+  for (int64_t first = 0; first < N; first += d) {
+    // values: columns first .. first + d − 1 of the identity, the same in every (batch, head)
+    std::vector<double> eye(static_cast<size_t>(N * d), 0.0);
+    for (int64_t j = first; j < std::min(N, first + d); ++j) eye[j * d + (j - first)] = 1.0;
+    const Tensor values = ops::expand(ops::constant_like(eye, {1, 1, N, d}, x), {B, H, N, d});
+    AttentionOutput out = attend(x, mask, assignment, values);
+    if (!assignment.defined()) assignment = out.assignment;
+    const std::vector<double> part = out.out.to_double_vector();  // (B, H, N, d)
+    for (int64_t bhi = 0; bhi < B * H * N; ++bhi)
+      for (int64_t j = first; j < std::min(N, first + d); ++j) w[bhi * N + j] = part[bhi * d + (j - first)];
+  }
+  return Tensor::from_vector<double>(w, {B, H, N, N}).to(x.dtype());
 }
 
 AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k,

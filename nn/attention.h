@@ -68,12 +68,21 @@ class Attention : public Module {
   // neither contributes to nor receives any gradient.
   AttentionOutput forward(const Tensor& x, const Tensor& mask, const Tensor& assignment = Tensor());
 
+  // Each query's weights over the keys, (B, H, N, N) on the host: the heads' output when the
+  // values are the identity, d columns at a time (every mechanism is linear in V; the clusters
+  // of the first pass, or `assignment` when given, serve every pass). For study: `cast
+  // attention` draws them.
+  Tensor weights(const Tensor& x, const Tensor& mask, const Tensor& assignment = Tensor());
+
   // Named parameters: wq, wk, wv, wo (D, D); CAST adds surrogates, gate_w, gate_b.
   std::map<std::string, Tensor>& parameters() { return params_; }
   const AttentionConfig& config() const { return config_; }
   void collect_parameters(ParamList& out, const std::string& prefix) override;
 
  private:
+  // The heads' output (B, H, N, d) before the output projection; `values` (B, H, N, d) replace
+  // the projected V when given.
+  AttentionOutput attend(const Tensor& x, const Tensor& mask, const Tensor& assignment, const Tensor& values);
   AttentionOutput forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& gate);
   AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,

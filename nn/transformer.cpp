@@ -61,7 +61,9 @@ Tensor Block::forward(const Tensor& x, const Tensor& mask, bool train, uint64_t&
     rng += static_cast<uint64_t>(t.numel());
     return y;
   };
-  last = attention->forward(norm1.forward(x), mask);
+  const Tensor normed = norm1.forward(x);
+  if (keep_attention_input) attention_input = normed, attention_mask = mask;
+  last = attention->forward(normed, mask);
   Tensor h = ops::add(x, drop(last.out));
   return ops::add(h, drop(mlp.forward(norm2.forward(h))));
 }

@@ -54,6 +54,10 @@ class Block : public Module {
   double dropout;
   uint64_t seed;
   AttentionOutput last;  // the last forward's cluster indices, for `cast clusters`
+  // For `cast attention`: when set, forward keeps its attention's input and mask (the CLS's
+  // included) in these two fields.
+  bool keep_attention_input = false;
+  Tensor attention_input, attention_mask;
 };
 
 // A batch of square images' pixels in patch order: (B, side²) raster -> (B, (side / patch)², patch²),

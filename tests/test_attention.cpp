@@ -7,6 +7,7 @@
 #include "nn/attention.h"
 #include "ops/attention.h"
 #include "ops/clustering.h"
+#include "ops/ops.h"
 #include "tests/test_util.h"
 
 using namespace cast;
@@ -360,4 +361,49 @@ TEST(ClusteredAttention, SuppliedAssignmentIdsAreChecked) {
                     "assignment names cluster 2147483647 but 5 tokens fill at most 5 clusters");
   EXPECT_CAST_ERROR(layer.forward(x, Tensor(), ids({0, 1, 2, 3, 4, 0, 1, -7, 3, 2})), "assignment holds -7");
   EXPECT_EQ(layer.forward(x, Tensor(), ids({0, 1, 2, 3, 4, 0, 1, -1, 3, 2})).out.shape(), (Shape{1, 5, 8}));
+}
+
+// ---------------------------------------------------------------- the weights `cast attention` draws
+
+// Attention::weights (identity values, d columns at a time) against what the layer outputs:
+// merging the heads of W·V and projecting by wo gives the forward's output, for every mechanism
+// (clustered ones with a fixed assignment, so both passes cluster alike); each real query's row
+// is a distribution over the real keys (CAST's: zero on padded keys).
+TEST(AttentionWeights, WeightsTimesValuesIsTheLayersOutput) {
+  const int64_t B = 2, N = 11, D = 8, H = 2, d = D / H;  // 11 keys: three passes of 4 columns, the last short
+  for (auto m : {nn::Mechanism::full, nn::Mechanism::cast, nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
+    nn::AttentionConfig c;
+    c.mechanism = m;
+    c.dim = D, c.heads = H, c.clusters = 3, c.cluster_size = 5, c.topk = 3, c.bits = 16;
+    nn::Attention layer(c, DType::f64);
+    const Tensor x = constant({B, N, D}, 60);
+    std::vector<double> mask_values(B * N, 1.0);
+    for (int64_t i = 8; i < N; ++i) mask_values[N + i] = 0.0;  // the second row: 8 real tokens
+    const Tensor mask = Tensor::from_vector<double>(mask_values, {B, N});
+    // the clustered variants draw new LSH planes each pass: one assignment serves both sides
+    const bool hashes = m == nn::Mechanism::clustered || m == nn::Mechanism::iclustered;
+    const Tensor assignment = hashes ? layer.forward(x, mask).assignment : Tensor();
+    const Tensor weights = layer.weights(x, mask, assignment);
+    ASSERT_EQ(weights.shape(), (Shape{B, H, N, N}));
+    const auto w = weights.to_double_vector();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t q = 0; q < (b == 0 ? N : 8); ++q) {
+          double sum = 0, padded = 0;
+          for (int64_t k = 0; k < N; ++k)
+            (mask_values[b * N + k] != 0 ? sum : padded) += w[((b * H + h) * N + q) * N + k];
+          // CAST mixes clusters by affinities that need not sum to 1: only its zeros are checked
+          if (m != nn::Mechanism::cast)
+            EXPECT_NEAR(sum, 1.0, 1e-12) << nn::mechanism_name(m) << " row " << b << "," << h << "," << q;
+          EXPECT_NEAR(padded, 0.0, 1e-12) << nn::mechanism_name(m);
+        }
+    // the forward's output from the weights: out = merge_heads(W · (x wv)) wo, zero where padded
+    const Tensor out = layer.forward(x, mask, assignment).out;
+    const Tensor v =
+        ops::permute(ops::reshape(ops::matmul(x, layer.parameters().at("wv")), {B, N, H, d}), {0, 2, 1, 3});
+    const Tensor heads = ops::matmul(weights, v);  // (B, H, N, d)
+    const Tensor merged = ops::reshape(ops::permute(heads, {0, 2, 1, 3}), {B, N, D});
+    const Tensor expected = ops::mul(ops::matmul(merged, layer.parameters().at("wo")), ops::reshape(mask, {B, N, 1}));
+    EXPECT_LT(max_abs_diff(out, expected), 1e-12) << nn::mechanism_name(m);
+  }
 }

@@ -60,7 +60,7 @@ TEST(Cli, HelpShowsDefaultsAndExamples) {
   EXPECT_NE(bench.out.find("cast bench attention --lengths"), std::string::npos);
   EXPECT_NE(bench.out.find("cast bench train --task"), std::string::npos);
   for (const char* command :
-       {"train", "compare", "eval", "data", "clusters", "plot", "layer", "bench", "info", "demo"}) {
+       {"train", "compare", "eval", "data", "clusters", "attention", "plot", "layer", "bench", "info", "demo"}) {
     CliRun help = run(std::string(command) + " --help");
     EXPECT_EQ(help.code, 0) << command;
     EXPECT_NE(help.out.find("examples:\n  cast " + std::string(command)), std::string::npos) << command << ":\n"
@@ -150,7 +150,7 @@ TEST(Cli, InfoAndHelp) {
     EXPECT_EQ(info.out.find("TF32"), std::string::npos) << info.out;
   CliRun help = run("--help");
   EXPECT_EQ(help.code, 0);
-  for (const char* c : {"train", "eval", "data", "bench", "layer", "clusters", "info"})
+  for (const char* c : {"train", "eval", "data", "bench", "layer", "clusters", "attention", "info"})
     EXPECT_NE(help.out.find(c), std::string::npos) << c;
   for (const char* c : {"train", "eval", "data", "bench", "layer", "clusters", "info", "demo"}) {
     CliRun h = run(std::string(c) + " --help");

@@ -96,7 +96,8 @@ TEST(CliFiles, AnOutputEqualToAnInputIsRefusedAndTheInputKept) {
   fs::create_symlink(ckpt, run_dir + "/alias.st");  // another name for the same file
   for (const std::string& args :
        {"clusters --checkpoint " + ckpt + " --out " + ckpt,
-        "clusters --checkpoint " + ckpt + " --out " + run_dir + "/alias.st", "plot " + run_dir + " --out " + ckpt,
+        "clusters --checkpoint " + ckpt + " --out " + run_dir + "/alias.st",
+        "attention --checkpoint " + ckpt + " --out " + ckpt, "plot " + run_dir + " --out " + ckpt,
         "plot " + run_dir + " --out " + metrics, "plot " + run_dir + " --out " + run_dir + "/./metrics.jsonl",
         "layer --in " + ckpt + " --out " + ckpt, "layer --in " + ckpt + " --out " + run_dir + "/alias.st"}) {
     const CliRun r = run(args);
@@ -141,6 +142,8 @@ TEST(CliFiles, IntegerFlagsAreCheckedWholeAndUsageErrorsExit2) {
       {"clusters --checkpoint x.st --scale 4294967300", "--scale is 4294967300: it must be in [1, 64]"},
       {"clusters --checkpoint x.st --index -1", "--index is -1"},
       {"clusters", "--checkpoint is required"},
+      {"attention", "--checkpoint is required"},
+      {"attention --checkpoint x.st --index -1", "--index is -1"},
       {"eval", "--checkpoint is required"},
       {"eval --checkpoint x.st --eval-limit -3", "--eval-limit is -3"},
       {"data listops --min-length 4294967297", "--min-length is 4294967297: it must be in [0, 100000]"},
@@ -292,6 +295,7 @@ TEST(CliFiles, AnOutputReplacesOnlyAFileOfItsOwnKind) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"plot " + run_dir + " --out " + data_file, "is not an SVG figure; not replacing it"},
       {"clusters --checkpoint " + run_dir + "/checkpoint.safetensors --out " + notes, "is not an SVG figure"},
+      {"attention --checkpoint " + run_dir + "/checkpoint.safetensors --out " + notes, "is not an SVG figure"},
       {"layer --in " + std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors --out " + other_ckpt,
        "is not a safetensors file other than a checkpoint"},
       {"bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json " + notes,
@@ -333,4 +337,24 @@ TEST(CliFiles, AnOddRunFileIsRefusedBeforeAnyStep) {
   EXPECT_NE(r.err.find("run file " + run_dir + "/summary.json: exists and is a FIFO"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("step "), std::string::npos) << "a step was spent: " << r.out;
   EXPECT_TRUE(fs::is_fifo(run_dir + "/summary.json"));
+}
+
+TEST(CliFiles, AttentionDrawsAFullModelsWeightsAgainstTheApproximations) {
+  const std::string run_dir = copy_run("attention");
+  const std::string ckpt = run_dir + "/checkpoint.safetensors", out = run_dir + "/../attention.svg";
+  const CliRun r = run("attention --checkpoint " + ckpt + " --clusters 2 --topk 2 --queries 0,1 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* want : {"weight moved from full attention", "clustered, C 2", "improved, C 2, top 2"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << ":\n" << r.out;
+  const std::string svg = slurp(out);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find(">query 0<"), std::string::npos);
+  EXPECT_NE(svg.find(">query 1<"), std::string::npos);
+  EXPECT_EQ(svg.find(">query 2<"), std::string::npos);
+  for (const auto& [queries, message] : std::vector<std::pair<std::string, std::string>>{
+           {"0,x", "--queries: 'x' is not a whole number"}, {"999", "--queries: 999 is outside the input's"}}) {
+    const CliRun bad = run("attention --checkpoint " + ckpt + " --queries " + queries + " --out " + out);
+    EXPECT_EQ(bad.code, 2) << queries;
+    EXPECT_NE(bad.err.find(message), std::string::npos) << bad.err;
+  }
 }

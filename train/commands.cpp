@@ -16,6 +16,8 @@ const std::vector<Command>& commands() {
       {"eval", "evaluate a checkpoint on its task's validation and test splits", command_eval},
       {"data", "generate ListOps, Pathfinder or Path-X in the LRA release layout", command_data},
       {"clusters", "render a CAST model's clusters over an image input (SVG, with a legend)", command_clusters},
+      {"attention", "draw a full-attention model's weights for a few queries against clustered attention's (SVG)",
+       command_attention},
       {"plot", "plot one run's curves, or several runs side by side (SVG)", command_plot},
       {"info", "build options, devices and their memory", command_info},
       {"demo", "one attention layer (or one op) step by step: forward, backward, gradient check", command_demo},
