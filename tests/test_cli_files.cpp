@@ -352,9 +352,29 @@ TEST(CliFiles, AttentionDrawsAFullModelsWeightsAgainstTheApproximations) {
   EXPECT_NE(svg.find(">query 1<"), std::string::npos);
   EXPECT_EQ(svg.find(">query 2<"), std::string::npos);
   for (const auto& [queries, message] : std::vector<std::pair<std::string, std::string>>{
-           {"0,x", "--queries: 'x' is not a whole number"}, {"999", "--queries: 999 is outside the input's"}}) {
+           {"0,x", "--queries: 'x' is not a whole number"}, {"999", "--queries: 999 is outside [0, "}}) {
     const CliRun bad = run("attention --checkpoint " + ckpt + " --queries " + queries + " --out " + out);
     EXPECT_EQ(bad.code, 2) << queries;
     EXPECT_NE(bad.err.find(message), std::string::npos) << bad.err;
   }
+}
+
+TEST(CliFiles, EvalSweepsMechanismsAndClusterCountsIntoOneTableAndFigure) {
+  const std::string run_dir = copy_run("eval_sweep");
+  const std::string ckpt = run_dir + "/checkpoint.safetensors", out = run_dir + "/../sweep.svg";
+  const CliRun r = run("eval --checkpoint " + ckpt + " --attention clustered,iclustered --clusters 2,4 --topk 2,3" +
+                       " --eval-limit 8 --figure " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  // the trained model, then clustered at C 2 and 4, then improved clustered with 2 and 3 top keys at each C
+  for (const char* row :
+       {"| full (trained) |", "| clustered | 2 |  |", "| clustered | 4 |  |", "| iclustered | 2 | 2 |",
+        "| iclustered | 4 | 2 |", "| iclustered | 2 | 3 |", "| iclustered | 4 | 3 |"})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << ":\n" << r.out;
+  const std::string svg = slurp(out);
+  size_t lines = 0;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++lines;
+  EXPECT_EQ(lines, 4u);  // clustered, improved with 2 and with 3 top keys, the trained model
+  const CliRun bad = run("eval --checkpoint " + ckpt + " --attention clustered --clusters 2,x");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--clusters: 'x' is not a whole number"), std::string::npos) << bad.err;
 }

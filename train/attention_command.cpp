@@ -16,27 +16,6 @@ namespace cast {
 
 namespace {
 
-std::vector<int64_t> query_list(const std::string& text, int64_t tokens) {
-  std::vector<int64_t> out;
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t end = std::min(text.find(',', at), text.size());
-    const std::string word = text.substr(at, end - at);
-    size_t used = 0;
-    int64_t q = -1;
-    try {
-      q = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    CAST_CHECK_USAGE(used > 0 && used == word.size(), "--queries: '{}' is not a whole number", word);
-    CAST_CHECK_USAGE(q >= 0 && q < tokens, "--queries: {} is outside the input's {} tokens", q, tokens);
-    out.push_back(q);
-    at = end + 1;
-  }
-  return out;
-}
-
 // Every query's weights of one head (CLS dropped as query and key): [query][key].
 std::vector<std::vector<double>> head_rows(const Tensor& weights, int64_t head, int offset) {
   const int64_t N = weights.dim(2), tokens = N - offset;
@@ -98,7 +77,7 @@ int command_attention(const std::vector<std::string>& argv) {
   const int64_t N = block.attention_input.dim(1), tokens = N - offset;
   const std::vector<int64_t> queries =
       args.str("queries").empty() ? std::vector<int64_t>{tokens / 8, tokens * 3 / 8, tokens * 5 / 8, tokens * 7 / 8}
-                                  : query_list(args.str("queries"), tokens);
+                                  : cli::comma_integers("queries", args.str("queries"), 0, tokens - 1);
 
   train::AttentionPanels panels;
   panels.queries = queries;

@@ -137,4 +137,37 @@ std::string Args::help() const {
   return out;
 }
 
+std::vector<std::string> comma_list(const std::string& option, const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    items.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    CAST_USAGE_CHECK(!items.back().empty(), "--{}: '{}' has an empty item", option, text);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (size_t i = 0; i < items.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      CAST_USAGE_CHECK(items[i] != items[j], "--{}: '{}' is listed twice", option, items[i]);
+  return items;
+}
+
+std::vector<int64_t> comma_integers(const std::string& option, const std::string& text, int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
+  for (const std::string& item : comma_list(option, text)) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    CAST_USAGE_CHECK(used > 0 && used == item.size(), "--{}: '{}' is not a whole number", option, item);
+    CAST_USAGE_CHECK(v >= lo && v <= hi, "--{}: {} is outside [{}, {}]", option, v, lo, hi);
+    out.push_back(v);
+  }
+  return out;
+}
+
 }  // namespace cast::cli

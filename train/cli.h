@@ -1,6 +1,7 @@
 #pragma once
 // A small command-line parser: `--name value` options and `--flag` switches, each declared
 // with a help line, so every command gets `--help` and a clear error for an unknown option.
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,5 +48,11 @@ class Args {
   std::map<std::string, Spec> specs_;
   std::map<std::string, std::string> values_;
 };
+
+// A comma-separated option value: its items, none empty and none twice, else a usage error
+// naming the option.
+std::vector<std::string> comma_list(const std::string& option, const std::string& text);
+// The same, each a whole number in [lo, hi].
+std::vector<int64_t> comma_integers(const std::string& option, const std::string& text, int64_t lo, int64_t hi);
 
 }  // namespace cast::cli

@@ -15,22 +15,6 @@ using json = nlohmann::json;
 
 namespace {
 
-std::vector<std::string> comma_list(const std::string& option, const std::string& text) {
-  std::vector<std::string> items;
-  size_t start = 0;
-  while (true) {
-    const size_t comma = text.find(',', start);
-    items.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    CAST_CHECK_USAGE(!items.back().empty(), "--{}: '{}' has an empty item", option, text);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  for (size_t i = 0; i < items.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      CAST_CHECK_USAGE(items[i] != items[j], "--{}: '{}' is listed twice", option, items[i]);
-  return items;
-}
-
 void usage_mechanism(const std::string& name) {
   try {
     nn::parse_mechanism(name);
@@ -79,7 +63,7 @@ int command_compare(const std::vector<std::string>& argv) {
   const std::string default_out = "runs/compare-" + spec.task;
   if (args.str("vary").empty()) {
     const std::string list = args.is_set("attention") ? args.str("attention") : "full,cast,clustered,iclustered";
-    for (const std::string& name : comma_list("attention", list)) {
+    for (const std::string& name : cli::comma_list("attention", list)) {
       usage_mechanism(name);  // an unknown mechanism fails before any run
       spec.variants.push_back({name, {{"attention", name}}});
     }
@@ -96,11 +80,11 @@ int command_compare(const std::vector<std::string>& argv) {
       usage_mechanism(args.str("attention"));
       spec.settings["attention"] = args.str("attention");
     }
-    for (const std::string& value : comma_list("vary", vary.substr(eq + 1)))
+    for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1)))
       spec.variants.push_back({key + "=" + value, {{key, train::setting_from_text(key, value)}}});
     spec.name = key;
   }
-  for (const std::string& seed : comma_list("seeds", args.str("seeds"))) {  // "1,01" is one seed twice
+  for (const std::string& seed : cli::comma_list("seeds", args.str("seeds"))) {  // "1,01" is one seed twice
     size_t used = 0;
     int64_t s = -1;
     try {

@@ -56,7 +56,8 @@ struct Series {
 // unit_interval: accuracies, shown in percent, from 0 to 100% or, with `zoom` (comparisons,
 // where curves lie close together), over the tenths of the range the data spans.
 void panel(std::string& svg, double x0, double y0, double w, double h, const std::string& title,
-           const std::string& y_label, const std::vector<Series>& series, bool unit_interval, bool zoom = false) {
+           const std::string& y_label, const std::vector<Series>& series, bool unit_interval, bool zoom = false,
+           const std::string& x_label = "training step") {
   double xmin = 0, xmax = 1, ymin = 0, ymax = unit_interval ? 1.0 : 0.0;
   double lowest = 1.0, highest = 0.0;
   bool any = false;
@@ -99,9 +100,9 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
   svg += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="none" stroke="#333"/>)"
                      "\n",
                      x0, y0, w, h);
-  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="13" text-anchor="middle">training step</text>)"
+  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="13" text-anchor="middle">{}</text>)"
                      "\n",
-                     x0 + w / 2, y0 + h + 36);
+                     x0 + w / 2, y0 + h + 36, xml_escape(x_label));
   svg += fmt::format(
       R"(<text transform='translate({:.1f},{:.1f}) rotate(-90)' font-size="13" text-anchor="middle">{}</text>)"
       "\n",
@@ -267,6 +268,28 @@ void plot_comparison(const std::string& svg_path, const std::string& title, cons
   }
   files::write_atomic(svg_path, figure(title, left, right, "Training loss", "Validation accuracy", true), "figure",
                       link);
+}
+
+void plot_lines(const std::string& svg_path, const std::string& title, const std::string& x_label,
+                const std::vector<Line>& lines) {
+  std::vector<Series> series;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    CAST_CHECK(lines[i].xs.size() == lines[i].ys.size(), "plot: line '{}' has {} x and {} y values", lines[i].label,
+               lines[i].xs.size(), lines[i].ys.size());
+    uint8_t rgb[3];
+    category_colour(static_cast<int>(i), rgb);
+    series.push_back({lines[i].label, lines[i].xs, lines[i].ys, hex(rgb), lines[i].dashed});
+  }
+  const int width = 640, height = 440;
+  std::string svg =
+      fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
+                  R"(font-family="DejaVu Sans, Arial, sans-serif">)"
+                  "\n"
+                  R"(<rect width="100%" height="100%" fill="white"/>)"
+                  "\n",
+                  width, height);
+  panel(svg, 80, 60, 520, 310, title, "accuracy", series, true, true, x_label);
+  files::write_atomic(svg_path, svg + "</svg>\n", "figure");
 }
 
 }  // namespace cast::train

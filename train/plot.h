@@ -29,6 +29,16 @@ void plot_run(const std::string& svg_path, const std::string& title, const Curve
 void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs,
                      files::Link link = files::Link::follow_once);
 
+// Accuracies (in [0, 1]) against any x, one line per series: e.g. an approximation's accuracy
+// against its cluster count.
+struct Line {
+  std::string label;
+  std::vector<double> xs, ys;
+  bool dashed = false;
+};
+void plot_lines(const std::string& svg_path, const std::string& title, const std::string& x_label,
+                const std::vector<Line>& lines);
+
 // Text for SVG and XML: & < > " escaped.
 std::string xml_escape(const std::string& s);
 

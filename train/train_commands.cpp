@@ -115,48 +115,142 @@ int command_train(const std::vector<std::string>& argv) {
   return 0;
 }
 
+namespace {
+
+void print_eval(const std::string& name, const train::EvalResult& r) {
+  if (r.examples == 0) return fmt::print("  {:<19} no examples\n", name);
+  fmt::print("  {:<19} {:.2f}%  loss {:.4f}  ({} examples; majority class {:.2f}% of them)\n", name, 100 * r.accuracy,
+             r.loss, r.examples, 100 * r.majority);
+}
+
+// The trained model again, on `device`: what each swap starts from.
+std::unique_ptr<nn::Transformer> copy_model(nn::Transformer& trained, Device device) {
+  auto copy = std::make_unique<nn::Transformer>(trained.config(), DType::f32, device);
+  nn::ParamList from = trained.parameters(), to = copy->parameters();
+  for (size_t i = 0; i < to.size(); ++i) to[i].second->copy_from(*from[i].second);
+  copy->rng_offset = trained.rng_offset;
+  return copy;
+}
+
+// Every mechanism x top keys x C of the lists, evaluated with the trained model's weights: a
+// Markdown table and, with `figure`, test accuracy against C.
+void eval_sweep(train::TrainedRun& run, const std::vector<std::string>& mechanisms,
+                const std::vector<int64_t>& clusters, const std::vector<int64_t>& topks,
+                const nn::AttentionConfig& base, int64_t limit, Device device, const std::string& checkpoint,
+                const std::string& figure) {
+  const train::Checkpoint trained_ck = run.checkpoint;
+  std::unique_ptr<nn::Transformer> trained = std::move(run.model);
+  const data::TaskData& task = run.task;
+  const int64_t batch = trained_ck.config.batch;
+  const auto trained_test = train::evaluate(*trained, task, task.test, batch, limit, device);
+  const auto trained_val = train::evaluate(*trained, task, task.val, batch, limit, device);
+  fmt::print("{} (step {}, task {}, trained with {} attention), evaluated with the same weights:\n\n", checkpoint,
+             trained_ck.step, trained_ck.config.task, nn::mechanism_name(trained_ck.config.model.attention.mechanism));
+  fmt::print("| attention | C | top keys | test % | validation % |\n|---|---|---|---|---|\n");
+  fmt::print("| {} (trained) | | | {:.2f} | {:.2f} |\n",
+             nn::mechanism_name(trained_ck.config.model.attention.mechanism), 100 * trained_test.accuracy,
+             100 * trained_val.accuracy);
+  std::vector<train::Line> lines;
+  for (const std::string& name : mechanisms) {
+    const nn::Mechanism mechanism = nn::parse_mechanism(name);
+    const bool top = mechanism == nn::Mechanism::iclustered;
+    for (int64_t k : top ? topks : std::vector<int64_t>{topks.front()}) {
+      train::Line line{top ? fmt::format("{}, {} top keys", name, k) : name, {}, {}};
+      for (int64_t c : clusters) {
+        nn::AttentionConfig a = base;
+        a.mechanism = mechanism, a.clusters = c, a.topk = k;
+        run.checkpoint = trained_ck;
+        run.model = copy_model(*trained, device);
+        train::swap_attention(run, a, device);
+        const auto test = train::evaluate(*run.model, task, task.test, batch, limit, device);
+        const auto val = train::evaluate(*run.model, task, task.val, batch, limit, device);
+        fmt::print("| {} | {} | {} | {:.2f} | {:.2f} |\n", name, c, top ? std::to_string(k) : "", 100 * test.accuracy,
+                   100 * val.accuracy);
+        std::fflush(stdout);
+        line.xs.push_back(static_cast<double>(c));
+        line.ys.push_back(test.accuracy);
+      }
+      lines.push_back(line);
+    }
+  }
+  if (figure.empty()) return;
+  train::Line reference{"trained model", {}, {}, true};
+  for (int64_t c : clusters)
+    reference.xs.push_back(static_cast<double>(c)), reference.ys.push_back(trained_test.accuracy);
+  lines.push_back(reference);
+  train::plot_lines(figure, fmt::format("{}: test accuracy with the trained weights", trained_ck.config.task),
+                    "clusters C", lines);
+  fmt::print("\n-> {}\n", figure);
+}
+
+}  // namespace
+
 int command_eval(const std::vector<std::string>& argv) {
   cli::Args args("eval",
                  "Evaluate a checkpoint on the validation and test splits of its task; with --attention, with another "
                  "mechanism and the same weights (a full-attention model approximated by clustered attention, "
-                 "without retraining).");
+                 "without retraining). Lists (--attention clustered,iclustered --clusters 4,8,16) evaluate every "
+                 "combination and print one table.");
   args.option("checkpoint", "", "checkpoint file (required)")
       .option("data", "", "data folder (default: the one the run used)")
       .option("device", "auto", "auto | cpu | cuda")
       .option("eval-limit", "0", "examples per split (0: all)")
       .option("attention", "",
-              "evaluate with this mechanism instead: full | clustered | iclustered (CAST is refused: "
-              "its surrogates and gate are not in a model trained without them)")
-      .option("clusters", "0", "with --attention: clusters C (0: ceil(sqrt(N)) rounded up to 8)")
-      .option("topk", "32", "with --attention iclustered: keys per cluster")
+              "evaluate with this mechanism instead, or a comma-separated list: full | clustered | iclustered (CAST "
+              "is refused: its surrogates and gate are not in a model trained without them)")
+      .option("clusters", "0", "with --attention: clusters C, or a list (0: ceil(sqrt(N)) rounded up to 8)")
+      .option("topk", "32", "with --attention iclustered: keys per cluster, or a list")
       .option("bits", "63", "with --attention: LSH hash bits")
       .option("iterations", "10", "with --attention: Lloyd iterations")
+      .option("figure", "", "with --attention: an SVG of test accuracy against C, one line per mechanism")
       .example("cast eval --checkpoint runs/listops-short-cast/checkpoint.safetensors")
       .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000")
       .example(
           "cast eval --checkpoint runs/fashion-mnist-full/checkpoint.safetensors --attention iclustered "
-          "--clusters 8");
+          "--clusters 8")
+      .example(
+          "cast eval --checkpoint runs/fm-full/checkpoint.safetensors --attention clustered,iclustered --clusters "
+          "4,8,16,32 --topk 4,8 --figure approximation.svg");
   if (!args.parse(argv)) return 0;
   const int64_t limit = args.integer("eval-limit", 0, int64_t{1} << 40);
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
   const std::string swap = args.str("attention");
-  for (const char* option : {"clusters", "topk", "bits", "iterations"})
+  for (const char* option : {"clusters", "topk", "bits", "iterations", "figure"})
     CAST_CHECK_USAGE(!swap.empty() || !args.is_set(option),
                      "--{} sets the mechanism given by --attention, and there is none (the checkpoint's own settings "
                      "are used without it)",
                      option);
   nn::AttentionConfig attention;
+  std::vector<std::string> mechanisms;
+  std::vector<int64_t> clusters, topks;
   if (!swap.empty()) {
-    CAST_CHECK_USAGE(swap == "full" || swap == "clustered" || swap == "iclustered" || swap == "cast",
-                     "--attention must be full, clustered or iclustered, got '{}'", swap);
-    attention.mechanism = nn::parse_mechanism(swap);
-    attention.clusters = args.integer("clusters", 0, 1 << 16);
-    attention.topk = args.integer("topk", 1, 1 << 22);
+    mechanisms = cli::comma_list("attention", swap);
+    for (const std::string& m : mechanisms)
+      CAST_CHECK_USAGE(m == "full" || m == "clustered" || m == "iclustered" || m == "cast",
+                       "--attention must be full, clustered or iclustered, got '{}'", m);
+    attention.mechanism = nn::parse_mechanism(mechanisms.front());
+    clusters = cli::comma_integers("clusters", args.str("clusters"), 0, 1 << 16);
+    topks = cli::comma_integers("topk", args.str("topk"), 1, 1 << 22);
+    attention.clusters = clusters.front();
+    attention.topk = topks.front();
     attention.bits = args.integer("bits", 1, 63);
     attention.iterations = args.integer("iterations", 0, 100000);
   }
+  const std::string figure = args.str("figure");
+  if (!figure.empty()) {
+    std::vector<std::string> inputs =
+        train::run_folder_files(std::filesystem::path(args.str("checkpoint")).parent_path().string());
+    inputs.push_back(args.str("checkpoint"));
+    files::check_not_an_input(figure, "--figure", inputs);
+    files::check_replaces_own_kind(figure, "--figure", "an SVG figure", files::looks_like_svg);  // before the work
+  }
   const Device device = train::resolve_device(args.str("device"));
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
+  const bool sweep = mechanisms.size() > 1 || clusters.size() > 1 || topks.size() > 1 || !figure.empty();
+  if (sweep) {
+    eval_sweep(run, mechanisms, clusters, topks, attention, limit, device, args.str("checkpoint"), figure);
+    return 0;
+  }
   const nn::Mechanism trained = run.checkpoint.config.model.attention.mechanism;
   if (!swap.empty()) train::swap_attention(run, attention, device);
   const train::Checkpoint& ck = run.checkpoint;
@@ -173,13 +267,8 @@ int command_eval(const std::vector<std::string>& argv) {
                       a.mechanism == nn::Mechanism::iclustered ? fmt::format(", top keys {}", a.topk) : "");
   }
   fmt::print("{} (step {}, task {}, attention {})\n", args.str("checkpoint"), ck.step, ck.config.task, how);
-  auto line = [](const char* name, const train::EvalResult& r) {
-    if (r.examples == 0) return fmt::print("  {:<19} no examples\n", name);
-    fmt::print("  {:<19} {:.2f}%  loss {:.4f}  ({} examples; majority class {:.2f}% of them)\n", name, 100 * r.accuracy,
-               r.loss, r.examples, 100 * r.majority);
-  };
-  line("validation accuracy", val);
-  line("test accuracy", test);
+  print_eval("validation accuracy", val);
+  print_eval("test accuracy", test);
   return 0;
 }
 
