@@ -338,8 +338,8 @@ static void print_cluster_changes(nn::Transformer& initial, nn::Transformer& tra
   fmt::print("clusters at initialisation against trained, {} test images:\n", images);
   fmt::print("{:<7} {:>24} {:>34}\n", "layer", "tokens changing cluster", "position purity initial -> trained");
   for (size_t l = 0; l < layers.size(); ++l)
-    fmt::print("{:<7} {:>23.1f}% {:>25.1f}% -> {:.1f}%\n", l + 1, 100 * layers[l].changed,
-               100 * layers[l].purity_initial, 100 * layers[l].purity_trained);
+    fmt::print("{:<7} {:>24} {:>34}\n", l + 1, fmt::format("{:.1f}%", 100 * layers[l].changed),
+               fmt::format("{:.1f}% -> {:.1f}%", 100 * layers[l].purity_initial, 100 * layers[l].purity_trained));
   fmt::print(
       "position purity: per head and position, the share of the images clustering it that put it in its "
       "commonest cluster\n");
