@@ -113,7 +113,7 @@ converged() {
   "$cast" compare $recipe --attention cast --vary surrogates=learned,frozen --seeds 1,2,3 --out $surrogates
   # what learning did to the clusters, seed 1, against the initialisation; and the figures
   for s in learned frozen; do
-    local ck=$surrogates/cast-surrogates-$s-seed1/checkpoint.safetensors
+    local ck=$surrogates/surrogates-$s-seed1/checkpoint.safetensors
     [ $s = learned ] && ck=$surrogates/cast-seed1/checkpoint.safetensors  # the CAST run, reused
     "$cast" clusters --checkpoint $ck --changes 2000 --out $surrogates/clusters-$s.svg
     "$cast" clusters --checkpoint $ck --initial --out $surrogates/clusters-$s-initial.svg
