@@ -116,13 +116,17 @@ static Tensor merge_heads(const Tensor& t) {
   return ops::reshape(ops::permute(t, {0, 2, 1, 3}), {B, N, H * d});
 }
 
-AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Tensor& assignment) {
+void Attention::check_input(const Tensor& x, const Tensor& mask) const {
   check_float("attention", x, "x");
   check_ndim("attention", x, 3, "x");
   CAST_CHECK(x.dim(2) == config_.dim, "attention: x {} does not have the model dim {}", x.describe(), config_.dim);
   if (mask.defined())
     CAST_CHECK(mask.shape() == (Shape{x.dim(0), x.dim(1)}) && mask.dtype() == x.dtype(),
                "attention: mask {} must be {}[{}, {}]", mask.describe(), dtype_name(x.dtype()), x.dim(0), x.dim(1));
+}
+
+AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Tensor& assignment) {
+  check_input(x, mask);
   AttentionOutput result = attend(x, mask, assignment, Tensor());
   // With fast paths on, the heads' merge and the output projection are one node.
   if (config_.fused) {
@@ -172,7 +176,9 @@ AttentionOutput Attention::attend(const Tensor& x, const Tensor& mask, const Ten
 }
 
 Tensor Attention::weights(const Tensor& x, const Tensor& mask, const Tensor& supplied) {
+  check_input(x, mask);
   autograd::NoGradGuard no_grad;
+  const uint64_t calls = forward_calls_;  // a study of the weights leaves the next forward's LSH draw alone
   const int64_t B = x.dim(0), H = config_.heads, N = x.dim(1), d = config_.dim / config_.heads;
   std::vector<double> w(static_cast<size_t>(B * H * N * N), 0.0);
   Tensor assignment = supplied;  // else the first pass's, kept for the others (LSH redraws each pass)
@@ -187,6 +193,7 @@ Tensor Attention::weights(const Tensor& x, const Tensor& mask, const Tensor& sup
     for (int64_t bhi = 0; bhi < B * H * N; ++bhi)
       for (int64_t j = first; j < std::min(N, first + d); ++j) w[bhi * N + j] = part[bhi * d + (j - first)];
   }
+  forward_calls_ = calls;
   return Tensor::from_vector<double>(w, {B, H, N, N}).to(x.dtype());
 }
 

@@ -80,6 +80,7 @@ class Attention : public Module {
   void collect_parameters(ParamList& out, const std::string& prefix) override;
 
  private:
+  void check_input(const Tensor& x, const Tensor& mask) const;
   // The heads' output (B, H, N, d) before the output projection; `values` (B, H, N, d) replace
   // the projected V when given.
   AttentionOutput attend(const Tensor& x, const Tensor& mask, const Tensor& assignment, const Tensor& values);

@@ -371,39 +371,52 @@ TEST(ClusteredAttention, SuppliedAssignmentIdsAreChecked) {
 // is a distribution over the real keys (CAST's: zero on padded keys).
 TEST(AttentionWeights, WeightsTimesValuesIsTheLayersOutput) {
   const int64_t B = 2, N = 11, D = 8, H = 2, d = D / H;  // 11 keys: three passes of 4 columns, the last short
-  for (auto m : {nn::Mechanism::full, nn::Mechanism::cast, nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
-    nn::AttentionConfig c;
-    c.mechanism = m;
-    c.dim = D, c.heads = H, c.clusters = 3, c.cluster_size = 5, c.topk = 3, c.bits = 16;
-    nn::Attention layer(c, DType::f64);
-    const Tensor x = constant({B, N, D}, 60);
-    std::vector<double> mask_values(B * N, 1.0);
-    for (int64_t i = 8; i < N; ++i) mask_values[N + i] = 0.0;  // the second row: 8 real tokens
-    const Tensor mask = Tensor::from_vector<double>(mask_values, {B, N});
-    // the clustered variants draw new LSH planes each pass: one assignment serves both sides
-    const bool hashes = m == nn::Mechanism::clustered || m == nn::Mechanism::iclustered;
-    const Tensor assignment = hashes ? layer.forward(x, mask).assignment : Tensor();
-    const Tensor weights = layer.weights(x, mask, assignment);
-    ASSERT_EQ(weights.shape(), (Shape{B, H, N, N}));
-    const auto w = weights.to_double_vector();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t q = 0; q < (b == 0 ? N : 8); ++q) {
-          double sum = 0, padded = 0;
-          for (int64_t k = 0; k < N; ++k)
-            (mask_values[b * N + k] != 0 ? sum : padded) += w[((b * H + h) * N + q) * N + k];
-          // CAST mixes clusters by affinities that need not sum to 1: only its zeros are checked
-          if (m != nn::Mechanism::cast)
-            EXPECT_NEAR(sum, 1.0, 1e-12) << nn::mechanism_name(m) << " row " << b << "," << h << "," << q;
-          EXPECT_NEAR(padded, 0.0, 1e-12) << nn::mechanism_name(m);
-        }
-    // the forward's output from the weights: out = merge_heads(W · (x wv)) wo, zero where padded
-    const Tensor out = layer.forward(x, mask, assignment).out;
-    const Tensor v =
-        ops::permute(ops::reshape(ops::matmul(x, layer.parameters().at("wv")), {B, N, H, d}), {0, 2, 1, 3});
-    const Tensor heads = ops::matmul(weights, v);  // (B, H, N, d)
-    const Tensor merged = ops::reshape(ops::permute(heads, {0, 2, 1, 3}), {B, N, D});
-    const Tensor expected = ops::mul(ops::matmul(merged, layer.parameters().at("wo")), ops::reshape(mask, {B, N, 1}));
-    EXPECT_LT(max_abs_diff(out, expected), 1e-12) << nn::mechanism_name(m);
-  }
+  for (bool fused : {true, false})
+    for (auto m : {nn::Mechanism::full, nn::Mechanism::cast, nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
+      nn::AttentionConfig c;
+      c.mechanism = m;
+      c.dim = D, c.heads = H, c.clusters = 3, c.cluster_size = 5, c.topk = 3, c.bits = 16;
+      c.fused = fused;
+      nn::Attention layer(c, DType::f64);
+      const Tensor x = constant({B, N, D}, 60);
+      std::vector<double> mask_values(B * N, 1.0);
+      for (int64_t i = 8; i < N; ++i) mask_values[N + i] = 0.0;  // the second row: 8 real tokens
+      const Tensor mask = Tensor::from_vector<double>(mask_values, {B, N});
+      // the clustered variants draw new LSH planes each pass: one assignment serves both sides
+      const bool hashes = m == nn::Mechanism::clustered || m == nn::Mechanism::iclustered;
+      const Tensor assignment = hashes ? layer.forward(x, mask).assignment : Tensor();
+      const Tensor weights = layer.weights(x, mask, assignment);
+      ASSERT_EQ(weights.shape(), (Shape{B, H, N, N}));
+      const auto w = weights.to_double_vector();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t q = 0; q < (b == 0 ? N : 8); ++q) {
+            double sum = 0, padded = 0;
+            for (int64_t k = 0; k < N; ++k)
+              (mask_values[b * N + k] != 0 ? sum : padded) += w[((b * H + h) * N + q) * N + k];
+            // CAST mixes clusters by affinities that need not sum to 1: only its zeros are checked
+            if (m != nn::Mechanism::cast)
+              EXPECT_NEAR(sum, 1.0, 1e-12) << nn::mechanism_name(m) << " row " << b << "," << h << "," << q;
+            EXPECT_NEAR(padded, 0.0, 1e-12) << nn::mechanism_name(m);
+          }
+      // the forward's output from the weights: out = merge_heads(W · (x wv)) wo, zero where padded
+      const Tensor out = layer.forward(x, mask, assignment).out;
+      const Tensor v =
+          ops::permute(ops::reshape(ops::matmul(x, layer.parameters().at("wv")), {B, N, H, d}), {0, 2, 1, 3});
+      const Tensor heads = ops::matmul(weights, v);  // (B, H, N, d)
+      const Tensor merged = ops::reshape(ops::permute(heads, {0, 2, 1, 3}), {B, N, D});
+      const Tensor expected = ops::mul(ops::matmul(merged, layer.parameters().at("wo")), ops::reshape(mask, {B, N, 1}));
+      EXPECT_LT(max_abs_diff(out, expected), 1e-12) << nn::mechanism_name(m);
+      if (!hashes) continue;
+      // without an assignment, the first pass clusters and every pass uses it: a twin layer's
+      // first forward draws the same planes, so its assignment gives the same weights
+      nn::Attention fresh(c, DType::f64), twin(c, DType::f64);
+      for (const char* n : {"wq", "wk", "wv", "wo"})
+        fresh.parameters()[n] = twin.parameters()[n] = layer.parameters()[n];
+      const Tensor own = fresh.weights(x, mask);
+      const nn::AttentionOutput first = twin.forward(x, mask);
+      EXPECT_LT(max_abs_diff(own, fresh.weights(x, mask, first.assignment)), 1e-12) << nn::mechanism_name(m);
+      // and the study leaves the layer's next forward as it was: its first draw, the twin's
+      EXPECT_LT(max_abs_diff(fresh.forward(x, mask).out, first.out), 1e-12) << nn::mechanism_name(m);
+    }
 }

@@ -352,7 +352,7 @@ TEST(CliFiles, AttentionDrawsAFullModelsWeightsAgainstTheApproximations) {
   EXPECT_NE(svg.find(">query 1<"), std::string::npos);
   EXPECT_EQ(svg.find(">query 2<"), std::string::npos);
   for (const auto& [queries, message] : std::vector<std::pair<std::string, std::string>>{
-           {"0,x", "--queries: 'x' is not a whole number"}, {"999", "--queries: 999 is outside [0, "}}) {
+           {"0,x", "--queries: 'x' is not a whole number"}, {"999", "--queries: 999 is outside the input's"}}) {
     const CliRun bad = run("attention --checkpoint " + ckpt + " --queries " + queries + " --out " + out);
     EXPECT_EQ(bad.code, 2) << queries;
     EXPECT_NE(bad.err.find(message), std::string::npos) << bad.err;

@@ -16,13 +16,13 @@ namespace cast {
 
 namespace {
 
-// Every query's weights of one head (CLS dropped as query and key): [query][key].
+// Every real query's weights of one head over every key, the CLS's included: [query][key].
 std::vector<std::vector<double>> head_rows(const Tensor& weights, int64_t head, int offset) {
-  const int64_t N = weights.dim(2), tokens = N - offset;
+  const int64_t N = weights.dim(2);
   const auto w = weights.to_double_vector();  // (1, H, N, N)
-  std::vector<std::vector<double>> rows(tokens, std::vector<double>(tokens));
-  for (int64_t q = 0; q < tokens; ++q)
-    for (int64_t k = 0; k < tokens; ++k) rows[q][k] = w[(head * N + q + offset) * N + k + offset];
+  std::vector<std::vector<double>> rows(N - offset, std::vector<double>(N));
+  for (int64_t q = offset; q < N; ++q)
+    for (int64_t k = 0; k < N; ++k) rows[q - offset][k] = w[(head * N + q) * N + k];
   return rows;
 }
 
@@ -56,13 +56,21 @@ int command_attention(const std::vector<std::string>& argv) {
   const int64_t index = args.integer("index", 0, INT64_MAX), clusters = args.integer("clusters", 0, 1 << 16);
   const int64_t topk = args.integer("topk", 1, 1 << 22), bits = args.integer("bits", 1, 63);
   const int64_t iterations = args.integer("iterations", 0, 100000);
-  train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
-  const nn::ModelConfig& m = run.checkpoint.config.model;
+  const std::vector<int64_t> asked = args.str("queries").empty()
+                                         ? std::vector<int64_t>{}
+                                         : cli::comma_integers("queries", args.str("queries"), 0, INT64_MAX);
+  // what the checkpoint holds, checked before its weights and data are read
+  const nn::ModelConfig m = train::read_checkpoint_header(args.str("checkpoint")).config.model;
   CAST_CHECK_USAGE(m.attention.mechanism == nn::Mechanism::full,
                    "{}: a {} model; cast attention compares a full-attention model's weights with the approximations "
                    "that reuse them",
                    args.str("checkpoint"), nn::mechanism_name(m.attention.mechanism));
+  CAST_CHECK_USAGE(!m.dual, "{}: a two-text model; cast attention draws one input", args.str("checkpoint"));
+  constexpr int64_t kLongest = 4096;  // (N, N) weights per head and mechanism: hundreds of MiB beyond
+  CAST_CHECK_USAGE(m.tokens() <= kLongest, "{}: sequences of up to {} tokens; cast attention draws at most {}",
+                   args.str("checkpoint"), m.tokens(), kLongest);
   const int64_t layer = args.integer("layer", 1, m.layers), head = args.integer("head", 1, m.heads);
+  train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
   CAST_CHECK_USAGE(index < static_cast<int64_t>(run.task.test.size()), "--index {} outside the {} test examples", index,
                    run.task.test.size());
 
@@ -75,9 +83,10 @@ int command_attention(const std::vector<std::string>& argv) {
   }
   const int offset = m.cls_pooling ? 1 : 0;
   const int64_t N = block.attention_input.dim(1), tokens = N - offset;
+  for (int64_t q : asked)
+    CAST_CHECK_USAGE(q < tokens, "--queries: {} is outside the input's {} tokens (0 to {})", q, tokens, tokens - 1);
   const std::vector<int64_t> queries =
-      args.str("queries").empty() ? std::vector<int64_t>{tokens / 8, tokens * 3 / 8, tokens * 5 / 8, tokens * 7 / 8}
-                                  : cli::comma_integers("queries", args.str("queries"), 0, tokens - 1);
+      asked.empty() ? std::vector<int64_t>{tokens / 8, tokens * 3 / 8, tokens * 5 / 8, tokens * 7 / 8} : asked;
 
   train::AttentionPanels panels;
   panels.queries = queries;
@@ -95,9 +104,12 @@ int command_attention(const std::vector<std::string>& argv) {
                                 : mechanism == nn::Mechanism::clustered
                                     ? fmt::format("clustered, C {}", C)
                                     : fmt::format("improved, C {}, top {}", C, std::min(topk, N)));
-    std::vector<std::vector<double>> chosen;
-    for (int64_t q : queries) chosen.push_back(every.back()[q]);
+    std::vector<std::vector<double>> chosen;  // the drawn keys: the CLS's weight is counted, not drawn
+    for (int64_t q : queries) chosen.emplace_back(every.back()[q].begin() + offset, every.back()[q].end());
     panels.rows.push_back(chosen);
+    std::vector<double> moved;  // over every key, the CLS's included
+    for (int64_t q : queries) moved.push_back(train::total_variation(every.front()[q], every.back()[q]));
+    panels.moved.push_back(moved);
   }
   const int64_t side = run.task.image_side / m.patch;
   panels.columns = run.task.image_side > 0 ? side : 32;

@@ -17,8 +17,8 @@ double total_variation(const std::vector<double>& p, const std::vector<double>& 
 
 std::string attention_svg(const AttentionPanels& a) {
   const int64_t M = static_cast<int64_t>(a.mechanisms.size()), Q = static_cast<int64_t>(a.queries.size());
-  CAST_CHECK(M > 0 && Q > 0 && static_cast<int64_t>(a.rows.size()) == M, "attention figure: {} panels of {} queries", M,
-             Q);
+  CAST_CHECK(M > 0 && Q > 0 && static_cast<int64_t>(a.rows.size()) == M && static_cast<int64_t>(a.moved.size()) == M,
+             "attention figure: {} panels of {} queries", M, Q);
   const int64_t keys = static_cast<int64_t>(a.rows[0][0].size()), cols = std::max<int64_t>(1, a.columns);
   const int64_t grid_rows = (keys + cols - 1) / cols;
   const int cell = static_cast<int>(std::clamp<int64_t>(220 / cols, 3, 24));
@@ -65,7 +65,7 @@ std::string attention_svg(const AttentionPanels& a) {
       if (m > 0)
         svg += fmt::format(R"(<text x="{}" y="{}" font-size="11" fill="#555">{:.3f} of the weight moved</text>)"
                            "\n",
-                           x0, y0 + panel_h + 13, total_variation(a.rows[0][qi], row));
+                           x0, y0 + panel_h + 13, a.moved[m][qi]);
     }
   }
   svg += fmt::format(R"(<text x="10" y="{}" font-size="12" fill="#555">{}</text>)"

@@ -14,6 +14,7 @@ struct AttentionPanels {
   std::vector<std::string> mechanisms;                 // panel titles, left to right
   std::vector<int64_t> queries;                        // token positions (CLS excluded)
   std::vector<std::vector<std::vector<double>>> rows;  // [mechanism][query] -> each key's weight
+  std::vector<std::vector<double>> moved;              // [mechanism][query]: weight moved from the first panel's
   int64_t columns = 32;                                // keys per grid row
   std::string title, note;
 };

@@ -171,8 +171,7 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
   return run;
 }
 
-void swap_attention(TrainedRun& run, const nn::AttentionConfig& attention, Device device) {
-  const nn::Mechanism from = run.checkpoint.config.model.attention.mechanism, to = attention.mechanism;
+void check_swappable(nn::Mechanism from, nn::Mechanism to) {
   CAST_CHECK_USAGE(from != nn::Mechanism::cast,
                    "--attention {}: this is a CAST model, whose attention cannot be swapped (its surrogate tokens "
                    "and gate have no place in other mechanisms; evaluate it without --attention)",
@@ -181,6 +180,10 @@ void swap_attention(TrainedRun& run, const nn::AttentionConfig& attention, Devic
                    "--attention cast: CAST needs surrogate tokens and a gate that a trained {} model does not have "
                    "(full, clustered and iclustered share their weights)",
                    nn::mechanism_name(from));
+}
+
+void swap_attention(TrainedRun& run, const nn::AttentionConfig& attention, Device device) {
+  check_swappable(run.checkpoint.config.model.attention.mechanism, attention.mechanism);
   nn::ModelConfig config = run.checkpoint.config.model;
   const nn::AttentionConfig& trained = config.attention;
   nn::AttentionConfig swapped_attention = attention;  // the sizes, the seed of the LSH planes and the path kept

@@ -72,5 +72,7 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
 // improved clustered attention share their weights (the projections); CAST has surrogate
 // tokens and a gate that the others lack, and is refused either way.
 void swap_attention(TrainedRun& run, const nn::AttentionConfig& attention, Device device);
+// The usage error swap_attention gives when a model trained with `from` cannot run `to`.
+void check_swappable(nn::Mechanism from, nn::Mechanism to);
 
 }  // namespace cast::train

@@ -142,8 +142,12 @@ void eval_sweep(train::TrainedRun& run, const std::vector<std::string>& mechanis
   std::unique_ptr<nn::Transformer> trained = std::move(run.model);
   const data::TaskData& task = run.task;
   const int64_t batch = trained_ck.config.batch;
-  const auto trained_test = train::evaluate(*trained, task, task.test, batch, limit, device);
+  // validation before test, as a single evaluation does: the LSH draws follow the forward count
   const auto trained_val = train::evaluate(*trained, task, task.val, batch, limit, device);
+  const auto trained_test = train::evaluate(*trained, task, task.test, batch, limit, device);
+  // the sequence the attention sees, for the defaults C = 0 and top keys above it
+  const nn::ModelConfig& m = trained_ck.config.model;
+  const int64_t n = std::min(m.tokens(), task.max_len / (m.patch * m.patch)) + (m.cls_pooling ? 1 : 0);
   fmt::print("{} (step {}, task {}, trained with {} attention), evaluated with the same weights:\n\n", checkpoint,
              trained_ck.step, trained_ck.config.task, nn::mechanism_name(trained_ck.config.model.attention.mechanism));
   fmt::print("| attention | C | top keys | test % | validation % |\n|---|---|---|---|---|\n");
@@ -162,12 +166,13 @@ void eval_sweep(train::TrainedRun& run, const std::vector<std::string>& mechanis
         run.checkpoint = trained_ck;
         run.model = copy_model(*trained, device);
         train::swap_attention(run, a, device);
-        const auto test = train::evaluate(*run.model, task, task.test, batch, limit, device);
         const auto val = train::evaluate(*run.model, task, task.val, batch, limit, device);
-        fmt::print("| {} | {} | {} | {:.2f} | {:.2f} |\n", name, c, top ? std::to_string(k) : "", 100 * test.accuracy,
-                   100 * val.accuracy);
+        const auto test = train::evaluate(*run.model, task, task.test, batch, limit, device);
+        const int64_t clusters_used = c > 0 ? c : nn::default_clusters(n);
+        fmt::print("| {} | {} | {} | {:.2f} | {:.2f} |\n", name, clusters_used,
+                   top ? std::to_string(std::min(k, n)) : "", 100 * test.accuracy, 100 * val.accuracy);
         std::fflush(stdout);
-        line.xs.push_back(static_cast<double>(c));
+        line.xs.push_back(static_cast<double>(clusters_used));
         line.ys.push_back(test.accuracy);
       }
       lines.push_back(line);
@@ -175,8 +180,8 @@ void eval_sweep(train::TrainedRun& run, const std::vector<std::string>& mechanis
   }
   if (figure.empty()) return;
   train::Line reference{"trained model", {}, {}, true};
-  for (int64_t c : clusters)
-    reference.xs.push_back(static_cast<double>(c)), reference.ys.push_back(trained_test.accuracy);
+  reference.xs = lines.front().xs;
+  reference.ys.assign(reference.xs.size(), trained_test.accuracy);
   lines.push_back(reference);
   train::plot_lines(figure, fmt::format("{}: test accuracy with the trained weights", trained_ck.config.task),
                     "clusters C", lines);
@@ -248,6 +253,8 @@ int command_eval(const std::vector<std::string>& argv) {
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
   const bool sweep = mechanisms.size() > 1 || clusters.size() > 1 || topks.size() > 1 || !figure.empty();
   if (sweep) {
+    for (const std::string& name : mechanisms)  // refused before any evaluation
+      train::check_swappable(run.checkpoint.config.model.attention.mechanism, nn::parse_mechanism(name));
     eval_sweep(run, mechanisms, clusters, topks, attention, limit, device, args.str("checkpoint"), figure);
     return 0;
   }
