@@ -757,7 +757,8 @@ TEST(ClusterChanges, TrainingMovesTokensAndTheFigureColoursEachPatch) {
   EXPECT_GT(moved[0].changed, 0.0);
   EXPECT_LE(moved[0].changed, 1.0);
   EXPECT_GT(moved[0].purity_trained, 0.0);
-  // the figure: one square per pixel in the input and in each head's panel, plus the legend's
+  // the figure: one square per pixel in the input, one per token (patch) in each head's panel,
+  // and the legend's
   {
     autograd::NoGradGuard no_grad;
     trained.forward(data::make_batch(task, task.test, {0}, DType::f32, Device::cpu), false);
@@ -765,7 +766,7 @@ TEST(ClusterChanges, TrainingMovesTokensAndTheFigureColoursEachPatch) {
   const std::string svg = train::clusters_svg(trained, {task.test[0].tokens, 8, 2, 0, "test"});
   size_t squares = 0;
   for (size_t at = svg.find("<rect x="); at != std::string::npos; at = svg.find("<rect x=", at + 1)) ++squares;
-  EXPECT_EQ(squares, static_cast<size_t>(64 * (1 + c.model.heads) + c.model.attention.clusters));
+  EXPECT_EQ(squares, static_cast<size_t>(64 + 16 * c.model.heads + c.model.attention.clusters));
 }
 
 // `cast clusters --initial` rebuilds the starting weights from the checkpoint's settings: the

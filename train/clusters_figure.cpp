@@ -45,8 +45,8 @@ std::string colour(int cluster) {
   return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]);
 }
 
-std::string square(const Layout& l, int x, int y, const std::string& fill) {
-  return fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>)", x, y, l.s, l.s, fill);
+std::string square(int x, int y, int size, const std::string& fill) {
+  return fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>)", x, y, size, size, fill);
 }
 
 std::string header(const Layout& l, const nn::AttentionConfig& a, int64_t index) {
@@ -67,12 +67,6 @@ std::string header(const Layout& l, const nn::AttentionConfig& a, int64_t index)
   return svg;
 }
 
-// The token that holds pixel p (raster order).
-int token_of_pixel(const Layout& l, int p) {
-  const int cells = l.side / l.patch;
-  return (p / l.side / l.patch) * cells + (p % l.side) / l.patch;
-}
-
 // One layer's row: the input image, then each head's panel, a pixel coloured by the first
 // cluster that holds its token (black: none).
 std::string layer_row(const Layout& l, nn::Transformer& model, const ClustersFigure& f, int layer) {
@@ -81,15 +75,16 @@ std::string layer_row(const Layout& l, nn::Transformer& model, const ClustersFig
                                 "\n",
                                 l.left - 10, y0 + l.panel / 2 + 4, layer + 1);
   for (int p = 0; p < n; ++p)
-    svg += square(l, l.left + (p % l.side) * l.s, y0 + (p / l.side) * l.s,
+    svg += square(l.left + (p % l.side) * l.s, y0 + (p / l.side) * l.s, l.s,
                   fmt::format("#{0:02x}{0:02x}{0:02x}", std::clamp(static_cast<int>(f.pixels[p]), 0, 255)));
   const int tokens = n / (l.patch * l.patch);
   const auto owner = first_clusters(model.blocks()[layer]->last.clusters, tokens, l.offset);  // (1, H, tokens)
+  const int cells = l.side / l.patch, cell = l.patch * l.s;                                   // one square per token
   for (int h = 0; h < l.heads; ++h) {
     const int x0 = l.left + (h + 1) * (l.panel + l.gap);
-    for (int p = 0; p < n; ++p) {
-      const int o = owner[h * tokens + token_of_pixel(l, p)];
-      svg += square(l, x0 + (p % l.side) * l.s, y0 + (p / l.side) * l.s, o >= 0 ? colour(o) : "#000000");
+    for (int t = 0; t < tokens; ++t) {
+      const int o = owner[h * tokens + t];
+      svg += square(x0 + (t % cells) * cell, y0 + (t / cells) * cell, cell, o >= 0 ? colour(o) : "#000000");
     }
     svg += "\n";
   }
