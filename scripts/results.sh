@@ -96,10 +96,11 @@ convergence() {
 
 # The converged recipe (docs/results.md, "Fashion-MNIST, converged"): full resolution, each 4x4
 # patch a token (49 tokens), two layers, 10000 steps (11.6 epochs). Two streams of one thread
-# each: the first ran the seed-1 table of every mechanism, then CAST seeds 2 and 3; the second,
-# CAST with frozen surrogates over three seeds. Then the learned and frozen runs are gathered
-# into one table, and what learning did to the clusters is measured. Still to run at this budget:
-# seeds 2 and 3 of full, clustered and improved clustered attention (converged_seeds).
+# each: the first ran the seed-1 table of every mechanism, then CAST seeds 2 and 3 (seed 3 was
+# stopped with Ctrl-C at the end of the session: rerunning resumes it); the second, CAST with
+# frozen surrogates over three seeds, then full attention seed 2. Then the seeds 1 and 2 of full
+# and CAST, and of learned and frozen surrogates, are gathered into tables (every run reused),
+# and what learning did to the clusters is measured.
 converged() {
   local recipe="--task fashion-mnist --patch 4 --layers 2 --steps 10000 --warmup 500 --eval-every 1000"
   local out=runs/results/fm28-p4 seeds=runs/results/fm28-p4-seeds23 surrogates=runs/results/fm28-p4-surrogates
@@ -107,25 +108,32 @@ converged() {
     "$cast" compare $recipe --attention full,cast,clustered,iclustered --seeds 1 --out $out
     "$cast" compare $recipe --attention cast --seeds 2,3 --out $seeds/cast
   ) &
-  "$cast" compare $recipe --attention cast --vary surrogates=frozen --seeds 1,2,3 --out $surrogates &
+  (
+    "$cast" compare $recipe --attention cast --vary surrogates=frozen --seeds 1,2,3 --out $surrogates
+    "$cast" compare $recipe --attention full --seeds 2 --out $seeds/full
+  ) &
   wait
-  cp -rn $out/cast-seed1 $seeds/cast/cast-seed2 $seeds/cast/cast-seed3 $surrogates/
-  "$cast" compare $recipe --attention cast --vary surrogates=learned,frozen --seeds 1,2,3 --out $surrogates
+  mkdir -p runs/results/fm28-p4-seeds12
+  cp -rn $out/full-seed1 $out/cast-seed1 $seeds/full/full-seed2 $seeds/cast/cast-seed2 runs/results/fm28-p4-seeds12/
+  "$cast" compare $recipe --attention full,cast --seeds 1,2 --out runs/results/fm28-p4-seeds12
+  cp -rn $out/cast-seed1 $seeds/cast/cast-seed2 $surrogates/
+  "$cast" compare $recipe --attention cast --vary surrogates=learned,frozen --seeds 1,2 --out $surrogates
   # what learning did to the clusters, seed 1, against the initialisation; and the figures
-  for s in learned frozen; do
-    local ck=$surrogates/surrogates-$s-seed1/checkpoint.safetensors
-    [ $s = learned ] && ck=$surrogates/cast-seed1/checkpoint.safetensors  # the CAST run, reused
-    "$cast" clusters --checkpoint $ck --changes 2000 --out $surrogates/clusters-$s.svg
-    "$cast" clusters --checkpoint $ck --initial --out $surrogates/clusters-$s-initial.svg
-  done
+  "$cast" clusters --checkpoint $out/cast-seed1/checkpoint.safetensors --changes 2000 --out $surrogates/clusters-learned.svg
+  "$cast" clusters --checkpoint $surrogates/surrogates-frozen-seed1/checkpoint.safetensors --changes 2000 \
+    --out $surrogates/clusters-frozen.svg
+  "$cast" clusters --checkpoint $out/cast-seed1/checkpoint.safetensors --initial --out $surrogates/clusters-initial.svg
 }
 
 converged_seeds() {
-  # The seeds the mechanism table still lacks at the converged budget, then the whole table.
+  # The seeds the tables still lack at the converged budget (not run yet), then the whole table.
   local recipe="--task fashion-mnist --patch 4 --layers 2 --steps 10000 --warmup 500 --eval-every 1000"
   local out=runs/results/fm28-p4 seeds=runs/results/fm28-p4-seeds23
-  "$cast" compare $recipe --attention full,clustered --seeds 2,3 --out $seeds/full-clustered &
-  "$cast" compare $recipe --attention iclustered --seeds 2,3 --out $seeds/iclustered &
+  (
+    "$cast" compare $recipe --attention cast --seeds 2,3 --out $seeds/cast  # resumes seed 3
+    "$cast" compare $recipe --attention full --seeds 2,3 --out $seeds/full
+  ) &
+  "$cast" compare $recipe --attention clustered,iclustered --seeds 2,3 --out $seeds/clustered &
   wait
   mkdir -p $out/all
   cp -rn $out/*-seed1 $seeds/*/*-seed[23] $out/all/

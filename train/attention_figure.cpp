@@ -27,14 +27,9 @@ std::string attention_svg(const AttentionPanels& a) {
   const int width = std::max(left + static_cast<int>(M) * (panel_w + gap) + 10, 600);
   const int height = top + static_cast<int>(Q) * (panel_h + gap + 16) + 50;
   std::string svg =
-      fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
-                  R"(font-family="DejaVu Sans, Arial, sans-serif" shape-rendering="crispEdges">)"
-                  "\n"
-                  R"(<rect width="100%" height="100%" fill="white"/>)"
-                  "\n"
-                  R"(<text x="10" y="22" font-size="15" font-weight="bold">{2}</text>)"
-                  "\n",
-                  width, height, xml_escape(a.title));
+      svg_open(width, height, true) + fmt::format(R"(<text x="10" y="22" font-size="15" font-weight="bold">{}</text>)"
+                                                  "\n",
+                                                  xml_escape(a.title));
   for (int64_t m = 0; m < M; ++m)
     svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>)"
                        "\n",

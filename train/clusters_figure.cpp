@@ -50,15 +50,12 @@ std::string square(int x, int y, int size, const std::string& fill) {
 }
 
 std::string header(const Layout& l, const nn::AttentionConfig& a, int64_t index) {
-  std::string svg = fmt::format(
-      R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
-      R"(font-family="DejaVu Sans, Arial, sans-serif" shape-rendering="crispEdges">)"
-      "\n"
-      R"(<rect width="100%" height="100%" fill="white"/>)"
-      "\n"
-      R"(<text x="10" y="22" font-size="16" font-weight="bold">CAST clusters ({2}): test example {3}, {4} clusters of {5} tokens per head</text>)"
-      "\n",
-      l.width, l.height, a.single_assignment ? "Single-Assignment Top-K" : "Top-K", index, l.clusters, l.kappa);
+  std::string svg =
+      svg_open(l.width, l.height, true) +
+      fmt::format(
+          R"(<text x="10" y="22" font-size="16" font-weight="bold">CAST clusters ({0}): test example {1}, {2} clusters of {3} tokens per head</text>)"
+          "\n",
+          a.single_assignment ? "Single-Assignment Top-K" : "Top-K", index, l.clusters, l.kappa);
   for (int h = 0; h <= l.heads; ++h)
     svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>)"
                        "\n",

@@ -13,6 +13,15 @@
 
 namespace cast::train {
 
+std::string svg_open(int width, int height, bool crisp) {
+  return fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
+                     R"(font-family="DejaVu Sans, Arial, sans-serif"{2}>)"
+                     "\n"
+                     R"(<rect width="100%" height="100%" fill="white"/>)"
+                     "\n",
+                     width, height, crisp ? R"( shape-rendering="crispEdges")" : "");
+}
+
 std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -156,14 +165,10 @@ std::string figure(const std::string& title, const std::vector<Series>& left, co
                    const std::string& left_title, const std::string& right_title, bool zoom = false) {
   const int width = 1100, height = 440;
   std::string svg =
-      fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
-                  R"(font-family="DejaVu Sans, Arial, sans-serif">)"
-                  "\n"
-                  R"(<rect width="100%" height="100%" fill="white"/>)"
-                  "\n"
-                  R"(<text x="{2}" y="26" font-size="18" font-weight="bold" text-anchor="middle">{3}</text>)"
+      svg_open(width, height) +
+      fmt::format(R"(<text x="{}" y="26" font-size="18" font-weight="bold" text-anchor="middle">{}</text>)"
                   "\n",
-                  width, height, width / 2, xml_escape(title));
+                  width / 2, xml_escape(title));
   panel(svg, 80, 70, 440, 300, left_title, "loss (cross-entropy)", left, false);
   panel(svg, 620, 70, 440, 300, right_title, "accuracy", right, true, zoom);
   return svg + "</svg>\n";
@@ -281,13 +286,7 @@ void plot_lines(const std::string& svg_path, const std::string& title, const std
     series.push_back({lines[i].label, lines[i].xs, lines[i].ys, hex(rgb), lines[i].dashed});
   }
   const int width = 640, height = 440;
-  std::string svg =
-      fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
-                  R"(font-family="DejaVu Sans, Arial, sans-serif">)"
-                  "\n"
-                  R"(<rect width="100%" height="100%" fill="white"/>)"
-                  "\n",
-                  width, height);
+  std::string svg = svg_open(width, height);
   panel(svg, 80, 60, 520, 310, title, "accuracy", series, true, true, x_label);
   files::write_atomic(svg_path, svg + "</svg>\n", "figure");
 }

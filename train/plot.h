@@ -39,6 +39,10 @@ struct Line {
 void plot_lines(const std::string& svg_path, const std::string& title, const std::string& x_label,
                 const std::vector<Line>& lines);
 
+// An SVG figure's opening: the root element (`crisp`: no anti-aliasing between squares) and a
+// white background.
+std::string svg_open(int width, int height, bool crisp = false);
+
 // Text for SVG and XML: & < > " escaped.
 std::string xml_escape(const std::string& s);
 
