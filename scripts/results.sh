@@ -96,8 +96,7 @@ convergence() {
 
 # The converged recipe (docs/results.md, "Fashion-MNIST, converged"): full resolution, each 4x4
 # patch a token (49 tokens), two layers, 10000 steps (11.6 epochs). Two streams of one thread
-# each: the first ran the seed-1 table of every mechanism, then CAST seeds 2 and 3 (seed 3 was
-# stopped with Ctrl-C at the end of the session: rerunning resumes it); the second, CAST with
+# each: the first ran the seed-1 table of every mechanism, then CAST seeds 2 and 3; the second, CAST with
 # frozen surrogates over three seeds, then full attention seed 2. Then the seeds 1 and 2 of full
 # and CAST, and of learned and frozen surrogates, are gathered into tables (every run reused),
 # and what learning did to the clusters is measured.
@@ -116,8 +115,8 @@ converged() {
   mkdir -p runs/results/fm28-p4-seeds12
   cp -rn $out/full-seed1 $out/cast-seed1 $seeds/full/full-seed2 $seeds/cast/cast-seed2 runs/results/fm28-p4-seeds12/
   "$cast" compare $recipe --attention full,cast --seeds 1,2 --out runs/results/fm28-p4-seeds12
-  cp -rn $out/cast-seed1 $seeds/cast/cast-seed2 $surrogates/
-  "$cast" compare $recipe --attention cast --vary surrogates=learned,frozen --seeds 1,2 --out $surrogates
+  cp -rn $out/cast-seed1 $seeds/cast/cast-seed2 $seeds/cast/cast-seed3 $surrogates/
+  "$cast" compare $recipe --attention cast --vary surrogates=learned,frozen --seeds 1,2,3 --out $surrogates
   # what learning did to the clusters, seed 1, against the initialisation; and the figures
   "$cast" clusters --checkpoint $out/cast-seed1/checkpoint.safetensors --changes 2000 --out $surrogates/clusters-learned.svg
   "$cast" clusters --checkpoint $surrogates/surrogates-frozen-seed1/checkpoint.safetensors --changes 2000 \
@@ -130,8 +129,7 @@ converged_seeds() {
   local recipe="--task fashion-mnist --patch 4 --layers 2 --steps 10000 --warmup 500 --eval-every 1000"
   local out=runs/results/fm28-p4 seeds=runs/results/fm28-p4-seeds23
   (
-    "$cast" compare $recipe --attention cast --seeds 2,3 --out $seeds/cast  # resumes seed 3
-    "$cast" compare $recipe --attention full --seeds 2,3 --out $seeds/full
+    "$cast" compare $recipe --attention full --seeds 2,3 --out $seeds/full  # seed 2 reused
   ) &
   "$cast" compare $recipe --attention clustered,iclustered --seeds 2,3 --out $seeds/clustered &
   wait

@@ -22,7 +22,7 @@ using namespace cast::testing;
 struct StepCase {
   nn::Mechanism mechanism;
   bool single_assignment = false, shared_clustering = false;
-  int64_t patch = 1;  // 2: 4 × 4 images in 2 × 2 patches, every pixel real
+  int64_t patch = 1;  // 2: 8 × 8 images in 2 × 2 patches (16 tokens), every pixel real
 };
 
 class CudaTrainingSteps : public ::testing::TestWithParam<StepCase> {};
@@ -38,6 +38,7 @@ static nn::ModelConfig step_model(const StepCase& c, int64_t layers, int64_t clu
   m.attention.clusters = clusters, m.attention.cluster_size = 6, m.attention.topk = 5, m.attention.bits = 8;
   m.attention.iterations = 2;
   m.patch = c.patch;
+  if (c.patch > 1) m.max_len = 64;
   return m;
 }
 
@@ -88,11 +89,12 @@ TEST_P(CudaTrainingSteps, CopyBackOnlyTheLogAndStopAllocatingAfterWarmUp) {
       }
     }
   };
-  step(6, 16);  // the largest batch, twice: every block a step needs is now cached
-  step(6, 16);
+  const int64_t longest = GetParam().patch > 1 ? 64 : 16;
+  step(6, longest);  // the largest batch, twice: every block a step needs is now cached
+  step(6, longest);
   const cuda::MemoryStats warm = cuda::memory_stats();
   std::vector<std::pair<int64_t, int64_t>> shapes{{3, 5}, {6, 11}, {2, 16}, {6, 16}, {1, 3}, {5, 16}};
-  if (GetParam().patch > 1) shapes = {{3, 16}, {6, 16}, {1, 16}, {5, 16}};  // images have one size
+  if (GetParam().patch > 1) shapes = {{3, 64}, {6, 64}, {1, 64}, {5, 64}};  // images have one size
   size_t most_to_device = 0;
   for (auto [B, N] : shapes) {
     const cuda::MemoryStats before = cuda::memory_stats();
@@ -142,7 +144,7 @@ TEST_P(CudaTrainingSteps, OneStepEqualsTheCpuStep) {
   ASSERT_EQ(sides[0].params.size(), sides[1].params.size());
   for (size_t p = 0; p < sides[0].params.size(); ++p)  // the same weights on both devices
     sides[1].params[p].second->copy_from(*sides[0].params[p].second);
-  const int64_t B = 5, N = GetParam().patch > 1 ? 16 : 14;
+  const int64_t B = 5, N = GetParam().patch > 1 ? 64 : 14;
   std::vector<int32_t> tokens(B * N), labels(B);
   std::vector<float> mask(B * N);
   int64_t real = 0;
