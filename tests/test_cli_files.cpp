@@ -32,13 +32,14 @@ std::string slurp(const std::string& path) {
 void put(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
 // The binary with a time limit: a command that hangs on a FIFO fails the test instead of it.
-CliRun run(const std::string& args) {
+// `cwd`: the folder it runs in (default: the test's).
+CliRun run(const std::string& args, const std::string& cwd = "") {
   static int calls = 0;
   const std::string tag = std::to_string(getpid()) + "_" + std::to_string(calls++);
   const std::string out = (fs::temp_directory_path() / ("cast_clif_out_" + tag)).string();
   const std::string err = (fs::temp_directory_path() / ("cast_clif_err_" + tag)).string();
-  const std::string cmd =
-      "timeout 60 " + std::string(CAST_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+  const std::string cmd = (cwd.empty() ? "" : "cd '" + cwd + "' && ") + "timeout 60 " + std::string(CAST_BINARY) + " " +
+                          args + " > " + out + " 2> " + err + " < /dev/null";
   const int status = std::system(cmd.c_str());
   CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
   fs::remove(out);
@@ -106,6 +107,16 @@ TEST(CliFiles, AnOutputEqualToAnInputIsRefusedAndTheInputKept) {
     EXPECT_NE(r.err.find("an output never replaces an input"), std::string::npos) << args << ": " << r.err;
   }
   EXPECT_EQ(slurp(ckpt), ckpt_bytes);
+  EXPECT_EQ(slurp(metrics), metrics_bytes);
+  // the checkpoint named bare, from inside its run folder: its neighbours are inputs too
+  for (const std::string& args :
+       {"clusters --checkpoint checkpoint.safetensors --out metrics.jsonl",
+        "attention --checkpoint checkpoint.safetensors --out metrics.jsonl",
+        "eval --checkpoint checkpoint.safetensors --attention clustered --figure metrics.jsonl"}) {
+    const CliRun r = run(args, run_dir);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("an output never replaces an input"), std::string::npos) << args << ": " << r.err;
+  }
   EXPECT_EQ(slurp(metrics), metrics_bytes);
 }
 

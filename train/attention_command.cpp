@@ -2,7 +2,6 @@
 // few queries, against clustered and improved clustered attention with the same weights.
 #include <algorithm>
 #include <climits>
-#include <filesystem>
 
 #include "autograd/tape.h"
 #include "tensor/files.h"
@@ -48,11 +47,7 @@ int command_attention(const std::vector<std::string>& argv) {
       .example("cast attention --checkpoint runs/fm-full/checkpoint.safetensors --clusters 8 --topk 8 --out att.svg");
   if (!args.parse(argv)) return 0;
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast attention --help)");
-  std::vector<std::string> inputs =
-      train::run_folder_files(std::filesystem::path(args.str("checkpoint")).parent_path().string());
-  inputs.push_back(args.str("checkpoint"));
-  files::check_not_an_input(args.str("out"), "--out", inputs);
-  files::check_replaces_own_kind(args.str("out"), "--out", "an SVG figure", files::looks_like_svg);
+  train::check_figure_output(args.str("out"), "out", args.str("checkpoint"));
   const int64_t index = args.integer("index", 0, INT64_MAX), clusters = args.integer("clusters", 0, 1 << 16);
   const int64_t topk = args.integer("topk", 1, 1 << 22), bits = args.integer("bits", 1, 63);
   const int64_t iterations = args.integer("iterations", 0, 100000);

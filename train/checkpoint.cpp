@@ -182,25 +182,30 @@ void check_swappable(nn::Mechanism from, nn::Mechanism to) {
                    nn::mechanism_name(from));
 }
 
-void swap_attention(TrainedRun& run, const nn::AttentionConfig& attention, Device device) {
-  check_swappable(run.checkpoint.config.model.attention.mechanism, attention.mechanism);
-  nn::ModelConfig config = run.checkpoint.config.model;
+std::unique_ptr<nn::Transformer> with_attention(nn::Transformer& trained_model, const nn::AttentionConfig& attention,
+                                                Device device) {
+  nn::ModelConfig config = trained_model.config();
+  check_swappable(config.attention.mechanism, attention.mechanism);
   const nn::AttentionConfig& trained = config.attention;
   nn::AttentionConfig swapped_attention = attention;  // the sizes, the seed of the LSH planes and the path kept
   swapped_attention.dim = trained.dim, swapped_attention.heads = trained.heads;
   swapped_attention.seed = trained.seed, swapped_attention.fused = trained.fused;
   config.attention = swapped_attention;
   auto swapped = std::make_unique<nn::Transformer>(config, DType::f32, device);
-  nn::ParamList theirs = run.model->parameters(), mine = swapped->parameters();
+  nn::ParamList theirs = trained_model.parameters(), mine = swapped->parameters();
   CAST_CHECK(theirs.size() == mine.size(), "swap_attention: {} parameters against {}", theirs.size(), mine.size());
   for (size_t i = 0; i < mine.size(); ++i) {
     CAST_CHECK(theirs[i].first == mine[i].first && theirs[i].second->shape() == mine[i].second->shape(),
                "swap_attention: parameter {} does not match {}", theirs[i].first, mine[i].first);
     mine[i].second->copy_from(*theirs[i].second);
   }
-  swapped->rng_offset = run.model->rng_offset;
-  run.model = std::move(swapped);
-  run.checkpoint.config.model = config;
+  swapped->rng_offset = trained_model.rng_offset;
+  return swapped;
+}
+
+void swap_attention(TrainedRun& run, const nn::AttentionConfig& attention, Device device) {
+  run.model = with_attention(*run.model, attention, device);
+  run.checkpoint.config.model = run.model->config();
 }
 
 // ---------------------------------------------------------------- resuming

@@ -72,6 +72,10 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
 // improved clustered attention share their weights (the projections); CAST has surrogate
 // tokens and a gate that the others lack, and is refused either way.
 void swap_attention(TrainedRun& run, const nn::AttentionConfig& attention, Device device);
+// The trained model with another mechanism and the same weights, on `device`; `trained` is left
+// as it is (swap_attention's work, for a sweep over several mechanisms).
+std::unique_ptr<nn::Transformer> with_attention(nn::Transformer& trained, const nn::AttentionConfig& attention,
+                                                Device device);
 // The usage error swap_attention gives when a model trained with `from` cannot run `to`.
 void check_swappable(nn::Mechanism from, nn::Mechanism to);
 

@@ -25,6 +25,13 @@ std::string folder_of(const std::string& file) {
   return folder.empty() ? "." : folder;
 }
 
+void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint) {
+  std::vector<std::string> inputs = run_folder_files(folder_of(checkpoint));
+  inputs.push_back(checkpoint);
+  files::check_not_an_input(out, "--" + option, inputs);
+  files::check_replaces_own_kind(out, "--" + option, "an SVG figure", files::looks_like_svg);
+}
+
 bool prepare_run_folder(const TrainConfig& c, const std::string& resume_from) {
   files::make_writable_folder(c.run_dir, "run folder");
   for (const char* name : {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg"})

@@ -18,6 +18,9 @@ std::string default_run_dir(const TrainConfig& c);
 std::vector<std::string> run_folder_files(const std::string& run_dir);
 // The folder a file is in ("." for a bare name).
 std::string folder_of(const std::string& file);
+// A figure drawn from `checkpoint` goes to `out` (given as --`option`): refused before any work
+// when it would replace the checkpoint or its run's other files, or a file that is not an SVG.
+void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint);
 
 // Makes c.run_dir ready to take the run's files, or refuses it before any step: a folder that
 // cannot be written, a FIFO or link where a file goes, a folder holding another run (unless

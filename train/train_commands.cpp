@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -123,28 +122,19 @@ void print_eval(const std::string& name, const train::EvalResult& r) {
              r.loss, r.examples, 100 * r.majority);
 }
 
-// The trained model again, on `device`: what each swap starts from.
-std::unique_ptr<nn::Transformer> copy_model(nn::Transformer& trained, Device device) {
-  auto copy = std::make_unique<nn::Transformer>(trained.config(), DType::f32, device);
-  nn::ParamList from = trained.parameters(), to = copy->parameters();
-  for (size_t i = 0; i < to.size(); ++i) to[i].second->copy_from(*from[i].second);
-  copy->rng_offset = trained.rng_offset;
-  return copy;
-}
-
 // Every mechanism x top keys x C of the lists, evaluated with the trained model's weights: a
 // Markdown table and, with `figure`, test accuracy against C.
-void eval_sweep(train::TrainedRun& run, const std::vector<std::string>& mechanisms,
+void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& mechanisms,
                 const std::vector<int64_t>& clusters, const std::vector<int64_t>& topks,
                 const nn::AttentionConfig& base, int64_t limit, Device device, const std::string& checkpoint,
                 const std::string& figure) {
-  const train::Checkpoint trained_ck = run.checkpoint;
-  std::unique_ptr<nn::Transformer> trained = std::move(run.model);
+  const train::Checkpoint& trained_ck = run.checkpoint;
+  nn::Transformer& trained = *run.model;
   const data::TaskData& task = run.task;
   const int64_t batch = trained_ck.config.batch;
   // validation before test, as a single evaluation does: the LSH draws follow the forward count
-  const auto trained_val = train::evaluate(*trained, task, task.val, batch, limit, device);
-  const auto trained_test = train::evaluate(*trained, task, task.test, batch, limit, device);
+  const auto trained_val = train::evaluate(trained, task, task.val, batch, limit, device);
+  const auto trained_test = train::evaluate(trained, task, task.test, batch, limit, device);
   // the sequence the attention sees, for the defaults C = 0 and top keys above it
   const nn::ModelConfig& m = trained_ck.config.model;
   const int64_t n = std::min(m.tokens(), task.max_len / (m.patch * m.patch)) + (m.cls_pooling ? 1 : 0);
@@ -163,11 +153,9 @@ void eval_sweep(train::TrainedRun& run, const std::vector<std::string>& mechanis
       for (int64_t c : clusters) {
         nn::AttentionConfig a = base;
         a.mechanism = mechanism, a.clusters = c, a.topk = k;
-        run.checkpoint = trained_ck;
-        run.model = copy_model(*trained, device);
-        train::swap_attention(run, a, device);
-        const auto val = train::evaluate(*run.model, task, task.val, batch, limit, device);
-        const auto test = train::evaluate(*run.model, task, task.test, batch, limit, device);
+        const auto swapped = train::with_attention(trained, a, device);
+        const auto val = train::evaluate(*swapped, task, task.val, batch, limit, device);
+        const auto test = train::evaluate(*swapped, task, task.test, batch, limit, device);
         const int64_t clusters_used = c > 0 ? c : nn::default_clusters(n);
         fmt::print("| {} | {} | {} | {:.2f} | {:.2f} |\n", name, clusters_used,
                    top ? std::to_string(std::min(k, n)) : "", 100 * test.accuracy, 100 * val.accuracy);
@@ -242,13 +230,7 @@ int command_eval(const std::vector<std::string>& argv) {
     attention.iterations = args.integer("iterations", 0, 100000);
   }
   const std::string figure = args.str("figure");
-  if (!figure.empty()) {
-    std::vector<std::string> inputs =
-        train::run_folder_files(std::filesystem::path(args.str("checkpoint")).parent_path().string());
-    inputs.push_back(args.str("checkpoint"));
-    files::check_not_an_input(figure, "--figure", inputs);
-    files::check_replaces_own_kind(figure, "--figure", "an SVG figure", files::looks_like_svg);  // before the work
-  }
+  if (!figure.empty()) train::check_figure_output(figure, "figure", args.str("checkpoint"));
   const Device device = train::resolve_device(args.str("device"));
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
   const bool sweep = mechanisms.size() > 1 || clusters.size() > 1 || topks.size() > 1 || !figure.empty();
@@ -374,12 +356,7 @@ int command_clusters(const std::vector<std::string>& argv) {
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast clusters --help)");
   const int scale = static_cast<int>(args.integer("scale", 1, 64));  // pixels per image pixel
   const int64_t index = args.integer("index", 0, INT64_MAX);
-  // the figure never replaces the checkpoint it draws, nor its run's other files
-  std::vector<std::string> inputs =
-      train::run_folder_files(std::filesystem::path(args.str("checkpoint")).parent_path().string());
-  inputs.push_back(args.str("checkpoint"));
-  files::check_not_an_input(args.str("out"), "--out", inputs);
-  files::check_replaces_own_kind(args.str("out"), "--out", "an SVG figure", files::looks_like_svg);  // before the work
+  train::check_figure_output(args.str("out"), "out", args.str("checkpoint"));
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
   const train::Checkpoint& ck = run.checkpoint;
   CAST_CHECK(ck.config.model.attention.mechanism == nn::Mechanism::cast, "{}: the model uses {} attention, not cast",
