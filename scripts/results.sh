@@ -9,7 +9,7 @@
 #   scripts/results.sh approximation        # a trained full model evaluated with clustered attention
 #   scripts/results.sh convergence          # Fashion-MNIST: two layers, longer, wider (towards 88%)
 #   scripts/results.sh converged            # Fashion-MNIST 28x28 in 4x4 patches: mechanisms, surrogates
-#   scripts/results.sh converged-seeds      # its remaining seeds (not yet run)
+#   scripts/results.sh converged-seeds      # its remaining seeds, then every mechanism over three
 #   scripts/results.sh converged-approximation  # its full-attention model under clustered attention
 #   scripts/results.sh listops-5k           # ListOps (length <= 512), 5000 steps
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
@@ -125,13 +125,15 @@ converged() {
 }
 
 converged_seeds() {
-  # The seeds the tables still lack at the converged budget (not run yet), then the whole table.
+  # The seeds the tables still lack at the converged budget, then the whole table.
   local recipe="--task fashion-mnist --patch 4 --layers 2 --steps 10000 --warmup 500 --eval-every 1000"
   local out=runs/results/fm28-p4 seeds=runs/results/fm28-p4-seeds23
+  # two processes of one thread each, three runs against two; each folder has one writer
   (
     "$cast" compare $recipe --attention full --seeds 2,3 --out $seeds/full  # seed 2 reused
+    "$cast" compare $recipe --attention iclustered --seeds 2,3 --out $seeds/iclustered
   ) &
-  "$cast" compare $recipe --attention clustered,iclustered --seeds 2,3 --out $seeds/clustered &
+  "$cast" compare $recipe --attention clustered --seeds 2,3 --out $seeds/clustered &
   wait
   mkdir -p $out/all
   cp -rn $out/*-seed1 $seeds/*/*-seed[23] $out/all/

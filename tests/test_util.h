@@ -31,6 +31,12 @@ inline Tensor constant(const Shape& shape, uint64_t seed, double lo = -1.0, doub
     EXPECT_LE(cast_gc.max_error, 1e-6) << cast_gc.report;       \
   } while (0)
 
+inline double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double v : t.to_double_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
 inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   auto va = a.to_double_vector(), vb = b.to_double_vector();
   EXPECT_EQ(va.size(), vb.size());
