@@ -580,3 +580,19 @@ TEST(Cli, FrozenSurrogatesStayAsDrawn) {
   EXPECT_NE(swap.err.find("--attention clustered: this is a CAST model"), std::string::npos) << swap.err;
   fs::remove_all(dir);
 }
+
+// A CAST Top-K run whose clusters hold the whole sequence is full attention: the trainer says so
+// before it starts (and trains anyway); a cluster size below the sequence says nothing.
+TEST(Cli, CastWithClustersAsLongAsTheSequenceSaysItIsFullAttention) {
+  const fs::path dir = lifecycle_dir("cast_whole_sequence");
+  const std::string cast_run = "--attention cast --clusters 2";
+  for (auto [size, noted] : {std::pair{"1000", true}, std::pair{"2", false}}) {
+    std::string args = tiny_train(dir, std::string("kappa") + size, 1);
+    args.replace(args.find("--attention full"), std::string("--attention full").size(),
+                 cast_run + " --cluster-size " + size);
+    const CliRun r = run(args);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.find("which is full attention") != std::string::npos, noted) << size << ": " << r.out;
+  }
+  fs::remove_all(dir);
+}
