@@ -10,6 +10,7 @@
 #   scripts/results.sh convergence          # Fashion-MNIST: two layers, longer, wider (towards 88%)
 #   scripts/results.sh converged            # Fashion-MNIST 28x28 in 4x4 patches: mechanisms, surrogates
 #   scripts/results.sh converged-seeds      # its remaining seeds, then every mechanism over three
+#   scripts/results.sh converged-ablations  # the CAST ablations at its budget, three seeds each
 #   scripts/results.sh converged-approximation  # its full-attention model under clustered attention
 #   scripts/results.sh listops-5k           # ListOps (length <= 512), 5000 steps
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
@@ -140,6 +141,28 @@ converged_seeds() {
   "$cast" compare $recipe --attention full,cast,clustered,iclustered --seeds 1,2,3 --out $out/all
 }
 
+converged_ablations() {
+  # The CAST ablations at the converged budget, three seeds each: every change of one setting
+  # against the CAST runs of `converged` (seeds 1-3, copied in and reused as the baseline value).
+  # Two processes of one thread each into one folder: each writes its own runs and its own
+  # results-<setting>.md, .json and comparison-<setting>.svg.
+  local recipe="--task fashion-mnist --patch 4 --layers 2 --steps 10000 --warmup 500 --eval-every 1000"
+  local out=runs/results/fm28-p4-ablations
+  mkdir -p $out
+  cp -rn runs/results/fm28-p4/cast-seed1 runs/results/fm28-p4-seeds23/cast/cast-seed[23] $out/
+  (
+    for vary in clustering=topk,satopk summaries=on,off mix=affinity,query; do
+      "$cast" compare $recipe --attention cast --vary $vary --seeds 1,2,3 --out $out
+    done
+  ) &
+  (
+    for vary in cast-heads=per-head,shared f=softmax,laplace; do
+      "$cast" compare $recipe --attention cast --vary $vary --seeds 1,2,3 --out $out
+    done
+  ) &
+  wait
+}
+
 converged_approximation() {
   # The converged full-attention model (seed 1) under clustered and improved clustered attention,
   # its own weights, no retraining; C 49 gives every patch-token its own cluster. One table and
@@ -171,10 +194,11 @@ case "${1:-}" in
   converged) converged ;;
   converged-seeds) converged_seeds ;;
   converged-approximation) converged_approximation ;;
+  converged-ablations) converged_ablations ;;
   listops-5k) listops_5k ;;
   *)
     echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation | convergence |" \
-      "converged | converged-seeds | converged-approximation | listops-5k" >&2
+      "converged | converged-seeds | converged-ablations | converged-approximation | listops-5k" >&2
     exit 2
     ;;
 esac
