@@ -13,6 +13,8 @@
 #   scripts/results.sh converged-ablations  # the CAST ablations at its budget, three seeds each
 #   scripts/results.sh converged-approximation  # its full-attention model under clustered attention
 #   scripts/results.sh listops-5k           # ListOps (length <= 512), 5000 steps
+#   scripts/results.sh listops-approximation  # its full-attention model under clustered attention
+#   scripts/results.sh listops-tune         # ListOps: twice the learning rate, 1000 warm-up steps
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -185,6 +187,26 @@ listops_5k() {
     --attention full --seeds 1 --out runs/results/listops-512-5k/full
 }
 
+listops_approximation() {
+  # The 5000-step full-attention ListOps model under clustered and improved clustered attention,
+  # its own weights, no retraining (C up to 128 of the 129-513 tokens); then where a few queries
+  # put their weight, full against both (C 8, 8 top keys).
+  local ck=runs/results/listops-512-5k/full/full-seed1/checkpoint.safetensors out=runs/results/listops-512-5k
+  "$cast" eval --checkpoint $ck --attention clustered,iclustered --clusters 4,8,16,32,64,128 --topk 8,32 \
+    --figure $out/approximation.svg
+  for layer in 1 2; do
+    "$cast" attention --checkpoint $ck --layer $layer --clusters 8 --topk 8 --out $out/attention-layer$layer.svg
+  done
+}
+
+listops_tune() {
+  # Tuning ListOps on full attention, second try: the 5000-step recipe with twice the learning
+  # rate and ten times the warm-up (1000 steps, as the LRA recipe's schedule peaks).
+  "$cast" compare --task listops --data data/listops-512 --max-len 512 --dim 64 --heads 4 --mlp-dim 128 --layers 2 \
+    --steps 5000 --batch 32 --lr 2e-3 --schedule cosine --warmup 1000 --eval-every 500 --eval-limit 1000 \
+    --attention full --seeds 1 --out runs/results/listops-512-5k/lr2e-3-warmup1000
+}
+
 case "${1:-}" in
   fashion-mnist) fashion_mnist ;;
   listops-pathfinder) listops_pathfinder ;;
@@ -196,9 +218,12 @@ case "${1:-}" in
   converged-approximation) converged_approximation ;;
   converged-ablations) converged_ablations ;;
   listops-5k) listops_5k ;;
+  listops-approximation) listops_approximation ;;
+  listops-tune) listops_tune ;;
   *)
     echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation | convergence |" \
-      "converged | converged-seeds | converged-ablations | converged-approximation | listops-5k" >&2
+      "converged | converged-seeds | converged-ablations | converged-approximation | listops-5k |" \
+      "listops-approximation | listops-tune" >&2
     exit 2
     ;;
 esac
