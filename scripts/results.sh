@@ -15,6 +15,7 @@
 #   scripts/results.sh listops-5k           # ListOps (length <= 512), 5000 steps
 #   scripts/results.sh listops-approximation  # its full-attention model under clustered attention
 #   scripts/results.sh listops-tune         # ListOps: twice the learning rate, 1000 warm-up steps
+#   scripts/results.sh listops-mechanisms   # ListOps: all four mechanisms with the tuned recipe
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -207,6 +208,25 @@ listops_tune() {
     --attention full --seeds 1 --out runs/results/listops-512-5k/lr2e-3-warmup1000
 }
 
+listops_mechanisms() {
+  # All four mechanisms on ListOps with the tuned recipe (listops-tune: learning rate 2e-3, 1000
+  # warm-up steps), 5000 steps each; full attention is the tuning run, copied in and reused.
+  # Two processes of one thread each, each with its own folder; then the whole table.
+  local recipe="--task listops --data data/listops-512 --max-len 512 --dim 64 --heads 4 --mlp-dim 128 --layers 2
+    --steps 5000 --batch 32 --lr 2e-3 --schedule cosine --warmup 1000 --eval-every 500 --eval-limit 1000"
+  local out=runs/results/listops-512-mechanisms
+  "$cast" compare $recipe --attention cast --seeds 1 --out $out/cast &
+  (
+    "$cast" compare $recipe --attention clustered --seeds 1 --out $out/clustered
+    "$cast" compare $recipe --attention iclustered --seeds 1 --out $out/iclustered
+  ) &
+  wait
+  mkdir -p $out/all
+  cp -rn runs/results/listops-512-5k/lr2e-3-warmup1000/full-seed1 $out/cast/cast-seed1 \
+    $out/clustered/clustered-seed1 $out/iclustered/iclustered-seed1 $out/all/
+  "$cast" compare $recipe --attention full,cast,clustered,iclustered --seeds 1 --out $out/all
+}
+
 case "${1:-}" in
   fashion-mnist) fashion_mnist ;;
   listops-pathfinder) listops_pathfinder ;;
@@ -220,10 +240,11 @@ case "${1:-}" in
   listops-5k) listops_5k ;;
   listops-approximation) listops_approximation ;;
   listops-tune) listops_tune ;;
+  listops-mechanisms) listops_mechanisms ;;
   *)
     echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation | convergence |" \
       "converged | converged-seeds | converged-ablations | converged-approximation | listops-5k |" \
-      "listops-approximation | listops-tune" >&2
+      "listops-approximation | listops-tune | listops-mechanisms" >&2
     exit 2
     ;;
 esac
