@@ -189,14 +189,20 @@ listops_5k() {
 }
 
 listops_approximation() {
-  # The 5000-step full-attention ListOps model under clustered and improved clustered attention,
-  # its own weights, no retraining (C up to 128 of the 129-513 tokens); then where a few queries
-  # put their weight, full against both (C 8, 8 top keys).
-  local ck=runs/results/listops-512-5k/full/full-seed1/checkpoint.safetensors out=runs/results/listops-512-5k
-  "$cast" eval --checkpoint $ck --attention clustered,iclustered --clusters 4,8,16,32,64,128 --topk 8,32 \
-    --figure $out/approximation.svg
-  for layer in 1 2; do
-    "$cast" attention --checkpoint $ck --layer $layer --clusters 8 --topk 8 --out $out/attention-layer$layer.svg
+  # The 5000-step full-attention ListOps models (the two tuning runs) under clustered and improved
+  # clustered attention, their own weights, no retraining (C up to 128 of the 129-513 tokens);
+  # then where a few queries put their weight, full against both (C 8, 8 top keys). A model whose
+  # figure exists is skipped.
+  local out
+  for out in runs/results/listops-512-5k runs/results/listops-512-5k/lr2e-3-warmup1000; do
+    [ -f $out/approximation.svg ] && continue
+    local ck=$out/full/full-seed1/checkpoint.safetensors
+    [ -f $ck ] || ck=$out/full-seed1/checkpoint.safetensors
+    "$cast" eval --checkpoint $ck --attention clustered,iclustered --clusters 4,8,16,32,64,128 --topk 8,32 \
+      --figure $out/approximation.svg
+    for layer in 1 2; do
+      "$cast" attention --checkpoint $ck --layer $layer --clusters 8 --topk 8 --out $out/attention-layer$layer.svg
+    done
   done
 }
 
