@@ -16,6 +16,7 @@
 #   scripts/results.sh listops-approximation  # its full-attention model under clustered attention
 #   scripts/results.sh listops-tune         # ListOps: twice the learning rate, 1000 warm-up steps
 #   scripts/results.sh listops-mechanisms   # ListOps: all four mechanisms with the tuned recipe
+#   scripts/results.sh converged-wider      # Fashion-MNIST: full attention, D 128, one seed (towards 88%)
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -178,6 +179,13 @@ converged_approximation() {
   done
 }
 
+converged_wider() {
+  # Towards the 88% goal: the converged recipe with twice the width (D 128, MLP 256, 4 heads of 32),
+  # full attention, one seed: does more capacity lift the plateau of 87%?
+  "$cast" compare --task fashion-mnist --patch 4 --layers 2 --dim 128 --mlp-dim 256 --steps 10000 --warmup 500 \
+    --eval-every 1000 --attention full --seeds 1 --out runs/results/fm28-p4-d128
+}
+
 listops_5k() {
   # ListOps with the LRA generator's rules (lengths 128-512, as above), full attention first,
   # 5000 steps, to tune the recipe before the other mechanisms. Stopped with Ctrl-C at step 2018
@@ -243,13 +251,14 @@ case "${1:-}" in
   converged-seeds) converged_seeds ;;
   converged-approximation) converged_approximation ;;
   converged-ablations) converged_ablations ;;
+  converged-wider) converged_wider ;;
   listops-5k) listops_5k ;;
   listops-approximation) listops_approximation ;;
   listops-tune) listops_tune ;;
   listops-mechanisms) listops_mechanisms ;;
   *)
     echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation | convergence |" \
-      "converged | converged-seeds | converged-ablations | converged-approximation | listops-5k |" \
+      "converged | converged-seeds | converged-ablations | converged-approximation | converged-wider | listops-5k |" \
       "listops-approximation | listops-tune | listops-mechanisms" >&2
     exit 2
     ;;
