@@ -12,6 +12,7 @@ freedom and the step times. Standard library only.
 import json
 import math
 import sys
+from statistics import mean, variance
 
 
 def student_t_cdf(t, dof):
@@ -40,10 +41,11 @@ def student_t_quantile(p, dof):
 
 def welch(a, b):
     """Difference b - a of the means, the 95% half-width, and Welch's degrees of freedom."""
-    va, vb = (sum((x - sum(s) / len(s)) ** 2 for x in s) / (len(s) - 1) / len(s) for s in (a, b))
-    se = math.sqrt(va + vb)
+    va, vb = variance(a) / len(a), variance(b) / len(b)  # squared standard errors of the means
+    if va + vb == 0:
+        raise ValueError("every seed gave the same accuracy in both variants: no spread to weigh")
     dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return sum(b) / len(b) - sum(a) / len(a), student_t_quantile(0.975, dof) * se, dof
+    return mean(b) - mean(a), student_t_quantile(0.975, dof) * math.sqrt(va + vb), dof
 
 
 def check(condition, message):
@@ -65,6 +67,12 @@ def self_test():
     _, _, dof = welch([0.0, 2.0], [0.0, 0.0, 6.0])
     va, vb = 2.0 / 2, 12.0 / 3
     check(abs(dof - (va + vb) ** 2 / (va**2 / 1 + vb**2 / 2)) < 1e-12, f"dof {dof}")
+    # No spread at all: refused by name, not a division by zero.
+    try:
+        welch([87.0, 87.0], [87.0, 87.0])
+        check(False, "equal seeds everywhere were not refused")
+    except ValueError:
+        pass
     print("welch_intervals: self-test passed")
 
 
@@ -90,7 +98,10 @@ def row(path):
         sys.exit(f"{path}: cannot read a cast compare result ({e})")
     if len(base) < 2 or len(change) < 2:
         sys.exit(f"{path}: an interval needs at least two seeds per variant")
-    diff, half, dof = welch(base, change)
+    try:
+        diff, half, dof = welch(base, change)
+    except ValueError as e:
+        sys.exit(f"{path}: {e}")
     mean_sd = lambda v: f"{100 * v['test_accuracy']['mean']:.2f} ± {100 * v['test_accuracy']['sd']:.2f}"
     return (f"| {variants[0]['variant']} → {variants[1]['variant']} | {mean_sd(variants[0])} | "
             f"{mean_sd(variants[1])} | {diff:+.2f} ± {half:.2f} | {dof:.1f} | "
