@@ -14,6 +14,9 @@ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++
 cmake --build build-fuzz -j"$(nproc)" $(printf -- "--target fuzz_%s " "${targets[@]}") >> build-fuzz.log 2>&1 ||
   { tail -n 40 build-fuzz.log; exit 1; }
 mkdir -p build-fuzz/findings
+# the targets write their valid layouts under the temporary folder: one here, emptied each run
+export TMPDIR="$PWD/build-fuzz/tmp"
+rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
 status=0
 for t in "${targets[@]}"; do
   corpus="build-fuzz/corpus/$t"
