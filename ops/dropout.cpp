@@ -1,5 +1,6 @@
 #include "ops/dropout.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "autograd/tape.h"
@@ -12,17 +13,29 @@
 namespace cast::ops {
 
 // y = x ⊙ keep / (1 − p), written once for forward (x) and backward (dy, accumulating).
+// keep_i is philox::uniform(seed, offset + i) >= p, the CUDA kernel's test; the words come
+// kChunk at a time from philox::first_words, which vectorises.
 static void apply_mask(Tensor& y, const Tensor& x, double p, uint64_t seed, uint64_t offset, bool accumulate) {
   CAST_ON_CUDA(x, cuda::dropout(y, x, p, seed, offset, accumulate));
   CAST_DISPATCH_FLOAT(x.dtype(), "dropout", [&] {
+    constexpr int64_t kChunk = 1024;
     const T* px = x.data<T>();
     T* py = y.data<T>();
     const T scale = static_cast<T>(1.0 / (1.0 - p));
+    const uint32_t threshold = philox::unit_threshold(p);
     const int64_t n = x.numel();
     CAST_OMP("omp parallel for if (n > 65536)")
-    for (int64_t i = 0; i < n; ++i) {
-      T v = philox::uniform(seed, offset + i) >= p ? px[i] * scale : T(0);
-      py[i] = accumulate ? py[i] + v : v;
+    for (int64_t start = 0; start < n; start += kChunk) {
+      uint32_t words[kChunk];
+      const int64_t len = std::min(kChunk, n - start);
+      philox::first_words(seed, offset + static_cast<uint64_t>(start), len, words);
+      const T* xs = px + start;
+      T* ys = py + start;
+      if (accumulate) {
+        for (int64_t j = 0; j < len; ++j) ys[j] += philox::unit_at_least(words[j], threshold) ? xs[j] * scale : T(0);
+      } else {
+        for (int64_t j = 0; j < len; ++j) ys[j] = philox::unit_at_least(words[j], threshold) ? xs[j] * scale : T(0);
+      }
     }
   });
 }

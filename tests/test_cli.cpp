@@ -291,6 +291,10 @@ CliRun interrupt(const std::string& args, const std::string& metrics, const std:
       (fs::temp_directory_path() / fmt::format("cast_cli_signal_{}_{}", getpid(), calls++)).string();
   const pid_t pid = fork();
   if (pid == 0) {
+    // as from a terminal, whatever started the tests: a background job of a script starts
+    // with SIGINT ignored, and cast (rightly) keeps it ignored
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     const std::string cmd =
         shell_prefix + "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err + " < /dev/null";
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));

@@ -160,6 +160,44 @@ TEST(Rng, PhiloxKnownAnswer) {
   EXPECT_EQ(b.v[3], 0x9b00dbd8u);
 }
 
+TEST(Rng, FirstWordsAreGeneratesFirstWordAcrossTheCounterCarry) {
+  // counters from 2^32 − 40 to 2^32 + 60: the low word wraps and the carry reaches the high one
+  for (uint64_t seed : {uint64_t{0}, uint64_t{7}, (uint64_t{3} << 32) + 11}) {
+    const uint64_t start = (uint64_t{1} << 32) - 40;
+    uint32_t words[100];
+    philox::first_words(seed, start, 100, words);
+    for (int j = 0; j < 100; ++j)
+      ASSERT_EQ(words[j], philox::generate(seed, start + j).v[0]) << "seed " << seed << " j " << j;
+  }
+}
+
+TEST(Rng, UnitThresholdIsUniformAgainstP) {
+  for (double p : {0.0, 0.1, 0.25, 1.0 / 3.0, 0.5, 0.999})
+    for (uint32_t w : {0u, 255u, 256u, 0x19999900u, 0x1999999Au, 0x40000000u, 0x55555555u, 0x55555600u, 0xFFFFFFFFu})
+      EXPECT_EQ(philox::unit_at_least(w, philox::unit_threshold(p)), philox::to_unit(w) >= p)
+          << "p " << p << " w " << w;
+}
+
+TEST(Values, DropoutMaskIsTheCounterRuleForwardAndBackward) {
+  // element i is kept iff philox::uniform(seed, offset + i) >= p, the CUDA kernel's rule; 3000
+  // elements cross several chunks and the 2^32 counter carry
+  const double p = 0.3;
+  const uint64_t seed = 21, offset = (uint64_t{1} << 32) - 1234;
+  for (DType dtype : {DType::f32, DType::f64}) {
+    Tensor x = Tensor::uniform({3000}, 4, 0, 0.5, 1.5, dtype);
+    Tensor y = Tensor::full({3000}, std::nan(""), dtype);  // poisoned: forward writes every element
+    ops::dropout_forward(y, x, p, seed, offset);
+    Tensor dx = Tensor::full({3000}, 2.0, dtype);  // backward accumulates into it
+    ops::dropout_backward(dx, x, p, seed, offset);
+    const auto xv = x.to_double_vector(), yv = y.to_double_vector(), dv = dx.to_double_vector();
+    for (int i = 0; i < 3000; ++i) {
+      const double want = philox::uniform(seed, offset + i) >= p ? xv[i] / (1 - p) : 0.0;
+      ASSERT_NEAR(yv[i], want, 1e-6 * std::abs(want)) << "element " << i;
+      ASSERT_NEAR(dv[i], 2.0 + want, 1e-6 * (2.0 + std::abs(want))) << "element " << i;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- autograd mechanics
 TEST(Autograd, NoGradRecordsNothing) {
   Tensor x = param({3}, 1);
