@@ -25,6 +25,12 @@ cd "$(dirname "$0")/.."
 cast=${CAST:-build/cast}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
+# ListOps with the LRA generator's rules at lengths 128-512, 20 000 training examples (seed 1, so
+# every machine generates the same files); made once, before the first stream that needs it.
+listops_data() {
+  [ -f data/listops-512/basic_train.tsv ] || "$cast" data listops --max-length 512 --count 20000 --out data/listops-512
+}
+
 fashion_mnist() {
   local out=runs/results/fashion-mnist-14
   # every mechanism, seed 1 (results-seed1.md keeps this table; the last command rewrites results.md)
@@ -48,7 +54,7 @@ fashion_mnist() {
 listops_pathfinder() {
   # ListOps with the LRA generator's rules (depth 10, 10 arguments), lengths 128-512 instead of
   # 500-2000: the longest a 1-thread step allows for four mechanisms in a session.
-  [ -f data/listops-512/basic_train.tsv ] || "$cast" data listops --max-length 512 --count 20000 --out data/listops-512
+  listops_data
   "$cast" compare --task listops --data data/listops-512 --max-len 512 --dim 64 --heads 4 --mlp-dim 128 --layers 2 \
     --steps 1000 --batch 32 --lr 1e-3 --schedule cosine --warmup 100 --eval-every 250 --eval-limit 1000 \
     --attention full,cast,clustered,iclustered --seeds 1 --out runs/results/listops-512
@@ -199,7 +205,7 @@ listops_5k() {
   # ListOps with the LRA generator's rules (lengths 128-512, as above), full attention first,
   # 5000 steps, to tune the recipe before the other mechanisms. Stopped with Ctrl-C at step 2018
   # to give its thread to Fashion-MNIST; the same command resumes it.
-  [ -f data/listops-512/basic_train.tsv ] || "$cast" data listops --max-length 512 --count 20000 --out data/listops-512
+  listops_data
   "$cast" compare --task listops --data data/listops-512 --max-len 512 --dim 64 --heads 4 --mlp-dim 128 --layers 2 \
     --steps 5000 --batch 32 --lr 1e-3 --schedule cosine --warmup 100 --eval-every 500 --eval-limit 1000 \
     --attention full --seeds 1 --out runs/results/listops-512-5k/full
@@ -210,6 +216,7 @@ listops_approximation() {
   # clustered attention, their own weights, no retraining (C up to 128 of the 129-513 tokens);
   # then where a few queries put their weight, full against both (C 8, 8 top keys). Each pair is
   # a model's folder for the figures and its checkpoint; a model whose figure exists is skipped.
+  listops_data
   local pair out ck
   for pair in runs/results/listops-512-5k:full/full-seed1 \
     runs/results/listops-512-5k/lr2e-3-warmup1000:full-seed1; do
@@ -231,6 +238,7 @@ listops_tuned="--task listops --data data/listops-512 --max-len 512 --dim 64 --h
 listops_tune() {
   # Tuning ListOps on full attention, second try: the 5000-step recipe with twice the learning
   # rate and ten times the warm-up (1000 steps, as the LRA recipe's schedule peaks).
+  listops_data
   "$cast" compare $listops_tuned --attention full --seeds 1 --out runs/results/listops-512-5k/lr2e-3-warmup1000
 }
 
@@ -238,6 +246,7 @@ listops_mechanisms() {
   # All four mechanisms on ListOps with the tuned recipe (listops-tune: learning rate 2e-3, 1000
   # warm-up steps), 5000 steps each; full attention is the tuning run, copied in and reused.
   # Two processes of one thread each, each with its own folder; then the whole table.
+  listops_data
   local out=runs/results/listops-512-mechanisms
   "$cast" compare $listops_tuned --attention cast --seeds 1 --out $out/cast &
   (
@@ -254,6 +263,7 @@ listops_mechanisms() {
 listops_deeper() {
   # The depth the ListOps tuning had not tried: the tuned recipe with 4 layers, as LRA's ListOps
   # model has (a later option replaces an earlier one). Full attention, one seed.
+  listops_data
   "$cast" compare $listops_tuned --layers 4 --attention full --seeds 1 --out runs/results/listops-512-5k/layers4
 }
 
