@@ -18,6 +18,7 @@
 #   scripts/results.sh listops-mechanisms   # ListOps: all four mechanisms with the tuned recipe
 #   scripts/results.sh converged-wider      # Fashion-MNIST: full attention, D 128, one seed (towards 88%)
 #   scripts/results.sh converged-longer     # the same at twice the steps (validation still rose at the end)
+#   scripts/results.sh converged-longer-seeds  # its seeds 2 and 3, then the three seeds in one table
 #   scripts/results.sh listops-deeper       # ListOps: the tuned recipe with 4 layers, full attention
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
 set -euo pipefail
@@ -194,11 +195,27 @@ converged_wider() {
     --eval-every 1000 --attention full --seeds 1 --out runs/results/fm28-p4-d128
 }
 
+# The wider model (D 128, MLP 256, 4 heads of 32) over 20 000 steps: converged-longer and
+# converged-longer-seeds must train with exactly these options, so that the table reuses the runs.
+fm_longer="--task fashion-mnist --patch 4 --layers 2 --dim 128 --mlp-dim 256 --steps 20000 --warmup 500
+  --eval-every 1000"
+
 converged_longer() {
   # converged-wider's validation accuracy still rose over its last 2000 steps (87.3% at step 7000,
   # 88.2% at 10000) with training accuracy at 91%: the same model over 20000 steps.
-  "$cast" compare --task fashion-mnist --patch 4 --layers 2 --dim 128 --mlp-dim 256 --steps 20000 --warmup 500 \
-    --eval-every 1000 --attention full --seeds 1 --out runs/results/fm28-p4-d128-20k
+  "$cast" compare $fm_longer --attention full --seeds 1 --out runs/results/fm28-p4-d128-20k
+}
+
+converged_longer_seeds() {
+  # Seeds 2 and 3 of converged-longer, side by side (one thread each, a folder each), then the
+  # three seeds in one table, seed 1 and the copies reused.
+  local out=runs/results/fm28-p4-d128-20k seed
+  for seed in 2 3; do
+    "$cast" compare $fm_longer --attention full --seeds $seed --out $out/seed$seed &
+  done
+  wait
+  cp -rn $out/seed2/full-seed2 $out/seed3/full-seed3 $out/
+  "$cast" compare $fm_longer --attention full --seeds 1,2,3 --out $out
 }
 
 listops_5k() {
@@ -265,6 +282,8 @@ listops_deeper() {
   # model has (a later option replaces an earlier one). Full attention, one seed.
   listops_data
   "$cast" compare $listops_tuned --layers 4 --attention full --seeds 1 --out runs/results/listops-512-5k/layers4
+  # both splits whole (compare's table has the first 1000 examples of each, --eval-limit)
+  "$cast" eval --checkpoint runs/results/listops-512-5k/layers4/full-seed1/checkpoint.safetensors
 }
 
 case "${1:-}" in
@@ -279,6 +298,7 @@ case "${1:-}" in
   converged-ablations) converged_ablations ;;
   converged-wider) converged_wider ;;
   converged-longer) converged_longer ;;
+  converged-longer-seeds) converged_longer_seeds ;;
   listops-deeper) listops_deeper ;;
   listops-5k) listops_5k ;;
   listops-approximation) listops_approximation ;;
@@ -287,7 +307,8 @@ case "${1:-}" in
   *)
     echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation | convergence |" \
       "converged | converged-seeds | converged-ablations | converged-approximation | converged-wider | listops-5k |" \
-      "listops-approximation | listops-tune | listops-mechanisms | converged-longer | listops-deeper" >&2
+      "listops-approximation | listops-tune | listops-mechanisms | converged-longer | converged-longer-seeds |" \
+      "listops-deeper" >&2
     exit 2
     ;;
 esac
