@@ -19,6 +19,7 @@
 #   scripts/results.sh converged-wider      # Fashion-MNIST: full attention, D 128, one seed (towards 88%)
 #   scripts/results.sh converged-longer     # the same at twice the steps (validation still rose at the end)
 #   scripts/results.sh converged-longer-seeds  # its seeds 2 and 3, then the three seeds in one table
+#   scripts/results.sh converged-longer-cast   # CAST at that size and budget, seed 1
 #   scripts/results.sh listops-deeper       # ListOps: the tuned recipe with 4 layers, full attention
 # CAST=path/to/cast picks the binary (default build/cast, built by scripts/run.sh).
 set -euo pipefail
@@ -218,6 +219,12 @@ converged_longer_seeds() {
   "$cast" compare $fm_longer --attention full --seeds 1,2,3 --out $out
 }
 
+converged_longer_cast() {
+  # CAST at the same size and budget, seed 1 only, one process on both threads (what the session
+  # that ran the full-attention seeds had time left for).
+  OMP_NUM_THREADS=2 "$cast" compare $fm_longer --attention cast --seeds 1 --out runs/results/fm28-p4-d128-20k-cast
+}
+
 listops_5k() {
   # ListOps with the LRA generator's rules (lengths 128-512, as above), full attention first,
   # 5000 steps, to tune the recipe before the other mechanisms. Stopped with Ctrl-C at step 2018
@@ -299,6 +306,7 @@ case "${1:-}" in
   converged-wider) converged_wider ;;
   converged-longer) converged_longer ;;
   converged-longer-seeds) converged_longer_seeds ;;
+  converged-longer-cast) converged_longer_cast ;;
   listops-deeper) listops_deeper ;;
   listops-5k) listops_5k ;;
   listops-approximation) listops_approximation ;;
@@ -308,7 +316,7 @@ case "${1:-}" in
     echo "usage: scripts/results.sh fashion-mnist | listops-pathfinder | surrogates | approximation | convergence |" \
       "converged | converged-seeds | converged-ablations | converged-approximation | converged-wider | listops-5k |" \
       "listops-approximation | listops-tune | listops-mechanisms | converged-longer | converged-longer-seeds |" \
-      "listops-deeper" >&2
+      "converged-longer-cast | listops-deeper" >&2
     exit 2
     ;;
 esac
