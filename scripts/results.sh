@@ -209,14 +209,16 @@ converged_longer() {
 
 converged_longer_seeds() {
   # Seeds 2 and 3 of converged-longer, side by side (one thread each, a folder each), then the
-  # three seeds in one table, seed 1 and the copies reused.
+  # three seeds in one table of their own folder (as converged-seeds gathers into all/), so that
+  # rerunning converged-longer, which rewrites its one-seed table, leaves this one alone.
   local out=runs/results/fm28-p4-d128-20k seed
   for seed in 2 3; do
     "$cast" compare $fm_longer --attention full --seeds $seed --out $out/seed$seed &
   done
   wait
-  cp -rn $out/seed2/full-seed2 $out/seed3/full-seed3 $out/
-  "$cast" compare $fm_longer --attention full --seeds 1,2,3 --out $out
+  mkdir -p $out/all
+  cp -rn $out/full-seed1 $out/seed2/full-seed2 $out/seed3/full-seed3 $out/all/
+  "$cast" compare $fm_longer --attention full --seeds 1,2,3 --out $out/all
 }
 
 converged_longer_cast() {
