@@ -6,12 +6,19 @@
 # own time budget and the session goes on after a stage fails. It writes at most 8 files into
 # the output folder, among them summary.md: what each stage did, in how long, and what failed.
 #
-#   bench/gpu_session.sh [--out DIR] [--budget SECONDS]    # on the GPU machine ($OUT or bench/out)
+#   bench/gpu_session.sh [--out DIR] [--budget SECONDS] [--stages LIST]   # on the GPU machine ($OUT or bench/out)
 #   bench/gpu_session.sh --dry-run [--out DIR] [--build-dir build]   # anywhere: every stage and call, tiny
 #
 # Dependencies without network: run bench/gpu_kit.sh beforehand where apt works; it fetches the
 # Debian packages of the libraries into kit/debs, and this script unpacks them into kit/root and
 # builds against that prefix (docs/engine.md, "A GPU machine without network").
+#
+# --stages: a comma-separated subset of probe,kit,build,tests,sanitizer,bench,tensor_core,
+# profile,pytorch,parity,train (default: all); probe, kit and build run whatever the list.
+# tensor_core: the flash kernels' TFLOPS per kind of product (`cast bench flash`, with each
+# kernel's error against f64), the Text-preset step at every precision for every mechanism,
+# PyTorch's at the same precisions, and the SASS's tensor-core instructions. parity: the default
+# task trained at fp32 and bf16 from three seeds each (`cast compare`).
 #
 # --dry-run runs every stage with the same calls on the CPU and the emulated CUDA device
 # (build/cast_emu, build/cast_emu_tests from the test build) at tiny sizes: the configure step
@@ -22,13 +29,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
-dry=0 out="${OUT:-bench/out}" budget=570 dry_build=build
+dry=0 out="${OUT:-bench/out}" budget=570 dry_build=build stages="probe,kit,build,tests,sanitizer,bench,tensor_core,profile,pytorch,parity,train"
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1; shift ;;
     --build-dir) dry_build="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --budget) budget="$2"; shift 2 ;;
+    --stages) stages="$2"; shift 2 ;;
     *) echo "gpu_session: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -50,12 +58,13 @@ GPU_FILTER='CudaVsCpu*:*CudaTrainingSteps.*:*FastPath*:Emulation.*'
 # Under compute-sanitizer (each tool slows kernels 10-100x): memcheck on the attention kernels
 # and one whole CAST step, racecheck and synccheck on the kernels with shared memory and barriers.
 MEMCHECK_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.IntraClusterAttentionFused:CudaVsCpuAttention.ImprovedClusteredTopKeysFused:CudaVsCpuAttention.SummariesFused:*CudaTrainingSteps.OneStepEqualsTheCpuStep/cast'
-RACE_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.ImprovedClusteredTopKeysFused:CudaVsCpuAttention.ClusteringSelectsTheSameMembers'
+RACE_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.ImprovedClusteredTopKeysFused:CudaVsCpuAttention.ClusteringSelectsTheSameMembers:CudaVsCpuTensorCore.FlashKernelsMatchTheF64Reference:CudaVsCpuTensorCore.CpAsyncCopiesOrZeroFills'
 REAL_FILTERS="$GPU_FILTER $MEMCHECK_FILTER $RACE_FILTER"
 if [ $dry = 1 ]; then
   build_dir="$dry_build" cast="$dry_build/cast_emu" tests="$dry_build/cast_emu_tests"
   lengths=64 text_length=32 text_batch=1 repeats=1 warmup=0 steps=2 train_batch=2 rounds=1 eval_limit=4
-  train_mechanisms=full
+  train_mechanisms=full flash_lengths=64 flash_widths=32 flash_tokens=128 flash_check=24 precisions=bf16
+  parity_steps=2 parity_seeds=1
   # The emulated kernels run thousands of times slower, on a machine the other tests share: a
   # small subset of each filter runs (the real filters are checked to match tests, in the tests
   # stage), the training-step benchmark times full attention alone, and every budget is five
@@ -71,7 +80,8 @@ else
   budget_scale=1
   build_dir=build-gpu cast="build-gpu/cast" tests="build-gpu/cast_tests"
   lengths=1024,4096 text_length=4096 text_batch=32 repeats=5 warmup=2 steps=300 train_batch=32 rounds=3 eval_limit=0
-  train_mechanisms=full,cast-topk,clustered,iclustered
+  train_mechanisms=full,cast-topk,clustered,iclustered flash_lengths=1024,4096,16384 flash_widths=32,64,128
+  flash_tokens=65536 flash_check=1024 precisions=fp32,tf32,bf16 parity_steps=1200 parity_seeds=1,2,3
   sanitizer() { compute-sanitizer --tool "$2" --error-exitcode 1 "${@:3}"; }
 fi
 
@@ -239,28 +249,69 @@ train_stage() {
   grep -E "done in|test accuracy" "$scratch/train_run.txt" | tr -s ' ' > "$note"
 }
 
+# The tensor cores: each flash kernel's rate and error, the SASS's tensor-core instructions, the
+# Text-preset step at every precision, and PyTorch's at the same precisions.
+tensor_core_stage() {
+  local p tc="$scratch/tensor_core.txt"
+  if command -v cuobjdump > /dev/null; then
+    { echo "## SASS of the flash kernels: tensor-core and async-copy instructions"
+      cuobjdump -sass "$cast" | awk '/Function : .*flash_tc_/{k=$3} k && /HMMA|LDSM|LDGSTS/{match($0,/(HMMA|LDSM|LDGSTS)[.A-Z0-9]*/); n[k" "substr($0,RSTART,RLENGTH)]++} END{for (i in n) print n[i], i}' | sort -k2 | head -n 60
+    } >> "$BUILD_LOG" 2>&1
+  fi
+  "$cast" bench flash --device cuda --lengths "$flash_lengths" --head-widths "$flash_widths" --tokens "$flash_tokens" \
+    --check-length "$flash_check" --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash.jsonl" > "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
+  for p in ${precisions//,/ }; do
+    "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
+      --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-$p.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
+  done
+  cat "$scratch/flash.jsonl" "$scratch"/train-*.jsonl >> "$BENCH"
+  local args=(--device cuda --cast "$cast" --rounds 1 --repeats "$repeats" --lengths "$flash_lengths"
+              --work sdpa,text-step --text-length "$text_length" --text-batch "$text_batch")
+  [ $dry = 1 ] && args+=(--dry-run)
+  for p in ${precisions//,/ }; do
+    python3 bench/pytorch_compare.py "${args[@]}" --precision "$p" >> "$scratch/torch_tc.txt" 2>&1 || { tail -n 20 "$scratch/torch_tc.txt" >&2; return 1; }
+  done
+  cat "$scratch/torch_tc.txt" >> "$TORCH"
+  echo "$(grep -c . "$scratch/flash.jsonl") flash rows; steps at ${precisions}" > "$note"
+}
+
+# Learning parity: the default task at fp32 and at bf16 from the same seeds.
+parity_stage() {
+  local folder="$scratch/parity"
+  "$cast" data --task listops-short --out "$scratch/listops-short-parity" > "$scratch/parity.txt" 2>&1 || { cat "$scratch/parity.txt" >&2; return 1; }
+  "$cast" compare --task listops-short --attention cast --vary precision=fp32,bf16 --seeds "$parity_seeds" \
+    --device cuda --steps "$parity_steps" \
+    --eval-limit "$eval_limit" --data "$scratch/listops-short-parity" --out "$folder" >> "$scratch/parity.txt" 2>&1 || { tail -n 20 "$scratch/parity.txt" >&2; return 1; }
+  cp "$folder/results.md" "$scratch/parity.md" 2>/dev/null
+  grep -iE "mean|±" "$scratch/parity.txt" | tail -n 4 | tr -s ' ' > "$note"
+}
+
 # Each stage runs in its own bash under `timeout`: it sees these functions and settings.
-export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage profile_stage pytorch_stage train_stage
+export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage profile_stage pytorch_stage train_stage \
+  tensor_core_stage parity_stage
+export flash_lengths flash_widths flash_tokens flash_check precisions parity_steps parity_seeds
 export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES
 # The kit's libraries are found at run time too (the build's RPATH names them as well).
 if [ -d kit/debs ]; then
   export LD_LIBRARY_PATH="$root/kit/root/usr/lib/x86_64-linux-gnu:$root/kit/root/usr/lib/x86_64-linux-gnu/openblas-openmp:$root/kit/root/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 fi
-run_stage probe 20 probe
+wanted() { [[ ",$stages," == *",$1,"* ]]; }
+wanted probe && run_stage probe 20 probe
 run_stage kit 40 kit
-run_stage build 220 build
-if [ -x "$cast" ] && [ -x "$tests" ]; then
-  run_stage tests 70 tests_stage
-  run_stage sanitizer 100 sanitizer_stage
-  run_stage bench 70 bench_stage
-  run_stage profile 90 profile_stage
-  run_stage pytorch 70 pytorch_stage
-  run_stage train 60 train_stage
-else
-  for s in tests sanitizer bench profile pytorch train; do rows+=("| $s | skipped | 0 | no binary: the build failed |"); done
-  failed=1
-fi
+run_stage build 300 build
+later=(tests:70:tests_stage sanitizer:100:sanitizer_stage bench:70:bench_stage tensor_core:200:tensor_core_stage
+       profile:90:profile_stage pytorch:70:pytorch_stage parity:150:parity_stage train:60:train_stage)
+for entry in "${later[@]}"; do
+  IFS=: read -r name seconds fn <<< "$entry"
+  wanted "$name" || continue
+  if [ -x "$cast" ] && [ -x "$tests" ]; then
+    run_stage "$name" "$seconds" "$fn"
+  else
+    rows+=("| $name | skipped | 0 | no binary: the build failed |")
+    failed=1
+  fi
+done
 
 # ---------------------------------------------------------------- summary.md
 {
@@ -272,8 +323,8 @@ fi
   echo "|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
-  for f in "$scratch/bench.txt" "$TORCH"; do
-    [ -s "$f" ] && { echo '```'; grep -vE "^\s*$" "$f" | tail -n 40; echo '```'; echo; }
+  for f in "$scratch/bench.txt" "$scratch/tensor_core.txt" "$scratch/parity.md" "$TORCH"; do
+    [ -s "$f" ] && { echo '```'; grep -vE "^\s*$" "$f" | tail -n 80; echo '```'; echo; }
   done
   [ -s "$scratch/profile.txt" ] && { echo '```'; cat "$scratch/profile.txt"; echo '```'; echo; }
   [ -s "$scratch/train_run.txt" ] && { echo '```'; tail -n 6 "$scratch/train_run.txt"; echo '```'; echo; }

@@ -23,7 +23,11 @@ Setup (PyPI, into bench/.venv; never needed by the build or the tests):
 On a GPU (bench/gpu_session.sh runs this, with the machine's own PyTorch):
   python3 bench/pytorch_compare.py --device cuda --cast build-gpu/cast --work layer,text-step \
       --lengths 1024,4096 --text-length 4096 --text-batch 32
-Both sides run in fp32 without TF32 unless --tf32 is given (then both allow it).
+Both sides run at --precision: fp32 (the default: no TF32 on either side), tf32 (PyTorch's
+allow_tf32, our --precision tf32) or bf16 (PyTorch's torch.autocast in bf16 around each forward,
+our --precision bf16); --tf32 is --precision tf32. --work sdpa also times PyTorch's
+scaled_dot_product_attention alone (forward, and forward+backward) at --lengths, head width 64,
+65536 / N heads, in TFLOPS as `cast bench flash` counts them (4 N^2 d forward, 10 N^2 d backward).
 --dry-run: tiny sizes, one round; our side runs as asked, PyTorch's only where it is installed
 (the README's test command checks this script's calls this way, without PyTorch).
 """
@@ -46,6 +50,17 @@ except ImportError:  # --dry-run times our side alone
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+PRECISION = "fp32"  # set by main from --precision
+
+
+def autocast(device):
+    """The forward's context at PRECISION: torch.autocast in bf16, else nothing."""
+    import contextlib
+    if PRECISION == "bf16" and device is not None:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def timed(fn, warmup, repeats, device):
@@ -160,7 +175,9 @@ def time_layer(layer, n, device, warmup, repeats):
     dout = torch.randn_like(x)
 
     def both():
-        layer(x).backward(dout)
+        with autocast(device):
+            y = layer(x)
+        y.backward(dout)
         x.grad = None
         layer.zero_grad(set_to_none=True)
 
@@ -182,12 +199,33 @@ def torch_step(task, length, batch, device, warmup, repeats):
     labels = torch.randint(0, p["classes"], (batch,), device=device)
 
     def step():
-        loss = F.cross_entropy(model(tokens), labels)
+        with autocast(device):
+            loss = F.cross_entropy(model(tokens), labels)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     return timed(step, warmup, repeats, device)
+
+
+def torch_sdpa(lengths, device, warmup, repeats, d=64, tokens=65536):
+    """PyTorch's scaled_dot_product_attention alone: (ms, TFLOPS) forward and backward per N."""
+    dtype = torch.bfloat16 if PRECISION == "bf16" else torch.float32
+    rows = []
+    for n in lengths:
+        h = max(1, tokens // n)
+        q, k, v = (torch.randn(1, h, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        dout = torch.randn_like(q)
+        fwd = statistics.median(timed(lambda: F.scaled_dot_product_attention(q, k, v), warmup, repeats, device))
+
+        def both():
+            F.scaled_dot_product_attention(q, k, v).backward(dout)
+            q.grad = k.grad = v.grad = None
+
+        bwd = statistics.median(timed(both, warmup, repeats, device)) - fwd
+        flops = h * n * n * d
+        rows.append((n, h, fwd, 4 * flops / fwd / 1e9, bwd, 10 * flops / bwd / 1e9))
+    return rows
 
 
 def torch_clustered(n, improved, device, warmup, repeats):
@@ -301,15 +339,23 @@ def main():
                              "(Text-preset training step)")
     parser.add_argument("--text-length", type=int, default=1024, help="text-step: sequence length")
     parser.add_argument("--text-batch", type=int, default=4, help="text-step: batch size")
-    parser.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on both sides (GPU)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
+                        help="both sides: fp32, tf32 (allow_tf32) or bf16 (autocast; our --precision bf16)")
+    parser.add_argument("--tf32", action="store_true", help="the same as --precision tf32")
     parser.add_argument("--fast-transformers", action="store_true", help="also clustered / improved clustered")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the calls: one round, PyTorch's side only where it is installed")
     args = parser.parse_args()
     work_kinds = args.work.split(",")
-    unknown = sorted(set(work_kinds) - {"layer", "cast-layer", "short-step", "text-step"})
+    unknown = sorted(set(work_kinds) - {"layer", "cast-layer", "short-step", "text-step", "sdpa"})
     if unknown:
-        parser.error(f"--work: unknown {', '.join(unknown)} (layer, cast-layer, short-step, text-step)")
+        parser.error(f"--work: unknown {', '.join(unknown)} (layer, cast-layer, short-step, text-step, sdpa)")
+    if args.tf32:
+        args.precision = "tf32"
+    if args.precision != "fp32" and args.device != "cuda":
+        parser.error(f"--precision {args.precision}: the CPU runs fp32 only")
+    global PRECISION
+    PRECISION = args.precision
     if not os.path.isfile(args.cast):
         parser.error(f"--cast: {args.cast} is not a file (build it first: scripts/build.sh)")
     have_torch = torch is not None and (args.device == "cpu" or torch.cuda.is_available())
@@ -320,12 +366,12 @@ def main():
         args.rounds = 1
     if have_torch:
         torch.set_num_threads(args.threads)
-        torch.backends.cuda.matmul.allow_tf32 = args.tf32
-        torch.backends.cudnn.allow_tf32 = args.tf32
+        torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
         torch.manual_seed(0)
     device = torch.device(args.device) if have_torch else None
     r, w = str(args.repeats), "1"
-    common = ["--repeats", r, "--warmup", w, "--device", args.device] + (["--tf32"] if args.tf32 else [])
+    common = ["--repeats", r, "--warmup", w, "--device", args.device, "--precision", args.precision]
     work = []  # (label, ours argv, theirs callable)
     if "layer" in work_kinds:
         for n in (int(v) for v in args.lengths.split(",")):
@@ -362,7 +408,12 @@ def main():
                 results[label][1].append(theirs())
     load = os.getloadavg()[0]
     version = torch.__version__ if have_torch else "(not installed: our side only)"
-    print(f"cast vs PyTorch {version} on {args.device}, {args.threads} threads, {'TF32' if args.tf32 else 'fp32'}, "
+    if "sdpa" in work_kinds and have_torch:
+        print(f"PyTorch {version} scaled_dot_product_attention at {args.precision}, head width 64, 65536 / N heads:")
+        print(f"{'N':>6} {'heads':>6} {'fwd ms':>9} {'fwd TFLOPS':>11} {'bwd ms':>9} {'bwd TFLOPS':>11}")
+        for n, h, f, ft, b, bt in torch_sdpa([int(v) for v in args.lengths.split(",")], device, 2, args.repeats):
+            print(f"{n:>6} {h:>6} {f:>9.3f} {ft:>11.1f} {b:>9.3f} {bt:>11.1f}")
+    print(f"cast vs PyTorch {version} on {args.device}, {args.threads} threads, precision {args.precision}, "
           f"median of {args.rounds} interleaved rounds (each a median of {args.repeats} runs); "
           f"load average {load:.2f}{'; DRY RUN' if args.dry_run else ''}")
     print(f"{'work':<58} {'cast ms':>10} {'torch ms':>10} {'cast/torch':>11}")

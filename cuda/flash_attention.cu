@@ -519,14 +519,48 @@ std::vector<KernelLaunchShape> flash_launch_shapes() {
       shapes.push_back({tile_name<Q>("flash_dq_kernel"), kBlock, dq_floats<Q>() * sizeof(float)});
       shapes.push_back({tile_name<K>("flash_dkdv_kernel"), kBlock, dkdv_floats<K>() * sizeof(float)});
     });
+  for (auto& shape : flash_tc_launch_shapes()) shapes.push_back(std::move(shape));
   return shapes;
 }
 
+const char* flash_kernel_name(FlashKernel kernel) {
+  switch (kernel) {
+    case FlashKernel::tf32x3: return "tf32x3";
+    case FlashKernel::tf32: return "tf32";
+    case FlashKernel::bf16: return "bf16";
+    default: return "fma";
+  }
+}
+
+FlashKernel parse_flash_kernel(const std::string& name) {
+  for (FlashKernel k : {FlashKernel::fma, FlashKernel::tf32x3, FlashKernel::tf32, FlashKernel::bf16})
+    if (name == flash_kernel_name(k)) return k;
+  throw UsageError(fmt::format("flash kernel '{}' is not one of fma, tf32x3, tf32, bf16", name));
+}
+
+FlashKernel flash_kernel_for(Precision precision) {
+  switch (precision) {
+    case Precision::tf32: return FlashKernel::tf32;
+    case Precision::bf16: return FlashKernel::bf16;
+    default: return kFp32FlashKernel;
+  }
+}
+
+FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (kernel == FlashKernel::tf32 || kernel == FlashKernel::tf32x3) {
+    const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data<float>()) % 16 == 0; };
+    if (q.dim(3) % 4 != 0 || !aligned(q) || !aligned(k) || !aligned(v)) return FlashKernel::fma;
+  }
+  return kernel;
+}
+
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& mask) {
+                             const Tensor& mask, FlashKernel kernel) {
   const FlashShape s = shape_of(q, k, v, out);
   const int64_t BH = q.dim(0) * q.dim(1);
   if (BH * s.M == 0) return;
+  kernel = flash_kernel_that_runs(kernel, q, k, v);
+  if (kernel != FlashKernel::fma) return flash_tc_forward(kernel, out, lse, q, k, v, mask);
   const float* m = mask.defined() ? fptr(mask) : nullptr;
   with_width(s.d, [&](auto width) {
     using T = QueryTile<decltype(width)::value>;
@@ -536,7 +570,8 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
 }
 
 void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse) {
+                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse,
+                              FlashKernel kernel) {
   FlashShape s = shape_of(q, k, v, out);
   s.vectors = s.vectors && reinterpret_cast<uintptr_t>(dout.data<float>()) % 16 == 0;
   const int64_t BH = q.dim(0) * q.dim(1);
@@ -549,6 +584,10 @@ void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& 
   CAST_LAUNCH(flash_delta_real_keys_kernel, blocks_for(rows, kThreads / 32), kThreads, 0, fptr(delta), fptr(dout),
               fptr(q), fptr(k), fptr(v), mask.defined() ? fptr(mask) : nullptr, fptr(lse), s, rows);
   CUDA_CHECK_LAUNCH();
+  kernel = flash_kernel_that_runs(kernel, q, k, v);
+  if (kernel == FlashKernel::tf32 || kernel == FlashKernel::tf32x3)
+    if (reinterpret_cast<uintptr_t>(dout.data<float>()) % 16 != 0) kernel = FlashKernel::fma;
+  if (kernel != FlashKernel::fma) return flash_tc_backward(kernel, dq, dk, dv, dout, q, k, v, mask, lse, delta);
   const float* m = mask.defined() ? fptr(mask) : nullptr;
   with_width(s.d, [&](auto width) {
     constexpr int D = decltype(width)::value;

@@ -2,16 +2,43 @@
 #include <string>
 #include <vector>
 
+#include "tensor/precision.h"
 #include "tensor/tensor.h"
 
 namespace cast::cuda {
+// The kernels that run flash attention's tile products:
+//   fma     FP32 FMA units (cuda/flash_attention.cu)
+//   tf32x3  tensor cores, each FP32 operand as a TF32 high part and a TF32 remainder, three
+//           products (cuda/flash_tensor_core.cu): about FP32's accuracy
+//   tf32    tensor cores, TF32 operands
+//   bf16    tensor cores, BF16 operands
+// All accumulate in FP32 and keep the softmax statistics in FP32.
+enum class FlashKernel : uint8_t { fma, tf32x3, tf32, bf16 };
+const char* flash_kernel_name(FlashKernel kernel);
+// "fma", "tf32x3", "tf32" or "bf16"; throws a UsageError otherwise.
+FlashKernel parse_flash_kernel(const std::string& name);
+// The kernel a precision runs: fp32 → kFp32FlashKernel, tf32 → tf32, bf16 → bf16.
+FlashKernel flash_kernel_for(Precision precision);
+// What `--precision fp32` runs (bench/RESULTS.md gives the measured errors behind the choice).
+constexpr FlashKernel kFp32FlashKernel = FlashKernel::fma;
+
 // Full attention without an M×N matrix (ops/flash_attention.h): q (B, H, M, d), k and v
-// (B, H, N, d), mask (B, N) f32 or undefined; d at most 128.
+// (B, H, N, d), mask (B, N) f32 or undefined; d at most 128. The TF32 kernels need d % 4 == 0
+// and 16-byte aligned rows; where they do not hold, the FMA kernels run instead.
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& mask);
-// Adds into each given gradient (dq, dk, dv may be null).
+                             const Tensor& mask, FlashKernel kernel = FlashKernel::fma);
+// Adds into each given gradient (dq, dk, dv may be null). `kernel` as the forward's.
 void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse);
+                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse,
+                              FlashKernel kernel = FlashKernel::fma);
+// The kernel that runs for these operands: `kernel`, or fma where a TF32 kernel cannot take them.
+FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v);
+
+// The tensor-core kernels (cuda/flash_tensor_core.cu); delta: Δ = rowsum(dO ⊙ O), (B, H, M).
+void flash_tc_forward(FlashKernel kernel, Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& mask);
+void flash_tc_backward(FlashKernel kernel, Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q,
+                       const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& lse, const Tensor& delta);
 
 // How each compiled flash kernel is launched (threads per block, dynamic shared memory), for
 // `cast info --kernels` and scripts/kernel_report.sh's occupancy column: ptxas reports registers
@@ -21,5 +48,6 @@ struct KernelLaunchShape {
   int threads;
   size_t dynamic_shared_bytes;
 };
-std::vector<KernelLaunchShape> flash_launch_shapes();
+std::vector<KernelLaunchShape> flash_launch_shapes();  // the FMA and the tensor-core kernels
+std::vector<KernelLaunchShape> flash_tc_launch_shapes();
 }  // namespace cast::cuda

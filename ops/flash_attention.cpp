@@ -286,17 +286,19 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 }  // namespace
 
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& mask) {
+                             const Tensor& mask, Precision precision) {
   check_inputs(q, k, v, mask);
-  CAST_ON_CUDA(q, cuda::flash_attention_forward(out, lse, q, k, v, mask));
+  CAST_ON_CUDA(q, cuda::flash_attention_forward(out, lse, q, k, v, mask, cuda::flash_kernel_for(precision)));
   CAST_DISPATCH_FLOAT(q.dtype(), "flash_attention",
                       [&] { forward_cpu(problem<T>(q, k, v, mask), out.data<T>(), lse.data<T>()); });
 }
 
 void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse) {
+                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse,
+                              Precision precision) {
   check_inputs(q, k, v, mask);
-  CAST_ON_CUDA(q, cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, mask, out, lse));
+  CAST_ON_CUDA(q, cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, mask, out, lse,
+                                                 cuda::flash_kernel_for(precision)));
   CAST_DISPATCH_FLOAT(q.dtype(), "flash_attention", [&] {
     Grads<T> g{dq ? dq->data<T>() : nullptr,
                dk ? dk->data<T>() : nullptr,
@@ -314,6 +316,7 @@ struct FlashAttentionNode final : autograd::Node {
   Tensor mask;     // (B, N) or undefined
   Tensor out;      // saved output O, for Δ
   Tensor lse;      // saved row log-sum-exp L: (B, H, M)
+  Precision precision = Precision::fp32;  // the forward's: the backward's products run at it too
   const char* name() const override { return "flash_attention"; }
   void fields(autograd::FieldVisitor& visit) const override {
     visit.input("q", q);
@@ -328,7 +331,7 @@ struct FlashAttentionNode final : autograd::Node {
     Tensor dk = k.requires_grad() ? k.grad_accumulator() : Tensor();
     Tensor dv = v.requires_grad() ? v.grad_accumulator() : Tensor();
     flash_attention_backward(dq.defined() ? &dq : nullptr, dk.defined() ? &dk : nullptr, dv.defined() ? &dv : nullptr,
-                             out.grad(), q, k, v, mask, out, lse);
+                             out.grad(), q, k, v, mask, out, lse, precision);
   }
 };
 
@@ -336,10 +339,12 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   check_inputs(q, k, v, mask);
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({q.dim(0), q.dim(1), q.dim(2)}, q.dtype(), q.device());
-  flash_attention_forward(out, lse, q, k, v, mask);
+  const Precision precision = current_precision();
+  flash_attention_forward(out, lse, q, k, v, mask, precision);
   if (autograd::needs_grad({&q, &k, &v})) {
     auto node = std::make_unique<FlashAttentionNode>();
     node->q = q, node->k = k, node->v = v, node->mask = mask, node->out = out, node->lse = lse;
+    node->precision = precision;
     node->outputs = {out};
     autograd::record(std::move(node));
   }

@@ -12,18 +12,22 @@
 //
 // Shapes: q (B, H, M, d), k and v (B, H, N, d), mask (B, N) of q's dtype (1 real, 0 padding)
 // or undefined. A query whose keys are all padding outputs zeros (as the reference softmax).
+#include "tensor/precision.h"
 #include "tensor/tensor.h"
 
 namespace cast::ops {
 
-// out: (B, H, M, d); lse: (B, H, M), −∞ for a row with no real key.
+// out: (B, H, M, d); lse: (B, H, M), −∞ for a row with no real key. `precision` picks the GPU's
+// kernel (tensor/precision.h, cuda/flash_attention.h); the CPU computes in q's dtype.
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& mask);
-// Adds into each defined gradient (dq, dk, dv may be null).
+                             const Tensor& mask, Precision precision = current_precision());
+// Adds into each defined gradient (dq, dk, dv may be null); `precision` as the forward's.
 void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse);
+                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse,
+                              Precision precision = current_precision());
 
-// Records one node whose saved fields are the inputs, the output and L.
+// Records one node whose saved fields are the inputs, the output and L, and the precision it
+// ran at (current_precision()).
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 
 }  // namespace cast::ops

@@ -17,10 +17,6 @@
 
 namespace cast::ops {
 
-static bool g_allow_tf32 = false;
-void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
-bool allow_tf32() { return g_allow_tf32; }
-
 static CpuGemm g_cpu_gemm = CpuGemm::blas;
 void set_cpu_gemm(CpuGemm which) { g_cpu_gemm = which; }
 CpuGemm cpu_gemm() { return g_cpu_gemm; }
@@ -132,7 +128,7 @@ template void gemm_blas<double>(double*, const double*, const double*, bool, boo
 
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double alpha, double beta,
           const GemmShape& s) {
-  CAST_ON_CUDA(c, cuda::gemm(c, a, b, ta, tb, alpha, beta, s.batch, s.m, s.n, s.k, g_allow_tf32));
+  CAST_ON_CUDA(c, cuda::gemm(c, a, b, ta, tb, alpha, beta, s.batch, s.m, s.n, s.k, current_precision()));
   if (c.dtype() == DType::f32 && g_cpu_gemm == CpuGemm::blas && tile_gemm() == TileGemm::kernel &&
       gemm_small_fits(s.m, s.n, s.k))
     return gemm_small(c.data<float>(), a.data<float>(), b.data<float>(), ta, tb, static_cast<float>(alpha),

@@ -85,8 +85,5 @@ class TileOperand {
   std::vector<T> panels_;
 };
 
-// Allows TF32 tensor-core math in cuBLAS matmuls (off by default: full fp32).
-void set_allow_tf32(bool allow);
-bool allow_tf32();
 
 }  // namespace cast::ops

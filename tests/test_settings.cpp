@@ -38,7 +38,7 @@ const std::map<std::string, json>& changed_values() {
                                                      {"data", "elsewhere"},
                                                      {"run", "a-run"},
                                                      {"device", "cpu"},
-                                                     {"tf32", true},
+                                                     {"precision", "bf16"},
                                                      {"reference", true},
                                                      {"batch", 5},
                                                      {"lr", 0.25},

@@ -15,14 +15,17 @@
 
 #include "autograd/tape.h"
 #include "ops/adamw.h"
+#include "ops/flash_attention.h"
 #include "ops/ops.h"
 #include "tensor/files.h"
+#include "tensor/precision.h"
 #include "train/cli.h"
 #include "train/memory_estimate.h"
 #include "train/trace.h"
 #include "train/trainer.h"
 #include "train/training_step.h"
 #ifdef CAST_WITH_CUDA
+#include "cuda/flash_attention.h"
 #include "cuda/runtime.h"
 #endif
 
@@ -162,9 +165,15 @@ std::string device_label(Device device) {
   return "cpu";
 }
 
+void use_precision(const cli::Args& args, Device device) { train::use_precision(args.str("precision"), device); }
+
+std::string precision_note() {
+  return current_precision() == Precision::fp32 ? "" : fmt::format(", precision {}", precision_name(current_precision()));
+}
+
 int bench_attention(const cli::Args& args, train::Trace* trace) {
   const Device device = train::resolve_device(args.str("device"));
-  ops::set_allow_tf32(args.is_set("tf32"));
+  use_precision(args, device);
   const int64_t B = bounded(args, "batch", 1, 4096), D = bounded(args, "dim", 1, 65536),
                 H = bounded(args, "heads", 1, 1024);
   if (D % H != 0) throw UsageError(fmt::format("--dim {} must be a multiple of --heads {}", D, H));
@@ -180,7 +189,7 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
                 cluster_size = bounded(args, "cluster-size", 0, 1 << 20);
   JsonLines json_out(args.str("json"));
   fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
-             device_label(device), B, D, H, repeats, warmup, args.is_set("tf32") ? ", TF32 matmuls" : "");
+             device_label(device), B, D, H, repeats, warmup, precision_note());
   auto layer_config = [&](const Variant& v, int64_t N) {
     nn::AttentionConfig c = v.config;
     c.dim = D;
@@ -231,7 +240,7 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
         }
         fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f} {:>14.1f}{}\n", v.name, N, median(tf), median(tb),
                    peak_mib, estimate / (1 << 20), trust_note(tb));
-        json_out.add({{"mechanism", v.name},
+        json_out.add({{"mechanism", v.name}, {"precision", precision_name(current_precision())},
                       {"n", N},
                       {"batch", B},
                       {"dim", D},
@@ -261,7 +270,7 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
 
 int bench_train(const cli::Args& args, train::Trace* trace) {
   const Device device = train::resolve_device(args.str("device"));
-  ops::set_allow_tf32(args.is_set("tf32"));
+  use_precision(args, device);
   const int64_t steps = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
   bool failed = false;
   train::TrainConfig base = train::preset(args.str("task"));
@@ -282,8 +291,8 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
   }
   JsonLines json_out(args.str("json"));
   fmt::print(
-      "training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up\n",
-      device_label(device), base.task, N, B, steps, warmup);
+      "training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up{}\n",
+      device_label(device), base.task, N, B, steps, warmup, precision_note());
   fmt::print("{:<12} {:>10} {:>10} {:>12} {:>14}\n", "mechanism", "ms/step", "steps/s", "peak MiB", "estimate MiB");
   for (size_t vi = 0; vi < mechanisms.size(); ++vi) {
     const Variant& v = mechanisms[vi];
@@ -341,7 +350,7 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
             "{:<12} per step: {:.1f} device-to-host copies, {:.1f} host-to-device copies, {:.1f} "
             "synchronisations, {:.1f} cudaMalloc calls\n",
             "", per_step.to_host, per_step.to_device, per_step.synchronizations, per_step.mallocs);
-      json_out.add({{"mechanism", v.name},
+      json_out.add({{"mechanism", v.name}, {"precision", precision_name(current_precision())},
                     {"task", base.task},
                     {"n", N},
                     {"batch", B},
@@ -440,14 +449,123 @@ int bench_gemm(const cli::Args& args) {
   return 0;
 }
 
+// `cast bench flash`: the flash kernels of cuda/flash_attention.h, each kind of product (fma,
+// tf32x3, tf32, bf16) at each length and head width: forward and backward time and TFLOPS, and
+// each kernel's error against the CPU's f64 flash attention (one head of --check-length rows,
+// a quarter of the keys padding).
+#ifdef CAST_WITH_CUDA
+// ‖x − ref‖ / ‖ref‖ over all elements, x from the GPU, ref f64 on the CPU.
+double relative_error(const Tensor& x, const Tensor& ref) {
+  const Tensor a = x.to(Device::cpu).to(DType::f64);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double e = a.data<double>()[i] - ref.data<double>()[i];
+    num += e * e;
+    den += ref.data<double>()[i] * ref.data<double>()[i];
+  }
+  return std::sqrt(num / (den > 0 ? den : 1.0));
+}
+
+void flash_errors(const std::vector<cuda::FlashKernel>& kernels, int64_t N, int64_t d, JsonLines& json_out) {
+  const Shape shape{1, 1, N, d};
+  const Tensor q = Tensor::normal(shape, 7, 0), k = Tensor::normal(shape, 7, 1), v = Tensor::normal(shape, 7, 2),
+               dout = Tensor::normal(shape, 7, 3);
+  std::vector<float> real(N, 1.f);
+  for (int64_t j = N - N / 4; j < N; ++j) real[j] = 0.f;
+  const Tensor mask = Tensor::from_vector(real, {1, N});
+  // the reference: the CPU's flash attention in f64 on the same (f32) values
+  const Tensor q64 = q.to(DType::f64), k64 = k.to(DType::f64), v64 = v.to(DType::f64), g64 = dout.to(DType::f64),
+               m64 = mask.to(DType::f64);
+  Tensor o64 = Tensor::empty(shape, DType::f64), l64 = Tensor::empty({1, 1, N}, DType::f64);
+  ops::flash_attention_forward(o64, l64, q64, k64, v64, m64);
+  Tensor dq64 = Tensor::zeros(shape, DType::f64), dk64 = Tensor::zeros(shape, DType::f64),
+         dv64 = Tensor::zeros(shape, DType::f64);
+  ops::flash_attention_backward(&dq64, &dk64, &dv64, g64, q64, k64, v64, m64, o64, l64);
+  const Tensor qc = q.to(Device::cuda), kc = k.to(Device::cuda), vc = v.to(Device::cuda), gc = dout.to(Device::cuda),
+               mc = mask.to(Device::cuda);
+  fmt::print("error against f64 (N {}, d {}, a quarter of the keys padding): |x - ref| / |ref|\n", N, d);
+  fmt::print("{:<8} {:>10} {:>10} {:>10} {:>10}\n", "kernel", "out", "dq", "dk", "dv");
+  for (cuda::FlashKernel kernel : kernels) {
+    Tensor out = Tensor::empty(shape, DType::f32, Device::cuda), lse = Tensor::empty({1, 1, N}, DType::f32, Device::cuda);
+    cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel);
+    Tensor dq = Tensor::zeros(shape, DType::f32, Device::cuda), dk = Tensor::zeros(shape, DType::f32, Device::cuda),
+           dv = Tensor::zeros(shape, DType::f32, Device::cuda);
+    cuda::flash_attention_backward(&dq, &dk, &dv, gc, qc, kc, vc, mc, out, lse, kernel);
+    const double e[4] = {relative_error(out, o64), relative_error(dq, dq64), relative_error(dk, dk64),
+                         relative_error(dv, dv64)};
+    fmt::print("{:<8} {:>10.2e} {:>10.2e} {:>10.2e} {:>10.2e}\n", cuda::flash_kernel_name(kernel), e[0], e[1], e[2],
+               e[3]);
+    json_out.add({{"kernel", cuda::flash_kernel_name(kernel)}, {"n", N}, {"head_width", d}, {"error_out", e[0]},
+                  {"error_dq", e[1]}, {"error_dk", e[2]}, {"error_dv", e[3]}});
+  }
+}
+#endif
+
+int bench_flash(const cli::Args& args) {
+  const Device device = train::resolve_device(args.str("device"));
+  CAST_CHECK_USAGE(device == Device::cuda, "cast bench flash times the GPU's flash kernels: it needs --device cuda");
+#ifdef CAST_WITH_CUDA
+  std::vector<cuda::FlashKernel> kernels;
+  std::stringstream names(args.str("kernels"));
+  for (std::string name; std::getline(names, name, ',');) kernels.push_back(cuda::parse_flash_kernel(name));
+  const std::vector<int64_t> ns = lengths(args.str("lengths").empty() ? "1024,4096,16384" : args.str("lengths"));
+  const std::vector<int64_t> widths = lengths(args.str("head-widths"));
+  for (int64_t d : widths) CAST_CHECK_USAGE(d >= 1 && d <= 128, "--head-widths: {} is outside [1, 128]", d);
+  const int64_t tokens = bounded(args, "tokens", 1, int64_t{1} << 26);
+  const int64_t warmup = bounded(args, "warmup", 0, 100000), repeats = bounded(args, "repeats", 1, 100000);
+  JsonLines json_out(args.str("json"));
+  const int64_t check = bounded(args, "check-length", 0, 1 << 16);
+  if (check > 0) flash_errors(kernels, check, widths.front(), json_out);
+  fmt::print("flash kernels on {}: batch 1, heads = max(1, {} / N), median of {} after {} warm-up; TFLOPS counts "
+             "4 N^2 d per head forward, 10 N^2 d backward (FlashAttention-2's count)\n",
+             device_label(device), tokens, repeats, warmup);
+  fmt::print("{:<8} {:>6} {:>4} {:>6} {:>11} {:>11} {:>11} {:>11}\n", "kernel", "N", "d", "heads", "fwd ms", "fwd TFLOPS",
+             "bwd ms", "bwd TFLOPS");
+  for (int64_t N : ns)
+    for (int64_t d : widths) {
+      const int64_t H = std::max<int64_t>(1, tokens / N);
+      const Shape shape{1, H, N, d};
+      const Tensor q = Tensor::normal(shape, 1, 0, 1.0, DType::f32, Device::cuda),
+                   k = Tensor::normal(shape, 1, 1, 1.0, DType::f32, Device::cuda),
+                   v = Tensor::normal(shape, 1, 2, 1.0, DType::f32, Device::cuda),
+                   g = Tensor::normal(shape, 1, 3, 1.0, DType::f32, Device::cuda);
+      Tensor out = Tensor::empty(shape, DType::f32, Device::cuda), lse = Tensor::empty({1, H, N}, DType::f32, Device::cuda);
+      Tensor dq = Tensor::zeros(shape, DType::f32, Device::cuda), dk = Tensor::zeros(shape, DType::f32, Device::cuda),
+             dv = Tensor::zeros(shape, DType::f32, Device::cuda);
+      const double flops = double(H) * N * N * d;
+      for (cuda::FlashKernel kernel : kernels) {
+        std::vector<double> tf, tb;
+        for (int64_t r = 0; r < warmup + repeats; ++r) {
+          const double f = time_once(device, [&] { cuda::flash_attention_forward(out, lse, q, k, v, Tensor(), kernel); });
+          const double b = time_once(device, [&] {
+            cuda::flash_attention_backward(&dq, &dk, &dv, g, q, k, v, Tensor(), out, lse, kernel);
+          });
+          if (r >= warmup) tf.push_back(f), tb.push_back(b);
+        }
+        const double f = median(tf), b = median(tb);
+        fmt::print("{:<8} {:>6} {:>4} {:>6} {:>11.3f} {:>11.1f} {:>11.3f} {:>11.1f}{}\n", cuda::flash_kernel_name(kernel),
+                   N, d, H, f, 4 * flops / f / 1e9, b, 10 * flops / b / 1e9, trust_note(tb));
+        json_out.add({{"kernel", cuda::flash_kernel_name(kernel)}, {"n", N}, {"head_width", d}, {"heads", H},
+                      {"forward_ms", f}, {"backward_ms", b}, {"forward_tflops", 4 * flops / f / 1e9},
+                      {"backward_tflops", 10 * flops / b / 1e9}});
+      }
+    }
+  return 0;
+#else
+  (void)args;
+  return 1;
+#endif
+}
+
 }  // namespace
 
 int command_bench(const std::vector<std::string>& argv) {
   cli::Args args(
       "bench",
-      "Benchmark attention layers (`cast bench attention`), training steps (`cast bench train`), or the CPU's "
-      "sgemm rate, memory bandwidth and tile products (`cast bench gemm`).");
-  args.option("what", "attention", "attention | train | gemm")
+      "Benchmark attention layers (`cast bench attention`), training steps (`cast bench train`), the GPU's "
+      "flash kernels (`cast bench flash`), or the CPU's sgemm rate, memory bandwidth and tile products "
+      "(`cast bench gemm`).");
+  args.option("what", "attention", "attention | train | flash | gemm")
       .option("device", "auto", "auto | cpu | cuda")
       .option("mechanisms", "full,cast-topk,cast-satopk,clustered,iclustered", "comma-separated list")
       .option("lengths", "", "attention: sequence lengths (default GPU 1024..16384, CPU 256,512,1024)")
@@ -456,6 +574,10 @@ int command_bench(const std::vector<std::string>& argv) {
       .option("heads", "4", "attention: heads (LRA Text: 4)")
       .option("clusters", "0", "attention: CAST and clustered clusters C (0: ⌈√N⌉ rounded up to 8)")
       .option("cluster-size", "0", "attention: CAST cluster size κ (0: ⌈√N⌉ rounded up to 8)")
+      .option("kernels", "fma,tf32x3,tf32,bf16", "flash: the kinds of product to time (cuda/flash_attention.h)")
+      .option("head-widths", "64", "flash: head widths, up to 128")
+      .option("tokens", "65536", "flash: heads = tokens / N at each length N (batch 1)")
+      .option("check-length", "1024", "flash: rows of the error check against f64 (0: none)")
       .option("task", "text", "train: task preset")
       .option("length", "", "train: sequence length (default: the preset's)")
       .option("batch-size", "", "train: batch size (default: the preset's)")
@@ -463,29 +585,33 @@ int command_bench(const std::vector<std::string>& argv) {
       .option("repeats", "20", "timed runs (the median is reported)")
       .option("json", "", "also write the results as JSON lines to this file")
       .flag("reference", "time the step-by-step reference attention ops instead of the fast paths (CPU and GPU)")
-      .flag("tf32", "allow TF32 matmuls on the GPU")
+      .option("precision", "fp32",
+              "products on the GPU: fp32 | tf32 | bf16 (tensor/precision.h; the CPU runs fp32 only)")
       .option("tile-gemm", "kernel",
               "the fused CPU kernels' tile products: kernel (register-blocked, ops/gemm_tile.cpp) | blas")
       .optional_value("trace", "FILE",
                       "after timing each row, trace one more (warm) forward+backward: every node, then where "
                       "the time went by step (with FILE: JSON lines there instead)")
-      .usage("cast bench attention|train|gemm [options]")
+      .usage("cast bench attention|train|flash|gemm [options]")
       .example("cast bench attention --lengths 1024,4096 --mechanisms full,cast-topk")
       .example("cast bench attention --lengths 16384 --mechanisms cast-topk,clustered --reference")
       .example("cast bench attention --lengths 1024,4096,16384 --mechanisms cast-topk --clusters 64 --cluster-size 64")
       .example("cast bench train --task listops-short --mechanisms full,cast-topk")
       .example("cast bench train --task text --length 1024 --batch-size 4")
       .example("cast bench attention --lengths 4096 --mechanisms cast-topk --repeats 3 --trace")
+      .example("cast bench flash --lengths 1024,4096,16384 --head-widths 32,64,128")
+      .example("cast bench train --task text --precision bf16")
       .example("cast bench gemm");
   std::vector<std::string> rest = argv;
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--what");  // `cast bench train`
   if (!args.parse(rest)) return 0;
-  const std::string what = args.choice("what", {"attention", "train", "gemm"});
+  const std::string what = args.choice("what", {"attention", "train", "flash", "gemm"});
   ops::set_tile_gemm(args.choice("tile-gemm", {"kernel", "blas"}) == "blas" ? ops::TileGemm::blas
                                                                             : ops::TileGemm::kernel);
   std::optional<train::Trace> trace;
   if (args.is_set("trace")) {
-    CAST_CHECK_USAGE(what != "gemm", "--trace traces attention layers and training steps, not gemm");
+    CAST_CHECK_USAGE(what != "gemm" && what != "flash",
+                     "--trace traces attention layers and training steps, not {}", what);
     const std::string& file = args.str("trace");
     CAST_CHECK_USAGE(file.empty() || args.str("json").empty() || !files::same_path(file, args.str("json")),
                      "--trace and --json name the same file {}", file);
@@ -495,6 +621,7 @@ int command_bench(const std::vector<std::string>& argv) {
   }
   const int code = what == "attention" ? bench_attention(args, trace ? &*trace : nullptr)
                    : what == "train"   ? bench_train(args, trace ? &*trace : nullptr)
+                   : what == "flash"   ? bench_flash(args)
                                        : bench_gemm(args);
   if (trace) trace->write_file();
   return code;

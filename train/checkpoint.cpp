@@ -93,7 +93,12 @@ Checkpoint read_checkpoint_header(const std::string& path) {
   CAST_CHECK(get("format") == kFormat, "{}: unsupported checkpoint format '{}'", path, get("format"));
   Checkpoint ck;
   try {
-    const json train = files::parse_json(get("train"), "'train' metadata");
+    json train = files::parse_json(get("train"), "'train' metadata");
+    if (train.is_object() && train.contains("tf32") && !train.contains("precision")) {
+      // written before `precision`: its flag `tf32` is precision tf32 (true) or fp32
+      train["precision"] = train.at("tf32") == json(true) ? "tf32" : "fp32";
+      train.erase("tf32");
+    }
     ck.config.task = train.at("task").get<std::string>();
     apply_overrides(ck.config, train);
     ck.config.model = model_from_json(files::parse_json(get("model"), "'model' metadata"));

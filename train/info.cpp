@@ -72,8 +72,8 @@ int command_info(const std::vector<std::string>& argv) {
   if (gpus.empty()) {
     fmt::print("cuda:      built for sm_{{{}}}; no GPU on this machine\n", CAST_CUDA_ARCHS);
   } else {
-    fmt::print("cuda:      built for sm_{{{}}}; TF32 {} for cuBLAS matmuls by default\n", CAST_CUDA_ARCHS,
-               ops::allow_tf32() ? "on" : "off");
+    fmt::print("cuda:      built for sm_{{{}}}; products at --precision fp32 by default (tf32, bf16: tensor cores)\n",
+               CAST_CUDA_ARCHS);
     for (size_t i = 0; i < gpus.size(); ++i)
       fmt::print("  cuda:{} {} (sm_{}{}), {} total, {} free\n", i, gpus[i].name, gpus[i].major, gpus[i].minor,
                  gib(gpus[i].total_bytes), gib(gpus[i].free_bytes));

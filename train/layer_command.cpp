@@ -10,6 +10,7 @@
 #include "tensor/files.h"
 #include "tensor/safetensors.h"
 #include "train/cli.h"
+#include "train/trainer.h"
 #include "train/trace.h"
 
 namespace cast {
@@ -41,6 +42,7 @@ cli::Args layer_args() {
       .option("seed", "0", "seed of the LSH planes and k-means draws")
       .option("device", "cpu", "cpu | cuda")
       .option("dtype", "f32", "f32 | f64 (f64 on the CPU only)")
+      .option("precision", "fp32", "products on the GPU: fp32 | tf32 | bf16 (the CPU runs fp32 only)")
       .optional_value("trace", "FILE",
                       "print the tape as it runs: each node's op, implementation, shapes, saved tensors and "
                       "time, then the totals (with FILE: JSON lines there instead)")
@@ -98,6 +100,7 @@ int command_layer(const std::vector<std::string>& argv) {
   const DType dtype = args.choice("dtype", {"f32", "f64"}) == "f64" ? DType::f64 : DType::f32;
   const Device device = args.choice("device", {"cpu", "cuda"}) == "cuda" ? Device::cuda : Device::cpu;
   CAST_CHECK_USAGE(!(dtype == DType::f64 && device == Device::cuda), "--dtype f64 runs on the CPU only");
+  train::use_precision(args.str("precision"), device);
 
   const TensorFile file = read_safetensors(args.str("in"), "--in");
   const Tensor& x_raw = file.get("x");

@@ -165,7 +165,11 @@ std::vector<Setting> make_table() {
       resumable(defaults(word("data", "data folder", "the task's folder under data/", AT(data_dir)), "")),
       resumable(defaults(word("run", "run folder", "runs/<task>-<attention>", AT(run_dir)), "")),
       resumable(defaults(choice("device", "", {"auto", "cpu", "cuda"}, AT(device)), "auto")),
-      resumable(flag("tf32", "allow TF32 tensor-core matmuls on the GPU", AT(tf32))),
+      resumable(defaults(choice("precision",
+                                "products on the GPU: fp32 (FP32 accuracy), tf32 (TF32 tensor cores), bf16 "
+                                "(BF16 operands, FP32 accumulation, as torch.autocast); the CPU runs fp32 only",
+                                {"fp32", "tf32", "bf16"}, AT(precision)),
+                         "fp32")),
       resumable(flag("reference",
                      "run the step-by-step reference attention ops instead of the fast paths (CPU "
                      "and GPU), and on the CPU the plain-loop matmul instead of the BLAS (same results, "

@@ -28,7 +28,7 @@ struct TrainConfig {
   uint64_t seed = 1;
   bool eval_best = false;       // evaluate the checkpoint of best validation accuracy instead of the final model
   std::string device = "auto";  // auto | cpu | cuda
-  bool tf32 = false;
+  std::string precision = "fp32";  // fp32 | tf32 | bf16 (tensor/precision.h)
   bool reference = false;  // CPU: step-by-step attention ops and plain-loop matmul (for study)
   // A new run refuses a run folder that already holds a checkpoint unless this is set. Not a
   // setting of the run: it is never stored.

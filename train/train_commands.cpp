@@ -202,6 +202,8 @@ int command_eval(const std::vector<std::string>& argv) {
       .option("data", "", "data folder (default: the one the run used)")
       .option("device", "auto", "auto | cpu | cuda")
       .option("eval-limit", "0", "examples per split (0: all)")
+      .option("precision", "",
+              "products on the GPU: fp32 | tf32 | bf16 (default: the checkpoint's on the GPU, fp32 on the CPU)")
       .option("attention", "",
               "evaluate with this mechanism instead, or a comma-separated list: full | clustered | iclustered (CAST "
               "is refused: its surrogates and gate are not in a model trained without them)")
@@ -246,7 +248,10 @@ int command_eval(const std::vector<std::string>& argv) {
   const std::string figure = args.str("figure");
   if (!figure.empty()) train::check_figure_output(figure, "figure", args.str("checkpoint"));
   const Device device = train::resolve_device(args.str("device"));
+  if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
+  if (args.str("precision").empty())
+    train::use_precision(device == Device::cuda ? run.checkpoint.config.precision : "fp32", device);
   const bool sweep = mechanisms.size() > 1 || clusters.size() > 1 || topks.size() > 1 || !figure.empty();
   if (sweep) {
     for (const std::string& name : mechanisms)  // refused before any evaluation

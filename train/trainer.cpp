@@ -16,6 +16,7 @@
 #include "tensor/device_memory.h"
 #include "tensor/files.h"
 #include "tensor/philox.h"
+#include "tensor/precision.h"
 #include "train/memory_estimate.h"
 #include "train/plot.h"
 #include "train/run_folder.h"
@@ -71,6 +72,13 @@ size_t peak_memory(Device device) {
 #endif
   (void)device;
   return host_memory_stats().peak;
+}
+
+void use_precision(const std::string& name, Device device, const char* option) {
+  const Precision p = parse_precision(name);
+  CAST_CHECK_USAGE(device == Device::cuda || p == Precision::fp32,
+                   "{} is {}: the CPU computes in fp32 only (tf32 and bf16 need --device cuda)", option, name);
+  set_precision(p);
 }
 
 namespace {
@@ -160,7 +168,7 @@ void check_run_settings(const Run& run, const std::string& resume_from) {
 // The device, and what computes on it: TF32, the CPU's matmul, the fused attention kernels.
 void choose_compute(Run& run) {
   run.device = resolve_device(run.c.device);
-  ops::set_allow_tf32(run.c.tf32);
+  use_precision(run.c.precision, run.device, "setting 'precision'");
   ops::set_cpu_gemm(run.c.reference ? ops::CpuGemm::loops : ops::CpuGemm::blas);
   run.c.model.attention.fused = !run.c.reference;
 }

@@ -38,6 +38,9 @@ TrainResult train_on(TrainConfig config, const data::TaskData& task, const std::
                      int64_t stop_after = 0, bool quiet = false);
 
 Device resolve_device(const std::string& name);
+// Sets the process's precision (tensor/precision.h) from its name; tf32 and bf16 need the GPU
+// (a usage error on the CPU, naming `option`).
+void use_precision(const std::string& name, Device device, const char* option = "--precision");
 // Memory tensors hold on a device: the peak since the last reset.
 void reset_peak_memory(Device device);
 size_t peak_memory(Device device);

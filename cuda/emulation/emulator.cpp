@@ -73,12 +73,17 @@ struct Fiber {
   const char* file = nullptr;  // where it waits
   int line = 0;
   uint64_t awaited = 0;  // the warp generation it waits to see completed
+  // cp.async copies issued and not yet waited for: the committed groups, oldest first, and the
+  // copies issued since the last commit
+  std::vector<std::vector<std::function<void()>>> async_groups;
+  std::vector<std::function<void()>> async_open;
 };
 
 struct WarpState {
   int arrived = 0;
   unsigned mask = 0;
   WarpOp op = WarpOp::sync;
+  WarpApply apply = nullptr;  // WarpOp::exchange
   int width = 32;
   const char* file = nullptr;
   int line = 0;
@@ -227,6 +232,8 @@ void start_fibers(Block& b) {
     if (f.stack.empty()) f.stack.resize(kStackBytes);
     f.tid = t;
     f.state = State::runnable;
+    f.async_groups.clear();
+    f.async_open.clear();
     f.view.thread_idx = {static_cast<unsigned>(t % b.dim.x), static_cast<unsigned>(t / b.dim.x % b.dim.y),
                          static_cast<unsigned>(t / (b.dim.x * b.dim.y))};
     f.view.block_idx = b.idx;
@@ -461,6 +468,60 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, in
     yield_to_scheduler();
   }
   return w.result[lane];
+}
+
+void warp_exchange(unsigned mask, void* registers, WarpApply apply, const char* file, int line) {
+  if (!g_fiber) throw Error(fmt::format("CUDA emulation: warp instruction at {}:{} outside a kernel", file, line));
+  Block& b = *g_block;
+  Fiber& f = *g_fiber;
+  const int lane = f.tid % 32, warp = f.tid / 32;
+  WarpState& w = b.warps[warp];
+  if (!(mask >> lane & 1u))
+    fail(fmt::format("warp instruction at {}:{} called by lane {} outside its mask 0x{:08x}", file, line, lane, mask));
+  if (w.arrived == 0) {
+    w.mask = mask, w.op = WarpOp::exchange, w.apply = apply, w.file = file, w.line = line;
+  } else if (w.mask != mask || w.op != WarpOp::exchange || w.apply != apply || w.file != file || w.line != line) {
+    fail(fmt::format("lanes of warp {} meet at different warp instructions: {}:{} (mask 0x{:08x}) and {}:{} "
+                     "(mask 0x{:08x})",
+                     warp, w.file, w.line, w.mask, file, line, mask));
+  }
+  w.payload[lane] = reinterpret_cast<uintptr_t>(registers);
+  const uint64_t generation = w.generation;
+  if (++w.arrived == std::popcount(mask)) {  // every lane's registers are live on its suspended stack
+    void* lanes[32];
+    for (int l = 0; l < 32; ++l) lanes[l] = mask >> l & 1u ? reinterpret_cast<void*>(w.payload[l]) : nullptr;
+    apply(lanes);
+    w.arrived = 0;
+    ++w.generation;
+    ++g_stats.warp_collectives;
+  } else {
+    f.state = State::at_warp;
+    f.awaited = generation;
+    f.file = file;
+    f.line = line;
+    yield_to_scheduler();
+  }
+}
+
+void async_copy_issue(std::function<void()> write) {
+  if (!g_fiber) throw Error("CUDA emulation: cp.async outside a kernel");
+  g_fiber->async_open.push_back(std::move(write));
+}
+
+void async_copy_commit() {
+  if (!g_fiber) throw Error("CUDA emulation: cp.async.commit_group outside a kernel");
+  g_fiber->async_groups.push_back(std::move(g_fiber->async_open));
+  g_fiber->async_open.clear();
+}
+
+void async_copy_wait(int newest_groups_left) {
+  if (!g_fiber) throw Error("CUDA emulation: cp.async.wait_group outside a kernel");
+  auto& groups = g_fiber->async_groups;
+  const size_t keep = static_cast<size_t>(newest_groups_left < 0 ? 0 : newest_groups_left);
+  while (groups.size() > keep) {
+    for (auto& write : groups.front()) write();
+    groups.erase(groups.begin());
+  }
 }
 
 void shared_access(const void* base, int64_t index, int64_t size, SharedAccess kind, const char* name) {

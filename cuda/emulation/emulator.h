@@ -48,8 +48,23 @@ void barrier(const char* file, int line);
 
 // Warp collectives. Each lane passes its 64-bit payload; the result is computed once every lane
 // of `mask` has arrived at the same call site.
-enum class WarpOp { shfl, shfl_xor, shfl_down, shfl_up, ballot, any, all, sync };
+enum class WarpOp { shfl, shfl_xor, shfl_down, shfl_up, ballot, any, all, sync, exchange };
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, int width, const char* file, int line);
+
+// A warp-wide instruction over the registers of every lane at once (mma.sync, ldmatrix; the
+// models are in cuda/emulation/tensor_core.cpp). Each lane of `mask` passes a pointer to its own
+// registers; once every lane has arrived at the same call site, the last one runs `apply` once
+// with the 32 pointers (null for a lane outside the mask), and then every lane goes on.
+using WarpApply = void (*)(void* const* lanes);
+void warp_exchange(unsigned mask, void* registers, WarpApply apply, const char* file, int line);
+
+// cp.async: a copy this thread issues reaches shared memory only when the thread waits for its
+// committed group (cp.async.wait_group), as the PTX ISA promises no earlier; until then the
+// destination holds what it held, so a read before the wait sees stale data. `write` performs
+// the copy through the checked shared accessor, so the race checker sees it at the wait.
+void async_copy_issue(std::function<void()> write);
+void async_copy_commit();
+void async_copy_wait(int newest_groups_left);
 
 // Shared memory checks, called by SharedArray (cuda/emulation/shared_array.h).
 enum class SharedAccess { read, write, atomic };

@@ -4,6 +4,11 @@
 #include <cuda_runtime.h>
 #include <cblas.h>
 
+#include <cstring>
+#include <vector>
+
+#include "cuda/tensor_core.cuh"
+
 #include "tensor/tensor.h"
 
 #include <chrono>
@@ -297,4 +302,33 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t trans
                 b + bi * stride_b, ldb, *beta, cb, ldc);
   }
   return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* a, cudaDataType_t a_type,
+                                          int lda, long long stride_a, const void* b, cudaDataType_t b_type, int ldb,
+                                          long long stride_b, const void* beta, void* c, cudaDataType_t c_type,
+                                          int ldc, long long stride_c, int batch, cublasComputeType_t compute,
+                                          cublasGemmAlgo_t) {
+  if (a_type != CUDA_R_32F || b_type != CUDA_R_32F || c_type != CUDA_R_32F) return CUBLAS_STATUS_INVALID_VALUE;
+  const int a_cols = transa == CUBLAS_OP_N ? k : m, b_cols = transb == CUBLAS_OP_N ? n : k;
+  if (batch < 0 || a_cols < 0 || b_cols < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  // the operands as the tensor cores take them: a rounded copy of each (column-major, lda × cols)
+  const auto rounded = [&](const void* x, int ld, int cols, long long stride) {
+    const auto* src = static_cast<const float*>(x);
+    const long long n_elements = batch == 0 ? 0 : stride * (batch - 1) + static_cast<long long>(ld) * cols;
+    std::vector<float> copy(src, src + std::max(0LL, n_elements));
+    for (float& v : copy) {
+      if (compute == CUBLAS_COMPUTE_32F_FAST_TF32) v = cast::cuda::tc::tf32_value(cast::cuda::tc::to_tf32(v));
+      else if (compute == CUBLAS_COMPUTE_32F_FAST_16BF) {
+        const uint32_t bits = uint32_t{cast::cuda::tc::to_bf16(v)} << 16;
+        std::memcpy(&v, &bits, 4);
+      }
+    }
+    return copy;
+  };
+  const std::vector<float> ra = rounded(a, lda, a_cols, stride_a), rb = rounded(b, ldb, b_cols, stride_b);
+  return cublasSgemmStridedBatched(handle, transa, transb, m, n, k, static_cast<const float*>(alpha), ra.data(), lda,
+                                   stride_a, rb.data(), ldb, stride_b, static_cast<const float*>(beta),
+                                   static_cast<float*>(c), ldc, stride_c, batch);
 }

@@ -1,0 +1,231 @@
+// The tensor-core instructions (cuda/tensor_core.cuh) and the flash kernels built on them
+// (cuda/flash_tensor_core.cu), on the GPU or its emulation:
+//   * each instruction shape against a plain product or copy, with the operands placed by the
+//     PTX ISA's fragment layouts (cuda/tensor_core_check.cu);
+//   * the conversions: round to nearest (even for BF16), NaN and infinities kept;
+//   * every tensor-core flash kernel against the CPU's f64 flash attention on random shapes with
+//     padding, output and every gradient, outputs poisoned and gradients prefilled first.
+// Tolerances follow from the operand format, whose unit roundoff is u = 2^-p for p significant
+// bits (BF16 8, TF32 11): a product's relative error is below 2u, and the attention outputs and
+// gradients, sums of such products through a softmax, are held to 8u in norm (BF16 3.1e-2, TF32
+// 3.9e-3). The split TF32 kernel (tf32x3) and the FMA kernel are held to 2e-5, FP32's.
+#include <cmath>
+#include <cstring>
+#include <tuple>
+
+#include "ops/flash_attention.h"
+#include "tests/device_compare.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/flash_attention.h"
+#include "cuda/tensor_core_check.h"
+#endif
+
+using namespace cast;
+using namespace cast::testing;
+
+#ifdef CAST_WITH_CUDA
+namespace {
+
+float rounded_tf32(float x) {  // to nearest, ties away from zero, 10 stored mantissa bits
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x1000u) & 0xffffe000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+uint16_t bf16_bits(float x) {  // to nearest, ties to even
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float bf16_value(uint16_t h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+float rounded_bf16(float x) { return bf16_value(bf16_bits(x)); }
+
+// ‖x − ref‖ / ‖ref‖, x any float tensor, ref f64 on the CPU; NaN where x holds one.
+double relative_error(const Tensor& x, const Tensor& ref) {
+  const std::vector<double> a = x.to_double_vector(), r = ref.to_double_vector();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (std::isfinite(r[i])) den += r[i] * r[i];
+    if (a[i] != r[i]) num += (a[i] - r[i]) * (a[i] - r[i]);  // equal infinities (a row with no real key) agree
+  }
+  return std::sqrt(num / (den > 0 ? den : 1.0));
+}
+
+}  // namespace
+
+// d = a b + c for each shape: TF32 m16n8k8 and BF16 m16n8k16, against the product of the rounded
+// operands in double (the tensor core's products are exact; only the sum's rounding differs).
+TEST(CudaVsCpuTensorCore, MmaMatchesAPlainProductOfTheRoundedOperands) {
+  SKIP_WITHOUT_GPU();
+  for (const int K : {8, 16}) {
+    const Tensor a = Tensor::normal({16, K}, 11, K), b = Tensor::normal({K, 8}, 12, K), c = Tensor::normal({16, 8}, 13, K);
+    Tensor d = Tensor::full({16, 8}, std::nan(""), DType::f32, Device::cuda);
+    const Tensor ag = a.to(Device::cuda), bg = b.to(Device::cuda), cg = c.to(Device::cuda);
+    cuda::mma_check(d, ag, bg, cg);
+    const std::vector<double> av = a.to_double_vector(), bv = b.to_double_vector(), cv = c.to_double_vector(),
+                              dv = d.to_double_vector();
+    const auto round = [&](double x) {
+      return K == 8 ? rounded_tf32(static_cast<float>(x)) : rounded_bf16(static_cast<float>(x));
+    };
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 8; ++j) {
+        double want = cv[i * 8 + j], scale = std::abs(cv[i * 8 + j]);
+        for (int k = 0; k < K; ++k) {
+          want += round(av[i * K + k]) * round(bv[k * 8 + j]);
+          scale += std::abs(round(av[i * K + k]) * round(bv[k * 8 + j]));
+        }
+        // the sum of K + 1 terms, rounded to FP32 in some order
+        EXPECT_NEAR(dv[i * 8 + j], want, (K + 1) * 0x1p-24 * scale) << "k " << K << " at (" << i << ", " << j << ")";
+      }
+  }
+}
+
+// ldmatrix .x4: register m of lane (g, t) holds row g, elements 2t, 2t+1 of matrix m; with .trans
+// elements (2t, g) and (2t+1, g). Every element distinct, so a misplaced one shows.
+TEST(CudaVsCpuTensorCore, LdmatrixPlacesEveryElementByTheFragmentLayout) {
+  SKIP_WITHOUT_GPU();
+  std::vector<int32_t> words(32 * 8 / 2);
+  for (int row = 0; row < 32; ++row)
+    for (int e = 0; e < 8; e += 2) words[(row * 8 + e) / 2] = (row * 8 + e) | (row * 8 + e + 1) << 16;
+  const Tensor in = Tensor::from_vector<int32_t>(words, {128}).to(Device::cuda);
+  for (const bool trans : {false, true}) {
+    Tensor out = Tensor::full({128}, -1, DType::i32, Device::cuda);
+    cuda::ldmatrix_check(out, in, trans);
+    const std::vector<double> got = out.to_double_vector();
+    for (int lane = 0; lane < 32; ++lane)
+      for (int m = 0; m < 4; ++m) {
+        const int g = lane / 4, t = lane % 4;
+        // element (r, c) of matrix m is the value 8 (8m + r) + c
+        const auto value = [&](int r, int c) { return uint32_t(8 * (8 * m + r) + c); };
+        const uint32_t want = trans ? value(2 * t, g) | value(2 * t + 1, g) << 16 : value(g, 2 * t) | value(g, 2 * t + 1) << 16;
+        EXPECT_EQ(static_cast<uint32_t>(static_cast<int32_t>(got[4 * lane + m])), want)
+            << (trans ? "trans " : "") << "lane " << lane << " register " << m;
+      }
+  }
+}
+
+// cp.async: 16 bytes per lane where asked, zeros where not, all there after the wait and a barrier.
+TEST(CudaVsCpuTensorCore, CpAsyncCopiesOrZeroFills) {
+  SKIP_WITHOUT_GPU();
+  const Tensor src = Tensor::normal({128}, 21, 0).to(Device::cuda);
+  std::vector<int32_t> valid(32);
+  for (int l = 0; l < 32; ++l) valid[l] = l % 3 != 1;
+  Tensor out = Tensor::full({128}, std::nan(""), DType::f32, Device::cuda);
+  cuda::cp_async_check(out, src, Tensor::from_vector<int32_t>(valid, {32}).to(Device::cuda));
+  const std::vector<double> got = out.to_double_vector(), want = src.to_double_vector();
+  for (int i = 0; i < 128; ++i) EXPECT_EQ(got[i], valid[i / 4] ? want[i] : 0.0) << "element " << i;
+}
+
+// The device's conversions: BF16 to nearest with ties to even, TF32 to nearest (ties away, as
+// cvt.rna), infinities kept, NaN a NaN, a value past BF16's largest finite one an infinity.
+TEST(CudaVsCpuTensorCore, ConversionsRoundToNearestAndKeepNaNAndInfinity) {
+  SKIP_WITHOUT_GPU();
+  std::vector<float> x = {1.0f, -2.5f, 0.1f, 1.00390625f /* a BF16 tie: 1 + 2^-8 */, 1.01171875f /* tie, odd */,
+                          3.0e38f, 3.4028235e38f /* FLT_MAX: past BF16's largest, 3.3895e38 */, INFINITY, -INFINITY, std::nanf(""), 1e-40f, -0.0f};
+  for (int i = 0; i < 52; ++i) x.push_back(std::ldexp(1.0f + static_cast<float>(i) / 53.0f, i - 26));
+  const int64_t n = static_cast<int64_t>(x.size());
+  Tensor tf32 = Tensor::full({n}, 0, DType::i32, Device::cuda), bf16 = Tensor::full({n}, 0, DType::i32, Device::cuda);
+  cuda::round_check(tf32, bf16, Tensor::from_vector<float>(x, {n}).to(Device::cuda));
+  const std::vector<double> t = tf32.to_double_vector(), b = bf16.to_double_vector();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t tb = static_cast<uint32_t>(static_cast<int32_t>(t[i]));
+    float tv;
+    std::memcpy(&tv, &tb, 4);
+    const float bv = bf16_value(static_cast<uint16_t>(b[i]));
+    if (std::isnan(x[i])) {
+      EXPECT_TRUE(std::isnan(tv) && std::isnan(bv)) << "NaN at " << i;
+      continue;
+    }
+    EXPECT_EQ(bv, rounded_bf16(x[i])) << "bf16 of " << x[i];
+    EXPECT_EQ(tv, rounded_tf32(x[i])) << "tf32 of " << x[i];
+  }
+  EXPECT_EQ(bf16_value(static_cast<uint16_t>(b[3])), 1.0f);         // the tie goes to the even 1.0
+  EXPECT_EQ(bf16_value(static_cast<uint16_t>(b[4])), 1.015625f);    // and up to the even 1 + 4·2^-8
+  EXPECT_TRUE(std::isinf(bf16_value(static_cast<uint16_t>(b[6]))));  // past the largest BF16
+}
+
+// Every tensor-core kernel against the CPU's f64 flash attention, with padding (a row of the
+// batch with none real), several tiles, partial tiles and every head-width bound.
+TEST(CudaVsCpuTensorCore, FlashKernelsMatchTheF64Reference) {
+  SKIP_WITHOUT_GPU();
+  struct Kernel {
+    cuda::FlashKernel kernel;
+    double tolerance;
+  };
+  const Kernel kernels[] = {{cuda::FlashKernel::fma, 2e-5},
+                            {cuda::FlashKernel::tf32x3, 2e-5},
+                            {cuda::FlashKernel::tf32, 8 * 0x1p-11},
+                            {cuda::FlashKernel::bf16, 8 * 0x1p-8}};
+  for (auto [B, M, N, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+           {3, 37, 45, 8}, {2, 70, 130, 16}, {1, 65, 33, 64}, {3, 33, 100, 128}, {1, 9, 40, 100}, {2, 20, 20, 12}}) {
+    const int64_t H = 2;
+    std::vector<float> m(B * N, 1.f);
+    for (int64_t j = N - N / 4; j < N; ++j) m[j] = 0.f;                          // padding at the end of row 0
+    if (B > 1) for (int64_t j = 0; j < N; j += 3) m[N + j] = 0.f;                // scattered in row 1
+    if (B > 2) for (int64_t j = 0; j < N; ++j) m[2 * N + j] = 0.f;               // row 2: no real key
+    const Tensor mask = Tensor::from_vector<float>(m, {B, N});
+    const Tensor q = Tensor::normal({B, H, M, d}, 31, M), k = Tensor::normal({B, H, N, d}, 32, N),
+                 v = Tensor::normal({B, H, N, d}, 33, d), g = Tensor::normal({B, H, M, d}, 34, d);
+    const Tensor pq = Tensor::uniform(q.shape(), 35, 0), pk = Tensor::uniform(k.shape(), 36, 0),
+                 pv = Tensor::uniform(v.shape(), 37, 0);  // gradients already there: the kernels add
+    // the reference, f64 on the CPU
+    const auto f64 = [](const Tensor& t) { return t.to(DType::f64); };
+    Tensor ro = Tensor::empty(q.shape(), DType::f64), rl = Tensor::empty({B, H, M}, DType::f64);
+    ops::flash_attention_forward(ro, rl, f64(q), f64(k), f64(v), f64(mask));
+    Tensor rdq = f64(pq), rdk = f64(pk), rdv = f64(pv);
+    ops::flash_attention_backward(&rdq, &rdk, &rdv, f64(g), f64(q), f64(k), f64(v), f64(mask), ro, rl);
+    const Tensor qc = q.to(Device::cuda), kc = k.to(Device::cuda), vc = v.to(Device::cuda), gc = g.to(Device::cuda),
+                 mc = mask.to(Device::cuda);
+    for (const Kernel& kernel : kernels) {
+      const std::string what = fmt::format("{} at B {} M {} N {} d {} (runs {})", cuda::flash_kernel_name(kernel.kernel),
+                                            B, M, N, d,
+                                            cuda::flash_kernel_name(cuda::flash_kernel_that_runs(kernel.kernel, qc, kc, vc)));
+      Tensor out = Tensor::full(q.shape(), std::nan(""), DType::f32, Device::cuda);
+      Tensor lse = Tensor::full({B, H, M}, std::nan(""), DType::f32, Device::cuda);
+      cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel.kernel);
+      Tensor dq = pq.to(Device::cuda), dk = pk.to(Device::cuda), dv = pv.to(Device::cuda);
+      cuda::flash_attention_backward(&dq, &dk, &dv, gc, qc, kc, vc, mc, out, lse, kernel.kernel);
+      EXPECT_LE(relative_error(out, ro), kernel.tolerance) << "output, " << what;
+      EXPECT_LE(relative_error(lse, rl), kernel.tolerance) << "log-sum-exp, " << what;
+      // the gradients beyond what was there before
+      const auto added = [](const Tensor& after, const Tensor& before) {
+        std::vector<double> a = after.to_double_vector();
+        const std::vector<double> b = before.to_double_vector();
+        for (size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
+        return Tensor::from_vector<double>(a, after.shape());
+      };
+      EXPECT_LE(relative_error(added(dq, pq), added(rdq, pq)), kernel.tolerance) << "dq, " << what;
+      EXPECT_LE(relative_error(added(dk, pk), added(rdk, pk)), kernel.tolerance) << "dk, " << what;
+      EXPECT_LE(relative_error(added(dv, pv), added(rdv, pv)), kernel.tolerance) << "dv, " << what;
+    }
+  }
+}
+
+// The backward gives the same bits every time: no atomics, a fixed order of sums.
+TEST(CudaVsCpuTensorCore, FlashBackwardIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const Tensor q = Tensor::normal({1, 2, 70, 64}, 41, 0).to(Device::cuda), k = Tensor::normal({1, 2, 90, 64}, 42, 0).to(Device::cuda),
+               v = Tensor::normal({1, 2, 90, 64}, 43, 0).to(Device::cuda), g = Tensor::normal({1, 2, 70, 64}, 44, 0).to(Device::cuda);
+  for (cuda::FlashKernel kernel : {cuda::FlashKernel::tf32, cuda::FlashKernel::bf16}) {
+    std::vector<std::vector<double>> runs;
+    for (int r = 0; r < 2; ++r) {
+      Tensor out = Tensor::empty(q.shape(), DType::f32, Device::cuda), lse = Tensor::empty({1, 2, 70}, DType::f32, Device::cuda);
+      cuda::flash_attention_forward(out, lse, q, k, v, Tensor(), kernel);
+      Tensor dq = Tensor::zeros(q.shape(), DType::f32, Device::cuda), dk = Tensor::zeros(k.shape(), DType::f32, Device::cuda),
+             dv = Tensor::zeros(v.shape(), DType::f32, Device::cuda);
+      cuda::flash_attention_backward(&dq, &dk, &dv, g, q, k, v, Tensor(), out, lse, kernel);
+      std::vector<double> all;
+      for (const Tensor& t : {out, dq, dk, dv})
+        for (double x : t.to_double_vector()) all.push_back(x);
+      runs.push_back(all);
+    }
+    EXPECT_EQ(runs[0], runs[1]) << cuda::flash_kernel_name(kernel);
+  }
+}
+#endif
