@@ -50,4 +50,10 @@ struct KernelLaunchShape {
 };
 std::vector<KernelLaunchShape> flash_launch_shapes();  // the FMA and the tensor-core kernels
 std::vector<KernelLaunchShape> flash_tc_launch_shapes();
+
+// The tensor-core kernels' streamed tile (keys, or queries in dK/dV): 0 the defaults (64 rows,
+// 32 at head width 128), or 32, 64 or 128 rows for `cast bench flash --stream-rows`; and the rows
+// that run for head width d.
+void set_flash_stream_rows(int rows);
+int flash_stream_rows(int d, bool forward);
 }  // namespace cast::cuda

@@ -532,11 +532,27 @@ __global__ void to_bf16_rows_kernel(uint16_t* dst, const float* src, int64_t row
 }
 
 // ---------------------------------------------------------------- host side
-// Tile shapes: the streamed tile's rows per head-width bound (the owned tile is 64 rows).
-template <class M, int D>
-using ForwardTile = TcTile<M, D, D == 128 ? 32 : 64>;
-template <class M, int D>
-using BackwardTile = TcTile<M, D, D == 128 ? 32 : 64>;
+// Tile shapes: the owned tile is 64 rows; the streamed tile's rows are 64 (32 at head width 128)
+// unless set_flash_stream_rows chose 32, 64 or 128 (128 in the forward at widths up to 64 only:
+// the backward's two score tiles of 128 columns would not fit the registers).
+int g_stream_rows = 0;
+
+int stream_rows(int D, bool forward) {
+  const int want = g_stream_rows ? g_stream_rows : D == 128 ? 32 : 64;
+  return want == 32 ? 32 : want == 128 && forward && D <= 64 ? 128 : 64;
+}
+
+template <int D, class Fn>
+void with_stream_rows(bool forward, Fn&& fn) {
+  const int rows = stream_rows(D, forward);
+  if (rows == 32) fn(std::integral_constant<int, 32>{});
+  else if constexpr (D <= 64) {
+    if (rows == 128) fn(std::integral_constant<int, 128>{});
+    else fn(std::integral_constant<int, 64>{});
+  } else {
+    fn(std::integral_constant<int, 64>{});
+  }
+}
 
 template <class Fn>
 void with_width(int d, Fn&& fn) {
@@ -593,10 +609,13 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
   Operands<M> ops;
   const auto *qe = ops.of(q, s.width), *ke = ops.of(k, s.width), *ve = ops.of(v, s.width);
   with_width(s.d, [&](auto w) {
-    using T = ForwardTile<M, decltype(w)::value>;
-    launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, BH),
-              T::elements(1) * sizeof(typename M::Elem), out.data<float>(), lse.data<float>(), qe, ke, ve,
-              mask.defined() ? mask.data<float>() : nullptr, s);
+    constexpr int D = decltype(w)::value;
+    with_stream_rows<D>(true, [&](auto rows) {
+      using T = TcTile<M, D, decltype(rows)::value>;
+      launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, BH),
+                T::elements(1) * sizeof(typename M::Elem), out.data<float>(), lse.data<float>(), qe, ke, ve,
+                mask.defined() ? mask.data<float>() : nullptr, s);
+    });
   });
 }
 
@@ -610,15 +629,18 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
   const auto* ge = ops.of(dout, s.width);
   const float* m = mask.defined() ? mask.data<float>() : nullptr;
   with_width(s.d, [&](auto w) {
-    using T = BackwardTile<M, decltype(w)::value>;
-    const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
-    if (dq)
-      launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, BH), bytes, dq->data<float>(), ge, qe,
-                ke, ve, m, lse.data<float>(), delta.data<float>(), s);
-    if (dk || dv)
-      launch_tc("flash_tc_dkdv_kernel", flash_tc_dkdv_kernel<M, T>, grid_for(s.N, BH), bytes,
-                dk ? dk->data<float>() : nullptr, dv ? dv->data<float>() : nullptr, ge, qe, ke, ve, m,
-                lse.data<float>(), delta.data<float>(), s);
+    constexpr int D = decltype(w)::value;
+    with_stream_rows<D>(false, [&](auto rows) {
+      using T = TcTile<M, D, decltype(rows)::value == 128 ? 64 : decltype(rows)::value>;
+      const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
+      if (dq)
+        launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, BH), bytes, dq->data<float>(), ge,
+                  qe, ke, ve, m, lse.data<float>(), delta.data<float>(), s);
+      if (dk || dv)
+        launch_tc("flash_tc_dkdv_kernel", flash_tc_dkdv_kernel<M, T>, grid_for(s.N, BH), bytes,
+                  dk ? dk->data<float>() : nullptr, dv ? dv->data<float>() : nullptr, ge, qe, ke, ve, m,
+                  lse.data<float>(), delta.data<float>(), s);
+    });
   });
 }
 
@@ -644,6 +666,14 @@ void flash_tc_backward(FlashKernel kernel, Tensor* dq, Tensor* dk, Tensor* dv, c
   with_math(kernel, [&](auto math) { backward_with<decltype(math)>(dq, dk, dv, dout, q, k, v, mask, lse, delta); });
 }
 
+void set_flash_stream_rows(int rows) {
+  CAST_CHECK(rows == 0 || rows == 32 || rows == 64 || rows == 128, "flash attention: streamed tiles of {} rows "
+             "(0: the defaults, or 32, 64, 128)", rows);
+  g_stream_rows = rows;
+}
+
+int flash_stream_rows(int d, bool forward) { return stream_rows(d <= 32 ? 32 : d <= 64 ? 64 : 128, forward); }
+
 std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
   std::vector<KernelLaunchShape> shapes;
   const auto add = [&](auto math, const char* math_name) {
@@ -651,8 +681,8 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
     for (int d : {32, 64, 128})
       with_width(d, [&](auto w) {
         constexpr int D = decltype(w)::value;
-        using F = ForwardTile<M, D>;
-        using B = BackwardTile<M, D>;
+        using F = TcTile<M, D, D == 128 ? 32 : 64>;
+        using B = F;
         const std::string f = fmt::format("<{}, TcTile<{}, {}, {}>>", math_name, math_name, D, F::kStream);
         const std::string bw = fmt::format("<{}, TcTile<{}, {}, {}>>", math_name, math_name, D, B::kStream);
         shapes.push_back({"flash_tc_forward_kernel" + f, kBlock, F::elements(1) * sizeof(typename M::Elem)});

@@ -57,8 +57,6 @@ double relative_error(const Tensor& x, const Tensor& ref) {
   return std::sqrt(num / (den > 0 ? den : 1.0));
 }
 
-}  // namespace
-
 // d = a b + c for each shape: TF32 m16n8k8 and BF16 m16n8k16, against the product of the rounded
 // operands in double (the tensor core's products are exact; only the sum's rounding differs).
 TEST(CudaVsCpuTensorCore, MmaMatchesAPlainProductOfTheRoundedOperands) {
@@ -150,61 +148,83 @@ TEST(CudaVsCpuTensorCore, ConversionsRoundToNearestAndKeepNaNAndInfinity) {
   EXPECT_TRUE(std::isinf(bf16_value(static_cast<uint16_t>(b[6]))));  // past the largest BF16
 }
 
+struct KernelTolerance {
+  cuda::FlashKernel kernel;
+  double tolerance;
+};
+const KernelTolerance kAllKernels[] = {{cuda::FlashKernel::fma, 2e-5},
+                                       {cuda::FlashKernel::tf32x3, 2e-5},
+                                       {cuda::FlashKernel::tf32, 8 * 0x1p-11},
+                                       {cuda::FlashKernel::bf16, 8 * 0x1p-8}};
+
+// The kernels against the CPU's f64 flash attention on (B, 2, M|N, d) with padding: a quarter of
+// row 0's keys at the end, every third key of row 1, all of row 2's (a row with no real key).
+void expect_kernels_match_reference(int64_t B, int64_t M, int64_t N, int64_t d,
+                                    const std::vector<KernelTolerance>& kernels) {
+  const int64_t H = 2;
+  std::vector<float> m(B * N, 1.f);
+  for (int64_t j = N - N / 4; j < N; ++j) m[j] = 0.f;
+  if (B > 1)
+    for (int64_t j = 0; j < N; j += 3) m[N + j] = 0.f;
+  if (B > 2)
+    for (int64_t j = 0; j < N; ++j) m[2 * N + j] = 0.f;
+  const Tensor mask = Tensor::from_vector<float>(m, {B, N});
+  const Tensor q = Tensor::normal({B, H, M, d}, 31, M), k = Tensor::normal({B, H, N, d}, 32, N),
+               v = Tensor::normal({B, H, N, d}, 33, d), g = Tensor::normal({B, H, M, d}, 34, d);
+  const Tensor pq = Tensor::uniform(q.shape(), 35, 0), pk = Tensor::uniform(k.shape(), 36, 0),
+               pv = Tensor::uniform(v.shape(), 37, 0);  // gradients already there: the kernels add
+  const auto f64 = [](const Tensor& t) { return t.to(DType::f64); };
+  Tensor ro = Tensor::empty(q.shape(), DType::f64), rl = Tensor::empty({B, H, M}, DType::f64);
+  ops::flash_attention_forward(ro, rl, f64(q), f64(k), f64(v), f64(mask));
+  Tensor rdq = f64(pq), rdk = f64(pk), rdv = f64(pv);
+  ops::flash_attention_backward(&rdq, &rdk, &rdv, f64(g), f64(q), f64(k), f64(v), f64(mask), ro, rl);
+  const Tensor qc = q.to(Device::cuda), kc = k.to(Device::cuda), vc = v.to(Device::cuda), gc = g.to(Device::cuda),
+               mc = mask.to(Device::cuda);
+  // the gradient beyond what was there before
+  const auto added = [](const Tensor& after, const Tensor& before) {
+    std::vector<double> a = after.to_double_vector();
+    const std::vector<double> b = before.to_double_vector();
+    for (size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
+    return Tensor::from_vector<double>(a, after.shape());
+  };
+  for (const KernelTolerance& kernel : kernels) {
+    const std::string what =
+        fmt::format("{} at B {} M {} N {} d {} (runs {}, streamed rows {}/{})", cuda::flash_kernel_name(kernel.kernel),
+                    B, M, N, d, cuda::flash_kernel_name(cuda::flash_kernel_that_runs(kernel.kernel, qc, kc, vc)),
+                    cuda::flash_stream_rows(static_cast<int>(d), true), cuda::flash_stream_rows(static_cast<int>(d), false));
+    Tensor out = Tensor::full(q.shape(), std::nan(""), DType::f32, Device::cuda);
+    Tensor lse = Tensor::full({B, H, M}, std::nan(""), DType::f32, Device::cuda);
+    cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel.kernel);
+    Tensor dq = pq.to(Device::cuda), dk = pk.to(Device::cuda), dv = pv.to(Device::cuda);
+    cuda::flash_attention_backward(&dq, &dk, &dv, gc, qc, kc, vc, mc, out, lse, kernel.kernel);
+    EXPECT_LE(relative_error(out, ro), kernel.tolerance) << "output, " << what;
+    EXPECT_LE(relative_error(lse, rl), kernel.tolerance) << "log-sum-exp, " << what;
+    EXPECT_LE(relative_error(added(dq, pq), added(rdq, pq)), kernel.tolerance) << "dq, " << what;
+    EXPECT_LE(relative_error(added(dk, pk), added(rdk, pk)), kernel.tolerance) << "dk, " << what;
+    EXPECT_LE(relative_error(added(dv, pv), added(rdv, pv)), kernel.tolerance) << "dv, " << what;
+  }
+}
+
+}  // namespace
+
 // Every tensor-core kernel against the CPU's f64 flash attention, with padding (a row of the
 // batch with none real), several tiles, partial tiles and every head-width bound.
 TEST(CudaVsCpuTensorCore, FlashKernelsMatchTheF64Reference) {
   SKIP_WITHOUT_GPU();
-  struct Kernel {
-    cuda::FlashKernel kernel;
-    double tolerance;
-  };
-  const Kernel kernels[] = {{cuda::FlashKernel::fma, 2e-5},
-                            {cuda::FlashKernel::tf32x3, 2e-5},
-                            {cuda::FlashKernel::tf32, 8 * 0x1p-11},
-                            {cuda::FlashKernel::bf16, 8 * 0x1p-8}};
   for (auto [B, M, N, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
-           {3, 37, 45, 8}, {2, 70, 130, 16}, {1, 65, 33, 64}, {3, 33, 100, 128}, {1, 9, 40, 100}, {2, 20, 20, 12}}) {
-    const int64_t H = 2;
-    std::vector<float> m(B * N, 1.f);
-    for (int64_t j = N - N / 4; j < N; ++j) m[j] = 0.f;                          // padding at the end of row 0
-    if (B > 1) for (int64_t j = 0; j < N; j += 3) m[N + j] = 0.f;                // scattered in row 1
-    if (B > 2) for (int64_t j = 0; j < N; ++j) m[2 * N + j] = 0.f;               // row 2: no real key
-    const Tensor mask = Tensor::from_vector<float>(m, {B, N});
-    const Tensor q = Tensor::normal({B, H, M, d}, 31, M), k = Tensor::normal({B, H, N, d}, 32, N),
-                 v = Tensor::normal({B, H, N, d}, 33, d), g = Tensor::normal({B, H, M, d}, 34, d);
-    const Tensor pq = Tensor::uniform(q.shape(), 35, 0), pk = Tensor::uniform(k.shape(), 36, 0),
-                 pv = Tensor::uniform(v.shape(), 37, 0);  // gradients already there: the kernels add
-    // the reference, f64 on the CPU
-    const auto f64 = [](const Tensor& t) { return t.to(DType::f64); };
-    Tensor ro = Tensor::empty(q.shape(), DType::f64), rl = Tensor::empty({B, H, M}, DType::f64);
-    ops::flash_attention_forward(ro, rl, f64(q), f64(k), f64(v), f64(mask));
-    Tensor rdq = f64(pq), rdk = f64(pk), rdv = f64(pv);
-    ops::flash_attention_backward(&rdq, &rdk, &rdv, f64(g), f64(q), f64(k), f64(v), f64(mask), ro, rl);
-    const Tensor qc = q.to(Device::cuda), kc = k.to(Device::cuda), vc = v.to(Device::cuda), gc = g.to(Device::cuda),
-                 mc = mask.to(Device::cuda);
-    for (const Kernel& kernel : kernels) {
-      const std::string what = fmt::format("{} at B {} M {} N {} d {} (runs {})", cuda::flash_kernel_name(kernel.kernel),
-                                            B, M, N, d,
-                                            cuda::flash_kernel_name(cuda::flash_kernel_that_runs(kernel.kernel, qc, kc, vc)));
-      Tensor out = Tensor::full(q.shape(), std::nan(""), DType::f32, Device::cuda);
-      Tensor lse = Tensor::full({B, H, M}, std::nan(""), DType::f32, Device::cuda);
-      cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel.kernel);
-      Tensor dq = pq.to(Device::cuda), dk = pk.to(Device::cuda), dv = pv.to(Device::cuda);
-      cuda::flash_attention_backward(&dq, &dk, &dv, gc, qc, kc, vc, mc, out, lse, kernel.kernel);
-      EXPECT_LE(relative_error(out, ro), kernel.tolerance) << "output, " << what;
-      EXPECT_LE(relative_error(lse, rl), kernel.tolerance) << "log-sum-exp, " << what;
-      // the gradients beyond what was there before
-      const auto added = [](const Tensor& after, const Tensor& before) {
-        std::vector<double> a = after.to_double_vector();
-        const std::vector<double> b = before.to_double_vector();
-        for (size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
-        return Tensor::from_vector<double>(a, after.shape());
-      };
-      EXPECT_LE(relative_error(added(dq, pq), added(rdq, pq)), kernel.tolerance) << "dq, " << what;
-      EXPECT_LE(relative_error(added(dk, pk), added(rdk, pk)), kernel.tolerance) << "dk, " << what;
-      EXPECT_LE(relative_error(added(dv, pv), added(rdv, pv)), kernel.tolerance) << "dv, " << what;
-    }
+           {3, 37, 45, 8}, {2, 70, 130, 16}, {1, 65, 33, 64}, {3, 33, 100, 128}, {1, 9, 40, 100}, {2, 20, 20, 12}})
+    expect_kernels_match_reference(B, M, N, d, {std::begin(kAllKernels), std::end(kAllKernels)});
+}
+
+// The same at every streamed tile the benchmarks may choose (cast bench flash --stream-rows).
+TEST(CudaVsCpuTensorCore, FlashKernelsMatchAtEveryStreamedTile) {
+  SKIP_WITHOUT_GPU();
+  for (int rows : {32, 64, 128}) {
+    cuda::set_flash_stream_rows(rows);
+    expect_kernels_match_reference(2, 70, 150, 64, {kAllKernels[2], kAllKernels[3]});
+    expect_kernels_match_reference(1, 33, 100, 128, {kAllKernels[1], kAllKernels[3]});
   }
+  cuda::set_flash_stream_rows(0);
 }
 
 // The backward gives the same bits every time: no atomics, a fixed order of sums.
