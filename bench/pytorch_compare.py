@@ -216,13 +216,13 @@ def torch_sdpa(lengths, device, warmup, repeats, d=64, tokens=65536):
         h = max(1, tokens // n)
         q, k, v = (torch.randn(1, h, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
         dout = torch.randn_like(q)
-        fwd = statistics.median(timed(lambda: F.scaled_dot_product_attention(q, k, v), warmup, repeats, device))
+        fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v), warmup, repeats, device)
 
         def both():
             F.scaled_dot_product_attention(q, k, v).backward(dout)
             q.grad = k.grad = v.grad = None
 
-        bwd = statistics.median(timed(both, warmup, repeats, device)) - fwd
+        bwd = timed(both, warmup, repeats, device) - fwd
         flops = h * n * n * d
         rows.append((n, h, fwd, 4 * flops / fwd / 1e9, bwd, 10 * flops / bwd / 1e9))
     return rows

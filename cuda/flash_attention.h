@@ -51,9 +51,14 @@ struct KernelLaunchShape {
 std::vector<KernelLaunchShape> flash_launch_shapes();  // the FMA and the tensor-core kernels
 std::vector<KernelLaunchShape> flash_tc_launch_shapes();
 
-// The tensor-core kernels' streamed tile (keys, or queries in dK/dV): 0 the defaults (64 rows,
-// 32 at head width 128), or 32, 64 or 128 rows for `cast bench flash --stream-rows`; and the rows
-// that run for head width d.
+// The tensor-core kernels' streamed tile (keys, or queries in dK/dV): 0 each kernel's default
+// (cuda/flash_tensor_core.cu), or 32, 64 or 128 rows for `cast bench flash --stream-rows`; and
+// the rows that run for a kernel at head width d.
 void set_flash_stream_rows(int rows);
-int flash_stream_rows(int d, bool forward);
+int flash_stream_rows(FlashKernel kernel, int d, bool forward);
+// The forward's rows per warp: 16 (a block owns 64 query rows) or 32 (128 rows, each B fragment
+// feeding two products; not for tf32x3 or 128-row streamed tiles, which would spill); 0 the
+// default. `cast bench flash --warp-rows`; flash_warp_rows: the rows that run.
+void set_flash_warp_rows(int rows);
+int flash_warp_rows(FlashKernel kernel, int d);
 }  // namespace cast::cuda

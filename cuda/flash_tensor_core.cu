@@ -38,7 +38,7 @@ namespace cast::cuda {
 namespace {
 
 constexpr int kWarps = 4, kBlock = 32 * kWarps, kRowsPerWarp = 16;
-constexpr int kBlockRows = kWarps * kRowsPerWarp;  // 64 rows owned by a block
+constexpr int kBlockRows = kWarps * kRowsPerWarp;  // 64 rows owned by a block of the backward
 
 __device__ __forceinline__ int min_of(int a, int b) { return a < b ? a : b; }
 
@@ -173,45 +173,58 @@ __device__ __forceinline__ void load_b_rows(typename M::B (&b)[2], const SharedA
   b[1] = M::b_raw(r[2], r[3]);
 }
 
-// acc[nt] += A_tile(rows row0.., all kdim columns) · T(rows n0 + 8nt ..)ᵀ for NT n-tiles: a warp's
-// 16 × 8NT block of scores, S = X Yᵀ with X and Y both row-major in shared memory. Columns past
-// `width` (the head width rounded up to the k-step) are zeros and skipped.
-template <class M, int D, int NT>
-__device__ __forceinline__ void product_xyt(float (&acc)[NT][4], const SharedArray<typename M::Elem>& s, int x_base,
-                                            int y_base, int stride, int row0, int width, int lane) {
+// acc[mi][nt] = X(rows row0 + 16mi .., all columns) · Y(rows 8nt ..)ᵀ: a warp's 16MI × 8NT block
+// of scores, S = X Yᵀ with X and Y both row-major in shared memory. Each B fragment (Y's rows)
+// feeds MI products. Columns past `width` (the head width rounded up to the k-step) are zeros
+// and skipped.
+template <class M, int D, int MI, int NT>
+__device__ __forceinline__ void product_xyt(float (&acc)[MI][NT][4], const SharedArray<typename M::Elem>& s,
+                                            int x_base, int y_base, int stride, int row0, int width, int lane) {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[mi][nt][0] = acc[mi][nt][1] = acc[mi][nt][2] = acc[mi][nt][3] = 0.f;
 #pragma unroll
   for (int k0 = 0; k0 < D; k0 += M::kK) {
     if (k0 >= width) break;
-    const typename M::A a = load_a<M>(s, x_base, stride, row0, k0, lane);
+    typename M::A a[MI];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) a[mi] = load_a<M>(s, x_base, stride, row0 + 16 * mi, k0, lane);
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       typename M::B b[2];
       load_b_rows<M>(b, s, y_base, stride, 16 * np, k0, lane);
-      M::mma(acc[2 * np], a, b[0]);
-      M::mma(acc[2 * np + 1], a, b[1]);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        M::mma(acc[mi][2 * np], a[mi], b[0]);
+        M::mma(acc[mi][2 * np + 1], a[mi], b[1]);
+      }
     }
   }
 }
 
-// out[dt] += W · Z: W the warp's 16 × 8NT weights in accumulator layout (P or dS), Z a row-major
-// tile of 8NT rows and D columns in shared memory; columns past `width` are skipped.
-template <class M, int D, int NT>
-__device__ __forceinline__ void product_wz(float (&out)[D / 8][4], const float (&w)[NT][4],
+// out[mi][dt] += W · Z: W the warp's 16MI × 8NT weights in accumulator layout (P or dS), Z a
+// row-major tile of 8NT rows and D columns in shared memory; columns past `width` are skipped.
+template <class M, int D, int MI, int NT>
+__device__ __forceinline__ void product_wz(float (&out)[MI][D / 8][4], const float (&w)[MI][NT][4],
                                            const SharedArray<typename M::Elem>& s, int z_base, int stride, int width,
                                            int lane) {
   constexpr int steps = 8 * NT / M::kK;
 #pragma unroll
   for (int kk = 0; kk < steps; ++kk) {
-    const typename M::A a = M::a_from_c(w, kk);
+    typename M::A a[MI];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) a[mi] = M::a_from_c(w[mi], kk);
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       if (16 * dp >= width) break;
       typename M::B b[2];
       M::b_trans(b, s, z_base, stride, kk * M::kK, 16 * dp, lane);
-      M::mma(out[2 * dp], a, b[0]);
-      M::mma(out[2 * dp + 1], a, b[1]);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        M::mma(out[mi][2 * dp], a[mi], b[0]);
+        M::mma(out[mi][2 * dp + 1], a[mi], b[1]);
+      }
     }
   }
 }
@@ -224,12 +237,15 @@ struct TcShape {
   float scale;
 };
 
-template <class M, int D_, int BS>
+// A block's tiles: it owns 64·MI rows (16·MI per warp) and streams tiles of BS rows.
+template <class M, int D_, int BS, int MI_ = 1>
 struct TcTile {
-  static constexpr int D = D_;
-  static constexpr int kStream = BS;  // rows of each streamed tile
+  static constexpr int D = D_, MI = MI_;
+  static constexpr int kStream = BS;                   // rows of each streamed tile
+  static constexpr int kWarpRows = kRowsPerWarp * MI;  // rows of the owned tile per warp
+  static constexpr int kOwnedRows = kWarps * kWarpRows;
   static constexpr int kStride = D + M::kChunk;  // a 16-byte pad: ldmatrix's 8 rows hit distinct banks
-  static constexpr int kOwned = kBlockRows * kStride, kStreamed = kStream * kStride;
+  static constexpr int kOwned = kOwnedRows * kStride, kStreamed = kStream * kStride;
   // elements of shared memory: the owned tile(s) and two stages of the two streamed tiles
   static constexpr int elements(int owned_tiles) { return owned_tiles * kOwned + 4 * kStreamed; }
 };
@@ -280,23 +296,58 @@ __device__ __forceinline__ void store_acc(float* dst, const float (&acc)[D / 8][
 }
 
 // ---------------------------------------------------------------- forward
+// One streamed tile into the online softmax of a warp's 16 rows (two per thread): scores of
+// padding keys become −∞, the running max m and sum l take the tile in (the output rescaled
+// where m grows), and the scores become the tile's weights exp(S − m) for P V.
+template <int NT, int D>
+__device__ __forceinline__ void online_softmax(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
+                                               const bool (&real)[NT][2], float scale) {
+  float tile_max[2] = {softmax_rule::masked<float>(), softmax_rule::masked<float>()};
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sc[nt][i] = real[nt][i % 2] ? sc[nt][i] * scale : softmax_rule::masked<float>();
+      tile_max[i / 2] = fmaxf(tile_max[i / 2], sc[nt][i]);
+    }
+  float correction[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+    correction[r] = softmax_rule::rescale(m[r], m_new);
+    m[r] = m_new;
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sc[nt][i] = softmax_rule::weight(sc[nt][i], m[i / 2]);
+      sum[i / 2] += sc[nt][i];
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * correction[r] + quad_sum(sum[r]);
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[dt][i] *= correction[i / 2];
+}
+
 template <class M, class T>
 __global__ void __launch_bounds__(kBlock)
     flash_tc_forward_kernel(float* out, float* lse, const typename M::Elem* q, const typename M::Elem* k,
                             const typename M::Elem* v, const float* mask, TcShape s) {
   using E = typename M::Elem;
-  constexpr int D = T::D, BN = T::kStream, NT = BN / 8, stride = T::kStride;
+  constexpr int D = T::D, BN = T::kStream, NT = BN / 8, MI = T::MI, stride = T::kStride, BM = T::kOwnedRows;
   constexpr int q_base = 0, kv_base = T::kOwned;  // stage st: K at kv_base + 2st·kStreamed, V after it
   CAST_DYNAMIC_SHARED(E, smem, T::elements(1));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = kRowsPerWarp * warp;
-  const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * kBlockRows;
-  const int q_rows = min_of(s.M - i0, kBlockRows);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = T::kWarpRows * warp;
+  const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * BM;
+  const int q_rows = min_of(s.M - i0, BM);
   const bool live = row0 < q_rows;
   const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.width;
   const int tiles = (s.N + BN - 1) / BN, width = (s.width + M::kK - 1) / M::kK * M::kK;
 
-  copy_rows<M, D>(smem, q_base, stride, q + (static_cast<int64_t>(bh) * s.M + i0) * s.width, q_rows, kBlockRows,
-                  s.width);
+  copy_rows<M, D>(smem, q_base, stride, q + (static_cast<int64_t>(bh) * s.M + i0) * s.width, q_rows, BM, s.width);
   const auto copy_keys = [&](int tile) {
     const int j0 = tile * BN, rows = min_of(s.N - j0, BN), st = kv_base + 2 * (tile % 2) * T::kStreamed;
     copy_rows<M, D>(smem, st, stride, k + k_off + static_cast<int64_t>(j0) * s.width, rows, BN, s.width);
@@ -306,10 +357,13 @@ __global__ void __launch_bounds__(kBlock)
   copy_keys(0);
   tc::cp_async_commit();
 
-  float o[D / 8][4], m[2], l[2];
+  float o[MI][D / 8][4], m[MI][2], l[MI][2];
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-  m[0] = m[1] = softmax_rule::masked<float>(), l[0] = l[1] = 0.f;
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) o[mi][dt][0] = o[mi][dt][1] = o[mi][dt][2] = o[mi][dt][3] = 0.f;
+    m[mi][0] = m[mi][1] = softmax_rule::masked<float>(), l[mi][0] = l[mi][1] = 0.f;
+  }
 
   for (int tile = 0; tile < tiles; ++tile) {
     if (tile + 1 < tiles) copy_keys(tile + 1);
@@ -323,49 +377,27 @@ __global__ void __launch_bounds__(kBlock)
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
-      float sc[NT][4];
-      product_xyt<M, D, NT>(sc, smem, q_base, st, stride, row0, width, lane);
-      float tile_max[2] = {softmax_rule::masked<float>(), softmax_rule::masked<float>()};
+      float sc[MI][NT][4];
+      product_xyt<M, D, MI, NT>(sc, smem, q_base, st, stride, row0, width, lane);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          sc[nt][i] = real[nt][i % 2] ? sc[nt][i] * s.scale : softmax_rule::masked<float>();
-          tile_max[i / 2] = fmaxf(tile_max[i / 2], sc[nt][i]);
-        }
-      float correction[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
-        correction[r] = softmax_rule::rescale(m[r], m_new);
-        m[r] = m_new;
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          sc[nt][i] = softmax_rule::weight(sc[nt][i], m[i / 2]);
-          sum[i / 2] += sc[nt][i];
-        }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) l[r] = l[r] * correction[r] + quad_sum(sum[r]);
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o[dt][i] *= correction[i / 2];
-      product_wz<M, D, NT>(o, sc, smem, st + T::kStreamed, stride, s.d, lane);
+      for (int mi = 0; mi < MI; ++mi) online_softmax<NT, D>(sc[mi], m[mi], l[mi], o[mi], real, s.scale);
+      product_wz<M, D, MI, NT>(o, sc, smem, st + T::kStreamed, stride, s.d, lane);
     }
     __syncthreads();  // this stage is read no more: the next iteration's copy may fill it
   }
-  const float inv[2] = {softmax_rule::inverse_sum(l[0]), softmax_rule::inverse_sum(l[1])};
   const int64_t row_base = static_cast<int64_t>(bh) * s.M;
-  if (t == 0)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = i0 + row0 + g + 8 * r;
-      if (row < s.M) lse[row_base + row] = softmax_rule::log_sum_exp(m[r], l[r]);
-    }
-  store_acc<D>(out + row_base * s.d, o, i0 + row0, s.M, inv, false, s.d, lane);
+  for (int mi = 0; mi < MI; ++mi) {
+    const float inv[2] = {softmax_rule::inverse_sum(l[mi][0]), softmax_rule::inverse_sum(l[mi][1])};
+    const int rows0 = i0 + row0 + 16 * mi;
+    if (t == 0)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = rows0 + g + 8 * r;
+        if (row < s.M) lse[row_base + row] = softmax_rule::log_sum_exp(m[mi][r], l[mi][r]);
+      }
+    store_acc<D>(out + row_base * s.d, o[mi], rows0, s.M, inv, false, s.d, lane);
+  }
 }
 
 // ---------------------------------------------------------------- dQ
@@ -396,7 +428,8 @@ __global__ void __launch_bounds__(kBlock)
   copy_keys(0);
   tc::cp_async_commit();
 
-  float L[2], Dl[2], acc[D / 8][4];
+  float L[2], Dl[2], acc_tiles[1][D / 8][4];  // one 16-row tile per warp (the product helpers take MI tiles)
+  auto& acc = acc_tiles[0];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = i0 + row0 + g + 8 * r;
@@ -418,9 +451,10 @@ __global__ void __launch_bounds__(kBlock)
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
-      float sc[NT][4], dp[NT][4];
-      product_xyt<M, D, NT>(sc, smem, q_base, st, stride, row0, width, lane);
-      product_xyt<M, D, NT>(dp, smem, g_base, st + T::kStreamed, stride, row0, width, lane);
+      float sc_tiles[1][NT][4], dp_tiles[1][NT][4];
+      auto &sc = sc_tiles[0], &dp = dp_tiles[0];
+      product_xyt<M, D, 1, NT>(sc_tiles, smem, q_base, st, stride, row0, width, lane);
+      product_xyt<M, D, 1, NT>(dp_tiles, smem, g_base, st + T::kStreamed, stride, row0, width, lane);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -430,7 +464,7 @@ __global__ void __launch_bounds__(kBlock)
           const float p = softmax_rule::probability(sc[nt][i] * s.scale, is_real, L[r]);
           sc[nt][i] = is_real ? softmax_rule::score_gradient(p, dp[nt][i], Dl[r]) * s.scale : 0.f;
         }
-      product_wz<M, D, NT>(acc, sc, smem, st, stride, s.d, lane);
+      product_wz<M, D, 1, NT>(acc_tiles, sc_tiles, smem, st, stride, s.d, lane);
     }
     __syncthreads();
   }
@@ -471,7 +505,8 @@ __global__ void __launch_bounds__(kBlock)
   bool real[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) real[r] = key_is_real(mask, b, j0 + row0 + g + 8 * r, s.N);
-  float dk_acc[D / 8][4], dv_acc[D / 8][4];
+  float dk_tiles[1][D / 8][4], dv_tiles[1][D / 8][4];  // one 16-row tile per warp
+  auto &dk_acc = dk_tiles[0], &dv_acc = dv_tiles[0];
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
@@ -494,9 +529,10 @@ __global__ void __launch_bounds__(kBlock)
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
-      float st_[NT][4], dpt[NT][4];  // scores and dP, transposed: keys × queries
-      product_xyt<M, D, NT>(st_, smem, k_base, st, stride, row0, width, lane);
-      product_xyt<M, D, NT>(dpt, smem, v_base, st + T::kStreamed, stride, row0, width, lane);
+      float st_tiles[1][NT][4], dpt_tiles[1][NT][4];  // scores and dP, transposed: keys × queries
+      auto &st_ = st_tiles[0], &dpt = dpt_tiles[0];
+      product_xyt<M, D, 1, NT>(st_tiles, smem, k_base, st, stride, row0, width, lane);
+      product_xyt<M, D, 1, NT>(dpt_tiles, smem, v_base, st + T::kStreamed, stride, row0, width, lane);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -511,8 +547,8 @@ __global__ void __launch_bounds__(kBlock)
           }
           st_[nt][i] = p, dpt[nt][i] = ds;
         }
-      product_wz<M, D, NT>(dv_acc, st_, smem, st + T::kStreamed, stride, s.d, lane);
-      product_wz<M, D, NT>(dk_acc, dpt, smem, st, stride, s.d, lane);
+      product_wz<M, D, 1, NT>(dv_tiles, st_tiles, smem, st + T::kStreamed, stride, s.d, lane);
+      product_wz<M, D, 1, NT>(dk_tiles, dpt_tiles, smem, st, stride, s.d, lane);
     }
     __syncthreads();
   }
@@ -532,19 +568,39 @@ __global__ void to_bf16_rows_kernel(uint16_t* dst, const float* src, int64_t row
 }
 
 // ---------------------------------------------------------------- host side
-// Tile shapes: the owned tile is 64 rows; the streamed tile's rows are 64 (32 at head width 128)
-// unless set_flash_stream_rows chose 32, 64 or 128 (128 in the forward at widths up to 64 only:
-// the backward's two score tiles of 128 columns would not fit the registers).
+// Tile shapes. A block owns 64 rows (128 in the forward at 32 rows per warp) and streams tiles
+// of 32, 64 or 128 rows (128 in the forward at widths up to 64 only: the backward's two score
+// tiles of 128 columns would not fit the registers). The defaults are each kernel's fastest in
+// `cast bench flash --stream-rows 32,64,128` on an H200 (bench/RESULTS.md, "Tensor cores");
+// set_flash_stream_rows and set_flash_warp_rows override them for the benchmarks.
 int g_stream_rows = 0;
+int g_warp_rows = 0;  // the forward's rows per warp: 0 the default, 16 or 32
 
-int stream_rows(int D, bool forward) {
-  const int want = g_stream_rows ? g_stream_rows : D == 128 ? 32 : 64;
+int default_stream_rows(FlashKernel kernel, int D, bool forward) {
+  if (!forward) return kernel == FlashKernel::tf32 && D == 128 ? 64 : 32;
+  if (kernel == FlashKernel::bf16) return D == 128 ? 32 : 64;
+  return D == 32 ? 64 : 32;  // tf32, tf32x3
+}
+
+int stream_rows(FlashKernel kernel, int D, bool forward) {
+  const int want = g_stream_rows ? g_stream_rows : default_stream_rows(kernel, D, forward);
   return want == 32 ? 32 : want == 128 && forward && D <= 64 ? 128 : 64;
 }
 
-template <int D, class Fn>
+int forward_warp_rows(int D) {
+  (void)D;
+  return g_warp_rows ? g_warp_rows : 32;
+}
+
+template <class M>
+constexpr FlashKernel kernel_of() {
+  return std::is_same_v<M, Bf16Math> ? FlashKernel::bf16 : std::is_same_v<M, Tf32Math> ? FlashKernel::tf32
+                                                                                        : FlashKernel::tf32x3;
+}
+
+template <class M, int D, class Fn>
 void with_stream_rows(bool forward, Fn&& fn) {
-  const int rows = stream_rows(D, forward);
+  const int rows = stream_rows(kernel_of<M>(), D, forward);
   if (rows == 32) fn(std::integral_constant<int, 32>{});
   else if constexpr (D <= 64) {
     if (rows == 128) fn(std::integral_constant<int, 128>{});
@@ -569,8 +625,8 @@ void launch_tc(const char* name, void (*kernel)(Params...), dim3 grid, size_t by
   CUDA_CHECK_LAUNCH();
 }
 
-dim3 grid_for(int rows, int64_t batch_heads) {
-  return dim3(static_cast<unsigned>((rows + kBlockRows - 1) / kBlockRows), static_cast<unsigned>(batch_heads));
+dim3 grid_for(int rows, int64_t batch_heads, int block_rows = kBlockRows) {
+  return dim3(static_cast<unsigned>((rows + block_rows - 1) / block_rows), static_cast<unsigned>(batch_heads));
 }
 
 // The operand tensors of one call in the kernel's element type: BF16 copies, or the FP32 tensors.
@@ -610,11 +666,20 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
   const auto *qe = ops.of(q, s.width), *ke = ops.of(k, s.width), *ve = ops.of(v, s.width);
   with_width(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
-    with_stream_rows<D>(true, [&](auto rows) {
-      using T = TcTile<M, D, decltype(rows)::value>;
-      launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, BH),
-                T::elements(1) * sizeof(typename M::Elem), out.data<float>(), lse.data<float>(), qe, ke, ve,
-                mask.defined() ? mask.data<float>() : nullptr, s);
+    with_stream_rows<M, D>(true, [&](auto rows) {
+      const auto launch = [&](auto warp_tiles) {
+        using T = TcTile<M, D, decltype(rows)::value, decltype(warp_tiles)::value>;
+        launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, BH, T::kOwnedRows),
+                  T::elements(1) * sizeof(typename M::Elem), out.data<float>(), lse.data<float>(), qe, ke, ve,
+                  mask.defined() ? mask.data<float>() : nullptr, s);
+      };
+      // 32 rows per warp hold twice the accumulators: not with the split TF32 operands or
+      // 128-row streamed tiles, where ptxas would spill
+      constexpr bool two_fit = !std::is_same_v<M, Tf32x3Math> && decltype(rows)::value <= 64;
+      if constexpr (two_fit) {
+        if (forward_warp_rows(D) == 32) return launch(std::integral_constant<int, 2>{});
+      }
+      launch(std::integral_constant<int, 1>{});
     });
   });
 }
@@ -630,7 +695,7 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
   const float* m = mask.defined() ? mask.data<float>() : nullptr;
   with_width(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
-    with_stream_rows<D>(false, [&](auto rows) {
+    with_stream_rows<M, D>(false, [&](auto rows) {
       using T = TcTile<M, D, decltype(rows)::value == 128 ? 64 : decltype(rows)::value>;
       const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
       if (dq)
@@ -672,7 +737,22 @@ void set_flash_stream_rows(int rows) {
   g_stream_rows = rows;
 }
 
-int flash_stream_rows(int d, bool forward) { return stream_rows(d <= 32 ? 32 : d <= 64 ? 64 : 128, forward); }
+void set_flash_warp_rows(int rows) {
+  CAST_CHECK(rows == 0 || rows == 16 || rows == 32, "flash attention: {} rows per warp (0: the default, or 16, 32)",
+             rows);
+  g_warp_rows = rows;
+}
+
+int flash_warp_rows(FlashKernel kernel, int d) {
+  const int D = d <= 32 ? 32 : d <= 64 ? 64 : 128;
+  const bool two_fit =
+      kernel != FlashKernel::tf32x3 && kernel != FlashKernel::fma && stream_rows(kernel, D, true) <= 64;
+  return two_fit ? forward_warp_rows(D) : 16;
+}
+
+int flash_stream_rows(FlashKernel kernel, int d, bool forward) {
+  return stream_rows(kernel, d <= 32 ? 32 : d <= 64 ? 64 : 128, forward);
+}
 
 std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
   std::vector<KernelLaunchShape> shapes;

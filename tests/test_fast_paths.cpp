@@ -7,14 +7,20 @@
 // never writes fails; every input's gradient starts from random values, so a backward that
 // overwrites instead of adding fails too.
 //
+// On the CUDA device, f32 cases run once more at each reduced precision (tensor/precision.h: the
+// tensor-core flash kernels, cuBLAS's TF32 and BF16 products) against the reference at fp32,
+// held in norm to 8 units of the format's roundoff: 8·2^-11 for TF32, 8·2^-8 for BF16.
+//
 // Adding a kernel: its own file, its row in ops::fast_paths(), and, for a step no path had
 // before, that step's row in kCases below (the test fails for a path whose step has none).
+#include <cmath>
 #include <map>
 #include <string>
 
 #include "ops/attention.h"
 #include "ops/fast.h"
 #include "tensor/philox.h"
+#include "tensor/precision.h"
 #include "tests/device_compare.h"
 #include "tests/random_clusters.h"
 #include "tests/devices.h"
@@ -175,6 +181,26 @@ Shape reference_shape(ops::Step step, const Case& c) {
   return ops::run_reference(step, c.inputs, c.options).shape();
 }
 
+// ‖got − want‖ / ‖want‖ over every element (want's norm taken as 1 where it is 0).
+double relative_norm_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> a = got.to_double_vector(), b = want.to_double_vector();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (a[i] == b[i]) continue;  // equal infinities too
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  for (size_t i = 0; i < b.size(); ++i) den += std::isfinite(b[i]) && a[i] == b[i] ? b[i] * b[i] : 0.0;
+  return std::sqrt(num / (den > 0 ? den : 1.0));
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.to_double_vector();
+  const std::vector<double> y = b.to_double_vector();
+  for (size_t i = 0; i < x.size(); ++i) x[i] -= y[i];
+  return Tensor::from_vector<double>(x, a.shape());
+}
+
 class FastPathAgainstReference : public ::testing::TestWithParam<size_t> {};
 
 }  // namespace
@@ -208,6 +234,22 @@ TEST_P(FastPathAgainstReference, ValuesAndEveryGradient) {
           if (want.grads[i].defined())
             expect_close_per_element(got.grads[i], want.grads[i], rtol, atol, fmt::format("gradient of input {}", i));
         ++ran;
+        if (device != Device::cuda || dtype != DType::f32) continue;
+        for (auto [precision, tolerance] : {std::pair{Precision::tf32, 8 * 0x1p-11}, std::pair{Precision::bf16, 8 * 0x1p-8}}) {
+          PrecisionGuard at(precision);
+          const PathRun reduced =
+              run_once([&](const std::vector<Tensor>& x) { return path.run(x, c.options); }, c.inputs, device, dout);
+          const char* name = precision_name(precision);
+          EXPECT_LE(relative_norm_error(reduced.out, want.out), tolerance) << "output at " << name;
+          for (size_t i = 0; i < c.inputs.size(); ++i)
+            if (want.grads[i].defined()) {  // what the backward added to the prefilled gradient
+              const Tensor before = prefilled_grad(c.inputs[i], i).to(DType::f64);
+              EXPECT_LE(relative_norm_error(sub(reduced.grads[i].to(DType::f64), before),
+                                            sub(want.grads[i].to(DType::f64), before)),
+                        tolerance)
+                  << "gradient of input " << i << " at " << name;
+            }
+        }
       }
   if (ran == 0) GTEST_SKIP() << path.name << " supports no device of this build (" << path.supports << ")";
 }

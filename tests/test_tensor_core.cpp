@@ -189,9 +189,10 @@ void expect_kernels_match_reference(int64_t B, int64_t M, int64_t N, int64_t d,
   };
   for (const KernelTolerance& kernel : kernels) {
     const std::string what =
-        fmt::format("{} at B {} M {} N {} d {} (runs {}, streamed rows {}/{})", cuda::flash_kernel_name(kernel.kernel),
-                    B, M, N, d, cuda::flash_kernel_name(cuda::flash_kernel_that_runs(kernel.kernel, qc, kc, vc)),
-                    cuda::flash_stream_rows(static_cast<int>(d), true), cuda::flash_stream_rows(static_cast<int>(d), false));
+        fmt::format("{} at B {} M {} N {} d {} (runs {}, tiles {}x{}/{})", cuda::flash_kernel_name(kernel.kernel), B, M,
+                    N, d, cuda::flash_kernel_name(cuda::flash_kernel_that_runs(kernel.kernel, qc, kc, vc)),
+                    cuda::flash_warp_rows(kernel.kernel, static_cast<int>(d)),
+                    cuda::flash_stream_rows(kernel.kernel, static_cast<int>(d), true), cuda::flash_stream_rows(kernel.kernel, static_cast<int>(d), false));
     Tensor out = Tensor::full(q.shape(), std::nan(""), DType::f32, Device::cuda);
     Tensor lse = Tensor::full({B, H, M}, std::nan(""), DType::f32, Device::cuda);
     cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel.kernel);
@@ -216,15 +217,18 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchTheF64Reference) {
     expect_kernels_match_reference(B, M, N, d, {std::begin(kAllKernels), std::end(kAllKernels)});
 }
 
-// The same at every streamed tile the benchmarks may choose (cast bench flash --stream-rows).
+// The same at every tile the benchmarks may choose (cast bench flash --stream-rows, --warp-rows).
 TEST(CudaVsCpuTensorCore, FlashKernelsMatchAtEveryStreamedTile) {
   SKIP_WITHOUT_GPU();
-  for (int rows : {32, 64, 128}) {
-    cuda::set_flash_stream_rows(rows);
-    expect_kernels_match_reference(2, 70, 150, 64, {kAllKernels[2], kAllKernels[3]});
-    expect_kernels_match_reference(1, 33, 100, 128, {kAllKernels[1], kAllKernels[3]});
-  }
+  for (int warp_rows : {16, 32})
+    for (int rows : {32, 64, 128}) {
+      cuda::set_flash_stream_rows(rows);
+      cuda::set_flash_warp_rows(warp_rows);
+      expect_kernels_match_reference(2, 150, 150, 64, {kAllKernels[2], kAllKernels[3]});
+      if (warp_rows == 16) expect_kernels_match_reference(1, 33, 100, 128, {kAllKernels[1], kAllKernels[3]});
+    }
   cuda::set_flash_stream_rows(0);
+  cuda::set_flash_warp_rows(0);
 }
 
 // The backward gives the same bits every time: no atomics, a fixed order of sums.

@@ -520,7 +520,8 @@ int bench_flash(const cli::Args& args) {
              "4 N^2 d per head forward, 10 N^2 d backward (FlashAttention-2's count)\n",
              device_label(device), tokens, repeats, warmup);
   const std::vector<int64_t> all_rows = cli::comma_integers("stream-rows", args.str("stream-rows"), 0, 128);
-  fmt::print("{:<8} {:>6} {:>4} {:>6} {:>7} {:>11} {:>11} {:>11} {:>11}\n", "kernel", "N", "d", "heads", "rows",
+  const std::vector<int64_t> all_warp_rows = cli::comma_integers("warp-rows", args.str("warp-rows"), 0, 32);
+  fmt::print("{:<8} {:>6} {:>4} {:>6} {:>10} {:>11} {:>11} {:>11} {:>11}\n", "kernel", "N", "d", "heads", "tiles",
              "fwd ms", "fwd TFLOPS", "bwd ms", "bwd TFLOPS");
   for (int64_t N : ns)
     for (int64_t d : widths) {
@@ -534,14 +535,20 @@ int bench_flash(const cli::Args& args) {
       Tensor dq = Tensor::zeros(shape, DType::f32, Device::cuda), dk = Tensor::zeros(shape, DType::f32, Device::cuda),
              dv = Tensor::zeros(shape, DType::f32, Device::cuda);
       const double flops = double(H) * N * N * d;
+      for (int64_t warp_rows : all_warp_rows)
       for (int64_t rows : all_rows)
       for (cuda::FlashKernel kernel : kernels) {
-        if (kernel == cuda::FlashKernel::fma && rows != all_rows.front()) continue;  // no tensor-core tiles
+        const bool first = rows == all_rows.front() && warp_rows == all_warp_rows.front();
+        if (kernel == cuda::FlashKernel::fma && !first) continue;  // no tensor-core tiles
         cuda::set_flash_stream_rows(static_cast<int>(rows));
-        const std::string tiles = kernel == cuda::FlashKernel::fma
-                                      ? "-"
-                                      : fmt::format("{}/{}", cuda::flash_stream_rows(static_cast<int>(d), true),
-                                                    cuda::flash_stream_rows(static_cast<int>(d), false));
+        cuda::set_flash_warp_rows(static_cast<int>(warp_rows));
+        // the forward's rows per warp x streamed rows, the backward's streamed rows
+        const std::string tiles =
+            kernel == cuda::FlashKernel::fma
+                ? "-"
+                : fmt::format("{}x{}/{}", cuda::flash_warp_rows(kernel, static_cast<int>(d)),
+                              cuda::flash_stream_rows(kernel, static_cast<int>(d), true),
+                              cuda::flash_stream_rows(kernel, static_cast<int>(d), false));
         std::vector<double> tf, tb;
         for (int64_t r = 0; r < warmup + repeats; ++r) {
           const double f = time_once(device, [&] { cuda::flash_attention_forward(out, lse, q, k, v, Tensor(), kernel); });
@@ -551,15 +558,16 @@ int bench_flash(const cli::Args& args) {
           if (r >= warmup) tf.push_back(f), tb.push_back(b);
         }
         const double f = median(tf), b = median(tb);
-        fmt::print("{:<8} {:>6} {:>4} {:>6} {:>7} {:>11.3f} {:>11.1f} {:>11.3f} {:>11.1f}{}\n",
+        fmt::print("{:<8} {:>6} {:>4} {:>6} {:>10} {:>11.3f} {:>11.1f} {:>11.3f} {:>11.1f}{}\n",
                    cuda::flash_kernel_name(kernel), N, d, H, tiles, f, 4 * flops / f / 1e9, b, 10 * flops / b / 1e9,
                    trust_note(tb));
         json_out.add({{"kernel", cuda::flash_kernel_name(kernel)}, {"n", N}, {"head_width", d}, {"heads", H},
-                      {"stream_rows", tiles},
+                      {"tiles", tiles},
                       {"forward_ms", f}, {"backward_ms", b}, {"forward_tflops", 4 * flops / f / 1e9},
                       {"backward_tflops", 10 * flops / b / 1e9}});
       }
       cuda::set_flash_stream_rows(0);
+      cuda::set_flash_warp_rows(0);
     }
   return 0;
 #else
@@ -591,7 +599,9 @@ int command_bench(const std::vector<std::string>& argv) {
       .option("check-length", "1024", "flash: rows of the error check against f64 (0: none)")
       .option("stream-rows", "0",
               "flash: the tensor-core kernels' streamed tile rows, a list of 32, 64, 128 (0: the defaults); the "
-              "table shows the forward's/backward's rows that ran")
+              "table's tiles column shows what ran: the forward's rows per warp x streamed rows / the backward's "
+              "streamed rows")
+      .option("warp-rows", "0", "flash: the forward's rows per warp, a list of 16, 32 (0: the default)")
       .option("task", "text", "train: task preset")
       .option("length", "", "train: sequence length (default: the preset's)")
       .option("batch-size", "", "train: batch size (default: the preset's)")
