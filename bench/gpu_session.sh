@@ -63,7 +63,7 @@ REAL_FILTERS="$GPU_FILTER $MEMCHECK_FILTER $RACE_FILTER"
 if [ $dry = 1 ]; then
   build_dir="$dry_build" cast="$dry_build/cast_emu" tests="$dry_build/cast_emu_tests"
   lengths=64 text_length=32 text_batch=1 repeats=1 warmup=0 steps=2 train_batch=2 rounds=1 eval_limit=4
-  train_mechanisms=full flash_lengths=64 flash_widths=32 flash_tokens=128 flash_check=24 flash_rows=0 precisions=bf16
+  train_mechanisms=full flash_lengths=64 flash_widths=32 flash_tokens=128 flash_check=24 flash_rows=0 flash_warp=0 precisions=bf16
   parity_steps=2 parity_seeds=1
   # The emulated kernels run thousands of times slower, on a machine the other tests share: a
   # small subset of each filter runs (the real filters are checked to match tests, in the tests
@@ -81,7 +81,7 @@ else
   build_dir=build-gpu cast="build-gpu/cast" tests="build-gpu/cast_tests"
   lengths=1024,4096 text_length=4096 text_batch=32 repeats=5 warmup=2 steps=300 train_batch=32 rounds=3 eval_limit=0
   train_mechanisms=full,cast-topk,clustered,iclustered flash_lengths=1024,4096,16384 flash_widths=32,64,128
-  flash_tokens=65536 flash_check=1024 flash_rows=32,64,128 precisions=fp32,tf32,bf16 parity_steps=1200 parity_seeds=1,2,3
+  flash_tokens=65536 flash_check=1024 flash_rows=32,64 flash_warp=16,32 precisions=fp32,tf32,bf16 parity_steps=1200 parity_seeds=1,2,3
   sanitizer() { compute-sanitizer --tool "$2" --error-exitcode 1 "${@:3}"; }
 fi
 
@@ -259,7 +259,7 @@ tensor_core_stage() {
     } >> "$BUILD_LOG" 2>&1
   fi
   "$cast" bench flash --device cuda --lengths "$flash_lengths" --head-widths "$flash_widths" --tokens "$flash_tokens" \
-    --check-length "$flash_check" --stream-rows "$flash_rows" --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash.jsonl" > "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
+    --check-length "$flash_check" --stream-rows "$flash_rows" --warp-rows "$flash_warp" --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash.jsonl" > "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
   for p in ${precisions//,/ }; do
     "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
       --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-$p.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
@@ -289,7 +289,7 @@ parity_stage() {
 # Each stage runs in its own bash under `timeout`: it sees these functions and settings.
 export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage profile_stage pytorch_stage train_stage \
   tensor_core_stage parity_stage
-export flash_lengths flash_widths flash_tokens flash_check flash_rows precisions parity_steps parity_seeds
+export flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds
 export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES
 # The kit's libraries are found at run time too (the build's RPATH names them as well).
