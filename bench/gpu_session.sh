@@ -282,8 +282,8 @@ parity_stage() {
   "$cast" compare --task listops-short --attention cast --vary precision=fp32,bf16 --seeds "$parity_seeds" \
     --device cuda --steps "$parity_steps" \
     --eval-limit "$eval_limit" --data "$scratch/listops-short-parity" --out "$folder" >> "$scratch/parity.txt" 2>&1 || { tail -n 20 "$scratch/parity.txt" >&2; return 1; }
-  cp "$folder/results.md" "$scratch/parity.md" 2>/dev/null
-  grep -iE "mean|±" "$scratch/parity.txt" | tail -n 4 | tr -s ' ' > "$note"
+  cat "$folder"/results*.md > "$scratch/parity.md" || return 1
+  grep -E "^\| .*(fp32|bf16)" "$scratch/parity.md" | tr -s ' ' > "$note" || true
 }
 
 # Each stage runs in its own bash under `timeout`: it sees these functions and settings.

@@ -576,10 +576,22 @@ __global__ void to_bf16_rows_kernel(uint16_t* dst, const float* src, int64_t row
 int g_stream_rows = 0;
 int g_warp_rows = 0;  // the forward's rows per warp: 0 the default, 16 or 32
 
+// Each kernel's fastest tiles at N 1024, 4096 and 16384 (the same choice at all three, within 1%
+// where they differ), from bench/gpu_runs/2026-11-26-h200-tensor-core-2.md.
+struct DefaultTiles {
+  int warp_rows, forward_rows, backward_rows;
+};
+DefaultTiles default_tiles(FlashKernel kernel, int D) {
+  const int w = D == 32 ? 0 : D == 64 ? 1 : 2;
+  static const DefaultTiles bf16[3] = {{32, 32, 32}, {16, 64, 32}, {32, 64, 64}};
+  static const DefaultTiles tf32[3] = {{32, 32, 32}, {32, 64, 32}, {16, 32, 64}};
+  static const DefaultTiles tf32x3[3] = {{16, 64, 32}, {16, 32, 32}, {16, 32, 32}};
+  return kernel == FlashKernel::bf16 ? bf16[w] : kernel == FlashKernel::tf32 ? tf32[w] : tf32x3[w];
+}
+
 int default_stream_rows(FlashKernel kernel, int D, bool forward) {
-  if (!forward) return kernel == FlashKernel::tf32 && D == 128 ? 64 : 32;
-  if (kernel == FlashKernel::bf16) return D == 128 ? 32 : 64;
-  return D == 32 ? 64 : 32;  // tf32, tf32x3
+  const DefaultTiles t = default_tiles(kernel, D);
+  return forward ? t.forward_rows : t.backward_rows;
 }
 
 int stream_rows(FlashKernel kernel, int D, bool forward) {
@@ -587,9 +599,8 @@ int stream_rows(FlashKernel kernel, int D, bool forward) {
   return want == 32 ? 32 : want == 128 && forward && D <= 64 ? 128 : 64;
 }
 
-int forward_warp_rows(int D) {
-  (void)D;
-  return g_warp_rows ? g_warp_rows : 32;
+int forward_warp_rows(FlashKernel kernel, int D) {
+  return g_warp_rows ? g_warp_rows : default_tiles(kernel, D).warp_rows;
 }
 
 template <class M>
@@ -677,7 +688,7 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
       // 128-row streamed tiles, where ptxas would spill
       constexpr bool two_fit = !std::is_same_v<M, Tf32x3Math> && decltype(rows)::value <= 64;
       if constexpr (two_fit) {
-        if (forward_warp_rows(D) == 32) return launch(std::integral_constant<int, 2>{});
+        if (forward_warp_rows(kernel_of<M>(), D) == 32) return launch(std::integral_constant<int, 2>{});
       }
       launch(std::integral_constant<int, 1>{});
     });
@@ -747,7 +758,7 @@ int flash_warp_rows(FlashKernel kernel, int d) {
   const int D = d <= 32 ? 32 : d <= 64 ? 64 : 128;
   const bool two_fit =
       kernel != FlashKernel::tf32x3 && kernel != FlashKernel::fma && stream_rows(kernel, D, true) <= 64;
-  return two_fit ? forward_warp_rows(D) : 16;
+  return two_fit ? forward_warp_rows(kernel, D) : 16;
 }
 
 int flash_stream_rows(FlashKernel kernel, int d, bool forward) {
