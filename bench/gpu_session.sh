@@ -283,6 +283,10 @@ parity_stage() {
     --device cuda --steps "$parity_steps" \
     --eval-limit "$eval_limit" --data "$scratch/listops-short-parity" --out "$folder" >> "$scratch/parity.txt" 2>&1 || { tail -n 20 "$scratch/parity.txt" >&2; return 1; }
   cat "$folder"/results*.md > "$scratch/parity.md" || return 1
+  { echo; echo "Final losses (each run's last test and validation lines of metrics.jsonl):"
+    for f in "$folder"/*/metrics.jsonl; do
+      echo "$(basename "$(dirname "$f")") $(grep '"split":"test"' "$f" | tail -n 1) $(grep '"split":"val"' "$f" | tail -n 1)"
+    done; } >> "$scratch/parity.md"
   grep -E "^\| .*(fp32|bf16)" "$scratch/parity.md" | tr -s ' ' > "$note" || true
 }
 

@@ -267,6 +267,27 @@ __device__ __forceinline__ bool key_is_real(const float* mask, int b, int j, int
   return j < N && (!mask || mask[static_cast<int64_t>(b) * N + j] != 0.f);
 }
 
+// Whether each of this thread's key columns of the tile at j0 is real: 8nt + 2t + c.
+template <int NT>
+__device__ __forceinline__ void key_flags(bool (&real)[NT][2], const float* mask, int b, int j0, int t, int N) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) real[nt][c] = key_is_real(mask, b, j0 + 8 * nt + 2 * t + c, N);
+}
+
+// cp.async of streamed tile `tile` of two operands x and y (rows × width each, `rows` in all) into
+// its stage: x at base + 2·(tile % 2)·kStreamed, y after it.
+template <class M, class T>
+__device__ __forceinline__ void copy_stage(const SharedArray<typename M::Elem>& s, int base,
+                                           const typename M::Elem* x, const typename M::Elem* y, int tile, int rows,
+                                           int width) {
+  const int r0 = tile * T::kStream, valid = min_of(rows - r0, T::kStream);
+  const int st = base + 2 * (tile % 2) * T::kStreamed;
+  copy_rows<M, T::D>(s, st, T::kStride, x + static_cast<int64_t>(r0) * width, valid, T::kStream, width);
+  copy_rows<M, T::D>(s, st + T::kStreamed, T::kStride, y + static_cast<int64_t>(r0) * width, valid, T::kStream, width);
+}
+
 // Row max and sum over the four lanes (t = 0..3) that share a row of an accumulator.
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -348,12 +369,7 @@ __global__ void __launch_bounds__(kBlock)
   const int tiles = (s.N + BN - 1) / BN, width = (s.width + M::kK - 1) / M::kK * M::kK;
 
   copy_rows<M, D>(smem, q_base, stride, q + (static_cast<int64_t>(bh) * s.M + i0) * s.width, q_rows, BM, s.width);
-  const auto copy_keys = [&](int tile) {
-    const int j0 = tile * BN, rows = min_of(s.N - j0, BN), st = kv_base + 2 * (tile % 2) * T::kStreamed;
-    copy_rows<M, D>(smem, st, stride, k + k_off + static_cast<int64_t>(j0) * s.width, rows, BN, s.width);
-    copy_rows<M, D>(smem, st + T::kStreamed, stride, v + k_off + static_cast<int64_t>(j0) * s.width, rows, BN,
-                    s.width);
-  };
+  const auto copy_keys = [&](int tile) { copy_stage<M, T>(smem, kv_base, k + k_off, v + k_off, tile, s.N, s.width); };
   copy_keys(0);
   tc::cp_async_commit();
 
@@ -370,10 +386,7 @@ __global__ void __launch_bounds__(kBlock)
     tc::cp_async_commit();
     const int j0 = tile * BN, st = kv_base + 2 * (tile % 2) * T::kStreamed;
     bool real[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) real[nt][c] = key_is_real(mask, b, j0 + 8 * nt + 2 * t + c, s.N);
+    key_flags<NT>(real, mask, b, j0, t, s.N);
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
@@ -419,12 +432,7 @@ __global__ void __launch_bounds__(kBlock)
 
   copy_rows<M, D>(smem, q_base, stride, q + q_off, q_rows, kBlockRows, s.width);
   copy_rows<M, D>(smem, g_base, stride, dout + q_off, q_rows, kBlockRows, s.width);
-  const auto copy_keys = [&](int tile) {
-    const int j0 = tile * BN, rows = min_of(s.N - j0, BN), st = kv_base + 2 * (tile % 2) * T::kStreamed;
-    copy_rows<M, D>(smem, st, stride, k + k_off + static_cast<int64_t>(j0) * s.width, rows, BN, s.width);
-    copy_rows<M, D>(smem, st + T::kStreamed, stride, v + k_off + static_cast<int64_t>(j0) * s.width, rows, BN,
-                    s.width);
-  };
+  const auto copy_keys = [&](int tile) { copy_stage<M, T>(smem, kv_base, k + k_off, v + k_off, tile, s.N, s.width); };
   copy_keys(0);
   tc::cp_async_commit();
 
@@ -444,10 +452,7 @@ __global__ void __launch_bounds__(kBlock)
     tc::cp_async_commit();
     const int j0 = tile * BN, st = kv_base + 2 * (tile % 2) * T::kStreamed;
     bool real[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) real[nt][c] = key_is_real(mask, b, j0 + 8 * nt + 2 * t + c, s.N);
+    key_flags<NT>(real, mask, b, j0, t, s.N);
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
@@ -494,10 +499,7 @@ __global__ void __launch_bounds__(kBlock)
   copy_rows<M, D>(smem, k_base, stride, k + k_off, k_rows, kBlockRows, s.width);
   copy_rows<M, D>(smem, v_base, stride, v + k_off, k_rows, kBlockRows, s.width);
   const auto copy_queries = [&](int tile) {
-    const int i0 = tile * BQ, rows = min_of(s.M - i0, BQ), st = qg_base + 2 * (tile % 2) * T::kStreamed;
-    copy_rows<M, D>(smem, st, stride, q + q_off + static_cast<int64_t>(i0) * s.width, rows, BQ, s.width);
-    copy_rows<M, D>(smem, st + T::kStreamed, stride, dout + q_off + static_cast<int64_t>(i0) * s.width, rows, BQ,
-                    s.width);
+    copy_stage<M, T>(smem, qg_base, q + q_off, dout + q_off, tile, s.M, s.width);
   };
   copy_queries(0);
   tc::cp_async_commit();

@@ -1,6 +1,7 @@
 #pragma once
 // Every op of the engine. Each header declares an op's forward/backward pair and the
 // autograd-recording function that composes models.
+#include "ops/convert.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/layernorm.h"

@@ -20,6 +20,7 @@ static const char* st_dtype_name(DType t) {
     case DType::f64: return "F64";
     case DType::i32: return "I32";
     case DType::i64: return "I64";
+    case DType::bf16: return "BF16";
   }
   return "?";
 }
@@ -29,7 +30,9 @@ static DType st_dtype_from(const std::string& s, const std::string& source, cons
   if (s == "F64") return DType::f64;
   if (s == "I32") return DType::i32;
   if (s == "I64") return DType::i64;
-  throw Error(fmt::format("{}: tensor '{}' has unsupported dtype '{}' (F32, F64, I32, I64 are read)", source, name, s));
+  if (s == "BF16") return DType::bf16;
+  throw Error(
+      fmt::format("{}: tensor '{}' has unsupported dtype '{}' (F32, F64, I32, I64, BF16 are read)", source, name, s));
 }
 
 const Tensor& TensorFile::get(const std::string& name) const {

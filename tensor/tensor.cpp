@@ -88,7 +88,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
   Tensor t(impl);
   // Poison: NaN for floats (bytes 0xFF), a large negative number for indices (bytes 0x80).
-  if (g_poison) fill_bytes(t, is_float(dtype) ? 0xFF : 0x80);
+  if (g_poison) fill_bytes(t, is_floating(dtype) ? 0xFF : 0x80);
   return t;
 }
 
@@ -112,6 +112,10 @@ static Tensor from_doubles(const std::vector<double>& v, const Shape& shape, DTy
     case DType::f64: fill_host<double>(host, v); break;
     case DType::i32: fill_host<int32_t>(host, v); break;
     case DType::i64: fill_host<int64_t>(host, v); break;
+    case DType::bf16:  // through f32: exact for values from f32 tensors, the one rounding to nearest even
+      for (size_t i = 0; i < v.size(); ++i)
+        host.data<bfloat16>()[i].bits = bf16_bits_of(static_cast<float>(v[i]));
+      break;
   }
   return host.to(device);
 }
@@ -127,6 +131,7 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
     case DType::f64: pattern(value); break;
     case DType::i32: pattern(static_cast<int32_t>(value)); break;
     case DType::i64: pattern(static_cast<int64_t>(value)); break;
+    case DType::bf16: pattern(bf16_bits_of(static_cast<float>(value))); break;
   }
   device_memory::fill_elements(t.raw_data(), bits, dtype_size(dtype), static_cast<size_t>(t.numel()));
   return t;
@@ -205,6 +210,8 @@ template const float* Tensor::data<float>() const;
 template const double* Tensor::data<double>() const;
 template const int32_t* Tensor::data<int32_t>() const;
 template const int64_t* Tensor::data<int64_t>() const;
+template bfloat16* Tensor::data<bfloat16>();
+template const bfloat16* Tensor::data<bfloat16>() const;
 
 // ---------------------------------------------------------------- copies
 static void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
@@ -249,6 +256,9 @@ std::vector<double> Tensor::to_double_vector() const {
       break;
     case DType::i64:
       for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(host.data<int64_t>()[i]);
+      break;
+    case DType::bf16:
+      for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_value(host.data<bfloat16>()[i].bits);
       break;
   }
   return v;
@@ -334,7 +344,7 @@ Tensor Tensor::narrow0(int64_t start, int64_t length) const {
 // ---------------------------------------------------------------- autograd fields
 bool Tensor::requires_grad() const { return checked(impl_).requires_grad; }
 Tensor& Tensor::set_requires_grad(bool value) {
-  CAST_CHECK(!value || is_float(dtype()), "tensor: only float tensors can require grad, got {}", describe());
+  CAST_CHECK(!value || is_floating(dtype()), "tensor: only float tensors can require grad, got {}", describe());
   checked(impl_).requires_grad = value;
   return *this;
 }

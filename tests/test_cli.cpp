@@ -56,7 +56,7 @@ TEST(Cli, HelpShowsDefaultsAndExamples) {
             std::string::npos);
   EXPECT_EQ(train.out.find("; default \n"), std::string::npos) << "a setting without its default";
   CliRun bench = run("bench --help");
-  EXPECT_NE(bench.out.find("usage: cast bench attention|train|gemm"), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find("usage: cast bench attention|train|flash|gemm"), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("cast bench attention --lengths"), std::string::npos);
   EXPECT_NE(bench.out.find("cast bench train --task"), std::string::npos);
   for (const char* command :
@@ -89,7 +89,11 @@ TEST(Cli, SettingsOutOfRangeAreUsageErrorsBeforeAnyWork) {
       {"data listops --max-length 3", "strictly between the shortest (0) and the longest (3)"},
       {"compare --task bogus", "unknown task 'bogus'"},
       {"train --task bogus", "unknown task 'bogus'"},
-      {"compare --vary tf32=yes", "setting 'tf32': 'yes' is not 'true' or 'false'"},
+      {"compare --vary precision=fp32,fp16", "setting 'precision' is 'fp16': it must be one of fp32 | tf32 | bf16"},
+      {"train --precision bf16 --device cpu", "setting 'precision' is bf16: the CPU computes in fp32 only"},
+      {"bench attention --precision tf32 --device cpu", "--precision is tf32: the CPU computes in fp32 only"},
+      {"bench attention --precision fp16", "precision 'fp16' is not one of fp32, tf32, bf16"},
+      {"bench flash --device cpu", "cast bench flash times the GPU's flash kernels: it needs --device cuda"},
       {"data listops --seed -3", "--seed is -3"},
       {"compare --seeds 1,x", "--seeds: 'x' is not a seed"},
       {"compare --seeds 1,,2", "--seeds: '1,,2' has an empty item"},

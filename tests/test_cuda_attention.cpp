@@ -10,6 +10,7 @@
 #include "ops/clustering.h"
 #include "ops/flash_attention.h"
 #include "tensor/philox.h"
+#include "tensor/precision.h"
 #include "ops/attention.h"
 #include "tests/device_compare.h"
 
@@ -285,13 +286,15 @@ TEST(CudaVsCpuAttention, FlashAttention) {
 // among a row's real scores makes that row NaN, in the output and in every gradient it reaches;
 // a NaN in a padding key's row of K stays out of the forward but reaches dQ through dS·K, and one
 // in a padding row of V reaches the output through P·V (0 · NaN) but not Δ. The device's flash
-// kernels against the reference, NaN for NaN, with the NaN in K or V, on a real or a padding key.
+// kernels against the reference, NaN for NaN, with the NaN in K or V, on a real or a padding key,
+// at every precision (the FMA kernels at fp32, the tensor-core kernels at tf32 and bf16).
 TEST(CudaVsCpuAttention, FlashAttentionPropagatesNaNAsTheReference) {
   SKIP_WITHOUT_GPU();
   const int64_t B = 1, H = 1, N = 70, d = 16;
   std::vector<float> m(N, 1.f);
   for (int64_t j = 60; j < N; ++j) m[j] = 0.f;
   const Tensor mask = Tensor::from_vector<float>(m, {B, N});
+  for (const Precision precision : {Precision::fp32, Precision::tf32, Precision::bf16})
   for (const int which : {1, 2})  // the NaN in k, then in v
     for (const bool on_padding : {false, true}) {
       Inputs in{rand32({B, H, N, d}, 90), rand32({B, H, N, d}, 91), rand32({B, H, N, d}, 92)};
@@ -302,6 +305,7 @@ TEST(CudaVsCpuAttention, FlashAttentionPropagatesNaNAsTheReference) {
       auto nan_pattern = [&](bool flash, Device device) {
         Inputs x = copy_inputs(in, device);
         const Tensor mk = mask.to(device);
+        PrecisionGuard at(flash ? precision : Precision::fp32);
         Tensor out = flash ? ops::flash_attention(x[0], x[1], x[2], mk) : ops::full_attention(x[0], x[1], x[2], mk);
         autograd::backward(out, Tensor::uniform(out.shape(), 93, 0, -1.0, 1.0).to(device));
         std::vector<std::vector<bool>> pattern;
@@ -316,7 +320,8 @@ TEST(CudaVsCpuAttention, FlashAttentionPropagatesNaNAsTheReference) {
       const char* names[] = {"output", "dq", "dk", "dv"};
       for (int t = 0; t < 4; ++t)
         EXPECT_EQ(device[t], reference[t]) << names[t] << ": NaN in " << (which == 1 ? "k" : "v") << " of a "
-                                           << (on_padding ? "padding" : "real") << " key";
+                                           << (on_padding ? "padding" : "real") << " key, at "
+                                           << precision_name(precision);
       // the forward never looks at a padding key's scores
       if (which == 1)
         EXPECT_EQ(std::find(reference[0].begin(), reference[0].end(), true) != reference[0].end(), !on_padding);

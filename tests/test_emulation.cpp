@@ -10,6 +10,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/runtime.h"
 #include "cuda/shared_memory.cuh"
+#include "cuda/tensor_core.cuh"
 #include "tensor/tensor.h"
 #include "tests/test_util.h"
 
@@ -77,6 +78,32 @@ __global__ void warp_function_after_exit(float* out) {
   const int t = threadIdx.x;
   if (t == 0) return;
   out[t] = __shfl_xor_sync(0xffffffffu, 1.f, 1);
+}
+
+// Each thread copies its value into shared memory by cp.async and reads it back before and after
+// waiting for the copy: only the read after the wait sees it.
+__global__ void cp_async_read_before_wait(const float* x, float* before, float* after) {
+  CAST_SHARED_ARRAY(float, buf, 32 * 4);
+  const int t = threadIdx.x;
+  buf[4 * t] = -1.f;
+  cuda::tc::cp_async16(buf, 4 * t, x + 4 * t, true);
+  cuda::tc::cp_async_commit();
+  before[t] = buf[4 * t];
+  cuda::tc::cp_async_wait<0>();
+  after[t] = buf[4 * t];
+}
+
+// Half the warp reaches an mma while the other half is at a shuffle.
+__global__ void mma_beside_a_shuffle(float* out) {
+  const int t = threadIdx.x;
+  if (t < 16) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+    cuda::tc::mma_bf16(d, a, b);
+    out[t] = d[0];
+  } else {
+    out[t] = __shfl_xor_sync(0xffffffffu, 1.f, 1);
+  }
 }
 
 __global__ void grid_stride_fill(int* out, int64_t n) {
@@ -225,6 +252,24 @@ TEST(Emulation, WarpFunctionWaitingForAnExitedLane) {
   const std::string e = error_of([&] { CAST_LAUNCH(warp_function_after_exit, 1, 32, 0, dev(out)); });
   EXPECT_NE(e.find("never completes"), std::string::npos) << e;
   EXPECT_NE(e.find("waits for threads 0"), std::string::npos) << e;
+}
+
+// A cp.async copy lands when its thread waits for it, as the PTX ISA promises no earlier: a read
+// before the wait sees what was there.
+TEST(Emulation, CpAsyncLandsAtTheWait) {
+  std::vector<float> x(128), before(32), after(32);
+  for (int i = 0; i < 128; ++i) x[i] = static_cast<float>(i);
+  CAST_LAUNCH(cp_async_read_before_wait, 1, 32, 0, dev(x), dev(before), dev(after));
+  for (int t = 0; t < 32; ++t) {
+    EXPECT_EQ(before[t], -1.f) << t;
+    EXPECT_EQ(after[t], static_cast<float>(4 * t)) << t;
+  }
+}
+
+TEST(Emulation, LanesAtAnMmaAndAShuffleAreAnError) {
+  std::vector<float> out(32);
+  const std::string e = error_of([&] { CAST_LAUNCH(mma_beside_a_shuffle, 1, 32, 0, dev(out)); });
+  EXPECT_NE(e.find("lanes of warp 0 meet at different warp"), std::string::npos) << e;
 }
 
 TEST(Emulation, InvalidLaunchConfigurations) {

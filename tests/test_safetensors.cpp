@@ -20,6 +20,7 @@ TEST(SafeTensors, RoundTripAllDtypes) {
       {"c", Tensor::from_vector<int32_t>({-1, 7, 3}, {3})},
       {"d", Tensor::from_vector<int64_t>({1LL << 40, -5}, {2, 1})},
       {"empty", Tensor::zeros({0, 4})},
+      {"e", Tensor::uniform({3, 2}, 3, 0, -1, 1).to(DType::bf16)},
   };
   const std::string path = temp_path("roundtrip.safetensors");
   write_safetensors(path, t, {{"config", "{\"x\": 1}"}});
@@ -101,7 +102,7 @@ TEST(SafeTensors, CorruptHeaders) {
   EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes("{not json", 0), "f"), "corrupt safetensors header");
   EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes("[1,2]", 0), "f"), "not a JSON object");
   EXPECT_CAST_ERROR(
-      parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})", 2), "f"),
+      parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}})", 2), "f"),
       "unsupported dtype");
   EXPECT_CAST_ERROR(
       parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "f"),

@@ -409,28 +409,56 @@ void barrier(const char* file, int line) {
   yield_to_scheduler();
 }
 
-uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, int width, const char* file, int line) {
-  if (!g_fiber) throw Error(fmt::format("CUDA emulation: warp function at {}:{} outside a kernel", file, line));
-  Block& b = *g_block;
-  Fiber& f = *g_fiber;
-  const int lane = f.tid % 32, warp = f.tid / 32;
-  WarpState& w = b.warps[warp];
+namespace {
+
+// The calling lane arrives at a warp-wide call site (a warp function or instruction): checked
+// against the lanes of its warp already waiting there. Returns the warp's state.
+WarpState& join_warp(WarpOp op, unsigned mask, WarpApply apply, int width, const char* what, const char* file,
+                     int line) {
+  if (!g_fiber) throw Error(fmt::format("CUDA emulation: {} at {}:{} outside a kernel", what, file, line));
+  const int lane = g_fiber->tid % 32, warp = g_fiber->tid / 32;
+  WarpState& w = g_block->warps[warp];
   if (!(mask >> lane & 1u))
-    fail(fmt::format("warp function at {}:{} called by lane {} outside its mask 0x{:08x}", file, line, lane, mask));
+    fail(fmt::format("{} at {}:{} called by lane {} outside its mask 0x{:08x}", what, file, line, lane, mask));
   if (width <= 0 || width > 32 || (width & (width - 1)))
-    fail(fmt::format("warp function at {}:{}: width {} is not a power of two up to 32", file, line, width));
+    fail(fmt::format("{} at {}:{}: width {} is not a power of two up to 32", what, file, line, width));
   if (w.arrived == 0) {
-    w.mask = mask, w.op = op, w.width = width, w.file = file, w.line = line;
-  } else if (w.mask != mask || w.op != op || w.file != file || w.line != line) {
-    fail(
-        fmt::format("lanes of warp {} meet at different warp functions: {}:{} (mask 0x{:08x}) and {}:{} "
-                    "(mask 0x{:08x})",
-                    warp, w.file, w.line, w.mask, file, line, mask));
+    w.mask = mask, w.op = op, w.apply = apply, w.width = width, w.file = file, w.line = line;
+  } else if (w.mask != mask || w.op != op || w.apply != apply || w.file != file || w.line != line) {
+    fail(fmt::format("lanes of warp {} meet at different warp {}s: {}:{} (mask 0x{:08x}) and {}:{} (mask 0x{:08x})",
+                     warp, what, w.file, w.line, w.mask, file, line, mask));
   }
+  return w;
+}
+
+// After the lane has left its payload: the last lane of the mask runs `complete` for all (the
+// others' stacks stay live while they wait); the others wait until it has.
+template <class Complete>
+void complete_or_wait(WarpState& w, unsigned mask, const char* file, int line, Complete&& complete) {
+  const uint64_t generation = w.generation;
+  if (++w.arrived == std::popcount(mask)) {
+    complete();
+    w.arrived = 0;
+    ++w.generation;
+    ++g_stats.warp_collectives;
+  } else {
+    Fiber& f = *g_fiber;
+    f.state = State::at_warp;
+    f.awaited = generation;
+    f.file = file;
+    f.line = line;
+    yield_to_scheduler();
+  }
+}
+
+}  // namespace
+
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, int width, const char* file, int line) {
+  WarpState& w = join_warp(op, mask, nullptr, width, "warp function", file, line);
+  const int lane = g_fiber->tid % 32;
   w.payload[lane] = payload;
   w.arg[lane] = arg;
-  const uint64_t generation = w.generation;
-  if (++w.arrived == std::popcount(mask)) {  // the last lane computes every lane's result
+  complete_or_wait(w, mask, file, line, [&] {  // every lane's result
     uint64_t vote = 0;
     for (int l = 0; l < 32; ++l)
       if (mask >> l & 1u) vote |= uint64_t{w.payload[l] != 0} << l;
@@ -457,50 +485,18 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t payload, int arg, in
         default: w.result[l] = w.payload[src];
       }
     }
-    w.arrived = 0;
-    ++w.generation;
-    ++g_stats.warp_collectives;
-  } else {
-    f.state = State::at_warp;
-    f.awaited = generation;
-    f.file = file;
-    f.line = line;
-    yield_to_scheduler();
-  }
+  });
   return w.result[lane];
 }
 
 void warp_exchange(unsigned mask, void* registers, WarpApply apply, const char* file, int line) {
-  if (!g_fiber) throw Error(fmt::format("CUDA emulation: warp instruction at {}:{} outside a kernel", file, line));
-  Block& b = *g_block;
-  Fiber& f = *g_fiber;
-  const int lane = f.tid % 32, warp = f.tid / 32;
-  WarpState& w = b.warps[warp];
-  if (!(mask >> lane & 1u))
-    fail(fmt::format("warp instruction at {}:{} called by lane {} outside its mask 0x{:08x}", file, line, lane, mask));
-  if (w.arrived == 0) {
-    w.mask = mask, w.op = WarpOp::exchange, w.apply = apply, w.file = file, w.line = line;
-  } else if (w.mask != mask || w.op != WarpOp::exchange || w.apply != apply || w.file != file || w.line != line) {
-    fail(fmt::format("lanes of warp {} meet at different warp instructions: {}:{} (mask 0x{:08x}) and {}:{} "
-                     "(mask 0x{:08x})",
-                     warp, w.file, w.line, w.mask, file, line, mask));
-  }
-  w.payload[lane] = reinterpret_cast<uintptr_t>(registers);
-  const uint64_t generation = w.generation;
-  if (++w.arrived == std::popcount(mask)) {  // every lane's registers are live on its suspended stack
+  WarpState& w = join_warp(WarpOp::exchange, mask, apply, 32, "warp instruction", file, line);
+  w.payload[g_fiber->tid % 32] = reinterpret_cast<uintptr_t>(registers);
+  complete_or_wait(w, mask, file, line, [&] {
     void* lanes[32];
     for (int l = 0; l < 32; ++l) lanes[l] = mask >> l & 1u ? reinterpret_cast<void*>(w.payload[l]) : nullptr;
     apply(lanes);
-    w.arrived = 0;
-    ++w.generation;
-    ++g_stats.warp_collectives;
-  } else {
-    f.state = State::at_warp;
-    f.awaited = generation;
-    f.file = file;
-    f.line = line;
-    yield_to_scheduler();
-  }
+  });
 }
 
 void async_copy_issue(std::function<void()> write) {
