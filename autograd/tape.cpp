@@ -30,6 +30,7 @@ void record(std::unique_ptr<Node> node) {
   for (Tensor& out : node->outputs) out.impl()->requires_grad = true;
   node->step = current_step();
   node->fast_path = current_fast_path();
+  node->precision = current_precision();
   tape.nodes.push_back(std::move(node));
   if (TapeObserver* observer = tape_observer()) observer->recorded(*tape.nodes.back());
 }
@@ -73,6 +74,7 @@ void backward(const Tensor& output, const Tensor& output_grad) {
     if (observer) observer->before_backward(node);
     if (has_grad) {
       release_unread_outputs(node, out);
+      PrecisionGuard at(node.precision);
       node.backward();
     }
     if (observer) observer->after_backward(node, has_grad);

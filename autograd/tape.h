@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "tensor/precision.h"
 #include "tensor/tensor.h"
 
 namespace cast::autograd {
@@ -39,6 +40,9 @@ struct Node {
   // node belongs to, and the fast path (ops/fast.h) that ran it; nullptr: none, the reference.
   const char* step = nullptr;
   const char* fast_path = nullptr;
+  // Stamped by record(): the precision of the forward's products (tensor/precision.h), which
+  // backward() runs this node's backward at, so the two never disagree.
+  Precision precision = Precision::fp32;
 };
 
 bool grad_enabled();

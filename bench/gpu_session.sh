@@ -57,7 +57,7 @@ for f in "$SUMMARY" "$BUILD_LOG" "$TESTS_LOG" "$SAN_LOG" "$BENCH" "$TORCH" "$MET
 GPU_FILTER='CudaVsCpu*:*CudaTrainingSteps.*:*FastPath*:Emulation.*'
 # Under compute-sanitizer (each tool slows kernels 10-100x): memcheck on the attention kernels
 # and one whole CAST step, racecheck and synccheck on the kernels with shared memory and barriers.
-MEMCHECK_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.IntraClusterAttentionFused:CudaVsCpuAttention.ImprovedClusteredTopKeysFused:CudaVsCpuAttention.SummariesFused:*CudaTrainingSteps.OneStepEqualsTheCpuStep/cast'
+MEMCHECK_FILTER='CudaVsCpuTensorCore.FlashKernelsMatchTheF64Reference:CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.IntraClusterAttentionFused:CudaVsCpuAttention.ImprovedClusteredTopKeysFused:CudaVsCpuAttention.SummariesFused:*CudaTrainingSteps.OneStepEqualsTheCpuStep/cast'
 RACE_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.ImprovedClusteredTopKeysFused:CudaVsCpuAttention.ClusteringSelectsTheSameMembers:CudaVsCpuTensorCore.FlashKernelsMatchTheF64Reference:CudaVsCpuTensorCore.CpAsyncCopiesOrZeroFills'
 REAL_FILTERS="$GPU_FILTER $MEMCHECK_FILTER $RACE_FILTER"
 if [ $dry = 1 ]; then

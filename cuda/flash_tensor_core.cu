@@ -41,6 +41,7 @@ constexpr int kWarps = 4, kBlock = 32 * kWarps, kRowsPerWarp = 16;
 constexpr int kBlockRows = kWarps * kRowsPerWarp;  // 64 rows owned by a block of the backward
 
 __device__ __forceinline__ int min_of(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ bool is_infinite(float x) { return (__float_as_uint(x) & 0x7fffffffu) == 0x7f800000u; }
 
 __device__ __forceinline__ float bits_as_float(uint32_t u) {
 #if defined(CAST_CUDA_EMULATION)
@@ -105,7 +106,12 @@ struct Tf32MathT {
   };
   __device__ static void split(uint32_t (&parts)[kParts], float x) {
     parts[0] = tc::to_tf32(x);
-    if constexpr (Split) parts[kParts - 1] = tc::to_tf32(x - bits_as_float(parts[0]));
+    if constexpr (Split) {
+      // An infinity is its high part alone (inf − inf would be NaN); a finite x whose rounding
+      // overflows to infinity keeps its truncated high part, so that the remainder stays finite.
+      if (is_infinite(bits_as_float(parts[0])) && !is_infinite(x)) parts[0] = __float_as_uint(x) & 0xffffe000u;
+      parts[kParts - 1] = is_infinite(x) ? 0u : tc::to_tf32(x - bits_as_float(parts[0]));
+    }
   }
   __device__ static A a_of(float x0, float x1, float x2, float x3) {
     A a;
@@ -596,13 +602,30 @@ int default_stream_rows(FlashKernel kernel, int D, bool forward) {
   return forward ? t.forward_rows : t.backward_rows;
 }
 
-int stream_rows(FlashKernel kernel, int D, bool forward) {
-  const int want = g_stream_rows ? g_stream_rows : default_stream_rows(kernel, D, forward);
-  return want == 32 ? 32 : want == 128 && forward && D <= 64 ? 128 : 64;
-}
-
 int forward_warp_rows(FlashKernel kernel, int D) {
   return g_warp_rows ? g_warp_rows : default_tiles(kernel, D).warp_rows;
+}
+
+// The most dynamic shared memory a block of this GPU may opt in to (227 KiB on sm_90, 163 KiB
+// on sm_80).
+size_t shared_limit() {
+  static const size_t limit = [] {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return size_t{48 * 1024};
+    return static_cast<size_t>(prop.sharedMemPerBlockOptin);
+  }();
+  return limit;
+}
+
+int stream_rows(FlashKernel kernel, int D, bool forward) {
+  const int want = g_stream_rows ? g_stream_rows : default_stream_rows(kernel, D, forward);
+  const int rows = want == 32 ? 32 : want == 128 && forward && D <= 64 ? 128 : 64;
+  // the largest tiles (FP32 operands at width 128, or 128 streamed rows) outgrow sm_80's shared
+  // memory: 32 rows there
+  const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, stride = D + 16 / elem;
+  const size_t owned_rows = forward ? kWarps * static_cast<size_t>(forward_warp_rows(kernel, D)) : 2 * kBlockRows;
+  const size_t bytes = (owned_rows + 4 * static_cast<size_t>(rows)) * stride * elem;
+  return bytes > shared_limit() ? 32 : rows;
 }
 
 template <class M>
@@ -776,8 +799,8 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
         constexpr int D = decltype(w)::value;
         using F = TcTile<M, D, D == 128 ? 32 : 64>;
         using B = F;
-        const std::string f = fmt::format("<{}, TcTile<{}, {}, {}>>", math_name, math_name, D, F::kStream);
-        const std::string bw = fmt::format("<{}, TcTile<{}, {}, {}>>", math_name, math_name, D, B::kStream);
+        const std::string f = fmt::format("<{}, TcTile<{}, {}, {}, 1>>", math_name, math_name, D, F::kStream);
+        const std::string bw = fmt::format("<{}, TcTile<{}, {}, {}, 1>>", math_name, math_name, D, B::kStream);
         shapes.push_back({"flash_tc_forward_kernel" + f, kBlock, F::elements(1) * sizeof(typename M::Elem)});
         shapes.push_back({"flash_tc_dq_kernel" + bw, kBlock, B::elements(2) * sizeof(typename M::Elem)});
         shapes.push_back({"flash_tc_dkdv_kernel" + bw, kBlock, B::elements(2) * sizeof(typename M::Elem)});

@@ -222,10 +222,13 @@ __global__ void fill_kernel(W* dst, W value, int64_t n) {
 }
 
 void fill_elements(void* dst, uint64_t bits, size_t elem_bytes, size_t count) {
-  CAST_CHECK(elem_bytes == 4 || elem_bytes == 8, "fill: elements of {} bytes", elem_bytes);
+  CAST_CHECK(elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8, "fill: elements of {} bytes", elem_bytes);
   if (count == 0) return;
   const int64_t n = static_cast<int64_t>(count);
-  if (elem_bytes == 4)
+  if (elem_bytes == 2)
+    CAST_LAUNCH(fill_kernel<uint16_t>, cuda::blocks_for(n), cuda::kThreads, 0, static_cast<uint16_t*>(dst),
+                static_cast<uint16_t>(bits), n);
+  else if (elem_bytes == 4)
     CAST_LAUNCH(fill_kernel<uint32_t>, cuda::blocks_for(n), cuda::kThreads, 0, static_cast<uint32_t*>(dst),
                 static_cast<uint32_t>(bits), n);
   else CAST_LAUNCH(fill_kernel<uint64_t>, cuda::blocks_for(n), cuda::kThreads, 0, static_cast<uint64_t*>(dst), bits, n);

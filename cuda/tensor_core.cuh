@@ -75,12 +75,16 @@ void ldmatrix_x4_trans(uint32_t (&r)[4], const SharedArray<T>& smem, int64_t ind
 }
 
 // The 16 bytes are read now (the inputs of a kernel do not change while it runs) and written
-// into shared memory when this thread waits for their group.
+// into shared memory when this thread waits for their group. The race checker sees the write at
+// the issue as well (each element rewritten with its own value): on a GPU the copy may land at
+// once, so another thread's read of the destination since the last barrier is a race even when
+// the data here arrives later.
 template <class T>
 void cp_async16(const SharedArray<T>& smem, int64_t index, const void* src, bool valid) {
   constexpr int per_row = 16 / sizeof(T);
   CAST_CHECK(index % per_row == 0 && (!valid || reinterpret_cast<uintptr_t>(src) % 16 == 0),
              "CUDA emulation: cp.async of 16 bytes to element {} from {}: not 16-byte aligned", index, src);
+  for (int i = 0; i < per_row; ++i) smem[index + i] = static_cast<T>(smem[index + i]);
   T data[per_row] = {};
   if (valid) std::memcpy(data, src, 16);
   emu::async_copy_issue([smem, index, data]() {

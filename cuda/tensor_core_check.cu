@@ -52,18 +52,24 @@ __global__ void ldmatrix_check_kernel(uint32_t* out, const uint16_t* in) {
   for (int m = 0; m < 4; ++m) out[4 * lane + m] = r[m];
 }
 
-// Each lane copies chunk `lane` (16 bytes) of src into shared memory by cp.async where
-// valid[lane], zeros elsewhere; the two halves of the warp commit separate groups and wait for
-// all of them; then every lane reads another lane's chunk after a barrier.
+// Each lane copies chunk `lane` (16 bytes) of src by cp.async into two shared tiles, one group
+// each (zeros where !valid[lane]). After waiting with one group left pending and a barrier, every
+// lane reads another lane's chunk of the first tile; after waiting for all and a barrier, of the
+// second: out[0..127] and out[128..255].
 __global__ void cp_async_check_kernel(float* out, const float* src, const int* valid) {
-  CAST_SHARED_ARRAY(float, tile, 32 * 4);
-  const int lane = threadIdx.x;
-  tc::cp_async16(tile, lane * 4, src + lane * 4, valid[lane] != 0);
+  CAST_SHARED_ARRAY(float, first, 32 * 4);
+  CAST_SHARED_ARRAY(float, second, 32 * 4);
+  const int lane = threadIdx.x, other = (lane + 5) % 32;
+  tc::cp_async16(first, lane * 4, src + lane * 4, valid[lane] != 0);
   tc::cp_async_commit();
+  tc::cp_async16(second, lane * 4, src + lane * 4, valid[lane] != 0);
+  tc::cp_async_commit();
+  tc::cp_async_wait<1>();  // the first group has landed; the second may not have
+  __syncthreads();
+  for (int e = 0; e < 4; ++e) out[other * 4 + e] = first[other * 4 + e];
   tc::cp_async_wait<0>();
   __syncthreads();
-  const int other = (lane + 5) % 32;
-  for (int e = 0; e < 4; ++e) out[other * 4 + e] = tile[other * 4 + e];
+  for (int e = 0; e < 4; ++e) out[128 + other * 4 + e] = second[other * 4 + e];
 }
 
 // The device's conversions: TF32 (cvt.rna) bits, and each BF16 (round to nearest even) as an int.

@@ -10,8 +10,9 @@ void mma_check(Tensor& d, const Tensor& a, const Tensor& b, const Tensor& c);
 // One ldmatrix .x4 (.trans where asked) over four 8×8 matrices of 16-bit elements: in (32·8 / 2)
 // i32 words holding 32 rows of 8 elements, out (32·4) i32: register m of lane l at 4l + m.
 void ldmatrix_check(Tensor& out, const Tensor& in, bool trans);
-// One cp.async per lane of 16 bytes (4 f32) where valid[lane] != 0, zeros elsewhere, then a
-// wait and a barrier: out (32·4) f32 should be src with the invalid chunks zero.
+// Two cp.async groups per lane of 16 bytes (4 f32) each, where valid[lane] != 0, zeros elsewhere:
+// out (2·32·4) f32 should be src twice with the invalid chunks zero, the first half read after
+// cp.async.wait_group 1, the second after wait_group 0.
 void cp_async_check(Tensor& out, const Tensor& src, const Tensor& valid);
 // The device's conversions of x (f32): TF32 bits (cvt.rna) and BF16 bits, each as i32.
 void round_check(Tensor& tf32, Tensor& bf16, const Tensor& x);

@@ -21,13 +21,12 @@ double load(const Tensor& t, int64_t i) {
   }
 }
 
-// Stores v into element i, rounded to the tensor's dtype (bf16 through f32, exact for values
-// that came from f32).
+// Stores v into element i, rounded once to the tensor's dtype.
 void store(Tensor& t, int64_t i, double v) {
   switch (t.dtype()) {
     case DType::f32: t.data<float>()[i] = static_cast<float>(v); break;
     case DType::f64: t.data<double>()[i] = v; break;
-    default: t.data<bfloat16>()[i].bits = bf16_bits_of(static_cast<float>(v)); break;
+    default: t.data<bfloat16>()[i].bits = bf16_bits_of_double(v); break;
   }
 }
 

@@ -4,6 +4,7 @@
 // nearest value, ties to even; infinities stay infinities, a NaN stays a NaN of the same sign
 // (quieted), and a finite value beyond BF16's largest (3.3895e38) rounds to infinity. Both
 // compilers read this file, so the CPU and the GPU convert bit for bit alike.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -21,6 +22,21 @@ CAST_HD uint16_t bf16_bits_of(float x) {
   std::memcpy(&u, &x, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN, quieted
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// The same rounding from a double, rounded once: the double goes to the float just below it in
+// magnitude with its last bit set where it is not exact (round to odd), and that float, which
+// carries 16 more bits than a bf16, rounds to the same bf16 the double would.
+inline uint16_t bf16_bits_of_double(double x) {
+  float f = static_cast<float>(x);
+  if (static_cast<double>(f) != x && x == x && f - f == 0.f) {  // inexact, finite
+    if (std::abs(static_cast<double>(f)) > std::abs(x)) f = std::nextafter(f, 0.f);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= 1u;
+    std::memcpy(&f, &u, 4);
+  }
+  return bf16_bits_of(f);
 }
 
 CAST_HD float bf16_value(uint16_t bits) {

@@ -112,9 +112,8 @@ static Tensor from_doubles(const std::vector<double>& v, const Shape& shape, DTy
     case DType::f64: fill_host<double>(host, v); break;
     case DType::i32: fill_host<int32_t>(host, v); break;
     case DType::i64: fill_host<int64_t>(host, v); break;
-    case DType::bf16:  // through f32: exact for values from f32 tensors, the one rounding to nearest even
-      for (size_t i = 0; i < v.size(); ++i)
-        host.data<bfloat16>()[i].bits = bf16_bits_of(static_cast<float>(v[i]));
+    case DType::bf16:
+      for (size_t i = 0; i < v.size(); ++i) host.data<bfloat16>()[i].bits = bf16_bits_of_double(v[i]);
       break;
   }
   return host.to(device);

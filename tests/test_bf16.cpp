@@ -72,6 +72,14 @@ TEST(Bf16, RoundsToNearestEvenAndKeepsInfinitiesAndNaN) {
   }
 }
 
+// From f64 the rounding is one rounding, not two through f32: 1 + 2^-8 + 2^-40 is just above the
+// tie between 1 and 1 + 2^-7, though as a float it is the tie itself (which would go to 1).
+TEST(Bf16, FromF64RoundsOnce) {
+  const Tensor x = Tensor::from_vector<double>({1.0 + 0x1p-8 + 0x1p-40, 1.0 + 0x1p-8, -(1.0 + 0x1p-8 + 0x1p-40)}, {3});
+  EXPECT_EQ(bits_of(ops::convert(x, DType::bf16)), (std::vector<uint16_t>{0x3f81, 0x3f80, 0xbf81}));
+  EXPECT_EQ(bits_of(x.to(DType::bf16)), (std::vector<uint16_t>{0x3f81, 0x3f80, 0xbf81}));
+}
+
 // Random values: every device gives the CPU's bits, and the rounding error is within half a unit
 // in the last place (at most 2^-8 of the value: 8 significant bits).
 TEST(Bf16, EveryDeviceRoundsAsTheCpu) {

@@ -108,16 +108,19 @@ TEST(CudaVsCpuTensorCore, LdmatrixPlacesEveryElementByTheFragmentLayout) {
   }
 }
 
-// cp.async: 16 bytes per lane where asked, zeros where not, all there after the wait and a barrier.
+// cp.async: 16 bytes per lane where asked, zeros where not; a group there once cp.async.wait_group
+// leaves only newer ones pending, and a barrier follows.
 TEST(CudaVsCpuTensorCore, CpAsyncCopiesOrZeroFills) {
   SKIP_WITHOUT_GPU();
   const Tensor src = Tensor::normal({128}, 21, 0).to(Device::cuda);
   std::vector<int32_t> valid(32);
   for (int l = 0; l < 32; ++l) valid[l] = l % 3 != 1;
-  Tensor out = Tensor::full({128}, std::nan(""), DType::f32, Device::cuda);
+  Tensor out = Tensor::full({256}, std::nan(""), DType::f32, Device::cuda);
   cuda::cp_async_check(out, src, Tensor::from_vector<int32_t>(valid, {32}).to(Device::cuda));
   const std::vector<double> got = out.to_double_vector(), want = src.to_double_vector();
-  for (int i = 0; i < 128; ++i) EXPECT_EQ(got[i], valid[i / 4] ? want[i] : 0.0) << "element " << i;
+  for (int i = 0; i < 256; ++i)
+    EXPECT_EQ(got[i], valid[i % 128 / 4] ? want[i % 128] : 0.0) << (i < 128 ? "first group" : "second group")
+                                                                   << ", element " << i % 128;
 }
 
 // The device's conversions: BF16 to nearest with ties to even, TF32 to nearest (ties away, as
@@ -127,6 +130,11 @@ TEST(CudaVsCpuTensorCore, ConversionsRoundToNearestAndKeepNaNAndInfinity) {
   std::vector<float> x = {1.0f, -2.5f, 0.1f, 1.00390625f /* a BF16 tie: 1 + 2^-8 */, 1.01171875f /* tie, odd */,
                           3.0e38f, 3.4028235e38f /* FLT_MAX: past BF16's largest, 3.3895e38 */, INFINITY, -INFINITY, std::nanf(""), 1e-40f, -0.0f};
   for (int i = 0; i < 52; ++i) x.push_back(std::ldexp(1.0f + static_cast<float>(i) / 53.0f, i - 26));
+  for (uint32_t tie : {0x3f801000u, 0x3f803000u, 0xbf801000u}) {  // TF32 ties: cvt.rna rounds them away from 0
+    float f;
+    std::memcpy(&f, &tie, 4);
+    x.push_back(f);
+  }
   const int64_t n = static_cast<int64_t>(x.size());
   Tensor tf32 = Tensor::full({n}, 0, DType::i32, Device::cuda), bf16 = Tensor::full({n}, 0, DType::i32, Device::cuda);
   cuda::round_check(tf32, bf16, Tensor::from_vector<float>(x, {n}).to(Device::cuda));

@@ -95,8 +95,10 @@ Checkpoint read_checkpoint_header(const std::string& path) {
   try {
     json train = files::parse_json(get("train"), "'train' metadata");
     if (train.is_object() && train.contains("tf32") && !train.contains("precision")) {
-      // written before `precision`: its flag `tf32` is precision tf32 (true) or fp32
-      train["precision"] = train.at("tf32") == json(true) ? "tf32" : "fp32";
+      // written before `precision`: its flag `tf32` (which the CPU ignored) is precision tf32 on
+      // a GPU run, fp32 on a CPU run
+      const bool on_cpu = train.contains("device") && train.at("device") == json("cpu");
+      train["precision"] = train.at("tf32") == json(true) && !on_cpu ? "tf32" : "fp32";
       train.erase("tf32");
     }
     ck.config.task = train.at("task").get<std::string>();

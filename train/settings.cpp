@@ -396,9 +396,6 @@ void validate(const TrainConfig& c) {
   auto in_range = [](const std::string& name, int64_t v, int64_t lo, int64_t hi) {
     if (v < lo || v > hi) throw UsageError(fmt::format("setting '{}' is {}: it must be in [{}, {}]", name, v, lo, hi));
   };
-  CAST_CHECK_USAGE(c.device != "cpu" || c.precision == "fp32",
-                   "setting 'precision' is {}: the CPU computes in fp32 only (tf32 and bf16 need --device cuda)",
-                   c.precision);
   // the task's sizes, stored in a checkpoint, are input too: checked before any allocation
   in_range("vocab", c.model.vocab, 1, 1 << 24);
   in_range("classes", c.model.classes, 1, 1 << 20);

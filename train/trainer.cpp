@@ -383,6 +383,8 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
   // Data is generated only for a new run in the default folder: a resumed run's stored folder,
   // or a folder the user named, is read, never created (a missing one is an error).
   const bool may_generate = resume_from.empty() && c.data_dir.empty();
+  // before any data is read or made: tf32 and bf16 need the GPU
+  if (c.precision != "fp32") use_precision(c.precision, resolve_device(c.device), "setting 'precision'");
   const data::TaskData task = load_task(c, may_generate);
   return train_on(c, task, resume_from, stop_after, quiet);
 }

@@ -211,6 +211,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->totalGlobalMem = host_memory();
   prop->major = 9, prop->minor = 0, prop->multiProcessorCount = 1, prop->warpSize = 32;
   prop->sharedMemPerBlock = 48 * 1024, prop->maxThreadsPerBlock = 1024;
+  prop->sharedMemPerBlockOptin = 227 * 1024;  // sm_90's, as max_dynamic_shared allows
   return cudaSuccess;
 }
 

@@ -194,6 +194,7 @@ struct cudaDeviceProp {
   int multiProcessorCount;
   int warpSize;
   size_t sharedMemPerBlock;
+  size_t sharedMemPerBlockOptin;
   int maxThreadsPerBlock;
 };
 
