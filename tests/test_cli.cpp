@@ -212,6 +212,36 @@ TEST(Cli, TrainReadsAJsonConfigAndRejectsAWrongOne) {
   EXPECT_NE(bad.err.find("setting 'steps' is \"three\": it must be an integer"), std::string::npos) << bad.err;
 }
 
+// Standard streams as a careless caller leaves them. stdout on a full device: the command fails
+// with one line instead of exiting 0 with its output lost. stdout closed: a run's files never
+// take descriptor 1, so the console's lines do not end up in metrics.jsonl.
+TEST(Cli, StandardStreamsFullOrClosed) {
+  const auto dir = fs::temp_directory_path() / ("cast_cli_streams_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string err = (dir / "err").string();
+  if (fs::exists("/dev/full")) {
+    const int full = std::system((std::string(CAST_BINARY) + " info > /dev/full 2> " + err).c_str());
+    EXPECT_TRUE(WIFEXITED(full) && WEXITSTATUS(full) == 1);
+    std::ifstream in(err);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("cast info: error: cannot write to standard output"), std::string::npos) << text;
+  }
+  const std::string data = (dir / "listops").string(), run_dir = (dir / "run").string();
+  ASSERT_EQ(run("data listops-short --count 200 --out " + data).code, 0);
+  const std::string train = std::string(CAST_BINARY) +
+                            " train --steps 3 --dim 16 --heads 2 --layers 1 --mlp-dim 16 --batch 4 --eval-limit 8 "
+                            "--log-every 1 --device cpu --data " + data + " --run " + run_dir + " >&- 2> " + err;
+  const int status = std::system(train.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(fs::exists(run_dir + "/summary.json"));
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line); ++lines)
+    EXPECT_TRUE(nlohmann::json::accept(line)) << "not a JSON line in metrics.jsonl: " << line;
+  EXPECT_GE(lines, 3);
+}
+
 // `--trace` prints the tape: cast layer's one pass, cast train's every step.
 TEST(Cli, TracePrintsTheTape) {
   const auto dir = fs::temp_directory_path() / ("cast_cli_trace_" + std::to_string(getpid()));
