@@ -546,10 +546,13 @@ FlashKernel flash_kernel_for(Precision precision) {
   }
 }
 
-FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v) {
+FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& dout) {
   if (kernel == FlashKernel::tf32 || kernel == FlashKernel::tf32x3) {
-    const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data<float>()) % 16 == 0; };
-    if (q.dim(3) % 4 != 0 || !aligned(q) || !aligned(k) || !aligned(v)) return FlashKernel::fma;
+    const auto aligned = [](const Tensor& t) {
+      return !t.defined() || reinterpret_cast<uintptr_t>(t.data<float>()) % 16 == 0;
+    };
+    if (q.dim(3) % 4 != 0 || !aligned(q) || !aligned(k) || !aligned(v) || !aligned(dout)) return FlashKernel::fma;
   }
   return kernel;
 }
@@ -584,9 +587,7 @@ void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& 
   CAST_LAUNCH(flash_delta_real_keys_kernel, blocks_for(rows, kThreads / 32), kThreads, 0, fptr(delta), fptr(dout),
               fptr(q), fptr(k), fptr(v), mask.defined() ? fptr(mask) : nullptr, fptr(lse), s, rows);
   CUDA_CHECK_LAUNCH();
-  kernel = flash_kernel_that_runs(kernel, q, k, v);
-  if (kernel == FlashKernel::tf32 || kernel == FlashKernel::tf32x3)
-    if (reinterpret_cast<uintptr_t>(dout.data<float>()) % 16 != 0) kernel = FlashKernel::fma;
+  kernel = flash_kernel_that_runs(kernel, q, k, v, dout);
   if (kernel != FlashKernel::fma) return flash_tc_backward(kernel, dq, dk, dv, dout, q, k, v, mask, lse, delta);
   const float* m = mask.defined() ? fptr(mask) : nullptr;
   with_width(s.d, [&](auto width) {

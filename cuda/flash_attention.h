@@ -31,8 +31,10 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
 void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse,
                               FlashKernel kernel = FlashKernel::fma);
-// The kernel that runs for these operands: `kernel`, or fma where a TF32 kernel cannot take them.
-FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v);
+// The kernel that runs for these operands (and the backward's dout): `kernel`, or fma where a
+// TF32 kernel cannot take them.
+FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& dout = Tensor());
 
 // The tensor-core kernels (cuda/flash_tensor_core.cu); delta: Δ = rowsum(dO ⊙ O), (B, H, M).
 void flash_tc_forward(FlashKernel kernel, Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -316,7 +316,6 @@ struct FlashAttentionNode final : autograd::Node {
   Tensor mask;     // (B, N) or undefined
   Tensor out;      // saved output O, for Δ
   Tensor lse;      // saved row log-sum-exp L: (B, H, M)
-  Precision precision = Precision::fp32;  // the forward's: the backward's products run at it too
   const char* name() const override { return "flash_attention"; }
   void fields(autograd::FieldVisitor& visit) const override {
     visit.input("q", q);
@@ -331,7 +330,7 @@ struct FlashAttentionNode final : autograd::Node {
     Tensor dk = k.requires_grad() ? k.grad_accumulator() : Tensor();
     Tensor dv = v.requires_grad() ? v.grad_accumulator() : Tensor();
     flash_attention_backward(dq.defined() ? &dq : nullptr, dk.defined() ? &dk : nullptr, dv.defined() ? &dv : nullptr,
-                             out.grad(), q, k, v, mask, out, lse, precision);
+                             out.grad(), q, k, v, mask, out, lse);  // at the forward's precision (the tape's)
   }
 };
 
@@ -339,12 +338,10 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   check_inputs(q, k, v, mask);
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({q.dim(0), q.dim(1), q.dim(2)}, q.dtype(), q.device());
-  const Precision precision = current_precision();
-  flash_attention_forward(out, lse, q, k, v, mask, precision);
+  flash_attention_forward(out, lse, q, k, v, mask);
   if (autograd::needs_grad({&q, &k, &v})) {
     auto node = std::make_unique<FlashAttentionNode>();
     node->q = q, node->k = k, node->v = v, node->mask = mask, node->out = out, node->lse = lse;
-    node->precision = precision;
     node->outputs = {out};
     autograd::record(std::move(node));
   }

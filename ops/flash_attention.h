@@ -26,8 +26,8 @@ void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& 
                               const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse,
                               Precision precision = current_precision());
 
-// Records one node whose saved fields are the inputs, the output and L, and the precision it
-// ran at (current_precision()).
+// Records one node whose saved fields are the inputs, the output and L (its backward runs at the
+// forward's precision, as every node's: autograd/tape.h).
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 
 }  // namespace cast::ops

@@ -21,7 +21,6 @@ struct IntraClusterFlashNode final : autograd::Node {
   Tensor qc, kc, vc;  // gathered rows (B·H·C, 1, κ, d)
   Tensor slots;       // (B·H·C, κ): 1 filled, 0 empty
   Tensor out, lse;    // (B·H·C, 1, κ, d) and its log-sum-exp
-  Precision precision = Precision::fp32;  // the forward's
   const char* name() const override { return "intra_cluster_attention_flash"; }
   void fields(autograd::FieldVisitor& visit) const override {
     visit.input("q", q);
@@ -40,8 +39,7 @@ struct IntraClusterFlashNode final : autograd::Node {
     Tensor dqc = Tensor::zeros(qc.shape(), qc.dtype(), qc.device());
     Tensor dkc = Tensor::zeros(kc.shape(), kc.dtype(), kc.device());
     Tensor dvc = Tensor::zeros(vc.shape(), vc.dtype(), vc.device());
-    flash_attention_backward(&dqc, &dkc, &dvc, outputs[0].grad().view(out.shape()), qc, kc, vc, slots, out, lse,
-                             precision);
+    flash_attention_backward(&dqc, &dkc, &dvc, outputs[0].grad().view(out.shape()), qc, kc, vc, slots, out, lse);
     auto back = [&](Tensor& input, const Tensor& rows) {
       if (!input.requires_grad()) return;
       Tensor dx = input.grad_accumulator().view({BH, N, d});
@@ -65,14 +63,12 @@ Tensor gathered_flash(const Tensor& q, const Tensor& k, const Tensor& v, const T
   Tensor slots = slot_mask(members, {B * H * C, kappa}, q);
   Tensor out = Tensor::empty(qc.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({B * H * C, 1, kappa}, q.dtype(), q.device());
-  const Precision precision = current_precision();
-  flash_attention_forward(out, lse, qc, kc, vc, slots, precision);
+  flash_attention_forward(out, lse, qc, kc, vc, slots);
   Tensor result = out.view({B, H, C, kappa, d});
   if (autograd::needs_grad({&q, &k, &v})) {
     auto node = std::make_unique<IntraClusterFlashNode>();
     node->q = q, node->k = k, node->v = v, node->idx = idx;
     node->qc = qc, node->kc = kc, node->vc = vc, node->slots = slots, node->out = out, node->lse = lse;
-    node->precision = precision;
     node->outputs = {result};
     autograd::record(std::move(node));
   }

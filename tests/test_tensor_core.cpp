@@ -46,17 +46,6 @@ float bf16_value(uint16_t h) {
 }
 float rounded_bf16(float x) { return bf16_value(bf16_bits(x)); }
 
-// ‖x − ref‖ / ‖ref‖, x any float tensor, ref f64 on the CPU; NaN where x holds one.
-double relative_error(const Tensor& x, const Tensor& ref) {
-  const std::vector<double> a = x.to_double_vector(), r = ref.to_double_vector();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < r.size(); ++i) {
-    if (std::isfinite(r[i])) den += r[i] * r[i];
-    if (a[i] != r[i]) num += (a[i] - r[i]) * (a[i] - r[i]);  // equal infinities (a row with no real key) agree
-  }
-  return std::sqrt(num / (den > 0 ? den : 1.0));
-}
-
 // d = a b + c for each shape: TF32 m16n8k8 and BF16 m16n8k16, against the product of the rounded
 // operands in double (the tensor core's products are exact; only the sum's rounding differs).
 TEST(CudaVsCpuTensorCore, MmaMatchesAPlainProductOfTheRoundedOperands) {
@@ -188,13 +177,6 @@ void expect_kernels_match_reference(int64_t B, int64_t M, int64_t N, int64_t d,
   ops::flash_attention_backward(&rdq, &rdk, &rdv, f64(g), f64(q), f64(k), f64(v), f64(mask), ro, rl);
   const Tensor qc = q.to(Device::cuda), kc = k.to(Device::cuda), vc = v.to(Device::cuda), gc = g.to(Device::cuda),
                mc = mask.to(Device::cuda);
-  // the gradient beyond what was there before
-  const auto added = [](const Tensor& after, const Tensor& before) {
-    std::vector<double> a = after.to_double_vector();
-    const std::vector<double> b = before.to_double_vector();
-    for (size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
-    return Tensor::from_vector<double>(a, after.shape());
-  };
   for (const KernelTolerance& kernel : kernels) {
     const std::string what =
         fmt::format("{} at B {} M {} N {} d {} (runs {}, tiles {}x{}/{})", cuda::flash_kernel_name(kernel.kernel), B, M,
@@ -206,11 +188,11 @@ void expect_kernels_match_reference(int64_t B, int64_t M, int64_t N, int64_t d,
     cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel.kernel);
     Tensor dq = pq.to(Device::cuda), dk = pk.to(Device::cuda), dv = pv.to(Device::cuda);
     cuda::flash_attention_backward(&dq, &dk, &dv, gc, qc, kc, vc, mc, out, lse, kernel.kernel);
-    EXPECT_LE(relative_error(out, ro), kernel.tolerance) << "output, " << what;
-    EXPECT_LE(relative_error(lse, rl), kernel.tolerance) << "log-sum-exp, " << what;
-    EXPECT_LE(relative_error(added(dq, pq), added(rdq, pq)), kernel.tolerance) << "dq, " << what;
-    EXPECT_LE(relative_error(added(dk, pk), added(rdk, pk)), kernel.tolerance) << "dk, " << what;
-    EXPECT_LE(relative_error(added(dv, pv), added(rdv, pv)), kernel.tolerance) << "dv, " << what;
+    EXPECT_LE(rel_diff(out, ro), kernel.tolerance) << "output, " << what;
+    EXPECT_LE(rel_diff(lse, rl), kernel.tolerance) << "log-sum-exp, " << what;
+    EXPECT_LE(rel_diff(difference(dq, pq), difference(rdq, pq)), kernel.tolerance) << "dq, " << what;
+    EXPECT_LE(rel_diff(difference(dk, pk), difference(rdk, pk)), kernel.tolerance) << "dk, " << what;
+    EXPECT_LE(rel_diff(difference(dv, pv), difference(rdv, pv)), kernel.tolerance) << "dv, " << what;
   }
 }
 

@@ -2,6 +2,7 @@
 // Helpers shared by the test suites.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -45,16 +46,27 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-// ‖a − b‖ / ‖b‖ (NaN anywhere gives NaN, so a poisoned value never passes).
+// ‖a − b‖ / ‖b‖ over b's finite elements; equal elements agree, equal infinities too (a row's
+// log-sum-exp −∞ where it has no real key). NaN anywhere gives NaN, so a poisoned value never
+// passes.
 inline double rel_diff(const Tensor& a, const Tensor& b) {
   auto va = a.to_double_vector(), vb = b.to_double_vector();
   if (va.size() != vb.size()) return 1e30;
   double d = 0, n = 0;
   for (size_t i = 0; i < va.size(); ++i) {
-    d += (va[i] - vb[i]) * (va[i] - vb[i]);
-    n += vb[i] * vb[i];
+    if (va[i] != vb[i]) d += (va[i] - vb[i]) * (va[i] - vb[i]);
+    if (std::isfinite(vb[i])) n += vb[i] * vb[i];
   }
   return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
+}
+
+// a − b as an f64 CPU tensor of a's shape: what a backward added to a gradient that held b.
+inline Tensor difference(const Tensor& a, const Tensor& b) {
+  std::vector<double> va = a.to_double_vector();
+  const std::vector<double> vb = b.to_double_vector();
+  EXPECT_EQ(va.size(), vb.size());
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) va[i] -= vb[i];
+  return Tensor::from_vector<double>(va, a.shape());
 }
 
 // Every element of `got` within atol + rtol·|want|, and ‖got − want‖/‖want‖ ≤ rtol

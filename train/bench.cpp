@@ -165,15 +165,13 @@ std::string device_label(Device device) {
   return "cpu";
 }
 
-void use_precision(const cli::Args& args, Device device) { train::use_precision(args.str("precision"), device); }
-
 std::string precision_note() {
   return current_precision() == Precision::fp32 ? "" : fmt::format(", precision {}", precision_name(current_precision()));
 }
 
 int bench_attention(const cli::Args& args, train::Trace* trace) {
   const Device device = train::resolve_device(args.str("device"));
-  use_precision(args, device);
+  train::use_precision(args.str("precision"), device);
   const int64_t B = bounded(args, "batch", 1, 4096), D = bounded(args, "dim", 1, 65536),
                 H = bounded(args, "heads", 1, 1024);
   if (D % H != 0) throw UsageError(fmt::format("--dim {} must be a multiple of --heads {}", D, H));
@@ -270,7 +268,7 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
 
 int bench_train(const cli::Args& args, train::Trace* trace) {
   const Device device = train::resolve_device(args.str("device"));
-  use_precision(args, device);
+  train::use_precision(args.str("precision"), device);
   const int64_t steps = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
   bool failed = false;
   train::TrainConfig base = train::preset(args.str("task"));
