@@ -1,7 +1,6 @@
 #include "autograd/tape.h"
 
 #include "autograd/trace.h"
-#include "ops/elementwise.h"
 
 namespace cast::autograd {
 
@@ -91,6 +90,10 @@ void backward(const Tensor& loss) {
   backward(loss, Tensor::full(loss.shape(), 1.0, loss.dtype(), loss.device()));
 }
 
+static GradientAdd gradient_add = nullptr;
+
+void set_gradient_add(GradientAdd add) { gradient_add = add; }
+
 void accumulate(Tensor& t, const Tensor& g) {
   CAST_CHECK(g.shape() == t.shape(), "autograd: gradient {} does not match tensor {}", g.describe(), t.describe());
   CAST_CHECK(g.dtype() == t.dtype() && g.device() == t.device(), "autograd: gradient {} does not match tensor {}",
@@ -99,8 +102,8 @@ void accumulate(Tensor& t, const Tensor& g) {
     t.set_grad(g.clone());
     return;
   }
-  Tensor acc = t.grad();
-  ops::add_into(acc, g);
+  CAST_CHECK(gradient_add != nullptr, "autograd: no gradient add installed (ops/elementwise.cpp installs it)");
+  gradient_add(t.grad(), g);
 }
 
 void accumulate_reshaped(Tensor& t, const Tensor& output) {

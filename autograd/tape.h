@@ -37,7 +37,7 @@ struct Node {
   virtual bool backward_reads_outputs() const { return true; }
   std::vector<Tensor> outputs;  // released (their gradients freed) once this node has run
   // Stamped by record() from the scopes of autograd/trace.h: the step of docs/attention.md the
-  // node belongs to, and the fast path (ops/fast.h) that ran it; nullptr: none, the reference.
+  // node belongs to, and the fast path (ops/attention/fast_paths.h) that ran it; nullptr: none, the reference.
   const char* step = nullptr;
   const char* fast_path = nullptr;
   // Stamped by record(): the precision of the forward's products (tensor/precision.h), which
@@ -78,6 +78,10 @@ void for_each_node(const std::function<void(const Node&)>& visit);
 
 // Adds `g` into t's gradient buffer, checking the shape (the accumulation contract).
 void accumulate(Tensor& t, const Tensor& g);
+// The kernel that accumulation adds with (acc += g on either device). Autograd sits below the
+// ops and knows no kernels: ops/elementwise.cpp installs its add_into here before main runs.
+using GradientAdd = void (*)(Tensor acc, const Tensor& g);
+void set_gradient_add(GradientAdd add);
 
 // Adds the gradient of `output`, viewed to t's shape, into t's gradient: the backward of a node
 // whose output is its input reshaped. backward() releases an output's gradient once its node has

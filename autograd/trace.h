@@ -21,7 +21,7 @@ class StepScope {
   bool opened_;
 };
 
-// Marks the nodes recorded inside as run by a fast path of ops/fast.h (by its name).
+// Marks the nodes recorded inside as run by a fast path of ops/attention/fast_paths.h (by its name).
 class FastPathScope {
  public:
   explicit FastPathScope(const char* fast_path);

@@ -84,7 +84,7 @@ def fmt_flops(f):
 
 
 # ---------------------------------------------------------------- the flash kernels on paper
-# cuda/flash_attention.cu's tiles (Tile<D, RT, CN>: 16·RT rows per block, 8·CN streamed rows, 128
+# cuda/attention/full_attention_flash.cu's tiles (Tile<D, RT, CN>: 16·RT rows per block, 8·CN streamed rows, 128
 # threads) and ptxas's registers for sm_90 (scripts/kernel_report.sh), to be replaced by
 # measurements. Per streamed tile, one warp issues:
 #   score products (S = QKᵀ, and dP = dO Vᵀ in the backward): per 4 head columns 4·RT·CN FMAs

@@ -1,10 +1,10 @@
-// The flash tiles on one thread: libxsmm's JIT kernels against ops/gemm_tile.cpp and OpenBLAS,
+// The flash tiles on one thread: libxsmm's JIT kernels against cpu/gemm_tile.cpp and OpenBLAS,
 // interleaved, best of 7 batches each; how the tile kernel was chosen (bench/RESULTS.md).
 // Row-major C (m x n) += A (m x k) op(B); libxsmm is column-major, so it computes
 // C^T += op(B)^T A^T. Not part of the build: libxsmm is no dependency of cast.
 //   apt-get install libxsmm-dev
 //   g++ -O3 -march=native -std=gnu++20 -fno-trapping-math -I. -I/usr/include/x86_64-linux-gnu/openblas-openmp \
-//       bench/tile_compare.cpp ops/gemm_tile.cpp -o /tmp/tile_compare \
+//       bench/tile_compare.cpp cpu/gemm_tile.cpp -o /tmp/tile_compare \
 //       -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -lxsmm -lxsmmext -lxsmmnoblas -fopenmp -ldl -lpthread
 //   OMP_NUM_THREADS=1 /tmp/tile_compare
 #include <cblas.h>
@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <random>
 #include <vector>
-#include "ops/gemm_tile.h"
+#include "cpu/gemm_tile.h"
 struct S {
   int m, n, k;
   bool tb;

@@ -1,8 +1,8 @@
-// AdamW update, one thread per element (same arithmetic as ops/adamw.cpp).
+// AdamW update, one thread per element (same arithmetic as train/adamw.cpp).
 #include "cuda/adamw.h"
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
-#include "ops/adamw.h"
+#include "math/clipping.h"
 
 namespace cast::cuda {
 
@@ -27,7 +27,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, doubl
 
 __global__ void clip_factor_kernel(float* factor, const float* squared_norm, double max_norm) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  factor[0] = static_cast<float>(ops::clip_factor_of(static_cast<double>(squared_norm[0]), max_norm));
+  factor[0] = static_cast<float>(clip_factor_of(static_cast<double>(squared_norm[0]), max_norm));
 }
 
 void clip_factor(Tensor& factor, const Tensor& squared_norm, double max_norm) {

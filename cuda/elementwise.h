@@ -1,5 +1,5 @@
 #pragma once
-#include "ops/binary_math.h"
+#include "math/binary_math.h"
 #include "tensor/broadcast.h"
 #include "tensor/tensor.h"
 

@@ -2,7 +2,7 @@
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/loss.h"
-#include "ops/topk_order.h"
+#include "math/topk_order.h"
 
 namespace cast::cuda {
 

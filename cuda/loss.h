@@ -7,6 +7,6 @@ void cross_entropy_forward(Tensor& loss, Tensor& count, const Tensor& logp, cons
                            int64_t classes);
 void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logp, const Tensor& labels,
                             const Tensor& count, int64_t rows, int64_t classes);
-// correct (1) = rows whose top class (ops/topk_order.h) equals their label.
+// correct (1) = rows whose top class (math/topk_order.h) equals their label.
 void correct_predictions(Tensor& correct, const Tensor& logits, const Tensor& labels, int64_t rows, int64_t classes);
 }  // namespace cast::cuda

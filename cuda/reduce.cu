@@ -2,7 +2,7 @@
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/reduce.h"
-#include "ops/reduce.h"
+#include "math/sum_order.h"
 
 namespace cast::cuda {
 
@@ -12,9 +12,9 @@ __global__ void sum_chunks_kernel(float* partial, const float* x, int64_t outer,
                                   int64_t chunks, float scale) {
   CAST_KERNEL_LOOP(e, outer * chunks * inner) {
     const int64_t i = e % inner, c = (e / inner) % chunks, a = e / (inner * chunks);
-    const int64_t end = (c + 1) * ops::kSumChunk < n ? (c + 1) * ops::kSumChunk : n;
+    const int64_t end = (c + 1) * kSumChunk < n ? (c + 1) * kSumChunk : n;
     float s = 0;
-    for (int64_t j = c * ops::kSumChunk; j < end; ++j) s += x[(a * n + j) * inner + i];
+    for (int64_t j = c * kSumChunk; j < end; ++j) s += x[(a * n + j) * inner + i];
     partial[e] = chunks == 1 ? s * scale : s;
   }
 }
@@ -52,7 +52,7 @@ void sum_axis_forward(Tensor& y, const Tensor& x, int64_t outer, int64_t n, int6
     CAST_LAUNCH(sum_rows_kernel, static_cast<unsigned>(outer), kThreads, 0, fptr(y), fptr(x), n,
                 static_cast<float>(scale));
   } else {
-    const int64_t chunks = n > 0 ? (n + ops::kSumChunk - 1) / ops::kSumChunk : 1;
+    const int64_t chunks = n > 0 ? (n + kSumChunk - 1) / kSumChunk : 1;
     const float s = static_cast<float>(scale);
     if (chunks == 1) {
       CAST_LAUNCH(sum_chunks_kernel, blocks_for(outer * inner), kThreads, 0, fptr(y), fptr(x), outer, n, inner, chunks,

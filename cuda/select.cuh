@@ -1,10 +1,10 @@
 #pragma once
 // Selecting the k largest entries of a row inside one thread block, in the order of top-k
-// (ops/topk_order.h: larger first, NaN last, ties toward the lower position), with no sort: a
+// (math/topk_order.h: larger first, NaN last, ties toward the lower position), with no sort: a
 // radix select finds the k-th key in four passes over the row (8 bits each, a 256-bin histogram
 // in shared memory), then one ordered pass takes every entry above it and the first entries (by
 // position) equal to it, placing each by a block-wide prefix sum. O(n) work per row.
-// Used by CAST Top-K (cuda/clustering.cu) and top-k (cuda/topk.cu).
+// Used by CAST Top-K (cuda/attention/clustering.cu) and top-k (cuda/topk.cu).
 #include "cuda/common.cuh"
 
 namespace cast::cuda {

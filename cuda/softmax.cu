@@ -3,7 +3,7 @@
 // per row, eight rows to a block, so that no thread idles and no block-wide barrier is paid.
 #include <climits>
 
-#include "ops/softmax_rule.h"
+#include "math/softmax_rule.h"
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/softmax.h"

@@ -1,4 +1,4 @@
-// Top-k indices per row, in rank order (ops/topk_order.h: larger first, NaN last, ties toward the
+// Top-k indices per row, in rank order (math/topk_order.h: larger first, NaN last, ties toward the
 // lower position), exactly the CPU's. One block per row: a radix select (cuda/select.cuh) finds the
 // k' = min(k, eligible) entries in O(len) and lists them in position order; then each chosen
 // entry's rank among the k' is counted (O(k'²) over the block, only on the chosen few) and it is
@@ -7,7 +7,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/select.cuh"
 #include "cuda/topk.h"
-#include "ops/topk_order.h"
+#include "math/topk_order.h"
 
 namespace cast::cuda {
 

@@ -1,4 +1,4 @@
-// Elementwise functions (f32); the math is ops/unary_math.h, shared with the CPU.
+// Elementwise functions (f32); the math is math/unary_math.h, shared with the CPU.
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/unary.h"

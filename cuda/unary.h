@@ -1,5 +1,5 @@
 #pragma once
-#include "ops/unary_math.h"
+#include "math/unary_math.h"
 #include "tensor/tensor.h"
 
 namespace cast::cuda {

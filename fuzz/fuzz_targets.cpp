@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "tensor/safetensors.h"
-#include "train/data.h"
+#include "datasets/data.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;

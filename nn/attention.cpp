@@ -4,9 +4,9 @@
 
 #include "autograd/tape.h"
 #include "autograd/trace.h"
-#include "ops/clustering.h"
-#include "ops/fast.h"
-#include "ops/head_projections.h"
+#include "ops/attention/clustering.h"
+#include "ops/attention/fast_paths.h"
+#include "ops/attention/head_projections.h"
 #include "ops/ops.h"
 
 namespace cast::nn {
@@ -24,8 +24,9 @@ const char* mechanism_name(Mechanism m) {
     case Mechanism::full: return "full";
     case Mechanism::cast: return "cast";
     case Mechanism::clustered: return "clustered";
-    default: return "iclustered";
+    case Mechanism::iclustered: return "iclustered";
   }
+  throw Error(fmt::format("attention: no mechanism {}", static_cast<int>(m)));
 }
 
 int64_t default_clusters(int64_t n) {
@@ -38,7 +39,7 @@ std::vector<ops::Step> fast_path_steps(const AttentionConfig& c, Device device) 
     case Mechanism::full:
     case Mechanism::clustered: return {ops::Step::full_attention};
     case Mechanism::iclustered: return {ops::Step::improved_clustered_output};
-    default:
+    case Mechanism::cast:
       if (cast_runs_as_one_op(c, device)) {
         if (!c.single_assignment) return {ops::Step::cast_attention};  // it chooses the Top-K clusters itself
         return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::cast_attention};
@@ -49,6 +50,7 @@ std::vector<ops::Step> fast_path_steps(const AttentionConfig& c, Device device) 
       return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::intra_cluster_attention,
               ops::Step::cluster_summaries, ops::Step::combine_clusters};
   }
+  throw Error(fmt::format("attention: no mechanism {}", static_cast<int>(c.mechanism)));
 }
 
 bool cast_runs_as_one_op(const AttentionConfig& c, Device device, DType dtype) {
@@ -141,7 +143,7 @@ AttentionOutput Attention::forward(const Tensor& x, const Tensor& mask, const Te
 
 AttentionOutput Attention::attend(const Tensor& x, const Tensor& mask, const Tensor& assignment, const Tensor& values) {
   // With fast paths on, each projection and its split into heads is one node that keeps the heads
-  // only (ops/head_projections.h); the reference records the product and the permute apart.
+  // only (ops/attention/head_projections.h); the reference records the product and the permute apart.
   const bool heads_in_one_node = config_.fused;
   auto project = [&](const char* w) {
     if (!heads_in_one_node) return split_heads(ops::matmul(x, params_.at(w)), config_.heads);
@@ -160,12 +162,13 @@ AttentionOutput Attention::attend(const Tensor& x, const Tensor& mask, const Ten
   AttentionOutput result;
   Tensor heads_out;
   switch (config_.mechanism) {
-    case Mechanism::full: heads_out = step(ops::Step::full_attention, {q, k, v, mask}); break;
+    case Mechanism::full: heads_out = step(ops::FullAttentionInputs{q, k, v, mask}); break;
     case Mechanism::cast:
       result = forward_cast(x, mask, q, k, v, gate);
       heads_out = result.out;
       break;
-    default:
+    case Mechanism::clustered:
+    case Mechanism::iclustered:
       result = forward_clustered(mask, q, k, v, assignment);
       heads_out = result.out;
       break;
@@ -204,7 +207,7 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
   const int64_t kappa = config_.cluster_size > 0 ? config_.cluster_size : default_clusters(N);
   const Tensor& s = params_.at("surrogates");
   const Tensor &gate_w = params_.at("gate_w"), &gate_b = params_.at("gate_b");
-  const ops::StepOptions options{config_.f, config_.summaries, config_.mix_query};
+  const ops::CastOptions options{config_.f, config_.summaries, config_.mix_query};
   // Step 4: clustering, an integer constant of the backward pass.
   auto clusters_of = [&](const Tensor& a_g) {
     Tensor flat = a_g.view({B * a_g.dim(1), N, C});
@@ -222,15 +225,16 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
       result.out = ops::cast_attention_fused_topk(gate, q, k, v, s, mask, kappa, options, result.clusters);
       return result;
     }
-    std::vector<Tensor> whole{gate, q, k, v, s, mask, Tensor()};
+    ops::CastAttentionInputs whole{gate, q, k, v, s, mask, Tensor(), options};
     {
       autograd::NoGradGuard choosing_clusters;
-      Tensor a_q = step(ops::Step::cluster_affinities, {q, s}, options);
-      Tensor a_k = step(ops::Step::cluster_affinities, {k, s}, options);
-      whole.back() = clusters_of(step(ops::Step::gated_affinity, {x, gate_w, gate_b, a_q, a_k})).view({B, H, C, kappa});
+      Tensor a_q = step(ops::ClusterAffinitiesInputs{q, s, config_.f});
+      Tensor a_k = step(ops::ClusterAffinitiesInputs{k, s, config_.f});
+      whole.members =
+          clusters_of(step(ops::GatedAffinityInputs{x, gate_w, gate_b, a_q, a_k})).view({B, H, C, kappa});
     }
-    result.out = step(ops::Step::cast_attention, whole, options);
-    result.clusters = whole.back();
+    result.out = step(whole);
+    result.clusters = whole.members;
     return result;
   }
   // Steps 1–3 on per-head (G = H) or full-width (G = 1) queries and keys; the scores are scaled
@@ -241,9 +245,9 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
     kg = ops::reshape(merge_heads(k), {B, 1, N, H * d});
     surrogates = ops::reshape(s, {1, C, H * d});
   }
-  Tensor a_q = step(ops::Step::cluster_affinities, {qg, surrogates}, options);  // steps 1–2: (B, G, N, C)
-  Tensor a_k = step(ops::Step::cluster_affinities, {kg, surrogates}, options);
-  Tensor a_g = step(ops::Step::gated_affinity, {x, gate_w, gate_b, a_q, a_k});
+  Tensor a_q = step(ops::ClusterAffinitiesInputs{qg, surrogates, config_.f});  // steps 1–2: (B, G, N, C)
+  Tensor a_k = step(ops::ClusterAffinitiesInputs{kg, surrogates, config_.f});
+  Tensor a_g = step(ops::GatedAffinityInputs{x, gate_w, gate_b, a_q, a_k});
   Tensor members = clusters_of(a_g);
   Tensor w = config_.mix_query ? a_q : a_g;
   if (a_g.dim(1) == 1) {  // shared: one clustering and one set of weights for every head
@@ -254,10 +258,10 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
     members = members.view({B, H, C, kappa});
   }
   // Steps 5–7.
-  Tensor r_intra = step(ops::Step::intra_cluster_attention, {q, k, v, members});
-  Tensor r_inter = config_.summaries ? step(ops::Step::cluster_summaries, {a_k, v, mask}) : Tensor();
+  Tensor r_intra = step(ops::IntraClusterAttentionInputs{q, k, v, members});
+  Tensor r_inter = config_.summaries ? step(ops::ClusterSummariesInputs{a_k, v, mask}) : Tensor();
   AttentionOutput result;
-  result.out = step(ops::Step::combine_clusters, {w, r_intra, r_inter, members});
+  result.out = step(ops::CombineClustersInputs{w, r_intra, r_inter, members});
   result.clusters = members;
   return result;
 }
@@ -298,7 +302,7 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
     Tensor per_cluster;
     {
       autograd::StepScope named("centroid_attention");  // its name in docs/attention.md
-      per_cluster = step(ops::Step::full_attention, {centroids, k, v, mask});
+      per_cluster = step(ops::FullAttentionInputs{centroids, k, v, mask});
     }
     result.out = ops::broadcast_to_members(per_cluster, assignment);
     return result;
@@ -312,7 +316,7 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
     top_keys = ops::topk(a_c, top, mask);  // (B, H, C, top); masked keys never chosen
   }
   result.top_keys = top_keys;
-  result.out = step(ops::Step::improved_clustered_output, {q, k, v, a_c, top_keys, assignment});
+  result.out = step(ops::ImprovedClusteredOutputInputs{q, k, v, a_c, top_keys, assignment});
   return result;
 }
 

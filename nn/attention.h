@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "nn/module.h"
-#include "ops/attention.h"
-#include "ops/fast.h"
+#include "ops/attention/steps.h"
+#include "ops/attention/fast_paths.h"
 #include "tensor/tensor.h"
 
 namespace cast::nn {
@@ -33,7 +33,7 @@ struct AttentionConfig {
   int64_t bits = 63;                               // clustered: LSH hash bits
   int64_t iterations = 10;                         // clustered: Lloyd iterations
   uint64_t seed = 0;                               // parameter init and the LSH planes
-  // The registered fast paths (ops/fast.h) where they support the inputs, on every device,
+  // The registered fast paths (ops/attention/fast_paths.h) where they support the inputs, on every device,
   // instead of the step-by-step reference ops. Same values and gradients; off for study
   // (--reference), which then runs only the reference's basic ops on the CPU and the GPU alike.
   bool fused = true;
@@ -42,12 +42,12 @@ struct AttentionConfig {
 Mechanism parse_mechanism(const std::string& name);
 const char* mechanism_name(Mechanism m);
 int64_t default_clusters(int64_t n);  // ⌈√N⌉ rounded up to a multiple of 8
-// The steps with fast paths (ops/fast.h) that a layer of this config runs, in order, and the
+// The steps with fast paths (ops/attention/fast_paths.h) that a layer of this config runs, in order, and the
 // implementation each takes on `device` for f32 inputs: a fast path's name, or the step's name
 // followed by " (reference)", then the one-node head projections when fast paths are on
-// (ops/head_projections.h). What `cast bench` prints, from the registry the layer asks.
+// (ops/attention/head_projections.h). What `cast bench` prints, from the registry the layer asks.
 std::vector<ops::Step> fast_path_steps(const AttentionConfig& config, Device device = Device::cpu);
-// Whether a CAST layer of this config runs steps 1–3 and 5–7 as one op (ops/fast.h's
+// Whether a CAST layer of this config runs steps 1–3 and 5–7 as one op (ops/attention/fast_paths.h's
 // cast_attention) for inputs of this device and dtype: per-head clustering and a fast path that fits.
 bool cast_runs_as_one_op(const AttentionConfig& config, Device device, DType dtype = DType::f32);
 std::vector<std::string> step_implementations(const AttentionConfig& config, Device device);
@@ -88,10 +88,8 @@ class Attention : public Module {
                                const Tensor& gate);
   AttentionOutput forward_clustered(const Tensor& mask, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& assignment);
-  // One step through ops/fast.h: a fast path when the config allows and one fits, else the reference.
-  Tensor step(ops::Step s, const std::vector<Tensor>& inputs, const ops::StepOptions& options = {}) const {
-    return ops::run_step(s, config_.fused, inputs, options);
-  }
+  // One step through ops/attention/fast_paths.h: a fast path when the config allows and one fits, else the reference.
+  Tensor step(const ops::StepInputs& inputs) const { return ops::run_step(config_.fused, inputs); }
   AttentionConfig config_;
   std::map<std::string, Tensor> params_;
   uint64_t forward_calls_ = 0;  // the LSH planes are redrawn each forward

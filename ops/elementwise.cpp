@@ -224,6 +224,12 @@ void add_into(Tensor acc, const Tensor& g, double alpha) {
   });
 }
 
+// Gradient accumulation adds with add_into (autograd/tape.h): installed before main runs.
+[[maybe_unused]] static const bool gradient_add_installed = [] {
+  autograd::set_gradient_add([](Tensor acc, const Tensor& g) { add_into(acc, g); });
+  return true;
+}();
+
 Tensor sum_to_shape(const Tensor& g, const Shape& target) {
   if (g.shape() == target) return g;
   const Shape& s = g.shape();

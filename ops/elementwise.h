@@ -1,7 +1,7 @@
 #pragma once
 // Broadcasting add, sub, mul, div (numpy rules), scalar affine maps, and the in-place helpers
 // that backward passes use to accumulate gradients.
-#include "ops/binary_math.h"
+#include "math/binary_math.h"
 #include "tensor/broadcast.h"
 #include "tensor/tensor.h"
 

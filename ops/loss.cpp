@@ -5,7 +5,7 @@
 
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
-#include "ops/topk_order.h"
+#include "math/topk_order.h"
 #include "ops/rows.h"
 #include "ops/softmax.h"
 #ifdef CAST_WITH_CUDA

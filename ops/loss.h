@@ -14,7 +14,7 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& 
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
 
-// How many rows' top class (the order of top-k: ops/topk_order.h) equals their label: logits
+// How many rows' top class (the order of top-k: math/topk_order.h) equals their label: logits
 // (R, C), labels (R) -> (1) of the logits' dtype, where the logits are. No gradient.
 Tensor correct_predictions(const Tensor& logits, const Tensor& labels);
 

@@ -5,7 +5,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "ops/gemm_tile.h"
+#include "cpu/gemm_tile.h"
 #include "tensor/tensor.h"
 
 namespace cast::ops {
@@ -46,7 +46,7 @@ void gemm_blas(T* c, const T* a, const T* b, bool trans_a, bool trans_b, T alpha
 
 // One product on the calling thread: c (m, n) = alpha op(a) op(b) + beta c, row-major and
 // packed. The fused CPU kernels call it on tiles inside their own parallel regions. f32 runs the
-// register-blocked tile kernel (ops/gemm_tile.h) unless the BLAS is chosen; f64 runs the BLAS.
+// register-blocked tile kernel (cpu/gemm_tile.h) unless the BLAS is chosen; f64 runs the BLAS.
 template <class T>
 inline void gemm_tile(T* c, const T* a, const T* b, bool trans_a, bool trans_b, T alpha, T beta, int64_t m, int64_t n,
                       int64_t k) {

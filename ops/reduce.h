@@ -1,14 +1,13 @@
 #pragma once
 // Sum and mean over one axis.
+#include "math/sum_order.h"
 #include "tensor/tensor.h"
 
 namespace cast::ops {
 
 // x viewed as (outer, n, inner); y: (outer, inner) = scale * sum over n. With inner > 1 (a
-// column sum, e.g. a bias gradient) the n rows are summed in chunks of kSumChunk rows, each chunk
-// from 0 in row order, then the chunk sums in chunk order: a two-stage reduction that the GPU
-// runs in parallel and the CPU across its threads, in the same order, so both give the same bits.
-constexpr int64_t kSumChunk = 256;
+// column sum, e.g. a bias gradient) the rows are summed in the order of math/sum_order.h, the same
+// on both devices.
 void sum_axis_forward(Tensor& y, const Tensor& x, int axis, double scale);
 // dx[o, j, i] += scale * dy[o, i]
 void sum_axis_backward(Tensor& dx, const Tensor& dy, int axis, double scale);

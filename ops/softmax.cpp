@@ -7,8 +7,8 @@
 
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
-#include "ops/fast_math.h"
-#include "ops/softmax_rule.h"
+#include "math/fast_math.h"
+#include "math/softmax_rule.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/softmax.h"
 #endif
@@ -32,7 +32,7 @@ MaskRows mask_rows(const char* op, const Tensor& x, const Tensor& mask) {
 }
 
 // One row: masked entries are set to −∞ first, so the max, exp and sum loops run without a
-// test per element and vectorise (ops/fast_math.h). A fully masked row gives zeros.
+// test per element and vectorise (math/fast_math.h). A fully masked row gives zeros.
 template <class T>
 void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log) {
   const T minus_inf = -std::numeric_limits<T>::infinity();
@@ -51,7 +51,7 @@ void softmax_row(T* y, const T* x, const T* mask, int64_t n, bool log) {
     const T shift = softmax_rule::log_sum_exp(mx, total);
     for (int64_t j = 0; j < n; ++j) y[j] = (!mask || mask[j] != T(0)) ? x[j] - shift : T(0);
   } else {
-    const T inv = T(1) / total;  // NaN in a row holding a NaN: its masked entries stay 0 (ops/fast_math.h)
+    const T inv = T(1) / total;  // NaN in a row holding a NaN: its masked entries stay 0 (math/fast_math.h)
     if (mask)
       for (int64_t j = 0; j < n; ++j) y[j] = mask[j] != T(0) ? y[j] * inv : T(0);
     else

@@ -6,7 +6,7 @@
 
 #include "ops/dispatch.h"
 #include "ops/softmax.h"
-#include "ops/topk_order.h"
+#include "math/topk_order.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/topk.h"
 #endif

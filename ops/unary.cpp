@@ -5,7 +5,7 @@
 
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
-#include "ops/fast_math.h"
+#include "math/fast_math.h"
 #include "ops/unary_cpu.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/unary.h"

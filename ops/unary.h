@@ -1,7 +1,7 @@
 #pragma once
 // Elementwise functions: exp, log, sqrt, relu, gelu (exact, erf-based), sigmoid, and the
 // erf-based Laplace attention function of CAST.
-#include "ops/unary_math.h"
+#include "math/unary_math.h"
 #include "tensor/tensor.h"
 
 namespace cast::ops {

@@ -1,19 +1,19 @@
 #pragma once
 // The CPU's elementwise functions in the forms its loops vectorise, shared by the unary ops
 // (ops/unary.cpp) and the fused kernels that apply the same functions inside their own passes
-// (ops/cluster_affinities_fused.cpp): one definition, so a fused path computes exactly what the
+// (ops/attention/cluster_affinities_fused.cpp): one definition, so a fused path computes exactly what the
 // op it replaces computes.
 #include <type_traits>
 
-#include "ops/fast_math.h"
-#include "ops/unary_math.h"
+#include "math/fast_math.h"
+#include "math/unary_math.h"
 
 namespace cast::ops::unary_cpu {
 
 // std::erfc and std::exp stay scalar library calls, and GELU's Φ took a sixth of a small
 // model's training step. In f32 the CPU uses forms the compiler vectorises: erfc from a
 // Chebyshev fit (relative error below 1.2e−7 for every u, Numerical Recipes' erfcc) and
-// exp_nonpositive. f64 (the gradient checks) and CUDA keep ops/unary_math.h.
+// exp_nonpositive. f64 (the gradient checks) and CUDA keep math/unary_math.h.
 inline float erfc_f32(float u) {
   const float a = u < 0 ? -u : u;
   const float t = 1.0f / (1.0f + 0.5f * a);

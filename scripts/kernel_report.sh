@@ -34,7 +34,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 # ptxas's report for every file, the files compiled side by side
-ls cuda/*.cu | xargs -P "$(nproc)" -I{} sh -c '
+ls cuda/*.cu cuda/attention/*.cu | xargs -P "$(nproc)" -I{} sh -c '
   f="{}"; stem=$(basename "$f" .cu)
   "$0" -std=c++17 -O3 -arch=sm_$1 --expt-relaxed-constexpr -I. -DCAST_WITH_CUDA -Xptxas -v -c "$f" \
     -o "$2/$stem.o" > "$2/$stem.report" 2>&1 || { cat "$2/$stem.report" >&2; echo "kernel_report: $f does not compile" >&2; exit 255; }

@@ -3,7 +3,7 @@
 // every step; from the C library each large block came fresh from mmap and was faulted in page
 // by page (thousands of page faults a small step, a fifth of its time in the kernel). Freed
 // blocks are kept by exact size up to a cap and handed out again; the GPU's allocator
-// (cuda/allocator.cu) does the same for device memory.
+// (cuda/runtime.cu) does the same for device memory.
 //
 // host_memory_stats() (tensor/tensor.h) still counts what tensors hold; what this cache keeps
 // besides is cached_bytes(). Builds with AddressSanitizer keep nothing, so a use after free

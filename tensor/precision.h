@@ -4,7 +4,7 @@
 // `--precision` (docs/engine.md, "Precision").
 //   fp32  FP32 accuracy (the default): cuBLAS's FP32 products; attention's on the FP32 FMA
 //         units or as split TF32 products on the tensor cores, whichever measured no less
-//         accurate (cuda/flash_attention.h)
+//         accurate (cuda/attention/full_attention_flash.h)
 //   tf32  TF32 tensor-core products with FP32 accumulation
 //   bf16  BF16 operands with FP32 accumulation for the products; everything else (softmax
 //         statistics, LayerNorm, the loss, reductions, weights and AdamW's state) stays FP32

@@ -10,7 +10,7 @@
 #include <string>
 #include <system_error>
 
-#include "ops/cpu_runtime.h"
+#include "cpu/runtime.h"
 
 namespace fs = std::filesystem;
 

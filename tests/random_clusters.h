@@ -1,6 +1,6 @@
 #pragma once
-// Random cluster ids for the tests of the clustering steps (tests/test_fused_attention.cpp,
-// tests/test_fast_paths.cpp).
+// Random cluster ids for the tests of the clustering steps (tests/attention/,
+// tests/attention/fast_paths_test.cpp).
 #include <algorithm>
 #include <utility>
 #include <vector>

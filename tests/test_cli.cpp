@@ -634,3 +634,15 @@ TEST(Cli, CastWithClustersAsLongAsTheSequenceSaysItIsFullAttention) {
   }
   fs::remove_all(dir);
 }
+
+// docs/engine.md shows the fast-path table as `cast info --fast-paths` prints it from the registry.
+TEST(Cli, DocsShowTheFastPathTableOfTheRegistry) {
+  const CliRun r = run("info --fast-paths");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_NE(r.out.find("| `combine_clusters` | `combine_clusters_fused` | `ops/attention/combine_clusters_fused.cpp` |"),
+            std::string::npos)
+      << r.out;
+  const std::string doc = slurp_file((fs::path(CAST_TEST_DATA_DIR).parent_path().parent_path() / "docs" / "engine.md").string());
+  EXPECT_NE(doc.find(r.out), std::string::npos)
+      << "docs/engine.md does not show `cast info --fast-paths` as it prints now:\n" << r.out;
+}

@@ -2,7 +2,7 @@
 // matmul and the fused kernels' tile kernel against the plain loops (every transpose case,
 // batches, edge sizes, empty and k = 0 products), and the row-wise broadcasting loops against
 // element-by-element arithmetic.
-#include "ops/flash_attention.h"
+#include "ops/attention/full_attention_flash.h"
 #include "ops/matmul.h"
 #include "tests/test_util.h"
 
@@ -80,7 +80,7 @@ TEST(TileGemm, MatchesPlainLoopsInEveryCase) {
   EXPECT_GT(cases, 300);
 }
 
-// The small products matmul runs on every thread (ops/gemm_tile.h's gemm_small): batched, row
+// The small products matmul runs on every thread (cpu/gemm_tile.h's gemm_small): batched, row
 // blocks of 48 and their remainders, every transpose, beta 0 over NaN.
 TEST(TileGemm, SmallProductsOnEveryThreadMatchPlainLoops) {
   const ops::GemmShape shapes[] = {{1, 1, 1, 1},       {1, 1568, 64, 64},   {3, 50, 33, 17},

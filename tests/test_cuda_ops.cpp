@@ -1,6 +1,6 @@
 // Layer 2: every op on CUDA against the CPU reference, forward and backward.
 // Skipped, with the reason, where no GPU is present.
-#include "ops/adamw.h"
+#include "train/adamw.h"
 #include "ops/rows.h"
 #include "tensor/philox.h"
 #include "tests/device_compare.h"
@@ -146,7 +146,7 @@ TEST(CudaVsCpu, LossDropoutTopk) {
   expect_devices_agree([&](const Inputs& x) { return ops::correct_predictions(x[0], on(answers, x[0])); },
                        Inputs{logits});
   for (double squared : {0.25, 4.0, 1.0, static_cast<double>(NAN)})
-    expect_devices_agree([](const Inputs& x) { return ops::clip_factor(x[0], 1.0); },
+    expect_devices_agree([](const Inputs& x) { return train::clip_factor(x[0], 1.0); },
                          Inputs{Tensor::full({1}, squared, DType::f32)});
 }
 
@@ -154,11 +154,11 @@ TEST(CudaVsCpu, AdamWUpdate) {
   SKIP_WITHOUT_GPU();
   Tensor p = Tensor::uniform({1000}, 30, 0), g = Tensor::uniform({1000}, 31, 0, -0.1, 0.1);
   Tensor m = Tensor::uniform({1000}, 32, 0, -0.01, 0.01), v = Tensor::uniform({1000}, 33, 0, 0.0, 0.01);
-  ops::AdamWStep s{1e-3, 0.9, 0.98, 1e-9, 0.1, 7};
+  train::AdamWStep s{1e-3, 0.9, 0.98, 1e-9, 0.1, 7};
   Tensor pc = p.clone(), mc = m.clone(), vc = v.clone();
   Tensor pg = p.to(Device::cuda), mg = m.to(Device::cuda), vg = v.to(Device::cuda);
-  ops::adamw_update(pc, g, mc, vc, s);
-  ops::adamw_update(pg, g.to(Device::cuda), mg, vg, s);
+  train::adamw_update(pc, g, mc, vc, s);
+  train::adamw_update(pg, g.to(Device::cuda), mg, vg, s);
   EXPECT_LT(rel_diff(pg, pc), 1e-6);
   EXPECT_LT(rel_diff(mg, mc), 1e-6);
   EXPECT_LT(rel_diff(vg, vc), 1e-6);

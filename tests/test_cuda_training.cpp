@@ -78,7 +78,7 @@ TEST_P(CudaTrainingSteps, CopyBackOnlyTheLogAndStopAllocatingAfterWarmUp) {
     batch.real_tokens = real;
     ++t;
     training.compute(batch, t);
-    training.update(ops::AdamWStep{1e-3, 0.9, 0.98, 1e-9, 0.0, t}, 0.01, 0.5);
+    training.update(train::AdamWStep{1e-3, 0.9, 0.98, 1e-9, 0.0, t}, 0.01, 0.5);
     if (t % log_every == 0) {
       const std::vector<train::StepRecord> records = training.read();
       EXPECT_EQ(static_cast<int64_t>(records.size()), t <= log_every ? t : log_every);
@@ -197,7 +197,7 @@ TEST_P(CudaTrainingSteps, OneStepEqualsTheCpuStep) {
     ASSERT_EQ(cpu->grad().defined(), gpu.grad().defined()) << name;
     if (cpu->grad().defined()) expect_close_per_element(gpu.grad(), cpu->grad(), 1e-4, 1e-6, name + " gradient");
   }
-  for (Side& side : sides) side.step->update(ops::AdamWStep{1e-3, 0.9, 0.98, 1e-2, 0.0, 1}, 0.01, 0.5);
+  for (Side& side : sides) side.step->update(train::AdamWStep{1e-3, 0.9, 0.98, 1e-2, 0.0, 1}, 0.01, 0.5);
   for (size_t p = 0; p < sides[0].params.size(); ++p) {
     const auto& [name, cpu] = sides[0].params[p];
     expect_close_per_element(*sides[1].params[p].second, *cpu, 1e-5, 1e-6, name + " after AdamW");

@@ -8,7 +8,7 @@
 
 #include "tensor/safetensors.h"
 #include "tests/test_util.h"
-#include "train/layer_command.h"
+#include "commands/commands.h"
 
 using namespace cast;
 using namespace cast::testing;

@@ -9,8 +9,8 @@
 #include <fstream>
 
 #include "tests/test_util.h"
-#include "train/data.h"
-#include "train/png.h"
+#include "datasets/data.h"
+#include "figures/png.h"
 #include "train/trainer.h"
 
 using namespace cast;

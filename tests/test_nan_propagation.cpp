@@ -1,15 +1,15 @@
 // NaN is never hidden: every fused CPU attention kernel gives NaN in exactly the outputs and
-// gradients where the step-by-step reference ops give it (ops/fast_math.h states the one rule),
+// gradients where the step-by-step reference ops give it (math/fast_math.h states the one rule),
 // for a NaN among real scores and for a NaN on a padding token or a token in no cluster.
 #include <cmath>
 #include <functional>
 
 #include "nn/attention.h"
-#include "ops/attention.h"
-#include "ops/fast.h"
-#include "ops/fast_math.h"
-#include "ops/softmax_rule.h"
-#include "ops/flash_attention.h"
+#include "ops/attention/steps.h"
+#include "ops/attention/fast_paths.h"
+#include "math/fast_math.h"
+#include "math/softmax_rule.h"
+#include "ops/attention/full_attention_flash.h"
 #include "tests/test_util.h"
 
 using namespace cast;

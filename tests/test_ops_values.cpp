@@ -3,7 +3,7 @@
 #include <functional>
 #include <memory>
 
-#include "ops/adamw.h"
+#include "train/adamw.h"
 #include "ops/layout.h"
 #include "ops/loss.h"
 #include "tensor/broadcast.h"
@@ -363,7 +363,7 @@ TEST(Values, AdamWFirstStepMovesByTheLearningRate) {
   Tensor p = Tensor::from_vector<double>({1.0, -2.0}, {2});
   Tensor g = Tensor::from_vector<double>({0.5, -0.25}, {2});
   Tensor m = Tensor::zeros({2}, DType::f64), v = Tensor::zeros({2}, DType::f64);
-  ops::adamw_update(p, g, m, v, ops::AdamWStep{0.1, 0.9, 0.98, 1e-12, 0.5, 1});
+  train::adamw_update(p, g, m, v, train::AdamWStep{0.1, 0.9, 0.98, 1e-12, 0.5, 1});
   expect_values(p, {1.0 - 0.1 * (1.0 + 0.5 * 1.0), -2.0 - 0.1 * (-1.0 + 0.5 * -2.0)}, 1e-9);
   expect_values(m, {0.05, -0.025}, 1e-12);
   expect_values(v, {0.02 * 0.25, 0.02 * 0.0625}, 1e-12);
@@ -375,10 +375,10 @@ TEST(Values, CorrectPredictionsAndClipFactor) {
   Tensor logits = Tensor::from_vector<double>({1, 3, 3, 0, 2, 2, 1, 1, NAN, 0, -1, 5, 0, 0, 0, 0}, {4, 4});
   expect_values(ops::correct_predictions(logits, Tensor::from_vector<int32_t>({1, 0, 3, 2}, {4})), {3});
   expect_values(ops::correct_predictions(logits, Tensor::from_vector<int32_t>({2, 1, 0, -1}, {4})), {0});
-  expect_values(ops::clip_factor(Tensor::full({1}, 16.0, DType::f64), 2.0), {0.5});
-  expect_values(ops::clip_factor(Tensor::full({1}, 1.0, DType::f64), 2.0), {1});
-  expect_values(ops::clip_factor(Tensor::full({1}, 16.0, DType::f64), 0.0), {1});  // clipping off
-  expect_values(ops::clip_factor(Tensor::full({1}, NAN, DType::f64), 2.0), {1});
+  expect_values(train::clip_factor(Tensor::full({1}, 16.0, DType::f64), 2.0), {0.5});
+  expect_values(train::clip_factor(Tensor::full({1}, 1.0, DType::f64), 2.0), {1});
+  expect_values(train::clip_factor(Tensor::full({1}, 16.0, DType::f64), 0.0), {1});  // clipping off
+  expect_values(train::clip_factor(Tensor::full({1}, NAN, DType::f64), 2.0), {1});
 }
 
 // The GPU kernels use index maps with merged dimensions: every element must map to the same

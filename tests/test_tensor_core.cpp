@@ -1,5 +1,5 @@
 // The tensor-core instructions (cuda/tensor_core.cuh) and the flash kernels built on them
-// (cuda/flash_tensor_core.cu), on the GPU or its emulation:
+// (cuda/attention/full_attention_flash_tensor_core.cu), on the GPU or its emulation:
 //   * each instruction shape against a plain product or copy, with the operands placed by the
 //     PTX ISA's fragment layouts (cuda/tensor_core_check.cu);
 //   * the conversions: round to nearest (even for BF16), NaN and infinities kept;
@@ -13,10 +13,10 @@
 #include <cstring>
 #include <tuple>
 
-#include "ops/flash_attention.h"
+#include "ops/attention/full_attention_flash.h"
 #include "tests/device_compare.h"
 #ifdef CAST_WITH_CUDA
-#include "cuda/flash_attention.h"
+#include "cuda/attention/full_attention_flash.h"
 #include "cuda/tensor_core_check.h"
 #endif
 

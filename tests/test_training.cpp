@@ -13,7 +13,7 @@
 #include "tensor/safetensors.h"
 #include "tests/test_util.h"
 #include "train/cluster_changes.h"
-#include "train/clusters_figure.h"
+#include "figures/clusters_figure.h"
 #include "train/memory_estimate.h"
 #include "train/stop.h"
 #include "train/trainer.h"

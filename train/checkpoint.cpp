@@ -5,7 +5,7 @@
 
 #include "tensor/files.h"
 #include "tensor/safetensors.h"
-#include "train/tasks.h"
+#include "datasets/tasks.h"
 
 namespace cast::train {
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nn/transformer.h"
-#include "train/data.h"
+#include "datasets/data.h"
 #include "train/settings.h"
 
 namespace cast::train {

@@ -1,5 +1,5 @@
 // A comparison: its runs, their resumption, the results table and the comparison figure.
-// (The command, `cast compare`, is compare_command.cpp.)
+// (The command, `cast compare`, is commands/compare.cpp.)
 #include "train/compare.h"
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include "tensor/error.h"
 #include "tensor/files.h"
 #include "tensor/safetensors.h"
-#include "train/plot.h"
+#include "figures/plot.h"
 #include "train/stop.h"
 #include "train/trainer.h"
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "nn/transformer.h"
-#include "train/data.h"
+#include "datasets/data.h"
 
 namespace cast::train {
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/fast.h"
+#include "ops/attention/fast_paths.h"
 #include "tensor/device_memory.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"

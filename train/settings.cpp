@@ -8,7 +8,7 @@
 #include <map>
 
 #include "tensor/files.h"
-#include "train/tasks.h"
+#include "datasets/tasks.h"
 
 namespace cast::train {
 

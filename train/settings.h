@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nn/transformer.h"
-#include "train/cli.h"
+#include "commands/cli.h"
 
 namespace cast::train {
 

@@ -11,14 +11,14 @@
 #include <optional>
 
 #include "autograd/tape.h"
-#include "ops/adamw.h"
+#include "train/adamw.h"
 #include "ops/ops.h"
 #include "tensor/device_memory.h"
 #include "tensor/files.h"
 #include "tensor/philox.h"
 #include "tensor/precision.h"
 #include "train/memory_estimate.h"
-#include "train/plot.h"
+#include "figures/plot.h"
 #include "train/run_folder.h"
 #include "train/stop.h"
 #include "train/trace.h"
@@ -322,7 +322,7 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
     const int stop = stop_signal();  // polled once a step: this step is finished and saved first
     if (run.device != Device::cuda || log_step || eval_step || save_step || last_step || stop)
       take_statistics(run, training, window, result);
-    ops::AdamWStep s{learning_rate(c, step), c.beta1, c.beta2, c.eps, 0.0, step};
+    train::AdamWStep s{learning_rate(c, step), c.beta1, c.beta2, c.eps, 0.0, step};
     training.update(s, c.weight_decay, c.clip);
     run.step_seconds += seconds_since(step_start);
     if (log_step) log_progress(run, window, s.lr);

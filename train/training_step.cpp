@@ -49,11 +49,11 @@ void TrainingStep::compute(const nn::Batch& batch, int64_t step) {
   records_.push_back(r);
 }
 
-void TrainingStep::update(ops::AdamWStep s, double weight_decay, double clip) {
+void TrainingStep::update(train::AdamWStep s, double weight_decay, double clip) {
   CAST_CHECK(squared_norm_.defined(), "training step: update before compute");
   if (clip > 0) {
     if (!squared_norm_.is_cuda()) {  // the host path in double, as it always was
-      const double factor = ops::clip_factor_of(host_squared_norm_, clip);
+      const double factor = clip_factor_of(host_squared_norm_, clip);
       if (factor != 1.0)
         for (auto& [name, t] : params_)
           if (t->grad().defined()) {
@@ -61,7 +61,7 @@ void TrainingStep::update(ops::AdamWStep s, double weight_decay, double clip) {
             ops::affine_forward(g, g, factor, 0.0);
           }
     } else {  // the factor stays on the device: a GPU never waits for the norm
-      const Tensor factor = ops::clip_factor(squared_norm_, clip);
+      const Tensor factor = train::clip_factor(squared_norm_, clip);
       for (auto& [name, t] : params_)
         if (t->grad().defined()) {
           Tensor g = t->grad();
@@ -73,7 +73,7 @@ void TrainingStep::update(ops::AdamWStep s, double weight_decay, double clip) {
     Tensor& p = *params_[i].second;
     if (!p.grad().defined()) continue;
     s.weight_decay = p.ndim() >= 2 ? weight_decay : 0.0;  // no decay on biases, norms, the CLS vector
-    ops::adamw_update(p, p.grad(), m_[i], v_[i], s);
+    train::adamw_update(p, p.grad(), m_[i], v_[i], s);
     p.reset_grad();
   }
   squared_norm_ = Tensor();

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "nn/transformer.h"
-#include "ops/adamw.h"
+#include "train/adamw.h"
 
 namespace cast::train {
 
@@ -28,7 +28,7 @@ class TrainingStep {
   // Forward, loss and backward of step `step`; the statistics are recorded on the device.
   void compute(const nn::Batch& batch, int64_t step);
   // Clips the gradients (clip > 0) and applies AdamW; weight decay only to matrices.
-  void update(ops::AdamWStep s, double weight_decay, double clip);
+  void update(train::AdamWStep s, double weight_decay, double clip);
 
   int64_t pending() const { return static_cast<int64_t>(records_.size()); }
   // The records of the steps since the last read, in step order: one copy from the device.

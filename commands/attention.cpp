@@ -1,0 +1,131 @@
+// `cast attention`: a trained full-attention model's attention weights on one test input, for a
+// few queries, against clustered and improved clustered attention with the same weights.
+#include <algorithm>
+#include <climits>
+
+#include "autograd/tape.h"
+#include "tensor/files.h"
+#include "figures/attention_figure.h"
+#include "train/checkpoint.h"
+#include "commands/cli.h"
+#include "train/run_folder.h"
+#include "commands/commands.h"
+
+namespace cast {
+
+namespace {
+
+// Every real query's weights of one head over every key, the CLS's included: [query][key].
+std::vector<std::vector<double>> head_rows(const Tensor& weights, int64_t head, int offset) {
+  const int64_t N = weights.dim(2);
+  const auto w = weights.to_double_vector();  // (1, H, N, N)
+  std::vector<std::vector<double>> rows(N - offset, std::vector<double>(N));
+  for (int64_t q = offset; q < N; ++q)
+    for (int64_t k = 0; k < N; ++k) rows[q - offset][k] = w[(head * N + q) * N + k];
+  return rows;
+}
+
+}  // namespace
+
+int command_attention(const std::vector<std::string>& argv) {
+  cli::Args args("attention",
+                 "Draw where a few queries of one test input put their attention weight in a trained full-attention "
+                 "model, and where clustered and improved clustered attention with the same weights put it (the "
+                 "clustered-attention paper's comparison): one row per query, one panel per mechanism, each key "
+                 "shaded by its weight; prints how much weight each approximation moves, over every query.");
+  args.option("checkpoint", "", "full-attention checkpoint (required)")
+      .option("out", "attention.svg", "output SVG")
+      .option("index", "0", "which test example")
+      .option("layer", "1", "which layer (1 = first)")
+      .option("head", "1", "which head (1 = first)")
+      .option("queries", "", "token positions, comma-separated (default: four spread over the input)")
+      .option("clusters", "0", "clusters C of both approximations (0: ceil(sqrt(N)) rounded up to 8)")
+      .option("topk", "32", "improved clustered: keys per cluster")
+      .option("bits", "63", "LSH hash bits")
+      .option("iterations", "10", "Lloyd iterations")
+      .option("data", "", "data folder (default: the one the run used)")
+      .example("cast attention --checkpoint runs/fm-full/checkpoint.safetensors --clusters 8 --topk 8 --out att.svg");
+  if (!args.parse(argv)) return 0;
+  CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast attention --help)");
+  train::check_figure_output(args.str("out"), "out", args.str("checkpoint"));
+  const int64_t index = args.integer("index", 0, INT64_MAX), clusters = args.integer("clusters", 0, 1 << 16);
+  const int64_t topk = args.integer("topk", 1, 1 << 22), bits = args.integer("bits", 1, 63);
+  const int64_t iterations = args.integer("iterations", 0, 100000);
+  const std::vector<int64_t> asked = args.str("queries").empty()
+                                         ? std::vector<int64_t>{}
+                                         : cli::comma_integers("queries", args.str("queries"), 0, INT64_MAX);
+  // what the checkpoint holds, checked before its weights and data are read
+  const nn::ModelConfig m = train::read_checkpoint_header(args.str("checkpoint")).config.model;
+  CAST_CHECK_USAGE(m.attention.mechanism == nn::Mechanism::full,
+                   "{}: a {} model; cast attention compares a full-attention model's weights with the approximations "
+                   "that reuse them",
+                   args.str("checkpoint"), nn::mechanism_name(m.attention.mechanism));
+  CAST_CHECK_USAGE(!m.dual, "{}: a two-text model; cast attention draws one input", args.str("checkpoint"));
+  constexpr int64_t kLongest = 4096;  // (N, N) weights per head and mechanism: hundreds of MiB beyond
+  CAST_CHECK_USAGE(m.tokens() <= kLongest, "{}: sequences of up to {} tokens; cast attention draws at most {}",
+                   args.str("checkpoint"), m.tokens(), kLongest);
+  const int64_t layer = args.integer("layer", 1, m.layers), head = args.integer("head", 1, m.heads);
+  train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
+  CAST_CHECK_USAGE(index < static_cast<int64_t>(run.task.test.size()), "--index {} outside the {} test examples", index,
+                   run.task.test.size());
+
+  // The input of the chosen layer's attention, from the trained model.
+  nn::Block& block = *run.model->blocks()[layer - 1];
+  block.keep_attention_input = true;
+  {
+    autograd::NoGradGuard no_grad;
+    run.model->forward(data::make_batch(run.task, run.task.test, {index}, DType::f32, Device::cpu), false);
+  }
+  const int offset = m.cls_pooling ? 1 : 0;
+  const int64_t N = block.attention_input.dim(1), tokens = N - offset;
+  for (int64_t q : asked)
+    CAST_CHECK_USAGE(q < tokens, "--queries: {} is outside the input's {} tokens (0 to {})", q, tokens, tokens - 1);
+  const std::vector<int64_t> queries =
+      asked.empty() ? std::vector<int64_t>{tokens / 8, tokens * 3 / 8, tokens * 5 / 8, tokens * 7 / 8} : asked;
+
+  train::AttentionPanels panels;
+  panels.queries = queries;
+  const nn::AttentionConfig trained = block.attention->config();
+  const int64_t C = clusters > 0 ? clusters : nn::default_clusters(N);
+  std::vector<std::vector<std::vector<double>>> every;  // [mechanism][query][key], all queries
+  for (nn::Mechanism mechanism : {nn::Mechanism::full, nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
+    nn::AttentionConfig a = trained;
+    a.mechanism = mechanism;
+    a.clusters = C, a.topk = topk, a.bits = static_cast<int>(bits), a.iterations = static_cast<int>(iterations);
+    nn::Attention attention(a);
+    for (auto& [name, w] : attention.parameters()) w.copy_from(block.attention->parameters().at(name));
+    every.push_back(head_rows(attention.weights(block.attention_input, block.attention_mask), head - 1, offset));
+    panels.mechanisms.push_back(mechanism == nn::Mechanism::full ? std::string("full (trained)")
+                                : mechanism == nn::Mechanism::clustered
+                                    ? fmt::format("clustered, C {}", C)
+                                    : fmt::format("improved, C {}, top {}", C, std::min(topk, N)));
+    std::vector<std::vector<double>> chosen;  // the drawn keys: the CLS's weight is counted, not drawn
+    for (int64_t q : queries) chosen.emplace_back(every.back()[q].begin() + offset, every.back()[q].end());
+    panels.rows.push_back(chosen);
+    std::vector<double> moved;  // over every key, the CLS's included
+    for (int64_t q : queries) moved.push_back(train::total_variation(every.front()[q], every.back()[q]));
+    panels.moved.push_back(moved);
+  }
+  const int64_t side = run.task.image_side / m.patch;
+  panels.columns = run.task.image_side > 0 ? side : 32;
+  panels.title =
+      fmt::format("Attention weights: test example {}, layer {}, head {} ({} tokens)", index, layer, head, tokens);
+  panels.note = fmt::format(
+      "{}; a panel's shade: the key's weight over the largest of its row; red: the query; "
+      "{}.",
+      args.str("checkpoint"), run.task.image_side > 0 ? "keys laid out as the image's patches" : "keys in rows of 32");
+  files::write_atomic(args.str("out"), train::attention_svg(panels), "--out");
+  fmt::print(
+      "cast attention: layer {}, head {}, test example {}: weight moved from full attention, mean over the {} "
+      "queries\n",
+      layer, head, index, tokens);
+  for (size_t mi = 1; mi < every.size(); ++mi) {
+    double sum = 0;
+    for (int64_t q = 0; q < tokens; ++q) sum += train::total_variation(every[0][q], every[mi][q]);
+    fmt::print("  {:<28} {:.3f}\n", panels.mechanisms[mi], sum / static_cast<double>(tokens));
+  }
+  fmt::print("-> {}\n", args.str("out"));
+  return 0;
+}
+
+}  // namespace cast

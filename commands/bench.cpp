@@ -1,0 +1,653 @@
+// Benchmarks. Times are medians over repeated runs after warm-up: CUDA events on the GPU,
+// a steady clock on the CPU. Peak memory is what tensors held at most during one
+// forward+backward (device bytes from the caching allocator, or host bytes).
+#include "commands/commands.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "autograd/tape.h"
+#include "train/adamw.h"
+#include "ops/attention/full_attention_flash.h"
+#include "ops/ops.h"
+#include "tensor/files.h"
+#include "tensor/precision.h"
+#include "commands/cli.h"
+#include "train/memory_estimate.h"
+#include "train/trace.h"
+#include "train/trainer.h"
+#include "train/training_step.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/attention/full_attention_flash.h"
+#include "cuda/runtime.h"
+#endif
+
+namespace cast {
+
+namespace {
+
+struct Variant {
+  std::string name;
+  nn::AttentionConfig config;
+};
+
+std::vector<Variant> variants(const std::string& list) {
+  std::vector<Variant> out;
+  std::stringstream ss(list);
+  for (std::string name; std::getline(ss, name, ',');) {
+    Variant v{name, {}};
+    if (name == "full") v.config.mechanism = nn::Mechanism::full;
+    else if (name == "cast-topk") v.config.mechanism = nn::Mechanism::cast;
+    else if (name == "cast-satopk") v.config.mechanism = nn::Mechanism::cast, v.config.single_assignment = true;
+    else if (name == "clustered") v.config.mechanism = nn::Mechanism::clustered;
+    else if (name == "iclustered") v.config.mechanism = nn::Mechanism::iclustered;
+    else
+      throw UsageError(
+          fmt::format("--mechanisms: unknown '{}' (full, cast-topk, cast-satopk, clustered, iclustered)", name));
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<int64_t> lengths(const std::string& list) {
+  std::vector<int64_t> out;
+  std::stringstream ss(list);
+  for (std::string n; std::getline(ss, n, ',');) {
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(n, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != n.size() || v < 1 || v > (int64_t{1} << 20))
+      throw UsageError(fmt::format("--lengths: '{}' is not a length in [1, {}]", n, int64_t{1} << 20));
+    out.push_back(v);
+  }
+  return out;
+}
+
+// A count option within [lo, hi], or a usage error naming it.
+int64_t bounded(const cli::Args& args, const std::string& name, int64_t lo, int64_t hi) {
+  const int64_t v = args.integer(name);
+  if (v < lo || v > hi) throw UsageError(fmt::format("--{} is {}: it must be in [{}, {}]", name, v, lo, hi));
+  return v;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// The 1-minute load average, or −1 where /proc/loadavg cannot be read.
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  in >> load;
+  return load;
+}
+
+// A note for figures that cannot be trusted: the machine was busy (load above the thread
+// count, this process's own threads included), or the repeats disagree by more than half.
+std::string trust_note(const std::vector<double>& times) {
+  std::string note;
+  const double load = load_average(), threads = omp_get_max_threads();
+  if (load > threads + 0.5) note += fmt::format("  [busy machine: load {:.1f} on {} threads]", load, threads);
+  if (times.size() >= 3) {
+    const auto [lo, hi] = std::minmax_element(times.begin(), times.end());
+    if (*hi > 1.5 * *lo) note += fmt::format("  [repeats vary {:.0f}-{:.0f} ms]", *lo, *hi);
+  }
+  return note;
+}
+
+double time_once(Device device, const std::function<void()>& fn) {
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) return cuda::time_ms(fn);
+#endif
+  (void)device;
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The GPU's copies, waits and allocations (zero on the CPU).
+struct TransferCounts {
+  double to_host = 0, to_device = 0, synchronizations = 0, mallocs = 0;
+  TransferCounts operator-(const TransferCounts& o) const {
+    return {to_host - o.to_host, to_device - o.to_device, synchronizations - o.synchronizations, mallocs - o.mallocs};
+  }
+  TransferCounts operator/(double n) const { return {to_host / n, to_device / n, synchronizations / n, mallocs / n}; }
+};
+TransferCounts transfer_counts(Device device) {
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) {
+    const cuda::MemoryStats s = cuda::memory_stats();
+    return {double(s.to_host), double(s.to_device), double(s.synchronizations), double(s.device_mallocs)};
+  }
+#endif
+  (void)device;
+  return {};
+}
+
+// --json FILE: the rows as JSON lines. The path is checked before any work (a folder, a device or
+// a read-only folder is one error, exit 1), and the file is rewritten atomically after each row,
+// so an interrupted benchmark keeps the rows it finished.
+class JsonLines {
+ public:
+  explicit JsonLines(std::string path) : path_(std::move(path)) {
+    if (!path_.empty())
+      files::check_replaces_own_kind(path_, "--json", "a JSON-lines file", files::looks_like_json_lines);
+  }
+  void add(const nlohmann::json& row) {
+    if (path_.empty()) return;
+    text_ += row.dump() + '\n';
+    files::write_atomic(path_, text_, "--json");
+  }
+
+ private:
+  std::string path_, text_;
+};
+
+std::string device_label(Device device) {
+#ifdef CAST_WITH_CUDA
+  if (device == Device::cuda) {
+    auto d = cuda::devices();
+    return d.empty() ? "cuda" : d[0].name;
+  }
+#endif
+  (void)device;
+  return "cpu";
+}
+
+std::string precision_note() {
+  return current_precision() == Precision::fp32 ? "" : fmt::format(", precision {}", precision_name(current_precision()));
+}
+
+int bench_attention(const cli::Args& args, train::Trace* trace) {
+  const Device device = train::resolve_device(args.str("device"));
+  train::use_precision(args.str("precision"), device);
+  const int64_t B = bounded(args, "batch", 1, 4096), D = bounded(args, "dim", 1, 65536),
+                H = bounded(args, "heads", 1, 1024);
+  if (D % H != 0) throw UsageError(fmt::format("--dim {} must be a multiple of --heads {}", D, H));
+  const int64_t warmup = bounded(args, "warmup", 0, 100000), repeats = bounded(args, "repeats", 1, 100000);
+  bool failed = false;
+  std::string lens = args.str("lengths");
+  if (lens.empty()) lens = device == Device::cuda ? "1024,2048,4096,8192,16384" : "256,512,1024";
+  const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));  // usage errors before any output
+  const std::vector<int64_t> ns = lengths(lens);
+  // 0: the defaults, C = κ = ⌈√N⌉ rounded up to 8, so the work grows as N^1.5; fixed C and κ
+  // (the CAST paper's O(αN) setting) make it linear in N
+  const int64_t clusters = bounded(args, "clusters", 0, 1 << 20),
+                cluster_size = bounded(args, "cluster-size", 0, 1 << 20);
+  JsonLines json_out(args.str("json"));
+  fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
+             device_label(device), B, D, H, repeats, warmup, precision_note());
+  auto layer_config = [&](const Variant& v, int64_t N) {
+    nn::AttentionConfig c = v.config;
+    c.dim = D;
+    c.heads = H;
+    c.clusters = clusters > 0 ? clusters : nn::default_clusters(N);
+    c.cluster_size = cluster_size;
+    c.seed = 1;
+    c.fused = !args.is_set("reference");
+    return c;
+  };
+  for (const Variant& v : mechanisms)  // every row must fit before the first is timed
+    for (int64_t N : ns)
+      train::require_memory(train::attention_layer_bytes(layer_config(v, N), B, N, D, device == Device::cuda), device,
+                            fmt::format("{} attention at N {} (batch {}, D {})", v.name, N, B, D),
+                            "lower --lengths or --batch");
+  fmt::print("{:<12} {:>6} {:>12} {:>16} {:>12} {:>14}\n", "mechanism", "N", "forward ms", "fwd+bwd ms", "peak MiB",
+             "estimate MiB");
+  for (const Variant& v : mechanisms) {
+    for (int64_t N : ns) {
+      const nn::AttentionConfig c = layer_config(v, N);
+      const double estimate = train::attention_layer_bytes(c, B, N, D, device == Device::cuda);
+      try {
+        nn::Attention layer(c, DType::f32, device);
+        Tensor x = Tensor::normal({B, N, D}, 2, 0, 1.0, DType::f32, device).set_requires_grad();
+        Tensor dout = Tensor::normal({B, N, D}, 3, 0, 1.0, DType::f32, device);
+        auto forward = [&] {
+          autograd::NoGradGuard no_grad;
+          layer.forward(x, Tensor());
+        };
+        auto both = [&] {
+          Tensor out = layer.forward(x, Tensor()).out;
+          autograd::backward(out, dout);
+          x.reset_grad();
+          for (auto& [name, p] : layer.parameters()) p.reset_grad();
+        };
+        for (int64_t i = 0; i < warmup; ++i) both();
+        std::vector<double> tf, tb;
+        for (int64_t i = 0; i < repeats; ++i) tf.push_back(time_once(device, forward));
+        train::reset_peak_memory(device);
+        const size_t base = train::peak_memory(device);
+        for (int64_t i = 0; i < repeats; ++i) tb.push_back(time_once(device, both));
+        const double peak_mib =
+            static_cast<double>(train::peak_memory(device) - std::min(base, train::peak_memory(device))) / (1 << 20);
+        if (trace) {  // one more, warm, pass: where its time goes
+          trace->begin_pass(fmt::format("{} N {}", v.name, N), device);
+          both();
+          trace->end_pass();
+        }
+        fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f} {:>14.1f}{}\n", v.name, N, median(tf), median(tb),
+                   peak_mib, estimate / (1 << 20), trust_note(tb));
+        json_out.add({{"mechanism", v.name}, {"precision", precision_name(current_precision())},
+                      {"n", N},
+                      {"batch", B},
+                      {"dim", D},
+                      {"heads", H},
+                      {"clusters", c.clusters},
+                      {"cluster_size", c.cluster_size},
+                      {"forward_ms", median(tf)},
+                      {"forward_backward_ms", median(tb)},
+                      {"peak_mib", peak_mib},
+                      {"device", device_label(device)},
+                      {"implementations", nn::step_implementations(c, device)}});
+      } catch (const Error& e) {
+        autograd::clear_tape();
+        if (trace) trace->abort_pass();
+        fmt::print("{:<12} {:>6} failed: {}\n", v.name, N, e.what());
+        failed = true;
+      }
+      std::fflush(stdout);
+    }
+  }
+  // which implementation each step ran (ops/attention/fast_paths.h's registry; --reference: the step ops)
+  for (const Variant& v : mechanisms)
+    fmt::print("{:<12} runs {}\n", v.name,
+               fmt::join(nn::step_implementations(layer_config(v, ns.front()), device), ", "));
+  return failed ? 1 : 0;  // a failed row is a failed benchmark
+}
+
+int bench_train(const cli::Args& args, train::Trace* trace) {
+  const Device device = train::resolve_device(args.str("device"));
+  train::use_precision(args.str("precision"), device);
+  const int64_t steps = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
+  bool failed = false;
+  train::TrainConfig base = train::preset(args.str("task"));
+  const int64_t N = args.is_set("length") ? bounded(args, "length", 1, int64_t{1} << 20) : base.model.max_len;
+  const int64_t B = args.is_set("batch-size") ? bounded(args, "batch-size", 1, 4096) : base.batch;
+  const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));
+  std::vector<double> estimates;  // every variant must fit before the first is timed
+  for (const Variant& v : mechanisms) {
+    nn::ModelConfig m = base.model;
+    m.max_len = N;
+    m.attention = v.config;
+    m.attention.fused = !args.is_set("reference");
+    m.dual = false;
+    estimates.push_back(train::training_step_bytes(m, B, N, device == Device::cuda));
+    train::require_memory(estimates.back(), device,
+                          fmt::format("a {} training step of batch {} at length {}", v.name, B, N),
+                          "lower --batch-size or --length");
+  }
+  JsonLines json_out(args.str("json"));
+  fmt::print(
+      "training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up{}\n",
+      device_label(device), base.task, N, B, steps, warmup, precision_note());
+  fmt::print("{:<12} {:>10} {:>10} {:>12} {:>14}\n", "mechanism", "ms/step", "steps/s", "peak MiB", "estimate MiB");
+  for (size_t vi = 0; vi < mechanisms.size(); ++vi) {
+    const Variant& v = mechanisms[vi];
+    nn::ModelConfig m = base.model;
+    m.max_len = N;
+    m.attention = v.config;
+    m.attention.fused = !args.is_set("reference");
+    m.dual = false;  // the benchmark feeds one sequence per example
+    try {
+      nn::Transformer model(m, DType::f32, device);
+      nn::ParamList params = model.parameters();
+      std::vector<Tensor> mo, ve;
+      for (auto& [name, t] : params) {
+        mo.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
+        ve.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
+      }
+      std::vector<int32_t> tok(B * N), labels(B);
+      for (int64_t i = 0; i < B * N; ++i) tok[i] = 1 + static_cast<int32_t>(i * 7919 % (m.vocab - 1));
+      for (int64_t b = 0; b < B; ++b) labels[b] = static_cast<int32_t>(b % m.classes);
+      nn::Batch batch;
+      batch.tokens = Tensor::from_vector<int32_t>(tok, {B, N}, device);
+      batch.mask = Tensor::full({B, N}, 1.0, DType::f32, device);
+      batch.labels = Tensor::from_vector<int32_t>(labels, {B}, device);
+      batch.host_labels = labels;
+      batch.real_tokens = B * N;
+      // the trainer's own step: clipping, AdamW, statistics read back on log steps only
+      const int64_t log_every = std::max<int64_t>(base.log_every, 1);
+      train::TrainingStep training(model, params, mo, ve, log_every);
+      int64_t t = 0;
+      auto step = [&] {
+        training.compute(batch, ++t);
+        training.update(train::AdamWStep{1e-4, 0.9, 0.98, 1e-9, 0.0, t}, base.weight_decay, base.clip);
+        if (t % log_every == 0) training.read();
+      };
+      for (int64_t i = 0; i < warmup; ++i) step();
+      train::reset_peak_memory(device);
+      const size_t base_bytes = train::peak_memory(device);
+      const TransferCounts before = transfer_counts(device);
+      std::vector<double> times;
+      for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
+      const TransferCounts per_step = (transfer_counts(device) - before) / static_cast<double>(steps);
+      const double ms = median(times),
+                   peak_mib = static_cast<double>(train::peak_memory(device) -
+                                                  std::min(base_bytes, train::peak_memory(device))) /
+                              (1 << 20);
+      if (trace) {  // one more, warm, step: where its time goes
+        trace->begin_pass(fmt::format("{} step", v.name), device);
+        step();
+        trace->end_pass();
+      }
+      fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f} {:>14.1f}{}\n", v.name, ms, 1000.0 / ms, peak_mib,
+                 estimates[vi] / (1 << 20), trust_note(times));
+      if (device == Device::cuda)
+        fmt::print(
+            "{:<12} per step: {:.1f} device-to-host copies, {:.1f} host-to-device copies, {:.1f} "
+            "synchronisations, {:.1f} cudaMalloc calls\n",
+            "", per_step.to_host, per_step.to_device, per_step.synchronizations, per_step.mallocs);
+      json_out.add({{"mechanism", v.name}, {"precision", precision_name(current_precision())},
+                    {"task", base.task},
+                    {"n", N},
+                    {"batch", B},
+                    {"ms_per_step", ms},
+                    {"peak_mib", peak_mib},
+                    {"device", device_label(device)},
+                    {"to_host_per_step", per_step.to_host},
+                    {"to_device_per_step", per_step.to_device},
+                    {"synchronizations_per_step", per_step.synchronizations},
+                    {"mallocs_per_step", per_step.mallocs}});
+    } catch (const Error& e) {
+      autograd::clear_tape();
+      if (trace) trace->abort_pass();
+      fmt::print("{:<12} failed: {}\n", v.name, e.what());
+      failed = true;
+    }
+    std::fflush(stdout);
+  }
+  return failed ? 1 : 0;
+}
+
+// The host memory bandwidth the memory-bound steps are compared with: acc += g over 64 Mi
+// floats each (256 MiB, far past the caches), on every thread: two arrays read, one written.
+void bench_bandwidth(int64_t repeats, int64_t warmup, JsonLines& json_out) {
+  const int64_t n = int64_t{1} << 26;
+  Tensor acc = Tensor::zeros({n}), g = Tensor::zeros({n});
+  auto run = [&] { ops::add_into(acc, g); };
+  for (int64_t i = 0; i < warmup; ++i) run();
+  std::vector<double> times;
+  for (int64_t i = 0; i < repeats; ++i) times.push_back(time_once(Device::cpu, run));
+  const double gbps = 3.0 * 4 * n / median(times) / 1e6;
+  fmt::print("memory bandwidth ({} threads), acc += g over 256 MiB arrays: {:.1f} GB/s{}\n", omp_get_max_threads(),
+             gbps, trust_note(times));
+  json_out.add({{"bandwidth_gbps", gbps}, {"threads", omp_get_max_threads()}});
+}
+
+// The tile products of the fused CPU kernels (flash attention's, at head width 64), on one
+// thread as the kernels run them: the tile kernel against the BLAS on the same operands.
+void bench_tiles(int64_t repeats, int64_t warmup, JsonLines& json_out) {
+  struct Tile {
+    const char* what;
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  const Tile tiles[] = {{"S = Q Kt", 64, 128, 64, false, true},
+                        {"O += P V", 64, 64, 128, false, false},
+                        {"dK += dSt Q", 128, 64, 64, true, false}};
+  fmt::print("tile products on one thread (per core), median of {} batches of 64 after {} warm-up\n", repeats, warmup);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // the BLAS then runs on this thread, as inside the kernels' parallel regions
+  for (const Tile& t : tiles) {
+    Tensor a = Tensor::normal({t.m * t.k}, 1, 0, 1.0), b = Tensor::normal({t.k * t.n}, 2, 0, 1.0);
+    Tensor c = Tensor::zeros({t.m * t.n});
+    std::string line = fmt::format("  {:<12} {}x{}x{}:", t.what, t.m, t.n, t.k);
+    for (ops::TileGemm which : {ops::TileGemm::kernel, ops::TileGemm::blas}) {
+      const ops::TileGemm saved = ops::tile_gemm();
+      ops::set_tile_gemm(which);
+      auto run = [&] {
+        for (int i = 0; i < 64; ++i)
+          ops::gemm_tile<float>(c.data<float>(), a.data<float>(), b.data<float>(), t.ta, t.tb, 1.0f, 1.0f, t.m, t.n,
+                                t.k);
+      };
+      for (int64_t i = 0; i < warmup; ++i) run();
+      std::vector<double> times;
+      for (int64_t i = 0; i < repeats; ++i) times.push_back(time_once(Device::cpu, run));
+      ops::set_tile_gemm(saved);
+      const double gflops = 64 * 2.0 * t.m * t.n * t.k / median(times) / 1e6;
+      const char* name = which == ops::TileGemm::kernel ? "kernel" : "blas";
+      line += fmt::format("  {} {:.1f} GFLOP/s{}", name, gflops, trust_note(times));
+      json_out.add({{"tile", t.what}, {"m", t.m}, {"n", t.n}, {"k", t.k}, {"kernel", name}, {"gflops", gflops}});
+    }
+    fmt::print("{}\n", line);
+  }
+  omp_set_num_threads(threads);
+}
+
+// The machine's sgemm rate through the BLAS under matmul: the peak the attention kernels'
+// GFLOP/s are compared with; then the tile products the fused kernels are made of.
+int bench_gemm(const cli::Args& args) {
+  const int64_t repeats = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
+  JsonLines json_out(args.str("json"));
+  fmt::print("sgemm on the CPU BLAS ({} threads), median of {} after {} warm-up\n", omp_get_max_threads(), repeats,
+             warmup);
+  for (int64_t n : {512, 2048}) {
+    Tensor a = Tensor::normal({n, n}, 1, 0, 1.0), b = Tensor::normal({n, n}, 2, 0, 1.0), c = Tensor::empty({n, n});
+    auto run = [&] { ops::gemm(c, a, b, false, false, 1.0, 0.0, ops::GemmShape{1, n, n, n}); };
+    for (int64_t i = 0; i < warmup; ++i) run();
+    std::vector<double> times;
+    for (int64_t i = 0; i < repeats; ++i) times.push_back(time_once(Device::cpu, run));
+    const double ms = median(times);
+    fmt::print("  {}x{}x{}: {:.2f} ms, {:.1f} GFLOP/s{}\n", n, n, n, ms, 2.0 * n * n * n / ms / 1e6, trust_note(times));
+    json_out.add({{"gemm", n}, {"ms", ms}, {"gflops", 2.0 * n * n * n / ms / 1e6}, {"threads", omp_get_max_threads()}});
+  }
+  bench_bandwidth(repeats, warmup, json_out);
+  bench_tiles(repeats, warmup, json_out);
+  return 0;
+}
+
+// `cast bench flash`: the flash kernels of cuda/attention/full_attention_flash.h, each kind of product (fma,
+// tf32x3, tf32, bf16) at each length and head width: forward and backward time and TFLOPS, and
+// each kernel's error against the CPU's f64 flash attention (one head of --check-length rows,
+// a quarter of the keys padding).
+#ifdef CAST_WITH_CUDA
+// ‖x − ref‖ / ‖ref‖ over all elements, x from the GPU, ref f64 on the CPU.
+double relative_error(const Tensor& x, const Tensor& ref) {
+  const Tensor a = x.to(Device::cpu).to(DType::f64);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double e = a.data<double>()[i] - ref.data<double>()[i];
+    num += e * e;
+    den += ref.data<double>()[i] * ref.data<double>()[i];
+  }
+  return std::sqrt(num / (den > 0 ? den : 1.0));
+}
+
+void flash_errors(const std::vector<cuda::FlashKernel>& kernels, int64_t N, int64_t d, JsonLines& json_out) {
+  const Shape shape{1, 1, N, d};
+  const Tensor q = Tensor::normal(shape, 7, 0), k = Tensor::normal(shape, 7, 1), v = Tensor::normal(shape, 7, 2),
+               dout = Tensor::normal(shape, 7, 3);
+  std::vector<float> real(N, 1.f);
+  for (int64_t j = N - N / 4; j < N; ++j) real[j] = 0.f;
+  const Tensor mask = Tensor::from_vector(real, {1, N});
+  // the reference: the CPU's flash attention in f64 on the same (f32) values
+  const Tensor q64 = q.to(DType::f64), k64 = k.to(DType::f64), v64 = v.to(DType::f64), g64 = dout.to(DType::f64),
+               m64 = mask.to(DType::f64);
+  Tensor o64 = Tensor::empty(shape, DType::f64), l64 = Tensor::empty({1, 1, N}, DType::f64);
+  ops::flash_attention_forward(o64, l64, q64, k64, v64, m64);
+  Tensor dq64 = Tensor::zeros(shape, DType::f64), dk64 = Tensor::zeros(shape, DType::f64),
+         dv64 = Tensor::zeros(shape, DType::f64);
+  ops::flash_attention_backward(&dq64, &dk64, &dv64, g64, q64, k64, v64, m64, o64, l64);
+  const Tensor qc = q.to(Device::cuda), kc = k.to(Device::cuda), vc = v.to(Device::cuda), gc = dout.to(Device::cuda),
+               mc = mask.to(Device::cuda);
+  fmt::print("error against f64 (N {}, d {}, a quarter of the keys padding): |x - ref| / |ref|\n", N, d);
+  fmt::print("{:<8} {:>10} {:>10} {:>10} {:>10}\n", "kernel", "out", "dq", "dk", "dv");
+  for (cuda::FlashKernel kernel : kernels) {
+    Tensor out = Tensor::empty(shape, DType::f32, Device::cuda), lse = Tensor::empty({1, 1, N}, DType::f32, Device::cuda);
+    cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel);
+    Tensor dq = Tensor::zeros(shape, DType::f32, Device::cuda), dk = Tensor::zeros(shape, DType::f32, Device::cuda),
+           dv = Tensor::zeros(shape, DType::f32, Device::cuda);
+    cuda::flash_attention_backward(&dq, &dk, &dv, gc, qc, kc, vc, mc, out, lse, kernel);
+    const double e[4] = {relative_error(out, o64), relative_error(dq, dq64), relative_error(dk, dk64),
+                         relative_error(dv, dv64)};
+    fmt::print("{:<8} {:>10.2e} {:>10.2e} {:>10.2e} {:>10.2e}\n", cuda::flash_kernel_name(kernel), e[0], e[1], e[2],
+               e[3]);
+    json_out.add({{"kernel", cuda::flash_kernel_name(kernel)}, {"n", N}, {"head_width", d}, {"error_out", e[0]},
+                  {"error_dq", e[1]}, {"error_dk", e[2]}, {"error_dv", e[3]}});
+  }
+}
+#endif
+
+int bench_flash(const cli::Args& args) {
+  const Device device = train::resolve_device(args.str("device"));
+  CAST_CHECK_USAGE(device == Device::cuda, "cast bench flash times the GPU's flash kernels: it needs --device cuda");
+#ifdef CAST_WITH_CUDA
+  std::vector<cuda::FlashKernel> kernels;
+  std::stringstream names(args.str("kernels"));
+  for (std::string name; std::getline(names, name, ',');) kernels.push_back(cuda::parse_flash_kernel(name));
+  const std::vector<int64_t> ns = lengths(args.str("lengths").empty() ? "1024,4096,16384" : args.str("lengths"));
+  const std::vector<int64_t> widths = lengths(args.str("head-widths"));
+  for (int64_t d : widths) CAST_CHECK_USAGE(d >= 1 && d <= 128, "--head-widths: {} is outside [1, 128]", d);
+  const int64_t tokens = bounded(args, "tokens", 1, int64_t{1} << 26);
+  const int64_t warmup = bounded(args, "warmup", 0, 100000), repeats = bounded(args, "repeats", 1, 100000);
+  JsonLines json_out(args.str("json"));
+  const int64_t check = bounded(args, "check-length", 0, 1 << 16);
+  if (check > 0) flash_errors(kernels, check, widths.front(), json_out);
+  fmt::print("flash kernels on {}: batch 1, heads = max(1, {} / N), median of {} after {} warm-up; TFLOPS counts "
+             "4 N^2 d per head forward, 10 N^2 d backward (FlashAttention-2's count)\n",
+             device_label(device), tokens, repeats, warmup);
+  const std::vector<int64_t> all_rows = cli::comma_integers("stream-rows", args.str("stream-rows"), 0, 128);
+  const std::vector<int64_t> all_warp_rows = cli::comma_integers("warp-rows", args.str("warp-rows"), 0, 32);
+  fmt::print("{:<8} {:>6} {:>4} {:>6} {:>10} {:>11} {:>11} {:>11} {:>11}\n", "kernel", "N", "d", "heads", "tiles",
+             "fwd ms", "fwd TFLOPS", "bwd ms", "bwd TFLOPS");
+  for (int64_t N : ns)
+    for (int64_t d : widths) {
+      const int64_t H = std::max<int64_t>(1, tokens / N);
+      const Shape shape{1, H, N, d};
+      const Tensor q = Tensor::normal(shape, 1, 0, 1.0, DType::f32, Device::cuda),
+                   k = Tensor::normal(shape, 1, 1, 1.0, DType::f32, Device::cuda),
+                   v = Tensor::normal(shape, 1, 2, 1.0, DType::f32, Device::cuda),
+                   g = Tensor::normal(shape, 1, 3, 1.0, DType::f32, Device::cuda);
+      Tensor out = Tensor::empty(shape, DType::f32, Device::cuda), lse = Tensor::empty({1, H, N}, DType::f32, Device::cuda);
+      Tensor dq = Tensor::zeros(shape, DType::f32, Device::cuda), dk = Tensor::zeros(shape, DType::f32, Device::cuda),
+             dv = Tensor::zeros(shape, DType::f32, Device::cuda);
+      const double flops = double(H) * N * N * d;
+      for (int64_t warp_rows : all_warp_rows)
+      for (int64_t rows : all_rows)
+      for (cuda::FlashKernel kernel : kernels) {
+        const bool first = rows == all_rows.front() && warp_rows == all_warp_rows.front();
+        if (kernel == cuda::FlashKernel::fma && !first) continue;  // no tensor-core tiles
+        if (kernel == cuda::FlashKernel::tf32x3 && warp_rows == 32 && all_warp_rows.size() > 1) continue;  // runs 16
+        cuda::set_flash_stream_rows(static_cast<int>(rows));
+        cuda::set_flash_warp_rows(static_cast<int>(warp_rows));
+        // the forward's rows per warp x streamed rows, the backward's streamed rows
+        const std::string tiles =
+            kernel == cuda::FlashKernel::fma
+                ? "-"
+                : fmt::format("{}x{}/{}", cuda::flash_warp_rows(kernel, static_cast<int>(d)),
+                              cuda::flash_stream_rows(kernel, static_cast<int>(d), true),
+                              cuda::flash_stream_rows(kernel, static_cast<int>(d), false));
+        std::vector<double> tf, tb;
+        for (int64_t r = 0; r < warmup + repeats; ++r) {
+          const double f = time_once(device, [&] { cuda::flash_attention_forward(out, lse, q, k, v, Tensor(), kernel); });
+          const double b = time_once(device, [&] {
+            cuda::flash_attention_backward(&dq, &dk, &dv, g, q, k, v, Tensor(), out, lse, kernel);
+          });
+          if (r >= warmup) tf.push_back(f), tb.push_back(b);
+        }
+        const double f = median(tf), b = median(tb);
+        fmt::print("{:<8} {:>6} {:>4} {:>6} {:>10} {:>11.3f} {:>11.1f} {:>11.3f} {:>11.1f}{}\n",
+                   cuda::flash_kernel_name(kernel), N, d, H, tiles, f, 4 * flops / f / 1e9, b, 10 * flops / b / 1e9,
+                   trust_note(tb));
+        json_out.add({{"kernel", cuda::flash_kernel_name(kernel)}, {"n", N}, {"head_width", d}, {"heads", H},
+                      {"tiles", tiles},
+                      {"forward_ms", f}, {"backward_ms", b}, {"forward_tflops", 4 * flops / f / 1e9},
+                      {"backward_tflops", 10 * flops / b / 1e9}});
+      }
+      cuda::set_flash_stream_rows(0);
+      cuda::set_flash_warp_rows(0);
+    }
+  return 0;
+#else
+  (void)args;
+  return 1;
+#endif
+}
+
+}  // namespace
+
+int command_bench(const std::vector<std::string>& argv) {
+  cli::Args args(
+      "bench",
+      "Benchmark attention layers (`cast bench attention`), training steps (`cast bench train`), the GPU's "
+      "flash kernels (`cast bench flash`), or the CPU's sgemm rate, memory bandwidth and tile products "
+      "(`cast bench gemm`).");
+  args.option("what", "attention", "attention | train | flash | gemm")
+      .option("device", "auto", "auto | cpu | cuda")
+      .option("mechanisms", "full,cast-topk,cast-satopk,clustered,iclustered", "comma-separated list")
+      .option("lengths", "", "attention: sequence lengths (default GPU 1024..16384, CPU 256,512,1024)")
+      .option("batch", "1", "attention: batch size")
+      .option("dim", "256", "attention: model dim (LRA Text: 256)")
+      .option("heads", "4", "attention: heads (LRA Text: 4)")
+      .option("clusters", "0", "attention: CAST and clustered clusters C (0: ⌈√N⌉ rounded up to 8)")
+      .option("cluster-size", "0", "attention: CAST cluster size κ (0: ⌈√N⌉ rounded up to 8)")
+      .option("kernels", "fma,tf32x3,tf32,bf16", "flash: the kinds of product to time (cuda/attention/full_attention_flash.h)")
+      .option("head-widths", "64", "flash: head widths, up to 128")
+      .option("tokens", "65536", "flash: heads = tokens / N at each length N (batch 1)")
+      .option("check-length", "1024", "flash: rows of the error check against f64 (0: none)")
+      .option("stream-rows", "0",
+              "flash: the tensor-core kernels' streamed tile rows, a list of 32, 64, 128 (0: the defaults); the "
+              "table's tiles column shows what ran: the forward's rows per warp x streamed rows / the backward's "
+              "streamed rows")
+      .option("warp-rows", "0", "flash: the forward's rows per warp, a list of 16, 32 (0: the default)")
+      .option("task", "text", "train: task preset")
+      .option("length", "", "train: sequence length (default: the preset's)")
+      .option("batch-size", "", "train: batch size (default: the preset's)")
+      .option("warmup", "3", "untimed runs first")
+      .option("repeats", "20", "timed runs (the median is reported)")
+      .option("json", "", "also write the results as JSON lines to this file")
+      .flag("reference", "time the step-by-step reference attention ops instead of the fast paths (CPU and GPU)")
+      .option("precision", "fp32",
+              "products on the GPU: fp32 | tf32 | bf16 (tensor/precision.h; the CPU runs fp32 only)")
+      .option("tile-gemm", "kernel",
+              "the fused CPU kernels' tile products: kernel (register-blocked, cpu/gemm_tile.cpp) | blas")
+      .optional_value("trace", "FILE",
+                      "after timing each row, trace one more (warm) forward+backward: every node, then where "
+                      "the time went by step (with FILE: JSON lines there instead)")
+      .usage("cast bench attention|train|flash|gemm [options]")
+      .example("cast bench attention --lengths 1024,4096 --mechanisms full,cast-topk")
+      .example("cast bench attention --lengths 16384 --mechanisms cast-topk,clustered --reference")
+      .example("cast bench attention --lengths 1024,4096,16384 --mechanisms cast-topk --clusters 64 --cluster-size 64")
+      .example("cast bench train --task listops-short --mechanisms full,cast-topk")
+      .example("cast bench train --task text --length 1024 --batch-size 4")
+      .example("cast bench attention --lengths 4096 --mechanisms cast-topk --repeats 3 --trace")
+      .example("cast bench flash --lengths 1024,4096,16384 --head-widths 32,64,128")
+      .example("cast bench train --task text --precision bf16")
+      .example("cast bench gemm");
+  std::vector<std::string> rest = argv;
+  if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--what");  // `cast bench train`
+  if (!args.parse(rest)) return 0;
+  const std::string what = args.choice("what", {"attention", "train", "flash", "gemm"});
+  ops::set_tile_gemm(args.choice("tile-gemm", {"kernel", "blas"}) == "blas" ? ops::TileGemm::blas
+                                                                            : ops::TileGemm::kernel);
+  std::optional<train::Trace> trace;
+  if (args.is_set("trace")) {
+    CAST_CHECK_USAGE(what != "gemm" && what != "flash",
+                     "--trace traces attention layers and training steps, not {}", what);
+    const std::string& file = args.str("trace");
+    CAST_CHECK_USAGE(file.empty() || args.str("json").empty() || !files::same_path(file, args.str("json")),
+                     "--trace and --json name the same file {}", file);
+    CAST_CHECK_USAGE(file != "attention" && file != "train" && file != "gemm",
+                     "--trace {0}: name the benchmark first (cast bench {0} --trace)", file);
+    trace.emplace(args.str("trace"));
+  }
+  const int code = what == "attention" ? bench_attention(args, trace ? &*trace : nullptr)
+                   : what == "train"   ? bench_train(args, trace ? &*trace : nullptr)
+                   : what == "flash"   ? bench_flash(args)
+                                       : bench_gemm(args);
+  if (trace) trace->write_file();
+  return code;
+}
+
+}  // namespace cast

@@ -1,0 +1,173 @@
+#include "commands/cli.h"
+
+#include <cstdio>
+
+#include "tensor/error.h"
+
+// A wrong command line is a usage error (exit code 2).
+#define CAST_USAGE_CHECK(cond, ...)                                  \
+  do {                                                               \
+    if (!(cond)) throw ::cast::UsageError(fmt::format(__VA_ARGS__)); \
+  } while (0)
+
+namespace cast::cli {
+
+Args& Args::option(const std::string& name, const std::string& default_value, const std::string& help) {
+  specs_[name] = Spec{default_value, help, Kind::option};
+  order_.push_back(name);
+  return *this;
+}
+
+Args& Args::flag(const std::string& name, const std::string& help) {
+  specs_[name] = Spec{"", help, Kind::flag};
+  order_.push_back(name);
+  return *this;
+}
+
+Args& Args::optional_value(const std::string& name, const std::string& value_name, const std::string& help) {
+  specs_[name] = Spec{value_name, help, Kind::optional_value};
+  order_.push_back(name);
+  return *this;
+}
+
+bool Args::parse(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(help().c_str(), stdout);
+      return false;
+    }
+    CAST_USAGE_CHECK(a.rfind("--", 0) == 0, "unexpected argument '{}' (see cast {} --help)", a, command_);
+    std::string name = a.substr(2), value;
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    auto it = specs_.find(name);
+    CAST_USAGE_CHECK(it != specs_.end(), "unknown option --{} (see cast {} --help)", name, command_);
+    if (it->second.kind == Kind::flag) {
+      CAST_USAGE_CHECK(eq == std::string::npos, "--{} takes no value", name);
+      values_[name] = "1";
+      continue;
+    }
+    if (it->second.kind == Kind::optional_value) {
+      if (eq == std::string::npos && i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) value = argv[++i];
+      values_[name] = value;
+      continue;
+    }
+    if (eq == std::string::npos) {
+      CAST_USAGE_CHECK(i + 1 < argv.size(), "--{} needs a value", name);
+      value = argv[++i];
+    }
+    values_[name] = value;
+  }
+  return true;
+}
+
+std::string Args::str(const std::string& name) const {
+  auto v = values_.find(name);
+  if (v != values_.end()) return v->second;
+  auto s = specs_.find(name);
+  CAST_USAGE_CHECK(s != specs_.end(), "internal: undeclared option --{}", name);
+  return s->second.kind == Kind::optional_value ? "" : s->second.default_value;
+}
+
+int64_t Args::integer(const std::string& name) const {
+  const std::string v = str(name);
+  try {
+    size_t used = 0;
+    int64_t r = std::stoll(v, &used);
+    if (used == v.size()) return r;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(fmt::format("--{} expects an integer, got '{}'", name, v));
+}
+
+int64_t Args::integer(const std::string& name, int64_t lo, int64_t hi) const {
+  const int64_t v = integer(name);
+  CAST_USAGE_CHECK(v >= lo && v <= hi, "--{} is {}: it must be in [{}, {}]", name, v, lo, hi);
+  return v;
+}
+
+double Args::number(const std::string& name) const {
+  const std::string v = str(name);
+  try {
+    size_t used = 0;
+    double r = std::stod(v, &used);
+    if (used == v.size()) return r;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(fmt::format("--{} expects a number, got '{}'", name, v));
+}
+
+bool Args::is_set(const std::string& name) const { return values_.count(name) > 0; }
+
+std::string Args::choice(const std::string& name, const std::vector<std::string>& allowed) const {
+  const std::string v = str(name);
+  for (const auto& a : allowed)
+    if (a == v) return v;
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : "|") + a;
+  throw UsageError(fmt::format("--{} must be one of {}, got '{}'", name, list, v));
+}
+
+Args& Args::usage(const std::string& line) {
+  usage_ = line;
+  return *this;
+}
+
+Args& Args::example(const std::string& command_line) {
+  examples_.push_back(command_line);
+  return *this;
+}
+
+std::string Args::help() const {
+  std::string out = fmt::format("usage: {}\n{}\n\noptions:\n",
+                                usage_.empty() ? fmt::format("cast {} [options]", command_) : usage_, summary_);
+  for (const auto& name : order_) {
+    const Spec& s = specs_.at(name);
+    std::string left = "--" + name;
+    if (s.kind == Kind::option) left += " <" + (s.default_value.empty() ? "value" : s.default_value) + ">";
+    if (s.kind == Kind::optional_value) left += " [" + s.default_value + "]";
+    out += fmt::format("  {:<30} {}\n", left, s.help);
+  }
+  if (!examples_.empty()) out += "\nexamples:\n";
+  for (const auto& e : examples_) out += "  " + e + "\n";
+  return out;
+}
+
+std::vector<std::string> comma_list(const std::string& option, const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    items.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    CAST_USAGE_CHECK(!items.back().empty(), "--{}: '{}' has an empty item", option, text);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (size_t i = 0; i < items.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      CAST_USAGE_CHECK(items[i] != items[j], "--{}: '{}' is listed twice", option, items[i]);
+  return items;
+}
+
+std::vector<int64_t> comma_integers(const std::string& option, const std::string& text, int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
+  for (const std::string& item : comma_list(option, text)) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    CAST_USAGE_CHECK(used > 0 && used == item.size(), "--{}: '{}' is not a whole number", option, item);
+    CAST_USAGE_CHECK(v >= lo && v <= hi, "--{}: {} is outside [{}, {}]", option, v, lo, hi);
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace cast::cli

@@ -1,0 +1,110 @@
+// `cast compare`: its options, turned into a comparison (train/compare.h).
+#include <algorithm>
+
+#include "tensor/error.h"
+#include "tensor/files.h"
+#include "commands/cli.h"
+#include "train/compare.h"
+#include "train/settings.h"
+#include "train/stop.h"
+#include "commands/commands.h"
+
+namespace cast {
+
+using json = nlohmann::json;
+
+namespace {
+
+void usage_mechanism(const std::string& name) {
+  try {
+    nn::parse_mechanism(name);
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("--attention: {}", e.what()));
+  }
+}
+
+}  // namespace
+
+int command_compare(const std::vector<std::string>& argv) {
+  cli::Args args("compare",
+                 "Train one task with several attention mechanisms (or several values of one setting) and seeds, each "
+                 "an ordinary run\nin its own folder under --out, then write results.md and results.json (accuracy "
+                 "mean ± standard deviation over\nseeds, steps, wall time, step time, peak memory) and comparison.svg "
+                 "(validation accuracy and training loss\nagainst step). Run the same command again after an "
+                 "interruption: finished runs are kept, unfinished ones resume\nfrom their checkpoints.");
+  args.option(
+          "task", "listops-short",
+          "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
+      .option("attention", "", "comma-separated mechanisms (default full,cast,clustered,iclustered); with --vary, one")
+      .option("vary", "", "SETTING=V1,V2,...: compare values of any train setting instead of mechanisms")
+      .option("seeds", "1", "comma-separated seeds; each variant runs once per seed")
+      .option("out", "",
+              "comparison folder (default runs/compare-<task>); with --vary the files are "
+              "results-<setting>.md and so on, and a run equal to one already there is reused")
+      .option("config", "", "JSON file of settings shared by every run");
+  train::declare_setting_flags(args, {"attention", "run", "seed"});
+  args.example("cast compare --task listops-short --steps 300")
+      .example("cast compare --task fashion-mnist-14 --attention full,cast --seeds 1,2,3")
+      .example("cast compare --task fashion-mnist-14 --attention cast --vary clustering=topk,satopk --seeds 1,2")
+      .example(
+          "cast compare --task fashion-mnist-14 --attention cast --vary summaries=on,off --out "
+          "runs/ablation-summaries");
+  if (!args.parse(argv)) return 0;
+
+  train::CompareSpec spec;
+  spec.task = args.str("task");
+  train::preset(spec.task);  // an unknown task fails here, before any folder is made
+  if (!args.str("config").empty()) spec.settings = train::read_settings_file(args.str("config"));
+  CAST_CHECK_USAGE(spec.settings.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+  const json flags = train::settings_from_flags(args);
+  for (auto& [k, v] : flags.items()) spec.settings[k] = v;
+  spec.settings.erase("attention");
+
+  const std::string default_out = "runs/compare-" + spec.task;
+  if (args.str("vary").empty()) {
+    const std::string list = args.is_set("attention") ? args.str("attention") : "full,cast,clustered,iclustered";
+    for (const std::string& name : cli::comma_list("attention", list)) {
+      usage_mechanism(name);  // an unknown mechanism fails before any run
+      spec.variants.push_back({name, {{"attention", name}}});
+    }
+  } else {
+    const std::string vary = args.str("vary");
+    const size_t eq = vary.find('=');
+    CAST_CHECK_USAGE(eq != std::string::npos && eq > 0, "--vary expects SETTING=V1,V2,..., got '{}'", vary);
+    const std::string key = vary.substr(0, eq);
+    CAST_CHECK_USAGE(key != "attention" && key != "seed" && key != "run",
+                     "--vary {}: use --attention, --seeds or --out for that", key);
+    if (args.is_set("attention")) {
+      CAST_CHECK_USAGE(args.str("attention").find(',') == std::string::npos,
+                       "--attention names one mechanism when --vary is given, got '{}'", args.str("attention"));
+      usage_mechanism(args.str("attention"));
+      spec.settings["attention"] = args.str("attention");
+    }
+    for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1)))
+      spec.variants.push_back({key + "=" + value, {{key, train::setting_from_text(key, value)}}});
+    spec.name = key;
+  }
+  for (const std::string& seed : cli::comma_list("seeds", args.str("seeds"))) {  // "1,01" is one seed twice
+    size_t used = 0;
+    int64_t s = -1;
+    try {
+      s = std::stoll(seed, &used);
+    } catch (const std::exception&) {
+    }
+    CAST_CHECK_USAGE(used == seed.size() && s >= 0, "--seeds: '{}' is not a seed (a whole number, 0 or more)", seed);
+    CAST_CHECK_USAGE(std::find(spec.seeds.begin(), spec.seeds.end(), static_cast<uint64_t>(s)) == spec.seeds.end(),
+                     "--seeds: seed {} is listed twice ('{}')", s, args.str("seeds"));
+    spec.seeds.push_back(static_cast<uint64_t>(s));
+  }
+  spec.out_dir = args.is_set("out") ? args.str("out") : default_out;
+  for (const char* stem : {"results", "comparison"})  // the settings file is an input: never replaced
+    for (const char* ext : {".md", ".json", ".svg"})
+      files::check_not_an_input(spec.out_dir + "/" + stem + (spec.name.empty() ? "" : "-" + spec.name) + ext,
+                                "comparison output", {args.str("config")});
+  spec.command = "cast compare";
+  for (const std::string& a : argv) spec.command += " " + train::shell_quote(a);
+  train::run_comparison(spec);  // validates every run's settings before it makes a folder
+  return 0;
+}
+
+}  // namespace cast

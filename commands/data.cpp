@@ -1,0 +1,77 @@
+// `cast data`: generates a task's files in the LRA release layout.
+#include "commands/commands.h"
+
+#include <algorithm>
+#include <climits>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "autograd/tape.h"
+#include "tensor/files.h"
+#include "commands/cli.h"
+#include "train/cluster_changes.h"
+#include "figures/clusters_figure.h"
+#include "figures/plot.h"
+#include "train/run_folder.h"
+#include "train/trace.h"
+#include "train/trainer.h"
+
+namespace cast {
+
+using json = nlohmann::json;
+
+int command_data(const std::vector<std::string>& argv) {
+  cli::Args args("data",
+                 "Generate a task in the LRA release layout: --task listops | listops-short | pathfinder | pathx.");
+  args.option("task", "", "listops | listops-short | pathfinder | pathx")
+      .option("out", "", "output folder (default: data/<name>)")
+      .option("count", "0",
+              "training examples for ListOps (0: 96000, short 6000); images for pathfinder/pathx "
+              "(0: 2000)")
+      .option("max-length", "0", "ListOps: longest expression in tokens (0: 2000 as in LRA, short 48)")
+      .option("min-length", "0", "ListOps: shortest expression (0: a quarter of --max-length, as LRA's 500 of 2000)")
+      .option("seed", "1", "seed")
+      .usage("cast data <task> [options]   (or --task <task>)")
+      .example("cast data listops")
+      .example("cast data listops --max-length 512 --count 20000 --out data/listops-512")
+      .example("cast data pathfinder --count 500 --out data/pf-small")
+      .example("cast data pathx --count 200 --seed 3");
+  std::vector<std::string> rest = argv;
+  if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--task");  // `cast data listops`
+  if (!args.parse(rest)) return 0;
+  const std::string task = args.choice("task", {"listops", "listops-short", "pathfinder", "pathx"});
+  const bool listops = task == "listops" || task == "listops-short";
+  const int64_t max_count = listops ? 10'000'000 : 1'000'000;  // a bound on what a disk and a run can take
+  const int64_t seed = args.integer("seed", 0, INT64_MAX), count = args.integer("count", 0, max_count);
+  CAST_CHECK_USAGE(listops || (!args.is_set("max-length") && !args.is_set("min-length")),
+                   "--max-length and --min-length are ListOps options");
+  const int64_t max_length = args.integer("max-length", 0, 100000), min_length = args.integer("min-length", 0, 100000);
+  std::string out = args.str("out");
+  if (listops) {
+    if (out.empty()) out = train::find_task(task).data_dir;
+    data::ListOpsSpec spec = task == "listops" ? data::ListOpsSpec::release() : data::ListOpsSpec::short_cpu();
+    if (count > 0) spec.train = count;
+    if (max_length > 0) {
+      spec.max_length = static_cast<int>(max_length);
+      spec.min_length = static_cast<int>(max_length / 4);
+    }
+    if (min_length > 0) spec.min_length = static_cast<int>(min_length);
+    CAST_CHECK_USAGE(spec.min_length >= 1 && spec.min_length + 1 < spec.max_length,
+                     "ListOps keeps lengths strictly between the shortest ({}) and the longest ({}): none are; use "
+                     "--max-length 8 or more, and --min-length at least 1 and below it minus 1",
+                     spec.min_length, spec.max_length);
+    data::generate_listops(out, spec, static_cast<uint64_t>(seed));
+  } else {
+    if (out.empty()) out = train::find_task(task).data_dir;
+    data::PathfinderSpec spec =
+        task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
+    if (count > 0) spec.count = count;
+    data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed));
+  }
+  fmt::print("cast data: wrote {} into {}\n", task, out);
+  return 0;
+}
+
+// What training changed in the clusters, on the first `images` test images, as a table.
+
+}  // namespace cast

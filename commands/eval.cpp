@@ -1,0 +1,175 @@
+// `cast eval`: a checkpoint on its task's validation and test splits, or a sweep of mechanisms.
+#include "commands/commands.h"
+
+#include <algorithm>
+#include <climits>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "autograd/tape.h"
+#include "tensor/files.h"
+#include "commands/cli.h"
+#include "train/cluster_changes.h"
+#include "figures/clusters_figure.h"
+#include "figures/plot.h"
+#include "train/run_folder.h"
+#include "train/trace.h"
+#include "train/trainer.h"
+
+namespace cast {
+
+using json = nlohmann::json;
+
+namespace {
+
+void print_eval(const std::string& name, const train::EvalResult& r) {
+  if (r.examples == 0) return fmt::print("  {:<19} no examples\n", name);
+  fmt::print("  {:<19} {:.2f}%  loss {:.4f}  ({} examples; majority class {:.2f}% of them)\n", name, 100 * r.accuracy,
+             r.loss, r.examples, 100 * r.majority);
+}
+
+// Every mechanism x top keys x C of the lists, evaluated with the trained model's weights: a
+// Markdown table and, with `figure`, test accuracy against C.
+void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& mechanisms,
+                const std::vector<int64_t>& clusters, const std::vector<int64_t>& topks,
+                const nn::AttentionConfig& base, int64_t limit, Device device, const std::string& checkpoint,
+                const std::string& figure) {
+  const train::Checkpoint& trained_ck = run.checkpoint;
+  nn::Transformer& trained = *run.model;
+  const data::TaskData& task = run.task;
+  const int64_t batch = trained_ck.config.batch;
+  // validation before test, as a single evaluation does: the LSH draws follow the forward count
+  const auto trained_val = train::evaluate(trained, task, task.val, batch, limit, device);
+  const auto trained_test = train::evaluate(trained, task, task.test, batch, limit, device);
+  // the sequence the attention sees, for the defaults C = 0 and top keys above it
+  const nn::ModelConfig& m = trained_ck.config.model;
+  const int64_t n = std::min(m.tokens(), task.max_len / (m.patch * m.patch)) + (m.cls_pooling ? 1 : 0);
+  fmt::print("{} (step {}, task {}, trained with {} attention), evaluated with the same weights:\n\n", checkpoint,
+             trained_ck.step, trained_ck.config.task, nn::mechanism_name(trained_ck.config.model.attention.mechanism));
+  fmt::print("| attention | C | top keys | test % | validation % |\n|---|---|---|---|---|\n");
+  fmt::print("| {} (trained) | | | {:.2f} | {:.2f} |\n",
+             nn::mechanism_name(trained_ck.config.model.attention.mechanism), 100 * trained_test.accuracy,
+             100 * trained_val.accuracy);
+  std::vector<train::Line> lines;
+  for (const std::string& name : mechanisms) {
+    const nn::Mechanism mechanism = nn::parse_mechanism(name);
+    const bool top = mechanism == nn::Mechanism::iclustered;
+    for (int64_t k : top ? topks : std::vector<int64_t>{topks.front()}) {
+      train::Line line{top ? fmt::format("{}, {} top keys", name, k) : name, {}, {}};
+      for (int64_t c : clusters) {
+        nn::AttentionConfig a = base;
+        a.mechanism = mechanism, a.clusters = c, a.topk = k;
+        const auto swapped = train::with_attention(trained, a, device);
+        const auto val = train::evaluate(*swapped, task, task.val, batch, limit, device);
+        const auto test = train::evaluate(*swapped, task, task.test, batch, limit, device);
+        const int64_t clusters_used = c > 0 ? c : nn::default_clusters(n);
+        fmt::print("| {} | {} | {} | {:.2f} | {:.2f} |\n", name, clusters_used,
+                   top ? std::to_string(std::min(k, n)) : "", 100 * test.accuracy, 100 * val.accuracy);
+        std::fflush(stdout);
+        line.xs.push_back(static_cast<double>(clusters_used));
+        line.ys.push_back(test.accuracy);
+      }
+      lines.push_back(line);
+    }
+  }
+  if (figure.empty()) return;
+  train::Line reference{"trained model", {}, {}, true};
+  reference.xs = lines.front().xs;
+  reference.ys.assign(reference.xs.size(), trained_test.accuracy);
+  lines.push_back(reference);
+  train::plot_lines(figure, fmt::format("{}: test accuracy with the trained weights", trained_ck.config.task),
+                    "clusters C", lines);
+  fmt::print("\n-> {}\n", figure);
+}
+
+}  // namespace
+
+int command_eval(const std::vector<std::string>& argv) {
+  cli::Args args("eval",
+                 "Evaluate a checkpoint on the validation and test splits of its task; with --attention, with another "
+                 "mechanism and the same weights (a full-attention model approximated by clustered attention, "
+                 "without retraining). Lists (--attention clustered,iclustered --clusters 4,8,16) evaluate every "
+                 "combination and print one table.");
+  args.option("checkpoint", "", "checkpoint file (required)")
+      .option("data", "", "data folder (default: the one the run used)")
+      .option("device", "auto", "auto | cpu | cuda")
+      .option("eval-limit", "0", "examples per split (0: all)")
+      .option("precision", "",
+              "products on the GPU: fp32 | tf32 | bf16 (default: the checkpoint's on the GPU, fp32 on the CPU)")
+      .option("attention", "",
+              "evaluate with this mechanism instead, or a comma-separated list: full | clustered | iclustered (CAST "
+              "is refused: its surrogates and gate are not in a model trained without them)")
+      .option("clusters", "0", "with --attention: clusters C, or a list (0: ceil(sqrt(N)) rounded up to 8)")
+      .option("topk", "32", "with --attention iclustered: keys per cluster, or a list")
+      .option("bits", "63", "with --attention: LSH hash bits")
+      .option("iterations", "10", "with --attention: Lloyd iterations")
+      .option("figure", "", "with --attention: an SVG of test accuracy against C, one line per mechanism")
+      .example("cast eval --checkpoint runs/listops-short-cast/checkpoint.safetensors")
+      .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000")
+      .example(
+          "cast eval --checkpoint runs/fashion-mnist-full/checkpoint.safetensors --attention iclustered "
+          "--clusters 8")
+      .example(
+          "cast eval --checkpoint runs/fm-full/checkpoint.safetensors --attention clustered,iclustered --clusters "
+          "4,8,16,32 --topk 4,8 --figure approximation.svg");
+  if (!args.parse(argv)) return 0;
+  const int64_t limit = args.integer("eval-limit", 0, int64_t{1} << 40);
+  CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
+  const std::string swap = args.str("attention");
+  for (const char* option : {"clusters", "topk", "bits", "iterations", "figure"})
+    CAST_CHECK_USAGE(!swap.empty() || !args.is_set(option),
+                     "--{} sets the mechanism given by --attention, and there is none (the checkpoint's own settings "
+                     "are used without it)",
+                     option);
+  nn::AttentionConfig attention;
+  std::vector<std::string> mechanisms;
+  std::vector<int64_t> clusters, topks;
+  if (!swap.empty()) {
+    mechanisms = cli::comma_list("attention", swap);
+    for (const std::string& m : mechanisms)
+      CAST_CHECK_USAGE(m == "full" || m == "clustered" || m == "iclustered" || m == "cast",
+                       "--attention must be full, clustered or iclustered, got '{}'", m);
+    attention.mechanism = nn::parse_mechanism(mechanisms.front());
+    clusters = cli::comma_integers("clusters", args.str("clusters"), 0, 1 << 16);
+    topks = cli::comma_integers("topk", args.str("topk"), 1, 1 << 22);
+    attention.clusters = clusters.front();
+    attention.topk = topks.front();
+    attention.bits = args.integer("bits", 1, 63);
+    attention.iterations = args.integer("iterations", 0, 100000);
+  }
+  const std::string figure = args.str("figure");
+  if (!figure.empty()) train::check_figure_output(figure, "figure", args.str("checkpoint"));
+  const Device device = train::resolve_device(args.str("device"));
+  if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
+  train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
+  if (args.str("precision").empty())
+    train::use_precision(device == Device::cuda ? run.checkpoint.config.precision : "fp32", device);
+  const bool sweep = mechanisms.size() > 1 || clusters.size() > 1 || topks.size() > 1 || !figure.empty();
+  if (sweep) {
+    for (const std::string& name : mechanisms)  // refused before any evaluation
+      train::check_swappable(run.checkpoint.config.model.attention.mechanism, nn::parse_mechanism(name));
+    eval_sweep(run, mechanisms, clusters, topks, attention, limit, device, args.str("checkpoint"), figure);
+    return 0;
+  }
+  const nn::Mechanism trained = run.checkpoint.config.model.attention.mechanism;
+  if (!swap.empty()) train::swap_attention(run, attention, device);
+  const train::Checkpoint& ck = run.checkpoint;
+  nn::Transformer& model = *run.model;
+  const data::TaskData& task = run.task;
+  auto val = train::evaluate(model, task, task.val, ck.config.batch, limit, device);
+  auto test = train::evaluate(model, task, task.test, ck.config.batch, limit, device);
+  std::string how = nn::mechanism_name(trained);
+  if (!swap.empty()) {
+    const nn::AttentionConfig& a = ck.config.model.attention;
+    how = fmt::format("{} in place of the trained {}, the same weights; clusters {}{}", nn::mechanism_name(a.mechanism),
+                      nn::mechanism_name(trained),
+                      a.clusters > 0 ? std::to_string(a.clusters) : "ceil(sqrt(N)) rounded up to 8",
+                      a.mechanism == nn::Mechanism::iclustered ? fmt::format(", top keys {}", a.topk) : "");
+  }
+  fmt::print("{} (step {}, task {}, attention {})\n", args.str("checkpoint"), ck.step, ck.config.task, how);
+  print_eval("validation accuracy", val);
+  print_eval("test accuracy", test);
+  return 0;
+}
+
+}  // namespace cast

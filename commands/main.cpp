@@ -1,0 +1,100 @@
+// cast: the command-line entry point. Library code throws; only this file decides exit codes:
+// 0 success, 1 an error (one line on stderr), 2 a usage error, 128 + N a run stopped by signal N
+// (130 for Ctrl-C, 143 for SIGTERM) after saving its checkpoint.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "cpu/runtime.h"
+#include "tensor/error.h"
+#include "commands/commands.h"
+#include "train/stop.h"
+
+static void usage() {
+  std::fputs("usage: cast <command> [options]   (cast <command> --help for its options)\n\ncommands:\n", stdout);
+  for (const auto& c : cast::commands()) std::printf("  %-10s %s\n", c.name, c.summary);
+}
+
+// A standard stream closed at start (`cast train ... >&-`) is opened on /dev/null, so that no
+// file this command opens takes descriptor 0, 1 or 2 and receives the console's lines.
+static void reopen_closed_standard_streams() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int opened = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);  // the lowest free descriptor: fd
+    if (opened > 2) close(opened);
+  }
+}
+
+// What the command printed must have reached standard output: a full disk or device there
+// (`cast eval ... > /dev/full`) is an error, not a success with the results lost.
+static int check_standard_output(const std::string& name, int code) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return code;
+  std::fprintf(stderr, "cast %s: error: cannot write to standard output (%s)\n", name.c_str(), std::strerror(errno));
+  return code == 0 ? 1 : code;
+}
+
+int main(int argc, char** argv) {
+  reopen_closed_standard_streams();
+  cast::ops::restart_with_cpu_runtime(argv);  // passive OpenMP waits, the BLAS kernels for this CPU
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string name = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  for (const auto& c : cast::commands()) {
+    if (name != c.name) continue;
+    // Ctrl-C or SIGTERM while training: the current step is finished and saved first.
+    if (name == "train" || name == "compare") cast::train::install_stop_handlers();
+    try {
+      return check_standard_output(name, c.run(args));
+    } catch (const cast::train::Interrupted& e) {  // the shell's convention: 128 + the signal
+      std::fprintf(stderr, "cast %s: %s\n", name.c_str(), e.what());
+      return 128 + e.signal();
+    } catch (const cast::UsageError& e) {
+      std::fprintf(stderr, "cast %s: error: %s\n", name.c_str(), e.what());
+      return 2;
+    } catch (const cast::Error& e) {
+      std::fprintf(stderr, "cast %s: error: %s\n", name.c_str(), e.what());
+      return 1;
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr,
+                   "cast %s: error: out of memory (a size in the settings or an input file is more than this "
+                   "machine holds)\n",
+                   name.c_str());
+      return 1;
+    } catch (const std::length_error&) {
+      std::fprintf(stderr, "cast %s: error: a size in the settings or an input file is beyond what can be allocated\n",
+                   name.c_str());
+      return 1;
+    } catch (const std::filesystem::filesystem_error& e) {
+      std::fprintf(stderr, "cast %s: error: %s: %s\n", name.c_str(), e.path1().c_str(), e.code().message().c_str());
+      return 1;
+    } catch (const std::system_error& e) {
+      // fmt's print to the console fails with "cannot write to file": standard output is the one
+      // file written without a name
+      if (std::string(e.what()).find("cannot write to file") != std::string::npos)
+        std::fprintf(stderr, "cast %s: error: cannot write to standard output (%s)\n", name.c_str(),
+                     e.code().message().c_str());
+      else
+        std::fprintf(stderr, "cast %s: unexpected error: %s\n", name.c_str(), e.what());
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cast %s: unexpected error: %s\n", name.c_str(), e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "cast: unknown command '%s' (cast --help lists them)\n", name.c_str());
+  return 2;
+}

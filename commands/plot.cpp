@@ -1,0 +1,68 @@
+// `cast plot`: one run's curves, or several runs side by side (SVG).
+#include "commands/commands.h"
+
+#include <algorithm>
+#include <climits>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "autograd/tape.h"
+#include "tensor/files.h"
+#include "commands/cli.h"
+#include "train/cluster_changes.h"
+#include "figures/clusters_figure.h"
+#include "figures/plot.h"
+#include "train/run_folder.h"
+#include "train/trace.h"
+#include "train/trainer.h"
+
+namespace cast {
+
+using json = nlohmann::json;
+
+int command_plot(const std::vector<std::string>& argv) {
+  cli::Args args(
+      "plot",
+      "Plot run folders' metrics.jsonl as SVG: one folder gives training loss and training/validation "
+      "accuracy against the step; several give a comparison (training loss and validation accuracy of each).");
+  args.option("out", "", "output SVG (one run: <run>/curves.svg; several: comparison.svg)")
+      .option("title", "", "figure title (default: the run folders)")
+      .usage("cast plot <run folder> [<run folder> ...] [options]")
+      .example("cast plot runs/listops-short-cast                 (writes runs/listops-short-cast/curves.svg)")
+      .example("cast plot runs/fm-full runs/fm-cast --out fm.svg --title \"Fashion-MNIST: full vs CAST\"");
+  std::vector<std::string> runs, options;  // run folders are the words that are not options or their values
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--out" || argv[i] == "--title") {
+      options.push_back(argv[i]);
+      if (i + 1 < argv.size()) options.push_back(argv[++i]);
+    } else if (argv[i].rfind("-", 0) == 0) {
+      options.push_back(argv[i]);
+    } else {
+      runs.push_back(argv[i]);
+    }
+  }
+  if (!args.parse(options)) return 0;
+  CAST_CHECK_USAGE(!runs.empty(), "name at least one run folder (see cast plot --help)");
+  std::string out = args.str("out"), title = args.str("title");
+  // the default figure inside a run folder is the engine's own file: never written through a link
+  const files::Link link = out.empty() && runs.size() == 1 ? files::Link::refuse : files::Link::follow_once;
+  if (out.empty()) out = runs.size() == 1 ? runs[0] + "/curves.svg" : "comparison.svg";
+  std::vector<std::string> inputs;  // a figure never replaces a run's metrics, checkpoints or summary
+  for (const std::string& r : runs)
+    for (const std::string& f : train::run_folder_files(r)) inputs.push_back(f);
+  files::check_not_an_input(out, "--out", inputs);
+  files::check_replaces_own_kind(out, "--out", "an SVG figure", files::looks_like_svg);
+  std::vector<train::Curves> curves;
+  for (const std::string& r : runs) curves.push_back(train::read_curves(r));
+  if (curves.size() == 1) {
+    train::plot_run(out, title.empty() ? curves[0].label : title, curves[0], link);
+  } else {
+    std::string names;
+    for (const auto& c : curves) names += (names.empty() ? "" : ", ") + c.label;
+    train::plot_comparison(out, title.empty() ? names : title, curves, link);
+  }
+  fmt::print("cast plot: {} -> {}\n", curves.size() == 1 ? runs[0] : fmt::format("{} runs", curves.size()), out);
+  return 0;
+}
+
+}  // namespace cast

@@ -1,0 +1,130 @@
+// `cast train`: its options, the checks that keep a run's files apart, then the trainer (train/trainer.h).
+#include "commands/commands.h"
+
+#include <algorithm>
+#include <climits>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "autograd/tape.h"
+#include "tensor/files.h"
+#include "commands/cli.h"
+#include "train/cluster_changes.h"
+#include "figures/clusters_figure.h"
+#include "figures/plot.h"
+#include "train/run_folder.h"
+#include "train/trace.h"
+#include "train/trainer.h"
+
+namespace cast {
+
+using json = nlohmann::json;
+
+// The files a run writes in its folder.
+static std::vector<std::string> run_files(const train::TrainConfig& config) {
+  const std::string run_dir = config.run_dir.empty() ? train::default_run_dir(config) : config.run_dir;
+  std::vector<std::string> files = train::run_folder_files(run_dir);
+  files.push_back(run_dir + "/curves.svg");
+  return files;
+}
+
+// The settings file is an input: a run writing (or, with --overwrite, removing) it would lose it.
+static void check_config_is_no_run_file(const train::TrainConfig& config, const std::string& config_path) {
+  if (config_path.empty()) return;
+  for (const std::string& out : run_files(config)) files::check_not_an_input(out, "run file", {config_path});
+}
+
+// The trace file is written at the end: it must be neither an input nor a file the run keeps
+// (train::Trace checks, as it opens, that it can be written).
+static void check_trace_is_no_run_file(const train::TrainConfig& config, const std::string& trace,
+                                       const std::string& config_path, const std::string& resume) {
+  files::check_not_an_input(trace, "--trace", {config_path, resume});
+  for (const std::string& f : run_files(config))
+    CAST_CHECK_USAGE(!files::same_path(trace, f), "--trace {} is the run's own {}: name a file outside the run's files",
+                     trace, f);
+}
+
+// The steps traced before a stop or a failure are written; that error, not one of the trace's,
+// is the one reported.
+static void keep_trace_of_a_stopped_run(const train::Trace& trace) {
+  try {
+    trace.write_file();
+  } catch (const Error&) {
+  }
+}
+
+// CAST's Top-K with κ at least the longest sequence puts every token in every cluster: that is
+// full attention, and the gate and surrogates get no gradient (docs/attention.md). Said once,
+// before the run, since the run itself is valid.
+static void note_cast_without_clusters(const nn::ModelConfig& m) {
+  const nn::AttentionConfig& a = m.attention;
+  const int64_t longest = m.tokens() + (m.cls_pooling ? 1 : 0);
+  if (a.mechanism != nn::Mechanism::cast || a.single_assignment || a.cluster_size < longest) return;
+  fmt::print(
+      "note: cluster size {} >= the {} tokens of the longest sequence: every CAST cluster holds every token, "
+      "which is full attention (the gate and surrogates learn nothing); give --cluster-size below {}\n",
+      a.cluster_size, longest, longest);
+}
+
+int command_train(const std::vector<std::string>& argv) {
+  cli::Args args("train",
+                 "Train a Transformer on an LRA task. With no options: generate short ListOps if missing and train a "
+                 "small CAST model\non the CPU in a few minutes. Settings: task preset, then --config FILE (JSON, keys "
+                 "as the flags), then flags.");
+  args.option(
+          "task", "listops-short",
+          "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
+      .option("config", "", "JSON file of settings")
+      .option("resume", "",
+              "checkpoint to continue from, in its own folder unless --run names another (its settings "
+              "are used; steps, logging, evaluation, checkpoints, data, device may change)");
+  train::declare_setting_flags(args, {});
+  args.flag("overwrite", "replace the run already in the run folder (without it, such a folder is refused)");
+  args.optional_value("trace", "FILE",
+                      "print every step's tape: each node's op, implementation, shapes, saved tensors and time "
+                      "(with FILE: JSON lines there instead)");
+  args.example("cast train                                     (short ListOps, a small CAST model)")
+      .example("cast train --task fashion-mnist --attention full --steps 3000")
+      .example("cast train --task listops --config settings.json --run runs/my-listops")
+      .example("cast train --resume runs/listops-short-cast/checkpoint.safetensors --steps 2400")
+      .example("cast train --steps 1 --trace                   (the tape of one step)");
+  if (!args.parse(argv)) return 0;
+
+  train::TrainConfig config;
+  if (!args.str("resume").empty()) {
+    // A config file's settings, then the flags': each applied, or refused by name.
+    json changes = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
+    CAST_CHECK_USAGE(changes.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+    const json flags = train::settings_from_flags(args);  // a named object: items() does not keep a temporary alive
+    for (auto& [k, v] : flags.items()) changes[k] = v;
+    if (args.is_set("task")) changes["task"] = args.str("task");
+    config = train::resume_config(args.str("resume"), changes);
+  } else {
+    config = train::preset(args.str("task"));
+    if (!args.str("config").empty()) train::apply_settings_file(config, args.str("config"));
+    train::apply_overrides(config, train::settings_from_flags(args));
+  }
+  config.overwrite = args.is_set("overwrite");
+  check_config_is_no_run_file(config, args.str("config"));
+  std::optional<train::Trace> trace;
+  if (args.is_set("trace")) {
+    const std::string& file = args.str("trace");
+    if (!file.empty()) check_trace_is_no_run_file(config, file, args.str("config"), args.str("resume"));
+    trace.emplace(file);
+    config.trace = &*trace;
+  }
+  fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
+             config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
+             config.model.heads, config.steps, config.batch, device_name(train::resolve_device(config.device)));
+  note_cast_without_clusters(config.model);
+  try {
+    train::run_training(config, args.str("resume"));
+  } catch (...) {  // stopped (Ctrl-C) or failed: the steps traced in full are kept
+    if (trace) keep_trace_of_a_stopped_run(*trace);
+    throw;
+  }
+  if (trace) trace->write_file();
+  return 0;
+}
+
+}  // namespace cast

@@ -1,0 +1,282 @@
+// The clustering steps on the device, each equal to its CPU op (ops/attention/clustering.cpp) bit for bit.
+// CAST Top-K: one thread block per (group, cluster) selects the κ real tokens of largest
+// affinity with a radix select (cuda/select.cuh), O(N) per cluster, in ascending position order.
+#include "cuda/attention/clustering.h"
+#include "cuda/common.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/select.cuh"
+#include "math/clustering_rules.h"
+#include "math/topk_order.h"
+
+namespace cast::cuda {
+
+namespace {
+
+__global__ void cluster_topk_kernel(int32_t* out, const float* aff, const float* mask, int64_t N, int64_t C,
+                                    int64_t per_mask_row, int64_t kappa) {
+  const int64_t g = blockIdx.x / C, c = blockIdx.x % C;
+  const float* real = mask ? mask + (g / per_mask_row) * N : nullptr;
+  int32_t* members = out + blockIdx.x * kappa;
+  int eligible = 0;  // the clusters take min(κ, real tokens)
+  block_exclusive_scan(count_eligible(real, N), eligible);
+  const int64_t take = eligible < kappa ? eligible : kappa;
+  for (int64_t s = take + threadIdx.x; s < kappa; s += blockDim.x) members[s] = -1;
+  block_select_top(members, aff + g * N * C + c, C, real, N, take);  // token i at [i * C]
+}
+
+// ---------------------------------------------------------------- Single-Assignment Top-K
+// One block per group. The visiting order is a bitonic sort of 64-bit keys (rank key of the
+// token's best affinity above, the complement of its position below: larger first, ties toward
+// the lower position; padding key 0 sorts last). Then warp 0 places the tokens one after another:
+// each lane owns clusters lane, lane + 32, ... and their fill counts, and a warp argmax in the
+// order of top-k picks the best cluster with room. Finally each cluster lists its members in
+// position order.
+__global__ void cluster_satopk_kernel(int32_t* out, const float* aff, const float* mask, int64_t N, int64_t C,
+                                      int64_t per_mask_row, int64_t kappa, int64_t padded, uint64_t* keys_all,
+                                      int32_t* cluster_of_all, int32_t* filled_all) {
+  const int64_t g = blockIdx.x;
+  const float* a = aff + g * N * C;  // a[i * C + c]
+  const float* real = mask ? mask + (g / per_mask_row) * N : nullptr;
+  uint64_t* keys = keys_all + g * padded;
+  int32_t* cluster_of = cluster_of_all + g * N;
+  int32_t* filled = filled_all + g * C;
+  for (int64_t i = threadIdx.x; i < padded; i += blockDim.x) {
+    uint64_t key = 0;
+    if (i < N && (!real || real[i] != 0.f)) {
+      int64_t best = 0;
+      for (int64_t c = 1; c < C; ++c)
+        if (ranks_before(a[i * C + c], c, a[i * C + best], best)) best = c;
+      key = (static_cast<uint64_t>(rank_key(a[i * C + best])) << 32) | (0xFFFFFFFFull - static_cast<uint64_t>(i));
+    }
+    keys[i] = key;
+    if (i < N) cluster_of[i] = -1;
+  }
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) filled[c] = 0;
+  __syncthreads();
+  for (int64_t k = 2; k <= padded; k <<= 1)  // bitonic sort, descending
+    for (int64_t j = k >> 1; j > 0; j >>= 1) {
+      for (int64_t i = threadIdx.x; i < padded; i += blockDim.x) {
+        const int64_t l = i ^ j;
+        if (l <= i) continue;
+        const uint64_t x = keys[i], y = keys[l];
+        if ((i & k) == 0 ? x < y : x > y) {
+          keys[i] = y;
+          keys[l] = x;
+        }
+      }
+      __syncthreads();
+    }
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    for (int64_t t = 0; t < padded && keys[t] != 0; ++t) {
+      const int64_t i = static_cast<int64_t>(0xFFFFFFFFull - (keys[t] & 0xFFFFFFFFull));
+      float value = 0.f;
+      int64_t best = -1;
+      for (int64_t c = lane; c < C; c += 32)
+        if (filled[c] < kappa && (best < 0 || ranks_before(a[i * C + c], c, value, best))) {
+          best = c;
+          value = a[i * C + c];
+        }
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        const float other_value = __shfl_xor_sync(0xFFFFFFFFu, value, offset);
+        const int64_t other = __shfl_xor_sync(0xFFFFFFFFu, best, offset);
+        if (other >= 0 && (best < 0 || ranks_before(other_value, other, value, best))) {
+          best = other;
+          value = other_value;
+        }
+      }
+      if (best >= 0 && best % 32 == lane) {  // the owner of the cluster keeps its count
+        ++filled[best];
+        cluster_of[i] = static_cast<int32_t>(best);
+      }
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    int32_t* members = out + (g * C + c) * kappa;
+    int64_t slot = 0;
+    for (int64_t i = 0; i < N && slot < kappa; ++i)
+      if (cluster_of[i] == c) members[slot++] = static_cast<int32_t>(i);
+    for (; slot < kappa; ++slot) members[slot] = -1;
+  }
+}
+
+// ---------------------------------------------------------------- LSH
+// 64 threads per query, one per plane: thread b takes the sign of q·a_b + a_b0, summed in double
+// in the CPU op's order. A product of two floats is exact in double, so the sums equal the host's
+// bit for bit, with or without fused multiply-adds. Each warp's 32 signs are one ballot, written
+// as its half of the 64-bit code (bit 63 and the bits past `bits` stay 0). The query is read by
+// every thread of the warp at once (a broadcast); the planes stay in L1.
+__global__ void lsh_hash_kernel(uint32_t* out_halves, const float* q, const float* planes, int64_t rows, int64_t d,
+                                int64_t bits) {
+  CAST_KERNEL_LOOP(t, rows * 64) {  // rows·64 and the grid stride are whole warps: the ballot sees 32 lanes
+    const int64_t r = t / 64, b = t % 64;
+    bool positive = false;
+    if (b < bits) {
+      const float* x = q + r * d;
+      const float* a = planes + b * (d + 1);
+      double s = a[d];
+      for (int64_t j = 0; j < d; ++j) s += static_cast<double>(x[j]) * static_cast<double>(a[j]);
+      positive = s > 0;
+    }
+    const unsigned signs = __ballot_sync(0xffffffffu, positive);
+    if (t % 32 == 0) out_halves[t / 32] = signs;  // little-endian: bits 0–31, then 32–63
+  }
+}
+
+// ---------------------------------------------------------------- Hamming k-means
+__device__ int hamming(int64_t a, int64_t b) { return __popcll(static_cast<unsigned long long>(a ^ b)); }
+
+// Every real query to its nearest centroid (ties toward the lower cluster).
+__device__ void assign_nearest(int32_t* assign, const int64_t* code, const int32_t* real, int64_t count,
+                               const int64_t* centroid, int64_t C) {
+  for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
+    const int64_t i = real[t];
+    int best = 65;
+    int32_t arg = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const int dist = hamming(code[i], centroid[c]);
+      if (dist < best) best = dist, arg = static_cast<int32_t>(c);
+    }
+    assign[i] = arg;
+  }
+}
+
+// One block per group, in the CPU op's steps: the real positions in order (a block scan), the
+// first C swaps of a Fisher–Yates shuffle (thread 0, the group's own Philox stream), then Lloyd
+// steps: bit counts per cluster by atomics (integer sums: any order gives the same counts),
+// majority votes in parallel, empty clusters restarted by thread 0 in cluster order.
+__global__ void hamming_kmeans_kernel(int32_t* assign_all, const int64_t* code_all, const float* mask, int64_t N,
+                                      int64_t per_mask_row, int64_t C, int64_t iterations, uint64_t seed,
+                                      int32_t* real_all, int32_t* perm_all, int64_t* centroid_all, int32_t* members_all,
+                                      int32_t* ones_all) {
+  const int64_t g = blockIdx.x;
+  const float* m = mask ? mask + (g / per_mask_row) * N : nullptr;
+  const int64_t* code = code_all + g * N;
+  int32_t* assign = assign_all + g * N;
+  int32_t* real = real_all + g * N;
+  int32_t* perm = perm_all + g * N;
+  int64_t* centroid = centroid_all + g * C;
+  int32_t* members = members_all + g * C;
+  int32_t* ones = ones_all + g * C * 64;
+  int64_t count = 0;
+  for (int64_t base = 0; base < N; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    const bool ok = i < N && (!m || m[i] != 0.f);
+    if (i < N) assign[i] = -1;
+    int total = 0;
+    const int64_t pos = count + block_exclusive_scan(ok ? 1 : 0, total);
+    if (ok) {
+      real[pos] = static_cast<int32_t>(i);
+      perm[pos] = static_cast<int32_t>(i);
+    }
+    count += total;
+  }
+  if (count == 0) return;
+  __syncthreads();
+  int64_t draw = 0;  // thread 0's position in the group's stream
+  if (threadIdx.x == 0) {
+    for (int64_t c = 0; c < (C < count - 1 ? C : count - 1); ++c) {
+      const int64_t j = c + draw_below(kmeans_draw(seed, g, draw++), count - c);
+      const int32_t x = perm[c];
+      perm[c] = perm[j];
+      perm[j] = x;
+    }
+    for (int64_t c = 0; c < C; ++c) centroid[c] = code[perm[c % count]];
+  }
+  __syncthreads();
+  assign_nearest(assign, code, real, count, centroid, C);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int64_t e = threadIdx.x; e < C * 64; e += blockDim.x) ones[e] = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) members[c] = 0;
+    __syncthreads();
+    for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
+      const int64_t i = real[t], c = assign[i];
+      atomicAdd(members + c, 1);
+      for (int b = 0; b < 64; ++b)
+        if ((code[i] >> b) & 1) atomicAdd(ones + c * 64 + b, 1);
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      if (members[c] == 0) continue;
+      int64_t next = 0;  // majority vote; an exact tie sets the bit to 0
+      for (int b = 0; b < 64; ++b)
+        if (2 * ones[c * 64 + b] > members[c]) next |= int64_t{1} << b;
+      centroid[c] = next;
+    }
+    if (threadIdx.x == 0)
+      for (int64_t c = 0; c < C; ++c)
+        if (members[c] == 0) centroid[c] = code[real[draw_below(kmeans_draw(seed, g, draw++), count)]];
+    __syncthreads();
+    assign_nearest(assign, code, real, count, centroid, C);
+    __syncthreads();
+  }
+}
+
+__global__ void slot_mask_kernel(float* mask, const int32_t* members, int64_t n) {
+  CAST_KERNEL_LOOP(i, n) mask[i] = members[i] >= 0 ? 1.f : 0.f;
+}
+
+}  // namespace
+
+void slot_mask(Tensor& mask, const Tensor& members) {
+  const int64_t n = members.numel();
+  if (n == 0) return;
+  CAST_LAUNCH(slot_mask_kernel, blocks_for(n), kThreads, 0, fptr(mask), members.data<int32_t>(), n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void cluster_topk(Tensor& out, const Tensor& affinity, const Tensor& mask, int64_t kappa) {
+  const int64_t G = affinity.dim(0), N = affinity.dim(1), C = affinity.dim(2);
+  if (G * C == 0) return;
+  const int64_t per_mask_row = mask.defined() ? G / mask.dim(0) : 1;
+  CAST_CHECK(G * C <= int64_t{INT32_MAX}, "cluster_topk: {} clusters in all is more than one launch takes", G * C);
+  CAST_LAUNCH(cluster_topk_kernel, static_cast<unsigned>(G * C), kThreads, 0, out.data<int32_t>(), fptr(affinity),
+              mask.defined() ? fptr(mask) : nullptr, N, C, per_mask_row, kappa);
+  CUDA_CHECK_LAUNCH();
+}
+
+void cluster_satopk(Tensor& out, const Tensor& affinity, const Tensor& mask, int64_t kappa) {
+  const int64_t G = affinity.dim(0), N = affinity.dim(1), C = affinity.dim(2);
+  if (G * C == 0) return;
+  CAST_CHECK(N < int64_t{0xFFFFFFFF} && G <= int64_t{INT32_MAX},
+             "cluster_satopk: {} tokens in {} groups is more than one launch takes", N, G);
+  int64_t padded = 1;
+  while (padded < N) padded <<= 1;
+  Tensor keys = Tensor::empty({G, padded}, DType::i64, Device::cuda);
+  Tensor cluster_of = Tensor::empty({G, N}, DType::i32, Device::cuda);
+  Tensor filled = Tensor::empty({G, C}, DType::i32, Device::cuda);
+  const int64_t per_mask_row = mask.defined() ? G / mask.dim(0) : 1;
+  CAST_LAUNCH(cluster_satopk_kernel, static_cast<unsigned>(G), kThreads, 0, out.data<int32_t>(), fptr(affinity),
+              mask.defined() ? fptr(mask) : nullptr, N, C, per_mask_row, kappa, padded,
+              reinterpret_cast<uint64_t*>(keys.data<int64_t>()), cluster_of.data<int32_t>(), filled.data<int32_t>());
+  CUDA_CHECK_LAUNCH();
+}
+
+void lsh_hash(Tensor& out, const Tensor& q, const Tensor& planes) {
+  const int64_t rows = q.dim(0) * q.dim(1), d = q.dim(2), bits = planes.dim(0);
+  if (rows == 0) return;
+  CAST_LAUNCH(lsh_hash_kernel, blocks_for(rows * 64), kThreads, 0, reinterpret_cast<uint32_t*>(out.data<int64_t>()),
+              fptr(q), fptr(planes), rows, d, bits);
+  CUDA_CHECK_LAUNCH();
+}
+
+void hamming_kmeans(Tensor& assign, const Tensor& hashes, const Tensor& mask, int64_t clusters, int64_t iterations,
+                    uint64_t seed) {
+  const int64_t G = hashes.dim(0), N = hashes.dim(1);
+  if (G * N == 0) return;
+  CAST_CHECK(G <= int64_t{INT32_MAX} && N <= int64_t{INT32_MAX},
+             "hamming_kmeans: {} groups of {} is more than one launch takes", G, N);
+  Tensor real = Tensor::empty({G, N}, DType::i32, Device::cuda), perm = Tensor::empty({G, N}, DType::i32, Device::cuda);
+  Tensor centroid = Tensor::empty({G, clusters}, DType::i64, Device::cuda);
+  Tensor members = Tensor::empty({G, clusters}, DType::i32, Device::cuda);
+  Tensor ones = Tensor::empty({G, clusters, 64}, DType::i32, Device::cuda);
+  const int64_t per_mask_row = mask.defined() ? G / mask.dim(0) : 1;
+  CAST_LAUNCH(hamming_kmeans_kernel, static_cast<unsigned>(G), kThreads, 0, assign.data<int32_t>(),
+              hashes.data<int64_t>(), mask.defined() ? fptr(mask) : nullptr, N, per_mask_row, clusters, iterations,
+              seed, real.data<int32_t>(), perm.data<int32_t>(), centroid.data<int64_t>(), members.data<int32_t>(),
+              ones.data<int32_t>());
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cast::cuda

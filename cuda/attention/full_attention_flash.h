@@ -1,0 +1,66 @@
+#pragma once
+#include <string>
+#include <vector>
+
+#include "tensor/precision.h"
+#include "tensor/tensor.h"
+
+namespace cast::cuda {
+// The kernels that run flash attention's tile products:
+//   fma     FP32 FMA units (cuda/attention/full_attention_flash.cu)
+//   tf32x3  tensor cores, each FP32 operand as a TF32 high part and a TF32 remainder, three
+//           products (cuda/attention/full_attention_flash_tensor_core.cu): about FP32's accuracy
+//   tf32    tensor cores, TF32 operands
+//   bf16    tensor cores, BF16 operands
+// All accumulate in FP32 and keep the softmax statistics in FP32.
+enum class FlashKernel : uint8_t { fma, tf32x3, tf32, bf16 };
+const char* flash_kernel_name(FlashKernel kernel);
+// "fma", "tf32x3", "tf32" or "bf16"; throws a UsageError otherwise.
+FlashKernel parse_flash_kernel(const std::string& name);
+// The kernel a precision runs: fp32 → kFp32FlashKernel, tf32 → tf32, bf16 → bf16.
+FlashKernel flash_kernel_for(Precision precision);
+// What `--precision fp32` runs (bench/RESULTS.md gives the measured errors behind the choice).
+constexpr FlashKernel kFp32FlashKernel = FlashKernel::fma;
+
+// Full attention without an M×N matrix (ops/attention/full_attention_flash.h): q (B, H, M, d), k and v
+// (B, H, N, d), mask (B, N) f32 or undefined; d at most 128. The TF32 kernels need d % 4 == 0
+// and 16-byte aligned rows; where they do not hold, the FMA kernels run instead.
+void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& mask, FlashKernel kernel = FlashKernel::fma);
+// Adds into each given gradient (dq, dk, dv may be null). `kernel` as the forward's.
+void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse,
+                              FlashKernel kernel = FlashKernel::fma);
+// The kernel that runs for these operands (and the backward's dout): `kernel`, or fma where a
+// TF32 kernel cannot take them.
+FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& dout = Tensor());
+
+// The tensor-core kernels (cuda/attention/full_attention_flash_tensor_core.cu); delta: Δ = rowsum(dO ⊙ O), (B, H, M).
+void flash_tc_forward(FlashKernel kernel, Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& mask);
+void flash_tc_backward(FlashKernel kernel, Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q,
+                       const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& lse, const Tensor& delta);
+
+// How each compiled flash kernel is launched (threads per block, dynamic shared memory), for
+// `cast info --kernels` and scripts/kernel_report.sh's occupancy column: ptxas reports registers
+// and static shared memory but cannot know a launch's dynamic shared memory.
+struct KernelLaunchShape {
+  std::string kernel;  // as ptxas's demangled name, less namespaces and parameters
+  int threads;
+  size_t dynamic_shared_bytes;
+};
+std::vector<KernelLaunchShape> flash_launch_shapes();  // the FMA and the tensor-core kernels
+std::vector<KernelLaunchShape> flash_tc_launch_shapes();
+
+// The tensor-core kernels' streamed tile (keys, or queries in dK/dV): 0 each kernel's default
+// (cuda/attention/full_attention_flash_tensor_core.cu), or 32, 64 or 128 rows for `cast bench flash --stream-rows`; and
+// the rows that run for a kernel at head width d.
+void set_flash_stream_rows(int rows);
+int flash_stream_rows(FlashKernel kernel, int d, bool forward);
+// The forward's rows per warp: 16 (a block owns 64 query rows) or 32 (128 rows, each B fragment
+// feeding two products; not for tf32x3 or 128-row streamed tiles, which would spill); 0 the
+// default. `cast bench flash --warp-rows`; flash_warp_rows: the rows that run.
+void set_flash_warp_rows(int rows);
+int flash_warp_rows(FlashKernel kernel, int d);
+}  // namespace cast::cuda

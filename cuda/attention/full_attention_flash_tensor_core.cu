@@ -1,0 +1,815 @@
+// Full attention on the tensor cores: the algorithm of cuda/attention/full_attention_flash.cu (and of the CPU's
+// ops/attention/full_attention_flash.cpp), with every tile product an mma.sync, in the manner of
+// FlashAttention-2. Three kinds of product, one kernel source (the `Math` parameter):
+//   Bf16Math    BF16 operands (m16n8k16), FP32 accumulators: `--precision bf16`
+//   Tf32Math    TF32 operands (m16n8k8), FP32 accumulators: `--precision tf32`
+//   Tf32x3Math  each FP32 operand split into a TF32 high part and a TF32 remainder, three
+//               m16n8k8 products (hi·hi + hi·lo + lo·hi): close to FP32 accuracy on the tensor
+//               cores, as PyTorch's FP32 attention kernels do; `--precision fp32` where it
+//               measures at least as accurate as FP32 FMAs (bench/RESULTS.md)
+// Softmax statistics, the scale, the masked-row and NaN rules (math/softmax_rule.h) stay FP32.
+//
+// A block is 4 warps; each warp owns 16 rows of the block's tile (64 query rows in the forward
+// and in dQ, 64 key rows in dK/dV) and keeps its accumulators in the mma's C layout, two rows
+// per thread (g and g + 8). The streamed side (keys and values, or queries and output
+// gradients) arrives in shared memory by cp.async, two stages deep: the copy of tile j + 1 runs
+// while tile j is multiplied. Fragments of row-major operands come by ldmatrix; the scores'
+// accumulators become the A operand of the next product in registers (P V, dS K, Pᵀ dO, dSᵀ Q),
+// with no trip through shared memory.
+//
+// BF16 reads its operands from BF16 copies made by to_bf16_rows (rows padded to a multiple of 8
+// elements, so that any head width moves in 16-byte chunks); TF32 reads the FP32 tensors
+// directly and needs d % 4 == 0 and 16-byte aligned rows (the dispatcher falls back to the FMA
+// kernels otherwise).
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/attention/full_attention_flash.h"
+#include "cuda/launch.cuh"
+#include "cuda/tensor_core.cuh"
+#include "math/softmax_rule.h"
+
+namespace cast::cuda {
+
+namespace {
+
+constexpr int kWarps = 4, kBlock = 32 * kWarps, kRowsPerWarp = 16;
+constexpr int kBlockRows = kWarps * kRowsPerWarp;  // 64 rows owned by a block of the backward
+
+__device__ __forceinline__ int min_of(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ bool is_infinite(float x) { return (__float_as_uint(x) & 0x7fffffffu) == 0x7f800000u; }
+
+__device__ __forceinline__ float bits_as_float(uint32_t u) {
+#if defined(CAST_CUDA_EMULATION)
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+#else
+  return __uint_as_float(u);
+#endif
+}
+
+// ---------------------------------------------------------------- the three kinds of product
+// Operands sit in shared memory as 16-byte chunks (8 BF16 or 4 FP32 elements); one mma k-step is
+// two chunks. A fragments of a row-major tile and B fragments of a tile whose rows are B's
+// columns (B[k][n] = T[n][k]) come by ldmatrix and are the same registers in both formats
+// (tensor_core.cuh). What differs: how raw registers become operands, the product, how
+// accumulators become an A operand, and B[k][n] = T[k][n] (a "transposed" load).
+struct Bf16Math {
+  using Elem = uint16_t;
+  static constexpr int kChunk = 8, kK = 16;
+  struct A {
+    uint32_t r[4];
+  };
+  struct B {
+    uint32_t r[2];
+  };
+  __device__ static A a_raw(const uint32_t (&r)[4]) { return {{r[0], r[1], r[2], r[3]}}; }
+  __device__ static B b_raw(uint32_t r0, uint32_t r1) { return {{r0, r1}}; }
+  __device__ static void mma(float (&d)[4], const A& a, const B& b) { tc::mma_bf16(d, a.r, b.r); }
+  // The A operand of k-step kk (columns 16kk .. 16kk + 15) from two 16×8 accumulator tiles:
+  // C's (g, 2t..2t+1) pairs are exactly A's, packed.
+  template <int NT>
+  __device__ static A a_from_c(const float (&c)[NT][4], int kk) {
+    const float* lo = c[2 * kk];
+    const float* hi = c[2 * kk + 1];
+    return {{tc::pack_bf16(lo[0], lo[1]), tc::pack_bf16(lo[2], lo[3]), tc::pack_bf16(hi[0], hi[1]),
+             tc::pack_bf16(hi[2], hi[3])}};
+  }
+  // B[k][n] = T[k0 + k][n0 + n] for two n-tiles (n0 and n0 + 8), T row-major: ldmatrix .trans.
+  __device__ static void b_trans(B (&b)[2], const SharedArray<Elem>& s, int base, int stride, int k0, int n0,
+                                 int lane) {
+    uint32_t r[4];
+    tc::ldmatrix_x4_trans(r, s, base + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * stride + n0 + 8 * (lane / 16));
+    b[0] = {{r[0], r[1]}}, b[1] = {{r[2], r[3]}};
+  }
+};
+
+// TF32 accumulators become an A operand through a permutation of k: register a0 of lane (g, t)
+// takes C's column 2t and a2 its column 2t + 1, so A's k = t is the tile's column 2t and k = t + 4
+// its column 2t + 1. The product is the same sum over k when B's rows are permuted alike:
+// b0 = T[k0 + 2t][n], b1 = T[k0 + 2t + 1][n] (two scalar reads; ldmatrix moves 16-bit elements).
+template <bool Split>
+struct Tf32MathT {
+  using Elem = float;
+  static constexpr int kChunk = 4, kK = 8;
+  static constexpr int kParts = Split ? 2 : 1;  // high part, then the remainder
+  struct A {
+    uint32_t r[kParts][4];
+  };
+  struct B {
+    uint32_t r[kParts][2];
+  };
+  __device__ static void split(uint32_t (&parts)[kParts], float x) {
+    parts[0] = tc::to_tf32(x);
+    if constexpr (Split) {
+      // An infinity is its high part alone (inf − inf would be NaN); a finite x whose rounding
+      // overflows to infinity keeps its truncated high part, so that the remainder stays finite.
+      if (is_infinite(bits_as_float(parts[0])) && !is_infinite(x)) parts[0] = __float_as_uint(x) & 0xffffe000u;
+      parts[kParts - 1] = is_infinite(x) ? 0u : tc::to_tf32(x - bits_as_float(parts[0]));
+    }
+  }
+  __device__ static A a_of(float x0, float x1, float x2, float x3) {
+    A a;
+    const float x[4] = {x0, x1, x2, x3};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t parts[kParts];
+      split(parts, x[i]);
+#pragma unroll
+      for (int p = 0; p < kParts; ++p) a.r[p][i] = parts[p];
+    }
+    return a;
+  }
+  __device__ static B b_of(float x0, float x1) {
+    B b;
+    uint32_t p0[kParts], p1[kParts];
+    split(p0, x0), split(p1, x1);
+#pragma unroll
+    for (int p = 0; p < kParts; ++p) b.r[p][0] = p0[p], b.r[p][1] = p1[p];
+    return b;
+  }
+  __device__ static A a_raw(const uint32_t (&r)[4]) {
+    return a_of(bits_as_float(r[0]), bits_as_float(r[1]), bits_as_float(r[2]), bits_as_float(r[3]));
+  }
+  __device__ static B b_raw(uint32_t r0, uint32_t r1) { return b_of(bits_as_float(r0), bits_as_float(r1)); }
+  __device__ static void mma(float (&d)[4], const A& a, const B& b) {
+    if constexpr (Split) {  // the small terms first
+      tc::mma_tf32(d, a.r[1], b.r[0]);
+      tc::mma_tf32(d, a.r[0], b.r[1]);
+    }
+    tc::mma_tf32(d, a.r[0], b.r[0]);
+  }
+  template <int NT>
+  __device__ static A a_from_c(const float (&c)[NT][4], int kk) {
+    return a_of(c[kk][0], c[kk][2], c[kk][1], c[kk][3]);
+  }
+  __device__ static void b_trans(B (&b)[2], const SharedArray<Elem>& s, int base, int stride, int k0, int n0,
+                                 int lane) {
+    const int g = lane / 4, t = lane % 4;
+    const int row = base + (k0 + 2 * t) * stride + n0 + g;
+    b[0] = b_of(s[row], s[row + stride]);
+    b[1] = b_of(s[row + 8], s[row + stride + 8]);
+  }
+};
+using Tf32Math = Tf32MathT<false>;
+using Tf32x3Math = Tf32MathT<true>;
+
+// The A fragment of rows row0 .. row0 + 15, columns k0 .. k0 + kK − 1 of a row-major tile.
+template <class M>
+__device__ __forceinline__ typename M::A load_a(const SharedArray<typename M::Elem>& s, int base, int stride, int row0,
+                                                int k0, int lane) {
+  uint32_t r[4];
+  tc::ldmatrix_x4(r, s, base + (row0 + lane % 8 + 8 * (lane / 8 % 2)) * stride + k0 + M::kChunk * (lane / 16));
+  return M::a_raw(r);
+}
+
+// The B fragments of two n-tiles, B[k][n] = T[n0 + n][k0 + k] (T's rows are B's columns: keys in
+// S = Q Kᵀ).
+template <class M>
+__device__ __forceinline__ void load_b_rows(typename M::B (&b)[2], const SharedArray<typename M::Elem>& s, int base,
+                                            int stride, int n0, int k0, int lane) {
+  uint32_t r[4];
+  tc::ldmatrix_x4(r, s, base + (n0 + 8 * (lane / 16) + lane % 8) * stride + k0 + M::kChunk * (lane / 8 % 2));
+  b[0] = M::b_raw(r[0], r[1]);
+  b[1] = M::b_raw(r[2], r[3]);
+}
+
+// acc[mi][nt] = X(rows row0 + 16mi .., all columns) · Y(rows 8nt ..)ᵀ: a warp's 16MI × 8NT block
+// of scores, S = X Yᵀ with X and Y both row-major in shared memory. Each B fragment (Y's rows)
+// feeds MI products. Columns past `width` (the head width rounded up to the k-step) are zeros
+// and skipped.
+template <class M, int D, int MI, int NT>
+__device__ __forceinline__ void product_xyt(float (&acc)[MI][NT][4], const SharedArray<typename M::Elem>& s,
+                                            int x_base, int y_base, int stride, int row0, int width, int lane) {
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[mi][nt][0] = acc[mi][nt][1] = acc[mi][nt][2] = acc[mi][nt][3] = 0.f;
+#pragma unroll
+  for (int k0 = 0; k0 < D; k0 += M::kK) {
+    if (k0 >= width) break;
+    typename M::A a[MI];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) a[mi] = load_a<M>(s, x_base, stride, row0 + 16 * mi, k0, lane);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      typename M::B b[2];
+      load_b_rows<M>(b, s, y_base, stride, 16 * np, k0, lane);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        M::mma(acc[mi][2 * np], a[mi], b[0]);
+        M::mma(acc[mi][2 * np + 1], a[mi], b[1]);
+      }
+    }
+  }
+}
+
+// out[mi][dt] += W · Z: W the warp's 16MI × 8NT weights in accumulator layout (P or dS), Z a
+// row-major tile of 8NT rows and D columns in shared memory; columns past `width` are skipped.
+template <class M, int D, int MI, int NT>
+__device__ __forceinline__ void product_wz(float (&out)[MI][D / 8][4], const float (&w)[MI][NT][4],
+                                           const SharedArray<typename M::Elem>& s, int z_base, int stride, int width,
+                                           int lane) {
+  constexpr int steps = 8 * NT / M::kK;
+#pragma unroll
+  for (int kk = 0; kk < steps; ++kk) {
+    typename M::A a[MI];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) a[mi] = M::a_from_c(w[mi], kk);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      if (16 * dp >= width) break;
+      typename M::B b[2];
+      M::b_trans(b, s, z_base, stride, kk * M::kK, 16 * dp, lane);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        M::mma(out[mi][2 * dp], a[mi], b[0]);
+        M::mma(out[mi][2 * dp + 1], a[mi], b[1]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- tiles and copies
+// The shape of one call: operands are rows of `width` elements (d, or d rounded up to 8 for the
+// BF16 copies), of which the first d are real.
+struct TcShape {
+  int heads, M, N, d, width;
+  float scale;
+};
+
+// A block's tiles: it owns 64·MI rows (16·MI per warp) and streams tiles of BS rows.
+template <class M, int D_, int BS, int MI_ = 1>
+struct TcTile {
+  static constexpr int D = D_, MI = MI_;
+  static constexpr int kStream = BS;                   // rows of each streamed tile
+  static constexpr int kWarpRows = kRowsPerWarp * MI;  // rows of the owned tile per warp
+  static constexpr int kOwnedRows = kWarps * kWarpRows;
+  static constexpr int kStride = D + M::kChunk;  // a 16-byte pad: ldmatrix's 8 rows hit distinct banks
+  static constexpr int kOwned = kOwnedRows * kStride, kStreamed = kStream * kStride;
+  // elements of shared memory: the owned tile(s) and two stages of the two streamed tiles
+  static constexpr int elements(int owned_tiles) { return owned_tiles * kOwned + 4 * kStreamed; }
+};
+
+// cp.async of `valid` rows of a (rows × width) operand from src into a tile of `rows` padded
+// rows at `base`; zeros past `valid` rows and past the row's width.
+template <class M, int D>
+__device__ __forceinline__ void copy_rows(const SharedArray<typename M::Elem>& s, int base, int stride,
+                                          const typename M::Elem* src, int valid, int rows, int width) {
+  constexpr int chunks = D / M::kChunk;
+  for (int f = threadIdx.x; f < rows * chunks; f += blockDim.x) {
+    const int r = f / chunks, c = (f % chunks) * M::kChunk;
+    const bool real = r < valid && c < width;
+    tc::cp_async16(s, base + r * stride + c, real ? src + static_cast<int64_t>(r) * width + c : src, real);
+  }
+}
+
+__device__ __forceinline__ bool key_is_real(const float* mask, int b, int j, int N) {
+  return j < N && (!mask || mask[static_cast<int64_t>(b) * N + j] != 0.f);
+}
+
+// Whether each of this thread's key columns of the tile at j0 is real: 8nt + 2t + c.
+template <int NT>
+__device__ __forceinline__ void key_flags(bool (&real)[NT][2], const float* mask, int b, int j0, int t, int N) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) real[nt][c] = key_is_real(mask, b, j0 + 8 * nt + 2 * t + c, N);
+}
+
+// cp.async of streamed tile `tile` of two operands x and y (rows × width each, `rows` in all) into
+// its stage: x at base + 2·(tile % 2)·kStreamed, y after it.
+template <class M, class T>
+__device__ __forceinline__ void copy_stage(const SharedArray<typename M::Elem>& s, int base,
+                                           const typename M::Elem* x, const typename M::Elem* y, int tile, int rows,
+                                           int width) {
+  const int r0 = tile * T::kStream, valid = min_of(rows - r0, T::kStream);
+  const int st = base + 2 * (tile % 2) * T::kStreamed;
+  copy_rows<M, T::D>(s, st, T::kStride, x + static_cast<int64_t>(r0) * width, valid, T::kStream, width);
+  copy_rows<M, T::D>(s, st + T::kStreamed, T::kStride, y + static_cast<int64_t>(r0) * width, valid, T::kStream, width);
+}
+
+// Row max and sum over the four lanes (t = 0..3) that share a row of an accumulator.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// dst[row][col] (+)= acc for the warp's rows row0 + g and row0 + g + 8 (global rows < rows_total,
+// columns < d), each row scaled by scale[r].
+template <int D>
+__device__ __forceinline__ void store_acc(float* dst, const float (&acc)[D / 8][4], int row0, int rows_total,
+                                          const float (&scale)[2], bool add, int d, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = row0 + g + 8 * (i / 2), col = 8 * dt + 2 * t + i % 2;
+      if (row >= rows_total || col >= d) continue;
+      float& out = dst[static_cast<int64_t>(row) * d + col];
+      const float v = acc[dt][i] * scale[i / 2];
+      out = add ? out + v : v;
+    }
+}
+
+// ---------------------------------------------------------------- forward
+// One streamed tile into the online softmax of a warp's 16 rows (two per thread): scores of
+// padding keys become −∞, the running max m and sum l take the tile in (the output rescaled
+// where m grows), and the scores become the tile's weights exp(S − m) for P V.
+template <int NT, int D>
+__device__ __forceinline__ void online_softmax(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
+                                               const bool (&real)[NT][2], float scale) {
+  float tile_max[2] = {softmax_rule::masked<float>(), softmax_rule::masked<float>()};
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sc[nt][i] = real[nt][i % 2] ? sc[nt][i] * scale : softmax_rule::masked<float>();
+      tile_max[i / 2] = fmaxf(tile_max[i / 2], sc[nt][i]);
+    }
+  float correction[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+    correction[r] = softmax_rule::rescale(m[r], m_new);
+    m[r] = m_new;
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sc[nt][i] = softmax_rule::weight(sc[nt][i], m[i / 2]);
+      sum[i / 2] += sc[nt][i];
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * correction[r] + quad_sum(sum[r]);
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[dt][i] *= correction[i / 2];
+}
+
+template <class M, class T>
+__global__ void __launch_bounds__(kBlock)
+    flash_tc_forward_kernel(float* out, float* lse, const typename M::Elem* q, const typename M::Elem* k,
+                            const typename M::Elem* v, const float* mask, TcShape s) {
+  using E = typename M::Elem;
+  constexpr int D = T::D, BN = T::kStream, NT = BN / 8, MI = T::MI, stride = T::kStride, BM = T::kOwnedRows;
+  constexpr int q_base = 0, kv_base = T::kOwned;  // stage st: K at kv_base + 2st·kStreamed, V after it
+  CAST_DYNAMIC_SHARED(E, smem, T::elements(1));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = T::kWarpRows * warp;
+  const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * BM;
+  const int q_rows = min_of(s.M - i0, BM);
+  const bool live = row0 < q_rows;
+  const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.width;
+  const int tiles = (s.N + BN - 1) / BN, width = (s.width + M::kK - 1) / M::kK * M::kK;
+
+  copy_rows<M, D>(smem, q_base, stride, q + (static_cast<int64_t>(bh) * s.M + i0) * s.width, q_rows, BM, s.width);
+  const auto copy_keys = [&](int tile) { copy_stage<M, T>(smem, kv_base, k + k_off, v + k_off, tile, s.N, s.width); };
+  copy_keys(0);
+  tc::cp_async_commit();
+
+  float o[MI][D / 8][4], m[MI][2], l[MI][2];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) o[mi][dt][0] = o[mi][dt][1] = o[mi][dt][2] = o[mi][dt][3] = 0.f;
+    m[mi][0] = m[mi][1] = softmax_rule::masked<float>(), l[mi][0] = l[mi][1] = 0.f;
+  }
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) copy_keys(tile + 1);
+    tc::cp_async_commit();
+    const int j0 = tile * BN, st = kv_base + 2 * (tile % 2) * T::kStreamed;
+    bool real[NT][2];
+    key_flags<NT>(real, mask, b, j0, t, s.N);
+    tc::cp_async_wait<1>();
+    __syncthreads();
+    if (live) {
+      float sc[MI][NT][4];
+      product_xyt<M, D, MI, NT>(sc, smem, q_base, st, stride, row0, width, lane);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) online_softmax<NT, D>(sc[mi], m[mi], l[mi], o[mi], real, s.scale);
+      product_wz<M, D, MI, NT>(o, sc, smem, st + T::kStreamed, stride, s.d, lane);
+    }
+    __syncthreads();  // this stage is read no more: the next iteration's copy may fill it
+  }
+  const int64_t row_base = static_cast<int64_t>(bh) * s.M;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+    const float inv[2] = {softmax_rule::inverse_sum(l[mi][0]), softmax_rule::inverse_sum(l[mi][1])};
+    const int rows0 = i0 + row0 + 16 * mi;
+    if (t == 0)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = rows0 + g + 8 * r;
+        if (row < s.M) lse[row_base + row] = softmax_rule::log_sum_exp(m[mi][r], l[mi][r]);
+      }
+    store_acc<D>(out + row_base * s.d, o[mi], rows0, s.M, inv, false, s.d, lane);
+  }
+}
+
+// ---------------------------------------------------------------- dQ
+// Owned: Q and dO (64 query rows); streamed: K and V.
+template <class M, class T>
+__global__ void __launch_bounds__(kBlock)
+    flash_tc_dq_kernel(float* dq, const typename M::Elem* dout, const typename M::Elem* q, const typename M::Elem* k,
+                       const typename M::Elem* v, const float* mask, const float* lse, const float* delta, TcShape s) {
+  using E = typename M::Elem;
+  constexpr int D = T::D, BN = T::kStream, NT = BN / 8, stride = T::kStride;
+  constexpr int q_base = 0, g_base = T::kOwned, kv_base = 2 * T::kOwned;
+  CAST_DYNAMIC_SHARED(E, smem, T::elements(2));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = kRowsPerWarp * warp;
+  const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * kBlockRows;
+  const int q_rows = min_of(s.M - i0, kBlockRows);
+  const bool live = row0 < q_rows;
+  const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.width, q_off = (static_cast<int64_t>(bh) * s.M + i0) * s.width;
+  const int tiles = (s.N + BN - 1) / BN, width = (s.width + M::kK - 1) / M::kK * M::kK;
+
+  copy_rows<M, D>(smem, q_base, stride, q + q_off, q_rows, kBlockRows, s.width);
+  copy_rows<M, D>(smem, g_base, stride, dout + q_off, q_rows, kBlockRows, s.width);
+  const auto copy_keys = [&](int tile) { copy_stage<M, T>(smem, kv_base, k + k_off, v + k_off, tile, s.N, s.width); };
+  copy_keys(0);
+  tc::cp_async_commit();
+
+  float L[2], Dl[2], acc_tiles[1][D / 8][4];  // one 16-row tile per warp (the product helpers take MI tiles)
+  auto& acc = acc_tiles[0];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = i0 + row0 + g + 8 * r;
+    L[r] = row < s.M ? lse[static_cast<int64_t>(bh) * s.M + row] : softmax_rule::masked<float>();
+    Dl[r] = row < s.M ? delta[static_cast<int64_t>(bh) * s.M + row] : 0.f;
+  }
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.f;
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) copy_keys(tile + 1);
+    tc::cp_async_commit();
+    const int j0 = tile * BN, st = kv_base + 2 * (tile % 2) * T::kStreamed;
+    bool real[NT][2];
+    key_flags<NT>(real, mask, b, j0, t, s.N);
+    tc::cp_async_wait<1>();
+    __syncthreads();
+    if (live) {
+      float sc_tiles[1][NT][4], dp_tiles[1][NT][4];
+      auto &sc = sc_tiles[0], &dp = dp_tiles[0];
+      product_xyt<M, D, 1, NT>(sc_tiles, smem, q_base, st, stride, row0, width, lane);
+      product_xyt<M, D, 1, NT>(dp_tiles, smem, g_base, st + T::kStreamed, stride, row0, width, lane);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // dS = P ⊙ (dP − Δ), 0 at padding keys and in rows with none real
+          const int r = i / 2;
+          const bool is_real = real[nt][i % 2] && L[r] != softmax_rule::masked<float>();
+          const float p = softmax_rule::probability(sc[nt][i] * s.scale, is_real, L[r]);
+          sc[nt][i] = is_real ? softmax_rule::score_gradient(p, dp[nt][i], Dl[r]) * s.scale : 0.f;
+        }
+      product_wz<M, D, 1, NT>(acc_tiles, sc_tiles, smem, st, stride, s.d, lane);
+    }
+    __syncthreads();
+  }
+  const float one[2] = {1.f, 1.f};
+  store_acc<D>(dq + static_cast<int64_t>(bh) * s.M * s.d, acc, i0 + row0, s.M, one, true, s.d, lane);
+}
+
+// ---------------------------------------------------------------- dK, dV
+// Owned: K and V (64 key rows); streamed: Q and dO. Scores are formed transposed (keys × queries)
+// so that Pᵀ and dSᵀ are already the A operands of dV += Pᵀ dO and dK += dSᵀ Q.
+template <class M, class T>
+__global__ void __launch_bounds__(kBlock)
+    flash_tc_dkdv_kernel(float* dk, float* dv, const typename M::Elem* dout, const typename M::Elem* q,
+                         const typename M::Elem* k, const typename M::Elem* v, const float* mask, const float* lse,
+                         const float* delta, TcShape s) {
+  using E = typename M::Elem;
+  constexpr int D = T::D, BQ = T::kStream, NT = BQ / 8, stride = T::kStride;
+  constexpr int k_base = 0, v_base = T::kOwned, qg_base = 2 * T::kOwned;
+  CAST_DYNAMIC_SHARED(E, smem, T::elements(2));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = kRowsPerWarp * warp;
+  const int bh = blockIdx.y, b = bh / s.heads, j0 = blockIdx.x * kBlockRows;
+  const int k_rows = min_of(s.N - j0, kBlockRows);
+  const bool live = row0 < k_rows;
+  const int64_t k_off = (static_cast<int64_t>(bh) * s.N + j0) * s.width, q_off = static_cast<int64_t>(bh) * s.M * s.width;
+  const int tiles = (s.M + BQ - 1) / BQ, width = (s.width + M::kK - 1) / M::kK * M::kK;
+
+  copy_rows<M, D>(smem, k_base, stride, k + k_off, k_rows, kBlockRows, s.width);
+  copy_rows<M, D>(smem, v_base, stride, v + k_off, k_rows, kBlockRows, s.width);
+  const auto copy_queries = [&](int tile) {
+    copy_stage<M, T>(smem, qg_base, q + q_off, dout + q_off, tile, s.M, s.width);
+  };
+  copy_queries(0);
+  tc::cp_async_commit();
+
+  bool real[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) real[r] = key_is_real(mask, b, j0 + row0 + g + 8 * r, s.N);
+  float dk_tiles[1][D / 8][4], dv_tiles[1][D / 8][4];  // one 16-row tile per warp
+  auto &dk_acc = dk_tiles[0], &dv_acc = dv_tiles[0];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk_acc[dt][i] = dv_acc[dt][i] = 0.f;
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) copy_queries(tile + 1);
+    tc::cp_async_commit();
+    const int i0 = tile * BQ, st = qg_base + 2 * (tile % 2) * T::kStreamed;
+    float Li[NT][2], Di[NT][2];  // the log-sum-exp and Δ of this thread's query columns
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int i = i0 + 8 * nt + 2 * t + c;
+        const int64_t at = static_cast<int64_t>(bh) * s.M + i;
+        Li[nt][c] = i < s.M ? lse[at] : softmax_rule::masked<float>();
+        Di[nt][c] = i < s.M ? delta[at] : 0.f;
+      }
+    tc::cp_async_wait<1>();
+    __syncthreads();
+    if (live) {
+      float st_tiles[1][NT][4], dpt_tiles[1][NT][4];  // scores and dP, transposed: keys × queries
+      auto &st_ = st_tiles[0], &dpt = dpt_tiles[0];
+      product_xyt<M, D, 1, NT>(st_tiles, smem, k_base, st, stride, row0, width, lane);
+      product_xyt<M, D, 1, NT>(dpt_tiles, smem, v_base, st + T::kStreamed, stride, row0, width, lane);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          // A query with no real key passes nothing; a padding key takes P = 0 and dS = 0, which
+          // the products still multiply, so a NaN in Q or dO reaches it as in the reference.
+          const float L = Li[nt][i % 2];
+          float p = 0.f, ds = 0.f;
+          if (L != softmax_rule::masked<float>() && real[i / 2]) {
+            p = softmax_rule::probability(st_[nt][i] * s.scale, true, L);
+            ds = softmax_rule::score_gradient(p, dpt[nt][i], Di[nt][i % 2]) * s.scale;
+          }
+          st_[nt][i] = p, dpt[nt][i] = ds;
+        }
+      product_wz<M, D, 1, NT>(dv_tiles, st_tiles, smem, st + T::kStreamed, stride, s.d, lane);
+      product_wz<M, D, 1, NT>(dk_tiles, dpt_tiles, smem, st, stride, s.d, lane);
+    }
+    __syncthreads();
+  }
+  const float one[2] = {1.f, 1.f};
+  if (dk) store_acc<D>(dk + static_cast<int64_t>(bh) * s.N * s.d, dk_acc, j0 + row0, s.N, one, true, s.d, lane);
+  if (dv) store_acc<D>(dv + static_cast<int64_t>(bh) * s.N * s.d, dv_acc, j0 + row0, s.N, one, true, s.d, lane);
+}
+
+// ---------------------------------------------------------------- BF16 copies
+// dst: rows × width BF16 (width = d rounded up to 8, zeros past d), from src: rows × d FP32.
+__global__ void to_bf16_rows_kernel(uint16_t* dst, const float* src, int64_t rows, int d, int width) {
+  CAST_KERNEL_LOOP(i, rows * width) {
+    const int64_t r = i / width;
+    const int c = static_cast<int>(i % width);
+    dst[i] = c < d ? tc::to_bf16(src[r * d + c]) : uint16_t{0};
+  }
+}
+
+// ---------------------------------------------------------------- host side
+// Tile shapes. A block owns 64 rows (128 in the forward at 32 rows per warp) and streams tiles
+// of 32, 64 or 128 rows (128 in the forward at widths up to 64 only: the backward's two score
+// tiles of 128 columns would not fit the registers). The defaults are each kernel's fastest in
+// `cast bench flash --stream-rows 32,64,128` on an H200 (bench/RESULTS.md, "Tensor cores");
+// set_flash_stream_rows and set_flash_warp_rows override them for the benchmarks.
+int g_stream_rows = 0;
+int g_warp_rows = 0;  // the forward's rows per warp: 0 the default, 16 or 32
+
+// Each kernel's fastest tiles at N 1024, 4096 and 16384 (the same choice at all three, within 1%
+// where they differ), from bench/gpu_runs/2026-11-26-h200-tensor-core-2.md.
+struct DefaultTiles {
+  int warp_rows, forward_rows, backward_rows;
+};
+DefaultTiles default_tiles(FlashKernel kernel, int D) {
+  const int w = D == 32 ? 0 : D == 64 ? 1 : 2;
+  static const DefaultTiles bf16[3] = {{32, 32, 32}, {16, 64, 32}, {32, 64, 64}};
+  static const DefaultTiles tf32[3] = {{32, 32, 32}, {32, 64, 32}, {16, 32, 64}};
+  static const DefaultTiles tf32x3[3] = {{16, 64, 32}, {16, 32, 32}, {16, 32, 32}};
+  return kernel == FlashKernel::bf16 ? bf16[w] : kernel == FlashKernel::tf32 ? tf32[w] : tf32x3[w];
+}
+
+int default_stream_rows(FlashKernel kernel, int D, bool forward) {
+  const DefaultTiles t = default_tiles(kernel, D);
+  return forward ? t.forward_rows : t.backward_rows;
+}
+
+int forward_warp_rows(FlashKernel kernel, int D) {
+  return g_warp_rows ? g_warp_rows : default_tiles(kernel, D).warp_rows;
+}
+
+// The most dynamic shared memory a block of this GPU may opt in to (227 KiB on sm_90, 163 KiB
+// on sm_80).
+size_t shared_limit() {
+  static const size_t limit = [] {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return size_t{48 * 1024};
+    return static_cast<size_t>(prop.sharedMemPerBlockOptin);
+  }();
+  return limit;
+}
+
+int stream_rows(FlashKernel kernel, int D, bool forward) {
+  const int want = g_stream_rows ? g_stream_rows : default_stream_rows(kernel, D, forward);
+  const int rows = want == 32 ? 32 : want == 128 && forward && D <= 64 ? 128 : 64;
+  // the largest tiles (FP32 operands at width 128, or 128 streamed rows) outgrow sm_80's shared
+  // memory: 32 rows there
+  const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, stride = D + 16 / elem;
+  const size_t owned_rows = forward ? kWarps * static_cast<size_t>(forward_warp_rows(kernel, D)) : 2 * kBlockRows;
+  const size_t bytes = (owned_rows + 4 * static_cast<size_t>(rows)) * stride * elem;
+  return bytes > shared_limit() ? 32 : rows;
+}
+
+template <class M>
+constexpr FlashKernel kernel_of() {
+  return std::is_same_v<M, Bf16Math> ? FlashKernel::bf16 : std::is_same_v<M, Tf32Math> ? FlashKernel::tf32
+                                                                                        : FlashKernel::tf32x3;
+}
+
+template <class M, int D, class Fn>
+void with_stream_rows(bool forward, Fn&& fn) {
+  const int rows = stream_rows(kernel_of<M>(), D, forward);
+  if (rows == 32) fn(std::integral_constant<int, 32>{});
+  else if constexpr (D <= 64) {
+    if (rows == 128) fn(std::integral_constant<int, 128>{});
+    else fn(std::integral_constant<int, 64>{});
+  } else {
+    fn(std::integral_constant<int, 64>{});
+  }
+}
+
+template <class Fn>
+void with_width(int d, Fn&& fn) {
+  if (d <= 32) fn(std::integral_constant<int, 32>{});
+  else if (d <= 64) fn(std::integral_constant<int, 64>{});
+  else fn(std::integral_constant<int, 128>{});
+}
+
+template <class... Params, class... Args>
+void launch_tc(const char* name, void (*kernel)(Params...), dim3 grid, size_t bytes, Args&&... args) {
+  if (bytes > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  launch_kernel(name, kernel, grid, dim3(kBlock), bytes, std::forward<Args>(args)...);
+  CUDA_CHECK_LAUNCH();
+}
+
+dim3 grid_for(int rows, int64_t batch_heads, int block_rows = kBlockRows) {
+  return dim3(static_cast<unsigned>((rows + block_rows - 1) / block_rows), static_cast<unsigned>(batch_heads));
+}
+
+// The operand tensors of one call in the kernel's element type: BF16 copies, or the FP32 tensors.
+template <class M>
+struct Operands {
+  std::vector<Tensor> copies;  // BF16 copies, kept alive for the launch
+  const typename M::Elem* of(const Tensor& x, int width) {
+    if constexpr (std::is_same_v<typename M::Elem, float>) {
+      (void)width;
+      return x.data<float>();
+    } else {
+      const int64_t rows = x.numel() / x.dim(-1), n = rows * width;
+      Tensor c = Tensor::empty({(n + 1) / 2}, DType::i32, Device::cuda);  // BF16 pairs in 32-bit words
+      auto* dst = reinterpret_cast<uint16_t*>(c.data<int32_t>());
+      CAST_LAUNCH(to_bf16_rows_kernel, blocks_for(n), kThreads, 0, dst, x.data<float>(), rows,
+                  static_cast<int>(x.dim(-1)), width);
+      CUDA_CHECK_LAUNCH();
+      copies.push_back(c);
+      return dst;
+    }
+  }
+};
+
+template <class M>
+TcShape tc_shape(const Tensor& q, const Tensor& k) {
+  const int d = static_cast<int>(q.dim(3));
+  const int width = std::is_same_v<typename M::Elem, float> ? d : (d + 7) / 8 * 8;
+  return TcShape{static_cast<int>(q.dim(1)), static_cast<int>(q.dim(2)), static_cast<int>(k.dim(2)), d, width,
+                 1.f / std::sqrt(static_cast<float>(d))};
+}
+
+template <class M>
+void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  const TcShape s = tc_shape<M>(q, k);
+  const int64_t BH = q.dim(0) * q.dim(1);
+  Operands<M> ops;
+  const auto *qe = ops.of(q, s.width), *ke = ops.of(k, s.width), *ve = ops.of(v, s.width);
+  with_width(s.d, [&](auto w) {
+    constexpr int D = decltype(w)::value;
+    with_stream_rows<M, D>(true, [&](auto rows) {
+      const auto launch = [&](auto warp_tiles) {
+        using T = TcTile<M, D, decltype(rows)::value, decltype(warp_tiles)::value>;
+        launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, BH, T::kOwnedRows),
+                  T::elements(1) * sizeof(typename M::Elem), out.data<float>(), lse.data<float>(), qe, ke, ve,
+                  mask.defined() ? mask.data<float>() : nullptr, s);
+      };
+      // 32 rows per warp hold twice the accumulators: not with the split TF32 operands or
+      // 128-row streamed tiles, where ptxas would spill
+      constexpr bool two_fit = !std::is_same_v<M, Tf32x3Math> && decltype(rows)::value <= 64;
+      if constexpr (two_fit) {
+        if (forward_warp_rows(kernel_of<M>(), D) == 32) return launch(std::integral_constant<int, 2>{});
+      }
+      launch(std::integral_constant<int, 1>{});
+    });
+  });
+}
+
+template <class M>
+void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                   const Tensor& v, const Tensor& mask, const Tensor& lse, const Tensor& delta) {
+  const TcShape s = tc_shape<M>(q, k);
+  const int64_t BH = q.dim(0) * q.dim(1);
+  Operands<M> ops;
+  const auto *qe = ops.of(q, s.width), *ke = ops.of(k, s.width), *ve = ops.of(v, s.width);
+  const auto* ge = ops.of(dout, s.width);
+  const float* m = mask.defined() ? mask.data<float>() : nullptr;
+  with_width(s.d, [&](auto w) {
+    constexpr int D = decltype(w)::value;
+    with_stream_rows<M, D>(false, [&](auto rows) {
+      using T = TcTile<M, D, decltype(rows)::value == 128 ? 64 : decltype(rows)::value>;
+      const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
+      if (dq)
+        launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, BH), bytes, dq->data<float>(), ge,
+                  qe, ke, ve, m, lse.data<float>(), delta.data<float>(), s);
+      if (dk || dv)
+        launch_tc("flash_tc_dkdv_kernel", flash_tc_dkdv_kernel<M, T>, grid_for(s.N, BH), bytes,
+                  dk ? dk->data<float>() : nullptr, dv ? dv->data<float>() : nullptr, ge, qe, ke, ve, m,
+                  lse.data<float>(), delta.data<float>(), s);
+    });
+  });
+}
+
+template <class Fn>
+void with_math(FlashKernel kernel, Fn&& fn) {
+  switch (kernel) {
+    case FlashKernel::bf16: fn(Bf16Math{}); break;
+    case FlashKernel::tf32: fn(Tf32Math{}); break;
+    case FlashKernel::tf32x3: fn(Tf32x3Math{}); break;
+    default: CAST_CHECK(false, "flash attention: kernel {} is not a tensor-core kernel", flash_kernel_name(kernel));
+  }
+}
+
+}  // namespace
+
+void flash_tc_forward(FlashKernel kernel, Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& mask) {
+  with_math(kernel, [&](auto math) { forward_with<decltype(math)>(out, lse, q, k, v, mask); });
+}
+
+void flash_tc_backward(FlashKernel kernel, Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const Tensor& q,
+                       const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& lse, const Tensor& delta) {
+  with_math(kernel, [&](auto math) { backward_with<decltype(math)>(dq, dk, dv, dout, q, k, v, mask, lse, delta); });
+}
+
+void set_flash_stream_rows(int rows) {
+  CAST_CHECK(rows == 0 || rows == 32 || rows == 64 || rows == 128, "flash attention: streamed tiles of {} rows "
+             "(0: the defaults, or 32, 64, 128)", rows);
+  g_stream_rows = rows;
+}
+
+void set_flash_warp_rows(int rows) {
+  CAST_CHECK(rows == 0 || rows == 16 || rows == 32, "flash attention: {} rows per warp (0: the default, or 16, 32)",
+             rows);
+  g_warp_rows = rows;
+}
+
+int flash_warp_rows(FlashKernel kernel, int d) {
+  const int D = d <= 32 ? 32 : d <= 64 ? 64 : 128;
+  const bool two_fit =
+      kernel != FlashKernel::tf32x3 && kernel != FlashKernel::fma && stream_rows(kernel, D, true) <= 64;
+  return two_fit ? forward_warp_rows(kernel, D) : 16;
+}
+
+int flash_stream_rows(FlashKernel kernel, int d, bool forward) {
+  return stream_rows(kernel, d <= 32 ? 32 : d <= 64 ? 64 : 128, forward);
+}
+
+std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
+  std::vector<KernelLaunchShape> shapes;
+  const auto add = [&](auto math, const char* math_name) {
+    using M = decltype(math);
+    for (int d : {32, 64, 128})
+      with_width(d, [&](auto w) {
+        constexpr int D = decltype(w)::value;
+        using F = TcTile<M, D, D == 128 ? 32 : 64>;
+        using B = F;
+        const std::string f = fmt::format("<{}, TcTile<{}, {}, {}, 1>>", math_name, math_name, D, F::kStream);
+        const std::string bw = fmt::format("<{}, TcTile<{}, {}, {}, 1>>", math_name, math_name, D, B::kStream);
+        shapes.push_back({"flash_tc_forward_kernel" + f, kBlock, F::elements(1) * sizeof(typename M::Elem)});
+        shapes.push_back({"flash_tc_dq_kernel" + bw, kBlock, B::elements(2) * sizeof(typename M::Elem)});
+        shapes.push_back({"flash_tc_dkdv_kernel" + bw, kBlock, B::elements(2) * sizeof(typename M::Elem)});
+      });
+  };
+  add(Bf16Math{}, "Bf16Math");
+  add(Tf32Math{}, "Tf32MathT<false>");
+  add(Tf32x3Math{}, "Tf32MathT<true>");
+  return shapes;
+}
+
+}  // namespace cast::cuda

@@ -1,0 +1,206 @@
+// Pathfinder / Path-X: a contour-image generator in the release layout and its loader.
+// Each image holds two target snakes and shorter distractor snakes made of short line
+// segments ("paddles") that turn by small angles, plus two round markers: on the two ends of
+// one snake (label 1) or on ends of different snakes (label 0). Drawn at twice the size and
+// averaged 2×2 down, which antialiases the strokes.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "tensor/files.h"
+#include "tensor/philox.h"
+#include "datasets/data.h"
+#include "figures/png.h"
+
+namespace cast::data {
+
+namespace fs = std::filesystem;
+
+PathfinderSpec PathfinderSpec::pathfinder32() { return PathfinderSpec{}; }
+
+// Path-X: the same contours on a 128 × 128 image (16384 tokens); paddles scale with the image,
+// and the target snakes are longer (18 paddles: about the image's width end to end).
+PathfinderSpec PathfinderSpec::pathx128() {
+  PathfinderSpec s;
+  s.side = 128;
+  s.contour_length = 18;
+  s.distractors = 12;
+  return s;
+}
+
+namespace {
+
+using Rng = philox::Stream;
+
+struct Point {
+  double x, y;
+};
+
+struct Canvas {
+  int side;  // drawing resolution (2× the image)
+  std::vector<double> ink;
+  explicit Canvas(int s) : side(s), ink(static_cast<size_t>(s) * s, 0.0) {}
+  void disc(double cx, double cy, double r) {
+    for (int y = std::max(0, int(cy - r - 1)); y <= std::min(side - 1, int(cy + r + 1)); ++y)
+      for (int x = std::max(0, int(cx - r - 1)); x <= std::min(side - 1, int(cx + r + 1)); ++x)
+        if ((x + 0.5 - cx) * (x + 0.5 - cx) + (y + 0.5 - cy) * (y + 0.5 - cy) <= r * r) ink[y * side + x] = 1.0;
+  }
+  void segment(Point a, Point b, double half_width) {
+    const int steps = std::max(2, int(std::hypot(b.x - a.x, b.y - a.y) * 2));
+    for (int i = 0; i <= steps; ++i) disc(a.x + (b.x - a.x) * i / steps, a.y + (b.y - a.y) * i / steps, half_width);
+  }
+};
+
+// A snake of `paddles` segments with small random turns between them; returns its two end
+// points. A paddle that would leave the canvas steers instead: the turn sweeps wider to either
+// side until the paddle stays inside, so a snake of any length fits (it coils, as the long
+// contours of Path-X do). Returns false only if no direction fits, which a point inside the
+// margin cannot meet.
+bool draw_snake(Canvas& c, Rng& rng, int paddles, double paddle_len, double gap, Point& head, Point& tail, bool draw) {
+  const double margin = 3;
+  auto inside = [&](Point q) {
+    return q.x >= margin && q.y >= margin && q.x <= c.side - margin && q.y <= c.side - margin;
+  };
+  // start in the middle 70% of the canvas, so long snakes meet the border less often
+  Point p{c.side * (0.15 + 0.7 * rng.uniform()), c.side * (0.15 + 0.7 * rng.uniform())};
+  double angle = rng.uniform() * 2 * 3.14159265358979;
+  std::vector<std::pair<Point, Point>> parts;
+  head = p;
+  for (int i = 0; i < paddles; ++i) {
+    double a = angle + (rng.uniform() - 0.5) * 0.9;  // continuity: small turns between paddles
+    bool fits = false;
+    Point q{};
+    for (int k = 0; k < 26 && !fits; ++k) {  // a, a+0.27, a−0.27, a+0.54, ... around the circle
+      q = {p.x + std::cos(a) * paddle_len, p.y + std::sin(a) * paddle_len};
+      fits = inside(q) && inside({q.x + std::cos(a) * gap, q.y + std::sin(a) * gap});
+      if (!fits) a += (k % 2 == 0 ? 1 : -1) * 0.27 * (k + 1);
+    }
+    if (!fits) return false;
+    angle = a;
+    parts.push_back({p, q});
+    p = {q.x + std::cos(angle) * gap, q.y + std::sin(angle) * gap};
+  }
+  tail = parts.back().second;
+  if (draw)
+    for (auto& [a, b] : parts) c.segment(a, b, 0.5);
+  return true;
+}
+// Every two of the snake ends (where markers may go) at least `d` apart, so neither label can
+// be read off two markers that touch.
+bool ends_apart(std::initializer_list<Point> ends, double d) {
+  for (auto i = ends.begin(); i != ends.end(); ++i)
+    for (auto j = i + 1; j != ends.end(); ++j)
+      if (std::hypot(i->x - j->x, i->y - j->y) <= d) return false;
+  return true;
+}
+
+}  // namespace
+
+void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed) {
+  files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
+  files::make_writable_folder(dir + "/metadata", "Pathfinder folder");
+  const int hi = spec.side * 2;
+  const double scale = spec.side / 32.0;
+  const double paddle_len = 2.0 * 2 * scale * 0.9, gap = 1.2 * scale;
+  std::ostringstream meta;
+  for (int64_t i = 0; i < spec.count; ++i) {
+    Rng rng{seed * 1000003 + static_cast<uint64_t>(i)};
+    const int label = rng.uniform() < 0.5 ? 1 : 0;
+    Canvas c(hi);
+    Point a0, a1, b0, b1, d0, d1;
+    for (int tries = 0;; ++tries) {
+      Rng attempt = rng;
+      Canvas trial(hi);
+      if (draw_snake(trial, attempt, spec.contour_length, paddle_len, gap, a0, a1, true) &&
+          draw_snake(trial, attempt, spec.contour_length, paddle_len, gap, b0, b1, true) &&
+          ends_apart({a0, a1, b0, b1}, 7 * scale)) {
+        c = trial;
+        rng = attempt;
+        break;
+      }
+      rng.counter += 1000;
+      CAST_CHECK(tries < 10000, "pathfinder: could not place the snakes on a {}x{} image", spec.side, spec.side);
+    }
+    for (int k = 0; k < spec.distractors; ++k)
+      for (int tries = 0; tries < 50; ++tries)
+        if (draw_snake(c, rng, std::max(1, spec.contour_length / 3), paddle_len, gap, d0, d1, true)) break;
+    const double r = 1.5 * 2 * scale;
+    c.disc(a0.x, a0.y, r);
+    if (label == 1) c.disc(a1.x, a1.y, r);
+    else c.disc(b1.x, b1.y, r);
+    png::Image img{spec.side, spec.side, 1, std::vector<uint8_t>(static_cast<size_t>(spec.side) * spec.side)};
+    for (int y = 0; y < spec.side; ++y)
+      for (int x = 0; x < spec.side; ++x) {
+        double s = c.ink[(2 * y) * hi + 2 * x] + c.ink[(2 * y) * hi + 2 * x + 1] + c.ink[(2 * y + 1) * hi + 2 * x] +
+                   c.ink[(2 * y + 1) * hi + 2 * x + 1];
+        img.pixels[y * spec.side + x] = static_cast<uint8_t>(std::lround(255.0 * s / 4));
+      }
+    png::write(fmt::format("{}/imgs/0/sample_{}.png", dir, i), img, files::Link::refuse);
+    meta << "imgs/0 sample_" << i << ".png " << i << ' ' << label << '\n';
+  }
+  files::write_atomic(dir + "/metadata/0.npy", meta.str(), "Pathfinder metadata", files::Link::refuse);
+}
+
+// The image a metadata line names, which must lie inside the data folder: a relative path with no
+// '..', and no link inside leading out of the folder.
+static std::string image_inside(const std::string& dir, const std::string& subdir, const std::string& file,
+                                const std::string& where) {
+  const fs::path rel = fs::path(subdir) / file;
+  bool up = false;
+  for (const auto& part : rel) up = up || part == "..";
+  CAST_CHECK(!rel.is_absolute() && !up, "{}: image path '{}' leaves the data folder {}", where, rel.string(), dir);
+  const std::string path = (fs::path(dir) / rel).string();
+  std::error_code real_ec, root_ec;  // a path that cannot be resolved (a link loop) is refused when read
+  const fs::path real = fs::weakly_canonical(path, real_ec), root = fs::weakly_canonical(dir, root_ec);
+  if (real_ec || root_ec) return path;
+  const auto mismatch = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
+  CAST_CHECK(mismatch.first == root.end(), "{}: image path '{}' leads out of the data folder {} (through a link)",
+             where, rel.string(), dir);
+  return path;
+}
+
+TaskData load_pathfinder(const std::string& dir) {
+  files::require_folder(dir, "Pathfinder data folder");
+  const std::string meta_dir = dir + "/metadata";
+  files::require_folder(meta_dir, "Pathfinder metadata folder (generate the data with `cast data pathfinder`)");
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(meta_dir))
+    if (e.path().extension() == ".npy") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  CAST_CHECK(!files.empty(), "{}: no metadata files", meta_dir);
+  std::vector<Example> all;
+  int side = 0;
+  for (const std::string& f : files)
+    for_each_line(f, "pathfinder metadata", [&](const std::string& line, const std::string& where) {
+      std::istringstream fields(line);
+      std::vector<std::string> cols;
+      for (std::string w; fields >> w;) cols.push_back(w);
+      CAST_CHECK(cols.size() >= 4, "{}: expected at least 4 fields (subdir file idx label), got {}", where,
+                 cols.size());
+      CAST_CHECK(cols[3] == "0" || cols[3] == "1", "{}: label '{}' is not 0 or 1", where, cols[3]);
+      png::Image img = png::read_gray(image_inside(dir, cols[0], cols[1], where));
+      CAST_CHECK(img.width == img.height, "{}: image {}x{} is not square", where, img.width, img.height);
+      if (side == 0) side = img.width;
+      CAST_CHECK(img.width == side, "{}: image is {} wide, earlier ones {}", where, img.width, side);
+      Example e;
+      e.label = cols[3][0] - '0';
+      e.tokens.assign(img.pixels.begin(), img.pixels.end());
+      all.push_back(std::move(e));
+    });
+  CAST_CHECK(all.size() >= 3, "{}: fewer than 3 images", dir);
+  TaskData t;
+  t.name = side > 32 ? "pathx" : "pathfinder";
+  t.vocab = 256;
+  t.classes = 2;
+  t.max_len = static_cast<int64_t>(side) * side;
+  t.fixed_length = true;
+  t.image_side = side;
+  const size_t n_train = all.size() * 8 / 10, n_val = all.size() / 10;
+  t.train.assign(all.begin(), all.begin() + n_train);
+  t.val.assign(all.begin() + n_train, all.begin() + n_train + n_val);
+  t.test.assign(all.begin() + n_train + n_val, all.end());
+  return t;
+}
+
+}  // namespace cast::data

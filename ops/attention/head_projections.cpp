@@ -1,0 +1,158 @@
+#include "ops/attention/head_projections.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "autograd/tape.h"
+#include "ops/dispatch.h"
+#include "ops/layout.h"
+#include "ops/matmul.h"
+
+namespace cast::ops {
+
+namespace {
+
+const std::vector<int> kSplit = {0, 2, 1, 3};  // (B, N, H, d) <-> (B, H, N, d), its own inverse
+
+Tensor like(const Shape& shape, const Tensor& t) { return Tensor::empty(shape, t.dtype(), t.device()); }
+
+// c = op(a) op(b) + beta c, a's leading dims folded into rows (b is 2-D)
+void product(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, double beta) {
+  gemm(c, a, b, ta, tb, 1.0, beta, matmul_shape(a, b, ta, tb));
+}
+
+// (B, H, N, d) -> a new (B·N, H·d) in token-major order, and back (added or written)
+Tensor tokens_major(const Tensor& heads) {
+  const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3);
+  Tensor rows = like({B, N, H, d}, heads);
+  permute_forward(rows, heads, kSplit);
+  return rows.view({B * N, H * d});
+}
+// Rows [r0, r0 + n) of tokens_major(heads) into rows (n, H·d), on the CPU.
+void gather_token_rows(Tensor& rows, const Tensor& heads, int64_t r0) {
+  const int64_t H = heads.dim(1), N = heads.dim(2), d = heads.dim(3), n = rows.dim(0);
+  CAST_DISPATCH_FLOAT(heads.dtype(), "project_heads", [&] {
+    const T* src = heads.data<T>();
+    T* dst = rows.data<T>();
+    CAST_OMP("omp parallel for if (n * H * d >= (1 << 16))")
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t b = (r0 + r) / N, i = (r0 + r) % N;
+      for (int64_t h = 0; h < H; ++h) std::copy_n(src + ((b * H + h) * N + i) * d, d, dst + (r * H + h) * d);
+    }
+  });
+}
+// A chunk of at least this many rows keeps the products at the BLAS's rate; of at most this
+// many elements (1 MiB of f32), unless a row is wider.
+constexpr int64_t kMinChunkRows = 256, kChunkElements = int64_t(1) << 18;
+
+void to_heads(Tensor& heads, const Tensor& rows, bool accumulate) {
+  const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3);
+  permute_forward(heads, rows.view({B, N, H, d}), kSplit, accumulate);
+}
+
+struct ProjectHeadsNode final : autograd::Node {
+  Tensor x, w;  // inputs (B, N, D), (D, H·d)
+  const char* name() const override { return "project_heads"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("x", x);
+    visit.input("w", w);
+  }
+  // The gradient dY is needed token-major, (B·N, H·d). This backward runs while the gradients of
+  // all three projections are alive (the layer's peak), so the CPU lays dY out a chunk of rows at
+  // a time rather than as a second whole copy; CUDA permutes it whole.
+  void backward() override {
+    const Tensor& dheads = outputs[0].grad();  // (B, H, N, d)
+    const int64_t rows = x.dim(0) * x.dim(1), width = w.dim(1);
+    const Tensor x2 = x.view({rows, x.dim(2)});
+    const bool on_cpu = dheads.device() == Device::cpu;
+    const int64_t chunk = on_cpu ? std::min(rows, std::max(kMinChunkRows, kChunkElements / width)) : rows;
+    Tensor buffer = on_cpu ? like({chunk, width}, dheads) : tokens_major(dheads);
+    bool x_fresh = false, w_fresh = false;  // a first gradient is written by the product, not added to zeros
+    Tensor dx = x.requires_grad() ? x.grad_buffer(&x_fresh).view(x2.shape()) : Tensor();
+    Tensor dw = w.requires_grad() ? w.grad_buffer(&w_fresh) : Tensor();
+    if (rows == 0 && w_fresh) dw.fill_zero();  // no chunk writes it: a sum of no products
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
+      Tensor dy = buffer.narrow0(0, n);  // token-major rows [r0, r0 + n)
+      if (on_cpu) gather_token_rows(dy, dheads, r0);
+      if (dx.defined()) {
+        Tensor dx_rows = dx.narrow0(r0, n);
+        product(dx_rows, dy, w, false, true, x_fresh ? 0.0 : 1.0);  // dX = dY Wᵀ
+      }
+      if (dw.defined()) product(dw, x2.narrow0(r0, n), dy, true, false, w_fresh && r0 == 0 ? 0.0 : 1.0);  // += Xᵀ dY
+    }
+  }
+};
+
+struct MergeHeadsProjectNode final : autograd::Node {
+  Tensor heads, w;  // inputs (B, H, N, d), (H·d, E)
+  const char* name() const override { return "merge_heads_project"; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("heads", heads);
+    visit.input("w", w);
+  }
+  void backward() override {
+    const Tensor& dout = outputs[0].grad();  // (B, N, E)
+    const Tensor dout2 = dout.view({dout.dim(0) * dout.dim(1), dout.dim(2)});
+    bool fresh = false;
+    if (w.requires_grad()) {  // dW = Xᵀ dO, the heads in token-major order again
+      Tensor dw = w.grad_buffer(&fresh);
+      product(dw, tokens_major(heads), dout2, true, false, fresh ? 0.0 : 1.0);
+    }
+    if (heads.requires_grad()) {  // dHeads = dO Wᵀ, split into heads
+      Tensor rows = like({dout2.dim(0), w.dim(0)}, dout);
+      product(rows, dout2, w, false, true, 0.0);
+      Tensor dh = heads.grad_buffer(&fresh);
+      to_heads(dh, rows, /*accumulate=*/!fresh);
+    }
+  }
+};
+
+// The checks both ops make: a float input of `ndim` dims and a 2-D w, on one device and dtype.
+void check_operands(const char* op, const Tensor& in, const char* name, int ndim, const Tensor& w) {
+  check_float(op, in, name);
+  check_ndim(op, in, ndim, name);
+  check_ndim(op, w, 2, "w");
+  check_same_dtype(op, in, w);
+  check_same_device(op, in, w);
+}
+
+}  // namespace
+
+Tensor project_heads(const Tensor& x, const Tensor& w, int64_t heads) {
+  const char* op = "project_heads";
+  check_operands(op, x, "x", 3, w);
+  CAST_CHECK(heads > 0 && w.dim(0) == x.dim(2) && w.dim(1) % heads == 0,
+             "{}: w {} must be [{}, a multiple of the {} heads]", op, w.describe(), x.dim(2), heads);
+  const int64_t B = x.dim(0), N = x.dim(1), d = w.dim(1) / heads;
+  Tensor y = like({B * N, w.dim(1)}, x);  // the product, a temporary
+  product(y, x.view({B * N, x.dim(2)}), w, false, false, 0.0);
+  Tensor out = like({B, heads, N, d}, x);
+  to_heads(out, y, /*accumulate=*/false);
+  if (autograd::needs_grad({&x, &w})) {
+    auto node = std::make_unique<ProjectHeadsNode>();
+    node->x = x, node->w = w;
+    node->outputs = {out};
+    autograd::record(std::move(node));
+  }
+  return out;
+}
+
+Tensor merge_heads_project(const Tensor& heads, const Tensor& w) {
+  const char* op = "merge_heads_project";
+  check_operands(op, heads, "heads", 4, w);
+  const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3);
+  CAST_CHECK(w.dim(0) == H * d, "{}: w {} must have {} rows (heads {} × width {})", op, w.describe(), H * d, H, d);
+  Tensor out = like({B, N, w.dim(1)}, heads);
+  Tensor out2 = out.view({B * N, w.dim(1)});
+  product(out2, tokens_major(heads), w, false, false, 0.0);
+  if (autograd::needs_grad({&heads, &w})) {
+    auto node = std::make_unique<MergeHeadsProjectNode>();
+    node->heads = heads, node->w = w;
+    node->outputs = {out};
+    autograd::record(std::move(node));
+  }
+  return out;
+}
+
+}  // namespace cast::ops
