@@ -62,9 +62,9 @@ RACE_FILTER='CudaVsCpuAttention.FlashAttention:CudaVsCpuAttention.ImprovedCluste
 REAL_FILTERS="$GPU_FILTER $MEMCHECK_FILTER $RACE_FILTER"
 if [ $dry = 1 ]; then
   build_dir="$dry_build" cast="$dry_build/cast_emu" tests="$dry_build/cast_emu_tests"
-  lengths=64 text_length=32 text_batch=1 repeats=1 warmup=0 steps=2 train_batch=2 rounds=1 eval_limit=4
+  lengths=64 text_length=8 text_batch=1 repeats=1 warmup=0 steps=2 train_batch=2 rounds=1 eval_limit=4
   train_mechanisms=full flash_lengths=64 flash_widths=32 flash_tokens=128 flash_check=24 flash_rows=0 flash_warp=0 precisions=bf16
-  parity_steps=2 parity_seeds=1
+  parity_steps=2 parity_seeds=1 data_count=200
   # The emulated kernels run thousands of times slower, on a machine the other tests share: a
   # small subset of each filter runs (the real filters are checked to match tests, in the tests
   # stage), the training-step benchmark times full attention alone, and every budget is five
@@ -82,6 +82,7 @@ else
   lengths=1024,4096 text_length=4096 text_batch=32 repeats=5 warmup=2 steps=300 train_batch=32 rounds=3 eval_limit=0
   train_mechanisms=full,cast-topk,clustered,iclustered flash_lengths=1024,4096,16384 flash_widths=32,64,128
   flash_tokens=65536 flash_check=1024 flash_rows=32,64 flash_warp=16,32 precisions=fp32,tf32,bf16 parity_steps=1200 parity_seeds=1,2,3
+  data_count=0  # cast data's default
   sanitizer() { compute-sanitizer --tool "$2" --error-exitcode 1 "${@:3}"; }
 fi
 
@@ -242,7 +243,7 @@ pytorch_stage() {
 
 train_stage() {
   local run="$scratch/run"
-  "$cast" data --task listops-short --out "$scratch/listops-short" > "$scratch/train_run.txt" 2>&1 || { cat "$scratch/train_run.txt" >&2; return 1; }
+  "$cast" data --task listops-short --count "$data_count" --out "$scratch/listops-short" > "$scratch/train_run.txt" 2>&1 || { cat "$scratch/train_run.txt" >&2; return 1; }
   "$cast" train --task listops-short --attention cast --device cuda --steps "$steps" --batch "$train_batch" \
     --log-every 25 --eval-limit "$eval_limit" --data "$scratch/listops-short" --run "$run" >> "$scratch/train_run.txt" 2>&1 || { tail -n 20 "$scratch/train_run.txt" >&2; return 1; }
   cp "$run/metrics.jsonl" "$METRICS" && cp "$run/curves.svg" "$CURVES" || return 1
@@ -278,9 +279,9 @@ tensor_core_stage() {
 # Learning parity: the default task at fp32 and at bf16 from the same seeds.
 parity_stage() {
   local folder="$scratch/parity"
-  "$cast" data --task listops-short --out "$scratch/listops-short-parity" > "$scratch/parity.txt" 2>&1 || { cat "$scratch/parity.txt" >&2; return 1; }
+  "$cast" data --task listops-short --count "$data_count" --out "$scratch/listops-short-parity" > "$scratch/parity.txt" 2>&1 || { cat "$scratch/parity.txt" >&2; return 1; }
   "$cast" compare --task listops-short --attention cast --vary precision=fp32,bf16 --seeds "$parity_seeds" \
-    --device cuda --steps "$parity_steps" \
+    --device cuda --steps "$parity_steps" --batch "$train_batch" \
     --eval-limit "$eval_limit" --data "$scratch/listops-short-parity" --out "$folder" >> "$scratch/parity.txt" 2>&1 || { tail -n 20 "$scratch/parity.txt" >&2; return 1; }
   cat "$folder"/results*.md > "$scratch/parity.md" || return 1
   { echo; echo "Final losses (each run's last test and validation lines of metrics.jsonl):"
@@ -293,7 +294,7 @@ parity_stage() {
 # Each stage runs in its own bash under `timeout`: it sees these functions and settings.
 export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage profile_stage pytorch_stage train_stage \
   tensor_core_stage parity_stage
-export flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds
+export flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds data_count
 export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES
 # The kit's libraries are found at run time too (the build's RPATH names them as well).

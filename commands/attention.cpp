@@ -7,9 +7,11 @@
 #include "tensor/files.h"
 #include "figures/attention_figure.h"
 #include "train/checkpoint.h"
-#include "commands/cli.h"
+#include "train/cli.h"
 #include "train/run_folder.h"
 #include "commands/commands.h"
+
+#include "commands/attention_options.h"
 
 namespace cast {
 
@@ -25,9 +27,52 @@ std::vector<std::vector<double>> head_rows(const Tensor& weights, int64_t head, 
   return rows;
 }
 
-}  // namespace
+// What the checkpoint holds, checked before its weights and data are read: a one-text
+// full-attention model short enough to draw.
+nn::ModelConfig drawable_model(const std::string& checkpoint) {
+  const nn::ModelConfig m = train::read_checkpoint_header(checkpoint).config.model;
+  CAST_CHECK_USAGE(m.attention.mechanism == nn::Mechanism::full,
+                   "{}: a {} model; cast attention compares a full-attention model's weights with the approximations "
+                   "that reuse them",
+                   checkpoint, nn::mechanism_name(m.attention.mechanism));
+  CAST_CHECK_USAGE(!m.dual, "{}: a two-text model; cast attention draws one input", checkpoint);
+  constexpr int64_t kLongest = 4096;  // (N, N) weights per head and mechanism: hundreds of MiB beyond
+  CAST_CHECK_USAGE(m.tokens() <= kLongest, "{}: sequences of up to {} tokens; cast attention draws at most {}",
+                   checkpoint, m.tokens(), kLongest);
+  return m;
+}
 
-int command_attention(const std::vector<std::string>& argv) {
+// The panel of the mechanism whose weights are every.back(): its name, its drawn rows (the
+// CLS's weight is counted, not drawn) and the weight each query moved from full attention.
+void add_panel(train::AttentionPanels& panels, const std::vector<std::vector<std::vector<double>>>& every,
+               nn::Mechanism mechanism, int64_t C, int64_t top, int offset) {
+  panels.mechanisms.push_back(mechanism == nn::Mechanism::full        ? std::string("full (trained)")
+                              : mechanism == nn::Mechanism::clustered ? fmt::format("clustered, C {}", C)
+                                                                      : fmt::format("improved, C {}, top {}", C, top));
+  std::vector<std::vector<double>> chosen;
+  for (int64_t q : panels.queries) chosen.emplace_back(every.back()[q].begin() + offset, every.back()[q].end());
+  panels.rows.push_back(chosen);
+  std::vector<double> moved;  // over every key, the CLS's included
+  for (int64_t q : panels.queries) moved.push_back(train::total_variation(every.front()[q], every.back()[q]));
+  panels.moved.push_back(moved);
+}
+
+// Each approximation's weight moved from full attention, the mean over every query.
+void print_moved_weight(const train::AttentionPanels& panels,
+                        const std::vector<std::vector<std::vector<double>>>& every, int64_t tokens) {
+  for (size_t mi = 1; mi < every.size(); ++mi) {
+    double sum = 0;
+    for (int64_t q = 0; q < tokens; ++q) sum += train::total_variation(every[0][q], every[mi][q]);
+    fmt::print("  {:<28} {:.3f}\n", panels.mechanisms[mi], sum / static_cast<double>(tokens));
+  }
+}
+
+// The clustering of both approximations.
+constexpr std::initializer_list<cli::AttentionOption> kOptions = {
+    cli::AttentionOption::clusters, cli::AttentionOption::topk, cli::AttentionOption::bits,
+    cli::AttentionOption::iterations};
+
+cli::Args attention_args() {
   cli::Args args("attention",
                  "Draw where a few queries of one test input put their attention weight in a trained full-attention "
                  "model, and where clustered and improved clustered attention with the same weights put it (the "
@@ -39,31 +84,28 @@ int command_attention(const std::vector<std::string>& argv) {
       .option("layer", "1", "which layer (1 = first)")
       .option("head", "1", "which head (1 = first)")
       .option("queries", "", "token positions, comma-separated (default: four spread over the input)")
-      .option("clusters", "0", "clusters C of both approximations (0: ceil(sqrt(N)) rounded up to 8)")
-      .option("topk", "32", "improved clustered: keys per cluster")
-      .option("bits", "63", "LSH hash bits")
-      .option("iterations", "10", "Lloyd iterations")
-      .option("data", "", "data folder (default: the one the run used)")
-      .example("cast attention --checkpoint runs/fm-full/checkpoint.safetensors --clusters 8 --topk 8 --out att.svg");
+      .option("data", "", "data folder (default: the one the run used)");
+  cli::add_attention_options(args, kOptions);
+  args.example("cast attention --checkpoint runs/fm-full/checkpoint.safetensors --clusters 8 --topk 8 --out att.svg");
+  return args;
+}
+
+}  // namespace
+
+int command_attention(const std::vector<std::string>& argv) {
+  cli::Args args = attention_args();
   if (!args.parse(argv)) return 0;
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast attention --help)");
   train::check_figure_output(args.str("out"), "out", args.str("checkpoint"));
-  const int64_t index = args.integer("index", 0, INT64_MAX), clusters = args.integer("clusters", 0, 1 << 16);
-  const int64_t topk = args.integer("topk", 1, 1 << 22), bits = args.integer("bits", 1, 63);
-  const int64_t iterations = args.integer("iterations", 0, 100000);
+  const int64_t index = args.integer("index", 0, INT64_MAX);
+  nn::AttentionConfig approximation;  // both approximations' clustering
+  cli::read_attention_options(args, kOptions, approximation);
+  const int64_t clusters = approximation.clusters, topk = approximation.topk, bits = approximation.bits;
+  const int64_t iterations = approximation.iterations;
   const std::vector<int64_t> asked = args.str("queries").empty()
                                          ? std::vector<int64_t>{}
                                          : cli::comma_integers("queries", args.str("queries"), 0, INT64_MAX);
-  // what the checkpoint holds, checked before its weights and data are read
-  const nn::ModelConfig m = train::read_checkpoint_header(args.str("checkpoint")).config.model;
-  CAST_CHECK_USAGE(m.attention.mechanism == nn::Mechanism::full,
-                   "{}: a {} model; cast attention compares a full-attention model's weights with the approximations "
-                   "that reuse them",
-                   args.str("checkpoint"), nn::mechanism_name(m.attention.mechanism));
-  CAST_CHECK_USAGE(!m.dual, "{}: a two-text model; cast attention draws one input", args.str("checkpoint"));
-  constexpr int64_t kLongest = 4096;  // (N, N) weights per head and mechanism: hundreds of MiB beyond
-  CAST_CHECK_USAGE(m.tokens() <= kLongest, "{}: sequences of up to {} tokens; cast attention draws at most {}",
-                   args.str("checkpoint"), m.tokens(), kLongest);
+  const nn::ModelConfig m = drawable_model(args.str("checkpoint"));
   const int64_t layer = args.integer("layer", 1, m.layers), head = args.integer("head", 1, m.heads);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
   CAST_CHECK_USAGE(index < static_cast<int64_t>(run.task.test.size()), "--index {} outside the {} test examples", index,
@@ -95,16 +137,7 @@ int command_attention(const std::vector<std::string>& argv) {
     nn::Attention attention(a);
     for (auto& [name, w] : attention.parameters()) w.copy_from(block.attention->parameters().at(name));
     every.push_back(head_rows(attention.weights(block.attention_input, block.attention_mask), head - 1, offset));
-    panels.mechanisms.push_back(mechanism == nn::Mechanism::full ? std::string("full (trained)")
-                                : mechanism == nn::Mechanism::clustered
-                                    ? fmt::format("clustered, C {}", C)
-                                    : fmt::format("improved, C {}, top {}", C, std::min(topk, N)));
-    std::vector<std::vector<double>> chosen;  // the drawn keys: the CLS's weight is counted, not drawn
-    for (int64_t q : queries) chosen.emplace_back(every.back()[q].begin() + offset, every.back()[q].end());
-    panels.rows.push_back(chosen);
-    std::vector<double> moved;  // over every key, the CLS's included
-    for (int64_t q : queries) moved.push_back(train::total_variation(every.front()[q], every.back()[q]));
-    panels.moved.push_back(moved);
+    add_panel(panels, every, mechanism, C, std::min(topk, N), offset);
   }
   const int64_t side = run.task.image_side / m.patch;
   panels.columns = run.task.image_side > 0 ? side : 32;
@@ -119,11 +152,7 @@ int command_attention(const std::vector<std::string>& argv) {
       "cast attention: layer {}, head {}, test example {}: weight moved from full attention, mean over the {} "
       "queries\n",
       layer, head, index, tokens);
-  for (size_t mi = 1; mi < every.size(); ++mi) {
-    double sum = 0;
-    for (int64_t q = 0; q < tokens; ++q) sum += train::total_variation(every[0][q], every[mi][q]);
-    fmt::print("  {:<28} {:.3f}\n", panels.mechanisms[mi], sum / static_cast<double>(tokens));
-  }
+  print_moved_weight(panels, every, tokens);
   fmt::print("-> {}\n", args.str("out"));
   return 0;
 }

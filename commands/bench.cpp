@@ -3,6 +3,8 @@
 // forward+backward (device bytes from the caching allocator, or host bytes).
 #include "commands/commands.h"
 
+#include "commands/attention_options.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -19,7 +21,7 @@
 #include "ops/ops.h"
 #include "tensor/files.h"
 #include "tensor/precision.h"
-#include "commands/cli.h"
+#include "train/cli.h"
 #include "train/memory_estimate.h"
 #include "train/trace.h"
 #include "train/trainer.h"
@@ -166,7 +168,71 @@ std::string device_label(Device device) {
 }
 
 std::string precision_note() {
-  return current_precision() == Precision::fp32 ? "" : fmt::format(", precision {}", precision_name(current_precision()));
+  return current_precision() == Precision::fp32 ? ""
+                                                : fmt::format(", precision {}", precision_name(current_precision()));
+}
+
+struct LayerTimes {
+  int64_t n = 0;                      // the length N
+  std::vector<double> forward, both;  // ms of each timed forward, and of each forward and backward
+  double peak_mib = 0;                // of a forward and backward, above what was allocated before
+};
+
+// One attention layer on (B, N, D) normal inputs: `warmup` untimed forward and backward passes,
+// `repeats` timed forwards, then `repeats` timed forward and backward passes; with a trace, one
+// more warm pass traced under `label`.
+LayerTimes time_layer(const nn::AttentionConfig& c, int64_t B, int64_t N, Device device, int64_t warmup,
+                      int64_t repeats, train::Trace* trace, const std::string& label) {
+  nn::Attention layer(c, DType::f32, device);
+  Tensor x = Tensor::normal({B, N, c.dim}, 2, 0, 1.0, DType::f32, device).set_requires_grad();
+  Tensor dout = Tensor::normal({B, N, c.dim}, 3, 0, 1.0, DType::f32, device);
+  auto forward = [&] {
+    autograd::NoGradGuard no_grad;
+    layer.forward(x, Tensor());
+  };
+  auto both = [&] {
+    Tensor out = layer.forward(x, Tensor()).out;
+    autograd::backward(out, dout);
+    x.reset_grad();
+    for (auto& [name, p] : layer.parameters()) p.reset_grad();
+  };
+  for (int64_t i = 0; i < warmup; ++i) both();
+  LayerTimes r;
+  r.n = N;
+  for (int64_t i = 0; i < repeats; ++i) r.forward.push_back(time_once(device, forward));
+  train::reset_peak_memory(device);
+  const size_t base = train::peak_memory(device);
+  for (int64_t i = 0; i < repeats; ++i) r.both.push_back(time_once(device, both));
+  const size_t peak = train::peak_memory(device);
+  r.peak_mib = static_cast<double>(peak - std::min(base, peak)) / (1 << 20);
+  if (trace) {  // one more, warm, pass: where its time goes
+    trace->begin_pass(label, device);
+    both();
+    trace->end_pass();
+  }
+  return r;
+}
+
+void report_attention_row(const Variant& v, const nn::AttentionConfig& c, const LayerTimes& r, double estimate,
+                          int64_t B, Device device, JsonLines& json_out) {
+  const std::vector<double>&tf = r.forward, &tb = r.both;
+  const double peak_mib = r.peak_mib;
+  const int64_t D = c.dim, H = c.heads, N = r.n;
+  fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f} {:>14.1f}{}\n", v.name, N, median(tf), median(tb), peak_mib,
+             estimate / (1 << 20), trust_note(tb));
+  json_out.add({{"mechanism", v.name},
+                {"precision", precision_name(current_precision())},
+                {"n", N},
+                {"batch", B},
+                {"dim", D},
+                {"heads", H},
+                {"clusters", c.clusters},
+                {"cluster_size", c.cluster_size},
+                {"forward_ms", median(tf)},
+                {"forward_backward_ms", median(tb)},
+                {"peak_mib", peak_mib},
+                {"device", device_label(device)},
+                {"implementations", nn::step_implementations(c, device)}});
 }
 
 int bench_attention(const cli::Args& args, train::Trace* trace) {
@@ -183,8 +249,9 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   const std::vector<int64_t> ns = lengths(lens);
   // 0: the defaults, C = κ = ⌈√N⌉ rounded up to 8, so the work grows as N^1.5; fixed C and κ
   // (the CAST paper's O(αN) setting) make it linear in N
-  const int64_t clusters = bounded(args, "clusters", 0, 1 << 20),
-                cluster_size = bounded(args, "cluster-size", 0, 1 << 20);
+  nn::AttentionConfig sizes;
+  cli::read_attention_options(args, {cli::AttentionOption::clusters, cli::AttentionOption::cluster_size}, sizes);
+  const int64_t clusters = sizes.clusters, cluster_size = sizes.cluster_size;
   JsonLines json_out(args.str("json"));
   fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
              device_label(device), B, D, H, repeats, warmup, precision_note());
@@ -210,46 +277,8 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
       const nn::AttentionConfig c = layer_config(v, N);
       const double estimate = train::attention_layer_bytes(c, B, N, D, device == Device::cuda);
       try {
-        nn::Attention layer(c, DType::f32, device);
-        Tensor x = Tensor::normal({B, N, D}, 2, 0, 1.0, DType::f32, device).set_requires_grad();
-        Tensor dout = Tensor::normal({B, N, D}, 3, 0, 1.0, DType::f32, device);
-        auto forward = [&] {
-          autograd::NoGradGuard no_grad;
-          layer.forward(x, Tensor());
-        };
-        auto both = [&] {
-          Tensor out = layer.forward(x, Tensor()).out;
-          autograd::backward(out, dout);
-          x.reset_grad();
-          for (auto& [name, p] : layer.parameters()) p.reset_grad();
-        };
-        for (int64_t i = 0; i < warmup; ++i) both();
-        std::vector<double> tf, tb;
-        for (int64_t i = 0; i < repeats; ++i) tf.push_back(time_once(device, forward));
-        train::reset_peak_memory(device);
-        const size_t base = train::peak_memory(device);
-        for (int64_t i = 0; i < repeats; ++i) tb.push_back(time_once(device, both));
-        const double peak_mib =
-            static_cast<double>(train::peak_memory(device) - std::min(base, train::peak_memory(device))) / (1 << 20);
-        if (trace) {  // one more, warm, pass: where its time goes
-          trace->begin_pass(fmt::format("{} N {}", v.name, N), device);
-          both();
-          trace->end_pass();
-        }
-        fmt::print("{:<12} {:>6} {:>12.3f} {:>16.3f} {:>12.1f} {:>14.1f}{}\n", v.name, N, median(tf), median(tb),
-                   peak_mib, estimate / (1 << 20), trust_note(tb));
-        json_out.add({{"mechanism", v.name}, {"precision", precision_name(current_precision())},
-                      {"n", N},
-                      {"batch", B},
-                      {"dim", D},
-                      {"heads", H},
-                      {"clusters", c.clusters},
-                      {"cluster_size", c.cluster_size},
-                      {"forward_ms", median(tf)},
-                      {"forward_backward_ms", median(tb)},
-                      {"peak_mib", peak_mib},
-                      {"device", device_label(device)},
-                      {"implementations", nn::step_implementations(c, device)}});
+        const LayerTimes r = time_layer(c, B, N, device, warmup, repeats, trace, fmt::format("{} N {}", v.name, N));
+        report_attention_row(v, c, r, estimate, B, device, json_out);
       } catch (const Error& e) {
         autograd::clear_tape();
         if (trace) trace->abort_pass();
@@ -266,23 +295,107 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   return failed ? 1 : 0;  // a failed row is a failed benchmark
 }
 
+// The preset's model with the variant's attention at length N, one sequence per example.
+nn::ModelConfig bench_model(const train::TrainConfig& base, const Variant& v, int64_t N, bool reference) {
+  nn::ModelConfig m = base.model;
+  m.max_len = N;
+  m.attention = v.config;
+  m.attention.fused = !reference;
+  m.dual = false;  // the benchmark feeds one sequence per example
+  return m;
+}
+
+// B full-length sequences of token ids and their labels.
+nn::Batch bench_batch(const nn::ModelConfig& m, int64_t B, int64_t N, Device device) {
+  std::vector<int32_t> tok(B * N), labels(B);
+  for (int64_t i = 0; i < B * N; ++i) tok[i] = 1 + static_cast<int32_t>(i * 7919 % (m.vocab - 1));
+  for (int64_t b = 0; b < B; ++b) labels[b] = static_cast<int32_t>(b % m.classes);
+  nn::Batch batch;
+  batch.tokens = Tensor::from_vector<int32_t>(tok, {B, N}, device);
+  batch.mask = Tensor::full({B, N}, 1.0, DType::f32, device);
+  batch.labels = Tensor::from_vector<int32_t>(labels, {B}, device);
+  batch.host_labels = labels;
+  batch.real_tokens = B * N;
+  return batch;
+}
+
+struct StepTimes {
+  std::vector<double> times;  // ms of each timed step
+  double peak_mib = 0;        // above what was allocated before the timed steps
+  TransferCounts per_step;
+};
+
+// The trainer's own step (clipping, AdamW, statistics read back on log steps only), `warmup`
+// times untimed, then `steps` times timed; with a trace, one more warm step traced.
+StepTimes time_training_steps(nn::Transformer& model, const nn::Batch& batch, const train::TrainConfig& base,
+                              Device device, int64_t warmup, int64_t steps, train::Trace* trace, const Variant& v) {
+  nn::ParamList params = model.parameters();
+  std::vector<Tensor> mo, ve;
+  for (auto& [name, t] : params) {
+    mo.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
+    ve.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
+  }
+  const int64_t log_every = std::max<int64_t>(base.log_every, 1);
+  train::TrainingStep training(model, params, mo, ve, log_every);
+  int64_t t = 0;
+  auto step = [&] {
+    training.compute(batch, ++t);
+    training.update(train::AdamWStep{1e-4, 0.9, 0.98, 1e-9, 0.0, t}, base.weight_decay, base.clip);
+    if (t % log_every == 0) training.read();
+  };
+  for (int64_t i = 0; i < warmup; ++i) step();
+  train::reset_peak_memory(device);
+  const size_t base_bytes = train::peak_memory(device);
+  const TransferCounts before = transfer_counts(device);
+  StepTimes r;
+  for (int64_t i = 0; i < steps; ++i) r.times.push_back(time_once(device, step));
+  r.per_step = (transfer_counts(device) - before) / static_cast<double>(steps);
+  const size_t peak = train::peak_memory(device);
+  r.peak_mib = static_cast<double>(peak - std::min(base_bytes, peak)) / (1 << 20);
+  if (trace) {  // one more, warm, step: where its time goes
+    trace->begin_pass(fmt::format("{} step", v.name), device);
+    step();
+    trace->end_pass();
+  }
+  return r;
+}
+
+void report_training_step(const Variant& v, const StepTimes& r, double estimate, const train::TrainConfig& base,
+                          int64_t N, int64_t B, Device device, JsonLines& json_out) {
+  const double ms = median(r.times);
+  fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f} {:>14.1f}{}\n", v.name, ms, 1000.0 / ms, r.peak_mib,
+             estimate / (1 << 20), trust_note(r.times));
+  if (device == Device::cuda)
+    fmt::print(
+        "{:<12} per step: {:.1f} device-to-host copies, {:.1f} host-to-device copies, {:.1f} "
+        "synchronisations, {:.1f} cudaMalloc calls\n",
+        "", r.per_step.to_host, r.per_step.to_device, r.per_step.synchronizations, r.per_step.mallocs);
+  json_out.add({{"mechanism", v.name},
+                {"precision", precision_name(current_precision())},
+                {"task", base.task},
+                {"n", N},
+                {"batch", B},
+                {"ms_per_step", ms},
+                {"peak_mib", r.peak_mib},
+                {"device", device_label(device)},
+                {"to_host_per_step", r.per_step.to_host},
+                {"to_device_per_step", r.per_step.to_device},
+                {"synchronizations_per_step", r.per_step.synchronizations},
+                {"mallocs_per_step", r.per_step.mallocs}});
+}
+
 int bench_train(const cli::Args& args, train::Trace* trace) {
   const Device device = train::resolve_device(args.str("device"));
   train::use_precision(args.str("precision"), device);
   const int64_t steps = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
-  bool failed = false;
-  train::TrainConfig base = train::preset(args.str("task"));
+  const train::TrainConfig base = train::preset(args.str("task"));
   const int64_t N = args.is_set("length") ? bounded(args, "length", 1, int64_t{1} << 20) : base.model.max_len;
   const int64_t B = args.is_set("batch-size") ? bounded(args, "batch-size", 1, 4096) : base.batch;
+  const bool reference = args.is_set("reference");
   const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));
   std::vector<double> estimates;  // every variant must fit before the first is timed
   for (const Variant& v : mechanisms) {
-    nn::ModelConfig m = base.model;
-    m.max_len = N;
-    m.attention = v.config;
-    m.attention.fused = !args.is_set("reference");
-    m.dual = false;
-    estimates.push_back(train::training_step_bytes(m, B, N, device == Device::cuda));
+    estimates.push_back(train::training_step_bytes(bench_model(base, v, N, reference), B, N, device == Device::cuda));
     train::require_memory(estimates.back(), device,
                           fmt::format("a {} training step of batch {} at length {}", v.name, B, N),
                           "lower --batch-size or --length");
@@ -292,73 +405,15 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
       "training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up{}\n",
       device_label(device), base.task, N, B, steps, warmup, precision_note());
   fmt::print("{:<12} {:>10} {:>10} {:>12} {:>14}\n", "mechanism", "ms/step", "steps/s", "peak MiB", "estimate MiB");
+  bool failed = false;
   for (size_t vi = 0; vi < mechanisms.size(); ++vi) {
     const Variant& v = mechanisms[vi];
-    nn::ModelConfig m = base.model;
-    m.max_len = N;
-    m.attention = v.config;
-    m.attention.fused = !args.is_set("reference");
-    m.dual = false;  // the benchmark feeds one sequence per example
     try {
+      const nn::ModelConfig m = bench_model(base, v, N, reference);
       nn::Transformer model(m, DType::f32, device);
-      nn::ParamList params = model.parameters();
-      std::vector<Tensor> mo, ve;
-      for (auto& [name, t] : params) {
-        mo.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
-        ve.push_back(Tensor::zeros(t->shape(), t->dtype(), device));
-      }
-      std::vector<int32_t> tok(B * N), labels(B);
-      for (int64_t i = 0; i < B * N; ++i) tok[i] = 1 + static_cast<int32_t>(i * 7919 % (m.vocab - 1));
-      for (int64_t b = 0; b < B; ++b) labels[b] = static_cast<int32_t>(b % m.classes);
-      nn::Batch batch;
-      batch.tokens = Tensor::from_vector<int32_t>(tok, {B, N}, device);
-      batch.mask = Tensor::full({B, N}, 1.0, DType::f32, device);
-      batch.labels = Tensor::from_vector<int32_t>(labels, {B}, device);
-      batch.host_labels = labels;
-      batch.real_tokens = B * N;
-      // the trainer's own step: clipping, AdamW, statistics read back on log steps only
-      const int64_t log_every = std::max<int64_t>(base.log_every, 1);
-      train::TrainingStep training(model, params, mo, ve, log_every);
-      int64_t t = 0;
-      auto step = [&] {
-        training.compute(batch, ++t);
-        training.update(train::AdamWStep{1e-4, 0.9, 0.98, 1e-9, 0.0, t}, base.weight_decay, base.clip);
-        if (t % log_every == 0) training.read();
-      };
-      for (int64_t i = 0; i < warmup; ++i) step();
-      train::reset_peak_memory(device);
-      const size_t base_bytes = train::peak_memory(device);
-      const TransferCounts before = transfer_counts(device);
-      std::vector<double> times;
-      for (int64_t i = 0; i < steps; ++i) times.push_back(time_once(device, step));
-      const TransferCounts per_step = (transfer_counts(device) - before) / static_cast<double>(steps);
-      const double ms = median(times),
-                   peak_mib = static_cast<double>(train::peak_memory(device) -
-                                                  std::min(base_bytes, train::peak_memory(device))) /
-                              (1 << 20);
-      if (trace) {  // one more, warm, step: where its time goes
-        trace->begin_pass(fmt::format("{} step", v.name), device);
-        step();
-        trace->end_pass();
-      }
-      fmt::print("{:<12} {:>10.2f} {:>10.3f} {:>12.1f} {:>14.1f}{}\n", v.name, ms, 1000.0 / ms, peak_mib,
-                 estimates[vi] / (1 << 20), trust_note(times));
-      if (device == Device::cuda)
-        fmt::print(
-            "{:<12} per step: {:.1f} device-to-host copies, {:.1f} host-to-device copies, {:.1f} "
-            "synchronisations, {:.1f} cudaMalloc calls\n",
-            "", per_step.to_host, per_step.to_device, per_step.synchronizations, per_step.mallocs);
-      json_out.add({{"mechanism", v.name}, {"precision", precision_name(current_precision())},
-                    {"task", base.task},
-                    {"n", N},
-                    {"batch", B},
-                    {"ms_per_step", ms},
-                    {"peak_mib", peak_mib},
-                    {"device", device_label(device)},
-                    {"to_host_per_step", per_step.to_host},
-                    {"to_device_per_step", per_step.to_device},
-                    {"synchronizations_per_step", per_step.synchronizations},
-                    {"mallocs_per_step", per_step.mallocs}});
+      const StepTimes r =
+          time_training_steps(model, bench_batch(m, B, N, device), base, device, warmup, steps, trace, v);
+      report_training_step(v, r, estimates[vi], base, N, B, device, json_out);
     } catch (const Error& e) {
       autograd::clear_tape();
       if (trace) trace->abort_pass();
@@ -484,7 +539,8 @@ void flash_errors(const std::vector<cuda::FlashKernel>& kernels, int64_t N, int6
   fmt::print("error against f64 (N {}, d {}, a quarter of the keys padding): |x - ref| / |ref|\n", N, d);
   fmt::print("{:<8} {:>10} {:>10} {:>10} {:>10}\n", "kernel", "out", "dq", "dk", "dv");
   for (cuda::FlashKernel kernel : kernels) {
-    Tensor out = Tensor::empty(shape, DType::f32, Device::cuda), lse = Tensor::empty({1, 1, N}, DType::f32, Device::cuda);
+    Tensor out = Tensor::empty(shape, DType::f32, Device::cuda),
+           lse = Tensor::empty({1, 1, N}, DType::f32, Device::cuda);
     cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel);
     Tensor dq = Tensor::zeros(shape, DType::f32, Device::cuda), dk = Tensor::zeros(shape, DType::f32, Device::cuda),
            dv = Tensor::zeros(shape, DType::f32, Device::cuda);
@@ -493,9 +549,67 @@ void flash_errors(const std::vector<cuda::FlashKernel>& kernels, int64_t N, int6
                          relative_error(dv, dv64)};
     fmt::print("{:<8} {:>10.2e} {:>10.2e} {:>10.2e} {:>10.2e}\n", cuda::flash_kernel_name(kernel), e[0], e[1], e[2],
                e[3]);
-    json_out.add({{"kernel", cuda::flash_kernel_name(kernel)}, {"n", N}, {"head_width", d}, {"error_out", e[0]},
-                  {"error_dq", e[1]}, {"error_dk", e[2]}, {"error_dv", e[3]}});
+    json_out.add({{"kernel", cuda::flash_kernel_name(kernel)},
+                  {"n", N},
+                  {"head_width", d},
+                  {"error_out", e[0]},
+                  {"error_dq", e[1]},
+                  {"error_dk", e[2]},
+                  {"error_dv", e[3]}});
   }
+}
+#endif
+
+#ifdef CAST_WITH_CUDA
+// One (1, H, N, d) problem of `cast bench flash`: its inputs, outputs and gradients on the GPU.
+struct FlashTensors {
+  int64_t H, N, d;
+  Tensor q, k, v, g, out, lse, dq, dk, dv;
+  FlashTensors(int64_t heads, int64_t n, int64_t width) : H(heads), N(n), d(width) {
+    const Shape shape{1, H, N, d};
+    q = Tensor::normal(shape, 1, 0, 1.0, DType::f32, Device::cuda);
+    k = Tensor::normal(shape, 1, 1, 1.0, DType::f32, Device::cuda);
+    v = Tensor::normal(shape, 1, 2, 1.0, DType::f32, Device::cuda);
+    g = Tensor::normal(shape, 1, 3, 1.0, DType::f32, Device::cuda);
+    out = Tensor::empty(shape, DType::f32, Device::cuda);
+    lse = Tensor::empty({1, H, N}, DType::f32, Device::cuda);
+    dq = Tensor::zeros(shape, DType::f32, Device::cuda);
+    dk = Tensor::zeros(shape, DType::f32, Device::cuda);
+    dv = Tensor::zeros(shape, DType::f32, Device::cuda);
+  }
+};
+
+// One row of the table: the kernel's forward and backward, median times and rates.
+void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup, int64_t repeats,
+                       JsonLines& json_out) {
+  const int d = static_cast<int>(x.d);
+  // the forward's rows per warp x streamed rows, the backward's streamed rows
+  const std::string tiles = kernel == cuda::FlashKernel::fma ? "-"
+                                                             : fmt::format("{}x{}/{}", cuda::flash_warp_rows(kernel, d),
+                                                                           cuda::flash_stream_rows(kernel, d, true),
+                                                                           cuda::flash_stream_rows(kernel, d, false));
+  std::vector<double> tf, tb;
+  for (int64_t r = 0; r < warmup + repeats; ++r) {
+    const double f =
+        time_once(Device::cuda, [&] { cuda::flash_attention_forward(x.out, x.lse, x.q, x.k, x.v, Tensor(), kernel); });
+    const double b = time_once(Device::cuda, [&] {
+      cuda::flash_attention_backward(&x.dq, &x.dk, &x.dv, x.g, x.q, x.k, x.v, Tensor(), x.out, x.lse, kernel);
+    });
+    if (r >= warmup) tf.push_back(f), tb.push_back(b);
+  }
+  const double f = median(tf), b = median(tb), flops = double(x.H) * x.N * x.N * x.d;
+  fmt::print("{:<8} {:>6} {:>4} {:>6} {:>10} {:>11.3f} {:>11.1f} {:>11.3f} {:>11.1f}{}\n",
+             cuda::flash_kernel_name(kernel), x.N, x.d, x.H, tiles, f, 4 * flops / f / 1e9, b, 10 * flops / b / 1e9,
+             trust_note(tb));
+  json_out.add({{"kernel", cuda::flash_kernel_name(kernel)},
+                {"n", x.N},
+                {"head_width", x.d},
+                {"heads", x.H},
+                {"tiles", tiles},
+                {"forward_ms", f},
+                {"backward_ms", b},
+                {"forward_tflops", 4 * flops / f / 1e9},
+                {"backward_tflops", 10 * flops / b / 1e9}});
 }
 #endif
 
@@ -514,9 +628,10 @@ int bench_flash(const cli::Args& args) {
   JsonLines json_out(args.str("json"));
   const int64_t check = bounded(args, "check-length", 0, 1 << 16);
   if (check > 0) flash_errors(kernels, check, widths.front(), json_out);
-  fmt::print("flash kernels on {}: batch 1, heads = max(1, {} / N), median of {} after {} warm-up; TFLOPS counts "
-             "4 N^2 d per head forward, 10 N^2 d backward (FlashAttention-2's count)\n",
-             device_label(device), tokens, repeats, warmup);
+  fmt::print(
+      "flash kernels on {}: batch 1, heads = max(1, {} / N), median of {} after {} warm-up; TFLOPS counts "
+      "4 N^2 d per head forward, 10 N^2 d backward (FlashAttention-2's count)\n",
+      device_label(device), tokens, repeats, warmup);
   const std::vector<int64_t> all_rows = cli::comma_integers("stream-rows", args.str("stream-rows"), 0, 128);
   const std::vector<int64_t> all_warp_rows = cli::comma_integers("warp-rows", args.str("warp-rows"), 0, 32);
   fmt::print("{:<8} {:>6} {:>4} {:>6} {:>10} {:>11} {:>11} {:>11} {:>11}\n", "kernel", "N", "d", "heads", "tiles",
@@ -524,47 +639,18 @@ int bench_flash(const cli::Args& args) {
   for (int64_t N : ns)
     for (int64_t d : widths) {
       const int64_t H = std::max<int64_t>(1, tokens / N);
-      const Shape shape{1, H, N, d};
-      const Tensor q = Tensor::normal(shape, 1, 0, 1.0, DType::f32, Device::cuda),
-                   k = Tensor::normal(shape, 1, 1, 1.0, DType::f32, Device::cuda),
-                   v = Tensor::normal(shape, 1, 2, 1.0, DType::f32, Device::cuda),
-                   g = Tensor::normal(shape, 1, 3, 1.0, DType::f32, Device::cuda);
-      Tensor out = Tensor::empty(shape, DType::f32, Device::cuda), lse = Tensor::empty({1, H, N}, DType::f32, Device::cuda);
-      Tensor dq = Tensor::zeros(shape, DType::f32, Device::cuda), dk = Tensor::zeros(shape, DType::f32, Device::cuda),
-             dv = Tensor::zeros(shape, DType::f32, Device::cuda);
-      const double flops = double(H) * N * N * d;
+      FlashTensors x(H, N, d);
       for (int64_t warp_rows : all_warp_rows)
-      for (int64_t rows : all_rows)
-      for (cuda::FlashKernel kernel : kernels) {
-        const bool first = rows == all_rows.front() && warp_rows == all_warp_rows.front();
-        if (kernel == cuda::FlashKernel::fma && !first) continue;  // no tensor-core tiles
-        if (kernel == cuda::FlashKernel::tf32x3 && warp_rows == 32 && all_warp_rows.size() > 1) continue;  // runs 16
-        cuda::set_flash_stream_rows(static_cast<int>(rows));
-        cuda::set_flash_warp_rows(static_cast<int>(warp_rows));
-        // the forward's rows per warp x streamed rows, the backward's streamed rows
-        const std::string tiles =
-            kernel == cuda::FlashKernel::fma
-                ? "-"
-                : fmt::format("{}x{}/{}", cuda::flash_warp_rows(kernel, static_cast<int>(d)),
-                              cuda::flash_stream_rows(kernel, static_cast<int>(d), true),
-                              cuda::flash_stream_rows(kernel, static_cast<int>(d), false));
-        std::vector<double> tf, tb;
-        for (int64_t r = 0; r < warmup + repeats; ++r) {
-          const double f = time_once(device, [&] { cuda::flash_attention_forward(out, lse, q, k, v, Tensor(), kernel); });
-          const double b = time_once(device, [&] {
-            cuda::flash_attention_backward(&dq, &dk, &dv, g, q, k, v, Tensor(), out, lse, kernel);
-          });
-          if (r >= warmup) tf.push_back(f), tb.push_back(b);
-        }
-        const double f = median(tf), b = median(tb);
-        fmt::print("{:<8} {:>6} {:>4} {:>6} {:>10} {:>11.3f} {:>11.1f} {:>11.3f} {:>11.1f}{}\n",
-                   cuda::flash_kernel_name(kernel), N, d, H, tiles, f, 4 * flops / f / 1e9, b, 10 * flops / b / 1e9,
-                   trust_note(tb));
-        json_out.add({{"kernel", cuda::flash_kernel_name(kernel)}, {"n", N}, {"head_width", d}, {"heads", H},
-                      {"tiles", tiles},
-                      {"forward_ms", f}, {"backward_ms", b}, {"forward_tflops", 4 * flops / f / 1e9},
-                      {"backward_tflops", 10 * flops / b / 1e9}});
-      }
+        for (int64_t rows : all_rows)
+          for (cuda::FlashKernel kernel : kernels) {
+            const bool first = rows == all_rows.front() && warp_rows == all_warp_rows.front();
+            if (kernel == cuda::FlashKernel::fma && !first) continue;  // no tensor-core tiles
+            if (kernel == cuda::FlashKernel::tf32x3 && warp_rows == 32 && all_warp_rows.size() > 1)
+              continue;  // runs 16
+            cuda::set_flash_stream_rows(static_cast<int>(rows));
+            cuda::set_flash_warp_rows(static_cast<int>(warp_rows));
+            time_flash_kernel(x, kernel, warmup, repeats, json_out);
+          }
       cuda::set_flash_stream_rows(0);
       cuda::set_flash_warp_rows(0);
     }
@@ -575,24 +661,21 @@ int bench_flash(const cli::Args& args) {
 #endif
 }
 
-}  // namespace
-
-int command_bench(const std::vector<std::string>& argv) {
-  cli::Args args(
-      "bench",
-      "Benchmark attention layers (`cast bench attention`), training steps (`cast bench train`), the GPU's "
-      "flash kernels (`cast bench flash`), or the CPU's sgemm rate, memory bandwidth and tile products "
-      "(`cast bench gemm`).");
+cli::Args bench_args() {
+  cli::Args args("bench",
+                 "Benchmark attention layers (`cast bench attention`), training steps (`cast bench train`), the GPU's "
+                 "flash kernels (`cast bench flash`), or the CPU's sgemm rate, memory bandwidth and tile products "
+                 "(`cast bench gemm`).");
   args.option("what", "attention", "attention | train | flash | gemm")
       .option("device", "auto", "auto | cpu | cuda")
       .option("mechanisms", "full,cast-topk,cast-satopk,clustered,iclustered", "comma-separated list")
       .option("lengths", "", "attention: sequence lengths (default GPU 1024..16384, CPU 256,512,1024)")
       .option("batch", "1", "attention: batch size")
       .option("dim", "256", "attention: model dim (LRA Text: 256)")
-      .option("heads", "4", "attention: heads (LRA Text: 4)")
-      .option("clusters", "0", "attention: CAST and clustered clusters C (0: ⌈√N⌉ rounded up to 8)")
-      .option("cluster-size", "0", "attention: CAST cluster size κ (0: ⌈√N⌉ rounded up to 8)")
-      .option("kernels", "fma,tf32x3,tf32,bf16", "flash: the kinds of product to time (cuda/attention/full_attention_flash.h)")
+      .option("heads", "4", "attention: heads (LRA Text: 4)");
+  cli::add_attention_options(args, {cli::AttentionOption::clusters, cli::AttentionOption::cluster_size}, "attention: ");
+  args.option("kernels", "fma,tf32x3,tf32,bf16",
+              "flash: the kinds of product to time (cuda/attention/full_attention_flash.h)")
       .option("head-widths", "64", "flash: head widths, up to 128")
       .option("tokens", "65536", "flash: heads = tokens / N at each length N (batch 1)")
       .option("check-length", "1024", "flash: rows of the error check against f64 (0: none)")
@@ -625,6 +708,13 @@ int command_bench(const std::vector<std::string>& argv) {
       .example("cast bench flash --lengths 1024,4096,16384 --head-widths 32,64,128")
       .example("cast bench train --task text --precision bf16")
       .example("cast bench gemm");
+  return args;
+}
+
+}  // namespace
+
+int command_bench(const std::vector<std::string>& argv) {
+  cli::Args args = bench_args();
   std::vector<std::string> rest = argv;
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--what");  // `cast bench train`
   if (!args.parse(rest)) return 0;
@@ -633,8 +723,8 @@ int command_bench(const std::vector<std::string>& argv) {
                                                                             : ops::TileGemm::kernel);
   std::optional<train::Trace> trace;
   if (args.is_set("trace")) {
-    CAST_CHECK_USAGE(what != "gemm" && what != "flash",
-                     "--trace traces attention layers and training steps, not {}", what);
+    CAST_CHECK_USAGE(what != "gemm" && what != "flash", "--trace traces attention layers and training steps, not {}",
+                     what);
     const std::string& file = args.str("trace");
     CAST_CHECK_USAGE(file.empty() || args.str("json").empty() || !files::same_path(file, args.str("json")),
                      "--trace and --json name the same file {}", file);

@@ -8,8 +8,8 @@
 
 #include "autograd/tape.h"
 #include "tensor/files.h"
-#include "commands/cli.h"
-#include "train/cluster_changes.h"
+#include "train/cli.h"
+#include "figures/cluster_changes.h"
 #include "figures/clusters_figure.h"
 #include "figures/plot.h"
 #include "train/run_folder.h"

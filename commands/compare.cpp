@@ -3,7 +3,7 @@
 
 #include "tensor/error.h"
 #include "tensor/files.h"
-#include "commands/cli.h"
+#include "train/cli.h"
 #include "train/compare.h"
 #include "train/settings.h"
 #include "train/stop.h"
@@ -23,9 +23,7 @@ void usage_mechanism(const std::string& name) {
   }
 }
 
-}  // namespace
-
-int command_compare(const std::vector<std::string>& argv) {
+cli::Args compare_args() {
   cli::Args args("compare",
                  "Train one task with several attention mechanisms (or several values of one setting) and seeds, each "
                  "an ordinary run\nin its own folder under --out, then write results.md and results.json (accuracy "
@@ -49,6 +47,58 @@ int command_compare(const std::vector<std::string>& argv) {
       .example(
           "cast compare --task fashion-mnist-14 --attention cast --vary summaries=on,off --out "
           "runs/ablation-summaries");
+  return args;
+}
+
+// The runs' variants: the mechanisms of --attention, or the values of --vary's setting.
+void add_variants(const cli::Args& args, train::CompareSpec& spec) {
+  if (args.str("vary").empty()) {
+    const std::string list = args.is_set("attention") ? args.str("attention") : "full,cast,clustered,iclustered";
+    for (const std::string& name : cli::comma_list("attention", list)) {
+      usage_mechanism(name);  // an unknown mechanism fails before any run
+      spec.variants.push_back({name, {{"attention", name}}});
+    }
+    return;
+  }
+  const std::string vary = args.str("vary");
+  const size_t eq = vary.find('=');
+  CAST_CHECK_USAGE(eq != std::string::npos && eq > 0, "--vary expects SETTING=V1,V2,..., got '{}'", vary);
+  const std::string key = vary.substr(0, eq);
+  CAST_CHECK_USAGE(key != "attention" && key != "seed" && key != "run",
+                   "--vary {}: use --attention, --seeds or --out for that", key);
+  if (args.is_set("attention")) {
+    CAST_CHECK_USAGE(args.str("attention").find(',') == std::string::npos,
+                     "--attention names one mechanism when --vary is given, got '{}'", args.str("attention"));
+    usage_mechanism(args.str("attention"));
+    spec.settings["attention"] = args.str("attention");
+  }
+  for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1)))
+    spec.variants.push_back({key + "=" + value, {{key, train::setting_from_text(key, value)}}});
+  spec.name = key;
+}
+
+// --seeds: distinct whole numbers ("1,01" is one seed twice).
+std::vector<uint64_t> seeds_of(const std::string& list) {
+  std::vector<uint64_t> seeds;
+  for (const std::string& seed : cli::comma_list("seeds", list)) {
+    size_t used = 0;
+    int64_t s = -1;
+    try {
+      s = std::stoll(seed, &used);
+    } catch (const std::exception&) {
+    }
+    CAST_CHECK_USAGE(used == seed.size() && s >= 0, "--seeds: '{}' is not a seed (a whole number, 0 or more)", seed);
+    CAST_CHECK_USAGE(std::find(seeds.begin(), seeds.end(), static_cast<uint64_t>(s)) == seeds.end(),
+                     "--seeds: seed {} is listed twice ('{}')", s, list);
+    seeds.push_back(static_cast<uint64_t>(s));
+  }
+  return seeds;
+}
+
+}  // namespace
+
+int command_compare(const std::vector<std::string>& argv) {
+  cli::Args args = compare_args();
   if (!args.parse(argv)) return 0;
 
   train::CompareSpec spec;
@@ -61,48 +111,18 @@ int command_compare(const std::vector<std::string>& argv) {
   spec.settings.erase("attention");
 
   const std::string default_out = "runs/compare-" + spec.task;
-  if (args.str("vary").empty()) {
-    const std::string list = args.is_set("attention") ? args.str("attention") : "full,cast,clustered,iclustered";
-    for (const std::string& name : cli::comma_list("attention", list)) {
-      usage_mechanism(name);  // an unknown mechanism fails before any run
-      spec.variants.push_back({name, {{"attention", name}}});
-    }
-  } else {
-    const std::string vary = args.str("vary");
-    const size_t eq = vary.find('=');
-    CAST_CHECK_USAGE(eq != std::string::npos && eq > 0, "--vary expects SETTING=V1,V2,..., got '{}'", vary);
-    const std::string key = vary.substr(0, eq);
-    CAST_CHECK_USAGE(key != "attention" && key != "seed" && key != "run",
-                     "--vary {}: use --attention, --seeds or --out for that", key);
-    if (args.is_set("attention")) {
-      CAST_CHECK_USAGE(args.str("attention").find(',') == std::string::npos,
-                       "--attention names one mechanism when --vary is given, got '{}'", args.str("attention"));
-      usage_mechanism(args.str("attention"));
-      spec.settings["attention"] = args.str("attention");
-    }
-    for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1)))
-      spec.variants.push_back({key + "=" + value, {{key, train::setting_from_text(key, value)}}});
-    spec.name = key;
-  }
-  for (const std::string& seed : cli::comma_list("seeds", args.str("seeds"))) {  // "1,01" is one seed twice
-    size_t used = 0;
-    int64_t s = -1;
-    try {
-      s = std::stoll(seed, &used);
-    } catch (const std::exception&) {
-    }
-    CAST_CHECK_USAGE(used == seed.size() && s >= 0, "--seeds: '{}' is not a seed (a whole number, 0 or more)", seed);
-    CAST_CHECK_USAGE(std::find(spec.seeds.begin(), spec.seeds.end(), static_cast<uint64_t>(s)) == spec.seeds.end(),
-                     "--seeds: seed {} is listed twice ('{}')", s, args.str("seeds"));
-    spec.seeds.push_back(static_cast<uint64_t>(s));
-  }
+  add_variants(args, spec);
+  spec.seeds = seeds_of(args.str("seeds"));
   spec.out_dir = args.is_set("out") ? args.str("out") : default_out;
   for (const char* stem : {"results", "comparison"})  // the settings file is an input: never replaced
     for (const char* ext : {".md", ".json", ".svg"})
       files::check_not_an_input(spec.out_dir + "/" + stem + (spec.name.empty() ? "" : "-" + spec.name) + ext,
                                 "comparison output", {args.str("config")});
   spec.command = "cast compare";
-  for (const std::string& a : argv) spec.command += " " + train::shell_quote(a);
+  for (const std::string& a : argv) {
+    spec.command += ' ';
+    spec.command += train::shell_quote(a);
+  }
   train::run_comparison(spec);  // validates every run's settings before it makes a folder
   return 0;
 }

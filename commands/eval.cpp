@@ -1,6 +1,8 @@
 // `cast eval`: a checkpoint on its task's validation and test splits, or a sweep of mechanisms.
 #include "commands/commands.h"
 
+#include "commands/attention_options.h"
+
 #include <algorithm>
 #include <climits>
 #include <nlohmann/json.hpp>
@@ -8,8 +10,8 @@
 
 #include "autograd/tape.h"
 #include "tensor/files.h"
-#include "commands/cli.h"
-#include "train/cluster_changes.h"
+#include "train/cli.h"
+#include "figures/cluster_changes.h"
 #include "figures/clusters_figure.h"
 #include "figures/plot.h"
 #include "train/run_folder.h"
@@ -82,9 +84,12 @@ void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& me
   fmt::print("\n-> {}\n", figure);
 }
 
-}  // namespace
+// The clustering of a mechanism evaluated instead of the checkpoint's.
+constexpr std::initializer_list<cli::AttentionOption> kOptions = {
+    cli::AttentionOption::clusters, cli::AttentionOption::topk, cli::AttentionOption::bits,
+    cli::AttentionOption::iterations};
 
-int command_eval(const std::vector<std::string>& argv) {
+cli::Args eval_args() {
   cli::Args args("eval",
                  "Evaluate a checkpoint on the validation and test splits of its task; with --attention, with another "
                  "mechanism and the same weights (a full-attention model approximated by clustered attention, "
@@ -98,12 +103,9 @@ int command_eval(const std::vector<std::string>& argv) {
               "products on the GPU: fp32 | tf32 | bf16 (default: the checkpoint's on the GPU, fp32 on the CPU)")
       .option("attention", "",
               "evaluate with this mechanism instead, or a comma-separated list: full | clustered | iclustered (CAST "
-              "is refused: its surrogates and gate are not in a model trained without them)")
-      .option("clusters", "0", "with --attention: clusters C, or a list (0: ceil(sqrt(N)) rounded up to 8)")
-      .option("topk", "32", "with --attention iclustered: keys per cluster, or a list")
-      .option("bits", "63", "with --attention: LSH hash bits")
-      .option("iterations", "10", "with --attention: Lloyd iterations")
-      .option("figure", "", "with --attention: an SVG of test accuracy against C, one line per mechanism")
+              "is refused: its surrogates and gate are not in a model trained without them)");
+  cli::add_attention_options(args, kOptions, "with --attention (clusters and topk may be lists): ");
+  args.option("figure", "", "with --attention: an SVG of test accuracy against C, one line per mechanism")
       .example("cast eval --checkpoint runs/listops-short-cast/checkpoint.safetensors")
       .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000")
       .example(
@@ -112,31 +114,75 @@ int command_eval(const std::vector<std::string>& argv) {
       .example(
           "cast eval --checkpoint runs/fm-full/checkpoint.safetensors --attention clustered,iclustered --clusters "
           "4,8,16,32 --topk 4,8 --figure approximation.svg");
-  if (!args.parse(argv)) return 0;
-  const int64_t limit = args.integer("eval-limit", 0, int64_t{1} << 40);
-  CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
+  return args;
+}
+
+// --attention's mechanisms and the clustering they take, checked before any file is read; without
+// --attention, its options are refused.
+struct Swap {
+  nn::AttentionConfig attention;
+  std::vector<std::string> mechanisms;
+  std::vector<int64_t> clusters, topks;
+};
+
+Swap swap_of(const cli::Args& args) {
   const std::string swap = args.str("attention");
   for (const char* option : {"clusters", "topk", "bits", "iterations", "figure"})
     CAST_CHECK_USAGE(!swap.empty() || !args.is_set(option),
                      "--{} sets the mechanism given by --attention, and there is none (the checkpoint's own settings "
                      "are used without it)",
                      option);
-  nn::AttentionConfig attention;
-  std::vector<std::string> mechanisms;
-  std::vector<int64_t> clusters, topks;
-  if (!swap.empty()) {
-    mechanisms = cli::comma_list("attention", swap);
-    for (const std::string& m : mechanisms)
-      CAST_CHECK_USAGE(m == "full" || m == "clustered" || m == "iclustered" || m == "cast",
-                       "--attention must be full, clustered or iclustered, got '{}'", m);
-    attention.mechanism = nn::parse_mechanism(mechanisms.front());
-    clusters = cli::comma_integers("clusters", args.str("clusters"), 0, 1 << 16);
-    topks = cli::comma_integers("topk", args.str("topk"), 1, 1 << 22);
-    attention.clusters = clusters.front();
-    attention.topk = topks.front();
-    attention.bits = args.integer("bits", 1, 63);
-    attention.iterations = args.integer("iterations", 0, 100000);
+  Swap s;
+  if (swap.empty()) return s;
+  s.mechanisms = cli::comma_list("attention", swap);
+  for (const std::string& m : s.mechanisms)
+    CAST_CHECK_USAGE(m == "full" || m == "clustered" || m == "iclustered" || m == "cast",
+                     "--attention must be full, clustered or iclustered, got '{}'", m);
+  s.attention.mechanism = nn::parse_mechanism(s.mechanisms.front());
+  s.clusters = cli::attention_option_list(args, cli::AttentionOption::clusters);
+  s.topks = cli::attention_option_list(args, cli::AttentionOption::topk);
+  cli::read_attention_options(args, {cli::AttentionOption::bits, cli::AttentionOption::iterations}, s.attention);
+  s.attention.clusters = s.clusters.front();
+  s.attention.topk = s.topks.front();
+  return s;
+}
+
+// The validation and test accuracy of the run's model, with `swap`'s attention in place of the
+// trained one when given.
+void evaluate_once(train::TrainedRun& run, const nn::AttentionConfig* swap, int64_t limit, Device device,
+                   const std::string& checkpoint) {
+  const nn::Mechanism trained = run.checkpoint.config.model.attention.mechanism;
+  if (swap) train::swap_attention(run, *swap, device);
+  const train::Checkpoint& ck = run.checkpoint;
+  nn::Transformer& model = *run.model;
+  const data::TaskData& task = run.task;
+  auto val = train::evaluate(model, task, task.val, ck.config.batch, limit, device);
+  auto test = train::evaluate(model, task, task.test, ck.config.batch, limit, device);
+  std::string how = nn::mechanism_name(trained);
+  if (swap) {
+    const nn::AttentionConfig& a = ck.config.model.attention;
+    how = fmt::format("{} in place of the trained {}, the same weights; clusters {}{}", nn::mechanism_name(a.mechanism),
+                      nn::mechanism_name(trained),
+                      a.clusters > 0 ? std::to_string(a.clusters) : "ceil(sqrt(N)) rounded up to 8",
+                      a.mechanism == nn::Mechanism::iclustered ? fmt::format(", top keys {}", a.topk) : "");
   }
+  fmt::print("{} (step {}, task {}, attention {})\n", checkpoint, ck.step, ck.config.task, how);
+  print_eval("validation accuracy", val);
+  print_eval("test accuracy", test);
+}
+
+}  // namespace
+
+int command_eval(const std::vector<std::string>& argv) {
+  cli::Args args = eval_args();
+  if (!args.parse(argv)) return 0;
+  const int64_t limit = args.integer("eval-limit", 0, int64_t{1} << 40);
+  CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
+  const std::string swap = args.str("attention");
+  const Swap s = swap_of(args);
+  const nn::AttentionConfig& attention = s.attention;
+  const std::vector<std::string>& mechanisms = s.mechanisms;
+  const std::vector<int64_t>&clusters = s.clusters, &topks = s.topks;
   const std::string figure = args.str("figure");
   if (!figure.empty()) train::check_figure_output(figure, "figure", args.str("checkpoint"));
   const Device device = train::resolve_device(args.str("device"));
@@ -151,24 +197,7 @@ int command_eval(const std::vector<std::string>& argv) {
     eval_sweep(run, mechanisms, clusters, topks, attention, limit, device, args.str("checkpoint"), figure);
     return 0;
   }
-  const nn::Mechanism trained = run.checkpoint.config.model.attention.mechanism;
-  if (!swap.empty()) train::swap_attention(run, attention, device);
-  const train::Checkpoint& ck = run.checkpoint;
-  nn::Transformer& model = *run.model;
-  const data::TaskData& task = run.task;
-  auto val = train::evaluate(model, task, task.val, ck.config.batch, limit, device);
-  auto test = train::evaluate(model, task, task.test, ck.config.batch, limit, device);
-  std::string how = nn::mechanism_name(trained);
-  if (!swap.empty()) {
-    const nn::AttentionConfig& a = ck.config.model.attention;
-    how = fmt::format("{} in place of the trained {}, the same weights; clusters {}{}", nn::mechanism_name(a.mechanism),
-                      nn::mechanism_name(trained),
-                      a.clusters > 0 ? std::to_string(a.clusters) : "ceil(sqrt(N)) rounded up to 8",
-                      a.mechanism == nn::Mechanism::iclustered ? fmt::format(", top keys {}", a.topk) : "");
-  }
-  fmt::print("{} (step {}, task {}, attention {})\n", args.str("checkpoint"), ck.step, ck.config.task, how);
-  print_eval("validation accuracy", val);
-  print_eval("test accuracy", test);
+  evaluate_once(run, swap.empty() ? nullptr : &attention, limit, device, args.str("checkpoint"));
   return 0;
 }
 

@@ -10,7 +10,7 @@
 #include "ops/attention/fast_paths.h"
 #include "ops/ops.h"
 #include "tensor/device_memory.h"
-#include "commands/cli.h"
+#include "train/cli.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/attention/full_attention_flash.h"
 #include "cuda/runtime.h"

@@ -1,5 +1,7 @@
 #include "commands/commands.h"
 
+#include "commands/attention_options.h"
+
 #include <climits>
 #include <optional>
 
@@ -9,13 +11,19 @@
 #include "ops/ops.h"
 #include "tensor/files.h"
 #include "tensor/safetensors.h"
-#include "commands/cli.h"
+#include "train/cli.h"
 #include "train/trainer.h"
 #include "train/trace.h"
 
 namespace cast {
 
 namespace {
+
+using cli::AttentionOption;
+constexpr std::initializer_list<AttentionOption> kLayerAttentionOptions = {
+    AttentionOption::clusters,  AttentionOption::cluster_size, AttentionOption::clustering, AttentionOption::f,
+    AttentionOption::summaries, AttentionOption::mix,          AttentionOption::cast_heads, AttentionOption::topk,
+    AttentionOption::bits,      AttentionOption::iterations};
 
 cli::Args layer_args() {
   cli::Args a("layer",
@@ -28,18 +36,9 @@ cli::Args layer_args() {
   a.option("in", "", "input safetensors file (required)")
       .option("out", "", "output safetensors file (required)")
       .option("attention", "full", "full | cast | clustered | iclustered")
-      .option("heads", "1", "number of heads H")
-      .option("clusters", "0", "clusters C (0: ceil(sqrt(N)) rounded up to a multiple of 8)")
-      .option("cluster-size", "0", "CAST cluster size K (0: the same default)")
-      .option("clustering", "topk", "CAST clustering: topk | satopk")
-      .option("f", "softmax", "CAST attention function: softmax | laplace")
-      .option("summaries", "on", "CAST cluster summaries: on | off")
-      .option("mix", "affinity", "CAST mixing weights: affinity | query")
-      .option("cast-heads", "per-head", "CAST clustering: per-head | shared")
-      .option("topk", "32", "improved clustered: keys per cluster")
-      .option("bits", "63", "clustered: LSH hash bits")
-      .option("iterations", "10", "clustered: Lloyd iterations")
-      .option("seed", "0", "seed of the LSH planes and k-means draws")
+      .option("heads", "1", "number of heads H");
+  cli::add_attention_options(a, kLayerAttentionOptions);
+  a.option("seed", "0", "seed of the LSH planes and k-means draws")
       .option("device", "cpu", "cpu | cuda")
       .option("dtype", "f32", "f32 | f64 (f64 on the CPU only)")
       .option("precision", "fp32", "products on the GPU: fp32 | tf32 | bf16 (the CPU runs fp32 only)")
@@ -68,6 +67,54 @@ Tensor load_float(const TensorFile& f, const std::string& name, const Shape& sha
   return t.to(dtype).to(device);
 }
 
+// The layer's weights from the file, each checked for its shape.
+void load_weights(nn::Attention& layer, const TensorFile& file, const nn::AttentionConfig& config, DType dtype,
+                  Device device) {
+  const int64_t D = config.dim, H = config.heads, d = D / H, C = config.clusters;
+  std::map<std::string, Shape> weight_shapes = {{"wq", {D, D}}, {"wk", {D, D}}, {"wv", {D, D}}, {"wo", {D, D}}};
+  if (config.mechanism == nn::Mechanism::cast) {
+    const bool shared = config.shared_clustering;
+    weight_shapes["surrogates"] = shared ? Shape{C, D} : Shape{H, C, d};
+    weight_shapes["gate_w"] = shared ? Shape{D, 1} : Shape{D, H};
+    weight_shapes["gate_b"] = shared ? Shape{1} : Shape{H};
+  }
+  for (const auto& [name, shape] : weight_shapes)
+    layer.parameters()[name] = load_float(file, name, shape, dtype, device).set_requires_grad();
+}
+
+// --in and --out given; the output never replaces the input, and a bad output path is refused
+// before the work.
+void check_files(const cli::Args& args) {
+  CAST_CHECK_USAGE(!args.str("in").empty() && !args.str("out").empty(),
+                   "--in and --out are required (see cast layer --help)");
+  files::check_not_an_input(args.str("out"), "--out", {args.str("in")});
+  files::check_replaces_own_kind(args.str("out"), "--out", "a safetensors file other than a checkpoint",
+                                 looks_like_plain_safetensors);
+}
+
+// --trace's file, checked to be neither the input nor the output, opened (and checked that it can be
+// written) before the layer runs.
+void open_trace(const cli::Args& args, std::optional<train::Trace>& trace) {
+  const std::string trace_file = args.str("trace");
+  if (!trace_file.empty()) {
+    files::check_not_an_input(trace_file, "--trace", {args.str("in")});
+    CAST_CHECK_USAGE(!files::same_path(trace_file, args.str("out")), "--trace {} is also --out: name two files",
+                     trace_file);
+  }
+  if (args.is_set("trace")) trace.emplace(trace_file);
+}
+
+// What the output file holds: the output, every gradient, and the clusters or assignment.
+std::map<std::string, Tensor> outputs(nn::Attention& layer, const nn::AttentionOutput& result, const Tensor& x,
+                                      DType dtype, Device device) {
+  std::map<std::string, Tensor> out = {{"out", result.out}, {"grad.x", x.grad()}};
+  for (auto& [name, p] : layer.parameters())
+    out["grad." + name] = p.grad().defined() ? p.grad() : Tensor::zeros(p.shape(), dtype, device);
+  if (result.clusters.defined()) out["clusters"] = result.clusters;
+  if (result.assignment.defined()) out["assignment"] = result.assignment;
+  return out;
+}
+
 }  // namespace
 
 int command_layer(const std::vector<std::string>& argv) {
@@ -79,24 +126,13 @@ int command_layer(const std::vector<std::string>& argv) {
     CAST_CHECK_USAGE(v >= lo && v <= hi, "--{} is {}: it must be in [{}, {}]", name, v, lo, hi);
     return v;
   };
-  const int64_t heads = bounded("heads", 1, 1024), clusters = bounded("clusters", 0, 1 << 16);
-  const int64_t cluster_size = bounded("cluster-size", 0, 1 << 20), topk = bounded("topk", 1, 1 << 22);
-  const int64_t bits = bounded("bits", 1, 63), iterations = bounded("iterations", 0, 100000);
-  const int64_t seed = bounded("seed", 0, INT64_MAX);
-  CAST_CHECK_USAGE(!args.str("in").empty() && !args.str("out").empty(),
-                   "--in and --out are required (see cast layer --help)");
-  // the output never replaces the input, and a bad output path is refused before the work
-  files::check_not_an_input(args.str("out"), "--out", {args.str("in")});
-  files::check_replaces_own_kind(args.str("out"), "--out", "a safetensors file other than a checkpoint",
-                                 looks_like_plain_safetensors);
-  const std::string trace_file = args.str("trace");
-  if (!trace_file.empty()) {
-    files::check_not_an_input(trace_file, "--trace", {args.str("in")});
-    CAST_CHECK_USAGE(!files::same_path(trace_file, args.str("out")), "--trace {} is also --out: name two files",
-                     trace_file);
-  }
-  std::optional<train::Trace> trace;  // installed before the layer runs; checks its file first
-  if (args.is_set("trace")) trace.emplace(trace_file);
+  nn::AttentionConfig config;
+  config.heads = bounded("heads", 1, 1024);
+  cli::read_attention_options(args, kLayerAttentionOptions, config);
+  config.seed = static_cast<uint64_t>(bounded("seed", 0, INT64_MAX));
+  check_files(args);
+  std::optional<train::Trace> trace;
+  open_trace(args, trace);
   const DType dtype = args.choice("dtype", {"f32", "f64"}) == "f64" ? DType::f64 : DType::f32;
   const Device device = args.choice("device", {"cpu", "cuda"}) == "cuda" ? Device::cuda : Device::cpu;
   CAST_CHECK_USAGE(!(dtype == DType::f64 && device == Device::cuda), "--dtype f64 runs on the CPU only");
@@ -108,26 +144,12 @@ int command_layer(const std::vector<std::string>& argv) {
              shape_str(x_raw.shape()));
   const int64_t B = x_raw.dim(0), N = x_raw.dim(1), D = x_raw.dim(2);
 
-  nn::AttentionConfig config;
   config.mechanism = nn::parse_mechanism(args.choice("attention", {"full", "cast", "clustered", "iclustered"}));
   config.dim = D;
-  config.heads = heads;
   CAST_CHECK(D % config.heads == 0, "--heads {} must divide the model dim D = {}", config.heads, D);
-  config.clusters = clusters;
-  config.cluster_size = cluster_size;
   if (config.mechanism == nn::Mechanism::cast && config.clusters <= 0) config.clusters = nn::default_clusters(N);
-  config.single_assignment = args.choice("clustering", {"topk", "satopk"}) == "satopk";
-  config.f =
-      args.choice("f", {"softmax", "laplace"}) == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
-  config.summaries = args.choice("summaries", {"on", "off"}) == "on";
   config.fused = !args.is_set("reference");
   ops::set_cpu_gemm(args.is_set("reference") ? ops::CpuGemm::loops : ops::CpuGemm::blas);
-  config.mix_query = args.choice("mix", {"affinity", "query"}) == "query";
-  config.shared_clustering = args.choice("cast-heads", {"per-head", "shared"}) == "shared";
-  config.topk = topk;
-  config.bits = bits;
-  config.iterations = iterations;
-  config.seed = static_cast<uint64_t>(seed);
 
   train::require_memory(
       train::attention_layer_bytes(config, B, N, D, device == Device::cuda) * (dtype == DType::f64 ? 2 : 1), device,
@@ -135,16 +157,8 @@ int command_layer(const std::vector<std::string>& argv) {
                   B, N, D),
       "a smaller input, or fewer --clusters");
   nn::Attention layer(config, dtype, device);
-  const int64_t H = config.heads, d = D / H, C = config.clusters;
-  std::map<std::string, Shape> weight_shapes = {{"wq", {D, D}}, {"wk", {D, D}}, {"wv", {D, D}}, {"wo", {D, D}}};
-  if (config.mechanism == nn::Mechanism::cast) {
-    const bool shared = config.shared_clustering;
-    weight_shapes["surrogates"] = shared ? Shape{C, D} : Shape{H, C, d};
-    weight_shapes["gate_w"] = shared ? Shape{D, 1} : Shape{D, H};
-    weight_shapes["gate_b"] = shared ? Shape{1} : Shape{H};
-  }
-  for (const auto& [name, shape] : weight_shapes)
-    layer.parameters()[name] = load_float(file, name, shape, dtype, device).set_requires_grad();
+  load_weights(layer, file, config, dtype, device);
+  const int64_t H = config.heads, C = config.clusters;
 
   Tensor x = load_float(file, "x", {B, N, D}, dtype, device).set_requires_grad();
   Tensor dout = load_float(file, "dout", {B, N, D}, dtype, device);
@@ -161,11 +175,7 @@ int command_layer(const std::vector<std::string>& argv) {
   autograd::backward(result.out, dout);
   if (trace) trace->end_pass();
 
-  std::map<std::string, Tensor> out = {{"out", result.out}, {"grad.x", x.grad()}};
-  for (auto& [name, p] : layer.parameters())
-    out["grad." + name] = p.grad().defined() ? p.grad() : Tensor::zeros(p.shape(), dtype, device);
-  if (result.clusters.defined()) out["clusters"] = result.clusters;
-  if (result.assignment.defined()) out["assignment"] = result.assignment;
+  const std::map<std::string, Tensor> out = outputs(layer, result, x, dtype, device);
   write_safetensors(args.str("out"), out, {{"attention", nn::mechanism_name(config.mechanism)}}, "--out");
   if (trace) trace->write_file();
   fmt::print("cast layer: {} B={} N={} D={} H={}{} -> {}\n", nn::mechanism_name(config.mechanism), B, N, D, H,

@@ -87,8 +87,7 @@ int main(int argc, char** argv) {
       if (std::string(e.what()).find("cannot write to file") != std::string::npos)
         std::fprintf(stderr, "cast %s: error: cannot write to standard output (%s)\n", name.c_str(),
                      e.code().message().c_str());
-      else
-        std::fprintf(stderr, "cast %s: unexpected error: %s\n", name.c_str(), e.what());
+      else std::fprintf(stderr, "cast %s: unexpected error: %s\n", name.c_str(), e.what());
       return 1;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "cast %s: unexpected error: %s\n", name.c_str(), e.what());

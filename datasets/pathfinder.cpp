@@ -11,7 +11,7 @@
 #include "tensor/files.h"
 #include "tensor/philox.h"
 #include "datasets/data.h"
-#include "figures/png.h"
+#include "datasets/png.h"
 
 namespace cast::data {
 

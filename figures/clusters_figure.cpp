@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "train/cluster_changes.h"
+#include "figures/cluster_changes.h"
 #include "figures/plot.h"
 
 namespace cast::train {

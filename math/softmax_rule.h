@@ -1,9 +1,9 @@
 #pragma once
 // The masked-row softmax rule, written once for every softmax of the engine: the reference
 // softmax (ops/softmax.cpp, cuda/softmax.cu), the fused CPU kernels (ops/attention/full_attention_flash.cpp,
-// ops/attention/fused_rows.h) and the CUDA kernels (cuda/attention/full_attention_flash.cu, cuda/attention/improved_clustered_output_topkey.cu).
-// Both compilers read it: under nvcc `exp` is expf, elsewhere (the CPU, and the emulated
-// kernels) the vectorisable exp_nonpositive of math/fast_math.h (f64: std::exp in both).
+// ops/attention/fused_rows.h) and the CUDA kernels (cuda/attention/full_attention_flash.cu,
+// cuda/attention/improved_clustered_output_topkey.cu). Both compilers read it: under nvcc `exp` is expf, elsewhere (the
+// CPU, and the emulated kernels) the vectorisable exp_nonpositive of math/fast_math.h (f64: std::exp in both).
 //
 // A row's scores s_j, some masked (−∞: padding keys, empty slots):
 //   two passes   m = max_j s_j, P_j = weight(s_j, m) / Σ weight

@@ -230,8 +230,7 @@ AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, con
       autograd::NoGradGuard choosing_clusters;
       Tensor a_q = step(ops::ClusterAffinitiesInputs{q, s, config_.f});
       Tensor a_k = step(ops::ClusterAffinitiesInputs{k, s, config_.f});
-      whole.members =
-          clusters_of(step(ops::GatedAffinityInputs{x, gate_w, gate_b, a_q, a_k})).view({B, H, C, kappa});
+      whole.members = clusters_of(step(ops::GatedAffinityInputs{x, gate_w, gate_b, a_q, a_k})).view({B, H, C, kappa});
     }
     result.out = step(whole);
     result.clusters = whole.members;

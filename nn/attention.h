@@ -39,6 +39,16 @@ struct AttentionConfig {
   bool fused = true;
 };
 
+// The bounds of the attention settings: cast train's settings (train/settings.cpp) and every
+// command that takes them (commands/attention_options.cpp) check the same ones.
+struct AttentionLimits {
+  static constexpr int64_t clusters = 1 << 16;      // C: 0 (the default) to this
+  static constexpr int64_t cluster_size = 1 << 22;  // κ: 0 (the default) to this
+  static constexpr int64_t topk = 1 << 22;          // improved clustered keys per cluster: 1 to this
+  static constexpr int64_t bits = 63;               // LSH hash bits: 1 to this
+  static constexpr int64_t iterations = 100000;     // Lloyd iterations: 0 to this
+};
+
 Mechanism parse_mechanism(const std::string& name);
 const char* mechanism_name(Mechanism m);
 int64_t default_clusters(int64_t n);  // ⌈√N⌉ rounded up to a multiple of 8

@@ -85,5 +85,4 @@ class TileOperand {
   std::vector<T> panels_;
 };
 
-
 }  // namespace cast::ops

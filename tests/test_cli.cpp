@@ -231,7 +231,8 @@ TEST(Cli, StandardStreamsFullOrClosed) {
   ASSERT_EQ(run("data listops-short --count 200 --out " + data).code, 0);
   const std::string train = std::string(CAST_BINARY) +
                             " train --steps 3 --dim 16 --heads 2 --layers 1 --mlp-dim 16 --batch 4 --eval-limit 8 "
-                            "--log-every 1 --device cpu --data " + data + " --run " + run_dir + " >&- 2> " + err;
+                            "--log-every 1 --device cpu --data " +
+                            data + " --run " + run_dir + " >&- 2> " + err;
   const int status = std::system(train.c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   EXPECT_TRUE(fs::exists(run_dir + "/summary.json"));
@@ -639,10 +640,13 @@ TEST(Cli, CastWithClustersAsLongAsTheSequenceSaysItIsFullAttention) {
 TEST(Cli, DocsShowTheFastPathTableOfTheRegistry) {
   const CliRun r = run("info --fast-paths");
   ASSERT_EQ(r.code, 0) << r.err;
-  ASSERT_NE(r.out.find("| `combine_clusters` | `combine_clusters_fused` | `ops/attention/combine_clusters_fused.cpp` |"),
-            std::string::npos)
+  ASSERT_NE(
+      r.out.find("| `combine_clusters` | `combine_clusters_fused` | `ops/attention/combine_clusters_fused.cpp` |"),
+      std::string::npos)
       << r.out;
-  const std::string doc = slurp_file((fs::path(CAST_TEST_DATA_DIR).parent_path().parent_path() / "docs" / "engine.md").string());
+  const std::string doc =
+      slurp_file((fs::path(CAST_TEST_DATA_DIR).parent_path().parent_path() / "docs" / "engine.md").string());
   EXPECT_NE(doc.find(r.out), std::string::npos)
-      << "docs/engine.md does not show `cast info --fast-paths` as it prints now:\n" << r.out;
+      << "docs/engine.md does not show `cast info --fast-paths` as it prints now:\n"
+      << r.out;
 }

@@ -10,7 +10,7 @@
 
 #include "tests/test_util.h"
 #include "datasets/data.h"
-#include "figures/png.h"
+#include "datasets/png.h"
 #include "train/trainer.h"
 
 using namespace cast;

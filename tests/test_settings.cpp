@@ -11,7 +11,7 @@
 
 #include "tensor/safetensors.h"
 #include "test_util.h"
-#include "commands/cli.h"
+#include "train/cli.h"
 #include "train/trainer.h"
 
 using namespace cast;

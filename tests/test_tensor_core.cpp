@@ -51,7 +51,8 @@ float rounded_bf16(float x) { return bf16_value(bf16_bits(x)); }
 TEST(CudaVsCpuTensorCore, MmaMatchesAPlainProductOfTheRoundedOperands) {
   SKIP_WITHOUT_GPU();
   for (const int K : {8, 16}) {
-    const Tensor a = Tensor::normal({16, K}, 11, K), b = Tensor::normal({K, 8}, 12, K), c = Tensor::normal({16, 8}, 13, K);
+    const Tensor a = Tensor::normal({16, K}, 11, K), b = Tensor::normal({K, 8}, 12, K),
+                 c = Tensor::normal({16, 8}, 13, K);
     Tensor d = Tensor::full({16, 8}, std::nan(""), DType::f32, Device::cuda);
     const Tensor ag = a.to(Device::cuda), bg = b.to(Device::cuda), cg = c.to(Device::cuda);
     cuda::mma_check(d, ag, bg, cg);
@@ -90,7 +91,8 @@ TEST(CudaVsCpuTensorCore, LdmatrixPlacesEveryElementByTheFragmentLayout) {
         const int g = lane / 4, t = lane % 4;
         // element (r, c) of matrix m is the value 8 (8m + r) + c
         const auto value = [&](int r, int c) { return uint32_t(8 * (8 * m + r) + c); };
-        const uint32_t want = trans ? value(2 * t, g) | value(2 * t + 1, g) << 16 : value(g, 2 * t) | value(g, 2 * t + 1) << 16;
+        const uint32_t want =
+            trans ? value(2 * t, g) | value(2 * t + 1, g) << 16 : value(g, 2 * t) | value(g, 2 * t + 1) << 16;
         EXPECT_EQ(static_cast<uint32_t>(static_cast<int32_t>(got[4 * lane + m])), want)
             << (trans ? "trans " : "") << "lane " << lane << " register " << m;
       }
@@ -108,16 +110,26 @@ TEST(CudaVsCpuTensorCore, CpAsyncCopiesOrZeroFills) {
   cuda::cp_async_check(out, src, Tensor::from_vector<int32_t>(valid, {32}).to(Device::cuda));
   const std::vector<double> got = out.to_double_vector(), want = src.to_double_vector();
   for (int i = 0; i < 256; ++i)
-    EXPECT_EQ(got[i], valid[i % 128 / 4] ? want[i % 128] : 0.0) << (i < 128 ? "first group" : "second group")
-                                                                   << ", element " << i % 128;
+    EXPECT_EQ(got[i], valid[i % 128 / 4] ? want[i % 128] : 0.0)
+        << (i < 128 ? "first group" : "second group") << ", element " << i % 128;
 }
 
 // The device's conversions: BF16 to nearest with ties to even, TF32 to nearest (ties away, as
 // cvt.rna), infinities kept, NaN a NaN, a value past BF16's largest finite one an infinity.
 TEST(CudaVsCpuTensorCore, ConversionsRoundToNearestAndKeepNaNAndInfinity) {
   SKIP_WITHOUT_GPU();
-  std::vector<float> x = {1.0f, -2.5f, 0.1f, 1.00390625f /* a BF16 tie: 1 + 2^-8 */, 1.01171875f /* tie, odd */,
-                          3.0e38f, 3.4028235e38f /* FLT_MAX: past BF16's largest, 3.3895e38 */, INFINITY, -INFINITY, std::nanf(""), 1e-40f, -0.0f};
+  std::vector<float> x = {1.0f,
+                          -2.5f,
+                          0.1f,
+                          1.00390625f /* a BF16 tie: 1 + 2^-8 */,
+                          1.01171875f /* tie, odd */,
+                          3.0e38f,
+                          3.4028235e38f /* FLT_MAX: past BF16's largest, 3.3895e38 */,
+                          INFINITY,
+                          -INFINITY,
+                          std::nanf(""),
+                          1e-40f,
+                          -0.0f};
   for (int i = 0; i < 52; ++i) x.push_back(std::ldexp(1.0f + static_cast<float>(i) / 53.0f, i - 26));
   for (uint32_t tie : {0x3f801000u, 0x3f803000u, 0xbf801000u}) {  // TF32 ties: cvt.rna rounds them away from 0
     float f;
@@ -140,8 +152,8 @@ TEST(CudaVsCpuTensorCore, ConversionsRoundToNearestAndKeepNaNAndInfinity) {
     EXPECT_EQ(bv, rounded_bf16(x[i])) << "bf16 of " << x[i];
     EXPECT_EQ(tv, rounded_tf32(x[i])) << "tf32 of " << x[i];
   }
-  EXPECT_EQ(bf16_value(static_cast<uint16_t>(b[3])), 1.0f);         // the tie goes to the even 1.0
-  EXPECT_EQ(bf16_value(static_cast<uint16_t>(b[4])), 1.015625f);    // and up to the even 1 + 4·2^-8
+  EXPECT_EQ(bf16_value(static_cast<uint16_t>(b[3])), 1.0f);          // the tie goes to the even 1.0
+  EXPECT_EQ(bf16_value(static_cast<uint16_t>(b[4])), 1.015625f);     // and up to the even 1 + 4·2^-8
   EXPECT_TRUE(std::isinf(bf16_value(static_cast<uint16_t>(b[6]))));  // past the largest BF16
 }
 
@@ -182,7 +194,8 @@ void expect_kernels_match_reference(int64_t B, int64_t M, int64_t N, int64_t d,
         fmt::format("{} at B {} M {} N {} d {} (runs {}, tiles {}x{}/{})", cuda::flash_kernel_name(kernel.kernel), B, M,
                     N, d, cuda::flash_kernel_name(cuda::flash_kernel_that_runs(kernel.kernel, qc, kc, vc)),
                     cuda::flash_warp_rows(kernel.kernel, static_cast<int>(d)),
-                    cuda::flash_stream_rows(kernel.kernel, static_cast<int>(d), true), cuda::flash_stream_rows(kernel.kernel, static_cast<int>(d), false));
+                    cuda::flash_stream_rows(kernel.kernel, static_cast<int>(d), true),
+                    cuda::flash_stream_rows(kernel.kernel, static_cast<int>(d), false));
     Tensor out = Tensor::full(q.shape(), std::nan(""), DType::f32, Device::cuda);
     Tensor lse = Tensor::full({B, H, M}, std::nan(""), DType::f32, Device::cuda);
     cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel.kernel);
@@ -224,14 +237,18 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchAtEveryStreamedTile) {
 // The backward gives the same bits every time: no atomics, a fixed order of sums.
 TEST(CudaVsCpuTensorCore, FlashBackwardIsDeterministic) {
   SKIP_WITHOUT_GPU();
-  const Tensor q = Tensor::normal({1, 2, 70, 64}, 41, 0).to(Device::cuda), k = Tensor::normal({1, 2, 90, 64}, 42, 0).to(Device::cuda),
-               v = Tensor::normal({1, 2, 90, 64}, 43, 0).to(Device::cuda), g = Tensor::normal({1, 2, 70, 64}, 44, 0).to(Device::cuda);
+  const Tensor q = Tensor::normal({1, 2, 70, 64}, 41, 0).to(Device::cuda),
+               k = Tensor::normal({1, 2, 90, 64}, 42, 0).to(Device::cuda),
+               v = Tensor::normal({1, 2, 90, 64}, 43, 0).to(Device::cuda),
+               g = Tensor::normal({1, 2, 70, 64}, 44, 0).to(Device::cuda);
   for (cuda::FlashKernel kernel : {cuda::FlashKernel::tf32, cuda::FlashKernel::bf16}) {
     std::vector<std::vector<double>> runs;
     for (int r = 0; r < 2; ++r) {
-      Tensor out = Tensor::empty(q.shape(), DType::f32, Device::cuda), lse = Tensor::empty({1, 2, 70}, DType::f32, Device::cuda);
+      Tensor out = Tensor::empty(q.shape(), DType::f32, Device::cuda),
+             lse = Tensor::empty({1, 2, 70}, DType::f32, Device::cuda);
       cuda::flash_attention_forward(out, lse, q, k, v, Tensor(), kernel);
-      Tensor dq = Tensor::zeros(q.shape(), DType::f32, Device::cuda), dk = Tensor::zeros(k.shape(), DType::f32, Device::cuda),
+      Tensor dq = Tensor::zeros(q.shape(), DType::f32, Device::cuda),
+             dk = Tensor::zeros(k.shape(), DType::f32, Device::cuda),
              dv = Tensor::zeros(v.shape(), DType::f32, Device::cuda);
       cuda::flash_attention_backward(&dq, &dk, &dv, g, q, k, v, Tensor(), out, lse, kernel);
       std::vector<double> all;

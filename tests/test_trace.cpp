@@ -12,7 +12,7 @@
 #include "ops/ops.h"
 #include "tests/devices.h"
 #include "tests/test_util.h"
-#include "commands/cli.h"
+#include "train/cli.h"
 #include "train/trace.h"
 
 namespace {

@@ -5,7 +5,7 @@
 
 #include "tensor/files.h"
 #include "tensor/safetensors.h"
-#include "datasets/tasks.h"
+#include "train/tasks.h"
 
 namespace cast::train {
 

@@ -168,8 +168,8 @@ std::string output_name(const CompareSpec& spec, const std::string& stem, const 
   return spec.name.empty() ? stem + extension : stem + "-" + spec.name + extension;
 }
 
-void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs) {
-  json variants = json::array();
+// results.md down to its table of variants' header row.
+std::string results_heading(const CompareSpec& spec) {
   std::string md = fmt::format("# Comparison: {}\n\n", spec.task);
   if (!spec.command.empty()) md += fmt::format("Command: `{}`\n\n", spec.command);
   md += fmt::format(
@@ -180,6 +180,28 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
   md +=
       "| variant | runs | test accuracy % | validation accuracy % | steps | wall time per run | step ms | peak MiB |\n"
       "|---|---|---|---|---|---|---|---|\n";
+  return md;
+}
+
+// results.md's table of every run.
+std::string runs_table(const std::vector<CompareRun>& runs) {
+  std::string md =
+      "\n## Runs\n\n| variant | seed | folder | test % | validation % | majority % | steps | wall time | step ms |\n"
+      "|---|---|---|---|---|---|---|---|---|\n";
+  for (const CompareRun& r : runs) {
+    const json& s = r.summary;
+    md +=
+        fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {} | {} | {:.1f} |\n", r.variant, r.seed,
+                    std::filesystem::path(r.dir).filename().string(), 100 * s["test_accuracy"].get<double>(),
+                    100 * s["val_accuracy"].get<double>(), 100 * s.value("majority_rate", 0.0),
+                    s["steps"].get<int64_t>(), duration(s.value("seconds", 0.0)), 1000 * s.value("step_seconds", 0.0));
+  }
+  return md;
+}
+
+void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs) {
+  json variants = json::array();
+  std::string md = results_heading(spec);
   std::vector<Curves> figure;
   for (const auto& [label, settings] : spec.variants) {
     std::vector<double> test, val, wall, step_ms;
@@ -214,17 +236,7 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
                         {"peak_mib", peak}});
     figure.push_back(mean_curves(label, curves));
   }
-  md +=
-      "\n## Runs\n\n| variant | seed | folder | test % | validation % | majority % | steps | wall time | step ms |\n"
-      "|---|---|---|---|---|---|---|---|---|\n";
-  for (const CompareRun& r : runs) {
-    const json& s = r.summary;
-    md +=
-        fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {} | {} | {:.1f} |\n", r.variant, r.seed,
-                    std::filesystem::path(r.dir).filename().string(), 100 * s["test_accuracy"].get<double>(),
-                    100 * s["val_accuracy"].get<double>(), 100 * s.value("majority_rate", 0.0),
-                    s["steps"].get<int64_t>(), duration(s.value("seconds", 0.0)), 1000 * s.value("step_seconds", 0.0));
-  }
+  md += runs_table(runs);
   md += fmt::format("\n![validation accuracy and training loss of every variant]({})\n",
                     output_name(spec, "comparison", ".svg"));
   const json results = {{"task", spec.task},
@@ -260,14 +272,8 @@ TrainResult run_training_or_stop(const CompareSpec& spec, const TrainConfig& con
   }
 }
 
-}  // namespace
-
-CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool quiet) {
-  CAST_CHECK(!spec.variants.empty() && !spec.seeds.empty(), "a comparison needs at least one variant and one seed");
-  CAST_CHECK_USAGE(
-      !spec.settings.contains("run") && !spec.settings.contains("seed"),
-      "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
-  // Every run's settings are checked before the first step is spent.
+// Every run's folder and settings, checked before the first step is spent.
+std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spec) {
   std::vector<std::pair<CompareRun, TrainConfig>> plan;
   for (const auto& [label, settings] : spec.variants)
     for (uint64_t seed : spec.seeds) {
@@ -279,6 +285,29 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       c.run_dir = r.dir;
       plan.push_back({r, c});
     }
+  return plan;
+}
+
+// A run not started in its own folder that another finished run of the comparison already is
+// (same settings): it takes that run's folder and summary. `progress` is printed when not empty.
+bool reuse_finished_run(const CompareSpec& spec, const TrainConfig& config, CompareRun& run,
+                        const std::string& progress) {
+  const std::string same = finished_run_like(spec.out_dir, config);
+  if (same.empty()) return false;
+  run.dir = same;
+  run.summary = read_summary(same + "/summary.json");
+  if (!progress.empty()) fmt::print("{}: the same settings as the finished run {}; using it\n", progress, same);
+  return true;
+}
+
+}  // namespace
+
+CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool quiet) {
+  CAST_CHECK(!spec.variants.empty() && !spec.seeds.empty(), "a comparison needs at least one variant and one seed");
+  CAST_CHECK_USAGE(
+      !spec.settings.contains("run") && !spec.settings.contains("seed"),
+      "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
+  std::vector<std::pair<CompareRun, TrainConfig>> plan = plan_runs(spec);
   files::make_writable_folder(spec.out_dir, "comparison folder");
   CompareResult result;
   int index = 0;
@@ -286,17 +315,10 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
     ++index;
     const std::string checkpoint = run.dir + "/checkpoint.safetensors", summary = run.dir + "/summary.json";
     const bool started = std::filesystem::exists(checkpoint);
-    if (!started) {
-      const std::string same = finished_run_like(spec.out_dir, config);
-      if (!same.empty()) {
-        run.dir = same;
-        run.summary = read_summary(same + "/summary.json");
-        if (!quiet)
-          fmt::print("[{}/{}] {} seed {}: the same settings as the finished run {}; using it\n", index, plan.size(),
-                     run.variant, run.seed, same);
-        result.runs.push_back(run);
-        continue;
-      }
+    const std::string progress = fmt::format("[{}/{}] {} seed {}", index, plan.size(), run.variant, run.seed);
+    if (!started && reuse_finished_run(spec, config, run, quiet ? "" : progress)) {
+      result.runs.push_back(run);
+      continue;
     }
     Checkpoint stored;  // what an earlier invocation left, read once
     if (started) {
@@ -305,18 +327,13 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
     }
     if (started && std::filesystem::exists(summary)) {
       run.summary = read_summary(summary);
-      if (!quiet)
-        fmt::print("[{}/{}] {} seed {}: finished earlier ({})\n", index, plan.size(), run.variant, run.seed, run.dir);
+      if (!quiet) fmt::print("{}: finished earlier ({})\n", progress, run.dir);
       result.runs.push_back(run);
       continue;
     }
     if (!quiet) {
-      if (started)
-        fmt::print("[{}/{}] {} seed {}: resuming from step {} of {} ({})\n", index, plan.size(), run.variant, run.seed,
-                   stored.step, config.steps, run.dir);
-      else
-        fmt::print("[{}/{}] {} seed {}: {} steps ({})\n", index, plan.size(), run.variant, run.seed, config.steps,
-                   run.dir);
+      if (started) fmt::print("{}: resuming from step {} of {} ({})\n", progress, stored.step, config.steps, run.dir);
+      else fmt::print("{}: {} steps ({})\n", progress, config.steps, run.dir);
       std::fflush(stdout);
     }
     // A resumed run's checkpoint holds these very settings (checked above).

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "tensor/files.h"
-#include "datasets/tasks.h"
+#include "train/tasks.h"
 
 namespace cast::train {
 
@@ -117,30 +117,41 @@ Setting absent_before(Setting s, const char* value) {
 constexpr int64_t kBig = int64_t{1} << 40;
 
 // ---------------------------------------------------------------- the table
-std::vector<Setting> make_table() {
-  const auto run = Home::run, model = Home::model, attention = Home::attention;
-  Setting seed = integer("seed", run, 0, INT64_MAX, "seed of data order, initialisation and dropout", AT(seed));
+Setting seed_setting() {
+  Setting seed = integer("seed", Home::run, 0, INT64_MAX, "seed of data order, initialisation and dropout", AT(seed));
   seed.set = [](TrainConfig& c, const json& v) {
     const int64_t s = v.get<int64_t>();
     if (s < 0) throw UsageError(fmt::format("setting 'seed' is {}: it must be at least 0", s));
     c.seed = c.model.seed = static_cast<uint64_t>(s);  // the data order, and the model's initialisation
   };
-  Setting mechanism = choice("attention", attention, "", {"full", "cast", "clustered", "iclustered"});
+  return seed;
+}
+
+Setting mechanism_setting() {
+  Setting mechanism = choice("attention", Home::attention, "", {"full", "cast", "clustered", "iclustered"});
   mechanism.get = [](const TrainConfig& c) { return json(nn::mechanism_name(c.model.attention.mechanism)); };
   mechanism.set = [](TrainConfig& c, const json& v) {
     c.model.attention.mechanism = nn::parse_mechanism(v.get<std::string>());
   };
-  Setting f = choice("f", attention, "CAST:", {"softmax", "laplace"});
+  return mechanism;
+}
+
+Setting f_setting() {
+  Setting f = choice("f", Home::attention, "CAST:", {"softmax", "laplace"});
   f.get = [](const TrainConfig& c) {
     return json(c.model.attention.f == ops::AttentionFn::laplace ? "laplace" : "softmax");
   };
   f.set = [](TrainConfig& c, const json& v) {
     c.model.attention.f = v == "laplace" ? ops::AttentionFn::laplace : ops::AttentionFn::softmax;
   };
+  return f;
+}
 
+// What a resumed run may change: when it stops, what it logs, evaluates and saves, where
+// it reads and writes, what runs it.
+std::vector<Setting> run_settings() {
+  const auto run = Home::run;
   return {
-      // What a resumed run may change: when it stops, what it logs, evaluates and saves, where
-      // it reads and writes, what runs it.
       resumable(defaults(integer("steps", run, 0, kBig, "training steps", AT(steps)), "5000",
                          {{"listops-short", "1200"},
                           {"text", "20000"},
@@ -175,8 +186,13 @@ std::vector<Setting> make_table() {
                      "and GPU), and on the CPU the plain-loop matmul instead of the BLAS (same results, "
                      "slower; for study)",
                      AT(reference))),
+  };
+}
 
-      // The optimisation.
+// The optimisation.
+std::vector<Setting> optimisation_settings() {
+  const auto run = Home::run;
+  return {
       defaults(integer("batch", run, 1, 1 << 20, "batch size", AT(batch)), "32",
                {{"image", "256"}, {"pathfinder", "512"}, {"fashion-mnist", "64"}, {"fashion-mnist-14", "64"}}),
       defaults(number("lr", run, Bound::positive, "peak learning rate (rsqrt: the LRA base rate)", AT(lr)), "1e-3",
@@ -197,9 +213,14 @@ std::vector<Setting> make_table() {
       defaults(number("weight-decay", run, Bound::non_negative, "AdamW weight decay", AT(weight_decay)), "0.1",
                {{"listops-short", "0.01"}}),
       defaults(number("clip", run, Bound::non_negative, "gradient norm clip (0: off)", AT(clip)), "1"),
-      defaults(seed, "1"),
+      defaults(seed_setting(), "1"),
+  };
+}
 
-      // The model.
+// The model.
+std::vector<Setting> model_settings() {
+  const auto model = Home::model;
+  return {
       old_spelling(defaults(integer("max-len", model, 1, 1 << 22, "longest sequence (of pixels under --patch)",
                                     AT(model.max_len)),
                             "1024",
@@ -245,21 +266,26 @@ std::vector<Setting> make_table() {
               two_words("pooling", model, "", {"cls", "mean"}, 0, AT(model.cls_pooling)), "cls",
               {{"pathfinder", "mean"}, {"pathx", "mean"}, {"fashion-mnist", "mean"}, {"fashion-mnist-14", "mean"}}),
           "cls_pooling", "mean", "cls"),
+  };
+}
 
-      // The attention.
-      defaults(mechanism, "cast"),
-      defaults(integer("clusters", attention, 0, 1 << 16, "clusters C (0: ceil(sqrt(N)) rounded up to 8)",
-                       AT(model.attention.clusters)),
+// The attention.
+std::vector<Setting> attention_settings() {
+  const auto attention = Home::attention;
+  return {
+      defaults(mechanism_setting(), "cast"),
+      defaults(integer("clusters", attention, 0, nn::AttentionLimits::clusters,
+                       "clusters C (0: ceil(sqrt(N)) rounded up to 8)", AT(model.attention.clusters)),
                "0"),
-      old_spelling(defaults(integer("cluster-size", attention, 0, 1 << 22, "CAST cluster size (0: same default)",
-                                    AT(model.attention.cluster_size)),
+      old_spelling(defaults(integer("cluster-size", attention, 0, nn::AttentionLimits::cluster_size,
+                                    "CAST cluster size (0: same default)", AT(model.attention.cluster_size)),
                             "0"),
                    "cluster_size"),
       old_spelling(defaults(two_words("clustering", attention, "CAST:", {"topk", "satopk"}, 1,
                                       AT(model.attention.single_assignment)),
                             "topk"),
                    "single_assignment", "topk", "satopk"),
-      defaults(f, "softmax"),
+      defaults(f_setting(), "softmax"),
       old_spelling(
           defaults(two_words("summaries", attention, "CAST:", {"on", "off"}, 0, AT(model.attention.summaries)), "on"),
           "summaries", "off", "on"),
@@ -277,13 +303,23 @@ std::vector<Setting> make_table() {
                                        {"learned", "frozen"}, 1, AT(model.attention.frozen_surrogates)),
                              "learned"),
                     "learned"),
-      defaults(integer("topk", attention, 1, 1 << 22, "improved clustered: keys per cluster", AT(model.attention.topk)),
+      defaults(integer("topk", attention, 1, nn::AttentionLimits::topk, "improved clustered: keys per cluster",
+                       AT(model.attention.topk)),
                "32"),
-      defaults(integer("bits", attention, 1, 63, "clustered: hash bits", AT(model.attention.bits)), "63"),
       defaults(
-          integer("iterations", attention, 0, 100000, "clustered: Lloyd iterations", AT(model.attention.iterations)),
-          "10"),
+          integer("bits", attention, 1, nn::AttentionLimits::bits, "clustered: hash bits", AT(model.attention.bits)),
+          "63"),
+      defaults(integer("iterations", attention, 0, nn::AttentionLimits::iterations, "clustered: Lloyd iterations",
+                       AT(model.attention.iterations)),
+               "10"),
   };
+}
+
+std::vector<Setting> make_table() {
+  std::vector<Setting> table;
+  for (std::vector<Setting> (*part)() : {run_settings, optimisation_settings, model_settings, attention_settings})
+    for (Setting& s : part()) table.push_back(std::move(s));
+  return table;
 }
 #undef AT
 

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nn/transformer.h"
-#include "commands/cli.h"
+#include "train/cli.h"
 
 namespace cast::train {
 
@@ -26,10 +26,10 @@ struct TrainConfig {
   double lr = 1e-3, weight_decay = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.98, eps = 1e-9;
   std::string schedule = "cosine";  // rsqrt | cosine | constant
   uint64_t seed = 1;
-  bool eval_best = false;       // evaluate the checkpoint of best validation accuracy instead of the final model
-  std::string device = "auto";  // auto | cpu | cuda
+  bool eval_best = false;          // evaluate the checkpoint of best validation accuracy instead of the final model
+  std::string device = "auto";     // auto | cpu | cuda
   std::string precision = "fp32";  // fp32 | tf32 | bf16 (tensor/precision.h)
-  bool reference = false;  // CPU: step-by-step attention ops and plain-loop matmul (for study)
+  bool reference = false;          // CPU: step-by-step attention ops and plain-loop matmul (for study)
   // A new run refuses a run folder that already holds a checkpoint unless this is set. Not a
   // setting of the run: it is never stored.
   bool overwrite = false;

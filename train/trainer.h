@@ -2,7 +2,7 @@
 // The training loop: AdamW with the LRA settings, warmup + rsqrt or cosine decay, gradient
 // clipping, periodic evaluation and checkpoints (a resumed run is bit-identical on the CPU),
 // metrics and a loss plot. Its parts each have their own file: the settings
-// (train/settings.h), the tasks (datasets/tasks.h), evaluation (train/evaluate.h), checkpoints
+// (train/settings.h), the tasks (train/tasks.h), evaluation (train/evaluate.h), checkpoints
 // (train/checkpoint.h) and the run folder (train/run_folder.h).
 #include <cstdint>
 #include <string>
@@ -13,7 +13,7 @@
 #include "datasets/data.h"
 #include "train/evaluate.h"
 #include "train/settings.h"
-#include "datasets/tasks.h"
+#include "train/tasks.h"
 
 namespace cast::train {
 

@@ -14,8 +14,8 @@ namespace cast::cuda {
 namespace {
 
 // partial[(bh·chunks + k)·C + c] = Σ over rows i of chunk k of x[bh, i, c] · (y ? y[bh, i, c] : 1) · (m ? m[i] : 1)
-__global__ void column_chunk_sums_kernel(float* partial, const float* x, const float* y, const float* mask,
-                                         int64_t BH, int64_t N, int64_t C, int64_t chunks, int64_t heads) {
+__global__ void column_chunk_sums_kernel(float* partial, const float* x, const float* y, const float* mask, int64_t BH,
+                                         int64_t N, int64_t C, int64_t chunks, int64_t heads) {
   CAST_KERNEL_LOOP(t, BH * chunks * C) {
     const int64_t c = t % C, k = (t / C) % chunks, bh = t / (C * chunks);
     const int64_t start = k * kSumChunk, end = start + kSumChunk < N ? start + kSumChunk : N;
@@ -42,8 +42,8 @@ __global__ void column_totals_kernel(float* total, const float* partial, int64_t
   }
 }
 
-__global__ void summary_normalise_kernel(float* p, const float* colsum, const float* a_k, const float* mask,
-                                         int64_t BH, int64_t N, int64_t C, int64_t heads) {
+__global__ void summary_normalise_kernel(float* p, const float* colsum, const float* a_k, const float* mask, int64_t BH,
+                                         int64_t N, int64_t C, int64_t heads) {
   CAST_KERNEL_LOOP(at, BH * N * C) {
     const int64_t c = at % C, i = (at / C) % N, bh = at / (N * C);
     const float w = mask ? a_k[at] * mask[(bh / heads) * N + i] : a_k[at];

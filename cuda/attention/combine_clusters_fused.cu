@@ -1,9 +1,8 @@
-// CAST step 7's sparse part, fused (cuda/attention/combine_clusters_fused.h). Forward: one thread per (slot, column) adds
-// its weighted difference into the token's output row (atomics: a token sits in several
-// clusters). Backward: one block per (head, cluster), a thread per column; the block walks the
-// cluster's κ slots, each thread keeping its column's share of dinter in a register and the
-// block reducing each slot's dw over the columns. A token appears at most once in a cluster, so
-// its dw[i, c] has one writer.
+// CAST step 7's sparse part, fused (cuda/attention/combine_clusters_fused.h). Forward: one thread per (slot, column)
+// adds its weighted difference into the token's output row (atomics: a token sits in several clusters). Backward: one
+// block per (head, cluster), a thread per column; the block walks the cluster's κ slots, each thread keeping its
+// column's share of dinter in a register and the block reducing each slot's dw over the columns. A token appears at
+// most once in a cluster, so its dw[i, c] has one writer.
 #include "cuda/attention/combine_clusters_fused.h"
 #include "cuda/common.cuh"
 #include "cuda/launch.cuh"

@@ -184,8 +184,8 @@ __device__ __forceinline__ void load_b_rows(typename M::B (&b)[2], const SharedA
 // feeds MI products. Columns past `width` (the head width rounded up to the k-step) are zeros
 // and skipped.
 template <class M, int D, int MI, int NT>
-__device__ __forceinline__ void product_xyt(float (&acc)[MI][NT][4], const SharedArray<typename M::Elem>& s,
-                                            int x_base, int y_base, int stride, int row0, int width, int lane) {
+__device__ __forceinline__ void product_xyt(float (&acc)[MI][NT][4], const SharedArray<typename M::Elem>& s, int x_base,
+                                            int y_base, int stride, int row0, int width, int lane) {
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -285,9 +285,8 @@ __device__ __forceinline__ void key_flags(bool (&real)[NT][2], const float* mask
 // cp.async of streamed tile `tile` of two operands x and y (rows × width each, `rows` in all) into
 // its stage: x at base + 2·(tile % 2)·kStreamed, y after it.
 template <class M, class T>
-__device__ __forceinline__ void copy_stage(const SharedArray<typename M::Elem>& s, int base,
-                                           const typename M::Elem* x, const typename M::Elem* y, int tile, int rows,
-                                           int width) {
+__device__ __forceinline__ void copy_stage(const SharedArray<typename M::Elem>& s, int base, const typename M::Elem* x,
+                                           const typename M::Elem* y, int tile, int rows, int width) {
   const int r0 = tile * T::kStream, valid = min_of(rows - r0, T::kStream);
   const int st = base + 2 * (tile % 2) * T::kStreamed;
   copy_rows<M, T::D>(s, st, T::kStride, x + static_cast<int64_t>(r0) * width, valid, T::kStream, width);
@@ -433,7 +432,8 @@ __global__ void __launch_bounds__(kBlock)
   const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * kBlockRows;
   const int q_rows = min_of(s.M - i0, kBlockRows);
   const bool live = row0 < q_rows;
-  const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.width, q_off = (static_cast<int64_t>(bh) * s.M + i0) * s.width;
+  const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.width,
+                q_off = (static_cast<int64_t>(bh) * s.M + i0) * s.width;
   const int tiles = (s.N + BN - 1) / BN, width = (s.width + M::kK - 1) / M::kK * M::kK;
 
   copy_rows<M, D>(smem, q_base, stride, q + q_off, q_rows, kBlockRows, s.width);
@@ -499,7 +499,8 @@ __global__ void __launch_bounds__(kBlock)
   const int bh = blockIdx.y, b = bh / s.heads, j0 = blockIdx.x * kBlockRows;
   const int k_rows = min_of(s.N - j0, kBlockRows);
   const bool live = row0 < k_rows;
-  const int64_t k_off = (static_cast<int64_t>(bh) * s.N + j0) * s.width, q_off = static_cast<int64_t>(bh) * s.M * s.width;
+  const int64_t k_off = (static_cast<int64_t>(bh) * s.N + j0) * s.width,
+                q_off = static_cast<int64_t>(bh) * s.M * s.width;
   const int tiles = (s.M + BQ - 1) / BQ, width = (s.width + M::kK - 1) / M::kK * M::kK;
 
   copy_rows<M, D>(smem, k_base, stride, k + k_off, k_rows, kBlockRows, s.width);
@@ -630,8 +631,9 @@ int stream_rows(FlashKernel kernel, int D, bool forward) {
 
 template <class M>
 constexpr FlashKernel kernel_of() {
-  return std::is_same_v<M, Bf16Math> ? FlashKernel::bf16 : std::is_same_v<M, Tf32Math> ? FlashKernel::tf32
-                                                                                        : FlashKernel::tf32x3;
+  return std::is_same_v<M, Bf16Math>   ? FlashKernel::bf16
+         : std::is_same_v<M, Tf32Math> ? FlashKernel::tf32
+                                       : FlashKernel::tf32x3;
 }
 
 template <class M, int D, class Fn>
@@ -690,7 +692,11 @@ template <class M>
 TcShape tc_shape(const Tensor& q, const Tensor& k) {
   const int d = static_cast<int>(q.dim(3));
   const int width = std::is_same_v<typename M::Elem, float> ? d : (d + 7) / 8 * 8;
-  return TcShape{static_cast<int>(q.dim(1)), static_cast<int>(q.dim(2)), static_cast<int>(k.dim(2)), d, width,
+  return TcShape{static_cast<int>(q.dim(1)),
+                 static_cast<int>(q.dim(2)),
+                 static_cast<int>(k.dim(2)),
+                 d,
+                 width,
                  1.f / std::sqrt(static_cast<float>(d))};
 }
 
@@ -735,8 +741,8 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
       using T = TcTile<M, D, decltype(rows)::value == 128 ? 64 : decltype(rows)::value>;
       const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
       if (dq)
-        launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, BH), bytes, dq->data<float>(), ge,
-                  qe, ke, ve, m, lse.data<float>(), delta.data<float>(), s);
+        launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, BH), bytes, dq->data<float>(), ge, qe,
+                  ke, ve, m, lse.data<float>(), delta.data<float>(), s);
       if (dk || dv)
         launch_tc("flash_tc_dkdv_kernel", flash_tc_dkdv_kernel<M, T>, grid_for(s.N, BH), bytes,
                   dk ? dk->data<float>() : nullptr, dv ? dv->data<float>() : nullptr, ge, qe, ke, ve, m,
@@ -768,8 +774,10 @@ void flash_tc_backward(FlashKernel kernel, Tensor* dq, Tensor* dk, Tensor* dv, c
 }
 
 void set_flash_stream_rows(int rows) {
-  CAST_CHECK(rows == 0 || rows == 32 || rows == 64 || rows == 128, "flash attention: streamed tiles of {} rows "
-             "(0: the defaults, or 32, 64, 128)", rows);
+  CAST_CHECK(rows == 0 || rows == 32 || rows == 64 || rows == 128,
+             "flash attention: streamed tiles of {} rows "
+             "(0: the defaults, or 32, 64, 128)",
+             rows);
   g_stream_rows = rows;
 }
 

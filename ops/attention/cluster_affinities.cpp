@@ -1,4 +1,5 @@
-// CAST steps 1–2: the affinities of queries or keys to the surrogate tokens; the reference of cluster_affinities_fused.cpp.
+// CAST steps 1–2: the affinities of queries or keys to the surrogate tokens; the reference of
+// cluster_affinities_fused.cpp.
 #include <cmath>
 #include <vector>
 

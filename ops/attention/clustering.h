@@ -14,7 +14,8 @@ namespace cast::ops {
 
 // CAST Top-K clustering (ATTENTION.md 2.4). affinity: (G, N, C) -> members (G, C, κ) i32:
 // for each cluster the κ real tokens of largest affinity (ties toward the lower index, NaN
-// after every number: math/topk_order.h), kept in ascending position order; −1 fills slots that real tokens cannot fill.
+// after every number: math/topk_order.h), kept in ascending position order; −1 fills slots that real tokens cannot
+// fill.
 Tensor cluster_topk(const Tensor& affinity, const Tensor& mask, int64_t kappa);
 // The same selection for one group on the calling thread, for a fused op that holds the group's
 // affinities a (N, C) (ops/attention/cast_attention_fused.cpp): members (C, κ), filled with −1 beforehand,

@@ -59,17 +59,13 @@ StepSizes sizes(const ImprovedClusteredOutputInputs& in) { return sizes(in.q, in
 StepSizes sizes(const CastAttentionInputs& in) { return sizes(in.g, in.q.dim(-1)); }
 
 Tensor reference(const ClusterAffinitiesInputs& in) { return cluster_affinities(in.x, in.s, in.f); }
-Tensor reference(const GatedAffinityInputs& in) {
-  return gated_affinity(in.x, in.gate_w, in.gate_b, in.a_q, in.a_k);
-}
+Tensor reference(const GatedAffinityInputs& in) { return gated_affinity(in.x, in.gate_w, in.gate_b, in.a_q, in.a_k); }
 Tensor reference(const FullAttentionInputs& in) { return full_attention(in.q, in.k, in.v, in.mask); }
 Tensor reference(const IntraClusterAttentionInputs& in) {
   return intra_cluster_attention(in.q, in.k, in.v, in.members);
 }
 Tensor reference(const ClusterSummariesInputs& in) { return cluster_summaries(in.a_k, in.v, in.mask); }
-Tensor reference(const CombineClustersInputs& in) {
-  return combine_clusters(in.w, in.r_intra, in.r_inter, in.members);
-}
+Tensor reference(const CombineClustersInputs& in) { return combine_clusters(in.w, in.r_intra, in.r_inter, in.members); }
 Tensor reference(const ImprovedClusteredOutputInputs& in) {
   return improved_clustered_output(in.q, in.k, in.v, in.a_c, in.top_keys, in.assignment);
 }
@@ -92,11 +88,16 @@ Tensor run_reference(const StepInputs& inputs) {
 // ---------------------------------------------------------------- the table
 const std::vector<FastPath>& fast_paths() {
   static const std::vector<FastPath> table = {
-      cluster_affinities_fused_path(),         gated_affinity_fused_path(),
-      flash_attention_path(),                  intra_cluster_attention_fused_path(),
-      intra_cluster_attention_flash_path(),    cluster_summaries_fused_path(),
-      combine_clusters_fused_path(),           improved_clustered_output_fused_path(),
-      improved_clustered_output_topkey_path(), cast_attention_fused_path(),
+      cluster_affinities_fused_path(),
+      gated_affinity_fused_path(),
+      flash_attention_path(),
+      intra_cluster_attention_fused_path(),
+      intra_cluster_attention_flash_path(),
+      cluster_summaries_fused_path(),
+      combine_clusters_fused_path(),
+      improved_clustered_output_fused_path(),
+      improved_clustered_output_topkey_path(),
+      cast_attention_fused_path(),
   };
   return table;
 }

@@ -136,8 +136,9 @@ struct FastPath {
 template <class Inputs>
 FastPath fast_path(const char* name, const char* file, const char* supports, bool (*fits)(const StepSizes&),
                    Tensor (*run)(const Inputs&)) {
-  return {name, step_of(StepInputs(Inputs{})), file, supports, fits,
-          [run](const StepInputs& in) { return run(std::get<Inputs>(in)); }};
+  return {name, step_of(StepInputs(Inputs{})),
+          file, supports,
+          fits, [run](const StepInputs& in) { return run(std::get<Inputs>(in)); }};
 }
 // The supports that rows share.
 inline bool cpu_float(const StepSizes& s) { return s.device == Device::cpu && is_float(s.dtype); }

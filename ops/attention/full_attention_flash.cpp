@@ -298,8 +298,8 @@ void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& 
                               const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse,
                               Precision precision) {
   check_inputs(q, k, v, mask);
-  CAST_ON_CUDA(q, cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, mask, out, lse,
-                                                 cuda::flash_kernel_for(precision)));
+  CAST_ON_CUDA(
+      q, cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, mask, out, lse, cuda::flash_kernel_for(precision)));
   CAST_DISPATCH_FLOAT(q.dtype(), "flash_attention", [&] {
     Grads<T> g{dq ? dq->data<T>() : nullptr,
                dk ? dk->data<T>() : nullptr,

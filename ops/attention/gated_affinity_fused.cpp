@@ -186,10 +186,9 @@ Tensor gated_affinity_fused(const Tensor& x, const Tensor& gate_w, const Tensor&
 
 // ---------------------------------------------------------------- its row of the fast-path table
 FastPath gated_affinity_fused_path() {
-  return fast_path<GatedAffinityInputs>("gated_affinity_fused", __FILE__, "CPU f32/f64", cpu_float,
-                                        [](const GatedAffinityInputs& in) {
-                                          return gated_affinity_fused(in.x, in.gate_w, in.gate_b, in.a_q, in.a_k);
-                                        });
+  return fast_path<GatedAffinityInputs>(
+      "gated_affinity_fused", __FILE__, "CPU f32/f64", cpu_float,
+      [](const GatedAffinityInputs& in) { return gated_affinity_fused(in.x, in.gate_w, in.gate_b, in.a_q, in.a_k); });
 }
 
 }  // namespace cast::ops

@@ -1,4 +1,5 @@
-// Improved clustered attention's output (ATTENTION.md §4); the reference of improved_clustered_output_{fused,topkey}.cpp.
+// Improved clustered attention's output (ATTENTION.md §4); the reference of
+// improved_clustered_output_{fused,topkey}.cpp.
 #include <cmath>
 #include <vector>
 

@@ -277,10 +277,11 @@ Tensor improved_clustered_output_fused(const Tensor& q, const Tensor& k, const T
 
 // ---------------------------------------------------------------- its row of the fast-path table
 FastPath improved_clustered_output_fused_path() {
-  return fast_path<ImprovedClusteredOutputInputs>(
-      "improved_clustered_output_fused", __FILE__, "CPU f32/f64", cpu_float, [](const ImprovedClusteredOutputInputs& in) {
-        return improved_clustered_output_fused(in.q, in.k, in.v, in.a_c, in.top_keys, in.assignment);
-      });
+  return fast_path<ImprovedClusteredOutputInputs>("improved_clustered_output_fused", __FILE__, "CPU f32/f64", cpu_float,
+                                                  [](const ImprovedClusteredOutputInputs& in) {
+                                                    return improved_clustered_output_fused(in.q, in.k, in.v, in.a_c,
+                                                                                           in.top_keys, in.assignment);
+                                                  });
 }
 
 }  // namespace cast::ops

@@ -11,11 +11,11 @@
 
 // Improved clustered attention (§4) on the GPU. For query i in cluster j, with T = T_j its top keys:
 //   O_i = m̂_j · softmax(Q_i K_Tᵀ/√d) V_T + (A^c_j ⊙ 1[l ∉ T]) V,   m̂_j = Σ_{l ∈ T} A^c_jl
-// The top-key term is one node over cuda/attention/improved_clustered_output_topkey.cu: each query runs an online softmax
-// over its cluster's top keys, read in place, and saves one log-sum-exp; the backward recomputes
-// the probabilities, one block per cluster summing dK_T and dV_T in shared memory. The
-// reference (ops/attention/improved_clustered_output.cpp) copies K_T and V_T for every query: two tensors of B·H·N·k·d.
-// The rest is the same composition as the reference's, in recorded basic ops.
+// The top-key term is one node over cuda/attention/improved_clustered_output_topkey.cu: each query runs an online
+// softmax over its cluster's top keys, read in place, and saves one log-sum-exp; the backward recomputes the
+// probabilities, one block per cluster summing dK_T and dV_T in shared memory. The reference
+// (ops/attention/improved_clustered_output.cpp) copies K_T and V_T for every query: two tensors of B·H·N·k·d. The rest
+// is the same composition as the reference's, in recorded basic ops.
 namespace cast::ops {
 
 #ifdef CAST_WITH_CUDA

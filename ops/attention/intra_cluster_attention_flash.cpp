@@ -87,9 +87,11 @@ Tensor intra_cluster_attention_flash(const Tensor& q, const Tensor& k, const Ten
 static bool flash_fits(const StepSizes& s) { return cuda_f32(s) && s.head_width <= 128; }
 
 FastPath intra_cluster_attention_flash_path() {
-  return fast_path<IntraClusterAttentionInputs>(
-      "intra_cluster_attention_flash", __FILE__, "CUDA f32 with head width up to 128", flash_fits,
-      [](const IntraClusterAttentionInputs& in) { return intra_cluster_attention_flash(in.q, in.k, in.v, in.members); });
+  return fast_path<IntraClusterAttentionInputs>("intra_cluster_attention_flash", __FILE__,
+                                                "CUDA f32 with head width up to 128", flash_fits,
+                                                [](const IntraClusterAttentionInputs& in) {
+                                                  return intra_cluster_attention_flash(in.q, in.k, in.v, in.members);
+                                                });
 }
 
 }  // namespace cast::ops

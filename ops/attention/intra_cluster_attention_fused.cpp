@@ -133,9 +133,10 @@ Tensor intra_cluster_attention_fused(const Tensor& q, const Tensor& k, const Ten
 
 // ---------------------------------------------------------------- its row of the fast-path table
 FastPath intra_cluster_attention_fused_path() {
-  return fast_path<IntraClusterAttentionInputs>(
-      "intra_cluster_attention_fused", __FILE__, "CPU f32/f64", cpu_float,
-      [](const IntraClusterAttentionInputs& in) { return intra_cluster_attention_fused(in.q, in.k, in.v, in.members); });
+  return fast_path<IntraClusterAttentionInputs>("intra_cluster_attention_fused", __FILE__, "CPU f32/f64", cpu_float,
+                                                [](const IntraClusterAttentionInputs& in) {
+                                                  return intra_cluster_attention_fused(in.q, in.k, in.v, in.members);
+                                                });
 }
 
 }  // namespace cast::ops

@@ -82,9 +82,9 @@ TEST(CastAttentionFused, MatchesTheStepChainInEverySetting) {
         std::vector<Tensor> grads[2];
         for (int fused = 0; fused < 2; ++fused) {
           const Tensor g = ops::cast_gate(x[0], x[1], x[2]);
-          outs[fused] =
-              fused ? ops::cast_attention_fused(g, x[3], x[4], x[5], x[6], mask, members, o)
-                    : ops::run_reference(ops::CastAttentionInputs{g, x[3], x[4], x[5], x[6], mask, members, o});
+          outs[fused] = fused
+                            ? ops::cast_attention_fused(g, x[3], x[4], x[5], x[6], mask, members, o)
+                            : ops::run_reference(ops::CastAttentionInputs{g, x[3], x[4], x[5], x[6], mask, members, o});
           autograd::backward(outs[fused], dout);
           for (Tensor& t : x) {
             grads[fused].push_back(t.grad());

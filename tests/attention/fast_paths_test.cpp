@@ -11,8 +11,8 @@
 // tensor-core flash kernels, cuBLAS's TF32 and BF16 products) against the reference at fp32,
 // held in norm to 8 units of the format's roundoff: 8·2^-11 for TF32, 8·2^-8 for BF16.
 //
-// Adding a kernel: its own file with its row (ops/attention/fast_paths.h), the row in ops::fast_paths(), and, for a step no path had
-// before, that step's row in kCases below (the test fails for a path whose step has none).
+// Adding a kernel: its own file with its row (ops/attention/fast_paths.h), the row in ops::fast_paths(), and, for a
+// step no path had before, that step's row in kCases below (the test fails for a path whose step has none).
 #include <cmath>
 #include <map>
 #include <string>
@@ -70,8 +70,9 @@ Case affinities_case(Draw& r, DType t) {
 Case gated_affinity_case(Draw& r, DType t) {
   const int64_t B = r.between(1, 3), G = r.between(1, 3), N = r.small() ? 1 : r.between(2, 600);
   const int64_t C = r.small() ? 1 : r.between(2, 20), D = r.small() ? 1 : r.between(2, 40);
-  return {ops::GatedAffinityInputs{leaf({B, N, D}, r.seed + 1, t), leaf({D, G}, r.seed + 2, t), leaf({G}, r.seed + 3, t),
-           leaf({B, G, N, C}, r.seed + 4, t, 0.0, 1.0), leaf({B, G, N, C}, r.seed + 5, t, 0.0, 1.0)},
+  return {ops::GatedAffinityInputs{leaf({B, N, D}, r.seed + 1, t), leaf({D, G}, r.seed + 2, t),
+                                   leaf({G}, r.seed + 3, t), leaf({B, G, N, C}, r.seed + 4, t, 0.0, 1.0),
+                                   leaf({B, G, N, C}, r.seed + 5, t, 0.0, 1.0)},
           fmt::format("B{} G{} N{} C{} D{}", B, G, N, C, D)};
 }
 
@@ -79,10 +80,9 @@ Case full_attention_case(Draw& r, DType t) {
   const int64_t B = r.between(1, 2), H = r.between(1, 2), M = r.small() ? 1 : r.between(2, 70);
   const int64_t N = r.small() ? 1 : r.between(2, 90), d = r.small() ? 1 : r.between(2, 40);
   Tensor mask = r.seed % 4 == 2 ? Tensor() : padding_mask(r, B, N, t);
-  return {
-      ops::FullAttentionInputs{leaf({B, H, M, d}, r.seed + 1, t), leaf({B, H, N, d}, r.seed + 2, t),
-                               leaf({B, H, N, d}, r.seed + 3, t), mask},
-      fmt::format("B{} H{} M{} N{} d{}{}", B, H, M, N, d, mask.defined() ? " padded" : "")};
+  return {ops::FullAttentionInputs{leaf({B, H, M, d}, r.seed + 1, t), leaf({B, H, N, d}, r.seed + 2, t),
+                                   leaf({B, H, N, d}, r.seed + 3, t), mask},
+          fmt::format("B{} H{} M{} N{} d{}{}", B, H, M, N, d, mask.defined() ? " padded" : "")};
 }
 
 Case intra_cluster_case(Draw& r, DType t) {
@@ -90,7 +90,8 @@ Case intra_cluster_case(Draw& r, DType t) {
   const int64_t C = r.small() ? 1 : r.between(2, 7), kappa = r.small() ? 1 : r.between(2, 37);
   const int64_t d = r.small() ? 1 : r.between(2, 36);
   return {ops::IntraClusterAttentionInputs{leaf({B, H, N, d}, r.seed + 1, t), leaf({B, H, N, d}, r.seed + 2, t),
-                                           leaf({B, H, N, d}, r.seed + 3, t), random_members(B, H, C, kappa, N, r.seed + 4)},
+                                           leaf({B, H, N, d}, r.seed + 3, t),
+                                           random_members(B, H, C, kappa, N, r.seed + 4)},
           fmt::format("B{} H{} N{} C{} kappa{} d{}", B, H, N, C, kappa, d)};
 }
 
@@ -98,7 +99,8 @@ Case summaries_case(Draw& r, DType t) {
   const int64_t B = r.between(1, 3), H = r.between(1, 2), N = r.small() ? 1 : r.between(2, 300);
   const int64_t C = r.small() ? 1 : r.between(2, 9), d = r.small() ? 1 : r.between(2, 20);
   Tensor mask = r.seed % 4 == 2 ? Tensor() : padding_mask(r, B, N, t);
-  return {ops::ClusterSummariesInputs{leaf({B, H, N, C}, r.seed + 1, t, 0.05, 1.0), leaf({B, H, N, d}, r.seed + 2, t), mask},
+  return {ops::ClusterSummariesInputs{leaf({B, H, N, C}, r.seed + 1, t, 0.05, 1.0), leaf({B, H, N, d}, r.seed + 2, t),
+                                      mask},
           fmt::format("B{} H{} N{} C{} d{}{}", B, H, N, C, d, mask.defined() ? " padded" : "")};
 }
 
@@ -107,8 +109,9 @@ Case combine_case(Draw& r, DType t) {
   const int64_t C = r.small() ? 1 : r.between(2, 7), kappa = r.small() ? 1 : r.between(2, 12);
   const int64_t d = r.small() ? 1 : r.between(2, 24);
   const bool summaries = r.seed % 2 == 0;
-  return {ops::CombineClustersInputs{leaf({B, H, N, C}, r.seed + 1, t, 0.0, 1.0), leaf({B, H, C, kappa, d}, r.seed + 2, t),
-           summaries ? leaf({B, H, C, d}, r.seed + 3, t) : Tensor(), random_members(B, H, C, kappa, N, r.seed + 4)},
+  return {ops::CombineClustersInputs{
+              leaf({B, H, N, C}, r.seed + 1, t, 0.0, 1.0), leaf({B, H, C, kappa, d}, r.seed + 2, t),
+              summaries ? leaf({B, H, C, d}, r.seed + 3, t) : Tensor(), random_members(B, H, C, kappa, N, r.seed + 4)},
           fmt::format("B{} H{} N{} C{} kappa{} d{} summaries {}", B, H, N, C, kappa, d, summaries ? "on" : "off")};
 }
 
@@ -116,9 +119,10 @@ Case improved_case(Draw& r, DType t) {
   const int64_t B = r.between(1, 2), H = r.between(1, 2), N = r.small() ? 2 : r.between(3, 60);
   const int64_t C = r.small() ? 1 : r.between(2, 6), top = r.small() ? 1 : r.between(2, 12);
   const int64_t d = r.small() ? 1 : r.between(2, 24);
-  return {ops::ImprovedClusteredOutputInputs{leaf({B, H, N, d}, r.seed + 1, t), leaf({B, H, N, d}, r.seed + 2, t),
-           leaf({B, H, N, d}, r.seed + 3, t), leaf({B, H, C, N}, r.seed + 4, t, 0.0, 1.0), random_members(B, H, C, top, N, r.seed + 5),
-           random_assignment(B, H, N, C, r.seed + 6)},
+  return {ops::ImprovedClusteredOutputInputs{
+              leaf({B, H, N, d}, r.seed + 1, t), leaf({B, H, N, d}, r.seed + 2, t), leaf({B, H, N, d}, r.seed + 3, t),
+              leaf({B, H, C, N}, r.seed + 4, t, 0.0, 1.0), random_members(B, H, C, top, N, r.seed + 5),
+              random_assignment(B, H, N, C, r.seed + 6)},
           fmt::format("B{} H{} N{} C{} top{} d{}", B, H, N, C, top, d)};
 }
 
@@ -129,12 +133,13 @@ Case cast_attention_case(Draw& r, DType t) {
   const ops::CastOptions o{r.seed % 2 == 0 ? ops::AttentionFn::softmax : ops::AttentionFn::laplace, r.between(0, 2) > 0,
                            r.between(0, 2) == 0};
   Tensor mask = r.seed % 4 == 2 ? Tensor() : padding_mask(r, B, N, t);
-  return {ops::CastAttentionInputs{leaf({B, N, H}, r.seed + 1, t, 0.0, 1.0), leaf({B, H, N, d}, r.seed + 4, t),
-                                   leaf({B, H, N, d}, r.seed + 5, t), leaf({B, H, N, d}, r.seed + 6, t),
-                                   leaf({H, C, d}, r.seed + 7, t), mask, random_members(B, H, C, kappa, N, r.seed + 8), o},
-          fmt::format("B{} H{} N{} C{} kappa{} d{} {} summaries {} mix {}{}", B, H, N, C, kappa, d,
-                      o.f == ops::AttentionFn::softmax ? "softmax" : "laplace", o.summaries ? "on" : "off",
-                      o.mix_query ? "query" : "affinity", mask.defined() ? " padded" : "")};
+  return {
+      ops::CastAttentionInputs{leaf({B, N, H}, r.seed + 1, t, 0.0, 1.0), leaf({B, H, N, d}, r.seed + 4, t),
+                               leaf({B, H, N, d}, r.seed + 5, t), leaf({B, H, N, d}, r.seed + 6, t),
+                               leaf({H, C, d}, r.seed + 7, t), mask, random_members(B, H, C, kappa, N, r.seed + 8), o},
+      fmt::format("B{} H{} N{} C{} kappa{} d{} {} summaries {} mix {}{}", B, H, N, C, kappa, d,
+                  o.f == ops::AttentionFn::softmax ? "softmax" : "laplace", o.summaries ? "on" : "off",
+                  o.mix_query ? "query" : "affinity", mask.defined() ? " padded" : "")};
 }
 
 using MakeCase = Case (*)(Draw&, DType);
@@ -223,10 +228,8 @@ TEST_P(FastPathAgainstReference, ValuesAndEveryGradient) {
             << "an earlier registered path of the same step takes these inputs: this one would never run";
         const Tensor dout = Tensor::uniform(reference_shape(c), 77 + seed, 0, -1.0, 1.0, DType::f64);
         const PathRun want =
-            run_once([&](const ops::StepInputs& x) { return ops::run_reference(x); },
-                     c.inputs, device, dout);
-        const PathRun got =
-            run_once([&](const ops::StepInputs& x) { return path.run(x); }, c.inputs, device, dout);
+            run_once([&](const ops::StepInputs& x) { return ops::run_reference(x); }, c.inputs, device, dout);
+        const PathRun got = run_once([&](const ops::StepInputs& x) { return path.run(x); }, c.inputs, device, dout);
         const double rtol = dtype == DType::f32 ? 1e-4 : 1e-10, atol = dtype == DType::f32 ? 1e-5 : 1e-12;
         expect_close_per_element(got.out, want.out, rtol, atol, "output");
         const std::vector<Tensor> tensors = ops::tensors_of(c.inputs);
@@ -235,7 +238,8 @@ TEST_P(FastPathAgainstReference, ValuesAndEveryGradient) {
             expect_close_per_element(got.grads[i], want.grads[i], rtol, atol, fmt::format("gradient of input {}", i));
         ++ran;
         if (device != Device::cuda || dtype != DType::f32) continue;
-        for (auto [precision, tolerance] : {std::pair{Precision::tf32, 8 * 0x1p-11}, std::pair{Precision::bf16, 8 * 0x1p-8}}) {
+        for (auto [precision, tolerance] :
+             {std::pair{Precision::tf32, 8 * 0x1p-11}, std::pair{Precision::bf16, 8 * 0x1p-8}}) {
           PrecisionGuard at(precision);
           const PathRun reduced =
               run_once([&](const ops::StepInputs& x) { return path.run(x); }, c.inputs, device, dout);

@@ -171,35 +171,35 @@ TEST(CudaVsCpuAttention, FlashAttentionPropagatesNaNAsTheReference) {
   for (int64_t j = 60; j < N; ++j) m[j] = 0.f;
   const Tensor mask = Tensor::from_vector<float>(m, {B, N});
   for (const Precision precision : {Precision::fp32, Precision::tf32, Precision::bf16})
-  for (const int which : {1, 2})  // the NaN in k, then in v
-    for (const bool on_padding : {false, true}) {
-      Inputs in{rand32({B, H, N, d}, 90), rand32({B, H, N, d}, 91), rand32({B, H, N, d}, 92)};
-      const std::vector<double> values = in[which].to_double_vector();
-      std::vector<float> poisoned(values.begin(), values.end());
-      poisoned[(on_padding ? 65 : 3) * d + 5] = std::nanf("");  // key 3 is real, key 65 is padding
-      in[which] = Tensor::from_vector<float>(poisoned, in[which].shape()).set_requires_grad();
-      auto nan_pattern = [&](bool flash, Device device) {
-        Inputs x = copy_inputs(in, device);
-        const Tensor mk = mask.to(device);
-        PrecisionGuard at(flash ? precision : Precision::fp32);
-        Tensor out = flash ? ops::flash_attention(x[0], x[1], x[2], mk) : ops::full_attention(x[0], x[1], x[2], mk);
-        autograd::backward(out, Tensor::uniform(out.shape(), 93, 0, -1.0, 1.0).to(device));
-        std::vector<std::vector<bool>> pattern;
-        for (const Tensor& t : {out, x[0].grad(), x[1].grad(), x[2].grad()}) {
-          std::vector<bool> nan;
-          for (double v : t.to_double_vector()) nan.push_back(std::isnan(v));
-          pattern.push_back(nan);
-        }
-        return pattern;
-      };
-      const auto reference = nan_pattern(false, Device::cpu), device = nan_pattern(true, Device::cuda);
-      const char* names[] = {"output", "dq", "dk", "dv"};
-      for (int t = 0; t < 4; ++t)
-        EXPECT_EQ(device[t], reference[t]) << names[t] << ": NaN in " << (which == 1 ? "k" : "v") << " of a "
-                                           << (on_padding ? "padding" : "real") << " key, at "
-                                           << precision_name(precision);
-      // the forward never looks at a padding key's scores
-      if (which == 1)
-        EXPECT_EQ(std::find(reference[0].begin(), reference[0].end(), true) != reference[0].end(), !on_padding);
-    }
+    for (const int which : {1, 2})  // the NaN in k, then in v
+      for (const bool on_padding : {false, true}) {
+        Inputs in{rand32({B, H, N, d}, 90), rand32({B, H, N, d}, 91), rand32({B, H, N, d}, 92)};
+        const std::vector<double> values = in[which].to_double_vector();
+        std::vector<float> poisoned(values.begin(), values.end());
+        poisoned[(on_padding ? 65 : 3) * d + 5] = std::nanf("");  // key 3 is real, key 65 is padding
+        in[which] = Tensor::from_vector<float>(poisoned, in[which].shape()).set_requires_grad();
+        auto nan_pattern = [&](bool flash, Device device) {
+          Inputs x = copy_inputs(in, device);
+          const Tensor mk = mask.to(device);
+          PrecisionGuard at(flash ? precision : Precision::fp32);
+          Tensor out = flash ? ops::flash_attention(x[0], x[1], x[2], mk) : ops::full_attention(x[0], x[1], x[2], mk);
+          autograd::backward(out, Tensor::uniform(out.shape(), 93, 0, -1.0, 1.0).to(device));
+          std::vector<std::vector<bool>> pattern;
+          for (const Tensor& t : {out, x[0].grad(), x[1].grad(), x[2].grad()}) {
+            std::vector<bool> nan;
+            for (double v : t.to_double_vector()) nan.push_back(std::isnan(v));
+            pattern.push_back(nan);
+          }
+          return pattern;
+        };
+        const auto reference = nan_pattern(false, Device::cpu), device = nan_pattern(true, Device::cuda);
+        const char* names[] = {"output", "dq", "dk", "dv"};
+        for (int t = 0; t < 4; ++t)
+          EXPECT_EQ(device[t], reference[t])
+              << names[t] << ": NaN in " << (which == 1 ? "k" : "v") << " of a " << (on_padding ? "padding" : "real")
+              << " key, at " << precision_name(precision);
+        // the forward never looks at a padding key's scores
+        if (which == 1)
+          EXPECT_EQ(std::find(reference[0].begin(), reference[0].end(), true) != reference[0].end(), !on_padding);
+      }
 }

@@ -95,8 +95,8 @@ TEST(CudaVsCpuAttention, ImprovedClusteredTopKeysFused) {
       [&](const Inputs& x) {
         // the GPU's fast path against the CPU's step composition (keys listed twice in a cluster are
         // the reference's to take; the CPU's fused kernel refuses them)
-        const ops::ImprovedClusteredOutputInputs in{x[0], x[1], x[2], ops::softmax(x[3]), on(top_keys, x[0]),
-                                                    on(assignment, x[0])};
+        const ops::ImprovedClusteredOutputInputs in{
+            x[0], x[1], x[2], ops::softmax(x[3]), on(top_keys, x[0]), on(assignment, x[0])};
         return x[0].is_cuda() ? ops::run_step(/*fast=*/true, in) : ops::run_reference(in);
       },
       Inputs{rand32({B, H, N, d}, 31), rand32({B, H, N, d}, 32), rand32({B, H, N, d}, 33), rand32({B, H, C, N}, 34)});

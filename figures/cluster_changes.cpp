@@ -1,4 +1,4 @@
-#include "train/cluster_changes.h"
+#include "figures/cluster_changes.h"
 
 #include <algorithm>
 #include <map>

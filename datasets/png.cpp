@@ -1,4 +1,4 @@
-#include "figures/png.h"
+#include "datasets/png.h"
 
 #include <png.h>
 

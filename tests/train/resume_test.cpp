@@ -1,107 +1,26 @@
-// Layer 3: a tiny model learns a tiny task with every mechanism; a resumed run reproduces the
-// uninterrupted one bit for bit; checkpoints round-trip and refuse a different model.
+// Checkpoints and resuming: a resumed run equal bit for bit to an uninterrupted one, also after a stop
+// request; checkpoints round-trip, are parsed strictly, refuse a different model and never hold NaN;
+// the occupied-folder and resume-settings rules.
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "tensor/philox.h"
 #include "tensor/safetensors.h"
 #include "tests/test_util.h"
-#include "train/cluster_changes.h"
+#include "figures/cluster_changes.h"
 #include "figures/clusters_figure.h"
 #include "train/memory_estimate.h"
 #include "train/stop.h"
 #include "train/trainer.h"
+#include "tests/train/train_test_util.h"
 
 using namespace cast;
 using namespace cast::testing;
-
-// Sequences of 16 tokens from {1, 2, 3}; the label says whether 1 occurs more often than 2.
-static data::TaskData counting_task(int64_t train, int64_t test, uint64_t seed) {
-  data::TaskData t;
-  t.name = "counting";
-  t.vocab = 4;
-  t.classes = 2;
-  t.max_len = 16;
-  uint64_t draw = 0;
-  auto make = [&](int64_t n, std::vector<data::Example>& out) {
-    while (static_cast<int64_t>(out.size()) < n) {
-      data::Example e;
-      int ones = 0, twos = 0;
-      for (int i = 0; i < 16; ++i) {
-        const int tok = 1 + static_cast<int>(philox::uniform(seed, draw++) * 3);
-        e.tokens.push_back(tok);
-        ones += tok == 1;
-        twos += tok == 2;
-      }
-      if (ones == twos) continue;
-      e.label = ones > twos ? 1 : 0;
-      out.push_back(e);
-    }
-  };
-  make(train, t.train);
-  make(test, t.val);
-  make(test, t.test);
-  return t;
-}
-
-static train::TrainConfig tiny_config(nn::Mechanism mechanism, const std::string& run_dir) {
-  train::TrainConfig c;
-  c.task = "counting";
-  c.run_dir = run_dir;
-  c.steps = 300;
-  c.batch = 32;
-  c.lr = 3e-3;
-  c.warmup = 20;
-  c.schedule = "constant";
-  c.weight_decay = 0.0;
-  c.checkpoint_every = 0;
-  c.log_every = 50;
-  c.device = "cpu";
-  nn::ModelConfig& m = c.model;
-  m.vocab = 4, m.max_len = 16, m.dim = 32, m.heads = 2, m.mlp_dim = 64, m.layers = 1, m.classes = 2;
-  m.cls_pooling = true;
-  m.dropout = 0.0;
-  m.attention.mechanism = mechanism;
-  m.attention.clusters = 4;
-  m.attention.cluster_size = 6;
-  m.attention.topk = 8;
-  m.attention.bits = 16;
-  return c;
-}
-
-static std::string temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() / ("cast_train_" + std::to_string(getpid()) + "_" + name);
-  std::filesystem::remove_all(p);
-  return p.string();
-}
-
-class TinyTaskLearning : public ::testing::TestWithParam<nn::Mechanism> {};
-
-// Stated accuracy: at least 90% on 200 held-out sequences after 1000 steps (majority ~50%). At
-// 300 steps CAST sat on the edge: 0.81 with one OpenMP thread and above 0.9 with two on the same
-// AMD EPYC machine (the summation order differs). At 600 it sat there again once the CPU's CAST
-// summaries, combine and tile products summed in other orders: 0.805 in the emulated build
-// (no -fno-trapping-math, sanitizers) and 0.70 with the reference summaries and combine on one
-// thread, above 0.9 otherwise. A test that a summation order can fail trains too little; at
-// 1000 steps every mechanism passes in both builds with one and two threads.
-TEST_P(TinyTaskLearning, ReachesNinetyPercent) {
-  data::TaskData task = counting_task(2000, 200, 11);
-  train::TrainConfig c = tiny_config(GetParam(), temp_dir(nn::mechanism_name(GetParam())));
-  c.steps = 1000;
-  auto result = train::train_on(c, task, "", 0, true);
-  EXPECT_LT(result.majority, 0.6);
-  EXPECT_GE(result.test.accuracy, 0.90) << nn::mechanism_name(GetParam());
-}
-INSTANTIATE_TEST_SUITE_P(Mechanisms, TinyTaskLearning,
-                         ::testing::Values(nn::Mechanism::full, nn::Mechanism::cast, nn::Mechanism::clustered,
-                                           nn::Mechanism::iclustered),
-                         [](const auto& info) { return std::string(nn::mechanism_name(info.param)); });
 
 TEST(Training, ResumeIsBitIdentical) {
   data::TaskData task = counting_task(500, 50, 12);
@@ -304,41 +223,6 @@ TEST(Training, NanLossOnTheDeviceStopsAtTheNextReadAndKeepsTheCheckpoint) {
   }
   EXPECT_EQ(std::filesystem::last_write_time(ckpt), stamp);
   EXPECT_NO_THROW(train::read_checkpoint_header(ckpt));
-}
-
-TEST(Training, LearningRateSchedules) {
-  train::TrainConfig c;
-  c.lr = 0.05, c.warmup = 1000, c.steps = 5000, c.schedule = "rsqrt";
-  EXPECT_NEAR(train::learning_rate(c, 1000), 0.05 / std::sqrt(1000.0), 1e-12);  // the LRA peak ≈ 1.6e-3
-  EXPECT_NEAR(train::learning_rate(c, 4000), 0.05 / std::sqrt(4000.0), 1e-12);
-  EXPECT_NEAR(train::learning_rate(c, 500), 0.5 * 0.05 / std::sqrt(1000.0), 1e-12);
-  c.schedule = "cosine", c.lr = 1e-3;
-  EXPECT_NEAR(train::learning_rate(c, 1000), 1e-3, 1e-15);
-  EXPECT_NEAR(train::learning_rate(c, 3000), 5e-4, 1e-12);
-  EXPECT_NEAR(train::learning_rate(c, 5000), 0.0, 1e-15);
-}
-
-TEST(Training, PresetsAndOverrides) {
-  train::TrainConfig c = train::preset("listops");
-  EXPECT_EQ(c.model.layers, 4);
-  EXPECT_EQ(c.model.dim, 512);
-  train::apply_overrides(c, nlohmann::json{{"attention", "iclustered"}, {"steps", 10}, {"dim", 64}});
-  EXPECT_EQ(c.model.attention.mechanism, nn::Mechanism::iclustered);
-  EXPECT_EQ(c.steps, 10);
-  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"stepz", 1}}), "unknown setting 'stepz'");
-  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"steps", "many"}}), "it must be an integer");
-  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"lr", "fast"}}), "wrong type");
-  EXPECT_CAST_ERROR(train::preset("sudoku"), "unknown task");
-}
-
-TEST(Evaluation, MajorityRateCountsOnlyTheEvaluatedExamples) {
-  // labels 0 0 1 1 1 1: the first two alone are all class 0
-  std::vector<data::Example> split(6);
-  for (int i = 2; i < 6; ++i) split[i].label = 1;
-  EXPECT_DOUBLE_EQ(data::majority_rate(split, 2), 4.0 / 6.0);
-  EXPECT_DOUBLE_EQ(data::majority_rate(split, 2, 2), 1.0);
-  EXPECT_DOUBLE_EQ(data::majority_rate(split, 2, 3), 2.0 / 3.0);
-  EXPECT_DOUBLE_EQ(data::majority_rate({}, 2), 0.0);
 }
 
 TEST(Training, CheckpointMetadataIsParsedStrictly) {
@@ -618,173 +502,4 @@ TEST(Training, EvalBestNeedsValidationsAndNeverClaimsABestItDidNotWrite) {
   train::train_on(c, task, "", 0, true);
   std::ifstream again(c.run_dir + "/summary.json");
   EXPECT_EQ(nlohmann::json::parse(again)["evaluated"], "best");
-}
-
-// The GPU runs full attention as flash attention up to head width 128, so its memory estimate
-// grows with N, not N^2; beyond that bound the step ops keep (B, H, N, N) scores and
-// probabilities. (The first GPU session stopped on an estimate that charged N^2: 218 GiB for a
-// Text-preset step that used 22 GiB.)
-TEST(MemoryEstimate, GpuFullAttentionIsLinearInLengthWithinTheFlashBound) {
-  nn::AttentionConfig a;
-  a.mechanism = nn::Mechanism::full;
-  a.heads = 4;
-  a.fused = true;
-  const double flash_1k = train::attention_layer_bytes(a, 1, 1024, 256, /*gpu=*/true);
-  const double flash_4k = train::attention_layer_bytes(a, 1, 4096, 256, /*gpu=*/true);
-  EXPECT_NEAR(flash_4k / flash_1k, 4.0, 1e-9);
-  const double wide_1k = train::attention_layer_bytes(a, 1, 1024, 4 * 256, /*gpu=*/true);  // head width 256
-  const double wide_4k = train::attention_layer_bytes(a, 1, 4096, 4 * 256, /*gpu=*/true);
-  EXPECT_GT(wide_4k / wide_1k, 10.0);
-  a.fused = false;  // the reference (--reference) keeps the N x N matrices on either device
-  EXPECT_GT(train::attention_layer_bytes(a, 1, 4096, 256, true) / train::attention_layer_bytes(a, 1, 1024, 256, true),
-            10.0);
-}
-
-// ---------------------------------------------------------------- patches of pixels as tokens
-
-TEST(PatchEmbedding, PixelsGoToTheirPatchInRasterOrder) {
-  std::vector<double> pixels(2 * 16);
-  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<double>(i);
-  const Tensor patches = nn::patch_major(Tensor::from_vector<double>(pixels, {2, 16}), 4, 2);  // 4 × 4 images
-  ASSERT_EQ(patches.shape(), (Shape{2, 4, 4}));
-  const std::vector<double> one = {0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15};
-  std::vector<double> want = one;
-  for (double v : one) want.push_back(v + 16);  // the second image, the same way
-  EXPECT_EQ(patches.to_double_vector(), want);
-  // 6 × 6 pixels in 3 × 3 patches: the second patch starts at column 3 of row 0
-  std::vector<double> big(36);
-  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<double>(i);
-  const auto p = nn::patch_major(Tensor::from_vector<double>(big, {1, 36}), 6, 3).to_double_vector();
-  EXPECT_EQ(std::vector<double>(p.begin() + 9, p.begin() + 18), (std::vector<double>{3, 4, 5, 9, 10, 11, 15, 16, 17}));
-}
-
-// 8 × 8 grey images of noise with one bright 4 × 4 quadrant; the label is the quadrant.
-static data::TaskData quadrant_task(int64_t train, int64_t test, uint64_t seed) {
-  data::TaskData t;
-  t.name = "quadrants";
-  t.vocab = 256;
-  t.classes = 4;
-  t.image_side = 8;
-  t.max_len = 64;
-  t.fixed_length = true;
-  uint64_t draw = 0;
-  auto make = [&](int64_t n, std::vector<data::Example>& out) {
-    for (int64_t i = 0; i < n; ++i) {
-      data::Example e;
-      e.label = static_cast<int32_t>(philox::uniform(seed, draw++) * 4);
-      for (int p = 0; p < 64; ++p) {
-        const bool bright = (p / 8 / 4) * 2 + (p % 8) / 4 == e.label;
-        e.tokens.push_back(static_cast<int32_t>(philox::uniform(seed, draw++) * 128) + (bright ? 96 : 0));
-      }
-      out.push_back(e);
-    }
-  };
-  make(train, t.train);
-  make(test, t.val);
-  make(test, t.test);
-  return t;
-}
-
-TEST(PatchEmbedding, AModelOfPatchTokensLearnsWhichQuadrantIsBright) {
-  data::TaskData task = quadrant_task(1000, 200, 5);
-  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("patches"));
-  c.task = "quadrants";
-  c.steps = 200;
-  c.model.vocab = 256, c.model.classes = 4, c.model.max_len = 64, c.model.patch = 4;  // 4 tokens of 16 pixels
-  auto result = train::train_on(c, task, "", 0, true);
-  EXPECT_GE(result.test.accuracy, 0.9);
-  // the model's parameters: a (16, D) patch embedding and its bias in place of the token table
-  nn::Transformer model(c.model);
-  std::map<std::string, Shape> shapes;
-  for (auto& [name, t] : model.parameters()) shapes[name] = t->shape();
-  EXPECT_EQ(shapes.count("token_embedding"), 0u);
-  EXPECT_EQ(shapes["patch_embedding.weight"], (Shape{16, c.model.dim}));
-  EXPECT_EQ(shapes["patch_embedding.bias"], (Shape{c.model.dim}));
-}
-
-TEST(PatchEmbedding, PatchesNeedASquareImageOfWholePatches) {
-  train::TrainConfig c = train::preset("fashion-mnist");
-  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"patch", 3}}),
-                    "setting 'patch' is 3: 'max-len' (784) must be the pixels of a square image");
-  EXPECT_NO_THROW(train::apply_overrides(c, nlohmann::json{{"patch", 4}}));
-  EXPECT_EQ(c.model.tokens(), 49);
-  // a task that is not an image: refused before training, by name
-  data::TaskData counting = counting_task(100, 20, 3);
-  train::TrainConfig t = tiny_config(nn::Mechanism::full, temp_dir("patches_text"));
-  t.model.patch = 2;
-  EXPECT_CAST_ERROR(train::train_on(t, counting, "", 0, true), "--patch 2: task counting is not an image task");
-}
-
-// ---------------------------------------------------------------- what training did to the clusters
-
-TEST(ClusterChanges, FirstClustersSkipEmptySlotsAndTheCls) {
-  // (B 1, H 2, C 2, κ 2); under CLS pooling token 0 is the CLS, so ids 1..3 are tokens 0..2
-  const Tensor clusters = Tensor::from_vector<int32_t>({2, 0, 3, 2, /* head 2 */ -1, 1, 1, 3}, {1, 2, 2, 2});
-  EXPECT_EQ(train::first_clusters(clusters, 3, 1), (std::vector<int>{-1, 0, 1, /* head 2 */ 0, -1, 1}));
-  EXPECT_EQ(train::first_clusters(clusters, 4, 0), (std::vector<int>{0, -1, 0, 1, /* head 2 */ -1, 0, -1, 1}));
-}
-
-TEST(ClusterChanges, PositionPurityIsTheCommonestClustersShare) {
-  // B 4 images, H 1, 3 positions: position 0 always in cluster 3; position 1 in 0, 1, 1 and
-  // none (2 of the 3 clustered); position 2 never clustered, so not counted
-  const std::vector<int> owners = {3, 0, -1, 3, 1, -1, 3, 1, -1, 3, -1, -1};
-  EXPECT_DOUBLE_EQ(train::position_purity(owners, 4, 1, 3), (1.0 + 2.0 / 3.0) / 2);
-  EXPECT_CAST_ERROR(train::position_purity(owners, 4, 1, 2), "position purity: 12 owners, not 4 x 1 x 2");
-}
-
-TEST(ClusterChanges, TrainingMovesTokensAndTheFigureColoursEachPatch) {
-  data::TaskData task = quadrant_task(600, 64, 7);
-  train::TrainConfig c = tiny_config(nn::Mechanism::cast, temp_dir("cluster_changes"));
-  c.task = "quadrants";
-  c.steps = 100;
-  c.model.vocab = 256, c.model.classes = 4, c.model.max_len = 64, c.model.patch = 2;  // 16 tokens of 4 pixels
-  train::train_on(c, task, "", 0, true);
-  auto ck = train::read_checkpoint_header(c.run_dir + "/checkpoint.safetensors");
-  nn::Transformer trained(ck.config.model), initial(ck.config.model), again(ck.config.model);
-  train::load_checkpoint(c.run_dir + "/checkpoint.safetensors", trained, nullptr, nullptr);
-  std::vector<nn::Batch> batch;  // 64 images in two batches
-  for (int64_t at : {0, 32}) {
-    std::vector<int64_t> some;
-    for (int64_t i = at; i < at + 32; ++i) some.push_back(i);
-    batch.push_back(data::make_batch(task, task.test, some, DType::f32, Device::cpu));
-  }
-  // the initialisation against itself: nothing changed
-  const auto same = train::cluster_changes(initial, again, batch);
-  ASSERT_EQ(same.size(), 1u);
-  EXPECT_EQ(same[0].changed, 0.0);
-  EXPECT_EQ(same[0].purity_initial, same[0].purity_trained);
-  const auto moved = train::cluster_changes(initial, trained, batch);
-  EXPECT_GT(moved[0].changed, 0.0);
-  EXPECT_LE(moved[0].changed, 1.0);
-  EXPECT_GT(moved[0].purity_trained, 0.0);
-  // the figure: one square per pixel in the input, one per token (patch) in each head's panel,
-  // and the legend's
-  {
-    autograd::NoGradGuard no_grad;
-    trained.forward(data::make_batch(task, task.test, {0}, DType::f32, Device::cpu), false);
-  }
-  const std::string svg = train::clusters_svg(trained, {task.test[0].tokens, 8, 2, 0, "test"});
-  size_t squares = 0;
-  for (size_t at = svg.find("<rect x="); at != std::string::npos; at = svg.find("<rect x=", at + 1)) ++squares;
-  EXPECT_EQ(squares, static_cast<size_t>(64 + 16 * c.model.heads + c.model.attention.clusters));
-}
-
-// `cast clusters --initial` rebuilds the starting weights from the checkpoint's settings: the
-// weights a run of no steps saves.
-TEST(ClusterChanges, TheCheckpointsSettingsRebuildTheWeightsTrainingStartedFrom) {
-  data::TaskData task = quadrant_task(64, 16, 9);
-  train::TrainConfig c = tiny_config(nn::Mechanism::cast, temp_dir("initial_weights"));
-  c.task = "quadrants";
-  c.steps = 0;
-  c.model.seed = 4;
-  c.model.vocab = 256, c.model.classes = 4, c.model.max_len = 64, c.model.patch = 2;
-  train::train_on(c, task, "", 0, true);
-  const std::string path = c.run_dir + "/checkpoint.safetensors";
-  const auto ck = train::read_checkpoint_header(path);
-  nn::Transformer saved(ck.config.model), rebuilt(ck.config.model);
-  train::load_checkpoint(path, saved, nullptr, nullptr);
-  auto a = saved.parameters(), b = rebuilt.parameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_EQ(a[i].second->to_double_vector(), b[i].second->to_double_vector()) << a[i].first;
 }

@@ -1,4 +1,4 @@
-#include "commands/cli.h"
+#include "train/cli.h"
 
 #include <cstdio>
 

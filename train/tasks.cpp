@@ -1,4 +1,4 @@
-#include "datasets/tasks.h"
+#include "train/tasks.h"
 
 #include <filesystem>
 

@@ -1,0 +1,79 @@
+#include "commands/attention_options.h"
+
+#include <string>
+
+namespace cast::cli {
+
+namespace {
+
+struct Declared {
+  AttentionOption option;
+  const char* name;
+  const char* fallback;
+  const char* help;
+  int64_t lo, hi;  // numbers only (hi 0: a choice)
+};
+
+using Limits = nn::AttentionLimits;
+constexpr Declared kOptions[] = {
+    {AttentionOption::clusters, "clusters", "0", "clusters C (0: ceil(sqrt(N)) rounded up to 8)", 0, Limits::clusters},
+    {AttentionOption::cluster_size, "cluster-size", "0", "CAST cluster size K (0: the same default)", 0,
+     Limits::cluster_size},
+    {AttentionOption::clustering, "clustering", "topk", "CAST clustering: topk | satopk", 0, 0},
+    {AttentionOption::f, "f", "softmax", "CAST attention function: softmax | laplace", 0, 0},
+    {AttentionOption::summaries, "summaries", "on", "CAST cluster summaries: on | off", 0, 0},
+    {AttentionOption::mix, "mix", "affinity", "CAST mixing weights: affinity | query", 0, 0},
+    {AttentionOption::cast_heads, "cast-heads", "per-head", "CAST clustering: per-head | shared", 0, 0},
+    {AttentionOption::topk, "topk", "32", "improved clustered: keys per cluster", 1, Limits::topk},
+    {AttentionOption::bits, "bits", "63", "clustered: LSH hash bits", 1, Limits::bits},
+    {AttentionOption::iterations, "iterations", "10", "clustered: Lloyd iterations", 0, Limits::iterations},
+};
+
+const Declared& declared(AttentionOption option) {
+  for (const Declared& d : kOptions)
+    if (d.option == option) return d;
+  throw Error(fmt::format("attention options: option {} is not declared", static_cast<int>(option)));
+}
+
+}  // namespace
+
+void add_attention_options(Args& args, std::initializer_list<AttentionOption> options, const char* scope) {
+  for (AttentionOption option : options) {
+    const Declared& d = declared(option);
+    args.option(d.name, d.fallback, std::string(scope) + d.help);
+  }
+}
+
+void read_attention_options(const Args& args, std::initializer_list<AttentionOption> options,
+                            nn::AttentionConfig& config) {
+  for (AttentionOption option : options) {
+    const Declared& d = declared(option);
+    switch (option) {
+      case AttentionOption::clusters: config.clusters = args.integer(d.name, d.lo, d.hi); break;
+      case AttentionOption::cluster_size: config.cluster_size = args.integer(d.name, d.lo, d.hi); break;
+      case AttentionOption::clustering:
+        config.single_assignment = args.choice(d.name, {"topk", "satopk"}) == "satopk";
+        break;
+      case AttentionOption::f:
+        config.f = args.choice(d.name, {"softmax", "laplace"}) == "laplace" ? ops::AttentionFn::laplace
+                                                                            : ops::AttentionFn::softmax;
+        break;
+      case AttentionOption::summaries: config.summaries = args.choice(d.name, {"on", "off"}) == "on"; break;
+      case AttentionOption::mix: config.mix_query = args.choice(d.name, {"affinity", "query"}) == "query"; break;
+      case AttentionOption::cast_heads:
+        config.shared_clustering = args.choice(d.name, {"per-head", "shared"}) == "shared";
+        break;
+      case AttentionOption::topk: config.topk = args.integer(d.name, d.lo, d.hi); break;
+      case AttentionOption::bits: config.bits = args.integer(d.name, d.lo, d.hi); break;
+      case AttentionOption::iterations: config.iterations = args.integer(d.name, d.lo, d.hi); break;
+    }
+  }
+}
+
+std::vector<int64_t> attention_option_list(const Args& args, AttentionOption option) {
+  const Declared& d = declared(option);
+  CAST_CHECK(d.hi > 0, "attention options: --{} is a choice, not a number", d.name);
+  return comma_integers(d.name, args.str(d.name), d.lo, d.hi);
+}
+
+}  // namespace cast::cli

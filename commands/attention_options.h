@@ -1,0 +1,34 @@
+#pragma once
+// The attention options that several commands take (`layer`, `bench`, `attention`, `eval`),
+// declared once: one name, one help line and the limits cast train's settings check
+// (nn::AttentionLimits). A command lists the ones it takes; `eval` reads the numbers as lists.
+#include <initializer_list>
+#include <vector>
+
+#include "train/cli.h"
+#include "nn/attention.h"
+
+namespace cast::cli {
+
+enum class AttentionOption {
+  clusters,
+  cluster_size,
+  clustering,
+  f,
+  summaries,
+  mix,
+  cast_heads,
+  topk,
+  bits,
+  iterations
+};
+
+// Declares the options on args; `scope` starts each help line (bench: "attention: ").
+void add_attention_options(Args& args, std::initializer_list<AttentionOption> options, const char* scope = "");
+// Reads them into config, each number checked against its limit (a usage error naming the flag).
+void read_attention_options(const Args& args, std::initializer_list<AttentionOption> options,
+                            nn::AttentionConfig& config);
+// A numeric option as a comma-separated list, each value within the option's limits.
+std::vector<int64_t> attention_option_list(const Args& args, AttentionOption option);
+
+}  // namespace cast::cli

@@ -1,0 +1,41 @@
+// The memory estimate that a run is checked against before it allocates.
+#include <unistd.h>  // getpid: the plain and the emulated test process run side by side
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "tensor/philox.h"
+#include "tensor/safetensors.h"
+#include "tests/test_util.h"
+#include "figures/cluster_changes.h"
+#include "figures/clusters_figure.h"
+#include "train/memory_estimate.h"
+#include "train/stop.h"
+#include "train/trainer.h"
+#include "tests/train/train_test_util.h"
+
+using namespace cast;
+using namespace cast::testing;
+
+// The GPU runs full attention as flash attention up to head width 128, so its memory estimate
+// grows with N, not N^2; beyond that bound the step ops keep (B, H, N, N) scores and
+// probabilities. (The first GPU session stopped on an estimate that charged N^2: 218 GiB for a
+// Text-preset step that used 22 GiB.)
+TEST(MemoryEstimate, GpuFullAttentionIsLinearInLengthWithinTheFlashBound) {
+  nn::AttentionConfig a;
+  a.mechanism = nn::Mechanism::full;
+  a.heads = 4;
+  a.fused = true;
+  const double flash_1k = train::attention_layer_bytes(a, 1, 1024, 256, /*gpu=*/true);
+  const double flash_4k = train::attention_layer_bytes(a, 1, 4096, 256, /*gpu=*/true);
+  EXPECT_NEAR(flash_4k / flash_1k, 4.0, 1e-9);
+  const double wide_1k = train::attention_layer_bytes(a, 1, 1024, 4 * 256, /*gpu=*/true);  // head width 256
+  const double wide_4k = train::attention_layer_bytes(a, 1, 4096, 4 * 256, /*gpu=*/true);
+  EXPECT_GT(wide_4k / wide_1k, 10.0);
+  a.fused = false;  // the reference (--reference) keeps the N x N matrices on either device
+  EXPECT_GT(train::attention_layer_bytes(a, 1, 4096, 256, true) / train::attention_layer_bytes(a, 1, 1024, 256, true),
+            10.0);
+}
