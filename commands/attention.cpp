@@ -67,11 +67,6 @@ void print_moved_weight(const train::AttentionPanels& panels,
   }
 }
 
-// The clustering of both approximations.
-constexpr std::initializer_list<cli::AttentionOption> kOptions = {
-    cli::AttentionOption::clusters, cli::AttentionOption::topk, cli::AttentionOption::bits,
-    cli::AttentionOption::iterations};
-
 cli::Args attention_args() {
   cli::Args args("attention",
                  "Draw where a few queries of one test input put their attention weight in a trained full-attention "
@@ -85,7 +80,7 @@ cli::Args attention_args() {
       .option("head", "1", "which head (1 = first)")
       .option("queries", "", "token positions, comma-separated (default: four spread over the input)")
       .option("data", "", "data folder (default: the one the run used)");
-  cli::add_attention_options(args, kOptions);
+  cli::add_attention_options(args, cli::kClusteredAttentionOptions);
   args.example("cast attention --checkpoint runs/fm-full/checkpoint.safetensors --clusters 8 --topk 8 --out att.svg");
   return args;
 }
@@ -99,7 +94,7 @@ int command_attention(const std::vector<std::string>& argv) {
   train::check_figure_output(args.str("out"), "out", args.str("checkpoint"));
   const int64_t index = args.integer("index", 0, INT64_MAX);
   nn::AttentionConfig approximation;  // both approximations' clustering
-  cli::read_attention_options(args, kOptions, approximation);
+  cli::read_attention_options(args, cli::kClusteredAttentionOptions, approximation);
   const int64_t clusters = approximation.clusters, topk = approximation.topk, bits = approximation.bits;
   const int64_t iterations = approximation.iterations;
   const std::vector<int64_t> asked = args.str("queries").empty()

@@ -23,6 +23,11 @@ enum class AttentionOption {
   iterations
 };
 
+// Clustered and improved clustered attention's clustering: what `attention` and `eval` take to
+// run those mechanisms in place of a trained one.
+inline constexpr std::initializer_list<AttentionOption> kClusteredAttentionOptions = {
+    AttentionOption::clusters, AttentionOption::topk, AttentionOption::bits, AttentionOption::iterations};
+
 // Declares the options on args; `scope` starts each help line (bench: "attention: ").
 void add_attention_options(Args& args, std::initializer_list<AttentionOption> options, const char* scope = "");
 // Reads them into config, each number checked against its limit (a usage error naming the flag).

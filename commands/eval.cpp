@@ -84,11 +84,6 @@ void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& me
   fmt::print("\n-> {}\n", figure);
 }
 
-// The clustering of a mechanism evaluated instead of the checkpoint's.
-constexpr std::initializer_list<cli::AttentionOption> kOptions = {
-    cli::AttentionOption::clusters, cli::AttentionOption::topk, cli::AttentionOption::bits,
-    cli::AttentionOption::iterations};
-
 cli::Args eval_args() {
   cli::Args args("eval",
                  "Evaluate a checkpoint on the validation and test splits of its task; with --attention, with another "
@@ -104,7 +99,8 @@ cli::Args eval_args() {
       .option("attention", "",
               "evaluate with this mechanism instead, or a comma-separated list: full | clustered | iclustered (CAST "
               "is refused: its surrogates and gate are not in a model trained without them)");
-  cli::add_attention_options(args, kOptions, "with --attention (clusters and topk may be lists): ");
+  cli::add_attention_options(args, cli::kClusteredAttentionOptions,
+                             "with --attention (clusters and topk may be lists): ");
   args.option("figure", "", "with --attention: an SVG of test accuracy against C, one line per mechanism")
       .example("cast eval --checkpoint runs/listops-short-cast/checkpoint.safetensors")
       .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000")

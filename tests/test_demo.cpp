@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "demo/walk.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -59,18 +60,6 @@ std::string first_difference(const std::string& got, const std::string& want) {
     return "got " + std::to_string(g.size()) + " lines, want " + std::to_string(w.size()) + " lines";
   if (got != want) return "the same lines, but the line endings differ";
   return "";
-}
-
-// Display columns: one per character, none for a combining accent (U+0300..U+036F).
-size_t columns(const std::string& s) {
-  size_t n = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const bool continuation = (c & 0xC0) == 0x80;
-    const bool combining = c == 0xCC || (c == 0xCD && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) < 0xB0);
-    if (!continuation && !combining) ++n;
-  }
-  return n;
 }
 
 // The text of docs/attention.md's block for a walk: between "```text" and "```" after
@@ -131,7 +120,7 @@ TEST(Demo, GoldenFilesPassTheirChecksAndStayReadable) {
     ASSERT_GE(lines.size(), 80u) << walk;
     int checks = 0, gradient_ok = 0;
     for (const auto& line : lines) {
-      EXPECT_LE(columns(line), 100u) << walk << ": " << line;
+      EXPECT_LE(cast::demo::columns(line), 100u) << walk << ": " << line;
       EXPECT_EQ(line.find("FAIL"), std::string::npos) << walk << ": " << line;
       EXPECT_EQ(line.find("WRONG"), std::string::npos) << walk << ": " << line;
       EXPECT_EQ(line.find("-0.0000"), std::string::npos) << walk << ": " << line;
