@@ -75,6 +75,7 @@ cli::Args attention_args() {
                  "shaded by its weight; prints how much weight each approximation moves, over every query.");
   args.option("checkpoint", "", "full-attention checkpoint (required)")
       .option("out", "attention.svg", "output SVG")
+      .flag("overwrite", "replace an existing --out that is not a cast figure")
       .option("index", "0", "which test example")
       .option("layer", "1", "which layer (1 = first)")
       .option("head", "1", "which head (1 = first)")
@@ -85,18 +86,35 @@ cli::Args attention_args() {
   return args;
 }
 
+// Each mechanism's weights of one head (1-based), computed with the trained layer's weights and
+// `approximation`'s clustering, and its panel: [mechanism][query][key], every query.
+std::vector<std::vector<std::vector<double>>> mechanism_rows(train::AttentionPanels& panels, nn::Block& block,
+                                                             const nn::AttentionConfig& approximation, int64_t head,
+                                                             int offset) {
+  const int64_t N = block.attention_input.dim(1), C = approximation.clusters;
+  std::vector<std::vector<std::vector<double>>> every;
+  for (nn::Mechanism mechanism : {nn::Mechanism::full, nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
+    nn::AttentionConfig a = block.attention->config();
+    a.mechanism = mechanism;
+    a.clusters = C, a.topk = approximation.topk, a.bits = approximation.bits, a.iterations = approximation.iterations;
+    nn::Attention attention(a);
+    for (auto& [name, w] : attention.parameters()) w.copy_from(block.attention->parameters().at(name));
+    every.push_back(head_rows(attention.weights(block.attention_input, block.attention_mask), head - 1, offset));
+    add_panel(panels, every, mechanism, C, std::min(approximation.topk, N), offset);
+  }
+  return every;
+}
+
 }  // namespace
 
 int command_attention(const std::vector<std::string>& argv) {
   cli::Args args = attention_args();
   if (!args.parse(argv)) return 0;
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast attention --help)");
-  train::check_figure_output(args.str("out"), "out", args.str("checkpoint"));
+  train::check_figure_output(args.str("out"), "out", args.str("checkpoint"), args.is_set("overwrite"));
   const int64_t index = args.integer("index", 0, INT64_MAX);
   nn::AttentionConfig approximation;  // both approximations' clustering
   cli::read_attention_options(args, cli::kClusteredAttentionOptions, approximation);
-  const int64_t clusters = approximation.clusters, topk = approximation.topk, bits = approximation.bits;
-  const int64_t iterations = approximation.iterations;
   const std::vector<int64_t> asked = args.str("queries").empty()
                                          ? std::vector<int64_t>{}
                                          : cli::comma_integers("queries", args.str("queries"), 0, INT64_MAX);
@@ -122,18 +140,8 @@ int command_attention(const std::vector<std::string>& argv) {
 
   train::AttentionPanels panels;
   panels.queries = queries;
-  const nn::AttentionConfig trained = block.attention->config();
-  const int64_t C = clusters > 0 ? clusters : nn::default_clusters(N);
-  std::vector<std::vector<std::vector<double>>> every;  // [mechanism][query][key], all queries
-  for (nn::Mechanism mechanism : {nn::Mechanism::full, nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
-    nn::AttentionConfig a = trained;
-    a.mechanism = mechanism;
-    a.clusters = C, a.topk = topk, a.bits = static_cast<int>(bits), a.iterations = static_cast<int>(iterations);
-    nn::Attention attention(a);
-    for (auto& [name, w] : attention.parameters()) w.copy_from(block.attention->parameters().at(name));
-    every.push_back(head_rows(attention.weights(block.attention_input, block.attention_mask), head - 1, offset));
-    add_panel(panels, every, mechanism, C, std::min(topk, N), offset);
-  }
+  approximation.clusters = approximation.clusters > 0 ? approximation.clusters : nn::default_clusters(N);
+  const auto every = mechanism_rows(panels, block, approximation, head, offset);
   const int64_t side = run.task.image_side / m.patch;
   panels.columns = run.task.image_side > 0 ? side : 32;
   panels.title =

@@ -142,12 +142,13 @@ TransferCounts transfer_counts(Device device) {
 // so an interrupted benchmark keeps the rows it finished.
 class JsonLines {
  public:
-  explicit JsonLines(std::string path) : path_(std::move(path)) {
-    if (!path_.empty())
-      files::check_replaces_own_kind(path_, "--json", "a JSON-lines file", files::looks_like_json_lines);
+  static constexpr std::string_view kMark = "\"made_by\":\"cast bench\"";
+  JsonLines(std::string path, bool overwrite) : path_(std::move(path)) {
+    if (!path_.empty()) files::check_may_replace(path_, "--json", "rows of cast bench", kMark, overwrite);
   }
-  void add(const nlohmann::json& row) {
+  void add(nlohmann::json row) {
     if (path_.empty()) return;
+    row["made_by"] = "cast bench";  // the mark: what a later --json may replace
     text_ += row.dump() + '\n';
     files::write_atomic(path_, text_, "--json");
   }
@@ -252,7 +253,7 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   nn::AttentionConfig sizes;
   cli::read_attention_options(args, {cli::AttentionOption::clusters, cli::AttentionOption::cluster_size}, sizes);
   const int64_t clusters = sizes.clusters, cluster_size = sizes.cluster_size;
-  JsonLines json_out(args.str("json"));
+  JsonLines json_out(args.str("json"), args.is_set("overwrite"));
   fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
              device_label(device), B, D, H, repeats, warmup, precision_note());
   auto layer_config = [&](const Variant& v, int64_t N) {
@@ -400,7 +401,7 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
                           fmt::format("a {} training step of batch {} at length {}", v.name, B, N),
                           "lower --batch-size or --length");
   }
-  JsonLines json_out(args.str("json"));
+  JsonLines json_out(args.str("json"), args.is_set("overwrite"));
   fmt::print(
       "training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up{}\n",
       device_label(device), base.task, N, B, steps, warmup, precision_note());
@@ -484,7 +485,7 @@ void bench_tiles(int64_t repeats, int64_t warmup, JsonLines& json_out) {
 // GFLOP/s are compared with; then the tile products the fused kernels are made of.
 int bench_gemm(const cli::Args& args) {
   const int64_t repeats = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
-  JsonLines json_out(args.str("json"));
+  JsonLines json_out(args.str("json"), args.is_set("overwrite"));
   fmt::print("sgemm on the CPU BLAS ({} threads), median of {} after {} warm-up\n", omp_get_max_threads(), repeats,
              warmup);
   for (int64_t n : {512, 2048}) {
@@ -625,7 +626,7 @@ int bench_flash(const cli::Args& args) {
   for (int64_t d : widths) CAST_CHECK_USAGE(d >= 1 && d <= 128, "--head-widths: {} is outside [1, 128]", d);
   const int64_t tokens = bounded(args, "tokens", 1, int64_t{1} << 26);
   const int64_t warmup = bounded(args, "warmup", 0, 100000), repeats = bounded(args, "repeats", 1, 100000);
-  JsonLines json_out(args.str("json"));
+  JsonLines json_out(args.str("json"), args.is_set("overwrite"));
   const int64_t check = bounded(args, "check-length", 0, 1 << 16);
   if (check > 0) flash_errors(kernels, check, widths.front(), json_out);
   fmt::print(
@@ -690,6 +691,7 @@ cli::Args bench_args() {
       .option("warmup", "3", "untimed runs first")
       .option("repeats", "20", "timed runs (the median is reported)")
       .option("json", "", "also write the results as JSON lines to this file")
+      .flag("overwrite", "replace an existing --json or --trace file that cast bench did not write")
       .flag("reference", "time the step-by-step reference attention ops instead of the fast paths (CPU and GPU)")
       .option("precision", "fp32",
               "products on the GPU: fp32 | tf32 | bf16 (tensor/precision.h; the CPU runs fp32 only)")
@@ -730,7 +732,7 @@ int command_bench(const std::vector<std::string>& argv) {
                      "--trace and --json name the same file {}", file);
     CAST_CHECK_USAGE(file != "attention" && file != "train" && file != "gemm",
                      "--trace {0}: name the benchmark first (cast bench {0} --trace)", file);
-    trace.emplace(args.str("trace"));
+    trace.emplace(args.str("trace"), true, args.is_set("overwrite"));
   }
   const int code = what == "attention" ? bench_attention(args, trace ? &*trace : nullptr)
                    : what == "train"   ? bench_train(args, trace ? &*trace : nullptr)

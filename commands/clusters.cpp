@@ -47,6 +47,7 @@ int command_clusters(const std::vector<std::string>& argv) {
                  "takes the first, a pixel in none is black; the input image is the leftmost column.");
   args.option("checkpoint", "", "CAST checkpoint of an image task (required)")
       .option("out", "clusters.svg", "output SVG")
+      .flag("overwrite", "replace an existing --out that is not a cast figure")
       .option("index", "0", "which test example")
       .option("data", "", "data folder (default: the one the run used)")
       .option("scale", "4", "pixels per image pixel")
@@ -62,7 +63,7 @@ int command_clusters(const std::vector<std::string>& argv) {
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast clusters --help)");
   const int scale = static_cast<int>(args.integer("scale", 1, 64));  // pixels per image pixel
   const int64_t index = args.integer("index", 0, INT64_MAX);
-  train::check_figure_output(args.str("out"), "out", args.str("checkpoint"));
+  train::check_figure_output(args.str("out"), "out", args.str("checkpoint"), args.is_set("overwrite"));
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
   const train::Checkpoint& ck = run.checkpoint;
   CAST_CHECK(ck.config.model.attention.mechanism == nn::Mechanism::cast, "{}: the model uses {} attention, not cast",

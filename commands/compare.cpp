@@ -39,7 +39,8 @@ cli::Args compare_args() {
       .option("out", "",
               "comparison folder (default runs/compare-<task>); with --vary the files are "
               "results-<setting>.md and so on, and a run equal to one already there is reused")
-      .option("config", "", "JSON file of settings shared by every run");
+      .option("config", "", "JSON file of settings shared by every run")
+      .flag("overwrite", "replace results and figures in --out that cast compare did not write (never a run)");
   train::declare_setting_flags(args, {"attention", "run", "seed"});
   args.example("cast compare --task listops-short --steps 300")
       .example("cast compare --task fashion-mnist-14 --attention full,cast --seeds 1,2,3")
@@ -114,6 +115,7 @@ int command_compare(const std::vector<std::string>& argv) {
   add_variants(args, spec);
   spec.seeds = seeds_of(args.str("seeds"));
   spec.out_dir = args.is_set("out") ? args.str("out") : default_out;
+  spec.overwrite = args.is_set("overwrite");
   for (const char* stem : {"results", "comparison"})  // the settings file is an input: never replaced
     for (const char* ext : {".md", ".json", ".svg"})
       files::check_not_an_input(spec.out_dir + "/" + stem + (spec.name.empty() ? "" : "-" + spec.name) + ext,

@@ -31,6 +31,7 @@ int command_data(const std::vector<std::string>& argv) {
       .option("max-length", "0", "ListOps: longest expression in tokens (0: 2000 as in LRA, short 48)")
       .option("min-length", "0", "ListOps: shortest expression (0: a quarter of --max-length, as LRA's 500 of 2000)")
       .option("seed", "1", "seed")
+      .flag("overwrite", "replace a data set in --out that cast did not generate")
       .usage("cast data <task> [options]   (or --task <task>)")
       .example("cast data listops")
       .example("cast data listops --max-length 512 --count 20000 --out data/listops-512")
@@ -60,13 +61,13 @@ int command_data(const std::vector<std::string>& argv) {
                      "ListOps keeps lengths strictly between the shortest ({}) and the longest ({}): none are; use "
                      "--max-length 8 or more, and --min-length at least 1 and below it minus 1",
                      spec.min_length, spec.max_length);
-    data::generate_listops(out, spec, static_cast<uint64_t>(seed));
+    data::generate_listops(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"));
   } else {
     if (out.empty()) out = train::find_task(task).data_dir;
     data::PathfinderSpec spec =
         task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
     if (count > 0) spec.count = count;
-    data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed));
+    data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"));
   }
   fmt::print("cast data: wrote {} into {}\n", task, out);
   return 0;

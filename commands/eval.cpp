@@ -102,6 +102,7 @@ cli::Args eval_args() {
   cli::add_attention_options(args, cli::kClusteredAttentionOptions,
                              "with --attention (clusters and topk may be lists): ");
   args.option("figure", "", "with --attention: an SVG of test accuracy against C, one line per mechanism")
+      .flag("overwrite", "replace an existing --figure that is not a cast figure")
       .example("cast eval --checkpoint runs/listops-short-cast/checkpoint.safetensors")
       .example("cast eval --checkpoint runs/fashion-mnist-cast/best.safetensors --eval-limit 1000")
       .example(
@@ -180,7 +181,7 @@ int command_eval(const std::vector<std::string>& argv) {
   const std::vector<std::string>& mechanisms = s.mechanisms;
   const std::vector<int64_t>&clusters = s.clusters, &topks = s.topks;
   const std::string figure = args.str("figure");
-  if (!figure.empty()) train::check_figure_output(figure, "figure", args.str("checkpoint"));
+  if (!figure.empty()) train::check_figure_output(figure, "figure", args.str("checkpoint"), args.is_set("overwrite"));
   const Device device = train::resolve_device(args.str("device"));
   if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);

@@ -35,6 +35,7 @@ cli::Args layer_args() {
               "        clustered assignment (B,H,N) int32.");
   a.option("in", "", "input safetensors file (required)")
       .option("out", "", "output safetensors file (required)")
+      .flag("overwrite", "replace an existing --out or --trace file that cast layer did not write")
       .option("attention", "full", "full | cast | clustered | iclustered")
       .option("heads", "1", "number of heads H");
   cli::add_attention_options(a, kLayerAttentionOptions);
@@ -82,14 +83,17 @@ void load_weights(nn::Attention& layer, const TensorFile& file, const nn::Attent
     layer.parameters()[name] = load_float(file, name, shape, dtype, device).set_requires_grad();
 }
 
+// What cast layer writes in its output's metadata: the file a later --out may replace.
+constexpr std::string_view kLayerOutputMark = "\"made_by\":\"cast layer\"";
+
 // --in and --out given; the output never replaces the input, and a bad output path is refused
 // before the work.
 void check_files(const cli::Args& args) {
   CAST_CHECK_USAGE(!args.str("in").empty() && !args.str("out").empty(),
                    "--in and --out are required (see cast layer --help)");
   files::check_not_an_input(args.str("out"), "--out", {args.str("in")});
-  files::check_replaces_own_kind(args.str("out"), "--out", "a safetensors file other than a checkpoint",
-                                 looks_like_plain_safetensors);
+  files::check_may_replace(args.str("out"), "--out", "an output of cast layer", kLayerOutputMark,
+                           args.is_set("overwrite"));
 }
 
 // --trace's file, checked to be neither the input nor the output, opened (and checked that it can be
@@ -101,7 +105,7 @@ void open_trace(const cli::Args& args, std::optional<train::Trace>& trace) {
     CAST_CHECK_USAGE(!files::same_path(trace_file, args.str("out")), "--trace {} is also --out: name two files",
                      trace_file);
   }
-  if (args.is_set("trace")) trace.emplace(trace_file);
+  if (args.is_set("trace")) trace.emplace(trace_file, true, args.is_set("overwrite"));
 }
 
 // What the output file holds: the output, every gradient, and the clusters or assignment.
@@ -113,6 +117,26 @@ std::map<std::string, Tensor> outputs(nn::Attention& layer, const nn::AttentionO
   if (result.clusters.defined()) out["clusters"] = result.clusters;
   if (result.assignment.defined()) out["assignment"] = result.assignment;
   return out;
+}
+
+// The input file's tensors besides the weights: x and dout (B, N, D), the mask (B, N) and the
+// clustered mechanisms' assignment (B, H, N) where given.
+struct LayerInputs {
+  Tensor x, dout, mask, assignment;
+};
+LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& config, DType dtype, Device device) {
+  const Tensor& x_raw = file.get("x");
+  const int64_t B = x_raw.dim(0), N = x_raw.dim(1), D = x_raw.dim(2);
+  LayerInputs in;
+  in.x = load_float(file, "x", {B, N, D}, dtype, device).set_requires_grad();
+  in.dout = load_float(file, "dout", {B, N, D}, dtype, device);
+  if (file.has("mask")) in.mask = load_float(file, "mask", {B, N}, dtype, device);
+  if (file.has("assignment")) {
+    CAST_CHECK(config.mechanism == nn::Mechanism::clustered || config.mechanism == nn::Mechanism::iclustered,
+               "{}: tensor 'assignment' is only used by --attention clustered|iclustered", file.source);
+    in.assignment = file.get("assignment", DType::i32, {B, config.heads, N}).to(device);
+  }
+  return in;
 }
 
 }  // namespace
@@ -160,23 +184,15 @@ int command_layer(const std::vector<std::string>& argv) {
   load_weights(layer, file, config, dtype, device);
   const int64_t H = config.heads, C = config.clusters;
 
-  Tensor x = load_float(file, "x", {B, N, D}, dtype, device).set_requires_grad();
-  Tensor dout = load_float(file, "dout", {B, N, D}, dtype, device);
-  Tensor mask = file.has("mask") ? load_float(file, "mask", {B, N}, dtype, device) : Tensor();
-  Tensor assignment;
-  if (file.has("assignment")) {
-    CAST_CHECK(config.mechanism == nn::Mechanism::clustered || config.mechanism == nn::Mechanism::iclustered,
-               "{}: tensor 'assignment' is only used by --attention clustered|iclustered", file.source);
-    assignment = file.get("assignment", DType::i32, {B, H, N}).to(device);
-  }
-
+  LayerInputs in = load_inputs(file, config, dtype, device);
   if (trace) trace->begin_pass("layer", device);
-  nn::AttentionOutput result = layer.forward(x, mask, assignment);
-  autograd::backward(result.out, dout);
+  nn::AttentionOutput result = layer.forward(in.x, in.mask, in.assignment);
+  autograd::backward(result.out, in.dout);
   if (trace) trace->end_pass();
 
-  const std::map<std::string, Tensor> out = outputs(layer, result, x, dtype, device);
-  write_safetensors(args.str("out"), out, {{"attention", nn::mechanism_name(config.mechanism)}}, "--out");
+  const std::map<std::string, Tensor> out = outputs(layer, result, in.x, dtype, device);
+  write_safetensors(args.str("out"), out,
+                    {{"attention", nn::mechanism_name(config.mechanism)}, {"made_by", "cast layer"}}, "--out");
   if (trace) trace->write_file();
   fmt::print("cast layer: {} B={} N={} D={} H={}{} -> {}\n", nn::mechanism_name(config.mechanism), B, N, D, H,
              config.mechanism == nn::Mechanism::cast ? fmt::format(" C={}", C) : std::string(), args.str("out"));

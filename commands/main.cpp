@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +47,11 @@ static int check_standard_output(const std::string& name, int code) {
 
 int main(int argc, char** argv) {
   reopen_closed_standard_streams();
+  // A reader gone (`cast train | head -1`) or a file-size limit (ulimit -f) fails the write that
+  // meets it, with EPIPE or EFBIG, instead of killing the process: the command then says so and
+  // keeps its work (training saves its checkpoint first).
+  std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGXFSZ, SIG_IGN);
   cast::ops::restart_with_cpu_runtime(argv);  // passive OpenMP waits, the BLAS kernels for this CPU
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     usage();

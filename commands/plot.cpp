@@ -26,6 +26,7 @@ int command_plot(const std::vector<std::string>& argv) {
       "Plot run folders' metrics.jsonl as SVG: one folder gives training loss and training/validation "
       "accuracy against the step; several give a comparison (training loss and validation accuracy of each).");
   args.option("out", "", "output SVG (one run: <run>/curves.svg; several: comparison.svg)")
+      .flag("overwrite", "replace an existing --out that is not a cast figure")
       .option("title", "", "figure title (default: the run folders)")
       .usage("cast plot <run folder> [<run folder> ...] [options]")
       .example("cast plot runs/listops-short-cast                 (writes runs/listops-short-cast/curves.svg)")
@@ -51,7 +52,7 @@ int command_plot(const std::vector<std::string>& argv) {
   for (const std::string& r : runs)
     for (const std::string& f : train::run_folder_files(r)) inputs.push_back(f);
   files::check_not_an_input(out, "--out", inputs);
-  files::check_replaces_own_kind(out, "--out", "an SVG figure", files::looks_like_svg);
+  files::check_may_replace(out, "--out", "a figure drawn by cast", files::kFigureMark, args.is_set("overwrite"));
   std::vector<train::Curves> curves;
   for (const std::string& r : runs) curves.push_back(train::read_curves(r));
   if (curves.size() == 1) {

@@ -110,7 +110,7 @@ int command_train(const std::vector<std::string>& argv) {
   if (args.is_set("trace")) {
     const std::string& file = args.str("trace");
     if (!file.empty()) check_trace_is_no_run_file(config, file, args.str("config"), args.str("resume"));
-    trace.emplace(file);
+    trace.emplace(file, true, config.overwrite);
     config.trace = &*trace;
   }
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",

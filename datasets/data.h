@@ -46,8 +46,14 @@ struct ListOpsSpec {
   static ListOpsSpec release();    // the LRA settings
   static ListOpsSpec short_cpu();  // a small variant a CPU trains in minutes
 };
+// A folder the generators made holds this file. They write into a folder only when it is missing,
+// empty or marked, or with `overwrite`: else a usage error, before anything is written.
+constexpr const char* kDataFolderMark = ".made-by-cast";
+void claim_data_folder(const std::string& dir, bool overwrite);
+void mark_data_folder(const std::string& dir);
+
 // Writes basic_{train,val,test}.tsv (header Source\tTarget) into `dir`.
-void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed);
+void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite = false);
 // Reads the release layout; tokens: drop ( ), `]` is its own token, split on whitespace.
 TaskData load_listops(const std::string& dir, int64_t max_len);
 std::vector<int32_t> tokenize_listops(const std::string& source, const std::string& where);
@@ -81,7 +87,7 @@ struct PathfinderSpec {
   static PathfinderSpec pathx128();
 };
 // Writes <dir>/imgs/0/sample_<i>.png and <dir>/metadata/0.npy (text lines: subdir file idx label).
-void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed);
+void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite = false);
 // Reads every metadata/*.npy of `dir`; splits 80/10/10 in file order.
 TaskData load_pathfinder(const std::string& dir);
 

@@ -115,7 +115,8 @@ int evaluate_listops(const std::string& source, const std::string& where) {
   return result;
 }
 
-void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed) {
+void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite) {
+  claim_data_folder(dir, overwrite);
   files::make_writable_folder(dir, "ListOps folder");
   Stream rng{seed};
   std::set<std::string> seen;
@@ -136,6 +137,7 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
   write_split(dir + "/basic_train.tsv", part(0, spec.train));
   write_split(dir + "/basic_val.tsv", part(spec.train, spec.val));
   write_split(dir + "/basic_test.tsv", part(spec.train + spec.val, spec.test));
+  mark_data_folder(dir);
 }
 
 static std::vector<Example> read_listops_tsv(const std::string& path, int64_t max_len) {

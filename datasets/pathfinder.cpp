@@ -97,7 +97,8 @@ bool ends_apart(std::initializer_list<Point> ends, double d) {
 
 }  // namespace
 
-void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed) {
+void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite) {
+  claim_data_folder(dir, overwrite);
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
   files::make_writable_folder(dir + "/metadata", "Pathfinder folder");
   const int hi = spec.side * 2;
@@ -140,6 +141,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
     meta << "imgs/0 sample_" << i << ".png " << i << ' ' << label << '\n';
   }
   files::write_atomic(dir + "/metadata/0.npy", meta.str(), "Pathfinder metadata", files::Link::refuse);
+  mark_data_folder(dir);
 }
 
 // The image a metadata line names, which must lie inside the data folder: a relative path with no

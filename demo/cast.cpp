@@ -11,6 +11,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/tape.h"
 #include "nn/attention.h"
+#include "ops/attention/cast_chain.h"
 #include "ops/attention/clustering.h"
 #include "ops/attention/steps.h"
 #include "ops/ops.h"
@@ -25,26 +26,25 @@ struct CastForward {
   Tensor s_q, s_k, a_q, a_k, a_g, members, r_intra, r_inter, o, out;
 };
 
-// nn::Attention::forward and forward_cast for per-head CAST with Top-K, f softmax, summaries on and
-// W = A_g: the same ops in the same order with the same arguments. Given `members`, the clustering
-// is held at them (the finite-difference check).
+// nn::Attention::forward for per-head CAST with Top-K, f softmax, summaries on and W = A_g: the
+// same chain of steps (ops/attention/cast_chain.h), each by its reference. Given `members`, the
+// clustering is held at them (the finite-difference check).
 CastForward cast_forward(const Tensor& x, const Tensor& mask, const Weights& w, const Tensor& members = Tensor()) {
   CastForward f;
   f.p = project(x, w);
-  const double factor = 1.0 / std::sqrt(static_cast<double>(kWidth));
-  f.s_q = ops::surrogate_scores(f.p.q, w.s, factor);
-  f.a_q = ops::cluster_probabilities(f.s_q, ops::AttentionFn::softmax);
-  f.s_k = ops::surrogate_scores(f.p.k, w.s, factor);
-  f.a_k = ops::cluster_probabilities(f.s_k, ops::AttentionFn::softmax);
-  f.a_g = ops::gated_affinity(x, w.gate_w, w.gate_b, f.a_q, f.a_k);
-  const Tensor flat = f.a_g.view({kHeads, kTokens, kClusters});
-  f.members = members.defined()
-                  ? members
-                  : ops::cluster_topk(flat, mask, kClusterSize).view({1, kHeads, kClusters, kClusterSize});
-  f.r_intra = ops::intra_cluster_attention(f.p.q, f.p.k, f.p.v, f.members);
-  f.r_inter = ops::cluster_summaries(f.a_k, f.p.v, mask);
-  f.o = ops::combine_clusters(f.a_g, f.r_intra, f.r_inter, f.members);
+  ops::CastChainInputs in;
+  in.q = f.p.q, in.k = f.p.k, in.v = f.p.v, in.s = w.s, in.mask = mask;
+  in.x = x, in.gate_w = w.gate_w, in.gate_b = w.gate_b, in.members = members;
+  const ops::CastChain c = ops::cast_chain(in, ops::run_reference, ops::choose_clusters(mask, kClusterSize, false));
+  f.a_q = c.a_q, f.a_k = c.a_k, f.a_g = c.a_g, f.members = c.members;
+  f.r_intra = c.r_intra, f.r_inter = c.r_inter, f.o = c.out;
   f.out = output(f.o, w.wo, mask);
+  {
+    autograd::NoGradGuard display_only;  // step 1 lives inside cluster_affinities: formed here to print it
+    const double factor = 1.0 / std::sqrt(static_cast<double>(kWidth));
+    f.s_q = ops::surrogate_scores(f.p.q, w.s, factor);
+    f.s_k = ops::surrogate_scores(f.p.k, w.s, factor);
+  }
   return f;
 }
 

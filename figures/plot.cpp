@@ -9,17 +9,19 @@
 #include <nlohmann/json.hpp>
 
 #include "tensor/error.h"
+#include "tensor/files.h"
 #include "tensor/safetensors.h"
 
 namespace cast::train {
 
 std::string svg_open(int width, int height, bool crisp) {
+  // the mark: what another cast figure may replace (files::check_may_replace)
   return fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
                      R"(font-family="DejaVu Sans, Arial, sans-serif"{2}>)"
-                     "\n"
+                     "\n{3}\n"
                      R"(<rect width="100%" height="100%" fill="white"/>)"
                      "\n",
-                     width, height, crisp ? R"( shape-rendering="crispEdges")" : "");
+                     width, height, crisp ? R"( shape-rendering="crispEdges")" : "", files::kFigureMark);
 }
 
 std::string xml_escape(const std::string& s) {

@@ -1,9 +1,11 @@
 #include "nn/attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/tape.h"
 #include "autograd/trace.h"
+#include "ops/attention/cast_chain.h"
 #include "ops/attention/clustering.h"
 #include "ops/attention/fast_paths.h"
 #include "ops/attention/head_projections.h"
@@ -44,11 +46,10 @@ std::vector<ops::Step> fast_path_steps(const AttentionConfig& c, Device device) 
         if (!c.single_assignment) return {ops::Step::cast_attention};  // it chooses the Top-K clusters itself
         return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::cast_attention};
       }
-      if (!c.summaries)
-        return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::intra_cluster_attention,
-                ops::Step::combine_clusters};
-      return {ops::Step::cluster_affinities, ops::Step::gated_affinity, ops::Step::intra_cluster_attention,
-              ops::Step::cluster_summaries, ops::Step::combine_clusters};
+      // each step once (the chain runs steps 1–2 for the queries and the keys)
+      std::vector<ops::Step> steps = ops::cast_chain_steps({c.f, c.summaries, c.mix_query});
+      steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+      return steps;
   }
   throw Error(fmt::format("attention: no mechanism {}", static_cast<int>(c.mechanism)));
 }
@@ -202,66 +203,35 @@ Tensor Attention::weights(const Tensor& x, const Tensor& mask, const Tensor& sup
 
 AttentionOutput Attention::forward_cast(const Tensor& x, const Tensor& mask, const Tensor& q, const Tensor& k,
                                         const Tensor& v, const Tensor& gate) {
-  const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3);
-  const int64_t C = config_.clusters;
-  const int64_t kappa = config_.cluster_size > 0 ? config_.cluster_size : default_clusters(N);
-  const Tensor& s = params_.at("surrogates");
-  const Tensor &gate_w = params_.at("gate_w"), &gate_b = params_.at("gate_b");
+  const int64_t N = q.dim(2);
+  // a cluster holds at most the N tokens: a larger κ would only add empty slots
+  const int64_t kappa = std::min(config_.cluster_size > 0 ? config_.cluster_size : default_clusters(N), N);
   const ops::CastOptions options{config_.f, config_.summaries, config_.mix_query};
-  // Step 4: clustering, an integer constant of the backward pass.
-  auto clusters_of = [&](const Tensor& a_g) {
-    Tensor flat = a_g.view({B * a_g.dim(1), N, C});
-    return config_.single_assignment ? ops::cluster_satopk(flat, mask, kappa) : ops::cluster_topk(flat, mask, kappa);
-  };
+  const ops::StepRunner run = [this](const ops::StepInputs& in) { return step(in); };
+  const ops::ClusterChooser choose = ops::choose_clusters(mask, kappa, config_.single_assignment);
+  ops::CastChainInputs chain;
+  chain.q = q, chain.k = k, chain.v = v, chain.s = params_.at("surrogates"), chain.mask = mask;
+  chain.x = x, chain.gate_w = params_.at("gate_w"), chain.gate_b = params_.at("gate_b");
+  chain.options = options;
+  chain.shared = config_.shared_clustering;
+  AttentionOutput result;
   // Where one op runs steps 1–3 and 5–7 (cast_runs_as_one_op: the gate is then given), it keeps
   // no affinities for its backward. For Top-K it also chooses the clusters, from the A_g it forms
   // anyway; for Single-Assignment Top-K, A_g is formed first without a gradient to choose them,
   // and the op forms the affinities again.
   if (gate.defined()) {
-    AttentionOutput result;
-    if (!config_.single_assignment) {
-      autograd::StepScope named(ops::step_name(ops::Step::cast_attention));
-      autograd::FastPathScope by("cast_attention_fused");
-      result.out = ops::cast_attention_fused_topk(gate, q, k, v, s, mask, kappa, options, result.clusters);
-      return result;
-    }
-    ops::CastAttentionInputs whole{gate, q, k, v, s, mask, Tensor(), options};
-    {
+    ops::CastAttentionInputs whole{gate, q, k, v, chain.s, mask, Tensor(), options, kappa, &result.clusters};
+    if (config_.single_assignment) {
       autograd::NoGradGuard choosing_clusters;
-      Tensor a_q = step(ops::ClusterAffinitiesInputs{q, s, config_.f});
-      Tensor a_k = step(ops::ClusterAffinitiesInputs{k, s, config_.f});
-      whole.members = clusters_of(step(ops::GatedAffinityInputs{x, gate_w, gate_b, a_q, a_k})).view({B, H, C, kappa});
+      whole.members = ops::cast_chain_to_clusters(chain, run, choose).members;
+      result.clusters = whole.members;
     }
     result.out = step(whole);
-    result.clusters = whole.members;
     return result;
   }
-  // Steps 1–3 on per-head (G = H) or full-width (G = 1) queries and keys; the scores are scaled
-  // by 1/√ of that width.
-  Tensor qg = q, kg = k, surrogates = s;
-  if (config_.shared_clustering) {
-    qg = ops::reshape(merge_heads(q), {B, 1, N, H * d});
-    kg = ops::reshape(merge_heads(k), {B, 1, N, H * d});
-    surrogates = ops::reshape(s, {1, C, H * d});
-  }
-  Tensor a_q = step(ops::ClusterAffinitiesInputs{qg, surrogates, config_.f});  // steps 1–2: (B, G, N, C)
-  Tensor a_k = step(ops::ClusterAffinitiesInputs{kg, surrogates, config_.f});
-  Tensor a_g = step(ops::GatedAffinityInputs{x, gate_w, gate_b, a_q, a_k});
-  Tensor members = clusters_of(a_g);
-  Tensor w = config_.mix_query ? a_q : a_g;
-  if (a_g.dim(1) == 1) {  // shared: one clustering and one set of weights for every head
-    members = ops::repeat_for_heads(members.view({B, C, kappa}), H);
-    w = ops::expand(w, {B, H, N, C});
-    a_k = ops::expand(a_k, {B, H, N, C});
-  } else {
-    members = members.view({B, H, C, kappa});
-  }
-  // Steps 5–7.
-  Tensor r_intra = step(ops::IntraClusterAttentionInputs{q, k, v, members});
-  Tensor r_inter = config_.summaries ? step(ops::ClusterSummariesInputs{a_k, v, mask}) : Tensor();
-  AttentionOutput result;
-  result.out = step(ops::CombineClustersInputs{w, r_intra, r_inter, members});
-  result.clusters = members;
+  const ops::CastChain c = ops::cast_chain(chain, run, choose);
+  result.out = c.out;
+  result.clusters = c.members;
   return result;
 }
 

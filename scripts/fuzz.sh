@@ -18,9 +18,9 @@ mkdir -p build-fuzz/findings
 # the targets write their valid layouts under the temporary folder: one here, emptied each run
 export TMPDIR="$PWD/build-fuzz/tmp"
 rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
-status=0
-for t in "${targets[@]}"; do
-  corpus="build-fuzz/corpus/$t"
+# one target per core at a time: each is one process, and the run takes seconds × targets / cores
+fuzz_one() {
+  local t=$1 corpus="build-fuzz/corpus/$1"
   mkdir -p "$corpus"
   "build-fuzz/fuzz_$t" --write-seeds "$corpus" > /dev/null 2>&1
   if "build-fuzz/fuzz_$t" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=200000 \
@@ -29,7 +29,19 @@ for t in "${targets[@]}"; do
   else
     echo "fuzz: $t: FAILED (build-fuzz/$t.log, input in build-fuzz/findings/)"
     grep -E "ERROR|runtime error|SUMMARY|terminate|what\(\)" "build-fuzz/$t.log" | head -5 || true
-    status=1
+    return 1
+  fi
+}
+status=0
+pids=()
+for t in "${targets[@]}"; do
+  fuzz_one "$t" > "build-fuzz/$t.summary" &
+  pids+=($!)
+  if [ ${#pids[@]} -ge "$(nproc)" ]; then
+    wait "${pids[0]}" || status=1
+    pids=("${pids[@]:1}")
   fi
 done
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+for t in "${targets[@]}"; do cat "build-fuzz/$t.summary"; done
 exit $status

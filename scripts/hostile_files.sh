@@ -36,6 +36,12 @@ plant() {
     loop) ln -s "$(basename "$path")" "$path"; echo "$path" ;;
     rodir) mkdir "$path"; chmod 555 "$path"; echo "$path" ;;
     in_rodir) mkdir "$path"; chmod 555 "$path"; echo "$path/x" ;;  # an output inside a read-only folder
+    # files and folders of the user's that an output must not replace (issue 41)
+    jsonl) printf '{"step": 1, "loss": 2.5}\n' > "$path"; echo "$path" ;;  # another run's history
+    svg) printf '<svg xmlns="http://www.w3.org/2000/svg"><text>mine</text></svg>\n' > "$path"; echo "$path" ;;
+    safetensors) cp base/layer.safetensors "$path"; chmod u+w "$path"; echo "$path" ;;  # another command's input
+    results) mkdir "$path"; echo "# my notes" > "$path/results.md"; echo "$path" ;;
+    datafolder) mkdir "$path"; echo "hand-made" > "$path/basic_train.tsv"; echo "$path" ;;
     metrics_*)  # a copy of the run whose metrics.jsonl is the hostile object
       cp -r base/run "$path"; chmod -R u+w "$path"; rm "$path/metrics.jsonl"
       plant "${kind#metrics_}" "$path/metrics.jsonl" > /dev/null; echo "$path" ;;
@@ -111,10 +117,59 @@ for k in fifo loop rodir in_rodir; do  # outputs that are folders (an existing f
   check "compare --out" $k "$C compare --attention full --data base/data --out @ $SMALL"
   check "data --out" $k "$C data listops-short --count 20 --out @"
 done
+# Outputs that exist and were not made by the same kind of cast output: replaced only with --overwrite.
+for k in jsonl svg; do
+  check "bench --json" $k "$C bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json @"
+  check "layer --trace" $k "$C layer --in base/layer.safetensors --out $WORK/lo$k.safetensors --trace @"
+  check "train --trace" $k "$C train --data base/data --run $WORK/ro$k $SMALL --trace @"
+  check "plot --out" $k "$C plot base/run --out @"
+  check "clusters --out" $k "$C clusters --checkpoint $CK --out @"
+done
+check "layer --out" safetensors "$C layer --in base/layer.safetensors --out @"
+check "compare --out" results "$C compare --attention full --data base/data --out @ $SMALL"
+check "data --out" datafolder "$C data listops-short --count 20 --out @"
 for k in fifo dir loop rodir; do  # info and demo take no files: a path is a usage error
   check "info" $k "$C info --out @"
   check "demo" $k "$C demo --out @"
 done
+
+# ---- processes, signals and standard streams (issue 41)
+# outcome NAME PROBLEM: counts a case; an empty PROBLEM is a pass.
+outcome() {
+  cases=$((cases + 1))
+  if [ -n "$2" ]; then failures=$((failures + 1)); echo "FAIL [$1] $2"; else echo "ok   [$1]"; fi
+}
+LONG="--data base/data --attention full --steps 100000 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --log-every 1"
+# Two trains in one run folder: the second is refused, naming the holder, and touches nothing.
+"$C" train $LONG --run "$WORK/shared" > "$WORK/first.out" 2> "$WORK/first.err" &
+first=$!
+for _ in $(seq 100); do [ -s "$WORK/shared/metrics.jsonl" ] && break; sleep 0.1; done
+"$C" train $LONG --run "$WORK/shared" > /dev/null 2> "$WORK/second.err"
+code=$? problem=""
+grep -q "is in use by another cast process (pid $first)" "$WORK/second.err" || problem="no line naming the holder: $(cat "$WORK/second.err")"
+[ $code -ne 0 ] || problem="the second train exited 0"
+kill -TERM $first; wait $first; first_code=$?
+[ $first_code -eq 143 ] || problem="$problem; the first train exited $first_code after SIGTERM, not 143"
+[ -s "$WORK/shared/checkpoint.safetensors" ] && [ -s "$WORK/shared/metrics.jsonl" ] || problem="$problem; the first run lost its files"
+outcome "two trains, one run folder" "$problem"
+# A reader gone (SIGPIPE) and a file-size limit (SIGXFSZ): errors with a line, never a death by signal.
+"$C" train --data base/data --run "$WORK/piped" $SMALL 2> "$WORK/pipe.err" | head -c 1 > /dev/null
+code=${PIPESTATUS[0]} problem=""
+[ $code -lt 128 ] || problem="killed by a signal (exit $code)"
+[ -s "$WORK/piped/checkpoint.safetensors" ] || problem="$problem; no checkpoint"
+outcome "train | head -c 1" "$problem"
+(ulimit -f 8; "$C" train --data base/data --run "$WORK/capped" $SMALL > /dev/null 2> "$WORK/fsz.err")
+code=$? problem=""
+[ $code -eq 1 ] || problem="exit $code, not 1"
+grep -q "file too large" "$WORK/fsz.err" || problem="$problem; no 'file too large' line: $(cat "$WORK/fsz.err")"
+! ls "$WORK/capped" 2>/dev/null | grep -q '\.tmp$' || problem="$problem; a temporary file was left"
+outcome "train under ulimit -f" "$problem"
+# Standard output closed at start: the console's lines never land in a data file.
+"$C" train --data base/data --run "$WORK/closed" $SMALL >&- 2> "$WORK/closed.err"
+code=$? problem=""
+[ $code -eq 0 ] || problem="exit $code: $(cat "$WORK/closed.err")"
+grep -qv '^{' "$WORK/closed/metrics.jsonl" && problem="$problem; metrics.jsonl holds a console line"
+outcome "train >&-" "$problem"
 
 echo "$cases cases, $failures failed"
 [ $failures -eq 0 ]

@@ -1,9 +1,11 @@
 #include "tensor/files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -31,6 +33,8 @@ std::string reason(int err) {
     case EROFS: return "read-only file system";
     case ENAMETOOLONG: return "the name is too long";
     case ENXIO: return "a FIFO or device with nothing on the other end";
+    case EFBIG: return "file too large (beyond the file-size limit, ulimit -f)";
+    case EPIPE: return "broken pipe (the reader has gone)";
     default: return std::strerror(err);
   }
 }
@@ -249,14 +253,35 @@ std::string output_target(const std::string& path, const std::string& what, Link
   return target;
 }
 
-void check_replaces_own_kind(const std::string& path, const std::string& what, const std::string& kind,
-                             bool (*looks_right)(std::string_view head)) {
+// The first 4 KiB of an existing output ("" for none).
+static std::string head_of(const std::string& path, const std::string& what) {
   const std::string target = output_target(path, what, Link::follow_once);
-  if (!exists(target)) return;
+  if (!exists(target)) return "";
   Fd fd = open_input(target, what);
   std::string head(4096, '\0');
   const ssize_t n = ::read(fd.get(), head.data(), head.size());
   head.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return head;
+}
+
+void check_may_replace(const std::string& path, const std::string& what, const std::string& kind, std::string_view mark,
+                       bool overwrite) {
+  // where it goes is checked now when its folder exists (a read-only folder, a FIFO): no work first
+  if (overwrite || !exists(path)) {
+    if (exists(folder_of(path))) output_target(path, what, Link::follow_once);
+    return;
+  }
+  const std::string head = head_of(path, what);
+  if (head.empty() || head.find(mark) != std::string::npos) return;
+  throw UsageError(
+      fmt::format("{} {}: exists and is not {}; not replacing it (pass --overwrite to "
+                  "replace it, or choose another path)",
+                  what, path, kind));
+}
+
+void check_replaces_own_kind(const std::string& path, const std::string& what, const std::string& kind,
+                             bool (*looks_right)(std::string_view head)) {
+  const std::string head = head_of(path, what);
   if (head.empty() || looks_right(head)) return;
   throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it (remove it, or choose another path)",
                                what, path, kind));
@@ -354,6 +379,31 @@ void make_writable_folder(const std::string& folder, const std::string& what) {
     throw;
   }
   ::unlink(probe.c_str());
+}
+
+FolderLock::FolderLock(const std::string& folder, const std::string& what) {
+  const std::string path = folder + "/.cast.lock";
+  Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
+  if (fd.get() < 0)
+    throw Error(fmt::format("{} {}: cannot open its lock file {}: {}", what, folder, path, reason(errno)));
+  struct stat st {};
+  CAST_CHECK(::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode), "{} {}: its lock file {} is {}", what, folder, path,
+             kind_of(st.st_mode));
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    CAST_CHECK(err == EWOULDBLOCK, "{} {}: cannot lock it ({}): {}", what, folder, path, reason(err));
+    char holder[32] = {};
+    const ssize_t n = ::pread(fd.get(), holder, sizeof holder - 1, 0);
+    std::string pid(holder, static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    pid = pid.substr(0, pid.find_first_not_of("0123456789"));
+    throw Error(
+        fmt::format("{} {} is in use by another cast process (pid {}): wait for it to end, or choose another "
+                    "folder",
+                    what, folder, pid.empty() ? "unknown" : pid));
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd.get(), 0) == 0) (void)!::pwrite(fd.get(), pid.data(), pid.size(), 0);  // for the message only
+  fd_ = std::move(fd);
 }
 
 AppendFile::AppendFile(const std::string& path, bool truncate, const std::string& what) : path_(path), what_(what) {

@@ -89,6 +89,15 @@ std::string output_target(const std::string& path, const std::string& what, Link
 // metrics file into a figure. A missing or empty output passes.
 void check_replaces_own_kind(const std::string& path, const std::string& what, const std::string& kind,
                              bool (*looks_right)(std::string_view head));
+// The rule for every output that exists already (docs/training.md, "What a command replaces"):
+// it is replaced only when the same kind of cast output made it, recognised by `mark` among its
+// first 4 KiB, or when the user said so (`overwrite`, the command's --overwrite). Else a usage
+// error naming the option, the file, what it is not, and --overwrite. A missing or empty file
+// passes.
+void check_may_replace(const std::string& path, const std::string& what, const std::string& kind, std::string_view mark,
+                       bool overwrite);
+// The mark of every figure the engine draws (figures/plot.cpp puts it in each SVG).
+constexpr std::string_view kFigureMark = "<!-- drawn by cast -->";
 bool looks_like_svg(std::string_view head);
 bool looks_like_json_lines(std::string_view head);
 
@@ -99,6 +108,20 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
 // Creates `folder` (and its parents) when missing and checks that a file can be made in it, with
 // a probe file created exclusively and removed again.
 void make_writable_folder(const std::string& folder, const std::string& what);
+
+// Holds a folder for this process: an exclusive lock (flock) on `<folder>/.cast.lock`, taken
+// before the folder's files are written and let go when the object goes or the process ends,
+// however it ends. A folder another process holds is refused with one line naming the folder and
+// the holder's pid; nothing in it is touched. The lock file stays (removing it would let two
+// processes lock two different files of one name).
+class FolderLock {
+ public:
+  FolderLock() = default;
+  FolderLock(const std::string& folder, const std::string& what);
+
+ private:
+  Fd fd_;
+};
 
 // A file written line by line (metrics.jsonl): opened without following a link and without
 // blocking, a regular file only; each append is written whole or is an error.

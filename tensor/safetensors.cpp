@@ -83,6 +83,19 @@ void check_disjoint(std::vector<std::tuple<uint64_t, uint64_t, std::string>> ran
                std::get<1>(ranges[i - 1]), std::get<0>(ranges[i]), std::get<1>(ranges[i]));
 }
 
+// A header entry's shape: an array of dimensions, each in [0, 2^40).
+Shape entry_shape(const json& js, const std::string& source, const std::string& name) {
+  CAST_CHECK(js.is_array(), "{}: tensor '{}': shape is not an array", source, name);
+  Shape shape;
+  for (const json& d : js) {
+    CAST_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+               "{}: tensor '{}': bad dimension {}", source, name, d.dump());
+    shape.push_back(d.get<int64_t>());
+    CAST_CHECK(shape.back() < (int64_t(1) << 40), "{}: tensor '{}': dimension too large", source, name);
+  }
+  return shape;
+}
+
 }  // namespace
 
 TensorFile parse_safetensors(const char* bytes, size_t size, const std::string& source) {
@@ -112,15 +125,7 @@ TensorFile parse_safetensors(const char* bytes, size_t size, const std::string& 
         "{}: tensor '{}' lacks dtype, shape or data_offsets", source, name);
     CAST_CHECK(entry["dtype"].is_string(), "{}: tensor '{}': dtype is not a string", source, name);
     DType dtype = st_dtype_from(entry["dtype"].get<std::string>(), source, name);
-    const json& js = entry["shape"];
-    CAST_CHECK(js.is_array(), "{}: tensor '{}': shape is not an array", source, name);
-    Shape shape;
-    for (const json& d : js) {
-      CAST_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-                 "{}: tensor '{}': bad dimension {}", source, name, d.dump());
-      shape.push_back(d.get<int64_t>());
-      CAST_CHECK(shape.back() < (int64_t(1) << 40), "{}: tensor '{}': dimension too large", source, name);
-    }
+    const Shape shape = entry_shape(entry["shape"], source, name);
     const json& off = entry["data_offsets"];
     CAST_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
                "{}: tensor '{}': data_offsets must be two non-negative integers", source, name);
@@ -181,10 +186,6 @@ std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& ten
     pos += host.nbytes();
   }
   return out;
-}
-
-bool looks_like_plain_safetensors(std::string_view head) {
-  return head.size() > 8 && head[8] == '{' && head.find("cast-checkpoint") == std::string_view::npos;
 }
 
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,

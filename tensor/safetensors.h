@@ -29,8 +29,6 @@ TensorFile parse_safetensors(const std::vector<char>& bytes, const std::string& 
 TensorFile read_safetensors(const std::string& path, const std::string& what = "safetensors file");
 std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& tensors,
                                         const std::map<std::string, std::string>& metadata = {});
-// A safetensors file that is not a cast checkpoint: what `cast layer --out` may replace.
-bool looks_like_plain_safetensors(std::string_view head);
 // Writes atomically (files::write_atomic), so a crash never leaves a half-written file.
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {}, const std::string& what = "output file",

@@ -139,6 +139,7 @@ TEST(CliFiles, PlantedLinksInARunFolderAreNeverFollowed) {
   // cast data's temporary files: the same
   const std::string data_dir = base + "/data";
   fs::create_directories(data_dir);
+  put(data_dir + "/" + data::kDataFolderMark, "");  // a folder cast data made: it may write there
   put(victim, "precious");
   fs::create_symlink(victim, data_dir + "/basic_train.tsv.tmp");
   const CliRun r = run("data listops-short --count 10 --out " + data_dir);
@@ -304,13 +305,13 @@ TEST(CliFiles, AnOutputReplacesOnlyAFileOfItsOwnKind) {
   fs::copy_file(run_dir + "/checkpoint.safetensors", other_ckpt);  // a checkpoint that is no input here
   put(notes, "my notes\n");
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"plot " + run_dir + " --out " + data_file, "is not an SVG figure; not replacing it"},
-      {"clusters --checkpoint " + run_dir + "/checkpoint.safetensors --out " + notes, "is not an SVG figure"},
-      {"attention --checkpoint " + run_dir + "/checkpoint.safetensors --out " + notes, "is not an SVG figure"},
+      {"plot " + run_dir + " --out " + data_file, "is not a figure drawn by cast; not replacing it (pass --overwrite"},
+      {"clusters --checkpoint " + run_dir + "/checkpoint.safetensors --out " + notes, "is not a figure drawn by cast"},
+      {"attention --checkpoint " + run_dir + "/checkpoint.safetensors --out " + notes, "is not a figure drawn by cast"},
       {"layer --in " + std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors --out " + other_ckpt,
-       "is not a safetensors file other than a checkpoint"},
+       "is not an output of cast layer"},
       {"bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json " + notes,
-       "is not a JSON-lines file"}};
+       "is not rows of cast bench"}};
   const std::string data_bytes = slurp(data_file), ckpt_bytes = slurp(other_ckpt);
   for (const auto& [args, message] : cases) {
     const CliRun r = run(args);

@@ -239,11 +239,9 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
   md += runs_table(runs);
   md += fmt::format("\n![validation accuracy and training loss of every variant]({})\n",
                     output_name(spec, "comparison", ".svg"));
-  const json results = {{"task", spec.task},
-                        {"seeds", spec.seeds},
-                        {"settings", spec.settings},
-                        {"command", spec.command},
-                        {"variants", variants}};
+  const json results = {{"made_by", "cast compare"},  // the mark: what a later comparison may replace
+                        {"task", spec.task},         {"seeds", spec.seeds}, {"settings", spec.settings},
+                        {"command", spec.command},   {"variants", variants}};
   files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".json"), results.dump(2) + "\n",
                       "comparison results", files::Link::refuse);
   files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".md"), md, "comparison results",
@@ -254,6 +252,18 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
                   fmt::format("{}: {} ({} seed{})", spec.task, fmt::join(labels, ", "), spec.seeds.size(),
                               spec.seeds.size() == 1 ? "" : "s"),
                   figure, files::Link::refuse);
+}
+
+// results.md, results.json and comparison.svg replace only what an earlier comparison wrote
+// (or anything, with --overwrite): checked before the first step is spent.
+void check_outputs_may_be_replaced(const CompareSpec& spec) {
+  const std::string md = output_name(spec, "results", ".md"), js = output_name(spec, "results", ".json");
+  files::check_may_replace(spec.out_dir + "/" + md, "comparison output", "the results of cast compare",
+                           "# Comparison: ", spec.overwrite);
+  files::check_may_replace(spec.out_dir + "/" + js, "comparison output", "the results of cast compare",
+                           "\"made_by\": \"cast compare\"", spec.overwrite);
+  files::check_may_replace(spec.out_dir + "/" + output_name(spec, "comparison", ".svg"), "comparison output",
+                           "a figure drawn by cast", files::kFigureMark, spec.overwrite);
 }
 
 // The command that continues an interrupted comparison: the same one.
@@ -308,7 +318,9 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       !spec.settings.contains("run") && !spec.settings.contains("seed"),
       "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
   std::vector<std::pair<CompareRun, TrainConfig>> plan = plan_runs(spec);
+  check_outputs_may_be_replaced(spec);  // reads only: a refusal leaves the folder as it was
   files::make_writable_folder(spec.out_dir, "comparison folder");
+  const files::FolderLock held(spec.out_dir, "comparison folder");  // one comparison in it at a time
   CompareResult result;
   int index = 0;
   for (auto& [run, config] : plan) {

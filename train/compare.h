@@ -22,6 +22,7 @@ struct CompareSpec {
   // Empty: results.md, results.json, comparison.svg; else results-<name>.md and so on, so that
   // several comparisons (mechanisms; each ablation) share one folder and its runs.
   std::string name;
+  bool overwrite = false;  // replace results and figures in out_dir that cast compare did not write
 };
 
 struct CompareRun {

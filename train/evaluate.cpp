@@ -4,6 +4,7 @@
 
 #include "autograd/tape.h"
 #include "ops/ops.h"
+#include "train/stop.h"
 
 namespace cast::train {
 
@@ -14,6 +15,7 @@ EvalResult evaluate(nn::Transformer& model, const data::TaskData& task, const st
   const int64_t n = limit > 0 ? std::min<int64_t>(limit, split.size()) : static_cast<int64_t>(split.size());
   double loss_sum = 0, correct = 0;
   for (int64_t start = 0; start < n; start += batch) {
+    if (const int signal = stop_signal()) throw EvaluationStopped(signal);  // Ctrl-C, SIGTERM: between batches
     std::vector<int64_t> idx(std::min(batch, n - start));
     std::iota(idx.begin(), idx.end(), start);
     nn::Batch b = data::make_batch(task, split, idx, DType::f32, device);

@@ -14,7 +14,8 @@ struct EvalResult {
   int64_t examples = 0;
 };
 
-// `limit` > 0: the first `limit` examples of the split only.
+// `limit` > 0: the first `limit` examples of the split only. A stop request (train/stop.h) ends it
+// between batches with EvaluationStopped.
 EvalResult evaluate(nn::Transformer& model, const data::TaskData& task, const std::vector<data::Example>& split,
                     int64_t batch, int64_t limit, Device device);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/attention/cast_chain.h"
 #include "ops/attention/fast_paths.h"
 #include "tensor/device_memory.h"
 #include "tensor/error.h"
@@ -17,7 +18,23 @@ namespace cast::train {
 
 namespace {
 constexpr double kFloat = 4;  // bytes of f32
+
+// What one step of CAST's chain keeps for the backward, in floats, for bh groups (b·h).
+double cast_step_floats(ops::Step step, double bh, double n, double c, double kappa, double dh) {
+  switch (step) {
+    case ops::Step::cluster_affinities: return bh * n * c * 2;  // scores and their softmax
+    case ops::Step::gated_affinity: return bh * n * c;          // A_q − A_k
+    case ops::Step::intra_cluster_attention:
+      return bh * c * kappa * (kappa * 3 + dh * 4);             // slot scores, gathered q, k, v and out
+    case ops::Step::cluster_summaries: return bh * c * dh * 4;  // the weights' sums and R_inter
+    case ops::Step::combine_clusters: return bh * n * c;        // the slots' weights
+    case ops::Step::full_attention:
+    case ops::Step::improved_clustered_output:
+    case ops::Step::cast_attention: break;
+  }
+  throw Error(fmt::format("memory estimate: {} is not a step of CAST's chain", ops::step_name(step)));
 }
+}  // namespace
 
 double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N, int64_t D, bool gpu) {
   const double b = static_cast<double>(B), n = static_cast<double>(N), d = static_cast<double>(D);
@@ -33,7 +50,8 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
       break;
     }
     case nn::Mechanism::cast: {
-      const double kappa = static_cast<double>(a.cluster_size > 0 ? a.cluster_size : nn::default_clusters(N));
+      const double kappa =
+          static_cast<double>(std::min(a.cluster_size > 0 ? a.cluster_size : nn::default_clusters(N), N));
       if (nn::cast_runs_as_one_op(a, gpu ? Device::cuda : Device::cpu)) {
         // cast_attention_fused: the forward's A_q, A_k and A_g, (N, C) each per thread (at most one
         // thread per group; the backward's scratch is row tiles), and the slots' log-sum-exp and
@@ -43,9 +61,8 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
         if (a.single_assignment) floats += b * h * n * c * 3;
         break;
       }
-      floats += b * h * n * c * 4;                         // affinities, their softmaxes, mixing weights
-      floats += b * h * c * kappa * (kappa * 3 + dh * 4);  // intra-cluster scores and gathered q, k, v, out
-      floats += b * h * c * dh * 4;                        // summaries
+      const ops::CastOptions options{a.f, a.summaries, a.mix_query};
+      for (ops::Step step : ops::cast_chain_steps(options)) floats += cast_step_floats(step, b * h, n, c, kappa, dh);
       break;
     }
     case nn::Mechanism::clustered:

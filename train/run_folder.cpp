@@ -25,22 +25,44 @@ std::string folder_of(const std::string& file) {
   return folder.empty() ? "." : folder;
 }
 
-void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint) {
+void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint,
+                         bool overwrite) {
   std::vector<std::string> inputs = run_folder_files(folder_of(checkpoint));
   inputs.push_back(checkpoint);
   files::check_not_an_input(out, "--" + option, inputs);
-  files::check_replaces_own_kind(out, "--" + option, "an SVG figure", files::looks_like_svg);
+  files::check_may_replace(out, "--" + option, "a figure drawn by cast", files::kFigureMark, overwrite);
 }
 
-bool prepare_run_folder(const TrainConfig& c, const std::string& resume_from) {
+namespace {
+
+// A resume into the checkpoint's own folder continues the run from its newest checkpoint only;
+// a finished run there continues only with more steps.
+void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
+  const std::string newest = c.run_dir + "/checkpoint.safetensors";
+  CAST_CHECK_USAGE(files::same_file(resume_from, newest),
+                   "--resume {} would rewind run {}, whose newest checkpoint is {}: resume from that, or give --run "
+                   "with a new folder to train on from {}",
+                   resume_from, c.run_dir, newest, resume_from);
+  CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
+                   "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval {}, or "
+                   "train on with a larger --steps",
+                   c.run_dir, resume_step, c.steps, newest);
+}
+
+}  // namespace
+
+RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
   files::make_writable_folder(c.run_dir, "run folder");
+  RunFolder folder;
+  folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed
   for (const char* name : {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg"})
     files::output_target(c.run_dir + name, "run file", files::Link::refuse);  // a FIFO or link there: refused now
   const std::string checkpoint = c.run_dir + "/checkpoint.safetensors";
   // Resuming into the checkpoint's own folder continues that run; any other folder is a new
   // home, under the same rule as a new run's.
-  const bool in_place = !resume_from.empty() && files::same_file(folder_of(resume_from), c.run_dir);
-  if (!in_place && std::filesystem::exists(checkpoint)) {
+  folder.in_place = !resume_from.empty() && files::same_file(folder_of(resume_from), c.run_dir);
+  if (folder.in_place) check_resume_goes_forward(c, resume_from, resume_step);
+  if (!folder.in_place && std::filesystem::exists(checkpoint)) {
     CAST_CHECK(c.overwrite,
                "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
                "--run, or pass --overwrite to replace it",
@@ -48,7 +70,7 @@ bool prepare_run_folder(const TrainConfig& c, const std::string& resume_from) {
     for (const char* stale : {"/best.safetensors", "/summary.json", "/curves.svg"})
       std::filesystem::remove(c.run_dir + stale);  // the old run's, never to be mistaken for the new one's
   }
-  return in_place;
+  return folder;
 }
 
 namespace {

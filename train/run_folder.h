@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tensor/files.h"
 #include "train/settings.h"
 
 namespace cast::train {
@@ -20,13 +21,21 @@ std::vector<std::string> run_folder_files(const std::string& run_dir);
 std::string folder_of(const std::string& file);
 // A figure drawn from `checkpoint` goes to `out` (given as --`option`): refused before any work
 // when it would replace the checkpoint or its run's other files, or a file that is not an SVG.
-void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint);
+// An existing file there is replaced only when it is a cast figure, or with `overwrite`.
+void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint,
+                         bool overwrite);
 
-// Makes c.run_dir ready to take the run's files, or refuses it before any step: a folder that
-// cannot be written, a FIFO or link where a file goes, a folder holding another run (unless
-// c.overwrite, which removes that run's best checkpoint, summary and figure). Returns whether
-// the run continues in place: resuming into the checkpoint's own folder.
-bool prepare_run_folder(const TrainConfig& c, const std::string& resume_from);
+// Makes c.run_dir ready to take the run's files, or refuses it before any step: a folder another
+// process holds, a folder that cannot be written, a FIFO or link where a file goes, a folder
+// holding another run (unless c.overwrite, which removes that run's best checkpoint, summary and
+// figure). A resume goes forward only: into the checkpoint's own folder only from its newest
+// checkpoint (best.safetensors there would rewind the run: it may start a new folder instead),
+// and a finished run (summary.json) only with more steps.
+struct RunFolder {
+  bool in_place = false;   // resuming into the checkpoint's own folder
+  files::FolderLock lock;  // this process's hold on the folder, for the whole run
+};
+RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step);
 
 // A resumed run continues the metrics of its checkpoint's step: lines an interrupted process
 // wrote after that step are dropped, so no step appears twice. In a new folder it starts from

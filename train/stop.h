@@ -36,4 +36,15 @@ class Interrupted : public Error {
   std::string what_happened_;
 };
 
+// A stop request seen during an evaluation, which stops there: its caller says what was kept.
+class EvaluationStopped : public Error {
+ public:
+  explicit EvaluationStopped(int signal)
+      : Error(fmt::format("stopped by {} during an evaluation", signal_name(signal))), signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
 }  // namespace cast::train

@@ -112,10 +112,11 @@ std::string text_line(const json& e) {
 
 }  // namespace
 
-Trace::Trace(std::string json_path, bool print) : json_path_(std::move(json_path)), print_(print) {
+Trace::Trace(std::string json_path, bool print, bool overwrite) : json_path_(std::move(json_path)), print_(print) {
   if (!json_path_.empty()) {  // a file that cannot be written is refused now, not after the work
     files::output_target(json_path_, "--trace", files::Link::follow_once);
-    files::check_replaces_own_kind(json_path_, "--trace", "a JSON lines trace", files::looks_like_json_lines);
+    // every line of a trace has its phase; no other file the engine writes has one
+    files::check_may_replace(json_path_, "--trace", "a cast trace", "{\"phase\":", overwrite);
   }
   previous_ = autograd::set_tape_observer(this);
 }

@@ -33,7 +33,8 @@ class Trace final : public autograd::TapeObserver {
   // json_path "": text on stdout (print false: kept in events() only, for tests); else JSON
   // lines, the finished passes' written to json_path by write_file() (kept in memory until
   // then, as many bytes as the file). Installs itself on this thread's tape.
-  explicit Trace(std::string json_path = "", bool print = true);
+  // An existing file at json_path is replaced only when it is a trace, or with `overwrite`.
+  explicit Trace(std::string json_path = "", bool print = true, bool overwrite = false);
   ~Trace();
   Trace(const Trace&) = delete;
   Trace& operator=(const Trace&) = delete;

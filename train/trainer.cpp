@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <numeric>
 #include <optional>
+#include <system_error>
 
 #include "autograd/tape.h"
 #include "train/adamw.h"
@@ -138,6 +139,7 @@ struct Run {
   nn::ParamList params;
   std::vector<Tensor> m, v;
   std::optional<files::AppendFile> metrics;
+  files::FolderLock folder_lock;  // the run folder is this process's until the run ends
   Clock::time_point t0;
   double step_seconds = 0;  // this process's, steps only
 };
@@ -173,6 +175,17 @@ void choose_compute(Run& run) {
   run.c.model.attention.fused = !run.c.reference;
 }
 
+// A cluster count beyond a sequence's tokens fills nothing and only costs time and memory
+// (C = 65536 on 49 tokens ran for minutes a step): refused, naming the setting. (A cluster size
+// beyond them is the whole sequence: the layer holds it at N, and the run is noted as full attention.)
+void check_clusters_fit(const nn::ModelConfig& m, int64_t length) {
+  const nn::AttentionConfig& a = m.attention;
+  if (a.mechanism == nn::Mechanism::full) return;
+  const int64_t tokens = length / (m.patch * m.patch) + (m.cls_pooling ? 1 : 0);
+  CAST_CHECK_USAGE(a.clusters <= tokens, "setting 'clusters' is {}: more than the {} tokens a sequence has", a.clusters,
+                   tokens);
+}
+
 // The task has examples, fits the model, and a step fits in the device's memory.
 void check_task_fits(const Run& run) {
   const TrainConfig& c = run.c;
@@ -188,6 +201,7 @@ void check_task_fits(const Run& run) {
                      task.image_side * task.image_side, c.model.max_len);
   }
   const int64_t length = std::min(c.model.max_len, task.max_len);
+  check_clusters_fit(c.model, length);
   require_memory(training_step_bytes(c.model, c.batch, length, run.device == Device::cuda), run.device,
                  fmt::format("a training step of batch {} at length {}", c.batch, length),
                  "lower --batch or --max-len");
@@ -282,8 +296,16 @@ void log_progress(Run& run, Window& window, double lr) {
 }
 
 // A validation during training; the best model so far is kept as best.safetensors.
+[[noreturn]] void stopped(const Run& run, int signal, const std::string& when);
+
 void validate_now(Run& run) {
-  const EvalResult r = evaluate_split(run, "val", run.task.val);
+  EvalResult r;
+  try {
+    r = evaluate_split(run, "val", run.task.val);
+  } catch (const EvaluationStopped& e) {  // the step is done: kept, the validation is not
+    save(run, run.checkpoint);
+    stopped(run, e.signal(), fmt::format("during the validation after step {}", run.step));
+  }
   if (r.accuracy > run.best_val) {
     run.best_val = r.accuracy;
     save(run, run.c.run_dir + "/best.safetensors");
@@ -325,8 +347,16 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
     train::AdamWStep s{learning_rate(c, step), c.beta1, c.beta2, c.eps, 0.0, step};
     training.update(s, c.weight_decay, c.clip);
     run.step_seconds += seconds_since(step_start);
-    if (log_step) log_progress(run, window, s.lr);
-    if (eval_step) validate_now(run);
+    try {
+      if (log_step) log_progress(run, window, s.lr);
+      if (eval_step) validate_now(run);
+    } catch (const std::system_error& e) {  // standard output failed (a reader gone, a full disk): saved, then said
+      save(run, run.checkpoint);
+      throw Error(
+          fmt::format("cannot write to standard output after step {} ({}): checkpoint {} written; resume "
+                      "with: cast train --resume {}",
+                      step, e.code().message(), run.checkpoint, shell_quote(run.checkpoint)));
+    }
     if (save_step || stop) save(run, run.checkpoint);
     if (stop) {
       if (run.terminal) fmt::print("\n");
@@ -345,8 +375,12 @@ void finish(Run& run, TrainResult& result) {
   // training there is none, and the final model is evaluated and named as such.
   const bool evaluate_best = c.eval_best && std::filesystem::exists(c.run_dir + "/best.safetensors");
   if (evaluate_best) load_checkpoint(c.run_dir + "/best.safetensors", *run.model, nullptr, nullptr);
-  result.val = evaluate_split(run, "val", run.task.val);
-  result.test = evaluate_split(run, "test", run.task.test);
+  try {
+    result.val = evaluate_split(run, "val", run.task.val);
+    result.test = evaluate_split(run, "test", run.task.test);
+  } catch (const EvaluationStopped& e) {
+    stopped(run, e.signal(), fmt::format("during the final evaluation, after the last step ({})", run.step));
+  }
   result.majority = result.test.majority;
   plot_run(c.run_dir + "/curves.svg", run_title(c), read_curves(c.run_dir), files::Link::refuse);
   const RunCost cost = cost_now(run);
@@ -396,8 +430,10 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   check_run_settings(run, resume_from);
   choose_compute(run);
   if (run.c.run_dir.empty()) run.c.run_dir = default_run_dir(run.c);
-  check_task_fits(run);                                          // before the folder is touched
-  const bool in_place = prepare_run_folder(run.c, resume_from);  // before any step is spent
+  check_task_fits(run);                                                       // before the folder is touched
+  RunFolder folder = prepare_run_folder(run.c, resume_from, run.start_step);  // before any step is spent
+  run.folder_lock = std::move(folder.lock);
+  const bool in_place = folder.in_place;
   run.checkpoint = run.c.run_dir + "/checkpoint.safetensors";
   build_model(run, resume_from);
 

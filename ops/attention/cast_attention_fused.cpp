@@ -605,11 +605,17 @@ Tensor cast_attention_fused_topk(const Tensor& g, const Tensor& q, const Tensor&
 
 // ---------------------------------------------------------------- its row of the fast-path table
 FastPath cast_attention_fused_path() {
-  return fast_path<CastAttentionInputs>("cast_attention_fused", __FILE__, "CPU f32/f64, per-head clustering", cpu_float,
-                                        [](const CastAttentionInputs& in) {
-                                          return cast_attention_fused(in.g, in.q, in.k, in.v, in.s, in.mask, in.members,
-                                                                      in.options);
-                                        });
+  return fast_path<CastAttentionInputs>(
+      "cast_attention_fused", __FILE__, "CPU f32/f64, per-head clustering", cpu_float,
+      [](const CastAttentionInputs& in) {
+        if (in.members.defined())
+          return cast_attention_fused(in.g, in.q, in.k, in.v, in.s, in.mask, in.members, in.options);
+        Tensor chosen;
+        Tensor out =
+            cast_attention_fused_topk(in.g, in.q, in.k, in.v, in.s, in.mask, in.cluster_size, in.options, chosen);
+        if (in.chosen) *in.chosen = chosen;
+        return out;
+      });
 }
 
 }  // namespace cast::ops

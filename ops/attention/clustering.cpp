@@ -316,6 +316,57 @@ Tensor lsh_hash(const Tensor& q, const Tensor& planes) {
   return Tensor::from_vector<int64_t>(out, {h.groups, h.n}, q.device());
 }
 
+namespace {
+
+// One group's Hamming k-means on the host: code (N) hashes, real the group's real tokens in
+// position order, assign (N) filled with −1 beforehand.
+void kmeans_group(const int64_t* code, const std::vector<int64_t>& real, int64_t clusters, int64_t iterations,
+                  uint64_t seed, int64_t g, int32_t* assign) {
+  const int64_t R = static_cast<int64_t>(real.size());
+  int64_t draw = 0;  // position in this group's stream (math/clustering_rules.h)
+  // C distinct random real queries (C < R): the first C swaps of a Fisher–Yates shuffle;
+  // with C >= R every query, then again in the same order
+  std::vector<int64_t> perm = real;
+  for (int64_t c = 0; c < std::min(clusters, R - 1); ++c)
+    std::swap(perm[c], perm[c + draw_below(kmeans_draw(seed, g, draw++), R - c)]);
+  std::vector<int64_t> centroid(clusters);
+  for (int64_t c = 0; c < clusters; ++c) centroid[c] = code[perm[c % R]];
+  auto assign_all = [&] {
+    for (int64_t i : real) {
+      int best = 65, arg = 0;
+      for (int64_t c = 0; c < clusters; ++c) {
+        const int dist = std::popcount(static_cast<uint64_t>(code[i] ^ centroid[c]));
+        if (dist < best) best = dist, arg = static_cast<int>(c);
+      }
+      assign[i] = arg;
+    }
+  };
+  assign_all();
+  for (int64_t it = 0; it < iterations; ++it) {
+    std::vector<int64_t> members(clusters, 0);
+    std::vector<std::array<int64_t, 64>> ones(clusters);
+    for (auto& o : ones) o.fill(0);
+    for (int64_t i : real) {
+      ++members[assign[i]];
+      for (int b = 0; b < 64; ++b) ones[assign[i]][b] += (code[i] >> b) & 1;
+    }
+    for (int64_t c = 0; c < clusters; ++c) {
+      if (members[c] == 0) {  // an empty cluster restarts from a random real query
+        centroid[c] = code[real[draw_below(kmeans_draw(seed, g, draw++), R)]];
+        continue;
+      }
+      // majority vote; an exact tie sets the bit to 0 (the authors' rule)
+      int64_t next = 0;
+      for (int b = 0; b < 64; ++b)
+        if (2 * ones[c][b] > members[c]) next |= int64_t(1) << b;
+      centroid[c] = next;
+    }
+    assign_all();
+  }
+}
+
+}  // namespace
+
 Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters, int64_t iterations, uint64_t seed) {
   autograd::StepScope named("hamming_kmeans");
   check_dtype("hamming_kmeans", hashes, DType::i64, "hashes");
@@ -341,49 +392,7 @@ Tensor hamming_kmeans(const Tensor& hashes, const Tensor& mask, int64_t clusters
     std::vector<int64_t> real;
     for (int64_t i = 0; i < N; ++i)
       if (m.empty() || m[(g / per_row) * N + i] != 0.0) real.push_back(i);
-    if (real.empty()) continue;
-    const int64_t R = static_cast<int64_t>(real.size());
-    int64_t draw = 0;  // position in this group's stream (math/clustering_rules.h)
-    // C distinct random real queries (C < R): the first C swaps of a Fisher–Yates shuffle;
-    // with C >= R every query, then again in the same order
-    std::vector<int64_t> perm = real;
-    for (int64_t c = 0; c < std::min(clusters, R - 1); ++c)
-      std::swap(perm[c], perm[c + draw_below(kmeans_draw(seed, g, draw++), R - c)]);
-    std::vector<int64_t> centroid(clusters);
-    for (int64_t c = 0; c < clusters; ++c) centroid[c] = code[g * N + perm[c % R]];
-    auto assign_all = [&] {
-      for (int64_t i : real) {
-        int best = 65, arg = 0;
-        for (int64_t c = 0; c < clusters; ++c) {
-          const int dist = std::popcount(static_cast<uint64_t>(code[g * N + i] ^ centroid[c]));
-          if (dist < best) best = dist, arg = static_cast<int>(c);
-        }
-        assign[g * N + i] = arg;
-      }
-    };
-    assign_all();
-    for (int64_t it = 0; it < iterations; ++it) {
-      std::vector<int64_t> members(clusters, 0);
-      std::vector<std::array<int64_t, 64>> ones(clusters);
-      for (auto& o : ones) o.fill(0);
-      for (int64_t i : real) {
-        const int32_t c = assign[g * N + i];
-        ++members[c];
-        for (int b = 0; b < 64; ++b) ones[c][b] += (code[g * N + i] >> b) & 1;
-      }
-      for (int64_t c = 0; c < clusters; ++c) {
-        if (members[c] == 0) {  // an empty cluster restarts from a random real query
-          centroid[c] = code[g * N + real[draw_below(kmeans_draw(seed, g, draw++), R)]];
-          continue;
-        }
-        // majority vote; an exact tie sets the bit to 0 (the authors' rule)
-        int64_t next = 0;
-        for (int b = 0; b < 64; ++b)
-          if (2 * ones[c][b] > members[c]) next |= int64_t(1) << b;
-        centroid[c] = next;
-      }
-      assign_all();
-    }
+    if (!real.empty()) kmeans_group(code + g * N, real, clusters, iterations, seed, g, assign.data() + g * N);
   }
   return to_device_i32(assign, {G, N}, hashes.device());
 }

@@ -1,6 +1,7 @@
 #include "ops/attention/fast_paths.h"
 
 #include "autograd/trace.h"
+#include "ops/attention/cast_chain.h"
 #include "ops/attention/steps.h"
 #include "ops/rows.h"
 
@@ -70,8 +71,17 @@ Tensor reference(const ImprovedClusteredOutputInputs& in) {
   return improved_clustered_output(in.q, in.k, in.v, in.a_c, in.top_keys, in.assignment);
 }
 Tensor reference(const CastAttentionInputs& in) {
-  return cast_attention(in.g, in.q, in.k, in.v, in.s, in.mask, in.members, in.options.f, in.options.summaries,
-                        in.options.mix_query);
+  if (in.members.defined())
+    return cast_attention(in.g, in.q, in.k, in.v, in.s, in.mask, in.members, in.options.f, in.options.summaries,
+                          in.options.mix_query);
+  // Top-K inside: the chain chooses the clusters from the A_g it forms
+  CAST_CHECK(in.cluster_size >= 1, "cast_attention: cluster size must be >= 1, got {}", in.cluster_size);
+  CastChainInputs chain;
+  chain.q = in.q, chain.k = in.k, chain.v = in.v, chain.s = in.s, chain.mask = in.mask, chain.g = in.g;
+  chain.options = in.options;
+  CastChain c = cast_chain(chain, run_reference, choose_clusters(in.mask, in.cluster_size, false));
+  if (in.chosen) *in.chosen = c.members;
+  return c.out;
 }
 
 }  // namespace

@@ -101,8 +101,10 @@ struct CastAttentionInputs {
   Tensor q, k, v;  // (B, H, N, d)
   Tensor s;        // (H, C, d)
   Tensor mask;     // (B, N) or undefined
-  Tensor members;  // (B, H, C, κ) i32
+  Tensor members;  // (B, H, C, κ) i32; undefined: step 4 (Top-K on A_g) runs inside the step
   CastOptions options;
+  int64_t cluster_size = 0;  // κ, where the step chooses the clusters
+  Tensor* chosen = nullptr;  // where the step chooses them, receives them (B, H, C, κ)
   auto fields() { return std::tie(g, q, k, v, s, mask, members); }
 };
 using StepInputs =
@@ -181,7 +183,7 @@ Tensor cast_attention_fused(const Tensor& g, const Tensor& q, const Tensor& k, c
                             const Tensor& mask, const Tensor& members, const CastOptions& options);
 // The same op with step 4 (Top-K) inside it: each group's clusters are chosen from its A_g while
 // the affinities are in the op's scratch, and returned in `members` (B, H, C, κ), so the layer
-// forms the affinities once in the forward. What the layer runs for Top-K clustering.
+// forms the affinities once in the forward. Its row runs it where the inputs give no clusters.
 Tensor cast_attention_fused_topk(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
                                  const Tensor& mask, int64_t kappa, const CastOptions& options, Tensor& members);
 

@@ -12,6 +12,7 @@
 
 #include "autograd/tape.h"
 #include "nn/attention.h"
+#include "ops/attention/cast_chain.h"
 #include "ops/attention/clustering.h"
 #include "ops/attention/fast_paths.h"
 #include "ops/attention/full_attention_flash.h"
@@ -159,4 +160,58 @@ TEST(CastAttentionFused, TheLayerRunsItAndItsTapeKeepsNoAffinities) {
   EXPECT_EQ(saved_bytes, (2 * 2 * 4 * 8 + 2 * 2 * 4 + 2 * (2 * 2 * 4 * 8)) * 4u);
   c.shared_clustering = true;  // the one op is per-head: shared clustering keeps the step chain
   EXPECT_NE(nn::fast_path_steps(c).back(), ops::Step::cast_attention);
+}
+
+// ---------------------------------------------------------------- CAST's chain, written once
+// The chain runs the steps that cast_chain_steps lists (what the memory estimate counts), in that
+// order, with summaries on and off.
+TEST(CastChain, RunsTheStepsItLists) {
+  for (bool summaries : {true, false}) {
+    ops::CastChainInputs in;
+    in.q = Tensor::uniform({1, 2, 6, 3}, 1, 0, -1.0, 1.0, DType::f64);
+    in.k = Tensor::uniform({1, 2, 6, 3}, 2, 0, -1.0, 1.0, DType::f64);
+    in.v = Tensor::uniform({1, 2, 6, 3}, 3, 0, -1.0, 1.0, DType::f64);
+    in.s = Tensor::uniform({2, 2, 3}, 4, 0, -1.0, 1.0, DType::f64);
+    in.x = Tensor::uniform({1, 6, 6}, 5, 0, -1.0, 1.0, DType::f64);
+    in.gate_w = Tensor::uniform({6, 2}, 6, 0, -1.0, 1.0, DType::f64);
+    in.gate_b = Tensor::zeros({2}, DType::f64);
+    in.options.summaries = summaries;
+    std::vector<ops::Step> ran;
+    const ops::StepRunner record = [&](const ops::StepInputs& step) {
+      ran.push_back(ops::step_of(step));
+      return ops::run_reference(step);
+    };
+    const ops::CastChain c = ops::cast_chain(in, record, ops::choose_clusters(Tensor(), 3, false));
+    EXPECT_EQ(ran, ops::cast_chain_steps(in.options)) << "summaries " << summaries;
+    EXPECT_EQ(c.members.shape(), (Shape{1, 2, 2, 3}));
+    EXPECT_EQ(c.r_inter.defined(), summaries);
+  }
+}
+
+// With no clusters given, the one op chooses them (Top-K on its A_g) as the chain does from the
+// reference steps' A_g: the same clusters, the same output.
+TEST(CastAttentionFused, ChoosesTheClustersTheChainChooses) {
+  const int64_t B = 2, H = 2, N = 40, C = 5, kappa = 9, d = 4;
+  for (DType dt : {DType::f32, DType::f64}) {
+    auto make = [&](const Shape& s, uint64_t seed) { return Tensor::uniform(s, seed, 0, -2.0, 2.0, dt); };
+    const Tensor mask = tail_mask(N, {3, 11}, dt);
+    ops::CastAttentionInputs in{Tensor::uniform({B, N, H}, 1, 0, 0.0, 1.0, dt),
+                                make({B, H, N, d}, 2),
+                                make({B, H, N, d}, 3),
+                                make({B, H, N, d}, 4),
+                                make({H, C, d}, 5),
+                                mask,
+                                Tensor(),
+                                {},
+                                kappa};
+    Tensor by_op, by_chain;
+    in.chosen = &by_op;
+    const Tensor out_op = ops::run_step(/*fast=*/true, in);
+    in.chosen = &by_chain;
+    const Tensor out_chain = ops::run_step(/*fast=*/false, in);
+    ASSERT_TRUE(by_op.defined() && by_chain.defined()) << dtype_name(dt);
+    EXPECT_EQ(by_op.to_double_vector(), by_chain.to_double_vector()) << dtype_name(dt);
+    expect_close_per_element(out_op, out_chain, dt == DType::f32 ? 3e-5 : 1e-10, dt == DType::f32 ? 3e-6 : 1e-12,
+                             dtype_name(dt));
+  }
 }

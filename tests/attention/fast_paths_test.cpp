@@ -133,13 +133,16 @@ Case cast_attention_case(Draw& r, DType t) {
   const ops::CastOptions o{r.seed % 2 == 0 ? ops::AttentionFn::softmax : ops::AttentionFn::laplace, r.between(0, 2) > 0,
                            r.between(0, 2) == 0};
   Tensor mask = r.seed % 4 == 2 ? Tensor() : padding_mask(r, B, N, t);
+  // one case in three leaves step 4 (Top-K on A_g) to the step itself, as the layer runs it
+  const bool chooses = r.seed % 3 == 1;
   return {
       ops::CastAttentionInputs{leaf({B, N, H}, r.seed + 1, t, 0.0, 1.0), leaf({B, H, N, d}, r.seed + 4, t),
                                leaf({B, H, N, d}, r.seed + 5, t), leaf({B, H, N, d}, r.seed + 6, t),
-                               leaf({H, C, d}, r.seed + 7, t), mask, random_members(B, H, C, kappa, N, r.seed + 8), o},
-      fmt::format("B{} H{} N{} C{} kappa{} d{} {} summaries {} mix {}{}", B, H, N, C, kappa, d,
+                               leaf({H, C, d}, r.seed + 7, t), mask,
+                               chooses ? Tensor() : random_members(B, H, C, kappa, N, r.seed + 8), o, kappa},
+      fmt::format("B{} H{} N{} C{} kappa{} d{} {} summaries {} mix {}{}{}", B, H, N, C, kappa, d,
                   o.f == ops::AttentionFn::softmax ? "softmax" : "laplace", o.summaries ? "on" : "off",
-                  o.mix_query ? "query" : "affinity", mask.defined() ? " padded" : "")};
+                  o.mix_query ? "query" : "affinity", mask.defined() ? " padded" : "", chooses ? " Top-K inside" : "")};
 }
 
 using MakeCase = Case (*)(Draw&, DType);

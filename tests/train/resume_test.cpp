@@ -1,6 +1,7 @@
 // Checkpoints and resuming: a resumed run equal bit for bit to an uninterrupted one, also after a stop
 // request; checkpoints round-trip, are parsed strictly, refuse a different model and never hold NaN;
 // the occupied-folder and resume-settings rules.
+#include <sys/wait.h>
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <csignal>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "tensor/files.h"
 #include "tensor/philox.h"
 #include "tensor/safetensors.h"
 #include "tests/test_util.h"
@@ -502,4 +504,96 @@ TEST(Training, EvalBestNeedsValidationsAndNeverClaimsABestItDidNotWrite) {
   train::train_on(c, task, "", 0, true);
   std::ifstream again(c.run_dir + "/summary.json");
   EXPECT_EQ(nlohmann::json::parse(again)["evaluated"], "best");
+}
+
+// ---------------------------------------------------------------- a resume goes forward (issue 41)
+TEST(Training, ResumingFromAnOlderCheckpointIntoItsRunIsRefusedAndRewindsNothing) {
+  data::TaskData task = counting_task(200, 20, 17);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("no_rewind"));
+  c.steps = 6;
+  c.log_every = 1;
+  c.eval_every = 2;
+  train::train_on(c, task, "", 0, true);
+  const std::string best = c.run_dir + "/best.safetensors", ckpt = c.run_dir + "/checkpoint.safetensors";
+  ASSERT_TRUE(std::filesystem::exists(best));
+  const std::string metrics = bytes_of(c.run_dir + "/metrics.jsonl"), newest = bytes_of(ckpt);
+  train::TrainConfig more = c;
+  more.steps = 10;
+  EXPECT_CAST_ERROR(train::train_on(more, task, best, 0, true), "would rewind run");
+  EXPECT_EQ(bytes_of(c.run_dir + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(bytes_of(ckpt), newest);
+  // into a new folder, the best checkpoint starts a branch
+  more.run_dir = temp_dir("no_rewind_branch");
+  EXPECT_NO_THROW(train::train_on(more, task, best, 0, true));
+}
+
+TEST(Training, AFinishedRunResumedWithoutNewStepsIsRefusedWithTheCommandThatEvaluatesIt) {
+  data::TaskData task = counting_task(200, 20, 18);
+  const std::string ckpt = six_step_run(task, "finished_resume");
+  const std::string run_dir = std::filesystem::path(ckpt).parent_path().string();
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, run_dir);
+  c.steps = 6;
+  const std::string metrics = bytes_of(run_dir + "/metrics.jsonl");
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "is finished (step 6 of 6");
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "cast eval " + ckpt);
+  EXPECT_EQ(bytes_of(run_dir + "/metrics.jsonl"), metrics);  // no second evaluation appended
+}
+
+// A stop request during an evaluation ends it between batches.
+TEST(Training, AStopRequestEndsAnEvaluation) {
+  data::TaskData task = counting_task(40, 40, 19);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("eval_stop"));
+  nn::Transformer model(c.model, DType::f32, Device::cpu);
+  train::request_stop(SIGTERM);
+  try {
+    train::evaluate(model, task, task.test, 4, 0, Device::cpu);
+    ADD_FAILURE() << "the evaluation did not stop";
+  } catch (const train::EvaluationStopped& e) {
+    EXPECT_EQ(e.signal(), SIGTERM);
+  }
+  train::clear_stop();
+}
+
+// ---------------------------------------------------------------- one owner per run folder (issue 41)
+TEST(Training, ARunFolderHeldByAnotherProcessIsRefusedAndUntouched) {
+  data::TaskData task = counting_task(200, 20, 20);
+  const std::string ckpt = six_step_run(task, "held_folder");
+  const std::string run_dir = std::filesystem::path(ckpt).parent_path().string();
+  const std::string metrics = bytes_of(run_dir + "/metrics.jsonl");
+  // another process holds the folder: a child that takes the lock and waits
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t holder = fork();
+  if (holder == 0) {
+    const files::FolderLock lock(run_dir, "run folder");
+    (void)!write(ready[1], "x", 1);
+    pause();
+    _exit(0);
+  }
+  char byte;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, run_dir);
+  c.steps = 8;
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
+                    fmt::format("run folder {} is in use by another cast process (pid {})", run_dir, holder));
+  kill(holder, SIGKILL);
+  waitpid(holder, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  EXPECT_EQ(bytes_of(run_dir + "/metrics.jsonl"), metrics);
+  EXPECT_NO_THROW(train::train_on(c, task, ckpt, 0, true));  // the holder gone, the lock went with it
+}
+
+// A cluster count beyond the sequence is refused before the folder is touched; a cluster size
+// beyond it is held at the sequence (the whole sequence in one cluster).
+TEST(Training, ClustersBeyondTheSequenceAreRefused) {
+  data::TaskData task = counting_task(40, 10, 21);
+  train::TrainConfig c = tiny_config(nn::Mechanism::cast, temp_dir("too_many_clusters"));
+  c.model.attention.clusters = 65536;
+  EXPECT_CAST_ERROR(train::train_on(c, task, "", 0, true), "setting 'clusters' is 65536: more than the 17 tokens");
+  EXPECT_FALSE(std::filesystem::exists(c.run_dir + "/metrics.jsonl"));
+  c.model.attention.clusters = 4;
+  c.model.attention.cluster_size = 1 << 22;  // before, (B, H, C, κ) slots of this size were allocated
+  c.steps = 1;
+  EXPECT_NO_THROW(train::train_on(c, task, "", 0, true));
 }
