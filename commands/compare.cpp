@@ -51,10 +51,11 @@ cli::Args compare_args() {
   return args;
 }
 
-// The runs' variants: the mechanisms of --attention, or the values of --vary's setting.
-void add_variants(const cli::Args& args, train::CompareSpec& spec) {
+// The runs' variants: the mechanisms of `attention` (--attention, else --config's), or the values
+// of --vary's setting.
+void add_variants(const cli::Args& args, const std::string& attention, train::CompareSpec& spec) {
   if (args.str("vary").empty()) {
-    const std::string list = args.is_set("attention") ? args.str("attention") : "full,cast,clustered,iclustered";
+    const std::string list = !attention.empty() ? attention : "full,cast,clustered,iclustered";
     for (const std::string& name : cli::comma_list("attention", list)) {
       usage_mechanism(name);  // an unknown mechanism fails before any run
       spec.variants.push_back({name, {{"attention", name}}});
@@ -67,11 +68,11 @@ void add_variants(const cli::Args& args, train::CompareSpec& spec) {
   const std::string key = vary.substr(0, eq);
   CAST_CHECK_USAGE(key != "attention" && key != "seed" && key != "run",
                    "--vary {}: use --attention, --seeds or --out for that", key);
-  if (args.is_set("attention")) {
-    CAST_CHECK_USAGE(args.str("attention").find(',') == std::string::npos,
-                     "--attention names one mechanism when --vary is given, got '{}'", args.str("attention"));
-    usage_mechanism(args.str("attention"));
-    spec.settings["attention"] = args.str("attention");
+  if (!attention.empty()) {
+    CAST_CHECK_USAGE(attention.find(',') == std::string::npos,
+                     "--attention names one mechanism when --vary is given, got '{}'", attention);
+    usage_mechanism(attention);
+    spec.settings["attention"] = attention;
   }
   for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1)))
     spec.variants.push_back({key + "=" + value, {{key, train::setting_from_text(key, value)}}});
@@ -107,12 +108,24 @@ int command_compare(const std::vector<std::string>& argv) {
   train::preset(spec.task);  // an unknown task fails here, before any folder is made
   if (!args.str("config").empty()) spec.settings = train::read_settings_file(args.str("config"));
   CAST_CHECK_USAGE(spec.settings.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+  // --config's keys: each applied to every run, or refused naming the file
+  const std::string config = args.str("config");
+  for (const char* own : {"run", "seed"})
+    CAST_CHECK_USAGE(!spec.settings.contains(own),
+                     "{}: setting '{}' is cast compare's to choose for each run: use --out and --seeds instead", config,
+                     own);
+  std::string attention = args.str("attention");  // the flag, else the file's mechanisms
+  if (attention.empty() && spec.settings.contains("attention")) {
+    CAST_CHECK_USAGE(spec.settings["attention"].is_string(),
+                     "{}: setting 'attention' is a mechanism or a comma-separated list of them", config);
+    attention = spec.settings["attention"].get<std::string>();
+  }
   const json flags = train::settings_from_flags(args);
   for (auto& [k, v] : flags.items()) spec.settings[k] = v;
   spec.settings.erase("attention");
 
   const std::string default_out = "runs/compare-" + spec.task;
-  add_variants(args, spec);
+  add_variants(args, attention, spec);
   spec.seeds = seeds_of(args.str("seeds"));
   spec.out_dir = args.is_set("out") ? args.str("out") : default_out;
   spec.overwrite = args.is_set("overwrite");

@@ -136,6 +136,17 @@ Swap swap_of(const cli::Args& args) {
     CAST_CHECK_USAGE(m == "full" || m == "clustered" || m == "iclustered" || m == "cast",
                      "--attention must be full, clustered or iclustered, got '{}'", m);
   s.attention.mechanism = nn::parse_mechanism(s.mechanisms.front());
+  // an option none of the listed mechanisms reads is refused rather than printed as if it applied
+  const auto some_reads = [&](std::initializer_list<const char*> readers) {
+    return std::any_of(s.mechanisms.begin(), s.mechanisms.end(), [&](const std::string& m) {
+      return std::find_if(readers.begin(), readers.end(), [&](const char* r) { return m == r; }) != readers.end();
+    });
+  };
+  for (const char* option : {"clusters", "bits", "iterations"})
+    CAST_CHECK_USAGE(!args.is_set(option) || some_reads({"clustered", "iclustered"}),
+                     "--{} is an option of --attention clustered and iclustered, not of {}", option, swap);
+  CAST_CHECK_USAGE(!args.is_set("topk") || some_reads({"iclustered"}),
+                   "--topk is an option of --attention iclustered, not of {}", swap);
   s.clusters = cli::attention_option_list(args, cli::AttentionOption::clusters);
   s.topks = cli::attention_option_list(args, cli::AttentionOption::topk);
   cli::read_attention_options(args, {cli::AttentionOption::bits, cli::AttentionOption::iterations}, s.attention);
@@ -158,9 +169,12 @@ void evaluate_once(train::TrainedRun& run, const nn::AttentionConfig* swap, int6
   std::string how = nn::mechanism_name(trained);
   if (swap) {
     const nn::AttentionConfig& a = ck.config.model.attention;
-    how = fmt::format("{} in place of the trained {}, the same weights; clusters {}{}", nn::mechanism_name(a.mechanism),
-                      nn::mechanism_name(trained),
-                      a.clusters > 0 ? std::to_string(a.clusters) : "ceil(sqrt(N)) rounded up to 8",
+    const std::string clusters = a.mechanism == nn::Mechanism::full
+                                     ? ""
+                                     : fmt::format("; clusters {}", a.clusters > 0 ? std::to_string(a.clusters)
+                                                                                   : "ceil(sqrt(N)) rounded up to 8");
+    how = fmt::format("{} in place of the trained {}, the same weights{}{}", nn::mechanism_name(a.mechanism),
+                      nn::mechanism_name(trained), clusters,
                       a.mechanism == nn::Mechanism::iclustered ? fmt::format(", top keys {}", a.topk) : "");
   }
   fmt::print("{} (step {}, task {}, attention {})\n", checkpoint, ck.step, ck.config.task, how);

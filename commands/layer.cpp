@@ -130,7 +130,12 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
   LayerInputs in;
   in.x = load_float(file, "x", {B, N, D}, dtype, device).set_requires_grad();
   in.dout = load_float(file, "dout", {B, N, D}, dtype, device);
-  if (file.has("mask")) in.mask = load_float(file, "mask", {B, N}, dtype, device);
+  if (file.has("mask")) {
+    in.mask = load_float(file, "mask", {B, N}, dtype, device);
+    for (double m : in.mask.to_double_vector())  // a weight of 0.5 is no token and no padding
+      CAST_CHECK(m == 0.0 || m == 1.0, "{}: tensor 'mask' holds {}: a mask is 1 (a token) or 0 (padding)", file.source,
+                 m);
+  }
   if (file.has("assignment")) {
     CAST_CHECK(config.mechanism == nn::Mechanism::clustered || config.mechanism == nn::Mechanism::iclustered,
                "{}: tensor 'assignment' is only used by --attention clustered|iclustered", file.source);

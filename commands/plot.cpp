@@ -44,6 +44,8 @@ int command_plot(const std::vector<std::string>& argv) {
   }
   if (!args.parse(options)) return 0;
   CAST_CHECK_USAGE(!runs.empty(), "name at least one run folder (see cast plot --help)");
+  // a file named as a run is that mistake, not an --out the user never gave
+  for (const std::string& r : runs) files::require_folder(r, "run folder");
   std::string out = args.str("out"), title = args.str("title");
   // the default figure inside a run folder is the engine's own file: never written through a link
   const files::Link link = out.empty() && runs.size() == 1 ? files::Link::refuse : files::Link::follow_once;

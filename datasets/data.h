@@ -14,6 +14,7 @@ struct Example {
   std::vector<int32_t> tokens;
   std::vector<int32_t> tokens2;  // Retrieval: the second document
   int32_t label = 0;
+  bool cut = false;  // longer than the task's max_len: the loader dropped its tail
 };
 
 struct TaskData {

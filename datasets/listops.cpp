@@ -160,7 +160,8 @@ static std::vector<Example> read_listops_tsv(const std::string& path, int64_t ma
     evaluate_listops(line.substr(0, tab), where);  // a well-formed expression, checked whole before it is cut
     e.tokens = tokenize_listops(line.substr(0, tab), where);
     CAST_CHECK(!e.tokens.empty(), "{}: empty source", where);
-    if (static_cast<int64_t>(e.tokens.size()) > max_len) e.tokens.resize(max_len);
+    e.cut = static_cast<int64_t>(e.tokens.size()) > max_len;
+    if (e.cut) e.tokens.resize(max_len);
     e.label = target[0] - '0';
     out.push_back(std::move(e));
   });

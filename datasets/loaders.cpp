@@ -41,7 +41,9 @@ static std::vector<Example> read_imdb_split(const std::string& dir, int64_t max_
     CAST_CHECK(!files.empty(), "{}: no .txt reviews", folder);
     for (const std::string& f : files) {
       Example e;
-      e.tokens = bytes_as_tokens(read_all(f, "IMDb review"), max_len);
+      const std::string review = read_all(f, "IMDb review");
+      e.tokens = bytes_as_tokens(review, max_len);
+      e.cut = static_cast<int64_t>(review.size()) > max_len;
       CAST_CHECK(!e.tokens.empty(), "{}: empty review", f);
       e.label = std::string(sentiment) == "pos" ? 1 : 0;
       out.push_back(std::move(e));
@@ -81,6 +83,7 @@ static std::vector<Example> read_aan(const std::string& path, int64_t max_len) {
         else throw Error(fmt::format("{}: label '{}' is not 0 or 1", where, label));
         e.tokens = bytes_as_tokens(cols[3], max_len);
         e.tokens2 = bytes_as_tokens(cols[4], max_len);
+        e.cut = static_cast<int64_t>(std::max(cols[3].size(), cols[4].size())) > max_len;
         CAST_CHECK(!e.tokens.empty() && !e.tokens2.empty(), "{}: empty text", where);
         out.push_back(std::move(e));
       });

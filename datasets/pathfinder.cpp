@@ -173,6 +173,7 @@ TaskData load_pathfinder(const std::string& dir) {
   CAST_CHECK(!files.empty(), "{}: no metadata files", meta_dir);
   std::vector<Example> all;
   int side = 0;
+  std::string first;  // where the first image, which set the side, was named
   for (const std::string& f : files)
     for_each_line(f, "pathfinder metadata", [&](const std::string& line, const std::string& where) {
       std::istringstream fields(line);
@@ -183,8 +184,11 @@ TaskData load_pathfinder(const std::string& dir) {
       CAST_CHECK(cols[3] == "0" || cols[3] == "1", "{}: label '{}' is not 0 or 1", where, cols[3]);
       png::Image img = png::read_gray(image_inside(dir, cols[0], cols[1], where));
       CAST_CHECK(img.width == img.height, "{}: image {}x{} is not square", where, img.width, img.height);
-      if (side == 0) side = img.width;
-      CAST_CHECK(img.width == side, "{}: image is {} wide, earlier ones {}", where, img.width, side);
+      if (side == 0) side = img.width, first = where + " (" + cols[1] + ")";
+      CAST_CHECK(img.width == side,
+                 "{}: image {} is {} pixels wide, the first image, at {}, {}: one of them is not of "
+                 "this data set",
+                 where, cols[1], img.width, first, side);
       Example e;
       e.label = cols[3][0] - '0';
       e.tokens.assign(img.pixels.begin(), img.pixels.end());

@@ -6,9 +6,29 @@
 
 namespace cast {
 
+// A message's control bytes and byte-order marks shown, not obeyed: a NUL byte from a file would
+// end the line printed, a carriage return overwrite it, a BOM hide in it.
+inline std::string visible(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == 0xEF && text.compare(i, 3, "\xEF\xBB\xBF") == 0) {
+      out += "\\uFEFF";
+      i += 2;
+    } else if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7F) {
+      out += fmt::format("\\x{:02X}", c);
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& what) : std::runtime_error(visible(what)) {}
+  explicit Error(const char* what) : Error(std::string(what)) {}
 };
 
 // A command used wrongly (unknown option, a value out of its range, a word not among the

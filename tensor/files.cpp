@@ -16,6 +16,7 @@
 #include <filesystem>
 
 #include "tensor/error.h"
+#include "tensor/tensor.h"  // host_memory_total
 
 namespace cast::files {
 
@@ -130,7 +131,15 @@ std::string read_file(const std::string& path, const std::string& what, uint64_t
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   CAST_CHECK(size <= max_bytes, "{} {}: {} bytes, more than the {} bytes such a file may have", what, path, size,
              max_bytes);
-  std::string bytes(size, '\0');
+  const uint64_t memory = host_memory_total();
+  CAST_CHECK(memory == 0 || size <= memory, "{} {}: {} bytes, more than this machine's {} bytes of memory", what, path,
+             size, memory);
+  std::string bytes;
+  try {
+    bytes.resize(size);
+  } catch (const std::bad_alloc&) {  // a file larger than the memory (a sparse file, say): named
+    throw Error(fmt::format("{} {}: {} bytes, more than this machine's memory can hold", what, path, size));
+  }
   size_t done = 0;
   while (done < size) {
     const ssize_t n = ::read(fd.get(), bytes.data() + done, size - done);

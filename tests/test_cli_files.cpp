@@ -390,3 +390,100 @@ TEST(CliFiles, EvalSweepsMechanismsAndClusterCountsIntoOneTableAndFigure) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--clusters: 'x' is not a whole number"), std::string::npos) << bad.err;
 }
+
+// ---------------------------------------------------------------- issue 41: settings checked for what they mean
+namespace {
+const std::string kTiny = " --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu";
+}
+
+TEST(CliSettings, ARepeatedOrEmptyOptionIsAUsageError) {
+  const std::string d = fresh_dir("repeated");
+  const std::string data = " --data " + trained_run() + "/data";
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"train" + data + " --run " + d + "/r --steps 3" + kTiny, "--steps is given twice"},
+           {"train" + data + " --run ''" + kTiny, "--run is given an empty value"},
+           {"train --data '' --run " + d + "/r2" + kTiny, "--data is given an empty value"},
+           {"data listops-short --task listops --out " + d + "/data", "--task is given twice"},
+           {"compare --vary lr=0.1 --vary lr=0.2 --out " + d + "/c" + data + kTiny, "--vary is given twice"},
+           {"train" + data + " --run " + d + "/r3 --lr 1e-320" + kTiny, "--lr is 1e-320: beyond the range of a double"}}) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << ": " << r.err;
+  }
+  EXPECT_TRUE(fs::is_empty(d)) << "nothing was written";
+  put(d + "/empty_run.json", R"({"run": ""})");
+  const CliRun file = run("train --config " + d + "/empty_run.json" + data + kTiny);
+  EXPECT_EQ(file.code, 2) << file.err;
+  EXPECT_NE(file.err.find("setting 'run' is empty"), std::string::npos) << file.err;
+}
+
+TEST(CliSettings, CompareAppliesOrRefusesEachKeyOfItsConfig) {
+  const std::string d = fresh_dir("compare_config");
+  put(d + "/full.json", R"({"attention": "full"})");
+  const CliRun r = run("compare --config " + d + "/full.json --data " + trained_run() + "/data --out " + d + "/c" +
+                       kTiny + " --eval-limit 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto results = nlohmann::json::parse(slurp(d + "/c/results.json"));
+  ASSERT_EQ(results["variants"].size(), 1u) << results.dump();  // all four mechanisms trained before
+  EXPECT_EQ(results["variants"][0]["variant"], "full");
+  put(d + "/seed.json", R"({"seed": 3})");
+  const CliRun seed = run("compare --config " + d + "/seed.json --out " + d + "/c2" + kTiny);
+  EXPECT_EQ(seed.code, 2) << seed.err;
+  EXPECT_NE(seed.err.find(d + "/seed.json: setting 'seed' is cast compare's to choose"), std::string::npos) << seed.err;
+}
+
+TEST(CliSettings, MeaninglessOrOutOfRangeValuesAreRefusedByName) {
+  const std::string run_dir = copy_run("meaning");
+  const std::string ckpt = run_dir + "/checkpoint.safetensors";
+  // an option the mechanism does not read is refused, not printed as if it applied
+  const CliRun eval = run("eval --checkpoint " + ckpt + " --attention full --clusters 8");
+  EXPECT_EQ(eval.code, 2) << eval.err;
+  EXPECT_NE(eval.err.find("--clusters is an option of --attention clustered and iclustered, not of full"),
+            std::string::npos)
+      << eval.err;
+  // a mask of 0.5 is neither a token nor padding
+  TensorFile layer = read_safetensors(std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors");
+  ASSERT_TRUE(layer.tensors.count("x"));
+  const Tensor& x = layer.tensors.at("x");
+  std::vector<double> mask(static_cast<size_t>(x.dim(0) * x.dim(1)), 1.0);
+  mask[1] = 0.5;
+  layer.tensors["mask"] = Tensor::from_vector<double>(mask, {x.dim(0), x.dim(1)}).to(x.dtype());
+  const std::string half = fs::path(run_dir).parent_path().string() + "/half_mask.safetensors";
+  write_safetensors(half, layer.tensors, layer.metadata);
+  const CliRun masked = run("layer --in " + half + " --out " + half + ".out");
+  EXPECT_EQ(masked.code, 1) << masked.err;
+  EXPECT_NE(masked.err.find("tensor 'mask' holds 0.5"), std::string::npos) << masked.err;
+  // more clusters than tokens
+  const CliRun clusters = run("attention --checkpoint " + ckpt + " --clusters 65536 --out " + run_dir + "/a.svg");
+  EXPECT_EQ(clusters.code, 2) << clusters.err;
+  EXPECT_NE(clusters.err.find("--clusters 65536 is more than the"), std::string::npos) << clusters.err;
+  // a file given where a run folder belongs is named as such
+  const CliRun plot = run("plot " + ckpt);
+  EXPECT_EQ(plot.code, 1) << plot.err;
+  EXPECT_NE(plot.err.find("run folder " + ckpt), std::string::npos) << plot.err;
+  // a resumed setting that differs past the printed digits prints enough of them
+  const CliRun lr = run("train --resume " + ckpt + " --lr 0.00200000001 --steps 5");
+  EXPECT_EQ(lr.code, 2) << lr.err;
+  EXPECT_NE(lr.err.find("not 0.00200000001"), std::string::npos) << lr.err;
+}
+
+TEST(CliSettings, TruncationByMaxLenIsNoted) {
+  const std::string d = fresh_dir("max_len");
+  const CliRun r =
+      run("train --data " + trained_run() + "/data --run " + d + "/r --max-len 4 --attention full" + kTiny);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("note: --max-len 4 cuts"), std::string::npos) << r.out;
+}
+
+TEST(CliFiles, AFileLargerThanTheMemoryIsRefusedByName) {
+  const std::string d = fresh_dir("sparse");
+  const std::string huge = d + "/huge.safetensors";
+  { std::ofstream(huge) << ""; }
+  fs::resize_file(huge, uintmax_t{1} << 39);  // 512 GiB, sparse: no disk is spent
+  const CliRun r = run("eval --checkpoint " + huge);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find(huge), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("out of memory ("), std::string::npos) << r.err;
+  fs::remove(huge);
+}

@@ -227,3 +227,11 @@ TEST(Files, AnImmutableFolderIsPermissionDenied) {
   EXPECT_CAST_ERROR(files::write_atomic(d + "/x.svg", "<svg/>", "--out"), "is read-only (permission denied)");
   EXPECT_TRUE(fs::is_empty(d));
 }
+
+// A message shows the control bytes and byte-order marks that came from a file: a NUL byte once
+// cut the line printed, a BOM was invisible in it.
+TEST(Files, MessagesShowControlBytesAndByteOrderMarks) {
+  EXPECT_STREQ(Error(std::string("key 'a\0b'", 9)).what(), "key 'a\\x00b'");
+  EXPECT_STREQ(Error("header '\xEF\xBB\xBFSource'").what(), "header '\\uFEFFSource'");
+  EXPECT_STREQ(UsageError("a\rb\tc").what(), "a\\x0Db\tc");
+}

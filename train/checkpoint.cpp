@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <cmath>
+#include <set>
 #include <filesystem>
 
 #include "tensor/files.h"
@@ -83,6 +84,12 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
 }
 
 // ---------------------------------------------------------------- reading
+// The dropout stream's offset, digits only: stoull alone reads "-1" as 18446744073709551615.
+static uint64_t unsigned_offset(const std::string& text, size_t* used) {
+  if (text.find_first_not_of("0123456789") != std::string::npos) throw std::invalid_argument(text);
+  return std::stoull(text, used);
+}
+
 Checkpoint read_checkpoint_header(const std::string& path) {
   TensorFile f = read_safetensors(path, "checkpoint");
   auto get = [&](const char* key) {
@@ -105,17 +112,23 @@ Checkpoint read_checkpoint_header(const std::string& path) {
     apply_overrides(ck.config, train);
     ck.config.model = model_from_json(files::parse_json(get("model"), "'model' metadata"));
     validate(ck.config);  // a checkpoint's sizes are input too: `layers: 1000000` is refused here
-    // whole-string numbers: "12oops" is no step
+    // whole-string numbers: "12oops" is no step; the parser's own words ("stoll") never reach a message
     auto whole = [&](const char* key, auto parse) {
       const std::string text = get(key);
       size_t used = 0;
-      const auto value = parse(text, &used);
-      CAST_CHECK(used == text.size() && !text.empty(), "'{}' is '{}', not a number", key, text);
-      return value;
+      try {
+        const auto value = parse(text, &used);
+        if (used == text.size() && !text.empty()) return value;
+      } catch (const std::logic_error&) {  // not a number, or out of range
+      }
+      throw Error(fmt::format("'{}' is '{}', not a number in range", key, text));
     };
     ck.step = whole("step", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
-    ck.rng_offset = whole("rng_offset", [](const std::string& t, size_t* u) { return std::stoull(t, u); });
+    // an unsigned count: stoull would read "-1" as 18446744073709551615
+    ck.rng_offset = whole("rng_offset", unsigned_offset);
     ck.best_val = whole("best_val", [](const std::string& t, size_t* u) { return std::stod(t, u); });
+    CAST_CHECK(ck.best_val == -1 || (ck.best_val >= 0 && ck.best_val <= 1),
+               "'best_val' is {}: an accuracy in [0, 1], or -1 before the first validation", ck.best_val);
     if (f.metadata.count("wall_seconds")) {
       ck.cost.wall_seconds = whole("wall_seconds", [](const std::string& t, size_t* u) { return std::stod(t, u); });
       ck.cost.step_seconds = whole("step_seconds", [](const std::string& t, size_t* u) { return std::stod(t, u); });
@@ -145,6 +158,17 @@ static std::string first_difference(const json& theirs, const json& mine, const 
   return "model config";
 }
 
+// Every tensor of a checkpoint is a parameter of the model or one of its AdamW moments: another
+// one would be ignored here and dropped from the next checkpoint without a word.
+static void check_only_model_tensors(const TensorFile& f, const nn::ParamList& params, const std::string& path) {
+  std::set<std::string> known;
+  for (const auto& [name, t] : params)
+    for (const char* prefix : {"param/", "adam.m/", "adam.v/"}) known.insert(prefix + name);
+  for (const auto& [name, t] : f.tensors)
+    CAST_CHECK(known.count(name), "checkpoint {}: tensor '{}' is neither a parameter of this model nor an AdamW moment",
+               path, name);
+}
+
 void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v) {
   TensorFile f = read_safetensors(path, "checkpoint");
   // A NaN weight evaluates to a plausible-looking accuracy and poisons a resumed run: every
@@ -158,6 +182,7 @@ void load_checkpoint(const std::string& path, nn::Transformer& model, std::vecto
   if (theirs != mine)
     throw Error(fmt::format("{}: checkpoint does not match the model: {}", path, first_difference(theirs, mine, "")));
   nn::ParamList params = model.parameters();
+  check_only_model_tensors(f, params, path);
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, t] = params[i];
     const Tensor& stored_t = f.get("param/" + name, DType::f32, t->shape());
@@ -165,7 +190,13 @@ void load_checkpoint(const std::string& path, nn::Transformer& model, std::vecto
     if (m) (*m)[i].copy_from(f.get("adam.m/" + name, DType::f32, t->shape()).to(t->device()));
     if (v) (*v)[i].copy_from(f.get("adam.v/" + name, DType::f32, t->shape()).to(t->device()));
   }
-  model.rng_offset = std::stoull(f.metadata.at("rng_offset"));
+  try {
+    size_t used = 0;
+    model.rng_offset = unsigned_offset(f.metadata.at("rng_offset"), &used);
+    CAST_CHECK(used == f.metadata.at("rng_offset").size(), "");
+  } catch (const std::exception&) {
+    throw Error(fmt::format("{}: corrupt checkpoint metadata: 'rng_offset' is not a count", path));
+  }
 }
 
 TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device) {

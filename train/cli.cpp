@@ -46,6 +46,8 @@ bool Args::parse(const std::vector<std::string>& argv) {
     }
     auto it = specs_.find(name);
     CAST_USAGE_CHECK(it != specs_.end(), "unknown option --{} (see cast {} --help)", name, command_);
+    // a second value would silently replace the first
+    CAST_USAGE_CHECK(!values_.count(name), "--{} is given twice: give it once", name);
     if (it->second.kind == Kind::flag) {
       CAST_USAGE_CHECK(eq == std::string::npos, "--{} takes no value", name);
       values_[name] = "1";
@@ -60,6 +62,8 @@ bool Args::parse(const std::vector<std::string>& argv) {
       CAST_USAGE_CHECK(i + 1 < argv.size(), "--{} needs a value", name);
       value = argv[++i];
     }
+    // `--run ""` (an unset shell variable) would mean the default folder
+    CAST_USAGE_CHECK(!value.empty(), "--{} is given an empty value", name);
     values_[name] = value;
   }
   return true;
@@ -96,6 +100,8 @@ double Args::number(const std::string& name) const {
     size_t used = 0;
     double r = std::stod(v, &used);
     if (used == v.size()) return r;
+  } catch (const std::out_of_range&) {
+    throw UsageError(fmt::format("--{} is {}: beyond the range of a double (too large, or too close to 0)", name, v));
   } catch (const std::exception&) {
   }
   throw UsageError(fmt::format("--{} expects a number, got '{}'", name, v));

@@ -74,18 +74,45 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
   return floats * kFloat * 2;  // and the gradients of as much again
 }
 
-double training_step_bytes(const nn::ModelConfig& m, int64_t B, int64_t N, bool gpu) {
+StepBytes training_step_parts(const nn::ModelConfig& m, int64_t B, int64_t N, bool gpu) {
   const int64_t towers = m.dual ? 2 : 1, tokens = N / (m.patch * m.patch) + (m.cls_pooling ? 1 : 0);
   const double bn = static_cast<double>(B * towers) * static_cast<double>(tokens);
   const double d = static_cast<double>(m.dim), mlp = static_cast<double>(m.mlp_dim);
   nn::AttentionConfig a = m.attention;
   a.dim = m.dim;
   a.heads = m.heads;
+  const double layers = static_cast<double>(m.layers);
   // per block: two LayerNorms, residuals, projections, the MLP's hidden activations and GELU
-  const double block = bn * (d * 6 + mlp * 3) * kFloat * 2 + attention_layer_bytes(a, B * towers, tokens, m.dim, gpu);
-  const double params = static_cast<double>(m.layers) * (4 * d * d + 2 * d * mlp) +
+  const double block = bn * (d * 6 + mlp * 3) * kFloat * 2;
+  const double params = layers * (4 * d * d + 2 * d * mlp) +
                         static_cast<double>((m.patch > 1 ? m.patch * m.patch : m.vocab) + m.tokens() + 1) * d;
-  return static_cast<double>(m.layers) * block + bn * d * 2 * kFloat + params * 4 * kFloat;
+  StepBytes parts;
+  parts.parameters = params * 4 * kFloat;
+  parts.activations = layers * block + bn * d * 2 * kFloat;
+  parts.attention = layers * attention_layer_bytes(a, B * towers, tokens, m.dim, gpu);
+  return parts;
+}
+
+double training_step_bytes(const nn::ModelConfig& m, int64_t B, int64_t N, bool gpu) {
+  return training_step_parts(m, B, N, gpu).total();
+}
+
+std::string StepBytes::largest() const {
+  constexpr double GiB = 1024.0 * 1024 * 1024;
+  if (parameters >= activations && parameters >= attention)
+    return fmt::format(
+        "the parameters with their gradients and moments take {:.1f} GiB of it: lower --dim, "
+        "--mlp-dim or --layers",
+        parameters / GiB);
+  if (activations >= attention)
+    return fmt::format(
+        "the layers' activations take {:.1f} GiB of it: lower --batch, --max-len, --dim, --mlp-dim or "
+        "--layers",
+        activations / GiB);
+  return fmt::format(
+      "the attention layers take {:.1f} GiB of it: lower --batch or --max-len, or --clusters, "
+      "--cluster-size or --topk",
+      attention / GiB);
 }
 
 void require_memory(double bytes, Device device, const std::string& what, const std::string& hint) {

@@ -15,7 +15,16 @@ namespace cast::train {
 
 // One attention layer's forward and backward: B sequences of N tokens of width D.
 double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N, int64_t D, bool gpu);
-// One training step of the model on a batch of B sequences of N tokens (f32).
+// One training step of the model on a batch of B sequences of N tokens (f32), by part.
+struct StepBytes {
+  double parameters = 0;   // the weights, their gradients and AdamW moments
+  double activations = 0;  // what the layers keep for the backward, attention's share excluded
+  double attention = 0;    // what the attention layers keep
+  double total() const { return parameters + activations + attention; }
+  // The largest part and the settings that size it, for a refusal's advice.
+  std::string largest() const;
+};
+StepBytes training_step_parts(const nn::ModelConfig& m, int64_t B, int64_t N, bool gpu);
 double training_step_bytes(const nn::ModelConfig& m, int64_t B, int64_t N, bool gpu);
 // Throws a one-line Error when `bytes` exceed the memory of `device` (the host's, or the GPU's).
 // `what` names the work, `hint` says which settings make it smaller.

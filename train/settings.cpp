@@ -467,7 +467,7 @@ std::string setting_value(const TrainConfig& c, const std::string& name) {
   const json v = s->get(c);
   switch (s->kind) {
     case Kind::integer: return v.dump();
-    case Kind::number: return fmt::format("{:g}", v.get<double>());
+    case Kind::number: return fmt::format("{}", v.get<double>());  // shortest round trip: unequal values print unequal
     case Kind::flag: return v.get<bool>() ? "true" : "false";
     default: {
       const std::string text = v.get<std::string>();
@@ -494,6 +494,8 @@ json setting_from_text(const std::string& name, const std::string& text) {
     }
   } catch (const std::invalid_argument&) {
   } catch (const std::out_of_range&) {
+    throw UsageError(fmt::format("setting '{}': '{}' is beyond the range of {} (too large, or too close to 0)", name,
+                                 text, s->kind == Kind::integer ? "a 64-bit integer" : "a double"));
   }
   throw UsageError(fmt::format("setting '{}': '{}' is not {}", name, text,
                                s->kind == Kind::integer  ? "a whole number"
@@ -607,6 +609,9 @@ json settings_from_flags(const cli::Args& args) {
 json read_settings_file(const std::string& path) {
   json j = files::read_json(path, "config file");
   CAST_CHECK(j.is_object(), "config file {}: holds {}, not one JSON object of settings", path, j.type_name());
+  for (const char* folder : {"run", "data"})  // "" would mean the default folder, and data generated there
+    CAST_CHECK_USAGE(!(j.contains(folder) && j[folder] == json("")),
+                     "config file {}: setting '{}' is empty (leave it out for the default folder)", path, folder);
   return j;
 }
 

@@ -47,7 +47,7 @@ const Task& find_task(const std::string& name) {
 data::TaskData load_task(const TrainConfig& c, bool generate_if_missing) {
   const std::string& t = c.task;
   const Task* task = task_named(t);  // a checkpoint may name a task of the tests ("counting")
-  CAST_CHECK(task, "unknown task '{}'", t);
+  CAST_CHECK(task, "unknown task '{}' ({})", t, fmt::join(task_names(), ", "));
   const std::string dir = c.data_dir.empty() ? task->data_dir : c.data_dir;
   const int64_t max_len = c.model.max_len;
   if (t == "listops-short" && generate_if_missing && !std::filesystem::exists(dir + "/basic_train.tsv")) {

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -202,9 +203,17 @@ void check_task_fits(const Run& run) {
   }
   const int64_t length = std::min(c.model.max_len, task.max_len);
   check_clusters_fit(c.model, length);
-  require_memory(training_step_bytes(c.model, c.batch, length, run.device == Device::cuda), run.device,
-                 fmt::format("a training step of batch {} at length {}", c.batch, length),
-                 "lower --batch or --max-len");
+  const StepBytes parts = training_step_parts(c.model, c.batch, length, run.device == Device::cuda);
+  require_memory(parts.total(), run.device, fmt::format("a training step of batch {} at length {}", c.batch, length),
+                 parts.largest());
+}
+
+// Examples the loader cut to --max-len are said, not trained on silently.
+void note_cut_examples(const data::TaskData& task, int64_t max_len) {
+  const auto cut = std::count_if(task.train.begin(), task.train.end(), [](const data::Example& e) { return e.cut; });
+  if (cut > 0)
+    fmt::print("note: --max-len {} cuts {} of the {} training examples to their first {} tokens\n", max_len, cut,
+               task.train.size(), max_len);
 }
 
 // The model and zero moments, or the checkpoint's.
@@ -430,7 +439,8 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   check_run_settings(run, resume_from);
   choose_compute(run);
   if (run.c.run_dir.empty()) run.c.run_dir = default_run_dir(run.c);
-  check_task_fits(run);                                                       // before the folder is touched
+  check_task_fits(run);  // before the folder is touched
+  if (!quiet) note_cut_examples(run.task, run.c.model.max_len);
   RunFolder folder = prepare_run_folder(run.c, resume_from, run.start_step);  // before any step is spent
   run.folder_lock = std::move(folder.lock);
   const bool in_place = folder.in_place;

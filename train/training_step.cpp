@@ -49,6 +49,11 @@ void TrainingStep::compute(const nn::Batch& batch, int64_t step) {
   records_.push_back(r);
 }
 
+bool decayed(const std::string& name, const Tensor& p) {
+  const bool cls = name == "cls" || (name.size() > 4 && name.compare(name.size() - 4, 4, ".cls") == 0);
+  return p.ndim() >= 2 && !cls;
+}
+
 void TrainingStep::update(train::AdamWStep s, double weight_decay, double clip) {
   CAST_CHECK(squared_norm_.defined(), "training step: update before compute");
   if (clip > 0) {
@@ -72,7 +77,7 @@ void TrainingStep::update(train::AdamWStep s, double weight_decay, double clip) 
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = *params_[i].second;
     if (!p.grad().defined()) continue;
-    s.weight_decay = p.ndim() >= 2 ? weight_decay : 0.0;  // no decay on biases, norms, the CLS vector
+    s.weight_decay = decayed(params_[i].first, p) ? weight_decay : 0.0;
     train::adamw_update(p, p.grad(), m_[i], v_[i], s);
     p.reset_grad();
   }

@@ -4,6 +4,7 @@
 // gradient norm and the number of correct predictions of each step go into a small device
 // buffer, and the host reads the buffer (one copy) only when it logs, evaluates or saves.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "nn/transformer.h"
@@ -17,6 +18,10 @@ struct StepRecord {
   double loss = 0, grad_norm = 0, correct = 0;
   double examples = 0, tokens = 0;  // known to the host when it built the batch
 };
+
+// Whether AdamW's weight decay applies to a parameter: to matrices only, not to biases, norms or
+// the CLS vector (its shape is (1, 1, D), so its name says what it is).
+bool decayed(const std::string& name, const Tensor& p);
 
 class TrainingStep {
  public:

@@ -39,3 +39,16 @@ TEST(MemoryEstimate, GpuFullAttentionIsLinearInLengthWithinTheFlashBound) {
   EXPECT_GT(train::attention_layer_bytes(a, 1, 4096, 256, true) / train::attention_layer_bytes(a, 1, 1024, 256, true),
             10.0);
 }
+
+// A memory refusal names the part of the step that is largest and the settings that size it.
+TEST(MemoryEstimate, TheLargestPartNamesItsSettings) {
+  nn::ModelConfig m;
+  m.vocab = 16, m.max_len = 64, m.dim = 4096, m.heads = 8, m.mlp_dim = 16384, m.layers = 48, m.classes = 2;
+  train::StepBytes wide = train::training_step_parts(m, 1, 64, false);
+  EXPECT_GT(wide.parameters, wide.activations);
+  EXPECT_NE(wide.largest().find("lower --dim, --mlp-dim or --layers"), std::string::npos) << wide.largest();
+  m.dim = 16, m.mlp_dim = 16, m.layers = 1;
+  train::StepBytes long_batch = train::training_step_parts(m, 4096, 64, false);
+  EXPECT_NE(long_batch.largest().find("--batch"), std::string::npos) << long_batch.largest();
+  EXPECT_DOUBLE_EQ(long_batch.total(), train::training_step_bytes(m, 4096, 64, false));
+}

@@ -259,6 +259,20 @@ TEST(Training, CheckpointMetadataIsParsedStrictly) {
   model_json["layers"] = 2;
   model_json["heads"] = 0;
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())), "setting 'heads' is 0");
+  // an unsigned offset: "-1" was read as 18446744073709551615 and saved back so
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("rng_offset", "-1")), "'rng_offset' is '-1', not a number");
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("step", "99999999999999999999")), "not a number in range");
+  // an accuracy, or -1 before the first validation
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("best_val", "7.5")), "'best_val' is 7.5");
+  EXPECT_NO_THROW(train::read_checkpoint_header(with("best_val", "-1")));
+  // a tensor that is not the model's was ignored, then dropped from the next checkpoint
+  auto tensors = f.tensors;
+  tensors["notes/extra"] = Tensor::zeros({2});
+  const std::string extra = c.run_dir + "/extra.safetensors";
+  write_safetensors(extra, tensors, f.metadata);
+  EXPECT_CAST_ERROR(train::load_checkpoint(extra, model, &m, &v),
+                    "tensor 'notes/extra' is neither a parameter of this model nor an AdamW moment");
+  EXPECT_NO_THROW(train::load_checkpoint(good, model, &m, &v));
 }
 
 TEST(Training, ConfigIntegersMustBeIntegers) {

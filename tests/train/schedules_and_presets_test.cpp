@@ -15,6 +15,7 @@
 #include "train/memory_estimate.h"
 #include "train/stop.h"
 #include "train/trainer.h"
+#include "train/training_step.h"
 #include "tests/train/train_test_util.h"
 
 using namespace cast;
@@ -43,4 +44,21 @@ TEST(Training, PresetsAndOverrides) {
   EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"steps", "many"}}), "it must be an integer");
   EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"lr", "fast"}}), "wrong type");
   EXPECT_CAST_ERROR(train::preset("sudoku"), "unknown task");
+}
+
+// AdamW decays the matrices only: never a bias, a norm or the CLS vector, whose shape (1, 1, D)
+// has two dimensions or more (docs/training.md).
+TEST(Training, WeightDecayReachesTheMatricesOnly) {
+  nn::ModelConfig m;
+  m.vocab = 8, m.max_len = 8, m.dim = 8, m.heads = 2, m.mlp_dim = 8, m.layers = 1, m.classes = 2;
+  m.cls_pooling = true;
+  nn::Transformer model(m, DType::f32, Device::cpu);
+  int decayed = 0;
+  for (const auto& [name, t] : model.parameters()) {
+    const bool matrix = t->ndim() >= 2 && name != "cls";
+    EXPECT_EQ(train::decayed(name, *t), matrix) << name << " " << shape_str(t->shape());
+    decayed += train::decayed(name, *t);
+  }
+  EXPECT_GT(decayed, 0);
+  EXPECT_FALSE(train::decayed("cls", Tensor::zeros({1, 1, 8})));
 }
