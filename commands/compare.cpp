@@ -79,6 +79,18 @@ void add_variants(const cli::Args& args, const std::string& attention, train::Co
   spec.name = key;
 }
 
+// Every setting of --config applies to a run of `task`: a bad one is refused naming the file.
+void check_config_settings(const std::string& task, json settings, const std::string& config) {
+  if (config.empty()) return;
+  settings.erase("attention");  // the mechanisms to compare, checked as variants
+  train::TrainConfig probe = train::preset(task);
+  try {
+    train::apply_overrides(probe, settings);
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("config file {}: {}", config, e.what()));
+  }
+}
+
 // --seeds: distinct whole numbers ("1,01" is one seed twice).
 std::vector<uint64_t> seeds_of(const std::string& list) {
   std::vector<uint64_t> seeds;
@@ -120,6 +132,7 @@ int command_compare(const std::vector<std::string>& argv) {
                      "{}: setting 'attention' is a mechanism or a comma-separated list of them", config);
     attention = spec.settings["attention"].get<std::string>();
   }
+  check_config_settings(spec.task, spec.settings, config);
   const json flags = train::settings_from_flags(args);
   for (auto& [k, v] : flags.items()) spec.settings[k] = v;
   spec.settings.erase("attention");

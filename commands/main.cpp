@@ -62,10 +62,14 @@ int main(int argc, char** argv) {
   for (const auto& c : cast::commands()) {
     if (name != c.name) continue;
     // Ctrl-C or SIGTERM while training: the current step is finished and saved first.
-    if (name == "train" || name == "compare") cast::train::install_stop_handlers();
+    // `cast eval`: the evaluation stops between batches (nothing is written, so nothing to save).
+    if (name == "train" || name == "compare" || name == "eval") cast::train::install_stop_handlers();
     try {
       return check_standard_output(name, c.run(args));
     } catch (const cast::train::Interrupted& e) {  // the shell's convention: 128 + the signal
+      std::fprintf(stderr, "cast %s: %s\n", name.c_str(), e.what());
+      return 128 + e.signal();
+    } catch (const cast::train::EvaluationStopped& e) {
       std::fprintf(stderr, "cast %s: %s\n", name.c_str(), e.what());
       return 128 + e.signal();
     } catch (const cast::UsageError& e) {

@@ -6,7 +6,8 @@
 #   scripts/test.sh --quick    a developer's loop after a change: builds what changed, runs the
 #                              CPU suite and the CUDA-vs-CPU tests on the emulated device; no
 #                              sanitized rerun of the CPU suite, no dry run, no ptxas gate, no
-#                              fuzzing (the packages must be installed: scripts/setup.sh)
+#                              hostile-files script (scripts/hostile_files.sh), no fuzzing
+#                              (the packages must be installed: scripts/setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -22,7 +23,7 @@ if [ $quick = 1 ]; then
   cmake --build build -j"$jobs" --target cast cast_tests cast_emu_tests > /dev/null  # fails here on an error
   # The CPU suite, then the emulated binary's own tests: the CUDA-vs-CPU tests, the fast-path
   # table on the emulated device, the trainer's device step, the emulator's self-tests.
-  ctest --test-dir build --output-on-failure -j"$jobs" -E '^emulated\.|^gpu_session_dry_run$|^kernel_report_gate$'
+  ctest --test-dir build --output-on-failure -j"$jobs" -E '^emulated\.|^gpu_session_dry_run$|^kernel_report_gate$|^cli\.hostile_files$'
   ctest --test-dir build --output-on-failure -j"$jobs" \
     -R '^emulated\.(CudaVsCpu|AllMechanisms/CudaTrainingSteps|Registry/FastPathAgainstReference|Emulation)'
   exit 0

@@ -431,6 +431,11 @@ TEST(CliSettings, CompareAppliesOrRefusesEachKeyOfItsConfig) {
   const CliRun seed = run("compare --config " + d + "/seed.json --out " + d + "/c2" + kTiny);
   EXPECT_EQ(seed.code, 2) << seed.err;
   EXPECT_NE(seed.err.find(d + "/seed.json: setting 'seed' is cast compare's to choose"), std::string::npos) << seed.err;
+  put(d + "/unknown.json", R"({"stpes": 3})");
+  const CliRun unknown = run("compare --config " + d + "/unknown.json --out " + d + "/c3" + kTiny);
+  EXPECT_EQ(unknown.code, 2) << unknown.err;
+  EXPECT_NE(unknown.err.find("config file " + d + "/unknown.json: config: unknown setting 'stpes'"), std::string::npos)
+      << unknown.err;
 }
 
 TEST(CliSettings, MeaninglessOrOutOfRangeValuesAreRefusedByName) {
