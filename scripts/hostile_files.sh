@@ -143,7 +143,11 @@ LONG="--data base/data --attention full --steps 100000 --batch 4 --dim 8 --heads
 # Two trains in one run folder: the second is refused, naming the holder, and touches nothing.
 "$C" train $LONG --run "$WORK/shared" > "$WORK/first.out" 2> "$WORK/first.err" &
 first=$!
-for _ in $(seq 100); do [ -s "$WORK/shared/metrics.jsonl" ] && break; sleep 0.1; done
+# until the first holds the folder (its pid in the lock file) and has begun to write its metrics
+for _ in $(seq 600); do
+  [ "$(cat "$WORK/shared/.cast.lock" 2>/dev/null)" = "$first" ] && [ -s "$WORK/shared/metrics.jsonl" ] && break
+  sleep 0.1
+done
 "$C" train $LONG --run "$WORK/shared" > /dev/null 2> "$WORK/second.err"
 code=$? problem=""
 grep -q "is in use by another cast process (pid $first)" "$WORK/second.err" || problem="no line naming the holder: $(cat "$WORK/second.err")"
