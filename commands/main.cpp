@@ -66,10 +66,7 @@ int main(int argc, char** argv) {
     if (name == "train" || name == "compare" || name == "eval") cast::train::install_stop_handlers();
     try {
       return check_standard_output(name, c.run(args));
-    } catch (const cast::train::Interrupted& e) {  // the shell's convention: 128 + the signal
-      std::fprintf(stderr, "cast %s: %s\n", name.c_str(), e.what());
-      return 128 + e.signal();
-    } catch (const cast::train::EvaluationStopped& e) {
+    } catch (const cast::train::Stopped& e) {  // the shell's convention: 128 + the signal
       std::fprintf(stderr, "cast %s: %s\n", name.c_str(), e.what());
       return 128 + e.signal();
     } catch (const cast::UsageError& e) {

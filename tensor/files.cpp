@@ -288,26 +288,6 @@ void check_may_replace(const std::string& path, const std::string& what, const s
                   what, path, kind));
 }
 
-void check_replaces_own_kind(const std::string& path, const std::string& what, const std::string& kind,
-                             bool (*looks_right)(std::string_view head)) {
-  const std::string head = head_of(path, what);
-  if (head.empty() || looks_right(head)) return;
-  throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it (remove it, or choose another path)",
-                               what, path, kind));
-}
-
-static std::string_view trimmed(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  return s;
-}
-
-bool looks_like_svg(std::string_view head) {
-  head = trimmed(head);
-  return head.substr(0, 4) == "<svg" || head.substr(0, 5) == "<?xml";
-}
-
-bool looks_like_json_lines(std::string_view head) { return trimmed(head).substr(0, 1) == "{"; }
-
 // Creates `tmp` for writing, exclusively and without following a link. A stale temporary file
 // (a regular file of this user, left by a crash) is removed first; a link or anything else in
 // its place is refused and left alone.

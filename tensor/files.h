@@ -84,11 +84,6 @@ std::string json_message(const std::exception& e);
 // The file a write to `path` replaces, by the rule of `link` (see Link); refuses a folder, a
 // FIFO, a device, a link chain or loop, and a missing or read-only folder. Nothing is created.
 std::string output_target(const std::string& path, const std::string& what, Link link);
-// An existing output is replaced only when it is of the output's own kind (its first bytes pass
-// `looks_right`), else a usage error: a slip of --out never turns a checkpoint, a data file or a
-// metrics file into a figure. A missing or empty output passes.
-void check_replaces_own_kind(const std::string& path, const std::string& what, const std::string& kind,
-                             bool (*looks_right)(std::string_view head));
 // The rule for every output that exists already (docs/training.md, "What a command replaces"):
 // it is replaced only when the same kind of cast output made it, recognised by `mark` among its
 // first 4 KiB, or when the user said so (`overwrite`, the command's --overwrite). Else a usage
@@ -98,8 +93,6 @@ void check_may_replace(const std::string& path, const std::string& what, const s
                        bool overwrite);
 // The mark of every figure the engine draws (figures/plot.cpp puts it in each SVG).
 constexpr std::string_view kFigureMark = "<!-- drawn by cast -->";
-bool looks_like_svg(std::string_view head);
-bool looks_like_json_lines(std::string_view head);
 
 // Writes `bytes` to `path` atomically: `<target>.tmp` (exclusive, no link followed; a stale
 // temporary regular file of ours is removed first), flush, rename, flush of the folder.

@@ -84,10 +84,18 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
 }
 
 // ---------------------------------------------------------------- reading
-// The dropout stream's offset, digits only: stoull alone reads "-1" as 18446744073709551615.
-static uint64_t unsigned_offset(const std::string& text, size_t* used) {
-  if (text.find_first_not_of("0123456789") != std::string::npos) throw std::invalid_argument(text);
-  return std::stoull(text, used);
+// The dropout stream's offset, whole and digits only: stoull alone reads "-1" as
+// 18446744073709551615.
+static uint64_t rng_offset_of(const std::string& text) {
+  try {
+    size_t used = 0;
+    if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) {
+      const uint64_t offset = std::stoull(text, &used);
+      if (used == text.size()) return offset;
+    }
+  } catch (const std::out_of_range&) {
+  }
+  throw Error(fmt::format("'rng_offset' is '{}', not a number in range", text));
 }
 
 Checkpoint read_checkpoint_header(const std::string& path) {
@@ -124,8 +132,7 @@ Checkpoint read_checkpoint_header(const std::string& path) {
       throw Error(fmt::format("'{}' is '{}', not a number in range", key, text));
     };
     ck.step = whole("step", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
-    // an unsigned count: stoull would read "-1" as 18446744073709551615
-    ck.rng_offset = whole("rng_offset", unsigned_offset);
+    ck.rng_offset = rng_offset_of(get("rng_offset"));
     ck.best_val = whole("best_val", [](const std::string& t, size_t* u) { return std::stod(t, u); });
     CAST_CHECK(ck.best_val == -1 || (ck.best_val >= 0 && ck.best_val <= 1),
                "'best_val' is {}: an accuracy in [0, 1], or -1 before the first validation", ck.best_val);
@@ -190,12 +197,12 @@ void load_checkpoint(const std::string& path, nn::Transformer& model, std::vecto
     if (m) (*m)[i].copy_from(f.get("adam.m/" + name, DType::f32, t->shape()).to(t->device()));
     if (v) (*v)[i].copy_from(f.get("adam.v/" + name, DType::f32, t->shape()).to(t->device()));
   }
+  const auto offset = f.metadata.find("rng_offset");
+  CAST_CHECK(offset != f.metadata.end(), "{}: not a cast checkpoint (no 'rng_offset' metadata)", path);
   try {
-    size_t used = 0;
-    model.rng_offset = unsigned_offset(f.metadata.at("rng_offset"), &used);
-    CAST_CHECK(used == f.metadata.at("rng_offset").size(), "");
-  } catch (const std::exception&) {
-    throw Error(fmt::format("{}: corrupt checkpoint metadata: 'rng_offset' is not a count", path));
+    model.rng_offset = rng_offset_of(offset->second);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, e.what()));
   }
 }
 

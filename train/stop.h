@@ -21,30 +21,32 @@ std::string signal_name(int signal);
 // A word as a POSIX shell reads it back: itself when safe, else in single quotes.
 std::string shell_quote(const std::string& word);
 
-// A stop request honoured: what was written and the command that continues the work.
-class Interrupted : public Error {
+// A stop request honoured: main prints the line and exits with 128 + the signal.
+class Stopped : public Error {
  public:
-  Interrupted(int signal, std::string what_happened, std::string resume_command)
-      : Error(what_happened + "; resume with: " + resume_command),
-        signal_(signal),
-        what_happened_(std::move(what_happened)) {}
+  Stopped(int signal, const std::string& what) : Error(what), signal_(signal) {}
   int signal() const { return signal_; }
-  const std::string& what_happened() const { return what_happened_; }
 
  private:
   int signal_;
+};
+
+// A run stopped: what was written and the command that continues the work.
+class Interrupted : public Stopped {
+ public:
+  Interrupted(int signal, std::string what_happened, std::string resume_command)
+      : Stopped(signal, what_happened + "; resume with: " + resume_command), what_happened_(std::move(what_happened)) {}
+  const std::string& what_happened() const { return what_happened_; }
+
+ private:
   std::string what_happened_;
 };
 
 // A stop request seen during an evaluation, which stops there: its caller says what was kept.
-class EvaluationStopped : public Error {
+class EvaluationStopped : public Stopped {
  public:
   explicit EvaluationStopped(int signal)
-      : Error(fmt::format("stopped by {} during an evaluation", signal_name(signal))), signal_(signal) {}
-  int signal() const { return signal_; }
-
- private:
-  int signal_;
+      : Stopped(signal, fmt::format("stopped by {} during an evaluation", signal_name(signal))) {}
 };
 
 }  // namespace cast::train

@@ -304,9 +304,14 @@ void log_progress(Run& run, Window& window, double lr) {
   window.start = now;
 }
 
-// A validation during training; the best model so far is kept as best.safetensors.
-[[noreturn]] void stopped(const Run& run, int signal, const std::string& when);
+// A stop request honoured at `when`, after the checkpoint was written.
+[[noreturn]] void stopped(const Run& run, int signal, const std::string& when) {
+  throw Interrupted(signal,
+                    fmt::format("stopped by {} {}: checkpoint {} written", signal_name(signal), when, run.checkpoint),
+                    "cast train --resume " + shell_quote(run.checkpoint));
+}
 
+// A validation during training; the best model so far is kept as best.safetensors.
 void validate_now(Run& run) {
   EvalResult r;
   try {
@@ -321,12 +326,6 @@ void validate_now(Run& run) {
   }
   if (!run.quiet)
     fmt::print("{}step {}: validation accuracy {:.1f}%\n", run.terminal ? "\n" : "", run.step, 100 * r.accuracy);
-}
-
-[[noreturn]] void stopped(const Run& run, int signal, const std::string& when) {
-  throw Interrupted(signal,
-                    fmt::format("stopped by {} {}: checkpoint {} written", signal_name(signal), when, run.checkpoint),
-                    "cast train --resume " + shell_quote(run.checkpoint));
 }
 
 // The steps of this process: until the run's last step, or `stop_after` steps (tests), or a
