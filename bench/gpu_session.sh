@@ -8,6 +8,7 @@
 #
 #   bench/gpu_session.sh [--out DIR] [--budget SECONDS] [--stages LIST]   # on the GPU machine ($OUT or bench/out)
 #   bench/gpu_session.sh --dry-run [--out DIR] [--build-dir build]   # anywhere: every stage and call, tiny
+#   bench/gpu_session.sh --lra NAME [--precision P] [--out DIR]   # one named LRA run (below)
 #
 # Dependencies without network: run bench/gpu_kit.sh beforehand where apt works; it fetches the
 # Debian packages of the libraries into kit/debs, and this script unpacks them into kit/root and
@@ -20,6 +21,18 @@
 # PyTorch's at the same precisions, and the SASS's tensor-core instructions. parity: the default
 # task trained at fp32 and bf16 from three seeds each (`cast compare`).
 #
+# --lra NAME: one named LRA run in the call, and nothing else (stages probe, kit, build, lra).
+# NAME is CONFIG-MECHANISM[-sSEEDS]: the settings file bench/lra/CONFIG.json (its "task" and
+# what differs from the task's preset), a mechanism (full, cast, clustered, iclustered) and the
+# seeds (default 1), e.g. listops-cast, fashion-mnist-lra-full, fashion-d128-clustered-s1,2,3.
+# It generates the task's data on the machine (ListOps: the release's 96 000 / 2000 / 2000;
+# Pathfinder-32: 200 000 images) or reads Fashion-MNIST from kit/datasets (bench/gpu_kit.sh),
+# trains with `cast compare` at --precision (default tf32) until done or until the call's time
+# is nearly spent (then SIGINT: each run saves its checkpoint, and `cast eval` tests it), and
+# brings back only the comparison's results.md, results.json and comparison.svg (the curves),
+# runs.tar.gz (each run's metrics.jsonl, summary.json and curves.svg, no checkpoints) and, for
+# CAST on an image task, clusters.svg (`cast clusters`), beside summary.md and build.log.
+#
 # --dry-run runs every stage with the same calls on the CPU and the emulated CUDA device
 # (build/cast_emu, build/cast_emu_tests from the test build) at tiny sizes: the configure step
 # is the real one into a scratch folder, the compile is the test build's (already done), and
@@ -30,16 +43,28 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 dry=0 out="${OUT:-bench/out}" budget=570 dry_build=build stages="probe,kit,build,tests,sanitizer,bench,tensor_core,profile,pytorch,parity,train"
+lra="" lra_precision=tf32 stages_given=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1; shift ;;
     --build-dir) dry_build="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --budget) budget="$2"; shift 2 ;;
-    --stages) stages="$2"; shift 2 ;;
+    --stages) stages="$2"; stages_given=1; shift 2 ;;
+    --lra) lra="$2"; shift 2 ;;
+    --precision) lra_precision="$2"; shift 2 ;;
     *) echo "gpu_session: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+if [ -n "$lra" ]; then
+  [ $stages_given = 0 ] || { echo "gpu_session: --lra runs its own stages (probe, kit, build, lra): drop --stages" >&2; exit 2; }
+  [[ "$lra" =~ ^([a-z0-9-]+)-(full|cast|clustered|iclustered)(-s([0-9]+(,[0-9]+)*))?$ ]] ||
+    { echo "gpu_session: --lra '$lra' is not CONFIG-MECHANISM[-sSEEDS] (e.g. listops-cast, fashion-d128-full-s1,2,3)" >&2; exit 2; }
+  lra_config="bench/lra/${BASH_REMATCH[1]}.json" lra_mechanism="${BASH_REMATCH[2]}" lra_seeds="${BASH_REMATCH[4]:-1}"
+  [ -f "$lra_config" ] || { echo "gpu_session: --lra '$lra': no settings file $lra_config (those there: $(cd bench/lra && ls | sed 's/\.json$//' | tr '\n' ' '))" >&2; exit 2; }
+  stages="probe,kit,build,lra"
+fi
+[[ "$lra_precision" =~ ^(fp32|tf32|bf16)$ ]] || { echo "gpu_session: --precision '$lra_precision' is not fp32, tf32 or bf16" >&2; exit 2; }
 mkdir -p "$out" || { echo "gpu_session: cannot create the output folder $out" >&2; exit 1; }
 out="$(cd "$out" && pwd)"
 scratch="$(mktemp -d)"
@@ -47,10 +72,14 @@ trap 'rm -rf "$scratch"' EXIT
 start=$(date +%s)
 deadline=$((start + budget))
 
-# The 8 files this session may write into $out (the device tool brings back at most 8).
+# The 8 files this session may write into $out (the device tool brings back at most 8); with
+# --lra, summary.md, build.log and the run's five.
 SUMMARY="$out/summary.md" BUILD_LOG="$out/build.log" TESTS_LOG="$out/tests.log" SAN_LOG="$out/sanitizer.log"
 BENCH="$out/bench.jsonl" TORCH="$out/pytorch.txt" METRICS="$out/metrics.jsonl" CURVES="$out/curves.svg"
-for f in "$SUMMARY" "$BUILD_LOG" "$TESTS_LOG" "$SAN_LOG" "$BENCH" "$TORCH" "$METRICS" "$CURVES"; do rm -f "$f"; done
+LRA_MD="$out/results.md" LRA_JSON="$out/results.json" LRA_FIGURE="$out/comparison.svg" LRA_RUNS="$out/runs.tar.gz"
+LRA_CLUSTERS="$out/clusters.svg"
+for f in "$SUMMARY" "$BUILD_LOG" "$TESTS_LOG" "$SAN_LOG" "$BENCH" "$TORCH" "$METRICS" "$CURVES" \
+         "$LRA_MD" "$LRA_JSON" "$LRA_FIGURE" "$LRA_RUNS" "$LRA_CLUSTERS"; do rm -f "$f"; done
 
 # ---------------------------------------------------------------- what each mode runs
 # The GPU tests: every CUDA-vs-CPU test and the trainer's own step on the device.
@@ -65,6 +94,10 @@ if [ $dry = 1 ]; then
   lengths=64 text_length=8 text_batch=1 repeats=1 warmup=0 steps=2 train_batch=2 rounds=1 eval_limit=4
   train_mechanisms=full flash_lengths=64 flash_widths=32 flash_tokens=128 flash_check=24 flash_rows=0 flash_warp=0 precisions=bf16
   parity_steps=2 parity_seeds=1 data_count=200
+  # An LRA run shrunk to a few tiny steps on a few tokens (images in 4 x 4 patches), on data
+  # made as small: the same calls as the real run.
+  lra_tiny="--steps 2 --batch 2 --eval-limit 4 --eval-every 1 --checkpoint-every 1 --layers 1 --dim 16 --heads 2 --mlp-dim 16"
+  lra_listops_data="--count 40" lra_pathfinder_count=40 lra_reserve=5
   # The emulated kernels run thousands of times slower, on a machine the other tests share: a
   # small subset of each filter runs (the real filters are checked to match tests, in the tests
   # stage), the training-step benchmark times full attention alone, and every budget is five
@@ -83,6 +116,7 @@ else
   train_mechanisms=full,cast-topk,clustered,iclustered flash_lengths=1024,4096,16384 flash_widths=32,64,128
   flash_tokens=65536 flash_check=1024 flash_rows=32,64 flash_warp=16,32 precisions=fp32,tf32,bf16 parity_steps=1200 parity_seeds=1,2,3
   data_count=0  # cast data's default
+  lra_tiny="" lra_listops_data="" lra_pathfinder_count=200000 lra_reserve=60
   sanitizer() { compute-sanitizer --tool "$2" --error-exitcode 1 "${@:3}"; }
 fi
 
@@ -103,6 +137,7 @@ run_stage() {
     return
   fi
   t0=$(date +%s)
+  export stage_deadline=$((t0 + want))  # a stage that must stop itself in time (lra) reads it
   echo "== $name (budget ${want} s)" >&2
   note="$scratch/$name.note"
   : > "$note"
@@ -291,9 +326,55 @@ parity_stage() {
   grep -E "^\| .*(fp32|bf16)" "$scratch/parity.md" | tr -s ' ' > "$note" || true
 }
 
+# One named LRA run (--lra): its data, `cast compare` until done or until the stage's time is
+# nearly spent, `cast eval` of what a stop left, and the files it brings back.
+lra_stage() {
+  local folder="$scratch/lra" data="$scratch/lra-data" log="$scratch/lra.txt" task tiny=() rc limit f
+  task=$(sed -n 's/^ *"task": *"\([a-z0-9-]*\)".*/\1/p' "$lra_config")
+  [ -n "$task" ] || { echo "$lra_config names no task" >> "$note"; return 1; }
+  read -r -a tiny <<< "$lra_tiny"
+  if [ $dry = 1 ]; then  # images in 4 x 4 patches, ListOps cut to 64 tokens
+    [[ "$task" == fashion-mnist* || "$task" == pathfinder ]] && tiny+=(--patch 4)
+    [ "$task" = listops ] && tiny+=(--max-len 64)
+  fi
+  case "$task" in
+    listops) "$cast" data listops $lra_listops_data --out "$data" > "$log" 2>&1 || { cat "$log" >&2; return 1; } ;;
+    pathfinder) "$cast" data pathfinder --count "$lra_pathfinder_count" --out "$data" > "$log" 2>&1 || { cat "$log" >&2; return 1; } ;;
+    fashion-mnist*) data="$root/kit/datasets/fashion-mnist"; [ -d "$data" ] || data=/usr/share/datasets/fashion-mnist ;;
+    *) echo "no data for task $task on this machine" >> "$note"; return 1 ;;
+  esac
+  limit=$((stage_deadline - $(date +%s) - lra_reserve))
+  [ "$limit" -gt 10 ] || { echo "no time left to train after the data" >> "$note"; return 1; }
+  echo "$(date -u +%T) $lra: cast compare for at most $limit s" >> "$log"
+  timeout -s INT -k 30 "$limit" "$cast" compare --task "$task" --config "$lra_config" --attention "$lra_mechanism" \
+    --seeds "$lra_seeds" --device cuda --precision "$lra_precision" --data "$data" --out "$folder" "${tiny[@]}" >> "$log" 2>&1
+  rc=$?
+  if [ $rc = 130 ] || [ $rc = 124 ]; then  # stopped by the time limit: each run's checkpoint, tested
+    echo "stopped by the call's time limit (exit $rc); each run's checkpoint evaluated;" >> "$note"
+    for f in "$folder"/*/checkpoint.safetensors; do
+      [ -f "$f" ] || continue
+      echo "== cast eval $f" >> "$log"
+      "$cast" eval --checkpoint "$f" --device cuda --data "$data" >> "$log" 2>&1 || echo "(cast eval failed: exit $?)" >> "$log"
+    done
+  elif [ $rc != 0 ]; then
+    tail -n 20 "$log" >&2
+  fi
+  for f in results.md results.json comparison.svg; do [ -f "$folder/$f" ] && cp "$folder/$f" "$out/$f"; done
+  tar -czf "$LRA_RUNS" -C "$folder" --exclude='*.safetensors' --exclude='.cast.lock' --exclude='*.tmp' . || return 1
+  if [ "$lra_mechanism" = cast ] && [[ "$task" == fashion-mnist* || "$task" == pathfinder ]]; then
+    f=$(ls "$folder"/*/checkpoint.safetensors 2>/dev/null | head -n 1)
+    [ -n "$f" ] && { "$cast" clusters --checkpoint "$f" --data "$data" --out "$LRA_CLUSTERS" >> "$log" 2>&1 || return 1; }
+  fi
+  grep -hE "^\| $lra_mechanism " "$LRA_MD" 2>/dev/null | head -n 1 | tr -s ' ' >> "$note"
+  grep -hE "test accuracy|stopped|done in" "$log" | tail -n 4 | tr -s ' ' | tr '\n' ';' >> "$note"
+  [ $rc = 0 ] || [ $rc = 130 ] || [ $rc = 124 ]
+}
+
 # Each stage runs in its own bash under `timeout`: it sees these functions and settings.
 export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage profile_stage pytorch_stage train_stage \
-  tensor_core_stage parity_stage
+  tensor_core_stage parity_stage lra_stage
+export lra lra_config lra_mechanism lra_seeds lra_precision lra_tiny lra_listops_data lra_pathfinder_count lra_reserve \
+  LRA_MD LRA_JSON LRA_FIGURE LRA_RUNS LRA_CLUSTERS
 export flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds data_count
 export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES
@@ -306,7 +387,7 @@ wanted probe && run_stage probe 20 probe
 run_stage kit 40 kit
 run_stage build 300 build
 later=(tests:70:tests_stage tensor_core:200:tensor_core_stage sanitizer:100:sanitizer_stage bench:70:bench_stage
-       profile:90:profile_stage pytorch:70:pytorch_stage parity:150:parity_stage train:60:train_stage)
+       profile:90:profile_stage pytorch:70:pytorch_stage parity:150:parity_stage train:60:train_stage lra:600:lra_stage)
 for entry in "${later[@]}"; do
   IFS=: read -r name seconds fn <<< "$entry"
   wanted "$name" || continue
@@ -328,11 +409,13 @@ done
   echo "|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
-  for f in "$scratch/bench.txt" "$scratch/tensor_core.txt" "$scratch/parity.md" "$TORCH"; do
+  [ -n "$lra" ] && echo "One named LRA run: $lra ($lra_config, $lra_mechanism, seeds $lra_seeds, $lra_precision)." && echo
+  for f in "$scratch/bench.txt" "$scratch/tensor_core.txt" "$scratch/parity.md" "$TORCH" "$LRA_MD"; do
     [ -s "$f" ] && { echo '```'; grep -vE "^\s*$" "$f" | tail -n 80; echo '```'; echo; }
   done
   [ -s "$scratch/profile.txt" ] && { echo '```'; cat "$scratch/profile.txt"; echo '```'; echo; }
   [ -s "$scratch/train_run.txt" ] && { echo '```'; tail -n 6 "$scratch/train_run.txt"; echo '```'; echo; }
+  [ -s "$scratch/lra.txt" ] && { echo '```'; grep -vE "^\s*$" "$scratch/lra.txt" | tail -n 40; echo '```'; echo; }
   echo "Files: $(cd "$out" && ls | tr '\n' ' ')"
   for log in "$TESTS_LOG" "$SAN_LOG"; do
     [ -s "$log" ] && grep -q "FAILED\|ERROR SUMMARY: [1-9]" "$log" && { echo; echo "Failures in $(basename "$log"):"; echo '```';

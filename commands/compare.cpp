@@ -5,6 +5,7 @@
 #include "tensor/files.h"
 #include "train/cli.h"
 #include "train/compare.h"
+#include "train/tasks.h"
 #include "train/settings.h"
 #include "train/stop.h"
 #include "commands/commands.h"
@@ -30,9 +31,7 @@ cli::Args compare_args() {
                  "mean ± standard deviation over\nseeds, steps, wall time, step time, peak memory) and comparison.svg "
                  "(validation accuracy and training loss\nagainst step). Run the same command again after an "
                  "interruption: finished runs are kept, unfinished ones resume\nfrom their checkpoints.");
-  args.option(
-          "task", "listops-short",
-          "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
+  args.option("task", "listops-short", fmt::format("{}", fmt::join(train::task_names(), " | ")))
       .option("attention", "", "comma-separated mechanisms (default full,cast,clustered,iclustered); with --vary, one")
       .option("vary", "", "SETTING=V1,V2,...: compare values of any train setting instead of mechanisms")
       .option("seeds", "1", "comma-separated seeds; each variant runs once per seed")

@@ -71,9 +71,7 @@ int command_train(const std::vector<std::string>& argv) {
                  "Train a Transformer on an LRA task. With no options: generate short ListOps if missing and train a "
                  "small CAST model\non the CPU in a few minutes. Settings: task preset, then --config FILE (JSON, keys "
                  "as the flags), then flags.");
-  args.option(
-          "task", "listops-short",
-          "listops-short | listops | text | retrieval | image | pathfinder | pathx | fashion-mnist | fashion-mnist-14")
+  args.option("task", "listops-short", fmt::format("{}", fmt::join(train::task_names(), " | ")))
       .option("config", "", "JSON file of settings")
       .option("resume", "",
               "checkpoint to continue from, in its own folder unless --run names another (its settings "

@@ -5,6 +5,7 @@
 // averaged 2×2 down, which antialiases the strokes.
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <sstream>
 
@@ -97,49 +98,69 @@ bool ends_apart(std::initializer_list<Point> ends, double d) {
 
 }  // namespace
 
+// Sample i of a set: its image and label, from its own stream (so samples are drawn in any order).
+static png::Image draw_sample(const PathfinderSpec& spec, uint64_t seed, int64_t i, int& label) {
+  const int hi = spec.side * 2;
+  const double scale = spec.side / 32.0;
+  const double paddle_len = 2.0 * 2 * scale * 0.9, gap = 1.2 * scale;
+  Rng rng{seed * 1000003 + static_cast<uint64_t>(i)};
+  label = rng.uniform() < 0.5 ? 1 : 0;
+  Canvas c(hi);
+  Point a0, a1, b0, b1, d0, d1;
+  for (int tries = 0;; ++tries) {
+    Rng attempt = rng;
+    Canvas trial(hi);
+    if (draw_snake(trial, attempt, spec.contour_length, paddle_len, gap, a0, a1, true) &&
+        draw_snake(trial, attempt, spec.contour_length, paddle_len, gap, b0, b1, true) &&
+        ends_apart({a0, a1, b0, b1}, 7 * scale)) {
+      c = trial;
+      rng = attempt;
+      break;
+    }
+    rng.counter += 1000;
+    CAST_CHECK(tries < 10000, "pathfinder: could not place the snakes on a {}x{} image", spec.side, spec.side);
+  }
+  for (int k = 0; k < spec.distractors; ++k)
+    for (int tries = 0; tries < 50; ++tries)
+      if (draw_snake(c, rng, std::max(1, spec.contour_length / 3), paddle_len, gap, d0, d1, true)) break;
+  const double r = 1.5 * 2 * scale;
+  c.disc(a0.x, a0.y, r);
+  if (label == 1) c.disc(a1.x, a1.y, r);
+  else c.disc(b1.x, b1.y, r);
+  png::Image img{spec.side, spec.side, 1, std::vector<uint8_t>(static_cast<size_t>(spec.side) * spec.side)};
+  for (int y = 0; y < spec.side; ++y)
+    for (int x = 0; x < spec.side; ++x) {
+      double s = c.ink[(2 * y) * hi + 2 * x] + c.ink[(2 * y) * hi + 2 * x + 1] + c.ink[(2 * y + 1) * hi + 2 * x] +
+                 c.ink[(2 * y + 1) * hi + 2 * x + 1];
+      img.pixels[y * spec.side + x] = static_cast<uint8_t>(std::lround(255.0 * s / 4));
+    }
+  return img;
+}
+
+// The images are drawn and written across the threads (each from its own stream: the same files
+// on any thread count) and reach the disk together before the metadata, which completes the set,
+// is written: one flush for the set instead of two per image.
 void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite) {
   claim_data_folder(dir, overwrite);
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
   files::make_writable_folder(dir + "/metadata", "Pathfinder folder");
-  const int hi = spec.side * 2;
-  const double scale = spec.side / 32.0;
-  const double paddle_len = 2.0 * 2 * scale * 0.9, gap = 1.2 * scale;
-  std::ostringstream meta;
+  std::vector<int> labels(static_cast<size_t>(spec.count));
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 16)
   for (int64_t i = 0; i < spec.count; ++i) {
-    Rng rng{seed * 1000003 + static_cast<uint64_t>(i)};
-    const int label = rng.uniform() < 0.5 ? 1 : 0;
-    Canvas c(hi);
-    Point a0, a1, b0, b1, d0, d1;
-    for (int tries = 0;; ++tries) {
-      Rng attempt = rng;
-      Canvas trial(hi);
-      if (draw_snake(trial, attempt, spec.contour_length, paddle_len, gap, a0, a1, true) &&
-          draw_snake(trial, attempt, spec.contour_length, paddle_len, gap, b0, b1, true) &&
-          ends_apart({a0, a1, b0, b1}, 7 * scale)) {
-        c = trial;
-        rng = attempt;
-        break;
-      }
-      rng.counter += 1000;
-      CAST_CHECK(tries < 10000, "pathfinder: could not place the snakes on a {}x{} image", spec.side, spec.side);
+    try {
+      const png::Image img = draw_sample(spec, seed, i, labels[static_cast<size_t>(i)]);
+      png::write(fmt::format("{}/imgs/0/sample_{}.png", dir, i), img, files::Link::refuse, files::Flush::with_folder);
+    } catch (...) {
+#pragma omp critical(pathfinder_failure)
+      if (!failure) failure = std::current_exception();
     }
-    for (int k = 0; k < spec.distractors; ++k)
-      for (int tries = 0; tries < 50; ++tries)
-        if (draw_snake(c, rng, std::max(1, spec.contour_length / 3), paddle_len, gap, d0, d1, true)) break;
-    const double r = 1.5 * 2 * scale;
-    c.disc(a0.x, a0.y, r);
-    if (label == 1) c.disc(a1.x, a1.y, r);
-    else c.disc(b1.x, b1.y, r);
-    png::Image img{spec.side, spec.side, 1, std::vector<uint8_t>(static_cast<size_t>(spec.side) * spec.side)};
-    for (int y = 0; y < spec.side; ++y)
-      for (int x = 0; x < spec.side; ++x) {
-        double s = c.ink[(2 * y) * hi + 2 * x] + c.ink[(2 * y) * hi + 2 * x + 1] + c.ink[(2 * y + 1) * hi + 2 * x] +
-                   c.ink[(2 * y + 1) * hi + 2 * x + 1];
-        img.pixels[y * spec.side + x] = static_cast<uint8_t>(std::lround(255.0 * s / 4));
-      }
-    png::write(fmt::format("{}/imgs/0/sample_{}.png", dir, i), img, files::Link::refuse);
-    meta << "imgs/0 sample_" << i << ".png " << i << ' ' << label << '\n';
   }
+  if (failure) std::rethrow_exception(failure);
+  files::flush_file_system(dir, "Pathfinder folder");
+  std::ostringstream meta;
+  for (int64_t i = 0; i < spec.count; ++i)
+    meta << "imgs/0 sample_" << i << ".png " << i << ' ' << labels[static_cast<size_t>(i)] << '\n';
   files::write_atomic(dir + "/metadata/0.npy", meta.str(), "Pathfinder metadata", files::Link::refuse);
   mark_data_folder(dir);
 }

@@ -58,9 +58,9 @@ std::string encode(const Image& image, std::string& where) {
 }
 }  // namespace
 
-void write(const std::string& path, const Image& image, files::Link link) {
+void write(const std::string& path, const Image& image, files::Link link, files::Flush flush) {
   std::string where = path;
-  files::write_atomic(path, encode(image, where), "PNG file", link);
+  files::write_atomic(path, encode(image, where), "PNG file", link, flush);
 }
 
 constexpr png_uint_32 kMaxSide = 4096;

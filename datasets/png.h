@@ -14,7 +14,8 @@ struct Image {
 };
 
 // Atomic (files::write_atomic); `link`: files::Link::refuse for files named by the engine.
-void write(const std::string& path, const Image& image, files::Link link = files::Link::follow_once);
+void write(const std::string& path, const Image& image, files::Link link = files::Link::follow_once,
+           files::Flush flush = files::Flush::now);
 Image read_gray(const std::string& path);  // any PNG, converted to 8-bit gray
 
 }  // namespace cast::png

@@ -23,7 +23,7 @@ if [ $quick = 1 ]; then
   cmake --build build -j"$jobs" --target cast cast_tests cast_emu_tests > /dev/null  # fails here on an error
   # The CPU suite, then the emulated binary's own tests: the CUDA-vs-CPU tests, the fast-path
   # table on the emulated device, the trainer's device step, the emulator's self-tests.
-  ctest --test-dir build --output-on-failure -j"$jobs" -E '^emulated\.|^gpu_session_dry_run$|^kernel_report_gate$|^cli\.hostile_files$'
+  ctest --test-dir build --output-on-failure -j"$jobs" -E '^emulated\.|^gpu_session_dry_run$|^gpu_session_lra_dry_run$|^kernel_report_gate$|^cli\.hostile_files$'
   ctest --test-dir build --output-on-failure -j"$jobs" \
     -R '^emulated\.(CudaVsCpu|AllMechanisms/CudaTrainingSteps|Registry/FastPathAgainstReference|Emulation)'
   exit 0

@@ -320,12 +320,13 @@ static void write_all(int fd, std::string_view bytes, const std::string& what, c
   }
 }
 
-void write_atomic(const std::string& path, std::string_view bytes, const std::string& what, Link link) {
+void write_atomic(const std::string& path, std::string_view bytes, const std::string& what, Link link, Flush flush) {
   const std::string target = output_target(path, what, link), tmp = target + ".tmp";
   Fd fd = create_exclusive(tmp, what, path);
   try {  // on any failure the temporary file goes and the old file stays as it was
     write_all(fd.get(), bytes, what, path);
-    CAST_CHECK(::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path, reason(errno));
+    CAST_CHECK(flush == Flush::with_folder || ::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path,
+               reason(errno));
     CAST_CHECK(::close(fd.release()) == 0, "{} {}: close failed: {}", what, path, reason(errno));
     CAST_CHECK(::rename(tmp.c_str(), target.c_str()) == 0, "{} {}: cannot move the new file into place: {}", what, path,
                reason(errno));
@@ -333,8 +334,15 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
     ::unlink(tmp.c_str());
     throw;
   }
+  if (flush == Flush::with_folder) return;
   Fd dir(::open(folder_of(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() >= 0) ::fsync(dir.get());  // the rename itself reaches the disk
+}
+
+void flush_file_system(const std::string& folder, const std::string& what) {
+  Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  CAST_CHECK(dir.get() >= 0, "{} {}: cannot open it to flush it to disk: {}", what, folder, reason(errno));
+  CAST_CHECK(::syncfs(dir.get()) == 0, "{} {}: flush to disk failed: {}", what, folder, reason(errno));
 }
 
 // The nearest folder above `path` that exists: where a new folder chain would start.

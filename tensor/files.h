@@ -94,10 +94,17 @@ void check_may_replace(const std::string& path, const std::string& what, const s
 // The mark of every figure the engine draws (figures/plot.cpp puts it in each SVG).
 constexpr std::string_view kFigureMark = "<!-- drawn by cast -->";
 
+// When a written file reaches the disk: `now` (flushed with its folder before write_atomic
+// returns), or `with_folder`: a file among thousands of one data set, flushed together by
+// flush_file_system before the file that completes the set is written.
+enum class Flush { now, with_folder };
+
 // Writes `bytes` to `path` atomically: `<target>.tmp` (exclusive, no link followed; a stale
 // temporary regular file of ours is removed first), flush, rename, flush of the folder.
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what,
-                  Link link = Link::follow_once);
+                  Link link = Link::follow_once, Flush flush = Flush::now);
+// Flushes every file written on the file system that holds `folder` (syncfs).
+void flush_file_system(const std::string& folder, const std::string& what);
 // Creates `folder` (and its parents) when missing and checks that a file can be made in it, with
 // a probe file created exclusively and removed again.
 void make_writable_folder(const std::string& folder, const std::string& what);

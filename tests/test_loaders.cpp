@@ -11,6 +11,7 @@
 #include "tests/test_util.h"
 #include "datasets/data.h"
 #include "datasets/png.h"
+#include "train/tasks.h"
 #include "train/trainer.h"
 
 using namespace cast;
@@ -190,6 +191,16 @@ TEST(FashionMnist, PoolingAveragesBlocksAndNoImagesFailBeforeTraining) {
   EXPECT_EQ(t.test[0].tokens[0], 25);    // (10 + 20 + 30 + 41) / 4 = 25.25
   EXPECT_EQ(t.test[0].tokens[195], 64);  // 255 / 4 = 63.75, rounded
   EXPECT_EQ(t.test[0].tokens[1], 0);
+
+  // The task under LRA's image configuration reads the same files at full resolution, by its name.
+  train::TrainConfig lra = train::preset("fashion-mnist-lra");
+  lra.data_dir = dir;
+  const data::TaskData pixels_task = train::load_task(lra, false);
+  EXPECT_EQ(pixels_task.name, "fashion-mnist-lra");
+  EXPECT_EQ(pixels_task.max_len, 784);
+  EXPECT_EQ(pixels_task.image_side, 28);
+  ASSERT_EQ(pixels_task.test[0].tokens.size(), 784u);
+  EXPECT_EQ(pixels_task.test[0].tokens[29], 41);
 
   // A folder whose files hold no images: a clear error before any step (this once divided by zero).
   const std::string empty_images = be32(2051) + be32(0) + be32(28) + be32(28), empty_labels = be32(2049) + be32(0);

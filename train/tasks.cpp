@@ -19,6 +19,8 @@ const std::vector<Task>& tasks() {
       {"pathx", 256, 2, false, "data/pathx128"},
       {"fashion-mnist", 256, 10, false, data::default_fashion_mnist_dir()},
       {"fashion-mnist-14", 256, 10, false, data::default_fashion_mnist_dir()},  // 14×14: 196 tokens
+      // the image task's configuration (LRA's grey CIFAR-10) on Fashion-MNIST: 784 pixel tokens
+      {"fashion-mnist-lra", 256, 10, false, data::default_fashion_mnist_dir()},
   };
   return list;
 }
@@ -58,8 +60,11 @@ data::TaskData load_task(const TrainConfig& c, bool generate_if_missing) {
   if (t == "text") return data::load_imdb(dir, max_len);
   if (t == "retrieval") return data::load_aan(dir, max_len);
   if (t == "image") return data::load_cifar10(dir);
-  if (t == "fashion-mnist" || t == "fashion-mnist-14")
-    return data::load_fashion_mnist(dir, t == "fashion-mnist" ? 1 : 2);
+  if (t == "fashion-mnist" || t == "fashion-mnist-14" || t == "fashion-mnist-lra") {
+    data::TaskData fashion = data::load_fashion_mnist(dir, t == "fashion-mnist-14" ? 2 : 1);
+    fashion.name = t;
+    return fashion;
+  }
   if (t == "pathfinder" || t == "pathx") return data::load_pathfinder(dir);
   throw Error(fmt::format("task '{}' has no loader", t));
 }

@@ -46,6 +46,46 @@ TEST(Training, PresetsAndOverrides) {
   EXPECT_CAST_ERROR(train::preset("sudoku"), "unknown task");
 }
 
+// The LRA presets hold the values of the release's configuration files
+// (lra_benchmarks/*/configs/: each task's transformer_base over its base config), as
+// docs/training.md lists them; fashion-mnist-lra is the image row on Fashion-MNIST's 55 000
+// training images (an epoch of 214 steps).
+TEST(Training, LraPresetsFollowTheReleaseConfigurations) {
+  struct Row {
+    const char* task;
+    int64_t layers, dim, heads, mlp, batch, steps, warmup;
+    double lr, weight_decay, clip, dropout;
+    bool cls, learned_positions;
+  };
+  const Row rows[] = {
+      {"listops", 4, 512, 8, 1024, 32, 5000, 1000, 0.05, 0.1, 0, 0.1, true, false},
+      {"text", 4, 256, 4, 1024, 32, 20000, 8000, 0.05, 0.1, 0, 0.1, true, false},
+      {"retrieval", 4, 128, 4, 512, 32, 5000, 8000, 0.05, 0.1, 0, 0.1, true, false},
+      {"image", 1, 128, 8, 128, 256, 35000, 175, 5e-4, 0, 0, 0.3, true, true},
+      {"pathfinder", 4, 32, 4, 32, 512, 62400, 312, 1e-3, 0, 0, 0.2, false, false},
+      {"pathx", 1, 32, 2, 32, 64, 500000, 2500, 1e-3, 0, 1, 0.1, false, true},
+      {"fashion-mnist-lra", 1, 128, 8, 128, 256, 42800, 214, 5e-4, 0, 0, 0.3, true, true},
+  };
+  for (const Row& r : rows) {
+    const train::TrainConfig c = train::preset(r.task);
+    SCOPED_TRACE(r.task);
+    EXPECT_EQ(c.model.layers, r.layers);
+    EXPECT_EQ(c.model.dim, r.dim);
+    EXPECT_EQ(c.model.heads, r.heads);
+    EXPECT_EQ(c.model.mlp_dim, r.mlp);
+    EXPECT_EQ(c.batch, r.batch);
+    EXPECT_EQ(c.steps, r.steps);
+    EXPECT_EQ(c.warmup, r.warmup);
+    EXPECT_DOUBLE_EQ(c.lr, r.lr);
+    EXPECT_DOUBLE_EQ(c.weight_decay, r.weight_decay);
+    EXPECT_DOUBLE_EQ(c.clip, r.clip);
+    EXPECT_DOUBLE_EQ(c.model.dropout, r.dropout);
+    EXPECT_EQ(c.model.cls_pooling, r.cls);
+    EXPECT_EQ(c.model.learned_positions, r.learned_positions);
+    EXPECT_EQ(c.schedule, std::string(r.lr == 0.05 ? "rsqrt" : "cosine"));
+  }
+}
+
 // AdamW decays the matrices only: never a bias, a norm or the CLS vector, whose shape (1, 1, D)
 // has two dimensions or more (docs/training.md).
 TEST(Training, WeightDecayReachesTheMatricesOnly) {
