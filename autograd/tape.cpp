@@ -106,15 +106,17 @@ void accumulate(Tensor& t, const Tensor& g) {
   gradient_add(t.grad(), g);
 }
 
-void accumulate_reshaped(Tensor& t, const Tensor& output) {
+bool pass_gradient(Tensor& t, const Tensor& output) {
   const std::shared_ptr<TensorImpl>& g = output.impl()->grad;
   CAST_CHECK(g != nullptr, "autograd: {} has no gradient to pass on", output.describe());
   const bool released = output.impl() != backward_root;  // backward() frees it once its node has run
-  if (released && !t.grad().defined() && g.use_count() == 1 && g->storage.use_count() == 1) {
-    t.set_grad(output.grad().view(t.shape()));  // the buffer changes hands: nobody else can see it
-    return;
-  }
-  accumulate(t, output.grad().view(t.shape()));
+  if (!released || t.grad().defined() || g.use_count() != 1 || g->storage.use_count() != 1) return false;
+  t.set_grad(output.grad().view(t.shape()));  // the buffer changes hands: nobody else can see it
+  return true;
+}
+
+void accumulate_reshaped(Tensor& t, const Tensor& output) {
+  if (!pass_gradient(t, output)) accumulate(t, output.grad().view(t.shape()));
 }
 
 }  // namespace cast::autograd

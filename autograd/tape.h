@@ -83,10 +83,14 @@ void accumulate(Tensor& t, const Tensor& g);
 using GradientAdd = void (*)(Tensor acc, const Tensor& g);
 void set_gradient_add(GradientAdd add);
 
-// Adds the gradient of `output`, viewed to t's shape, into t's gradient: the backward of a node
-// whose output is its input reshaped. backward() releases an output's gradient once its node has
-// run, so when t has no gradient yet and nothing else holds that buffer (not the caller of
-// backward(), whose output keeps its gradient), t takes the buffer over instead of a copy.
+// Hands the gradient buffer of `output` to t, viewed to t's shape, as t's gradient, with no copy:
+// backward() releases an output's gradient once its node has run, so when t has no gradient yet
+// and nothing else holds that buffer (not the caller of backward(), whose output keeps its
+// gradient, nor a view), the buffer can change hands. Returns false, changing nothing, otherwise.
+// The caller holds no copy of output.grad() while it asks.
+bool pass_gradient(Tensor& t, const Tensor& output);
+// Adds the gradient of `output`, viewed to t's shape, into t's gradient (taking the buffer over
+// where pass_gradient can): the backward of a node whose output is its input reshaped.
 void accumulate_reshaped(Tensor& t, const Tensor& output);
 
 }  // namespace cast::autograd

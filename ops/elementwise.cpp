@@ -143,9 +143,31 @@ struct BinaryNode final : autograd::Node {
     visit.input("b", b);
   }
   void backward() override {
+    if (op == BinaryOp::add || op == BinaryOp::sub) return add_sub_pass_through();
     Tensor da = a.requires_grad() ? a.grad_accumulator() : Tensor();
     Tensor db = b.requires_grad() ? b.grad_accumulator() : Tensor();
     binary_backward(da.defined() ? &da : nullptr, db.defined() ? &db : nullptr, op, outputs[0].grad(), a, b);
+  }
+  // da += dout and db ±= dout (each summed to its input's shape), without a zero-filled buffer
+  // to add into: b's gradient, when it has none yet, is written (dout copied, or its sum); then
+  // a, of the output's shape and with no gradient yet, takes dout's own buffer (a residual's
+  // stream, the common case), which no other reader sees once this node has run. b goes first
+  // as a may take that buffer; a + a works too, as the second of its two gradients adds.
+  void add_sub_pass_through() {
+    const double sign = op == BinaryOp::sub ? -1.0 : 1.0;
+    bool a_takes_buffer = false;
+    {
+      const Tensor dout = outputs[0].grad();
+      if (b.requires_grad()) {
+        bool fresh = false;
+        Tensor db = b.grad_buffer(&fresh);
+        if (fresh) affine_forward(db, sum_to_shape(dout, b.shape()), sign, 0.0);
+        else add_into(db, sum_to_shape(dout, b.shape()), sign);
+      }
+      a_takes_buffer = a.requires_grad() && a.shape() == dout.shape() && !a.grad().defined();
+      if (a.requires_grad() && !a_takes_buffer) add_into(a.grad_accumulator(), sum_to_shape(dout, a.shape()));
+    }  // dout's copy goes here: the buffer is held by the output alone again
+    if (a_takes_buffer && !autograd::pass_gradient(a, outputs[0])) autograd::accumulate(a, outputs[0].grad());
   }
 };
 

@@ -191,6 +191,36 @@ TEST(Grad, Dropout) {
   EXPECT_GRADCHECK([](const Inputs& x) { return ops::dropout(x[0], 0.3, 99, 7); }, Inputs{param({5, 7}, 24)});
 }
 
+// An add or sub inside a graph (not the output, whose gradient the caller keeps): the first
+// input may take the output's gradient buffer itself (autograd::pass_gradient). Cases: a residual
+// stream, a broadcast second input, an input that reaches the node before and after another use,
+// a + a, and sub's negated second input.
+TEST(Grad, AddAndSubPassTheGradientThrough) {
+  EXPECT_GRADCHECK(
+      [](const Inputs& x) {
+        Tensor h = ops::add(x[0], ops::gelu(x[0]));              // a residual: x[0] twice
+        Tensor g = ops::sub(ops::mul(h, x[1]), ops::sigmoid(x[2]));  // sub of a broadcast (5) from (3, 5)
+        Tensor twice = ops::add(g, g);                            // a + a
+        return ops::mul(ops::add(twice, x[2]), ops::add(h, x[0]));
+      },
+      (Inputs{param({3, 5}, 27), param({3, 5}, 28), param({5}, 29)}));
+}
+
+// The buffer that passes through goes to one input: the other's gradient is its own copy.
+TEST(Grad, APassedGradientIsNotShared) {
+  Tensor a = param({4, 6}, 30), b = param({4, 6}, 31), c = param({4, 6}, 32);
+  Tensor loss = ops::sum_all(ops::mul(ops::add(a, b), c));
+  autograd::backward(loss);
+  ASSERT_TRUE(a.grad().defined() && b.grad().defined());
+  EXPECT_NE(a.grad().data<double>(), b.grad().data<double>());
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    EXPECT_EQ(a.grad().data<double>()[i], c.data<double>()[i]);
+    EXPECT_EQ(b.grad().data<double>()[i], c.data<double>()[i]);
+  }
+  a.grad().fill_zero();
+  EXPECT_EQ(b.grad().data<double>()[5], c.data<double>()[5]);
+}
+
 TEST(Grad, ComposedGraphReusesATensor) {
   // x feeds three ops: gradients from every use must add up.
   EXPECT_GRADCHECK(
