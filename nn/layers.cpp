@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "autograd/trace.h"
 #include "ops/ops.h"
 
 namespace cast::nn {
@@ -22,6 +23,10 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Initializer& init)
 }
 
 Tensor Linear::forward(const Tensor& x) const {
+  if (fused && bias.defined()) {
+    autograd::FastPathScope by("linear");
+    return ops::linear(x, weight, bias);
+  }
   Tensor y = ops::matmul(x, weight);
   return bias.defined() ? ops::add(y, bias) : y;
 }

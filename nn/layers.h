@@ -22,6 +22,9 @@ class Linear : public Module {
   Tensor forward(const Tensor& x) const;  // (..., in) -> (..., out)
   void collect_parameters(ParamList& out, const std::string& prefix) override;
   Tensor weight, bias;  // (in, out), (out) or undefined
+  // With a bias: one op (ops::linear, the fast path), else a matmul and an add (the reference,
+  // what --reference runs): the same values and gradients.
+  bool fused = true;
 };
 
 class LayerNorm : public Module {

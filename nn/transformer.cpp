@@ -52,6 +52,7 @@ Block::Block(const ModelConfig& c, int index, Initializer& init)
       a.clusters <= 0)
     a.clusters = default_clusters(n);
   attention = std::make_unique<Attention>(a, init.dtype, init.device);
+  mlp.up.fused = mlp.down.fused = c.attention.fused;
 }
 
 Tensor Block::forward(const Tensor& x, const Tensor& mask, bool train, uint64_t& rng) {
@@ -116,6 +117,7 @@ Transformer::Transformer(const ModelConfig& c, DType dtype, Device device) : con
   const int64_t head_in = c.dual ? 4 * c.dim : c.dim;
   head1_ = Linear(head_in, c.mlp_dim, true, init);
   head2_ = Linear(c.mlp_dim, c.classes, true, init);
+  patch_embedding_.fused = head1_.fused = head2_.fused = c.attention.fused;
 }
 
 // (B, rows, P, cols, P) -> (B, rows, cols, P, P)

@@ -6,6 +6,7 @@
 #include "ops/elementwise.h"
 #include "ops/layernorm.h"
 #include "ops/layout.h"
+#include "ops/linear.h"
 #include "ops/loss.h"
 #include "ops/matmul.h"
 #include "ops/pooling.h"

@@ -56,6 +56,13 @@ TEST(CudaVsCpu, Matmul) {
                        Inputs{rand32({2, 5, 64}, 7), rand32({64, 31}, 8)});
 }
 
+TEST(CudaVsCpu, Linear) {
+  expect_devices_agree([](const Inputs& x) { return ops::linear(x[0], x[1], x[2]); },
+                       Inputs{rand32({2, 5, 64}, 9), rand32({64, 31}, 10), rand32({31}, 11)});
+  expect_devices_agree([](const Inputs& x) { return ops::linear(x[0], x[1], x[2]); },
+                       Inputs{rand32({7, 3}, 12), rand32({3, 9}, 13), rand32({9}, 14)});
+}
+
 TEST(CudaVsCpu, SoftmaxLayerNorm) {
   SKIP_WITHOUT_GPU();
   Tensor mask = Tensor::uniform({2, 300}, 9, 0).to(DType::f32);

@@ -1,5 +1,7 @@
 // Layer 1: finite-difference gradient checks in f64 for every differentiable op,
 // over several shapes including odd sizes.
+#include <limits>
+
 #include "tests/test_util.h"
 
 using namespace cast;
@@ -198,9 +200,9 @@ TEST(Grad, Dropout) {
 TEST(Grad, AddAndSubPassTheGradientThrough) {
   EXPECT_GRADCHECK(
       [](const Inputs& x) {
-        Tensor h = ops::add(x[0], ops::gelu(x[0]));              // a residual: x[0] twice
+        Tensor h = ops::add(x[0], ops::gelu(x[0]));                  // a residual: x[0] twice
         Tensor g = ops::sub(ops::mul(h, x[1]), ops::sigmoid(x[2]));  // sub of a broadcast (5) from (3, 5)
-        Tensor twice = ops::add(g, g);                            // a + a
+        Tensor twice = ops::add(g, g);                               // a + a
         return ops::mul(ops::add(twice, x[2]), ops::add(h, x[0]));
       },
       (Inputs{param({3, 5}, 27), param({3, 5}, 28), param({5}, 29)}));
@@ -219,6 +221,47 @@ TEST(Grad, APassedGradientIsNotShared) {
   }
   a.grad().fill_zero();
   EXPECT_EQ(b.grad().data<double>()[5], c.data<double>()[5]);
+}
+
+TEST(Grad, Linear) {
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::linear(x[0], x[1], x[2]); },
+                   (Inputs{param({2, 3, 4}, 33), param({4, 5}, 34), param({5}, 35)}));
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::gelu(ops::linear(x[0], x[1], x[2])); },
+                   (Inputs{param({3, 4}, 36), param({4, 2}, 37), param({2}, 38)}));
+}
+
+// ops::linear, the fast path, gives what its reference (matmul, then add) gives, bit for bit:
+// the same product, then the same add, in f32 and f64, over odd shapes; its forward and
+// backward write every element of buffers poisoned with NaN first.
+TEST(Grad, LinearAgreesWithMatmulAndAdd) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dtype : {DType::f32, DType::f64})
+    for (const Shape& xs : {Shape{5, 7}, Shape{2, 3, 7}, Shape{1, 1, 7}, Shape{0, 7}}) {
+      SCOPED_TRACE(dims(xs));
+      const Tensor x = param(xs, 40).to(dtype), w = param({7, 6}, 41).to(dtype), b = param({6}, 42).to(dtype);
+      Shape ys = xs;
+      ys.back() = 6;
+      const Tensor dy = param(ys, 43).to(dtype);
+      // the reference, recorded
+      Tensor rx = x.clone().set_requires_grad(), rw = w.clone().set_requires_grad(), rb = b.clone().set_requires_grad();
+      const Tensor ry = ops::add(ops::matmul(rx, rw), rb);
+      autograd::backward(ry, dy);
+      // the fast op's forward and backward, into poisoned buffers
+      Tensor y = Tensor::full(ys, nan, dtype), dx = Tensor::full(xs, nan, dtype), dw = Tensor::full({7, 6}, nan, dtype),
+             db = Tensor::full({6}, nan, dtype);
+      ops::linear_forward(y, x, w, b);
+      ops::linear_backward(&dx, &dw, &db, dy, x, w, 0.0, 0.0, 0.0);
+      EXPECT_EQ(y.to_double_vector(), ry.to_double_vector());
+      EXPECT_EQ(dx.to_double_vector(), rx.grad().to_double_vector());
+      EXPECT_EQ(dw.to_double_vector(), rw.grad().to_double_vector());
+      EXPECT_EQ(db.to_double_vector(), rb.grad().to_double_vector());
+      // and recorded: the same gradients through the tape
+      Tensor fx = x.clone().set_requires_grad(), fw = w.clone().set_requires_grad(), fb = b.clone().set_requires_grad();
+      autograd::backward(ops::linear(fx, fw, fb), dy);
+      EXPECT_EQ(fx.grad().to_double_vector(), rx.grad().to_double_vector());
+      EXPECT_EQ(fw.grad().to_double_vector(), rw.grad().to_double_vector());
+      EXPECT_EQ(fb.grad().to_double_vector(), rb.grad().to_double_vector());
+    }
 }
 
 TEST(Grad, ComposedGraphReusesATensor) {
