@@ -121,6 +121,7 @@ int command_attention(const std::vector<std::string>& argv) {
   const nn::ModelConfig m = drawable_model(args.str("checkpoint"));
   const int64_t layer = args.integer("layer", 1, m.layers), head = args.integer("head", 1, m.heads);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
+  train::check_outside_data(args.str("out"), "out", run);
   CAST_CHECK_USAGE(index < static_cast<int64_t>(run.task.test.size()), "--index {} outside the {} test examples", index,
                    run.task.test.size());
 

@@ -5,6 +5,8 @@
 
 #include "commands/attention_options.h"
 
+#include <map>
+#include <set>
 #include <omp.h>
 
 #include <algorithm>
@@ -267,10 +269,13 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
     return c;
   };
   for (const Variant& v : mechanisms)  // every row must fit before the first is timed
-    for (int64_t N : ns)
+    for (int64_t N : ns) {
+      CAST_CHECK_USAGE(v.config.mechanism == nn::Mechanism::full || clusters <= N,
+                       "--clusters {} is more than the {} tokens of --lengths {}", clusters, N, N);
       train::require_memory(train::attention_layer_bytes(layer_config(v, N), B, N, D, device == Device::cuda), device,
                             fmt::format("{} attention at N {} (batch {}, D {})", v.name, N, B, D),
                             "lower --lengths or --batch");
+    }
   fmt::print("{:<12} {:>6} {:>12} {:>16} {:>12} {:>14}\n", "mechanism", "N", "forward ms", "fwd+bwd ms", "peak MiB",
              "estimate MiB");
   for (const Variant& v : mechanisms) {
@@ -283,7 +288,8 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
       } catch (const Error& e) {
         autograd::clear_tape();
         if (trace) trace->abort_pass();
-        fmt::print("{:<12} {:>6} failed: {}\n", v.name, N, e.what());
+        fmt::print("{:<12} {:>6} failed: {}\n", v.name, N, e.what());  // the table's row, and the error's line
+        fmt::print(stderr, "cast bench: error: {} at N {}: {}\n", v.name, N, e.what());
         failed = true;
       }
       std::fflush(stdout);
@@ -396,6 +402,7 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
   const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));
   std::vector<double> estimates;  // every variant must fit before the first is timed
   for (const Variant& v : mechanisms) {
+    train::check_clusters_fit(bench_model(base, v, N, reference), N);
     estimates.push_back(train::training_step_bytes(bench_model(base, v, N, reference), B, N, device == Device::cuda));
     train::require_memory(estimates.back(), device,
                           fmt::format("a {} training step of batch {} at length {}", v.name, B, N),
@@ -418,7 +425,8 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
     } catch (const Error& e) {
       autograd::clear_tape();
       if (trace) trace->abort_pass();
-      fmt::print("{:<12} failed: {}\n", v.name, e.what());
+      fmt::print("{:<12} failed: {}\n", v.name, e.what());  // the table's row, and the error's line
+      fmt::print(stderr, "cast bench: error: {}: {}\n", v.name, e.what());
       failed = true;
     }
     std::fflush(stdout);
@@ -721,6 +729,16 @@ int command_bench(const std::vector<std::string>& argv) {
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--what");  // `cast bench train`
   if (!args.parse(rest)) return 0;
   const std::string what = args.choice("what", {"attention", "train", "flash", "gemm"});
+  // an option of another benchmark would be ignored without a word (`bench gemm --lengths 64`)
+  const std::map<std::string, std::set<std::string>> reads = {
+      {"attention", {"lengths", "batch", "dim", "heads", "clusters", "cluster-size", "mechanisms"}},
+      {"train", {"task", "length", "batch-size", "mechanisms"}},
+      {"flash", {"lengths", "kernels", "head-widths", "tokens", "check-length", "stream-rows", "warp-rows"}},
+      {"gemm", {}}};
+  for (const auto& [other, options] : reads)
+    for (const std::string& option : options)
+      CAST_CHECK_USAGE(!args.is_set(option) || reads.at(what).count(option),
+                       "--{} is an option of cast bench {}, not of cast bench {}", option, other, what);
   ops::set_tile_gemm(args.choice("tile-gemm", {"kernel", "blas"}) == "blas" ? ops::TileGemm::blas
                                                                             : ops::TileGemm::kernel);
   std::optional<train::Trace> trace;

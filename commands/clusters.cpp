@@ -65,6 +65,7 @@ int command_clusters(const std::vector<std::string>& argv) {
   const int64_t index = args.integer("index", 0, INT64_MAX);
   train::check_figure_output(args.str("out"), "out", args.str("checkpoint"), args.is_set("overwrite"));
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
+  train::check_outside_data(args.str("out"), "out", run);
   const train::Checkpoint& ck = run.checkpoint;
   CAST_CHECK(ck.config.model.attention.mechanism == nn::Mechanism::cast, "{}: the model uses {} attention, not cast",
              args.str("checkpoint"), nn::mechanism_name(ck.config.model.attention.mechanism));

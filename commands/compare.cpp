@@ -67,6 +67,11 @@ void add_variants(const cli::Args& args, const std::string& attention, train::Co
   const std::string key = vary.substr(0, eq);
   CAST_CHECK_USAGE(key != "attention" && key != "seed" && key != "run",
                    "--vary {}: use --attention, --seeds or --out for that", key);
+  // a value given as well (--steps 3 --vary steps=2,3) would be replaced without a word
+  CAST_CHECK_USAGE(!spec.settings.contains(key),
+                   "--vary {} and a value of '{}' (a flag or --config) are both given: "
+                   "give the values in --vary only",
+                   key, key);
   if (!attention.empty()) {
     CAST_CHECK_USAGE(attention.find(',') == std::string::npos,
                      "--attention names one mechanism when --vary is given, got '{}'", attention);
@@ -126,7 +131,8 @@ int command_compare(const std::vector<std::string>& argv) {
                      "{}: setting '{}' is cast compare's to choose for each run: use --out and --seeds instead", config,
                      own);
   std::string attention = args.str("attention");  // the flag, else the file's mechanisms
-  if (attention.empty() && spec.settings.contains("attention")) {
+  const bool attention_from_file = attention.empty() && spec.settings.contains("attention");
+  if (attention_from_file) {
     CAST_CHECK_USAGE(spec.settings["attention"].is_string(),
                      "{}: setting 'attention' is a mechanism or a comma-separated list of them", config);
     attention = spec.settings["attention"].get<std::string>();
@@ -137,7 +143,12 @@ int command_compare(const std::vector<std::string>& argv) {
   spec.settings.erase("attention");
 
   const std::string default_out = "runs/compare-" + spec.task;
-  add_variants(args, attention, spec);
+  try {
+    add_variants(args, attention, spec);
+  } catch (const UsageError& e) {  // the file's mechanisms: the message names the file
+    if (!attention_from_file) throw;
+    throw UsageError(fmt::format("{}: setting 'attention': {}", config, e.what()));
+  }
   spec.seeds = seeds_of(args.str("seeds"));
   spec.out_dir = args.is_set("out") ? args.str("out") : default_out;
   spec.overwrite = args.is_set("overwrite");

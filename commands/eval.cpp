@@ -30,6 +30,27 @@ void print_eval(const std::string& name, const train::EvalResult& r) {
              r.loss, r.examples, 100 * r.majority);
 }
 
+// The tokens of the sequences the model's attention sees (CLS included).
+int64_t sequence_tokens(const train::TrainedRun& run) {
+  const nn::ModelConfig& m = run.checkpoint.config.model;
+  return std::min(m.tokens(), run.task.max_len / (m.patch * m.patch)) + (m.cls_pooling ? 1 : 0);
+}
+
+// What the evaluation reads: examples longer than the model's sequences are cut, and said so;
+// more clusters than tokens fill nothing and cost minutes (C 65536 on 49 tokens), and are refused.
+void check_evaluation(const train::TrainedRun& run, const std::vector<int64_t>& clusters, bool swapped) {
+  const int64_t n = sequence_tokens(run);
+  for (int64_t c : clusters)
+    CAST_CHECK_USAGE(!swapped || c <= n, "--clusters {} is more than the {} tokens of the model's sequences", c, n);
+  const auto cut = [](const std::vector<data::Example>& split) {
+    return std::count_if(split.begin(), split.end(), [](const data::Example& e) { return e.cut; });
+  };
+  const int64_t cut_val = cut(run.task.val), cut_test = cut(run.task.test);
+  if (cut_val + cut_test > 0)
+    fmt::print("note: the model reads {} tokens: {} validation and {} test examples are cut to their first {}\n",
+               run.checkpoint.config.model.max_len, cut_val, cut_test, run.checkpoint.config.model.max_len);
+}
+
 // Every mechanism x top keys x C of the lists, evaluated with the trained model's weights: a
 // Markdown table and, with `figure`, test accuracy against C.
 void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& mechanisms,
@@ -44,8 +65,7 @@ void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& me
   const auto trained_val = train::evaluate(trained, task, task.val, batch, limit, device);
   const auto trained_test = train::evaluate(trained, task, task.test, batch, limit, device);
   // the sequence the attention sees, for the defaults C = 0 and top keys above it
-  const nn::ModelConfig& m = trained_ck.config.model;
-  const int64_t n = std::min(m.tokens(), task.max_len / (m.patch * m.patch)) + (m.cls_pooling ? 1 : 0);
+  const int64_t n = sequence_tokens(run);
   fmt::print("{} (step {}, task {}, trained with {} attention), evaluated with the same weights:\n\n", checkpoint,
              trained_ck.step, trained_ck.config.task, nn::mechanism_name(trained_ck.config.model.attention.mechanism));
   fmt::print("| attention | C | top keys | test % | validation % |\n|---|---|---|---|---|\n");
@@ -199,6 +219,8 @@ int command_eval(const std::vector<std::string>& argv) {
   const Device device = train::resolve_device(args.str("device"));
   if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
+  if (!figure.empty()) train::check_outside_data(figure, "figure", run);
+  check_evaluation(run, clusters, !mechanisms.empty());
   if (args.str("precision").empty())
     train::use_precision(device == Device::cuda ? run.checkpoint.config.precision : "fp32", device);
   const bool sweep = mechanisms.size() > 1 || clusters.size() > 1 || topks.size() > 1 || !figure.empty();

@@ -2,8 +2,12 @@
 
 #include "commands/attention_options.h"
 
+#include <algorithm>
+#include <cctype>
 #include <climits>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "autograd/tape.h"
 #include "nn/attention.h"
@@ -125,6 +129,28 @@ struct LayerInputs {
   Tensor x, dout, mask, assignment;
 };
 LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& config, DType dtype, Device device) {
+  // A misspelled optional tensor ('Mask') would be left out without a word: a name that is one
+  // of the inputs but for its case is refused, and any other tensor the layer does not read
+  // (a reference's expected outputs kept in the same file, say) is named in a note.
+  static const std::set<std::string> known = {"x",  "dout", "mask",       "assignment", "wq",    "wk",
+                                              "wv", "wo",   "surrogates", "gate_w",     "gate_b"};
+  const auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  std::vector<std::string> unread;
+  for (const auto& [name, t] : file.tensors) {
+    if (known.count(name)) continue;
+    CAST_CHECK(!known.count(lower(name)), "{}: tensor '{}' is not an input of cast layer; did you mean '{}'?",
+               file.source, name, lower(name));
+    unread.push_back(name);
+  }
+  if (!unread.empty()) {
+    const size_t shown = std::min<size_t>(unread.size(), 4);
+    fmt::print("note: {} holds {} tensor{} cast layer does not read: {}{}\n", file.source, unread.size(),
+               unread.size() == 1 ? "" : "s", fmt::join(unread.begin(), unread.begin() + shown, ", "),
+               shown < unread.size() ? ", ..." : "");
+  }
   const Tensor& x_raw = file.get("x");
   const int64_t B = x_raw.dim(0), N = x_raw.dim(1), D = x_raw.dim(2);
   LayerInputs in;
@@ -177,6 +203,8 @@ int command_layer(const std::vector<std::string>& argv) {
   config.dim = D;
   CAST_CHECK(D % config.heads == 0, "--heads {} must divide the model dim D = {}", config.heads, D);
   if (config.mechanism == nn::Mechanism::cast && config.clusters <= 0) config.clusters = nn::default_clusters(N);
+  CAST_CHECK_USAGE(config.mechanism == nn::Mechanism::full || config.clusters <= N,
+                   "--clusters {} is more than the {} tokens of x in {}", config.clusters, N, file.source);
   config.fused = !args.is_set("reference");
   ops::set_cpu_gemm(args.is_set("reference") ? ops::CpuGemm::loops : ops::CpuGemm::blas);
 

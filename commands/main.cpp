@@ -45,6 +45,20 @@ static int check_standard_output(const std::string& name, int code) {
   return code == 0 ? 1 : code;
 }
 
+// Ctrl-C and SIGTERM are held from the first instruction until the command's handlers are in
+// place (the mask survives the restart below): a signal in the first moments of `cast train`
+// then stops it as one a minute later would, instead of killing it before it can say so.
+static void hold_stop_signals(bool hold) {
+  sigset_t stops;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGINT);
+  sigaddset(&stops, SIGTERM);
+  sigprocmask(hold ? SIG_BLOCK : SIG_UNBLOCK, &stops, nullptr);
+}
+
+// The earliest our code runs: before main and the other static initialisers of this binary.
+__attribute__((constructor(101))) static void hold_stop_signals_from_the_start() { hold_stop_signals(true); }
+
 int main(int argc, char** argv) {
   reopen_closed_standard_streams();
   // A reader gone (`cast train | head -1`) or a file-size limit (ulimit -f) fails the write that
@@ -54,8 +68,12 @@ int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);
   cast::ops::restart_with_cpu_runtime(argv);  // passive OpenMP waits, the BLAS kernels for this CPU
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    hold_stop_signals(false);
     usage();
-    return argc < 2 ? 2 : 0;
+    const int code = argc < 2 ? 2 : 0;
+    if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return code;
+    std::fprintf(stderr, "cast: error: cannot write to standard output (%s)\n", std::strerror(errno));
+    return code == 0 ? 1 : code;
   }
   const std::string name = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
@@ -64,6 +82,7 @@ int main(int argc, char** argv) {
     // Ctrl-C or SIGTERM while training: the current step is finished and saved first.
     // `cast eval`: the evaluation stops between batches (nothing is written, so nothing to save).
     if (name == "train" || name == "compare" || name == "eval") cast::train::install_stop_handlers();
+    hold_stop_signals(false);  // a signal that came meanwhile arrives now
     try {
       return check_standard_output(name, c.run(args));
     } catch (const cast::train::Stopped& e) {  // the shell's convention: 128 + the signal
@@ -101,6 +120,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::fprintf(stderr, "cast: unknown command '%s' (cast --help lists them)\n", name.c_str());
+  hold_stop_signals(false);
+  std::fprintf(stderr, "cast: unknown command '%s' (cast --help lists them)\n", cast::visible(name).c_str());
   return 2;
 }

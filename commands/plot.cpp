@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -55,6 +56,11 @@ int command_plot(const std::vector<std::string>& argv) {
     for (const std::string& f : train::run_folder_files(r)) inputs.push_back(f);
   files::check_not_an_input(out, "--out", inputs);
   files::check_may_replace(out, "--out", "a figure drawn by cast", files::kFigureMark, args.is_set("overwrite"));
+  // a figure goes into a run folder only while no other cast process (a training) owns it
+  std::optional<files::FolderLock> lock;
+  const std::string out_folder = std::filesystem::path(out).parent_path().string();
+  if (files::exists((out_folder.empty() ? "." : out_folder) + "/.cast.lock"))
+    lock.emplace(out_folder.empty() ? "." : out_folder, "run folder");
   std::vector<train::Curves> curves;
   for (const std::string& r : runs) curves.push_back(train::read_curves(r));
   if (curves.size() == 1) {

@@ -13,6 +13,7 @@
 #include "figures/clusters_figure.h"
 #include "figures/plot.h"
 #include "train/run_folder.h"
+#include "train/tasks.h"
 #include "train/trace.h"
 #include "train/trainer.h"
 
@@ -39,6 +40,7 @@ static void check_config_is_no_run_file(const train::TrainConfig& config, const 
 static void check_trace_is_no_run_file(const train::TrainConfig& config, const std::string& trace,
                                        const std::string& config_path, const std::string& resume) {
   files::check_not_an_input(trace, "--trace", {config_path, resume});
+  files::check_not_inside(trace, "--trace", train::data_folder(config), "data folder");
   for (const std::string& f : run_files(config))
     CAST_CHECK_USAGE(!files::same_path(trace, f), "--trace {} is the run's own {}: name a file outside the run's files",
                      trace, f);
@@ -108,7 +110,7 @@ int command_train(const std::vector<std::string>& argv) {
   if (args.is_set("trace")) {
     const std::string& file = args.str("trace");
     if (!file.empty()) check_trace_is_no_run_file(config, file, args.str("config"), args.str("resume"));
-    trace.emplace(file, true, config.overwrite);
+    trace.emplace(file, true, /*overwrite=*/false);  // --overwrite replaces the run, never another file
     config.trace = &*trace;
   }
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "nn/transformer.h"
+#include "tensor/files.h"
 
 namespace cast::data {
 
@@ -50,7 +51,7 @@ struct ListOpsSpec {
 // A folder the generators made holds this file. They write into a folder only when it is missing,
 // empty or marked, or with `overwrite`: else a usage error, before anything is written.
 constexpr const char* kDataFolderMark = ".made-by-cast";
-void claim_data_folder(const std::string& dir, bool overwrite);
+files::FolderLock claim_data_folder(const std::string& dir, bool overwrite);
 void mark_data_folder(const std::string& dir);
 
 // Writes basic_{train,val,test}.tsv (header Source\tTarget) into `dir`.

@@ -10,13 +10,24 @@ namespace cast::data {
 
 namespace fs = std::filesystem;
 
-void claim_data_folder(const std::string& dir, bool overwrite) {
+files::FolderLock claim_data_folder(const std::string& dir, bool overwrite) {
   std::error_code ec;
-  if (overwrite || !fs::is_directory(dir, ec) || fs::exists(dir + "/" + kDataFolderMark, ec)) return;
-  CAST_CHECK_USAGE(fs::is_empty(dir, ec) && !ec,
+  const bool existed = fs::is_directory(dir, ec);
+  bool ours = !existed || fs::exists(dir + "/" + kDataFolderMark, ec);
+  if (existed && !ours) {  // empty, or holding only a lock file
+    ours = true;
+    for (const auto& entry : fs::directory_iterator(dir, ec))
+      if (entry.path().filename() != ".cast.lock") ours = false;
+    ours = ours && !ec;
+  }
+  files::make_writable_folder(dir, "data folder");
+  // one writer at a time: never a folder a training or another cast data is using
+  files::FolderLock lock(dir, "data folder");
+  CAST_CHECK_USAGE(overwrite || ours,
                    "data folder {} holds files that cast did not generate; not writing into it (pass --overwrite to "
                    "replace its data set, or choose another --out)",
                    dir);
+  return lock;
 }
 
 void mark_data_folder(const std::string& dir) {

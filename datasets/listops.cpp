@@ -116,7 +116,7 @@ int evaluate_listops(const std::string& source, const std::string& where) {
 }
 
 void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite) {
-  claim_data_folder(dir, overwrite);
+  const files::FolderLock lock = claim_data_folder(dir, overwrite);
   files::make_writable_folder(dir, "ListOps folder");
   Stream rng{seed};
   std::set<std::string> seen;
@@ -124,8 +124,9 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
   const int64_t total = spec.train + spec.val + spec.test;
   int64_t attempts = 0;
   while (static_cast<int64_t>(rows.size()) < total) {
-    CAST_CHECK(++attempts < total * 10000, "listops: the length bounds ({}, {}) are too tight to fill {} examples",
-               spec.min_length, spec.max_length, total);
+    CAST_CHECK(++attempts < total * 10000,
+               "ListOps data {}: the length bounds ({}, {}) are too tight to fill {} examples", dir, spec.min_length,
+               spec.max_length, total);
     int length = 0;
     std::string tree = random_tree(rng, 0, spec, length);
     if (length <= spec.min_length || length >= spec.max_length || !seen.insert(tree).second) continue;

@@ -166,7 +166,9 @@ static std::string read_gzip(const std::string& path) {
     }
   }
   int err = 0;
-  const std::string message = gzerror(f, &err);  // a copy: gzclose frees zlib's string
+  std::string message = gzerror(f, &err);  // a copy: gzclose frees zlib's string
+  if (message.rfind("<fd:", 0) == 0 && message.find(": ") != std::string::npos)
+    message = message.substr(message.find(": ") + 2);  // zlib's name for the stream; the path is said already
   gzclose(f);
   CAST_CHECK(n == 0 && err == Z_OK, "{}: corrupt or truncated gzip data ({})", path, message);
   return out;
@@ -179,10 +181,10 @@ static uint32_t big_endian(const std::string& s, size_t at) {
 
 static std::vector<Example> read_idx_pair(const std::string& images_path, const std::string& labels_path) {
   const std::string images = read_gzip(images_path), labels = read_gzip(labels_path);
-  CAST_CHECK(images.size() >= 16 && big_endian(images, 0) == 2051, "{}: not an IDX image file (magic 2051)",
-             images_path);
-  CAST_CHECK(labels.size() >= 8 && big_endian(labels, 0) == 2049, "{}: not an IDX label file (magic 2049)",
-             labels_path);
+  CAST_CHECK(images.size() >= 16 && big_endian(images, 0) == 2051,
+             "{}: not an IDX image file (it does not start with the magic number 2051)", images_path);
+  CAST_CHECK(labels.size() >= 8 && big_endian(labels, 0) == 2049,
+             "{}: not an IDX label file (it does not start with the magic number 2049)", labels_path);
   const uint32_t n = big_endian(images, 4), rows = big_endian(images, 8), cols = big_endian(images, 12);
   CAST_CHECK(rows == 28 && cols == 28, "{}: images are {}x{}, expected 28x28", images_path, rows, cols);
   CAST_CHECK(images.size() == 16 + size_t(n) * 784, "{}: {} images declared but {} bytes present (truncated?)",

@@ -141,7 +141,7 @@ static png::Image draw_sample(const PathfinderSpec& spec, uint64_t seed, int64_t
 // on any thread count) and reach the disk together before the metadata, which completes the set,
 // is written: one flush for the set instead of two per image.
 void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite) {
-  claim_data_folder(dir, overwrite);
+  const files::FolderLock lock = claim_data_folder(dir, overwrite);
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
   files::make_writable_folder(dir + "/metadata", "Pathfinder folder");
   std::vector<int> labels(static_cast<size_t>(spec.count));

@@ -83,6 +83,22 @@ void check_not_an_input(const std::string& output, const std::string& what, cons
                                    output, in));
 }
 
+void check_not_inside(const std::string& output, const std::string& what, const std::string& folder,
+                      const std::string& folder_what) {
+  if (output.empty() || folder.empty()) return;
+  std::error_code out_ec, folder_ec;
+  const fs::path out = fs::weakly_canonical(fs::absolute(output), out_ec),
+                 canonical_folder = fs::weakly_canonical(fs::absolute(folder), folder_ec);
+  if (out_ec || folder_ec) return;
+  const fs::path root = canonical_folder.filename().empty() ? canonical_folder.parent_path() : canonical_folder;
+  const auto mismatch = std::mismatch(root.begin(), root.end(), out.begin(), out.end());
+  if (mismatch.first != root.end()) return;
+  throw UsageError(
+      fmt::format("{} {} is inside the {} {}, which this command reads: an output never goes among "
+                  "its inputs; choose a path outside it",
+                  what, output, folder_what, folder));
+}
+
 // stat() that names the file and the reason when it fails.
 static struct stat stat_or_throw(const std::string& path, const std::string& what) {
   struct stat st {};
@@ -187,6 +203,9 @@ nlohmann::json parse_json(const std::string& text, const std::string& where) {
   // The parser keeps the last of two equal keys without a word: {"steps": 2, "steps": 3000}
   // would train 3000 steps. The keys of each object are collected as they are parsed.
   using json = nlohmann::json;
+  // a NUL byte ends the text for some readers and not for others: no JSON file of ours has one
+  const size_t nul = text.find('\0');
+  CAST_CHECK(nul == std::string::npos, "{}: a NUL byte at offset {}: not a JSON text", where, nul);
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
   auto on_event = [&](int, json::parse_event_t event, json& parsed) {
@@ -224,7 +243,8 @@ static void check_folder_takes_files(const std::string& folder, const std::strin
   struct stat st {};
   if (::stat(folder.c_str(), &st) != 0)
     throw Error(fmt::format("{} {}: folder {}: {}", what, path, folder, reason(errno)));
-  CAST_CHECK(S_ISDIR(st.st_mode), "{} {}: {} is {}, not a folder", what, path, folder, kind_of(st.st_mode));
+  CAST_CHECK(S_ISDIR(st.st_mode), "{} {}: {} is {}, not a folder", what, path, folder,
+             S_ISREG(st.st_mode) ? "a file" : kind_of(st.st_mode));
   CAST_CHECK((st.st_mode & 0222) != 0 && ::access(folder.c_str(), W_OK) == 0,
              "{} {}: folder {} is read-only (permission denied); nothing was written", what, path, folder);
 }
@@ -381,6 +401,9 @@ void make_writable_folder(const std::string& folder, const std::string& what) {
 FolderLock::FolderLock(const std::string& folder, const std::string& what) {
   const std::string path = folder + "/.cast.lock";
   Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
+  if (fd.get() < 0 && errno == ELOOP)  // O_NOFOLLOW's answer for any link, not only a loop
+    throw Error(
+        fmt::format("{} {}: its lock file {} is a symbolic link; not following it (remove it)", what, folder, path));
   if (fd.get() < 0)
     throw Error(fmt::format("{} {}: cannot open its lock file {}: {}", what, folder, path, reason(errno)));
   struct stat st {};

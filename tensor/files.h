@@ -33,6 +33,10 @@ bool same_file(const std::string& a, const std::string& b);
 bool same_path(const std::string& a, const std::string& b);
 // A usage error when `output` is the same file as one of `inputs`: `what` names the output.
 void check_not_an_input(const std::string& output, const std::string& what, const std::vector<std::string>& inputs);
+// Refuses an output inside `folder` (however spelled, through links), a data folder the same
+// command reads: its files are inputs whatever their names, so --overwrite cannot replace them.
+void check_not_inside(const std::string& output, const std::string& what, const std::string& folder,
+                      const std::string& folder_what);
 
 // The path's kind for messages: "a folder", "a FIFO (named pipe)", "a socket", "a device", ...
 // or "" for a regular file or a path that does not exist.

@@ -562,9 +562,9 @@ TEST(Cli, EvalWithAnotherAttentionCarriesTheWeightsOver) {
   EXPECT_NE(clustered.out.find("attention clustered in place of the trained full, the same weights; clusters 4"),
             std::string::npos)
       << clustered.out;
-  // listops-short sequences are at most 49 tokens with the CLS: 64 clusters and 64 top keys hold them all
+  // listops-short sequences are at most 49 tokens with the CLS: 49 clusters and 49 top keys hold them all
   CliRun every_key =
-      run("eval --device cpu --eval-limit 40 --attention iclustered --clusters 64 --topk 64 --checkpoint " + ckpt);
+      run("eval --device cpu --eval-limit 40 --attention iclustered --clusters 49 --topk 49 --checkpoint " + ckpt);
   ASSERT_EQ(every_key.code, 0) << every_key.err;
   EXPECT_EQ(accuracy(every_key.out, "test accuracy"), accuracy(full.out, "test accuracy")) << every_key.out;
   EXPECT_EQ(accuracy(every_key.out, "validation accuracy"), accuracy(full.out, "validation accuracy")) << every_key.out;

@@ -405,7 +405,8 @@ TEST(CliSettings, ARepeatedOrEmptyOptionIsAUsageError) {
            {"train --data '' --run " + d + "/r2" + kTiny, "--data is given an empty value"},
            {"data listops-short --task listops --out " + d + "/data", "--task is given twice"},
            {"compare --vary lr=0.1 --vary lr=0.2 --out " + d + "/c" + data + kTiny, "--vary is given twice"},
-           {"train" + data + " --run " + d + "/r3 --lr 1e-320" + kTiny, "--lr is 1e-320: beyond the range of a double"}}) {
+           {"train" + data + " --run " + d + "/r3 --lr 1e-320" + kTiny,
+            "--lr is 1e-320: beyond the range of a double"}}) {
     const CliRun r = run(args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
@@ -491,4 +492,148 @@ TEST(CliFiles, AFileLargerThanTheMemoryIsRefusedByName) {
   EXPECT_NE(r.err.find(huge), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("out of memory ("), std::string::npos) << r.err;
   fs::remove(huge);
+}
+
+// The second attack's defects (issue 41), one case each: each fails without its fix.
+TEST(CliAttack, ANewRunReplacesOnlyWhatACastRunLeft) {
+  const std::string d = fresh_dir("user_files"), data = trained_run() + "/data";
+  fs::create_directories(d + "/mine");
+  for (const char* name : {"metrics.jsonl", "summary.json", "curves.svg"}) {
+    put(d + "/mine/" + name, "my notes");
+    const CliRun r = run("train --data " + data + " --run " + d + "/mine --attention full" + kTiny);
+    EXPECT_EQ(r.code, 2) << name << ": " << r.err;
+    EXPECT_NE(r.err.find("not replacing it"), std::string::npos) << r.err;
+    EXPECT_EQ(slurp(d + "/mine/" + name), "my notes") << name;
+    fs::remove(d + "/mine/" + name);
+  }
+  // --overwrite over a run: the old checkpoint goes too, so a new run that fails at once names none
+  const std::string old_run = copy_run("overwritten");
+  const CliRun nan =
+      run("train --data " + data + " --run " + old_run + " --overwrite --lr 1e300 --attention full" + kTiny);
+  EXPECT_EQ(nan.code, 1) << nan.err;
+  EXPECT_EQ(nan.err.find("The last good checkpoint is"), std::string::npos) << nan.err;
+}
+
+TEST(CliAttack, AnOutputNeverGoesIntoTheDataItReads) {
+  const std::string d = fresh_dir("into_data");
+  fs::copy(trained_run() + "/data", d + "/data", fs::copy_options::recursive);
+  const std::string run_dir = copy_run("into_data_run"), ckpt = run_dir + "/checkpoint.safetensors";
+  const std::string test_file = d + "/data/basic_test.tsv", bytes = slurp(test_file);
+  for (const std::string& args :
+       {"eval --checkpoint " + ckpt + " --data " + d + "/data --attention clustered --figure " + test_file +
+            " --overwrite",
+        "attention --checkpoint " + ckpt + " --data " + d + "/data --out " + test_file + " --overwrite",
+        "train --data " + d + "/data --run " + d + "/r --attention full --trace " + test_file + " --overwrite" +
+            kTiny}) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("inside the data folder"), std::string::npos) << r.err;
+    EXPECT_EQ(slurp(test_file), bytes) << args;
+  }
+  // train's --overwrite replaces its run, never another run's file through --trace
+  const std::string other = copy_run("other_run") + "/summary.json", summary = slurp(other);
+  const CliRun trace =
+      run("train --data " + d + "/data --run " + d + "/r2 --attention full --overwrite --trace " + other + kTiny);
+  EXPECT_EQ(trace.code, 2) << trace.err;
+  EXPECT_EQ(slurp(other), summary);
+}
+
+TEST(CliAttack, MoreClustersThanTokensAreRefusedEverywhere) {
+  const std::string ckpt = copy_run("clusters_eval") + "/checkpoint.safetensors";
+  const CliRun eval = run("eval --checkpoint " + ckpt + " --attention clustered --clusters 65536 --eval-limit 4");
+  EXPECT_EQ(eval.code, 2) << eval.err;
+  EXPECT_NE(eval.err.find("--clusters 65536 is more than the"), std::string::npos) << eval.err;
+  const CliRun bench = run("bench attention --lengths 64 --mechanisms clustered --clusters 100 --device cpu");
+  EXPECT_EQ(bench.code, 2) << bench.err;
+  // an option the benchmark does not read is refused, not ignored
+  const CliRun unread = run("bench train --task listops-short --mechanisms clustered --clusters 8 --device cpu");
+  EXPECT_EQ(unread.code, 2) << unread.err;
+  const CliRun layer = run("layer --in " + std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors --out " +
+                           fresh_dir("clusters_layer") + "/out.safetensors --attention clustered --clusters 4096");
+  EXPECT_EQ(layer.code, 2) << layer.err;
+  EXPECT_NE(layer.err.find("--clusters 4096 is more than the"), std::string::npos) << layer.err;
+}
+
+TEST(CliAttack, SettingsFilesAndFlagsSayWhatTheyRefuse) {
+  const std::string d = fresh_dir("settings2"), data = trained_run() + "/data";
+  put(d + "/nul.json", std::string("{\"steps\": 2}\0{\"lr\": -5", 24));
+  put(d + "/nul_value.json", R"({"task": "listops-short\u0000x"})");
+  put(d + "/subnormal.json", R"({"lr": 1e-320})");
+  for (const char* file : {"nul.json", "nul_value.json", "subnormal.json"}) {
+    const CliRun r = run("train --config " + d + "/" + file + " --data " + data + " --run " + d + "/r" + kTiny);
+    EXPECT_NE(r.code, 0) << file;
+    EXPECT_NE(r.err.find(file), std::string::npos) << file << ": " << r.err;
+    EXPECT_FALSE(fs::exists(d + "/r/checkpoint.safetensors")) << file;
+  }
+  // a value that is an option: the value was forgotten
+  const CliRun forgot = run("data listops-short --out --seed 3");
+  EXPECT_EQ(forgot.code, 2) << forgot.err;
+  EXPECT_FALSE(fs::exists("--seed"));
+  // a --vary setting given as a flag too
+  const CliRun twice = run("compare --task listops-short --steps 3 --vary steps=2,3 --out " + d + "/c");
+  EXPECT_EQ(twice.code, 2) << twice.err;
+  EXPECT_NE(twice.err.find("--vary steps"), std::string::npos) << twice.err;
+  // the top-level usage to a full device
+  EXPECT_EQ(std::system((std::string(CAST_BINARY) + " --help > /dev/full 2> /dev/null").c_str()) >> 8, 1);
+  // a mis-cased optional tensor of cast layer
+  TensorFile layer = read_safetensors(std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors");
+  const Tensor& x = layer.tensors.at("x");
+  layer.tensors["Mask"] = Tensor::full({x.dim(0), x.dim(1)}, 1.0, x.dtype());
+  write_safetensors(d + "/mask.safetensors", layer.tensors, layer.metadata);
+  const CliRun masked = run("layer --in " + d + "/mask.safetensors --out " + d + "/out.safetensors");
+  EXPECT_EQ(masked.code, 1) << masked.err;
+  EXPECT_NE(masked.err.find("did you mean 'mask'"), std::string::npos) << masked.err;
+}
+
+TEST(CliAttack, FiguresAreWellFormedAndWaitForTheirFolder) {
+  const std::string run_dir = copy_run("figures");
+  const CliRun titled =
+      run("plot " + run_dir + " --out " + run_dir + "/../t.svg --title \"$(printf 'a\\001\\033[31m\\377')\"");
+  ASSERT_EQ(titled.code, 0) << titled.err;
+  for (unsigned char c : slurp(run_dir + "/../t.svg"))
+    EXPECT_FALSE(c < 0x20 && c != '\n' && c != '\t' && c != '\r') << int(c);
+  // a training holds the run folder: plot does not write into it meanwhile
+  {
+    files::FolderLock held(run_dir, "run folder");
+    const std::string before = slurp(run_dir + "/curves.svg");
+    const CliRun r = run("plot " + run_dir);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("in use by another cast process"), std::string::npos) << r.err;
+    EXPECT_EQ(slurp(run_dir + "/curves.svg"), before);
+  }
+}
+
+TEST(CliAttack, DataTooSmallOrTheWrongSizeIsRefusedBeforeTraining) {
+  const std::string d = fresh_dir("small_data");
+  ASSERT_EQ(run("data pathfinder --count 3 --out " + d + "/pf3").code, 0);
+  const CliRun empty = run("train --task pathfinder --data " + d + "/pf3 --run " + d + "/r1 --attention full" + kTiny);
+  EXPECT_EQ(empty.code, 1) << empty.err;
+  EXPECT_NE(empty.err.find("split has no examples"), std::string::npos) << empty.err;
+  ASSERT_EQ(run("data pathfinder --count 20 --out " + d + "/pf20").code, 0);
+  const CliRun wrong = run("train --task pathx --data " + d + "/pf20 --run " + d + "/r2 --attention full" + kTiny);
+  EXPECT_EQ(wrong.code, 2) << wrong.err;
+  EXPECT_NE(wrong.err.find("32 x 32"), std::string::npos) << wrong.err;
+}
+
+TEST(CliAttack, CheckpointsAndResumesAreReadStrictly) {
+  // a checkpoint copied under another name into a folder without the run's own
+  const std::string d = fresh_dir("renamed");
+  fs::copy(copy_run("renamed_src") + "/checkpoint.safetensors", d + "/my.safetensors");
+  const CliRun renamed = run("train --resume " + d + "/my.safetensors --steps 5 --device cpu");
+  EXPECT_EQ(renamed.code, 2) << renamed.err;
+  EXPECT_NE(renamed.err.find("holds no checkpoint.safetensors"), std::string::npos) << renamed.err;
+  // a negative second moment
+  const std::string run_dir = copy_run("negative_v"), ckpt = run_dir + "/checkpoint.safetensors";
+  TensorFile f = read_safetensors(ckpt);
+  for (auto& [name, t] : f.tensors)
+    if (name.rfind("adam.v/", 0) == 0) {
+      std::vector<double> v = t.to_double_vector();
+      v[0] = -1.0;
+      t = Tensor::from_vector<double>(v, t.shape()).to(t.dtype());
+      break;
+    }
+  write_safetensors(ckpt, f.tensors, f.metadata);
+  const CliRun negative = run("train --resume " + ckpt + " --steps 5 --device cpu");
+  EXPECT_EQ(negative.code, 1) << negative.err;
+  EXPECT_NE(negative.err.find("second moment is never negative"), std::string::npos) << negative.err;
 }

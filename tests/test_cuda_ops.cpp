@@ -57,6 +57,7 @@ TEST(CudaVsCpu, Matmul) {
 }
 
 TEST(CudaVsCpu, Linear) {
+  SKIP_WITHOUT_GPU();
   expect_devices_agree([](const Inputs& x) { return ops::linear(x[0], x[1], x[2]); },
                        Inputs{rand32({2, 5, 64}, 9), rand32({64, 31}, 10), rand32({31}, 11)});
   expect_devices_agree([](const Inputs& x) { return ops::linear(x[0], x[1], x[2]); },

@@ -1,5 +1,6 @@
 #include "train/checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <filesystem>
@@ -195,7 +196,13 @@ void load_checkpoint(const std::string& path, nn::Transformer& model, std::vecto
     const Tensor& stored_t = f.get("param/" + name, DType::f32, t->shape());
     t->copy_from(stored_t.to(t->device()));
     if (m) (*m)[i].copy_from(f.get("adam.m/" + name, DType::f32, t->shape()).to(t->device()));
-    if (v) (*v)[i].copy_from(f.get("adam.v/" + name, DType::f32, t->shape()).to(t->device()));
+    if (v) {
+      const Tensor& stored_v = f.get("adam.v/" + name, DType::f32, t->shape());
+      // a mean of squares: a negative one would make the update's square root NaN steps later
+      for (double x : stored_v.to_double_vector())
+        CAST_CHECK(x >= 0, "{}: tensor 'adam.v/{}' holds {}: AdamW's second moment is never negative", path, name, x);
+      (*v)[i].copy_from(stored_v.to(t->device()));
+    }
   }
   const auto offset = f.metadata.find("rng_offset");
   CAST_CHECK(offset != f.metadata.end(), "{}: not a cast checkpoint (no 'rng_offset' metadata)", path);
@@ -210,10 +217,18 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
   TrainedRun run;
   run.checkpoint = read_checkpoint_header(path);
   if (!data_dir.empty()) run.checkpoint.config.data_dir = data_dir;
+  const std::string& task = run.checkpoint.config.task;
+  const std::vector<std::string>& known = task_names();
+  CAST_CHECK(std::find(known.begin(), known.end(), task) != known.end(), "{}: unknown task '{}' ({})", path, task,
+             fmt::join(known, ", "));
   run.model = std::make_unique<nn::Transformer>(run.checkpoint.config.model, DType::f32, device);
   load_checkpoint(path, *run.model, nullptr, nullptr);
   run.task = load_task(run.checkpoint.config, false);
   return run;
+}
+
+void check_outside_data(const std::string& out, const std::string& option, const TrainedRun& run) {
+  files::check_not_inside(out, "--" + option, data_folder(run.checkpoint.config), "data folder");
 }
 
 void check_swappable(nn::Mechanism from, nn::Mechanism to) {

@@ -39,13 +39,17 @@ namespace {
 // a finished run there continues only with more steps.
 void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
   const std::string newest = c.run_dir + "/checkpoint.safetensors";
+  CAST_CHECK_USAGE(files::exists(newest),
+                   "--resume {}: its folder {} holds no checkpoint.safetensors, so it is no run to continue in "
+                   "place: give --run with a new folder to train on from it",
+                   resume_from, c.run_dir);
   CAST_CHECK_USAGE(files::same_file(resume_from, newest),
                    "--resume {} would rewind run {}, whose newest checkpoint is {}: resume from that, or give --run "
                    "with a new folder to train on from {}",
                    resume_from, c.run_dir, newest, resume_from);
   CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
-                   "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval {}, or "
-                   "train on with a larger --steps",
+                   "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
+                   "--checkpoint {}, or train on with a larger --steps",
                    c.run_dir, resume_step, c.steps, newest);
 }
 
@@ -55,21 +59,32 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   files::make_writable_folder(c.run_dir, "run folder");
   RunFolder folder;
   folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed
-  for (const char* name : {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg"})
+  for (const char* name :
+       {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg", "/metrics.jsonl"})
     files::output_target(c.run_dir + name, "run file", files::Link::refuse);  // a FIFO or link there: refused now
   const std::string checkpoint = c.run_dir + "/checkpoint.safetensors";
   // Resuming into the checkpoint's own folder continues that run; any other folder is a new
   // home, under the same rule as a new run's.
   folder.in_place = !resume_from.empty() && files::same_file(folder_of(resume_from), c.run_dir);
   if (folder.in_place) check_resume_goes_forward(c, resume_from, resume_step);
-  if (!folder.in_place && std::filesystem::exists(checkpoint)) {
+  if (folder.in_place) return folder;
+  if (std::filesystem::exists(checkpoint)) {
     CAST_CHECK(c.overwrite,
                "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
                "--run, or pass --overwrite to replace it",
                c.run_dir, checkpoint, checkpoint);
-    for (const char* stale : {"/best.safetensors", "/summary.json", "/curves.svg"})
-      std::filesystem::remove(c.run_dir + stale);  // the old run's, never to be mistaken for the new one's
+    // the old run's files, never to be mistaken for the new one's (a new run that fails before
+    // its first checkpoint must not point at the old run's as its own)
+    for (const char* stale : {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg"})
+      std::filesystem::remove(c.run_dir + stale);
+    return folder;
   }
+  // No run here: the files a run writes may replace only what a cast run left (say, one stopped
+  // before its first checkpoint), not a user's own files of the same names.
+  files::check_may_replace(c.run_dir + "/metrics.jsonl", "run file", "a cast run's metrics", "\"split\":", c.overwrite);
+  files::check_may_replace(c.run_dir + "/summary.json", "run file", "a cast run's summary", kSummaryMark, c.overwrite);
+  files::check_may_replace(c.run_dir + "/curves.svg", "run file", "a figure drawn by cast", files::kFigureMark,
+                           c.overwrite);
   return folder;
 }
 
@@ -104,7 +119,8 @@ void continue_run_files(const std::string& resume_from, int64_t step, const std:
   if (!in_place) copy_best(resume_from, run_dir);
 }
 
-void write_summary(const std::string& run_dir, const json& summary) {
+void write_summary(const std::string& run_dir, json summary) {
+  summary["made_by"] = "cast train";  // kSummaryMark: what a later run may replace
   files::write_atomic(run_dir + "/summary.json", summary.dump(2) + "\n", "run summary", files::Link::refuse);
 }
 

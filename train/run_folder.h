@@ -42,7 +42,9 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
 // the checkpoint's folder's lines and best checkpoint, which are read, never written.
 void continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place);
 
-// summary.json: the run's result, atomically.
-void write_summary(const std::string& run_dir, const nlohmann::json& summary);
+// The mark in every summary.json a run writes ("made_by": "cast train").
+constexpr const char* kSummaryMark = "\"made_by\": \"cast train\"";
+// summary.json: the run's result, atomically, with its mark.
+void write_summary(const std::string& run_dir, nlohmann::json summary);
 
 }  // namespace cast::train

@@ -477,6 +477,8 @@ void validate(const TrainConfig& c) {
       continue;
     }
     const bool zero_ok = s.bound == Bound::non_negative;
+    if (std::fpclassify(v) == FP_SUBNORMAL)  // as the flag's reader refuses 1e-320: out of range
+      throw UsageError(fmt::format("setting '{}' is {}: out of range (below the smallest normal double)", s.name, v));
     if (!std::isfinite(v) || v < 0 || (!zero_ok && v == 0))
       throw UsageError(
           fmt::format("setting '{}' is {}: it must be a {} number", s.name, v, zero_ok ? "non-negative" : "positive"));
@@ -645,6 +647,9 @@ json read_settings_file(const std::string& path) {
   for (const char* folder : {"run", "data"})  // "" would mean the default folder, and data generated there
     CAST_CHECK_USAGE(!(j.contains(folder) && j[folder] == json("")),
                      "config file {}: setting '{}' is empty (leave it out for the default folder)", path, folder);
+  for (const auto& [key, value] : j.items())  // "\u0000" would end a name or path where the system reads it
+    CAST_CHECK_USAGE(!(value.is_string() && value.get<std::string>().find('\0') != std::string::npos),
+                     "config file {}: setting '{}' holds a NUL character (\\u0000)", path, key);
   return j;
 }
 

@@ -46,27 +46,37 @@ const Task& find_task(const std::string& name) {
   return *t;
 }
 
+// The loader of task t on the files in dir.
+static data::TaskData load_task_data(const std::string& t, const std::string& dir, int64_t max_len) {
+  if (t == "listops-short" || t == "listops") return data::load_listops(dir, max_len);
+  if (t == "text") return data::load_imdb(dir, max_len);
+  if (t == "retrieval") return data::load_aan(dir, max_len);
+  if (t == "image") return data::load_cifar10(dir);
+  if (t == "fashion-mnist" || t == "fashion-mnist-14" || t == "fashion-mnist-lra")
+    return data::load_fashion_mnist(dir, t == "fashion-mnist-14" ? 2 : 1);
+  if (t == "pathfinder" || t == "pathx") return data::load_pathfinder(dir);
+  throw Error(fmt::format("task '{}' has no loader", t));
+}
+
+std::string data_folder(const TrainConfig& c) {
+  if (!c.data_dir.empty()) return c.data_dir;
+  const Task* task = task_named(c.task);
+  return task ? task->data_dir : "";
+}
+
 data::TaskData load_task(const TrainConfig& c, bool generate_if_missing) {
   const std::string& t = c.task;
   const Task* task = task_named(t);  // a checkpoint may name a task of the tests ("counting")
   CAST_CHECK(task, "unknown task '{}' ({})", t, fmt::join(task_names(), ", "));
-  const std::string dir = c.data_dir.empty() ? task->data_dir : c.data_dir;
+  const std::string dir = data_folder(c);
   const int64_t max_len = c.model.max_len;
   if (t == "listops-short" && generate_if_missing && !std::filesystem::exists(dir + "/basic_train.tsv")) {
     fmt::print("generating short ListOps into {}\n", dir);
     data::generate_listops(dir, data::ListOpsSpec::short_cpu(), 1);
   }
-  if (t == "listops-short" || t == "listops") return data::load_listops(dir, max_len);
-  if (t == "text") return data::load_imdb(dir, max_len);
-  if (t == "retrieval") return data::load_aan(dir, max_len);
-  if (t == "image") return data::load_cifar10(dir);
-  if (t == "fashion-mnist" || t == "fashion-mnist-14" || t == "fashion-mnist-lra") {
-    data::TaskData fashion = data::load_fashion_mnist(dir, t == "fashion-mnist-14" ? 2 : 1);
-    fashion.name = t;
-    return fashion;
-  }
-  if (t == "pathfinder" || t == "pathx") return data::load_pathfinder(dir);
-  throw Error(fmt::format("task '{}' has no loader", t));
+  data::TaskData loaded = load_task_data(t, dir, max_len);
+  loaded.name = t;  // messages name the task the user chose (listops-short, not the loader's listops)
+  return loaded;
 }
 
 }  // namespace cast::train

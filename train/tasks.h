@@ -27,5 +27,7 @@ const Task& find_task(const std::string& name);
 // Reads the task's data: from the run's data folder, else the task's default one. Short ListOps
 // is generated into its default folder when `generate_if_missing` and it is not there yet.
 data::TaskData load_task(const TrainConfig& c, bool generate_if_missing);
+// The folder load_task reads: --data, else the task's default ("" for a task it does not know).
+std::string data_folder(const TrainConfig& c);
 
 }  // namespace cast::train

@@ -83,6 +83,17 @@ void use_precision(const std::string& name, Device device, const char* option) {
   set_precision(p);
 }
 
+// A cluster count beyond a sequence's tokens fills nothing and only costs time and memory
+// (C = 65536 on 49 tokens ran for minutes a step): refused, naming the setting. (A cluster size
+// beyond them is the whole sequence: the layer holds it at N, and the run is noted as full attention.)
+void check_clusters_fit(const nn::ModelConfig& m, int64_t length) {
+  const nn::AttentionConfig& a = m.attention;
+  if (a.mechanism == nn::Mechanism::full) return;
+  const int64_t tokens = length / (m.patch * m.patch) + (m.cls_pooling ? 1 : 0);
+  CAST_CHECK_USAGE(a.clusters <= tokens, "setting 'clusters' is {}: more than the {} tokens a sequence has", a.clusters,
+                   tokens);
+}
+
 namespace {
 
 // ---------------------------------------------------------------- the data order
@@ -176,25 +187,26 @@ void choose_compute(Run& run) {
   run.c.model.attention.fused = !run.c.reference;
 }
 
-// A cluster count beyond a sequence's tokens fills nothing and only costs time and memory
-// (C = 65536 on 49 tokens ran for minutes a step): refused, naming the setting. (A cluster size
-// beyond them is the whole sequence: the layer holds it at N, and the run is noted as full attention.)
-void check_clusters_fit(const nn::ModelConfig& m, int64_t length) {
-  const nn::AttentionConfig& a = m.attention;
-  if (a.mechanism == nn::Mechanism::full) return;
-  const int64_t tokens = length / (m.patch * m.patch) + (m.cls_pooling ? 1 : 0);
-  CAST_CHECK_USAGE(a.clusters <= tokens, "setting 'clusters' is {}: more than the {} tokens a sequence has", a.clusters,
-                   tokens);
-}
-
 // The task has examples, fits the model, and a step fits in the device's memory.
 void check_task_fits(const Run& run) {
   const TrainConfig& c = run.c;
   const data::TaskData& task = run.task;
-  CAST_CHECK(!task.train.empty(), "task {}: the training split has no examples (check the data folder)", task.name);
+  for (const auto& [split, examples] :
+       {std::pair<const char*, const std::vector<data::Example>*>{"training", &task.train},
+        {"validation", &task.val},
+        {"test", &task.test}})
+    CAST_CHECK(!examples->empty(), "task {}: the {} split has no examples (data folder {}: a set too small to split?)",
+               task.name, split, data_folder(c));
   CAST_CHECK(task.vocab <= c.model.vocab && task.classes == c.model.classes && task.dual == c.model.dual,
              "task {} (vocab {}, {} classes) does not fit the model (vocab {}, {} classes)", task.name, task.vocab,
              task.classes, c.model.vocab, c.model.classes);
+  // an image is read whole: a sequence longer than its pixels (Path-X's model on 32 x 32 images)
+  // would be padding, a shorter one a cut image
+  if (task.image_side > 0 && c.model.patch == 1)
+    CAST_CHECK_USAGE(task.image_side * task.image_side == c.model.max_len,
+                     "task {}: the images in {} are {} x {} ({} pixels), not the --max-len {} the model reads",
+                     task.name, data_folder(c), task.image_side, task.image_side, task.image_side * task.image_side,
+                     c.model.max_len);
   if (c.model.patch > 1) {
     CAST_CHECK_USAGE(task.image_side > 0, "--patch {}: task {} is not an image task", c.model.patch, task.name);
     CAST_CHECK_USAGE(task.image_side * task.image_side == c.model.max_len,

@@ -37,6 +37,8 @@ TrainResult run_training(TrainConfig config, const std::string& resume_from = ""
 TrainResult train_on(TrainConfig config, const data::TaskData& task, const std::string& resume_from = "",
                      int64_t stop_after = 0, bool quiet = false);
 
+// Refuses more clusters than a sequence of `length` (tokens, or pixels under patches) has.
+void check_clusters_fit(const nn::ModelConfig& m, int64_t length);
 Device resolve_device(const std::string& name);
 // Sets the process's precision (tensor/precision.h) from its name; tf32 and bf16 need the GPU
 // (a usage error on the CPU, naming `option`).

@@ -549,7 +549,7 @@ TEST(Training, AFinishedRunResumedWithoutNewStepsIsRefusedWithTheCommandThatEval
   c.steps = 6;
   const std::string metrics = bytes_of(run_dir + "/metrics.jsonl");
   EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "is finished (step 6 of 6");
-  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "cast eval " + ckpt);
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "cast eval --checkpoint " + ckpt);
   EXPECT_EQ(bytes_of(run_dir + "/metrics.jsonl"), metrics);  // no second evaluation appended
 }
 
