@@ -20,14 +20,13 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite) {
       if (entry.path().filename() != ".cast.lock") ours = false;
     ours = ours && !ec;
   }
-  files::make_writable_folder(dir, "data folder");
-  // one writer at a time: never a folder a training or another cast data is using
-  files::FolderLock lock(dir, "data folder");
-  CAST_CHECK_USAGE(overwrite || ours,
+  CAST_CHECK_USAGE(overwrite || ours,  // refused before the lock file is made: nothing in it changes
                    "data folder {} holds files that cast did not generate; not writing into it (pass --overwrite to "
                    "replace its data set, or choose another --out)",
                    dir);
-  return lock;
+  files::make_writable_folder(dir, "data folder");
+  // one writer at a time: never a folder a training or another cast data is using
+  return files::FolderLock(dir, "data folder");
 }
 
 void mark_data_folder(const std::string& dir) {

@@ -359,6 +359,16 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
   if (dir.get() >= 0) ::fsync(dir.get());  // the rename itself reaches the disk
 }
 
+void check_temporary_slot(const std::string& path, const std::string& what) {
+  const std::string tmp = path + ".tmp";
+  struct stat st {};
+  if (::lstat(tmp.c_str(), &st) != 0) return;  // nothing there: the usual case
+  CAST_CHECK(!S_ISLNK(st.st_mode), "{} {}: {} is a symbolic link where a temporary file goes; not following it (remove it)",
+             what, path, tmp);
+  CAST_CHECK(S_ISREG(st.st_mode), "{} {}: {} is {} where a temporary file goes (remove it)", what, path, tmp,
+             kind_of(st.st_mode));
+}
+
 void flush_file_system(const std::string& folder, const std::string& what) {
   Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   CAST_CHECK(dir.get() >= 0, "{} {}: cannot open it to flush it to disk: {}", what, folder, reason(errno));

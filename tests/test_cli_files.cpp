@@ -556,7 +556,7 @@ TEST(CliAttack, MoreClustersThanTokensAreRefusedEverywhere) {
 
 TEST(CliAttack, SettingsFilesAndFlagsSayWhatTheyRefuse) {
   const std::string d = fresh_dir("settings2"), data = trained_run() + "/data";
-  put(d + "/nul.json", std::string("{\"steps\": 2}\0{\"lr\": -5", 24));
+  put(d + "/nul.json", std::string("{\"steps\": 2}") + '\0' + "{\"lr\": -5");
   put(d + "/nul_value.json", R"({"task": "listops-short\u0000x"})");
   put(d + "/subnormal.json", R"({"lr": 1e-320})");
   for (const char* file : {"nul.json", "nul_value.json", "subnormal.json"}) {
@@ -587,11 +587,19 @@ TEST(CliAttack, SettingsFilesAndFlagsSayWhatTheyRefuse) {
 
 TEST(CliAttack, FiguresAreWellFormedAndWaitForTheirFolder) {
   const std::string run_dir = copy_run("figures");
-  const CliRun titled =
-      run("plot " + run_dir + " --out " + run_dir + "/../t.svg --title \"$(printf 'a\\001\\033[31m\\377')\"");
+  // a run folder named with a control byte, and a title that is not UTF-8: the SVG stays XML
+  const std::string odd = fs::path(run_dir).parent_path().string() + "/e\x01x";
+  fs::copy(run_dir, odd, fs::copy_options::recursive);
+  const CliRun titled = run("plot \"$(printf '" + fs::path(run_dir).parent_path().string() + "/e\\001x')\" --out " +
+                            run_dir + "/../t.svg --title \"$(printf 'a\\377b')\"");
   ASSERT_EQ(titled.code, 0) << titled.err;
-  for (unsigned char c : slurp(run_dir + "/../t.svg"))
-    EXPECT_FALSE(c < 0x20 && c != '\n' && c != '\t' && c != '\r') << int(c);
+  const std::string svg = slurp(run_dir + "/../t.svg");
+  for (unsigned char c : svg) EXPECT_FALSE(c < 0x20 && c != '\n' && c != '\t' && c != '\r') << int(c);
+  EXPECT_EQ(svg.find('\xff'), std::string::npos);
+  // a control character in an option's value is refused: it would break the messages that repeat it
+  const CliRun control = run("plot " + run_dir + " --out " + run_dir + "/../t2.svg --title \"$(printf 'a\\033b')\"");
+  EXPECT_EQ(control.code, 2) << control.err;
+  EXPECT_NE(control.err.find("control character \\x1B"), std::string::npos) << control.err;
   // a training holds the run folder: plot does not write into it meanwhile
   {
     files::FolderLock held(run_dir, "run folder");

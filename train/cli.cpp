@@ -68,6 +68,10 @@ bool Args::parse(const std::vector<std::string>& argv) {
     }
     // `--run ""` (an unset shell variable) would mean the default folder
     CAST_USAGE_CHECK(!value.empty(), "--{} is given an empty value", name);
+    // a newline or an escape sequence in a name or path would break the one-line messages that
+    // repeat it, and the files that record it
+    for (unsigned char c : value)
+      CAST_USAGE_CHECK(c >= 0x20 && c != 0x7F, "--{}: its value holds the control character \\x{:02X}", name, c);
     values_[name] = value;
   }
   return true;

@@ -60,8 +60,10 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   RunFolder folder;
   folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed
   for (const char* name :
-       {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg", "/metrics.jsonl"})
+       {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg", "/metrics.jsonl"}) {
     files::output_target(c.run_dir + name, "run file", files::Link::refuse);  // a FIFO or link there: refused now
+    files::check_temporary_slot(c.run_dir + name, "run file");                 // and not at the first checkpoint
+  }
   const std::string checkpoint = c.run_dir + "/checkpoint.safetensors";
   // Resuming into the checkpoint's own folder continues that run; any other folder is a new
   // home, under the same rule as a new run's.

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <numeric>
 #include <optional>
+#include <sstream>
 #include <system_error>
 
 #include "autograd/tape.h"
@@ -340,10 +341,26 @@ void validate_now(Run& run) {
     fmt::print("{}step {}: validation accuracy {:.1f}%\n", run.terminal ? "\n" : "", run.step, 100 * r.accuracy);
 }
 
+// Whether the run's metrics hold the validation of `step`.
+bool validated(const Run& run, int64_t step) {
+  const std::string metrics = run.c.run_dir + "/metrics.jsonl";
+  std::istringstream lines(files::exists(metrics) ? files::read_file(metrics, "metrics file") : std::string());
+  for (std::string line; std::getline(lines, line);) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("split", "") == "val" && j.value("step", int64_t{-1}) == step) return true;
+  }
+  return false;
+}
+
 // The steps of this process: until the run's last step, or `stop_after` steps (tests), or a
 // stop request (the step under way is finished and saved first).
 void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
   const TrainConfig& c = run.c;
+  // a resumed run whose last step's validation a stop cut short does it first, as the run that
+  // was not stopped did (the best checkpoint may be that step's)
+  if (run.start_step > 0 && run.start_step < c.steps && c.eval_every > 0 && run.start_step % c.eval_every == 0 &&
+      !validated(run, run.start_step))
+    validate_now(run);
   Sampler sampler(static_cast<int64_t>(run.task.train.size()), c.seed);
   TrainingStep training(*run.model, run.params, run.m, run.v, std::max<int64_t>(c.log_every, 1));
   Window window;

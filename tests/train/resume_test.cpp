@@ -80,6 +80,33 @@ TEST(Training, AResumedRunDropsMetricsWrittenAfterItsCheckpoint) {
   EXPECT_EQ(train_steps, (std::vector<int64_t>{5, 10, 15, 20}));
 }
 
+// A validation a stop cut short (the step saved, its validation not written) is done first when
+// the run resumes, so the resumed run validates at the steps the unstopped one did.
+TEST(Training, AValidationCutShortIsDoneWhenTheRunResumes) {
+  data::TaskData task = counting_task(200, 20, 15);
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("validation_cut"));
+  c.steps = 8;
+  c.eval_every = 4;
+  c.log_every = 4;
+  train::train_on(c, task, "", 4, true);  // checkpoint at step 4, with its validation
+  const std::string metrics = c.run_dir + "/metrics.jsonl";
+  std::string kept;  // as a stop during step 4's validation leaves them: no val line of step 4
+  {
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);)
+      if (nlohmann::json::parse(line)["split"] != "val") kept += line + "\n";
+  }
+  std::ofstream(metrics, std::ios::trunc) << kept;
+  train::train_on(c, task, c.run_dir + "/checkpoint.safetensors", 0, true);
+  std::vector<int64_t> validated;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["split"] == "val") validated.push_back(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(validated, (std::vector<int64_t>{4, 8, 8}));  // 4 redone, 8 in training and at the end
+}
+
 TEST(Training, CheckpointRoundTripAndMismatch) {
   train::TrainConfig c = tiny_config(nn::Mechanism::cast, temp_dir("ckpt"));
   std::filesystem::create_directories(c.run_dir);
