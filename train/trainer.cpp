@@ -410,8 +410,14 @@ void finish(Run& run, TrainResult& result) {
   const TrainConfig& c = run.c;
   // Only a best checkpoint this run wrote is evaluated as "best": with no validation during
   // training there is none, and the final model is evaluated and named as such.
-  const bool evaluate_best = c.eval_best && std::filesystem::exists(c.run_dir + "/best.safetensors");
-  if (evaluate_best) load_checkpoint(c.run_dir + "/best.safetensors", *run.model, nullptr, nullptr);
+  const std::string best = c.run_dir + "/best.safetensors";
+  const bool evaluate_best = c.eval_best && std::filesystem::exists(best);
+  if (evaluate_best) {  // a best from after the run's last step is another run's
+    const int64_t best_step = read_checkpoint_header(best).step;
+    CAST_CHECK(best_step <= run.step, "{} is of step {}, after this run's last step {}: not this run's best model",
+               best, best_step, run.step);
+    load_checkpoint(best, *run.model, nullptr, nullptr);
+  }
   try {
     result.val = evaluate_split(run, "val", run.task.val);
     result.test = evaluate_split(run, "test", run.task.test);
