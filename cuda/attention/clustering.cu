@@ -127,38 +127,34 @@ __global__ void lsh_hash_kernel(uint32_t* out_halves, const float* q, const floa
 // ---------------------------------------------------------------- Hamming k-means
 __device__ int hamming(int64_t a, int64_t b) { return __popcll(static_cast<unsigned long long>(a ^ b)); }
 
-// Every real query to its nearest centroid (ties toward the lower cluster).
-__device__ void assign_nearest(int32_t* assign, const int64_t* code, const int32_t* real, int64_t count,
-                               const int64_t* centroid, int64_t C) {
-  for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
-    const int64_t i = real[t];
-    int best = 65;
-    int32_t arg = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      const int dist = hamming(code[i], centroid[c]);
-      if (dist < best) best = dist, arg = static_cast<int32_t>(c);
-    }
-    assign[i] = arg;
-  }
-}
+// Hamming k-means in the CPU op's steps, over several blocks per group so that a batch of one
+// fills the GPU (one block per group filled 4 of an H100's 132 SMs at batch 1): the assignment
+// and the counting split a group's tokens into chunks of kKmeansChunk, a block each; the setup
+// (the real positions in order, the first C swaps of a Fisher–Yates shuffle from the group's own
+// Philox stream) and each iteration's majority votes and restarts of empty clusters, which walk
+// the clusters in order, stay one block per group. Counts are integer atomics (any order gives
+// the same sums), so the clusters are the CPU's whatever the split.
+constexpr int64_t kKmeansChunk = 1024;
 
-// One block per group, in the CPU op's steps: the real positions in order (a block scan), the
-// first C swaps of a Fisher–Yates shuffle (thread 0, the group's own Philox stream), then Lloyd
-// steps: bit counts per cluster by atomics (integer sums: any order gives the same counts),
-// majority votes in parallel, empty clusters restarted by thread 0 in cluster order.
-__global__ void hamming_kmeans_kernel(int32_t* assign_all, const int64_t* code_all, const float* mask, int64_t N,
-                                      int64_t per_mask_row, int64_t C, int64_t iterations, uint64_t seed,
-                                      int32_t* real_all, int32_t* perm_all, int64_t* centroid_all, int32_t* members_all,
-                                      int32_t* ones_all) {
-  const int64_t g = blockIdx.x;
-  const float* m = mask ? mask + (g / per_mask_row) * N : nullptr;
-  const int64_t* code = code_all + g * N;
-  int32_t* assign = assign_all + g * N;
-  int32_t* real = real_all + g * N;
-  int32_t* perm = perm_all + g * N;
-  int64_t* centroid = centroid_all + g * C;
-  int32_t* members = members_all + g * C;
-  int32_t* ones = ones_all + g * C * 64;
+struct Kmeans {  // a launch's groups and their scratch, each (G, ·)
+  int32_t* assign;        // (G, N)
+  const int64_t* code;    // (G, N)
+  const float* mask;      // (G / per_mask_row, N) or null
+  int32_t *real, *perm;   // (G, N): the real positions in order; the shuffle
+  int64_t* centroid;      // (G, C)
+  int32_t *members, *ones;  // (G, C), (G, C, 64): this iteration's counts
+  int64_t *count, *draws;   // (G): real tokens; the position in the group's stream
+  int64_t N, per_mask_row, C, chunks;
+  uint64_t seed;
+};
+
+__global__ void kmeans_setup_kernel(Kmeans k) {
+  const int64_t g = blockIdx.x, N = k.N, C = k.C;
+  const float* m = k.mask ? k.mask + (g / k.per_mask_row) * N : nullptr;
+  const int64_t* code = k.code + g * N;
+  int32_t *assign = k.assign + g * N, *real = k.real + g * N, *perm = k.perm + g * N;
+  for (int64_t e = threadIdx.x; e < C * 64; e += blockDim.x) k.ones[g * C * 64 + e] = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) k.members[g * C + c] = 0;
   int64_t count = 0;
   for (int64_t base = 0; base < N; base += blockDim.x) {
     const int64_t i = base + threadIdx.x;
@@ -172,45 +168,76 @@ __global__ void hamming_kmeans_kernel(int32_t* assign_all, const int64_t* code_a
     }
     count += total;
   }
-  if (count == 0) return;
   __syncthreads();
-  int64_t draw = 0;  // thread 0's position in the group's stream
-  if (threadIdx.x == 0) {
+  if (threadIdx.x != 0) return;
+  k.count[g] = count;
+  int64_t draw = 0;
+  if (count > 0) {
     for (int64_t c = 0; c < (C < count - 1 ? C : count - 1); ++c) {
-      const int64_t j = c + draw_below(kmeans_draw(seed, g, draw++), count - c);
+      const int64_t j = c + draw_below(kmeans_draw(k.seed, g, draw++), count - c);
       const int32_t x = perm[c];
       perm[c] = perm[j];
       perm[j] = x;
     }
-    for (int64_t c = 0; c < C; ++c) centroid[c] = code[perm[c % count]];
+    for (int64_t c = 0; c < C; ++c) k.centroid[g * C + c] = code[perm[c % count]];
+  }
+  k.draws[g] = draw;
+}
+
+// Every real query of a chunk to its nearest centroid (ties toward the lower cluster).
+__global__ void kmeans_assign_kernel(Kmeans k) {
+  const int64_t g = blockIdx.x / k.chunks, first = (blockIdx.x % k.chunks) * kKmeansChunk;
+  const int64_t end = k.count[g] < first + kKmeansChunk ? k.count[g] : first + kKmeansChunk;
+  const int64_t *code = k.code + g * k.N, *centroid = k.centroid + g * k.C;
+  for (int64_t t = first + threadIdx.x; t < end; t += blockDim.x) {
+    const int64_t i = k.real[g * k.N + t];
+    int best = 65;
+    int32_t arg = 0;
+    for (int64_t c = 0; c < k.C; ++c) {
+      const int dist = hamming(code[i], centroid[c]);
+      if (dist < best) best = dist, arg = static_cast<int32_t>(c);
+    }
+    k.assign[g * k.N + i] = arg;
+  }
+}
+
+// A chunk's members and set bits per cluster.
+__global__ void kmeans_count_kernel(Kmeans k) {
+  const int64_t g = blockIdx.x / k.chunks, first = (blockIdx.x % k.chunks) * kKmeansChunk;
+  const int64_t end = k.count[g] < first + kKmeansChunk ? k.count[g] : first + kKmeansChunk;
+  int32_t *members = k.members + g * k.C, *ones = k.ones + g * k.C * 64;
+  for (int64_t t = first + threadIdx.x; t < end; t += blockDim.x) {
+    const int64_t i = k.real[g * k.N + t], c = k.assign[g * k.N + i], code = k.code[g * k.N + i];
+    atomicAdd(members + c, 1);
+    for (int b = 0; b < 64; ++b)
+      if ((code >> b) & 1) atomicAdd(ones + c * 64 + b, 1);
+  }
+}
+
+// The majority votes in parallel, then the empty clusters restarted by thread 0 in cluster order;
+// the counts are cleared for the next iteration.
+__global__ void kmeans_vote_kernel(Kmeans k) {
+  const int64_t g = blockIdx.x, C = k.C, count = k.count[g];
+  if (count == 0) return;
+  int32_t *members = k.members + g * C, *ones = k.ones + g * C * 64;
+  int64_t* centroid = k.centroid + g * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    if (members[c] == 0) continue;
+    int64_t next = 0;  // majority vote; an exact tie sets the bit to 0
+    for (int b = 0; b < 64; ++b)
+      if (2 * ones[c * 64 + b] > members[c]) next |= int64_t{1} << b;
+    centroid[c] = next;
+  }
+  if (threadIdx.x == 0) {
+    int64_t draw = k.draws[g];
+    for (int64_t c = 0; c < C; ++c)
+      if (members[c] == 0)
+        centroid[c] = k.code[g * k.N + k.real[g * k.N + draw_below(kmeans_draw(k.seed, g, draw++), count)]];
+    k.draws[g] = draw;
   }
   __syncthreads();
-  assign_nearest(assign, code, real, count, centroid, C);
-  for (int64_t it = 0; it < iterations; ++it) {
-    for (int64_t e = threadIdx.x; e < C * 64; e += blockDim.x) ones[e] = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) members[c] = 0;
-    __syncthreads();
-    for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
-      const int64_t i = real[t], c = assign[i];
-      atomicAdd(members + c, 1);
-      for (int b = 0; b < 64; ++b)
-        if ((code[i] >> b) & 1) atomicAdd(ones + c * 64 + b, 1);
-    }
-    __syncthreads();
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      if (members[c] == 0) continue;
-      int64_t next = 0;  // majority vote; an exact tie sets the bit to 0
-      for (int b = 0; b < 64; ++b)
-        if (2 * ones[c * 64 + b] > members[c]) next |= int64_t{1} << b;
-      centroid[c] = next;
-    }
-    if (threadIdx.x == 0)
-      for (int64_t c = 0; c < C; ++c)
-        if (members[c] == 0) centroid[c] = code[real[draw_below(kmeans_draw(seed, g, draw++), count)]];
-    __syncthreads();
-    assign_nearest(assign, code, real, count, centroid, C);
-    __syncthreads();
-  }
+  for (int64_t e = threadIdx.x; e < C * 64; e += blockDim.x) ones[e] = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) members[c] = 0;
 }
 
 __global__ void slot_mask_kernel(float* mask, const int32_t* members, int64_t n) {
@@ -265,17 +292,37 @@ void hamming_kmeans(Tensor& assign, const Tensor& hashes, const Tensor& mask, in
                     uint64_t seed) {
   const int64_t G = hashes.dim(0), N = hashes.dim(1);
   if (G * N == 0) return;
-  CAST_CHECK(G <= int64_t{INT32_MAX} && N <= int64_t{INT32_MAX},
+  const int64_t chunks = (N + kKmeansChunk - 1) / kKmeansChunk;
+  CAST_CHECK(G * chunks <= int64_t{INT32_MAX} && N <= int64_t{INT32_MAX},
              "hamming_kmeans: {} groups of {} is more than one launch takes", G, N);
   Tensor real = Tensor::empty({G, N}, DType::i32, Device::cuda), perm = Tensor::empty({G, N}, DType::i32, Device::cuda);
   Tensor centroid = Tensor::empty({G, clusters}, DType::i64, Device::cuda);
   Tensor members = Tensor::empty({G, clusters}, DType::i32, Device::cuda);
   Tensor ones = Tensor::empty({G, clusters, 64}, DType::i32, Device::cuda);
-  const int64_t per_mask_row = mask.defined() ? G / mask.dim(0) : 1;
-  CAST_LAUNCH(hamming_kmeans_kernel, static_cast<unsigned>(G), kThreads, 0, assign.data<int32_t>(),
-              hashes.data<int64_t>(), mask.defined() ? fptr(mask) : nullptr, N, per_mask_row, clusters, iterations,
-              seed, real.data<int32_t>(), perm.data<int32_t>(), centroid.data<int64_t>(), members.data<int32_t>(),
-              ones.data<int32_t>());
+  Tensor counts = Tensor::empty({G, 2}, DType::i64, Device::cuda);  // real tokens, draws taken
+  Kmeans k{assign.data<int32_t>(),
+           hashes.data<int64_t>(),
+           mask.defined() ? fptr(mask) : nullptr,
+           real.data<int32_t>(),
+           perm.data<int32_t>(),
+           centroid.data<int64_t>(),
+           members.data<int32_t>(),
+           ones.data<int32_t>(),
+           counts.data<int64_t>(),
+           counts.data<int64_t>() + G,
+           N,
+           mask.defined() ? G / mask.dim(0) : 1,
+           clusters,
+           chunks,
+           seed};
+  const auto groups = static_cast<unsigned>(G), chunked = static_cast<unsigned>(G * chunks);
+  CAST_LAUNCH(kmeans_setup_kernel, groups, kThreads, 0, k);
+  CAST_LAUNCH(kmeans_assign_kernel, chunked, kThreads, 0, k);
+  for (int64_t it = 0; it < iterations; ++it) {
+    CAST_LAUNCH(kmeans_count_kernel, chunked, kThreads, 0, k);
+    CAST_LAUNCH(kmeans_vote_kernel, groups, kThreads, 0, k);
+    CAST_LAUNCH(kmeans_assign_kernel, chunked, kThreads, 0, k);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

@@ -195,6 +195,16 @@ TEST(CudaVsCpuAttention, HashingAndKMeansAssignTheSameClusters) {
           << "N " << N << ", no mask";
     }
   }
+  // A group longer than one block's chunk of tokens (1024): the counts of several blocks meet in
+  // one cluster's atomics, and the votes and restarts read them all.
+  const int64_t N = 2500;
+  const Tensor q = rand32({B * H, N, d}, 99, -1, 1), planes = rand32({16, d + 1}, 98, -1, 1);
+  const Tensor hash = ops::lsh_hash(q, planes), m = awkward_mask(N);
+  for (int64_t C : {int64_t{7}, int64_t{40}}) {
+    const Tensor cpu = ops::hamming_kmeans(hash, m, C, 4, static_cast<uint64_t>(C));
+    const Tensor gpu = ops::hamming_kmeans(hash.to(Device::cuda), m.to(Device::cuda), C, 4, static_cast<uint64_t>(C));
+    EXPECT_EQ(gpu.to(Device::cpu).to_double_vector(), cpu.to_double_vector()) << "N " << N << ", C " << C;
+  }
 }
 
 // The index bookkeeping the clustered ops keep on the device (counts, repeated ids) against the host's.
