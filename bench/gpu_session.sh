@@ -14,8 +14,13 @@
 # Debian packages of the libraries into kit/debs, and this script unpacks them into kit/root and
 # builds against that prefix (docs/engine.md, "A GPU machine without network").
 #
-# --stages: a comma-separated subset of probe,kit,build,tests,sanitizer,bench,tensor_core,
+# --stages: a comma-separated subset of probe,kit,build,tests,sanitizer,bench,tensor_core,paper,
 # profile,pytorch,parity,train (default: all); probe, kit and build run whatever the list.
+# paper: the LRA paper's speed and memory table (bench/paper_table.py): steps per second and
+# peak memory of the Text-preset step at N 1K-4K, our four mechanisms and PyTorch's Transformer
+# with N x N ("math") attention and with SDPA, at every precision; its rows go into bench.jsonl
+# (`python3 bench/paper_table.py --rows bench.jsonl --figure F.svg` draws them), its tables into
+# summary.md.
 # tensor_core: the flash kernels' TFLOPS per kind of product (`cast bench flash`, with each
 # kernel's error against f64), the Text-preset step at every precision for every mechanism,
 # PyTorch's at the same precisions, and the SASS's tensor-core instructions. parity: the default
@@ -42,7 +47,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
-dry=0 out="${OUT:-bench/out}" budget=570 dry_build=build stages="probe,kit,build,tests,sanitizer,bench,tensor_core,profile,pytorch,parity,train"
+dry=0 out="${OUT:-bench/out}" budget=570 dry_build=build stages="probe,kit,build,tests,sanitizer,bench,tensor_core,paper,profile,pytorch,parity,train"
 lra="" lra_precision=tf32 stages_given=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -93,7 +98,7 @@ if [ $dry = 1 ]; then
   build_dir="$dry_build" cast="$dry_build/cast_emu" tests="$dry_build/cast_emu_tests"
   lengths=64 text_length=8 text_batch=1 repeats=1 warmup=0 steps=2 train_batch=2 rounds=1 eval_limit=4
   train_mechanisms=full flash_lengths=64 flash_widths=32 flash_tokens=128 flash_check=24 flash_rows=0 flash_warp=0 precisions=bf16
-  parity_steps=2 parity_seeds=1 data_count=200
+  parity_steps=2 parity_seeds=1 data_count=200 paper_lengths=8 paper_batch=1 paper_mechanisms=cast-topk
   # An LRA run shrunk to a few tiny steps on a few tokens (images in 4 x 4 patches), on data
   # made as small: the same calls as the real run.
   lra_tiny="--steps 2 --batch 2 --eval-limit 4 --eval-every 1 --checkpoint-every 1 --layers 1 --dim 16 --heads 2 --mlp-dim 16"
@@ -115,6 +120,7 @@ else
   lengths=1024,4096 text_length=4096 text_batch=32 repeats=5 warmup=2 steps=300 train_batch=32 rounds=3 eval_limit=0
   train_mechanisms=full,cast-topk,clustered,iclustered flash_lengths=1024,4096,16384 flash_widths=32,64,128
   flash_tokens=65536 flash_check=1024 flash_rows=32,64 flash_warp=16,32 precisions=fp32,tf32,bf16 parity_steps=1200 parity_seeds=1,2,3
+  paper_lengths=1024,2048,3072,4096 paper_batch=32 paper_mechanisms=full,cast-topk,clustered,iclustered
   data_count=0  # cast data's default
   lra_tiny="" lra_listops_data="" lra_pathfinder_count=200000 lra_reserve=60
   sanitizer() { compute-sanitizer --tool "$2" --error-exitcode 1 "${@:3}"; }
@@ -311,6 +317,22 @@ tensor_core_stage() {
   echo "$(grep -c . "$scratch/flash.jsonl") flash rows; steps at ${precisions}" > "$note"
 }
 
+# The LRA paper's speed and memory table at every precision: rows into bench.jsonl, tables into
+# the summary, and the figure drawn from the rows (checked here; drawn again where they land).
+paper_stage() {
+  local p args
+  for p in ${precisions//,/ }; do
+    args=(--device cuda --cast "$cast" --lengths "$paper_lengths" --batch "$paper_batch" --precision "$p"
+          --mechanisms "$paper_mechanisms"
+          --warmup "$warmup" --repeats "$repeats" --json "$scratch/paper.jsonl")
+    [ $dry = 1 ] && args+=(--dry-run)
+    python3 bench/paper_table.py "${args[@]}" >> "$scratch/paper.txt" 2>&1 || { tail -n 20 "$scratch/paper.txt" >&2; return 1; }
+  done
+  cat "$scratch/paper.jsonl" >> "$BENCH"
+  python3 bench/paper_table.py --rows "$scratch/paper.jsonl" --figure "$scratch/paper.svg" > /dev/null || return 1
+  echo "$(grep -c . "$scratch/paper.jsonl") rows at ${precisions}" > "$note"
+}
+
 # Learning parity: the default task at fp32 and at bf16 from the same seeds.
 parity_stage() {
   local folder="$scratch/parity"
@@ -372,10 +394,11 @@ lra_stage() {
 
 # Each stage runs in its own bash under `timeout`: it sees these functions and settings.
 export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage profile_stage pytorch_stage train_stage \
-  tensor_core_stage parity_stage lra_stage
+  tensor_core_stage paper_stage parity_stage lra_stage
 export lra lra_config lra_mechanism lra_seeds lra_precision lra_tiny lra_listops_data lra_pathfinder_count lra_reserve \
   LRA_MD LRA_JSON LRA_FIGURE LRA_RUNS LRA_CLUSTERS
-export flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds data_count
+export flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds data_count \
+  paper_lengths paper_batch paper_mechanisms
 export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES
 # The kit's libraries are found at run time too (the build's RPATH names them as well).
@@ -386,7 +409,7 @@ wanted() { [[ ",$stages," == *",$1,"* ]]; }
 wanted probe && run_stage probe 20 probe
 run_stage kit 40 kit
 run_stage build 300 build
-later=(tests:70:tests_stage tensor_core:200:tensor_core_stage sanitizer:100:sanitizer_stage bench:70:bench_stage
+later=(tests:70:tests_stage tensor_core:200:tensor_core_stage paper:200:paper_stage sanitizer:100:sanitizer_stage bench:70:bench_stage
        profile:90:profile_stage pytorch:70:pytorch_stage parity:150:parity_stage train:60:train_stage lra:600:lra_stage)
 for entry in "${later[@]}"; do
   IFS=: read -r name seconds fn <<< "$entry"
@@ -410,7 +433,7 @@ done
   printf '%s\n' "${rows[@]}"
   echo
   [ -n "$lra" ] && echo "One named LRA run: $lra ($lra_config, $lra_mechanism, seeds $lra_seeds, $lra_precision)." && echo
-  for f in "$scratch/bench.txt" "$scratch/tensor_core.txt" "$scratch/parity.md" "$TORCH" "$LRA_MD"; do
+  for f in "$scratch/bench.txt" "$scratch/tensor_core.txt" "$scratch/paper.txt" "$scratch/parity.md" "$TORCH" "$LRA_MD"; do
     [ -s "$f" ] && { echo '```'; grep -vE "^\s*$" "$f" | tail -n 80; echo '```'; echo; }
   done
   [ -s "$scratch/profile.txt" ] && { echo '```'; cat "$scratch/profile.txt"; echo '```'; echo; }

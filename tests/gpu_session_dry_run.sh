@@ -17,7 +17,7 @@ fi
 rm -f "$out.log"
 files=$(ls "$out" | wc -l)
 [ "$files" -le 8 ] || { echo "FAIL: $files files written, the device brings back 8"; ls "$out"; exit 1; }
-for stage in probe kit build tests sanitizer bench tensor_core pytorch parity train; do
+for stage in probe kit build tests sanitizer bench tensor_core paper pytorch parity train; do
   grep -qE "^\| $stage \| ok \|" "$out/summary.md" || { echo "FAIL: stage $stage is not ok"; cat "$out/summary.md"; exit 1; }
 done
 for f in summary.md build.log tests.log sanitizer.log bench.jsonl pytorch.txt metrics.jsonl curves.svg; do
