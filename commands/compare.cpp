@@ -120,10 +120,10 @@ int command_compare(const std::vector<std::string>& argv) {
   if (!args.parse(argv)) return 0;
 
   train::CompareSpec spec;
-  spec.task = args.str("task");
-  train::preset(spec.task);  // an unknown task fails here, before any folder is made
   if (!args.str("config").empty()) spec.settings = train::read_settings_file(args.str("config"));
   CAST_CHECK_USAGE(spec.settings.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+  spec.task = train::task_of(args.str("task"), args.is_set("task"), spec.settings, args.str("config"));
+  train::preset(spec.task);  // an unknown task fails here, before any folder is made
   // --config's keys: each applied to every run, or refused naming the file
   const std::string config = args.str("config");
   for (const char* own : {"run", "seed"})

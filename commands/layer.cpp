@@ -153,6 +153,8 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
   }
   const Tensor& x_raw = file.get("x");
   const int64_t B = x_raw.dim(0), N = x_raw.dim(1), D = x_raw.dim(2);
+  CAST_CHECK(B > 0 && N > 0, "{}: tensor 'x' has shape {}: a layer needs at least one sequence of one token",
+             file.source, shape_str(x_raw.shape()));
   LayerInputs in;
   in.x = load_float(file, "x", {B, N, D}, dtype, device).set_requires_grad();
   in.dout = load_float(file, "dout", {B, N, D}, dtype, device);
@@ -165,7 +167,13 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
   if (file.has("assignment")) {
     CAST_CHECK(config.mechanism == nn::Mechanism::clustered || config.mechanism == nn::Mechanism::iclustered,
                "{}: tensor 'assignment' is only used by --attention clustered|iclustered", file.source);
-    in.assignment = file.get("assignment", DType::i32, {B, config.heads, N}).to(device);
+    const Tensor& assignment = file.get("assignment", DType::i32, {B, config.heads, N});
+    for (const int32_t a :
+         std::vector<int32_t>(assignment.data<int32_t>(), assignment.data<int32_t>() + assignment.numel()))
+      CAST_CHECK(a >= -1 && (config.clusters <= 0 || a < config.clusters),
+                 "{}: tensor 'assignment' holds {}: ids are -1 (no cluster) or 0 to {} (--clusters {})", file.source, a,
+                 config.clusters - 1, config.clusters);
+    in.assignment = assignment.to(device);
   }
   return in;
 }

@@ -95,12 +95,16 @@ int command_train(const std::vector<std::string>& argv) {
     // A config file's settings, then the flags': each applied, or refused by name.
     json changes = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
     CAST_CHECK_USAGE(changes.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+    for (const auto& [key, value] : changes.items())  // a bad key named with its file, as a new run names it
+      CAST_CHECK_USAGE(key == "task" || train::find_setting(key) != nullptr, "config file {}: unknown setting '{}'",
+                       args.str("config"), key);
     const json flags = train::settings_from_flags(args);  // a named object: items() does not keep a temporary alive
     for (auto& [k, v] : flags.items()) changes[k] = v;
     if (args.is_set("task")) changes["task"] = args.str("task");
     config = train::resume_config(args.str("resume"), changes);
   } else {
-    config = train::preset(args.str("task"));
+    const json file = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
+    config = train::preset(train::task_of(args.str("task"), args.is_set("task"), file, args.str("config")));
     if (!args.str("config").empty()) train::apply_settings_file(config, args.str("config"));
     train::apply_overrides(config, train::settings_from_flags(args));
   }

@@ -308,26 +308,19 @@ void check_may_replace(const std::string& path, const std::string& what, const s
                   what, path, kind));
 }
 
-// Creates `tmp` for writing, exclusively and without following a link. A stale temporary file
-// (a regular file of this user, left by a crash) is removed first; a link or anything else in
-// its place is refused and left alone.
-static Fd create_exclusive(const std::string& tmp, const std::string& what, const std::string& path) {
+// Creates a temporary file for writing beside `stem` ("<stem>.tmp", else "<stem>.1.tmp", ...):
+// exclusively, without following a link, and without removing anything already there. A file
+// of that name may be a user's own (an input named like our temporary file) or one a crash
+// left: neither is ours to delete, so the next free name is taken. `tmp` receives the name.
+static Fd create_exclusive(const std::string& stem, std::string& tmp, const std::string& what,
+                           const std::string& path) {
   for (int attempt = 0;; ++attempt) {
+    tmp = attempt == 0 ? stem + ".tmp" : fmt::format("{}.{}.tmp", stem, attempt);
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (fd.get() >= 0) return fd;
     const int err = errno;
-    struct stat st {};
-    if (err != EEXIST || attempt > 0 || ::lstat(tmp.c_str(), &st) != 0)
+    if ((err != EEXIST && err != ELOOP) || attempt >= 99)
       throw Error(fmt::format("{} {}: cannot create {}: {}", what, path, tmp, reason(err)));
-    CAST_CHECK(!S_ISLNK(st.st_mode),
-               "{} {}: {} is a symbolic link where a temporary file goes; not following it "
-               "(remove it)",
-               what, path, tmp);
-    CAST_CHECK(S_ISREG(st.st_mode) && st.st_uid == ::geteuid(),
-               "{} {}: {} exists and is {}; not replacing it "
-               "(remove it)",
-               what, path, tmp, S_ISREG(st.st_mode) ? "another user's file" : kind_of(st.st_mode));
-    CAST_CHECK(::unlink(tmp.c_str()) == 0, "{} {}: cannot remove the stale {}: {}", what, path, tmp, reason(errno));
   }
 }
 
@@ -341,8 +334,9 @@ static void write_all(int fd, std::string_view bytes, const std::string& what, c
 }
 
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what, Link link, Flush flush) {
-  const std::string target = output_target(path, what, link), tmp = target + ".tmp";
-  Fd fd = create_exclusive(tmp, what, path);
+  const std::string target = output_target(path, what, link);
+  std::string tmp;
+  Fd fd = create_exclusive(target, tmp, what, path);
   try {  // on any failure the temporary file goes and the old file stays as it was
     write_all(fd.get(), bytes, what, path);
     CAST_CHECK(flush == Flush::with_folder || ::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path,
@@ -357,16 +351,6 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
   if (flush == Flush::with_folder) return;
   Fd dir(::open(folder_of(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() >= 0) ::fsync(dir.get());  // the rename itself reaches the disk
-}
-
-void check_temporary_slot(const std::string& path, const std::string& what) {
-  const std::string tmp = path + ".tmp";
-  struct stat st {};
-  if (::lstat(tmp.c_str(), &st) != 0) return;  // nothing there: the usual case
-  CAST_CHECK(!S_ISLNK(st.st_mode), "{} {}: {} is a symbolic link where a temporary file goes; not following it (remove it)",
-             what, path, tmp);
-  CAST_CHECK(S_ISREG(st.st_mode), "{} {}: {} is {} where a temporary file goes (remove it)", what, path, tmp,
-             kind_of(st.st_mode));
 }
 
 void flush_file_system(const std::string& folder, const std::string& what) {
@@ -396,9 +380,9 @@ void make_writable_folder(const std::string& folder, const std::string& what) {
     fs::create_directories(folder, ec);
     if (ec) throw Error(fmt::format("{} {}: cannot create the folder: {}", what, folder, reason(ec.value())));
   }
-  const std::string probe = folder + "/.write_test.tmp";
+  std::string probe;
   check_folder_takes_files(folder, what, folder);
-  Fd fd = create_exclusive(probe, what, folder);
+  Fd fd = create_exclusive(folder + "/.write_test", probe, what, folder);
   try {
     write_all(fd.get(), "ok", what, folder);
   } catch (...) {
@@ -432,7 +416,13 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
                     what, folder, pid.empty() ? "unknown" : pid));
   }
   const std::string pid = std::to_string(::getpid());
-  if (::ftruncate(fd.get(), 0) == 0) (void)!::pwrite(fd.get(), pid.data(), pid.size(), 0);  // for the message only
+  // the pid, for the message only, and only over a pid or nothing: a file of another kind under
+  // this name (a checkpoint copied there, a user's note) is locked as it is, never rewritten
+  char held[24] = {};
+  const ssize_t n = ::pread(fd.get(), held, sizeof held, 0);
+  const std::string before(held, static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  if (st.st_size <= 20 && before.find_first_not_of("0123456789") == std::string::npos && ::ftruncate(fd.get(), 0) == 0)
+    (void)!::pwrite(fd.get(), pid.data(), pid.size(), 0);
   fd_ = std::move(fd);
 }
 

@@ -103,13 +103,11 @@ constexpr std::string_view kFigureMark = "<!-- drawn by cast -->";
 // flush_file_system before the file that completes the set is written.
 enum class Flush { now, with_folder };
 
-// Writes `bytes` to `path` atomically: `<target>.tmp` (exclusive, no link followed; a stale
-// temporary regular file of ours is removed first), flush, rename, flush of the folder.
+// Writes `bytes` to `path` atomically: a temporary file beside it (`<target>.tmp`, or the next
+// free `<target>.N.tmp`: created exclusively, no link followed, nothing there removed), flush,
+// rename, flush of the folder.
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what,
                   Link link = Link::follow_once, Flush flush = Flush::now);
-// Refuses, before any work, what write_atomic would refuse at the end: a link, a folder or
-// anything but a regular file where `path`'s temporary file goes.
-void check_temporary_slot(const std::string& path, const std::string& what);
 // Flushes every file written on the file system that holds `folder` (syncfs).
 void flush_file_system(const std::string& folder, const std::string& what);
 // Creates `folder` (and its parents) when missing and checks that a file can be made in it, with

@@ -123,6 +123,7 @@ TEST(CliFiles, AnOutputEqualToAnInputIsRefusedAndTheInputKept) {
 TEST(CliFiles, PlantedLinksInARunFolderAreNeverFollowed) {
   const std::string base = fresh_dir("planted");
   const std::string victim = base + "/victim.txt";
+  // where a temporary file goes: written beside the link, which stays; at a run file: refused
   for (const char* planted : {".write_test.tmp", "checkpoint.safetensors.tmp", "metrics.jsonl"}) {
     const std::string run_dir = base + "/run_" + std::string(planted).substr(1, 5);
     fs::create_directories(run_dir);
@@ -130,9 +131,12 @@ TEST(CliFiles, PlantedLinksInARunFolderAreNeverFollowed) {
     fs::create_symlink(victim, run_dir + "/" + planted);
     const CliRun r = run("train --data " + trained_run() + "/data --run " + run_dir +
                          " --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --attention full");
-    EXPECT_EQ(r.code, 1) << planted << ": " << r.err;
-    EXPECT_EQ(lines(r.err), 1) << planted << ": " << r.err;
-    EXPECT_NE(r.err.find("symbolic link"), std::string::npos) << planted << ": " << r.err;
+    const bool run_file = std::string(planted) == "metrics.jsonl";
+    EXPECT_EQ(r.code, run_file ? 1 : 0) << planted << ": " << r.err;
+    if (run_file) {
+      EXPECT_EQ(lines(r.err), 1) << planted << ": " << r.err;
+      EXPECT_NE(r.err.find("symbolic link"), std::string::npos) << planted << ": " << r.err;
+    }
     EXPECT_EQ(slurp(victim), "precious") << planted;
     EXPECT_TRUE(fs::is_symlink(run_dir + "/" + planted)) << planted;
   }
@@ -143,10 +147,9 @@ TEST(CliFiles, PlantedLinksInARunFolderAreNeverFollowed) {
   put(victim, "precious");
   fs::create_symlink(victim, data_dir + "/basic_train.tsv.tmp");
   const CliRun r = run("data listops-short --count 10 --out " + data_dir);
-  EXPECT_EQ(r.code, 1) << r.err;
-  EXPECT_NE(r.err.find("basic_train.tsv.tmp is a symbolic link where a temporary file goes"), std::string::npos)
-      << r.err;
+  EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(slurp(victim), "precious");
+  EXPECT_TRUE(fs::is_symlink(data_dir + "/basic_train.tsv.tmp"));
 }
 
 TEST(CliFiles, IntegerFlagsAreCheckedWholeAndUsageErrorsExit2) {
@@ -587,19 +590,24 @@ TEST(CliAttack, SettingsFilesAndFlagsSayWhatTheyRefuse) {
 
 TEST(CliAttack, FiguresAreWellFormedAndWaitForTheirFolder) {
   const std::string run_dir = copy_run("figures");
-  // a run folder named with a control byte, and a title that is not UTF-8: the SVG stays XML
+  // a run folder named with a control byte: the SVG stays XML; a title in UTF-8 is kept
   const std::string odd = fs::path(run_dir).parent_path().string() + "/e\x01x";
   fs::copy(run_dir, odd, fs::copy_options::recursive);
   const CliRun titled = run("plot \"$(printf '" + fs::path(run_dir).parent_path().string() + "/e\\001x')\" --out " +
-                            run_dir + "/../t.svg --title \"$(printf 'a\\377b')\"");
+                            run_dir + "/../t.svg --title \"$(printf 'a\\342\\202\\254b')\"");
   ASSERT_EQ(titled.code, 0) << titled.err;
   const std::string svg = slurp(run_dir + "/../t.svg");
   for (unsigned char c : svg) EXPECT_FALSE(c < 0x20 && c != '\n' && c != '\t' && c != '\r') << int(c);
-  EXPECT_EQ(svg.find('\xff'), std::string::npos);
+  EXPECT_NE(svg.find("a\xE2\x82\xAC"
+                     "b"),
+            std::string::npos);  // UTF-8 text kept as it is
   // a control character in an option's value is refused: it would break the messages that repeat it
   const CliRun control = run("plot " + run_dir + " --out " + run_dir + "/../t2.svg --title \"$(printf 'a\\033b')\"");
   EXPECT_EQ(control.code, 2) << control.err;
   EXPECT_NE(control.err.find("control character \\x1B"), std::string::npos) << control.err;
+  const CliRun latin1 = run("plot " + run_dir + " --out " + run_dir + "/../t3.svg --title \"$(printf 'a\\377b')\"");
+  EXPECT_EQ(latin1.code, 2) << latin1.err;
+  EXPECT_NE(latin1.err.find("not UTF-8"), std::string::npos) << latin1.err;
   // a training holds the run folder: plot does not write into it meanwhile
   {
     files::FolderLock held(run_dir, "run folder");
@@ -644,4 +652,83 @@ TEST(CliAttack, CheckpointsAndResumesAreReadStrictly) {
   const CliRun negative = run("train --resume " + ckpt + " --steps 5 --device cpu");
   EXPECT_EQ(negative.code, 1) << negative.err;
   EXPECT_NE(negative.err.find("second moment is never negative"), std::string::npos) << negative.err;
+}
+
+// The third attack's defects (issue 41), one case each.
+TEST(CliAttack, InputsNamedLikeATemporaryOrLockFileAreKept) {
+  const std::string d = fresh_dir("tmp_inputs"), ckpt = copy_run("tmp_inputs_run") + "/checkpoint.safetensors";
+  fs::copy(ckpt, d + "/e.svg.tmp");
+  const CliRun eval =
+      run("eval --checkpoint " + d + "/e.svg.tmp --attention clustered --eval-limit 4 --figure " + d + "/e.svg");
+  EXPECT_EQ(eval.code, 0) << eval.err;
+  EXPECT_EQ(slurp(d + "/e.svg.tmp"), slurp(ckpt));
+  fs::create_directories(d + "/k");
+  fs::copy(ckpt, d + "/k/.cast.lock");
+  run("train --resume " + d + "/k/.cast.lock --steps 9 --device cpu");
+  EXPECT_EQ(slurp(d + "/k/.cast.lock"), slurp(ckpt));
+  // a best checkpoint without the run's own is no run's: not replaced
+  fs::create_directories(d + "/ub");
+  put(d + "/ub/best.safetensors", "mine");
+  const CliRun best =
+      run("train --data " + trained_run() + "/data --run " + d + "/ub --attention full --eval-every 1" + kTiny);
+  EXPECT_EQ(best.code, 2) << best.err;
+  EXPECT_EQ(slurp(d + "/ub/best.safetensors"), "mine");
+}
+
+TEST(CliAttack, SettingsFilesAreReadWhole) {
+  const std::string d = fresh_dir("settings3"), data = trained_run() + "/data";
+  put(d + "/task.json", R"({"task": "fashion-mnist-14", "steps": 1})");
+  const CliRun task =
+      run("train --config " + d + "/task.json --task listops-short --data " + data + " --run " + d + "/r1" + kTiny);
+  EXPECT_EQ(task.code, 2) << task.err;
+  EXPECT_NE(task.err.find("names task 'fashion-mnist-14'"), std::string::npos) << task.err;
+  put(d + "/bel.json", R"({"run": "r/x\u0007y"})");
+  const CliRun bel = run("train --config " + d + "/bel.json --data " + data + kTiny, d);
+  EXPECT_EQ(bel.code, 2) << bel.err;
+  EXPECT_FALSE(fs::exists(d + "/r"));
+  const CliRun empty_trace = run("train --data " + data + " --run " + d + "/r2 --attention full --trace ''" + kTiny);
+  EXPECT_EQ(empty_trace.code, 2) << empty_trace.err;
+  put(d + "/bad.json", R"({"stepz": 3})");
+  const CliRun resume =
+      run("train --resume " + copy_run("settings3_run") + "/checkpoint.safetensors --config " + d + "/bad.json");
+  EXPECT_EQ(resume.code, 2) << resume.err;
+  EXPECT_NE(resume.err.find("bad.json"), std::string::npos) << resume.err;
+  // a trace of ours is ours to replace
+  ASSERT_EQ(run("train --data " + data + " --run " + d + "/t1 --attention full --trace " + d + "/t.jsonl" + kTiny).code,
+            0);
+  EXPECT_EQ(run("train --data " + data + " --run " + d + "/t2 --attention full --trace " + d + "/t.jsonl" + kTiny).code,
+            0);
+}
+
+TEST(CliAttack, AComparisonRefusesWhatItCanTellBeforeItsFirstRun) {
+  const std::string d = fresh_dir("compare3"), data = trained_run() + "/data";
+  const CliRun clusters = run("compare --data " + data + " --attention cast --vary clusters=4,1000 --out " + d + "/c1" +
+                              " --steps 1 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu");
+  EXPECT_EQ(clusters.code, 2) << clusters.err;
+  EXPECT_FALSE(fs::exists(d + "/c1/cast-seed1"));
+  fs::copy(data, d + "/d-ls", fs::copy_options::recursive);
+  fs::create_directories(d + "/d");
+  fs::copy(data, d + "/d/ls", fs::copy_options::recursive);
+  const CliRun same =
+      run("compare --attention full --vary data=d/ls,d-ls --out c2 --steps 1 --batch 4 --dim 8 "
+          "--heads 2 --mlp-dim 8 --layers 1 --device cpu",
+          d);
+  EXPECT_EQ(same.code, 2) << same.err;
+  EXPECT_NE(same.err.find("would share the run folder"), std::string::npos) << same.err;
+}
+
+TEST(CliAttack, AnEmptyBatchOrATinySequenceIsHandled) {
+  TensorFile layer = read_safetensors(std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors");
+  const int64_t D = layer.tensors.at("x").dim(2);
+  layer.tensors["x"] = Tensor::zeros({0, 4, D}, layer.tensors.at("x").dtype());
+  layer.tensors["dout"] = Tensor::zeros({0, 4, D}, layer.tensors.at("x").dtype());
+  layer.tensors.erase("mask");
+  const std::string d = fresh_dir("empty_batch");
+  write_safetensors(d + "/b0.safetensors", layer.tensors, layer.metadata);
+  const CliRun r = run("layer --in " + d + "/b0.safetensors --out " + d + "/o.safetensors");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("at least one sequence"), std::string::npos) << r.err;
+  // the default cluster count of a 2-token sequence (CLS included) is 2, not 8
+  EXPECT_EQ(nn::default_clusters(2), 2);
+  EXPECT_EQ(nn::default_clusters(49), 8);
 }

@@ -224,6 +224,11 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
   run.model = std::make_unique<nn::Transformer>(run.checkpoint.config.model, DType::f32, device);
   load_checkpoint(path, *run.model, nullptr, nullptr);
   run.task = load_task(run.checkpoint.config, false);
+  const nn::ModelConfig& m = run.checkpoint.config.model;  // images of another size: said as train says it
+  CAST_CHECK_USAGE(run.task.image_side == 0 || run.task.image_side * run.task.image_side == m.max_len,
+                   "{}: the images in {} are {} x {} ({} pixels), not the {} the model reads", path,
+                   data_folder(run.checkpoint.config), run.task.image_side, run.task.image_side,
+                   run.task.image_side * run.task.image_side, m.max_len);
   return run;
 }
 

@@ -30,6 +30,20 @@ Args& Args::optional_value(const std::string& name, const std::string& value_nam
   return *this;
 }
 
+// A value is text a message or a file can repeat on one line: no control character (a newline,
+// an escape sequence), and UTF-8 (the JSON files that record it hold nothing else).
+static void check_value(const std::string& name, const std::string& value) {
+  for (size_t i = 0; i < value.size();) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    CAST_USAGE_CHECK(c >= 0x20 && c != 0x7F, "--{}: its value holds the control character \\x{:02X}", name, c);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= value.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(value[i + k]) & 0xC0) == 0x80;
+    CAST_USAGE_CHECK(ok, "--{}: its value is not UTF-8 text (byte \\x{:02X} at {})", name, c, i);
+    i += n;
+  }
+}
+
 bool Args::parse(const std::vector<std::string>& argv) {
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
@@ -54,7 +68,12 @@ bool Args::parse(const std::vector<std::string>& argv) {
       continue;
     }
     if (it->second.kind == Kind::optional_value) {
-      if (eq == std::string::npos && i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) value = argv[++i];
+      const bool given = eq != std::string::npos || (i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0);
+      if (eq == std::string::npos && given) value = argv[++i];
+      // `--trace ''` (an unset shell variable) would mean the console: leave the value out for that
+      CAST_USAGE_CHECK(!given || !value.empty(), "--{} is given an empty value (without a value it has its default)",
+                       name);
+      check_value(name, value);
       values_[name] = value;
       continue;
     }
@@ -68,10 +87,7 @@ bool Args::parse(const std::vector<std::string>& argv) {
     }
     // `--run ""` (an unset shell variable) would mean the default folder
     CAST_USAGE_CHECK(!value.empty(), "--{} is given an empty value", name);
-    // a newline or an escape sequence in a name or path would break the one-line messages that
-    // repeat it, and the files that record it
-    for (unsigned char c : value)
-      CAST_USAGE_CHECK(c >= 0x20 && c != 0x7F, "--{}: its value holds the control character \\x{:02X}", name, c);
+    check_value(name, value);
     values_[name] = value;
   }
   return true;

@@ -293,6 +293,14 @@ std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spe
       r.dir = spec.out_dir + "/" + compare_run_name(label, seed);
       TrainConfig c = run_config(spec, settings, seed);
       c.run_dir = r.dir;
+      // what can be told before any run starts: two variants in one folder, more clusters than
+      // the longest sequence's tokens, a data folder that is not there
+      for (const auto& [planned, other] : plan)
+        CAST_CHECK_USAGE(planned.dir != r.dir, "--vary: the variants '{}' and '{}' would share the run folder {}",
+                         planned.variant, r.variant, r.dir);
+      check_clusters_fit(c.model, c.model.max_len);
+      if (!c.data_dir.empty())  // a task's default folder may be generated when the run starts
+        files::require_folder(c.data_dir, fmt::format("data folder of variant {}:", r.variant));
       plan.push_back({r, c});
     }
   return plan;

@@ -68,7 +68,8 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
     case nn::Mechanism::clustered:
     case nn::Mechanism::iclustered:
       floats += b * h * c * n * 3 + b * h * c * dh * 4;  // centroid scores, centroids, per-cluster outputs
-      if (a.mechanism == nn::Mechanism::iclustered) floats += b * h * c * static_cast<double>(a.topk) * (dh * 2 + 3);
+      if (a.mechanism == nn::Mechanism::iclustered)      // the layer holds the top keys at N
+        floats += b * h * c * std::min(static_cast<double>(a.topk), n) * (dh * 2 + 3);
       break;
   }
   return floats * kFloat * 2;  // and the gradients of as much again

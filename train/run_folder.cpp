@@ -60,10 +60,8 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   RunFolder folder;
   folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed
   for (const char* name :
-       {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg", "/metrics.jsonl"}) {
+       {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg", "/metrics.jsonl"})
     files::output_target(c.run_dir + name, "run file", files::Link::refuse);  // a FIFO or link there: refused now
-    files::check_temporary_slot(c.run_dir + name, "run file");                 // and not at the first checkpoint
-  }
   const std::string checkpoint = c.run_dir + "/checkpoint.safetensors";
   // Resuming into the checkpoint's own folder continues that run; any other folder is a new
   // home, under the same rule as a new run's.
@@ -82,7 +80,12 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
     return folder;
   }
   // No run here: the files a run writes may replace only what a cast run left (say, one stopped
-  // before its first checkpoint), not a user's own files of the same names.
+  // before its first checkpoint), not a user's own files of the same names; a best checkpoint
+  // without the run's own is no run's.
+  CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/best.safetensors"),
+                   "run file {}/best.safetensors: exists without the run's checkpoint.safetensors, so no cast run "
+                   "here wrote it; not replacing it (pass --overwrite to replace it, or choose another --run)",
+                   c.run_dir);
   files::check_may_replace(c.run_dir + "/metrics.jsonl", "run file", "a cast run's metrics", "\"split\":", c.overwrite);
   files::check_may_replace(c.run_dir + "/summary.json", "run file", "a cast run's summary", kSummaryMark, c.overwrite);
   files::check_may_replace(c.run_dir + "/curves.svg", "run file", "a figure drawn by cast", files::kFigureMark,

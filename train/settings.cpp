@@ -647,10 +647,25 @@ json read_settings_file(const std::string& path) {
   for (const char* folder : {"run", "data"})  // "" would mean the default folder, and data generated there
     CAST_CHECK_USAGE(!(j.contains(folder) && j[folder] == json("")),
                      "config file {}: setting '{}' is empty (leave it out for the default folder)", path, folder);
-  for (const auto& [key, value] : j.items())  // "\u0000" would end a name or path where the system reads it
-    CAST_CHECK_USAGE(!(value.is_string() && value.get<std::string>().find('\0') != std::string::npos),
-                     "config file {}: setting '{}' holds a NUL character (\\u0000)", path, key);
+  // "\u0000" would end a name or path where the system reads it, a newline or an escape break the
+  // messages that repeat it: refused here as in a flag's value
+  for (const auto& [key, value] : j.items()) {
+    if (!value.is_string()) continue;
+    for (unsigned char c : value.get<std::string>())
+      CAST_CHECK_USAGE(c >= 0x20 && c != 0x7F, "config file {}: setting '{}' holds the control character \\u{:04X}",
+                       path, key, c);
+  }
   return j;
+}
+
+std::string task_of(const std::string& task_flag, bool flag_given, const json& settings, const std::string& path) {
+  if (!settings.is_object() || !settings.contains("task")) return task_flag;
+  CAST_CHECK_USAGE(settings["task"].is_string(), "config file {}: setting 'task' is {}, not a task name", path,
+                   settings["task"].dump());
+  const std::string task = settings["task"].get<std::string>();
+  CAST_CHECK_USAGE(!flag_given || task == task_flag, "config file {} names task '{}' and --task names '{}': give one",
+                   path, task, task_flag);
+  return task;
 }
 
 void apply_settings_file(TrainConfig& c, const std::string& path) {

@@ -108,6 +108,10 @@ nlohmann::json settings_from_flags(const cli::Args& args);
 // A --config file: one JSON object of settings.
 nlohmann::json read_settings_file(const std::string& path);
 // Applies a --config file; a bad setting's message names the file.
+// The task a run trains: --task, else the settings file's "task" (a file and a flag that name
+// two tasks are refused); a file's task is never ignored.
+std::string task_of(const std::string& task_flag, bool flag_given, const nlohmann::json& settings,
+                    const std::string& path);
 void apply_settings_file(TrainConfig& c, const std::string& path);
 
 }  // namespace cast::train

@@ -116,7 +116,7 @@ Trace::Trace(std::string json_path, bool print, bool overwrite) : json_path_(std
   if (!json_path_.empty()) {  // a file that cannot be written is refused now, not after the work
     files::output_target(json_path_, "--trace", files::Link::follow_once);
     // every line of a trace has its phase; no other file the engine writes has one
-    files::check_may_replace(json_path_, "--trace", "a cast trace", "{\"phase\":", overwrite);
+    files::check_may_replace(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite);
   }
   previous_ = autograd::set_tape_observer(this);
 }

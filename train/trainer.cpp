@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <numeric>
 #include <optional>
@@ -311,7 +313,9 @@ void log_progress(Run& run, Window& window, double lr) {
                                          run.step, run.c.steps, l, 100 * a, lr, tokens_per_s, format_duration(eta));
     if (run.terminal) fmt::print("\r\033[K{}", line);
     else fmt::print("{}\n", line);
-    std::fflush(stdout);
+    // a reader gone (`| head -1`) or a full disk: found at this line, not at the end of the run
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+      throw std::system_error(errno != 0 ? errno : EIO, std::generic_category(), "cannot write to file");
   }
   window = Window();
   window.start = now;

@@ -227,6 +227,7 @@ T delta_over_real_keys(const Problem<T>& p, const Grads<T>& g, int64_t r) {
 template <class T>
 void backward_cpu(const Problem<T>& p, Grads<T> g) {
   const int64_t BH = p.B * p.H, d = p.d;
+  if (BH == 0) return;  // no (batch, head) pair: no gradient element to write
   // Δ_i = dO_i · O_i, and the sum over real keys where that is not finite (rare: no cost else)
   std::vector<T> delta(BH * p.M);
 #pragma omp parallel for if (BH * p.M * d > 65536)
