@@ -488,8 +488,8 @@ void validate(const TrainConfig& c) {
     const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(m.max_len))));
     if (side * side != m.max_len || side % m.patch != 0)
       throw UsageError(
-          fmt::format("setting 'patch' is {}: 'max-len' ({}) must be the pixels of a square image "
-                      "whose side is a multiple of it",
+          fmt::format("setting 'patch' is {}: patches are for image tasks, whose 'max-len' ({}) is the pixels "
+                      "of a square image with a side that is a multiple of it",
                       m.patch, m.max_len));
   }
   if (m.dim % m.heads != 0)

@@ -225,10 +225,15 @@ void check_task_fits(const Run& run) {
 
 // Examples the loader cut to --max-len are said, not trained on silently.
 void note_cut_examples(const data::TaskData& task, int64_t max_len) {
-  const auto cut = std::count_if(task.train.begin(), task.train.end(), [](const data::Example& e) { return e.cut; });
-  if (cut > 0)
-    fmt::print("note: --max-len {} cuts {} of the {} training examples to their first {} tokens\n", max_len, cut,
-               task.train.size(), max_len);
+  for (const auto& [split, examples] :
+       {std::pair<const char*, const std::vector<data::Example>*>{"training", &task.train},
+        {"validation", &task.val},
+        {"test", &task.test}}) {
+    const auto cut = std::count_if(examples->begin(), examples->end(), [](const data::Example& e) { return e.cut; });
+    if (cut > 0)
+      fmt::print("note: --max-len {} cuts {} of the {} {} examples to their first {} tokens\n", max_len, cut,
+                 examples->size(), split, max_len);
+  }
 }
 
 // The model and zero moments, or the checkpoint's.

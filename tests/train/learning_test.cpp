@@ -90,8 +90,9 @@ TEST(PatchEmbedding, AModelOfPatchTokensLearnsWhichQuadrantIsBright) {
 
 TEST(PatchEmbedding, PatchesNeedASquareImageOfWholePatches) {
   train::TrainConfig c = train::preset("fashion-mnist");
-  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"patch", 3}}),
-                    "setting 'patch' is 3: 'max-len' (784) must be the pixels of a square image");
+  EXPECT_CAST_ERROR(
+      train::apply_overrides(c, nlohmann::json{{"patch", 3}}),
+      "setting 'patch' is 3: patches are for image tasks, whose 'max-len' (784) is the pixels of a square image");
   EXPECT_NO_THROW(train::apply_overrides(c, nlohmann::json{{"patch", 4}}));
   EXPECT_EQ(c.model.tokens(), 49);
   // a task that is not an image: refused before training, by name
