@@ -62,7 +62,11 @@ int command_plot(const std::vector<std::string>& argv) {
   if (files::exists((out_folder.empty() ? "." : out_folder) + "/.cast.lock"))
     lock.emplace(out_folder.empty() ? "." : out_folder, "run folder");
   std::vector<train::Curves> curves;
-  for (const std::string& r : runs) curves.push_back(train::read_curves(r));
+  for (const std::string& r : runs) {
+    curves.push_back(train::read_curves(r));
+    CAST_CHECK(!curves.back().steps.empty() || !curves.back().val_steps.empty(),
+               "run folder {}: its metrics.jsonl holds no step yet: nothing to plot", r);
+  }
   if (curves.size() == 1) {
     train::plot_run(out, title.empty() ? curves[0].label : title, curves[0], link);
   } else {

@@ -728,6 +728,13 @@ TEST(CliAttack, AnEmptyBatchOrATinySequenceIsHandled) {
   const CliRun r = run("layer --in " + d + "/b0.safetensors --out " + d + "/o.safetensors");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("at least one sequence"), std::string::npos) << r.err;
+  // a run folder with no step yet: nothing to plot, said so
+  fs::create_directories(d + "/no_steps");
+  put(d + "/no_steps/metrics.jsonl", "");
+  const CliRun empty_plot = run("plot " + d + "/no_steps --out " + d + "/e.svg");
+  EXPECT_EQ(empty_plot.code, 1) << empty_plot.err;
+  EXPECT_NE(empty_plot.err.find("holds no step yet"), std::string::npos) << empty_plot.err;
+  EXPECT_FALSE(fs::exists(d + "/e.svg"));
   // the default cluster count of a 2-token sequence (CLS included) is 2, not 8
   EXPECT_EQ(nn::default_clusters(2), 2);
   EXPECT_EQ(nn::default_clusters(49), 8);
