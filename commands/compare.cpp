@@ -78,8 +78,13 @@ void add_variants(const cli::Args& args, const std::string& attention, train::Co
     usage_mechanism(attention);
     spec.settings["attention"] = attention;
   }
-  for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1)))
-    spec.variants.push_back({key + "=" + value, {{key, train::setting_from_text(key, value)}}});
+  for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1))) {
+    const json parsed = train::setting_from_text(key, value);
+    for (const auto& [label, settings] : spec.variants)  // 0.001 and 1e-3: one run shown as two
+      CAST_CHECK_USAGE(settings.at(key) != parsed, "--vary {}: '{}' is the value of '{}' again: list it once", key,
+                       value, label);
+    spec.variants.push_back({key + "=" + value, {{key, parsed}}});
+  }
   spec.name = key;
 }
 

@@ -59,6 +59,24 @@ static void hold_stop_signals(bool hold) {
 // The earliest our code runs: before main and the other static initialisers of this binary.
 __attribute__((constructor(101))) static void hold_stop_signals_from_the_start() { hold_stop_signals(true); }
 
+// OMP_NUM_THREADS beyond what a process may start (100000) kills the OpenMP runtime inside its
+// first parallel region, by signal: refused here with one line instead. It may be a list ("4,2").
+static bool thread_count_is_sane() {
+  const char* value = std::getenv("OMP_NUM_THREADS");
+  if (value == nullptr) return true;
+  for (const char* p = value; *p != '\0';) {
+    char* end = nullptr;
+    const long n = std::strtol(p, &end, 10);
+    if (end == p) return true;  // not a number: the runtime's own warning says so, and ignores it
+    if (n > 4096) {
+      std::fprintf(stderr, "cast: error: OMP_NUM_THREADS=%s: more threads than cast starts (at most 4096)\n", value);
+      return false;
+    }
+    p = *end == ',' ? end + 1 : end + std::strlen(end);
+  }
+  return true;
+}
+
 int main(int argc, char** argv) {
   reopen_closed_standard_streams();
   // A reader gone (`cast train | head -1`) or a file-size limit (ulimit -f) fails the write that
@@ -66,6 +84,7 @@ int main(int argc, char** argv) {
   // keeps its work (training saves its checkpoint first).
   std::signal(SIGPIPE, SIG_IGN);
   std::signal(SIGXFSZ, SIG_IGN);
+  if (!thread_count_is_sane()) return 2;
   cast::ops::restart_with_cpu_runtime(argv);  // passive OpenMP waits, the BLAS kernels for this CPU
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     hold_stop_signals(false);

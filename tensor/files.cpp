@@ -251,6 +251,10 @@ static void check_folder_takes_files(const std::string& folder, const std::strin
 
 std::string output_target(const std::string& path, const std::string& what, Link link) {
   CAST_CHECK(!path.empty(), "{}: no path given", what);
+  // the lock of the folder's owner: replaced, it would let a second process in beside it
+  CAST_CHECK_USAGE(fs::path(path).filename() != ".cast.lock",
+                   "{} {}: is a folder's lock file (.cast.lock), which no output replaces; choose another name", what,
+                   path);
   std::string target = path;
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {

@@ -739,3 +739,36 @@ TEST(CliAttack, AnEmptyBatchOrATinySequenceIsHandled) {
   EXPECT_EQ(nn::default_clusters(2), 2);
   EXPECT_EQ(nn::default_clusters(49), 8);
 }
+
+// The fourth attack's defects (issue 41), one case each.
+TEST(CliAttack, LocksSeedsAndListsAreReadForWhatTheyMean) {
+  const std::string d = fresh_dir("attack4"), data = trained_run() + "/data", run_dir = copy_run("attack4_run");
+  // no output replaces a folder's lock file, --overwrite or not
+  put(run_dir + "/.cast.lock", "12345");
+  const CliRun lock = run("bench attention --device cpu --repeats 1 --warmup 0 --lengths 16 --mechanisms full --json " +
+                          run_dir + "/.cast.lock --overwrite");
+  EXPECT_EQ(lock.code, 2) << lock.err;
+  EXPECT_EQ(slurp(run_dir + "/.cast.lock"), "12345");
+  // a flag only another mechanism reads
+  const CliRun other = run("train --data " + data + " --run " + d + "/r1 --attention full --clustering satopk" + kTiny);
+  EXPECT_EQ(other.code, 2) << other.err;
+  EXPECT_NE(other.err.find("--clustering is an option of --attention cast"), std::string::npos) << other.err;
+  // one value listed twice under two spellings
+  const CliRun twice =
+      run("compare --data " + data + " --attention full --vary lr=0.001,1e-3 --out " + d + "/c" + kTiny);
+  EXPECT_EQ(twice.code, 2) << twice.err;
+  // the run's own seed on resume, and a trace that is a folder before any step
+  const CliRun seed = run("train --resume " + run_dir + "/checkpoint.safetensors --steps 4 --seed 1");
+  EXPECT_EQ(seed.code, 0) << seed.err;
+  const CliRun folder = run("train --data " + data + " --run " + d + "/r2 --attention full --trace " + d + kTiny);
+  EXPECT_EQ(folder.code, 2) << folder.err;
+  EXPECT_FALSE(fs::exists(d + "/r2/metrics.jsonl"));
+  // a log window larger than the run allocates only what the run's steps need
+  const CliRun log =
+      run("train --data " + data + " --run " + d + "/r3 --attention full --log-every 1099511627776" + kTiny);
+  EXPECT_EQ(log.code, 0) << log.err;
+  EXPECT_EQ(run("train --help=x").code, 2);
+  // more OpenMP threads than a process may start: one line, not death by signal
+  EXPECT_EQ(std::system(("OMP_NUM_THREADS=100000 " + std::string(CAST_BINARY) + " info > /dev/null 2>&1").c_str()) >> 8,
+            2);
+}

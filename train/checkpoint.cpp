@@ -292,7 +292,8 @@ TrainConfig resume_config(const std::string& checkpoint, const json& changes) {
       continue;
     }
     TrainConfig changed = c;
-    apply_overrides(changed, json{{key, value}});  // an unknown setting is refused here
+    apply_overrides(changed, json{{key, value}});           // an unknown setting is refused here
+    if (key == "seed" && changed.seed == c.seed) continue;  // the run's own seed (a preset run's model used 0)
     if (find_setting(key)->resumable) {
       c = changed;
     } else if (all_settings_json(changed) != all_settings_json(c)) {

@@ -47,6 +47,7 @@ static void check_value(const std::string& name, const std::string& value) {
 bool Args::parse(const std::vector<std::string>& argv) {
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
+    CAST_USAGE_CHECK(a.rfind("--help=", 0) != 0, "--help takes no value (cast {} --help)", command_);
     if (a == "--help" || a == "-h") {
       std::fputs(help().c_str(), stdout);
       return false;

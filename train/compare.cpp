@@ -264,6 +264,10 @@ void check_outputs_may_be_replaced(const CompareSpec& spec) {
                            "\"made_by\": \"cast compare\"", spec.overwrite);
   files::check_may_replace(spec.out_dir + "/" + output_name(spec, "comparison", ".svg"), "comparison output",
                            "a figure drawn by cast", files::kFigureMark, spec.overwrite);
+  // written without following a link, at the end: a link there is refused now, before any run
+  if (files::exists(spec.out_dir))
+    for (const std::string& name : {md, js, output_name(spec, "comparison", ".svg")})
+      files::output_target(spec.out_dir + "/" + name, "comparison output", files::Link::refuse);
 }
 
 // The command that continues an interrupted comparison: the same one.

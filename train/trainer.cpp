@@ -371,7 +371,9 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
       !validated(run, run.start_step))
     validate_now(run);
   Sampler sampler(static_cast<int64_t>(run.task.train.size()), c.seed);
-  TrainingStep training(*run.model, run.params, run.m, run.v, std::max<int64_t>(c.log_every, 1));
+  // the statistics of the steps between two progress lines, never more than this process runs
+  const int64_t window_steps = std::clamp<int64_t>(c.log_every, 1, std::max<int64_t>(c.steps - run.step, 1));
+  TrainingStep training(*run.model, run.params, run.m, run.v, window_steps);
   Window window;
   window.start = run.t0;
   while (run.step < c.steps && (stop_after <= 0 || run.step - run.start_step < stop_after)) {
