@@ -24,7 +24,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_compare as pc  # noqa: E402  (the models, the timer and the precision settings)
 
-torch, F = pc.torch, getattr(pc, "F", None)
+torch = pc.torch
 MECHANISMS = ["full", "cast-topk", "clustered", "iclustered"]
 
 
@@ -61,28 +61,8 @@ if torch is not None:
 def theirs(kind, n, batch, precision, device, warmup, repeats):
     """PyTorch's Text-preset step with `kind` attention ("math" or "sdpa")."""
     row = dict(impl=f"torch {kind}", n=n, batch=batch, precision=precision, device=str(device))
-    p = dict(pc.PRESETS["text"], length=n)
     try:
-        model = pc.Model(**{k: p[k] for k in ("vocab", "length", "dim", "heads", "mlp", "layers", "classes",
-                                               "dropout")})
-        if kind == "math":
-            for block in model.blocks:
-                old = block.attention
-                block.attention = MathAttention(p["dim"], p["heads"])
-                block.attention.load_state_dict(old.state_dict())
-        model = model.to(device).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=(0.9, 0.98), eps=1e-9,
-                                weight_decay=p["weight_decay"])
-        tokens = torch.randint(1, p["vocab"], (batch, n), device=device)
-        labels = torch.randint(0, p["classes"], (batch,), device=device)
-
-        def step():
-            with pc.autocast(device):
-                loss = F.cross_entropy(model(tokens), labels)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
+        step = pc.training_step("text", n, batch, device, MathAttention if kind == "math" else None)
         gpu = device.type == "cuda"
         if gpu:
             torch.cuda.reset_peak_memory_stats()

@@ -188,10 +188,17 @@ def torch_layer(n, device, warmup, repeats):
     return time_layer(Attention(256, 4), n, device, warmup, repeats)
 
 
-def torch_step(task, length, batch, device, warmup, repeats):
+def training_step(task, length, batch, device, attention=None):
+    """One training step of the task's preset model at `length` (forward, backward, AdamW), as a
+    callable; `attention`, a class like Attention, replaces each block's attention (same weights)."""
     p = dict(PRESETS[task])
     p["length"] = length
     model = Model(**{k: p[k] for k in ("vocab", "length", "dim", "heads", "mlp", "layers", "classes", "dropout")})
+    if attention is not None:
+        for block in model.blocks:
+            replaced = attention(p["dim"], p["heads"])
+            replaced.load_state_dict(block.attention.state_dict())
+            block.attention = replaced
     model = model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=(0.9, 0.98), eps=1e-9,
                             weight_decay=p["weight_decay"])
@@ -205,7 +212,11 @@ def torch_step(task, length, batch, device, warmup, repeats):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return timed(step, warmup, repeats, device)
+    return step
+
+
+def torch_step(task, length, batch, device, warmup, repeats):
+    return timed(training_step(task, length, batch, device), warmup, repeats, device)
 
 
 def torch_sdpa(lengths, device, warmup, repeats, d=64, tokens=65536):

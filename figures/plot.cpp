@@ -11,6 +11,7 @@
 #include "tensor/error.h"
 #include "tensor/files.h"
 #include "tensor/safetensors.h"
+#include "tensor/text.h"
 
 namespace cast::train {
 
@@ -24,17 +25,6 @@ std::string svg_open(int width, int height, bool crisp) {
                      width, height, crisp ? R"( shape-rendering="crispEdges")" : "", files::kFigureMark);
 }
 
-// The length of the UTF-8 sequence starting at s[i], or 0 where the bytes are not one.
-static size_t utf8_length(const std::string& s, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char lead = byte(i);
-  const size_t n = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
-  if (n == 0 || i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k)
-    if ((byte(i + k) & 0xC0) != 0x80) return 0;
-  return n;
-}
-
 // Text for an SVG (XML 1.0): the five markup characters escaped, and a control character or a
 // byte that is not UTF-8 (a run folder named with one, a --title) shown as U+FFFD, which XML
 // does not allow even as a reference.
@@ -42,7 +32,7 @@ std::string xml_escape(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
     const char c = s[i];
-    const size_t n = utf8_length(s, i);
+    const size_t n = text::utf8_length(s, i);
     if (n == 0 || (n == 1 && static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r')) {
       out += "\xEF\xBF\xBD";
       ++i;

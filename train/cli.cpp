@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "tensor/error.h"
+#include "tensor/text.h"
 
 // A wrong command line is a usage error (exit code 2).
 #define CAST_USAGE_CHECK(cond, ...)                                  \
@@ -35,11 +36,9 @@ Args& Args::optional_value(const std::string& name, const std::string& value_nam
 static void check_value(const std::string& name, const std::string& value) {
   for (size_t i = 0; i < value.size();) {
     const auto c = static_cast<unsigned char>(value[i]);
-    CAST_USAGE_CHECK(c >= 0x20 && c != 0x7F, "--{}: its value holds the control character \\x{:02X}", name, c);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = n > 0 && i + n <= value.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(value[i + k]) & 0xC0) == 0x80;
-    CAST_USAGE_CHECK(ok, "--{}: its value is not UTF-8 text (byte \\x{:02X} at {})", name, c, i);
+    CAST_USAGE_CHECK(!text::is_control(c), "--{}: its value holds the control character \\x{:02X}", name, c);
+    const size_t n = text::utf8_length(value, i);
+    CAST_USAGE_CHECK(n > 0, "--{}: its value is not UTF-8 text (byte \\x{:02X} at {})", name, c, i);
     i += n;
   }
 }

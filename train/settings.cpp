@@ -8,6 +8,7 @@
 #include <map>
 
 #include "tensor/files.h"
+#include "tensor/text.h"
 #include "train/tasks.h"
 
 namespace cast::train {
@@ -652,8 +653,8 @@ json read_settings_file(const std::string& path) {
   for (const auto& [key, value] : j.items()) {
     if (!value.is_string()) continue;
     for (unsigned char c : value.get<std::string>())
-      CAST_CHECK_USAGE(c >= 0x20 && c != 0x7F, "config file {}: setting '{}' holds the control character \\u{:04X}",
-                       path, key, c);
+      CAST_CHECK_USAGE(!text::is_control(c), "config file {}: setting '{}' holds the control character \\u{:04X}", path,
+                       key, c);
   }
   return j;
 }

@@ -1,0 +1,24 @@
+#pragma once
+// Text as the engine reads it from users and writes it into files: the option parser, the
+// settings reader and the SVG writer share these checks.
+#include <cstddef>
+#include <string>
+
+namespace cast::text {
+
+// The length of the UTF-8 sequence that starts at s[i], or 0 where the bytes there are not one.
+inline size_t utf8_length(const std::string& s, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char lead = byte(i);
+  const size_t n = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+// A control character (a newline, an escape, DEL): it would break a one-line message that
+// repeats the value, or a file that records it.
+inline bool is_control(unsigned char c) { return c < 0x20 || c == 0x7F; }
+
+}  // namespace cast::text
