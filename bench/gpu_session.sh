@@ -300,12 +300,25 @@ tensor_core_stage() {
       cuobjdump -sass "$cast" | awk '/Function : .*flash_tc_/{k=$3} k && /HMMA|LDSM|LDGSTS/{match($0,/(HMMA|LDSM|LDGSTS)[.A-Z0-9]*/); n[k" "substr($0,RSTART,RLENGTH)]++} END{for (i in n) print n[i], i}' | sort -k2 | head -n 60
     } >> "$BUILD_LOG" 2>&1
   fi
+  # where the bf16 kernels' time goes at N 4096, head width 64: ncu's throughput, occupancy and
+  # warp-stall sections for one forward, dQ and dK/dV launch (into build.log)
+  if [ $dry = 0 ] && command -v ncu > /dev/null; then
+    { echo "## ncu: the bf16 flash kernels at N 4096, d 64 (one launch each)"
+      timeout 120 ncu --clock-control none --kernel-name regex:flash_tc --launch-count 3 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
+        "$cast" bench flash --device cuda --kernels bf16 --lengths 4096 --head-widths 64 --tokens 65536 \
+        --check-length 0 --warmup 0 --repeats 1 2>&1 | grep -vE "^==PROF==|^\s*$|^-+$" | cut -c1-160 | head -n 400
+    } >> "$BUILD_LOG" 2>&1
+  fi
   "$cast" bench flash --device cuda --lengths "$flash_lengths" --head-widths "$flash_widths" --tokens "$flash_tokens" \
     --check-length "$flash_check" --stream-rows "$flash_rows" --warp-rows "$flash_warp" --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash.jsonl" > "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
   for p in ${precisions//,/ }; do
     "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
       --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-$p.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
   done
+  # the fp32 step with the split-TF32 flash kernel, the candidate for --precision fp32
+  "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision fp32 \
+    --fp32-flash tf32x3 --mechanisms full --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-fp32-tf32x3.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
   cat "$scratch/flash.jsonl" "$scratch"/train-*.jsonl >> "$BENCH"
   local args=(--device cuda --cast "$cast" --rounds 1 --repeats "$repeats" --lengths "$flash_lengths"
               --work sdpa,text-step --text-length "$text_length" --text-batch "$text_batch")

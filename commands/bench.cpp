@@ -170,9 +170,11 @@ std::string device_label(Device device) {
   return "cpu";
 }
 
+std::string g_fp32_flash = "fma";  // --fp32-flash
+
 std::string precision_note() {
-  return current_precision() == Precision::fp32 ? ""
-                                                : fmt::format(", precision {}", precision_name(current_precision()));
+  if (current_precision() != Precision::fp32) return fmt::format(", precision {}", precision_name(current_precision()));
+  return g_fp32_flash == "fma" ? "" : fmt::format(", precision fp32 with flash kernel {}", g_fp32_flash);
 }
 
 struct LayerTimes {
@@ -225,6 +227,7 @@ void report_attention_row(const Variant& v, const nn::AttentionConfig& c, const 
              estimate / (1 << 20), trust_note(tb));
   json_out.add({{"mechanism", v.name},
                 {"precision", precision_name(current_precision())},
+                {"fp32_flash", g_fp32_flash},
                 {"n", N},
                 {"batch", B},
                 {"dim", D},
@@ -379,6 +382,7 @@ void report_training_step(const Variant& v, const StepTimes& r, double estimate,
         "", r.per_step.to_host, r.per_step.to_device, r.per_step.synchronizations, r.per_step.mallocs);
   json_out.add({{"mechanism", v.name},
                 {"precision", precision_name(current_precision())},
+                {"fp32_flash", g_fp32_flash},
                 {"task", base.task},
                 {"n", N},
                 {"batch", B},
@@ -703,6 +707,9 @@ cli::Args bench_args() {
       .flag("reference", "time the step-by-step reference attention ops instead of the fast paths (CPU and GPU)")
       .option("precision", "fp32",
               "products on the GPU: fp32 | tf32 | bf16 (tensor/precision.h; the CPU runs fp32 only)")
+      .option("fp32-flash", "fma",
+              "train, attention: the GPU's flash kernel at --precision fp32: fma (the FP32 units, the engine's "
+              "choice) | tf32x3 (split TF32 on the tensor cores), to time one against the other")
       .option("tile-gemm", "kernel",
               "the fused CPU kernels' tile products: kernel (register-blocked, cpu/gemm_tile.cpp) | blas")
       .optional_value("trace", "FILE",
@@ -731,8 +738,8 @@ int command_bench(const std::vector<std::string>& argv) {
   const std::string what = args.choice("what", {"attention", "train", "flash", "gemm"});
   // an option of another benchmark would be ignored without a word (`bench gemm --lengths 64`)
   const std::map<std::string, std::set<std::string>> reads = {
-      {"attention", {"lengths", "batch", "dim", "heads", "clusters", "cluster-size", "mechanisms"}},
-      {"train", {"task", "length", "batch-size", "mechanisms"}},
+      {"attention", {"lengths", "batch", "dim", "heads", "clusters", "cluster-size", "mechanisms", "fp32-flash"}},
+      {"train", {"task", "length", "batch-size", "mechanisms", "fp32-flash"}},
       {"flash", {"lengths", "kernels", "head-widths", "tokens", "check-length", "stream-rows", "warp-rows"}},
       {"gemm", {}}};
   for (const auto& [other, options] : reads)
@@ -741,6 +748,17 @@ int command_bench(const std::vector<std::string>& argv) {
                        "--{} is an option of cast bench {}, not of cast bench {}", option, other, what);
   ops::set_tile_gemm(args.choice("tile-gemm", {"kernel", "blas"}) == "blas" ? ops::TileGemm::blas
                                                                             : ops::TileGemm::kernel);
+  if (args.is_set("fp32-flash")) {
+    const std::string kernel = args.choice("fp32-flash", {"fma", "tf32x3"});
+    CAST_CHECK_USAGE(args.str("precision") == "fp32" && args.str("device") == "cuda",
+                     "--fp32-flash {} chooses the GPU's kernel at --precision fp32: give --device cuda and no other "
+                     "--precision",
+                     kernel);
+#ifdef CAST_WITH_CUDA
+    cuda::set_fp32_flash_kernel(cuda::parse_flash_kernel(kernel));
+#endif
+    g_fp32_flash = kernel;
+  }
   std::optional<train::Trace> trace;
   if (args.is_set("trace")) {
     CAST_CHECK_USAGE(what != "gemm" && what != "flash", "--trace traces attention layers and training steps, not {}",

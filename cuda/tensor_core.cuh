@@ -40,6 +40,7 @@ uint32_t to_tf32(float x);                // cvt.rna.tf32.f32
 uint32_t pack_bf16(float lo, float hi);   // cvt.rn.bf16x2.f32: two round-to-nearest-even halves
 uint16_t to_bf16(float x);                // one, as its 16 bits
 float tf32_value(uint32_t bits);          // what the tensor core multiplies: the top 19 bits
+float ex2_approx(float x);                // ex2.approx.ftz.f32: 2^x (the model: exact, rounded once)
 void mma_tf32_at(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const char* file, int line);
 void mma_bf16_at(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const char* file, int line);
 void ldmatrix_x4_at(uint32_t (&r)[4], const uint32_t (&row)[4], bool trans, const char* file, int line);
@@ -109,6 +110,13 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 __device__ __forceinline__ uint16_t to_bf16(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+// 2^x in one MUFU instruction, relative error about 2^-22; 2^−∞ = 0, NaN stays NaN, results
+// below FP32's normal range are 0.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(

@@ -234,6 +234,64 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchAtEveryStreamedTile) {
   cuda::set_flash_warp_rows(0);
 }
 
+// The NaN rule (math/softmax_rule.h) in every flash kernel, with tiles of padding and tiles
+// without (which take the tensor-core kernels' unmasked path): NaN in a query, a real key, a
+// padding key's K or V, or an output gradient reaches exactly the outputs and gradients it
+// reaches in the CPU's f64 flash attention.
+TEST(CudaVsCpuTensorCore, FlashKernelsKeepTheNaNRule) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 2, H = 2, M = 70, N = 150, d = 32;
+  std::vector<float> m(B * N, 1.f);
+  for (int64_t j = 130; j < N; ++j) m[j] = 0.f;  // batch row 0: a padded last tile; row 1: none padded
+  const Tensor mask = Tensor::from_vector<float>(m, {B, N});
+  const auto with_nan = [](Tensor t, std::vector<int64_t> at) {
+    std::vector<double> x = t.to_double_vector();
+    for (int64_t i : at) x[i] = std::nan("");
+    return Tensor::from_vector<double>(x, t.shape()).to(DType::f32);
+  };
+  const auto at = [&](int64_t b, int64_t h, int64_t rows, int64_t row) { return ((b * H + h) * rows + row) * d; };
+  // q: (1, 1) query 5; k: (0, 1) padding key 140 and (1, 0) real key 70; v: (0, 0) padding key
+  // 135; dO: (1, 1) query 66
+  const Tensor q = with_nan(Tensor::normal({B, H, M, d}, 51, 0), {at(1, 1, M, 5) + 3}),
+               k = with_nan(Tensor::normal({B, H, N, d}, 52, 0), {at(0, 1, N, 140), at(1, 0, N, 70) + 7}),
+               v = with_nan(Tensor::normal({B, H, N, d}, 53, 0), {at(0, 0, N, 135) + 1}),
+               g = with_nan(Tensor::normal({B, H, M, d}, 54, 0), {at(1, 1, M, 66) + 2});
+  const auto f64 = [](const Tensor& t) { return t.to(DType::f64); };
+  Tensor ro = Tensor::empty(q.shape(), DType::f64), rl = Tensor::empty({B, H, M}, DType::f64);
+  ops::flash_attention_forward(ro, rl, f64(q), f64(k), f64(v), f64(mask));
+  Tensor rdq = Tensor::zeros(q.shape(), DType::f64), rdk = Tensor::zeros(k.shape(), DType::f64),
+         rdv = Tensor::zeros(v.shape(), DType::f64);
+  ops::flash_attention_backward(&rdq, &rdk, &rdv, f64(g), f64(q), f64(k), f64(v), f64(mask), ro, rl);
+  const auto nans = [](const Tensor& t) {
+    std::vector<bool> p;
+    for (double x : t.to_double_vector()) p.push_back(std::isnan(x));
+    return p;
+  };
+  const Tensor qc = q.to(Device::cuda), kc = k.to(Device::cuda), vc = v.to(Device::cuda), gc = g.to(Device::cuda),
+               mc = mask.to(Device::cuda);
+  for (const KernelTolerance& kernel : kAllKernels) {
+    Tensor out = Tensor::full(q.shape(), 7.0, DType::f32, Device::cuda),
+           lse = Tensor::full({B, H, M}, 7.0, DType::f32, Device::cuda);
+    cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel.kernel);
+    Tensor dq = Tensor::zeros(q.shape(), DType::f32, Device::cuda),
+           dk = Tensor::zeros(k.shape(), DType::f32, Device::cuda),
+           dv = Tensor::zeros(v.shape(), DType::f32, Device::cuda);
+    cuda::flash_attention_backward(&dq, &dk, &dv, gc, qc, kc, vc, mc, out, lse, kernel.kernel);
+    const char* name = cuda::flash_kernel_name(kernel.kernel);
+    EXPECT_EQ(nans(out), nans(ro)) << "output, " << name;
+    EXPECT_EQ(nans(lse), nans(rl)) << "log-sum-exp, " << name;
+    EXPECT_EQ(nans(dq), nans(rdq)) << "dq, " << name;
+    EXPECT_EQ(nans(dk), nans(rdk)) << "dk, " << name;
+    EXPECT_EQ(nans(dv), nans(rdv)) << "dv, " << name;
+  }
+  // the case says something: the query's NaN reaches its own output row alone, and a padding
+  // key's NaN K no output
+  const std::vector<bool> o = nans(ro);
+  EXPECT_TRUE(o[at(1, 1, M, 5)]);
+  EXPECT_FALSE(o[at(1, 1, M, 6)]);
+  EXPECT_FALSE(o[at(0, 1, M, 6)]);
+}
+
 // The backward gives the same bits every time: no atomics, a fixed order of sums.
 TEST(CudaVsCpuTensorCore, FlashBackwardIsDeterministic) {
   SKIP_WITHOUT_GPU();

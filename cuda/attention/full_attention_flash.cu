@@ -538,11 +538,21 @@ FlashKernel parse_flash_kernel(const std::string& name) {
   throw UsageError(fmt::format("flash kernel '{}' is not one of fma, tf32x3, tf32, bf16", name));
 }
 
+namespace {
+FlashKernel g_fp32_kernel = kFp32FlashKernel;
+}
+
+void set_fp32_flash_kernel(FlashKernel kernel) {
+  CAST_CHECK(kernel == FlashKernel::fma || kernel == FlashKernel::tf32x3,
+             "flash attention: --precision fp32 runs fma or tf32x3, not {}", flash_kernel_name(kernel));
+  g_fp32_kernel = kernel;
+}
+
 FlashKernel flash_kernel_for(Precision precision) {
   switch (precision) {
     case Precision::tf32: return FlashKernel::tf32;
     case Precision::bf16: return FlashKernel::bf16;
-    default: return kFp32FlashKernel;
+    default: return g_fp32_kernel;
   }
 }
 

@@ -19,8 +19,10 @@ const char* flash_kernel_name(FlashKernel kernel);
 FlashKernel parse_flash_kernel(const std::string& name);
 // The kernel a precision runs: fp32 → kFp32FlashKernel, tf32 → tf32, bf16 → bf16.
 FlashKernel flash_kernel_for(Precision precision);
-// What `--precision fp32` runs (bench/RESULTS.md gives the measured errors behind the choice).
+// What `--precision fp32` runs by default (bench/RESULTS.md gives the measured errors behind the
+// choice); `cast bench --fp32-flash` sets another for one benchmark, so that both can be timed.
 constexpr FlashKernel kFp32FlashKernel = FlashKernel::fma;
+void set_fp32_flash_kernel(FlashKernel kernel);  // fma or tf32x3
 
 // Full attention without an M×N matrix (ops/attention/full_attention_flash.h): q (B, H, M, d), k and v
 // (B, H, N, d), mask (B, N) f32 or undefined; d at most 128. The TF32 kernels need d % 4 == 0

@@ -71,6 +71,7 @@ struct Bf16Math {
   __device__ static A a_raw(const uint32_t (&r)[4]) { return {{r[0], r[1], r[2], r[3]}}; }
   __device__ static B b_raw(uint32_t r0, uint32_t r1) { return {{r0, r1}}; }
   __device__ static void mma(float (&d)[4], const A& a, const B& b) { tc::mma_bf16(d, a.r, b.r); }
+  __device__ static float exp2(float x) { return tc::ex2_approx(x); }
   // The A operand of k-step kk (columns 16kk .. 16kk + 15) from two 16×8 accumulator tiles:
   // C's (g, 2t..2t+1) pairs are exactly A's, packed.
   template <int NT>
@@ -138,11 +139,25 @@ struct Tf32MathT {
   }
   __device__ static B b_raw(uint32_t r0, uint32_t r1) { return b_of(bits_as_float(r0), bits_as_float(r1)); }
   __device__ static void mma(float (&d)[4], const A& a, const B& b) {
-    if constexpr (Split) {  // the small terms first
-      tc::mma_tf32(d, a.r[1], b.r[0]);
-      tc::mma_tf32(d, a.r[0], b.r[1]);
+    if constexpr (Split) {
+      // The three products of a k-step are summed from zero (the small terms first) and added to
+      // d by an FP32 add, rounded to nearest: carried through the tensor core, a long running sum
+      // (P V over every key, dQ, dK, dV) would lose low bits at each step, always the same way.
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+      tc::mma_tf32(part, a.r[1], b.r[0]);
+      tc::mma_tf32(part, a.r[0], b.r[1]);
+      tc::mma_tf32(part, a.r[0], b.r[0]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) d[i] += part[i];
+    } else {
+      tc::mma_tf32(d, a.r[0], b.r[0]);
     }
-    tc::mma_tf32(d, a.r[0], b.r[0]);
+  }
+  // The FP32-accuracy kernel keeps the accurate exp2; the others take the one-instruction one,
+  // whose error (about 2^-22) their operands' rounding dwarfs.
+  __device__ static float exp2(float x) {
+    if constexpr (Split) return exp2f(x);
+    else return tc::ex2_approx(x);
   }
   template <int NT>
   __device__ static A a_from_c(const float (&c)[NT][4], int kk) {
@@ -273,14 +288,37 @@ __device__ __forceinline__ bool key_is_real(const float* mask, int b, int j, int
   return j < N && (!mask || mask[static_cast<int64_t>(b) * N + j] != 0.f);
 }
 
-// Whether each of this thread's key columns of the tile at j0 is real: 8nt + 2t + c.
+// The keys of a streamed tile of 8NT columns at j0: bit 2nt + c of `mine` says whether this
+// thread's column 8nt + 2t + c is real, and `all` whether every column is, the same in the whole
+// warp, so that tiles without padding (nearly all) skip the masking. Each lane reads the mask of
+// one column in 32 (a ballot each), not of its 2NT columns.
+struct KeyBits {
+  uint32_t mine;
+  bool all;
+};
 template <int NT>
-__device__ __forceinline__ void key_flags(bool (&real)[NT][2], const float* mask, int b, int j0, int t, int N) {
+__device__ __forceinline__ KeyBits key_bits(const float* mask, int b, int j0, int N, int lane) {
+  static_assert(NT % 4 == 0 && NT <= 16, "a tile of 32, 64 or 128 keys");
+  uint32_t columns[NT / 4];
+  bool all = true;
+#pragma unroll
+  for (int w = 0; w < NT / 4; ++w) {
+    columns[w] = __ballot_sync(0xffffffffu, key_is_real(mask, b, j0 + 32 * w + lane, N));
+    all = all && columns[w] == 0xffffffffu;
+  }
+  const int t = lane % 4;
+  uint32_t mine = 0;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int c = 0; c < 2; ++c) real[nt][c] = key_is_real(mask, b, j0 + 8 * nt + 2 * t + c, N);
+    for (int c = 0; c < 2; ++c) mine |= (columns[nt / 4] >> (8 * (nt % 4) + 2 * t + c) & 1u) << (2 * nt + c);
+  return {mine, all};
 }
+__device__ __forceinline__ bool bit_of(uint32_t bits, int i) { return (bits >> i) & 1u; }
+
+// Scores enter the exponentials in base 2: exp(scale·s − m) = 2^(c·s − m·log2 e), c = scale·log2 e,
+// one FFMA and one exp2 per score.
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // cp.async of streamed tile `tile` of two operands x and y (rows × width each, `rows` in all) into
 // its stage: x at base + 2·(tile % 2)·kStreamed, y after it.
@@ -323,31 +361,39 @@ __device__ __forceinline__ void store_acc(float* dst, const float (&acc)[D / 8][
 
 // ---------------------------------------------------------------- forward
 // One streamed tile into the online softmax of a warp's 16 rows (two per thread): scores of
-// padding keys become −∞, the running max m and sum l take the tile in (the output rescaled
-// where m grows), and the scores become the tile's weights exp(S − m) for P V.
-template <int NT, int D>
+// padding keys become −∞, the running max m (in base-2 units: c·s) and sum l take the tile in
+// (the output rescaled where m grows), and the raw scores s become the tile's weights
+// 2^(c·s − m) for P V. The rules of math/softmax_rule.h, in base 2: a masked score weighs 2^−∞ = 0
+// (a row with no real score yet shifts by 0, not by −∞, which would give −∞ + ∞ = NaN), and a
+// NaN score, which fmaxf passes over, makes its weight and so the row's sum NaN.
+template <class M, int NT, int D>
 __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
-                                               const bool (&real)[NT][2], float scale) {
-  float tile_max[2] = {softmax_rule::masked<float>(), softmax_rule::masked<float>()};
+                                               const KeyBits& keys, float c) {
+  const float masked = softmax_rule::masked<float>();
+  if (!keys.all)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (!bit_of(keys.mine, 2 * nt + i % 2)) sc[nt][i] = masked;
+  float tile_max[2] = {masked, masked};
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      sc[nt][i] = real[nt][i % 2] ? sc[nt][i] * scale : softmax_rule::masked<float>();
-      tile_max[i / 2] = fmaxf(tile_max[i / 2], sc[nt][i]);
-    }
-  float correction[2], sum[2] = {0.f, 0.f};
+    for (int i = 0; i < 4; ++i) tile_max[i / 2] = fmaxf(tile_max[i / 2], sc[nt][i]);
+  float correction[2], shift[2], sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
-    correction[r] = softmax_rule::rescale(m[r], m_new);
+    const float m_new = fmaxf(m[r], quad_max(tile_max[r]) * c);
+    correction[r] = m_new == masked ? 1.f : M::exp2(m[r] - m_new);
+    shift[r] = m_new == masked ? 0.f : m_new;
     m[r] = m_new;
   }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      sc[nt][i] = softmax_rule::weight(sc[nt][i], m[i / 2]);
+      sc[nt][i] = M::exp2(fmaf(sc[nt][i], c, -shift[i / 2]));
       sum[i / 2] += sc[nt][i];
     }
 #pragma unroll
@@ -372,6 +418,7 @@ __global__ void __launch_bounds__(kBlock)
   const bool live = row0 < q_rows;
   const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.width;
   const int tiles = (s.N + BN - 1) / BN, width = (s.width + M::kK - 1) / M::kK * M::kK;
+  const float c = s.scale * kLog2e;
 
   copy_rows<M, D>(smem, q_base, stride, q + (static_cast<int64_t>(bh) * s.M + i0) * s.width, q_rows, BM, s.width);
   const auto copy_keys = [&](int tile) { copy_stage<M, T>(smem, kv_base, k + k_off, v + k_off, tile, s.N, s.width); };
@@ -390,15 +437,14 @@ __global__ void __launch_bounds__(kBlock)
     if (tile + 1 < tiles) copy_keys(tile + 1);
     tc::cp_async_commit();
     const int j0 = tile * BN, st = kv_base + 2 * (tile % 2) * T::kStreamed;
-    bool real[NT][2];
-    key_flags<NT>(real, mask, b, j0, t, s.N);
+    const KeyBits keys = key_bits<NT>(mask, b, j0, s.N, lane);
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
       float sc[MI][NT][4];
       product_xyt<M, D, MI, NT>(sc, smem, q_base, st, stride, row0, width, lane);
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi) online_softmax<NT, D>(sc[mi], m[mi], l[mi], o[mi], real, s.scale);
+      for (int mi = 0; mi < MI; ++mi) online_softmax<M, NT, D>(sc[mi], m[mi], l[mi], o[mi], keys, c);
       product_wz<M, D, MI, NT>(o, sc, smem, st + T::kStreamed, stride, s.d, lane);
     }
     __syncthreads();  // this stage is read no more: the next iteration's copy may fill it
@@ -412,7 +458,7 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = rows0 + g + 8 * r;
-        if (row < s.M) lse[row_base + row] = softmax_rule::log_sum_exp(m[mi][r], l[mi][r]);
+        if (row < s.M) lse[row_base + row] = softmax_rule::log_sum_exp(m[mi][r] * kLn2, l[mi][r]);
       }
     store_acc<D>(out + row_base * s.d, o[mi], rows0, s.M, inv, false, s.d, lane);
   }
@@ -428,7 +474,7 @@ __global__ void __launch_bounds__(kBlock)
   constexpr int D = T::D, BN = T::kStream, NT = BN / 8, stride = T::kStride;
   constexpr int q_base = 0, g_base = T::kOwned, kv_base = 2 * T::kOwned;
   CAST_DYNAMIC_SHARED(E, smem, T::elements(2));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = kRowsPerWarp * warp;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, row0 = kRowsPerWarp * warp;
   const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * kBlockRows;
   const int q_rows = min_of(s.M - i0, kBlockRows);
   const bool live = row0 < q_rows;
@@ -442,12 +488,14 @@ __global__ void __launch_bounds__(kBlock)
   copy_keys(0);
   tc::cp_async_commit();
 
-  float L[2], Dl[2], acc_tiles[1][D / 8][4];  // one 16-row tile per warp (the product helpers take MI tiles)
+  // L2: each row's log-sum-exp in base 2, −∞ for a row with no real key (and past the last)
+  const float c = s.scale * kLog2e;
+  float L2[2], Dl[2], acc_tiles[1][D / 8][4];  // one 16-row tile per warp (the product helpers take MI tiles)
   auto& acc = acc_tiles[0];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = i0 + row0 + g + 8 * r;
-    L[r] = row < s.M ? lse[static_cast<int64_t>(bh) * s.M + row] : softmax_rule::masked<float>();
+    L2[r] = row < s.M ? lse[static_cast<int64_t>(bh) * s.M + row] * kLog2e : softmax_rule::masked<float>();
     Dl[r] = row < s.M ? delta[static_cast<int64_t>(bh) * s.M + row] : 0.f;
   }
 #pragma unroll
@@ -457,8 +505,7 @@ __global__ void __launch_bounds__(kBlock)
     if (tile + 1 < tiles) copy_keys(tile + 1);
     tc::cp_async_commit();
     const int j0 = tile * BN, st = kv_base + 2 * (tile % 2) * T::kStreamed;
-    bool real[NT][2];
-    key_flags<NT>(real, mask, b, j0, t, s.N);
+    const KeyBits keys = key_bits<NT>(mask, b, j0, s.N, lane);
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
@@ -466,15 +513,28 @@ __global__ void __launch_bounds__(kBlock)
       auto &sc = sc_tiles[0], &dp = dp_tiles[0];
       product_xyt<M, D, 1, NT>(sc_tiles, smem, q_base, st, stride, row0, width, lane);
       product_xyt<M, D, 1, NT>(dp_tiles, smem, g_base, st + T::kStreamed, stride, row0, width, lane);
+      // dS = P ⊙ (dP − Δ), P = 2^(c·s − L2). Where every key of the tile is real, so is every row's
+      // L2 (a row past the last holds garbage that is never stored); elsewhere dS is 0 at padding
+      // keys and in rows with no real key.
+      if (keys.all) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // dS = P ⊙ (dP − Δ), 0 at padding keys and in rows with none real
-          const int r = i / 2;
-          const bool is_real = real[nt][i % 2] && L[r] != softmax_rule::masked<float>();
-          const float p = softmax_rule::probability(sc[nt][i] * s.scale, is_real, L[r]);
-          sc[nt][i] = is_real ? softmax_rule::score_gradient(p, dp[nt][i], Dl[r]) * s.scale : 0.f;
-        }
+          for (int i = 0; i < 4; ++i) {
+            const float p = M::exp2(fmaf(sc[nt][i], c, -L2[i / 2]));
+            sc[nt][i] = softmax_rule::score_gradient(p, dp[nt][i], Dl[i / 2]) * s.scale;
+          }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int r = i / 2;
+            const bool is_real = bit_of(keys.mine, 2 * nt + i % 2) && L2[r] != softmax_rule::masked<float>();
+            const float p = is_real ? M::exp2(fmaf(sc[nt][i], c, -L2[r])) : 0.f;
+            sc[nt][i] = is_real ? softmax_rule::score_gradient(p, dp[nt][i], Dl[r]) * s.scale : 0.f;
+          }
+      }
       product_wz<M, D, 1, NT>(acc_tiles, sc_tiles, smem, st, stride, s.d, lane);
     }
     __syncthreads();
@@ -511,9 +571,12 @@ __global__ void __launch_bounds__(kBlock)
   copy_queries(0);
   tc::cp_async_commit();
 
+  const float c = s.scale * kLog2e;
   bool real[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) real[r] = key_is_real(mask, b, j0 + row0 + g + 8 * r, s.N);
+  // Every key of the warp real: then every query's row has one, and its L is finite (or NaN).
+  const bool keys_all = __all_sync(0xffffffffu, real[0] && real[1]);
   float dk_tiles[1][D / 8][4], dv_tiles[1][D / 8][4];  // one 16-row tile per warp
   auto &dk_acc = dk_tiles[0], &dv_acc = dv_tiles[0];
 #pragma unroll
@@ -525,16 +588,17 @@ __global__ void __launch_bounds__(kBlock)
     if (tile + 1 < tiles) copy_queries(tile + 1);
     tc::cp_async_commit();
     const int i0 = tile * BQ, st = qg_base + 2 * (tile % 2) * T::kStreamed;
-    float Li[NT][2], Di[NT][2];  // the log-sum-exp and Δ of this thread's query columns
+    float Li[NT][2], Di[NT][2];  // the log-sum-exp (base 2) and Δ of this thread's query columns
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int i = i0 + 8 * nt + 2 * t + c;
+      for (int e = 0; e < 2; ++e) {
+        const int i = i0 + 8 * nt + 2 * t + e;
         const int64_t at = static_cast<int64_t>(bh) * s.M + i;
-        Li[nt][c] = i < s.M ? lse[at] : softmax_rule::masked<float>();
-        Di[nt][c] = i < s.M ? delta[at] : 0.f;
+        Li[nt][e] = i < s.M ? lse[at] * kLog2e : softmax_rule::masked<float>();
+        Di[nt][e] = i < s.M ? delta[at] : 0.f;
       }
+    const bool all_real = keys_all && i0 + BQ <= s.M;
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
@@ -542,20 +606,32 @@ __global__ void __launch_bounds__(kBlock)
       auto &st_ = st_tiles[0], &dpt = dpt_tiles[0];
       product_xyt<M, D, 1, NT>(st_tiles, smem, k_base, st, stride, row0, width, lane);
       product_xyt<M, D, 1, NT>(dpt_tiles, smem, v_base, st + T::kStreamed, stride, row0, width, lane);
+      if (all_real) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          // A query with no real key passes nothing; a padding key takes P = 0 and dS = 0, which
-          // the products still multiply, so a NaN in Q or dO reaches it as in the reference.
-          const float L = Li[nt][i % 2];
-          float p = 0.f, ds = 0.f;
-          if (L != softmax_rule::masked<float>() && real[i / 2]) {
-            p = softmax_rule::probability(st_[nt][i] * s.scale, true, L);
-            ds = softmax_rule::score_gradient(p, dpt[nt][i], Di[nt][i % 2]) * s.scale;
+          for (int i = 0; i < 4; ++i) {
+            const float p = M::exp2(fmaf(st_[nt][i], c, -Li[nt][i % 2]));
+            dpt[nt][i] = softmax_rule::score_gradient(p, dpt[nt][i], Di[nt][i % 2]) * s.scale;
+            st_[nt][i] = p;
           }
-          st_[nt][i] = p, dpt[nt][i] = ds;
-        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            // A query with no real key (or past the last) passes nothing; a padding key takes P = 0
+            // and dS = 0, which the products still multiply, so a NaN in Q or dO reaches it as in
+            // the reference.
+            const float L2 = Li[nt][i % 2];
+            float p = 0.f, ds = 0.f;
+            if (L2 != softmax_rule::masked<float>() && real[i / 2]) {
+              p = M::exp2(fmaf(st_[nt][i], c, -L2));
+              ds = softmax_rule::score_gradient(p, dpt[nt][i], Di[nt][i % 2]) * s.scale;
+            }
+            st_[nt][i] = p, dpt[nt][i] = ds;
+          }
+      }
       product_wz<M, D, 1, NT>(dv_tiles, st_tiles, smem, st + T::kStreamed, stride, s.d, lane);
       product_wz<M, D, 1, NT>(dk_tiles, dpt_tiles, smem, st, stride, s.d, lane);
     }
@@ -618,7 +694,16 @@ size_t shared_limit() {
   return limit;
 }
 
+// Which forward tiles keep twice the accumulators (32 rows per warp) in registers: ptxas spills
+// with the split TF32 operands, with 128-row streamed tiles, and with TF32 at width 128.
+bool two_fit(FlashKernel kernel, int D, int rows) {
+  return kernel != FlashKernel::tf32x3 && kernel != FlashKernel::fma && rows <= 64 &&
+         !(kernel == FlashKernel::tf32 && D == 128);
+}
+
 int stream_rows(FlashKernel kernel, int D, bool forward) {
+  // the split TF32 backward holds two score tiles of twice the registers: 32 rows, or it spills
+  if (kernel == FlashKernel::tf32x3 && !forward) return 32;
   const int want = g_stream_rows ? g_stream_rows : default_stream_rows(kernel, D, forward);
   const int rows = want == 32 ? 32 : want == 128 && forward && D <= 64 ? 128 : 64;
   // the largest tiles (FP32 operands at width 128, or 128 streamed rows) outgrow sm_80's shared
@@ -636,15 +721,19 @@ constexpr FlashKernel kernel_of() {
                                        : FlashKernel::tf32x3;
 }
 
-template <class M, int D, class Fn>
-void with_stream_rows(bool forward, Fn&& fn) {
-  const int rows = stream_rows(kernel_of<M>(), D, forward);
-  if (rows == 32) fn(std::integral_constant<int, 32>{});
-  else if constexpr (D <= 64) {
-    if (rows == 128) fn(std::integral_constant<int, 128>{});
-    else fn(std::integral_constant<int, 64>{});
+template <class M, int D, bool Forward, class Fn>
+void with_stream_rows(Fn&& fn) {
+  const int rows = stream_rows(kernel_of<M>(), D, Forward);
+  if constexpr (std::is_same_v<M, Tf32x3Math> && !Forward) {
+    fn(std::integral_constant<int, 32>{});
   } else {
-    fn(std::integral_constant<int, 64>{});
+    if (rows == 32) fn(std::integral_constant<int, 32>{});
+    else if constexpr (D <= 64) {
+      if (rows == 128) fn(std::integral_constant<int, 128>{});
+      else fn(std::integral_constant<int, 64>{});
+    } else {
+      fn(std::integral_constant<int, 64>{});
+    }
   }
 }
 
@@ -708,18 +797,18 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
   const auto *qe = ops.of(q, s.width), *ke = ops.of(k, s.width), *ve = ops.of(v, s.width);
   with_width(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
-    with_stream_rows<M, D>(true, [&](auto rows) {
+    with_stream_rows<M, D, true>([&](auto rows) {
       const auto launch = [&](auto warp_tiles) {
         using T = TcTile<M, D, decltype(rows)::value, decltype(warp_tiles)::value>;
         launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, BH, T::kOwnedRows),
                   T::elements(1) * sizeof(typename M::Elem), out.data<float>(), lse.data<float>(), qe, ke, ve,
                   mask.defined() ? mask.data<float>() : nullptr, s);
       };
-      // 32 rows per warp hold twice the accumulators: not with the split TF32 operands or
-      // 128-row streamed tiles, where ptxas would spill
-      constexpr bool two_fit = !std::is_same_v<M, Tf32x3Math> && decltype(rows)::value <= 64;
-      if constexpr (two_fit) {
-        if (forward_warp_rows(kernel_of<M>(), D) == 32) return launch(std::integral_constant<int, 2>{});
+      constexpr int BN = decltype(rows)::value;
+      constexpr bool can_two = !std::is_same_v<M, Tf32x3Math> && BN <= 64 && !(std::is_same_v<M, Tf32Math> && D == 128);
+      if constexpr (can_two) {
+        if (two_fit(kernel_of<M>(), D, BN) && forward_warp_rows(kernel_of<M>(), D) == 32)
+          return launch(std::integral_constant<int, 2>{});
       }
       launch(std::integral_constant<int, 1>{});
     });
@@ -737,7 +826,7 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
   const float* m = mask.defined() ? mask.data<float>() : nullptr;
   with_width(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
-    with_stream_rows<M, D>(false, [&](auto rows) {
+    with_stream_rows<M, D, false>([&](auto rows) {
       using T = TcTile<M, D, decltype(rows)::value == 128 ? 64 : decltype(rows)::value>;
       const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
       if (dq)
@@ -789,9 +878,7 @@ void set_flash_warp_rows(int rows) {
 
 int flash_warp_rows(FlashKernel kernel, int d) {
   const int D = d <= 32 ? 32 : d <= 64 ? 64 : 128;
-  const bool two_fit =
-      kernel != FlashKernel::tf32x3 && kernel != FlashKernel::fma && stream_rows(kernel, D, true) <= 64;
-  return two_fit ? forward_warp_rows(kernel, D) : 16;
+  return two_fit(kernel, D, stream_rows(kernel, D, true)) ? forward_warp_rows(kernel, D) : 16;
 }
 
 int flash_stream_rows(FlashKernel kernel, int d, bool forward) {

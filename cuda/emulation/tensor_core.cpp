@@ -4,6 +4,7 @@
 // where the PTX ISA's fragment layouts put it, computes, and hands each lane its part.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "cuda/emulation/emulator.h"
 #include "cuda/tensor_core.cuh"
@@ -131,6 +132,11 @@ uint32_t pack_bf16(float lo, float hi) { return uint32_t{to_bf16(lo)} | uint32_t
 float tf32_value(uint32_t bits) {
   const float x = float_of(bits);
   return std::isnan(x) ? x : float_of(bits & 0xffffe000u);  // the low 13 bits take no part
+}
+
+float ex2_approx(float x) {
+  const float r = static_cast<float>(std::exp2(static_cast<double>(x)));
+  return r < std::numeric_limits<float>::min() ? 0.f : r;  // .ftz: no subnormal result (NaN passes)
 }
 
 void mma_tf32_at(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const char* file, int line) {
