@@ -93,6 +93,13 @@ void cp_async16(const SharedArray<T>& smem, int64_t index, const void* src, bool
   });
 }
 inline void cp_async_commit() { emu::async_copy_commit(); }
+
+// Two adjacent floats in one 8-byte load: p must be 8-byte aligned.
+inline void load_pair(float (&v)[2], const float* p) {
+  CAST_CHECK(reinterpret_cast<uintptr_t>(p) % 8 == 0, "CUDA emulation: 8-byte load from {}: not 8-byte aligned",
+             static_cast<const void*>(p));
+  v[0] = p[0], v[1] = p[1];
+}
 template <int N>
 void cp_async_wait() {
   emu::async_copy_wait(N);
@@ -155,6 +162,12 @@ __device__ __forceinline__ void cp_async16(const SharedArray<T>& smem, int64_t i
                "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Two adjacent floats in one 8-byte load: p must be 8-byte aligned.
+__device__ __forceinline__ void load_pair(float (&v)[2], const float* p) {
+  const float2 x = *reinterpret_cast<const float2*>(p);
+  v[0] = x.x, v[1] = x.y;
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

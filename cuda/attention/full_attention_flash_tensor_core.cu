@@ -62,6 +62,7 @@ __device__ __forceinline__ float bits_as_float(uint32_t u) {
 struct Bf16Math {
   using Elem = uint16_t;
   static constexpr int kChunk = 8, kK = 16;
+  static constexpr bool kSplit = false;
   struct A {
     uint32_t r[4];
   };
@@ -98,6 +99,7 @@ template <bool Split>
 struct Tf32MathT {
   using Elem = float;
   static constexpr int kChunk = 4, kK = 8;
+  static constexpr bool kSplit = Split;
   static constexpr int kParts = Split ? 2 : 1;  // high part, then the remainder
   struct A {
     uint32_t r[kParts][4];
@@ -139,19 +141,19 @@ struct Tf32MathT {
   }
   __device__ static B b_raw(uint32_t r0, uint32_t r1) { return b_of(bits_as_float(r0), bits_as_float(r1)); }
   __device__ static void mma(float (&d)[4], const A& a, const B& b) {
-    if constexpr (Split) {
-      // The three products of a k-step are summed from zero (the small terms first) and added to
-      // d by an FP32 add, rounded to nearest: carried through the tensor core, a long running sum
-      // (P V over every key, dQ, dK, dV) would lose low bits at each step, always the same way.
-      float part[4] = {0.f, 0.f, 0.f, 0.f};
-      tc::mma_tf32(part, a.r[1], b.r[0]);
-      tc::mma_tf32(part, a.r[0], b.r[1]);
-      tc::mma_tf32(part, a.r[0], b.r[0]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) d[i] += part[i];
-    } else {
-      tc::mma_tf32(d, a.r[0], b.r[0]);
+    if constexpr (Split) {  // the small terms first
+      tc::mma_tf32(d, a.r[1], b.r[0]);
+      tc::mma_tf32(d, a.r[0], b.r[1]);
     }
+    tc::mma_tf32(d, a.r[0], b.r[0]);
+  }
+  // The same product summed from zero and added to d by an FP32 add (rounded to nearest), for
+  // where no registers are left to sum a whole tile apart (product_wz).
+  __device__ static void mma_apart(float (&d)[4], const A& a, const B& b) {
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+    mma(part, a, b);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] += part[i];
   }
   // The FP32-accuracy kernel keeps the accurate exp2; the others take the one-instruction one,
   // whose error (about 2^-22) their operands' rounding dwarfs.
@@ -224,12 +226,23 @@ __device__ __forceinline__ void product_xyt(float (&acc)[MI][NT][4], const Share
   }
 }
 
+// How product_wz adds a streamed tile's products into a long running sum (P V over every key,
+// dQ, dK, dV). The tensor core adds its accumulator input with the low bits truncated, so a sum
+// carried through it loses up to an ulp at every k-step, always towards zero: over 1024 keys the
+// split TF32 kernel measured ten times the error of FP32 FMAs (bench/RESULTS.md). The split
+// kernel sums each tile apart from zero and adds it in FP32, rounded to nearest (kTile), or,
+// where the registers for a whole tile's sum are not left (dK, dV at width 128), each k-step
+// (kStep); the other kernels, whose operands' rounding dwarfs the truncation, carry the sum.
+enum class Sum { kCarried, kTile, kStep };
+template <class M, int D>
+constexpr Sum kLongSum = !M::kSplit ? Sum::kCarried : Sum::kTile;
+
 // out[mi][dt] += W · Z: W the warp's 16MI × 8NT weights in accumulator layout (P or dS), Z a
 // row-major tile of 8NT rows and D columns in shared memory; columns past `width` are skipped.
-template <class M, int D, int MI, int NT>
-__device__ __forceinline__ void product_wz(float (&out)[MI][D / 8][4], const float (&w)[MI][NT][4],
-                                           const SharedArray<typename M::Elem>& s, int z_base, int stride, int width,
-                                           int lane) {
+template <class M, int D, int MI, int NT, bool PerStep>
+__device__ __forceinline__ void product_wz_into(float (&out)[MI][D / 8][4], const float (&w)[MI][NT][4],
+                                                const SharedArray<typename M::Elem>& s, int z_base, int stride,
+                                                int width, int lane) {
   constexpr int steps = 8 * NT / M::kK;
 #pragma unroll
   for (int kk = 0; kk < steps; ++kk) {
@@ -242,11 +255,35 @@ __device__ __forceinline__ void product_wz(float (&out)[MI][D / 8][4], const flo
       typename M::B b[2];
       M::b_trans(b, s, z_base, stride, kk * M::kK, 16 * dp, lane);
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        M::mma(out[mi][2 * dp], a[mi], b[0]);
-        M::mma(out[mi][2 * dp + 1], a[mi], b[1]);
-      }
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (PerStep) M::mma_apart(out[mi][2 * dp + h], a[mi], b[h]);
+          else M::mma(out[mi][2 * dp + h], a[mi], b[h]);
+        }
     }
+  }
+}
+
+template <class M, int D, int MI, int NT, Sum How = kLongSum<M, D>>
+__device__ __forceinline__ void product_wz(float (&out)[MI][D / 8][4], const float (&w)[MI][NT][4],
+                                           const SharedArray<typename M::Elem>& s, int z_base, int stride, int width,
+                                           int lane) {
+  if constexpr (How == Sum::kTile) {
+    float tile[MI][D / 8][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) tile[mi][dt][0] = tile[mi][dt][1] = tile[mi][dt][2] = tile[mi][dt][3] = 0.f;
+    product_wz_into<M, D, MI, NT, false>(tile, w, s, z_base, stride, width, lane);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) out[mi][dt][i] += tile[mi][dt][i];
+  } else {
+    product_wz_into<M, D, MI, NT, How == Sum::kStep>(out, w, s, z_base, stride, width, lane);
   }
 }
 
@@ -277,6 +314,19 @@ template <class M, int D>
 __device__ __forceinline__ void copy_rows(const SharedArray<typename M::Elem>& s, int base, int stride,
                                           const typename M::Elem* src, int valid, int rows, int width) {
   constexpr int chunks = D / M::kChunk;
+  static_assert(kBlock % chunks == 0, "a thread copies the same chunk of every (kBlock / chunks)-th row");
+  if (valid == rows && width == D && rows * chunks % kBlock == 0) {
+    // A whole tile (nearly every one): no bounds, and each thread's offsets are fixed but for
+    // the row step, which unrolls into the instructions' immediates.
+    const int r0 = threadIdx.x / chunks, c = threadIdx.x % chunks * M::kChunk;
+    const typename M::Elem* from = src + static_cast<int64_t>(r0) * D + c;
+    const int to = base + r0 * stride + c;
+#pragma unroll 4
+    for (int i = 0; i < rows * chunks / kBlock; ++i)
+      tc::cp_async16(s, to + i * (kBlock / chunks) * stride, from + static_cast<int64_t>(i) * (kBlock / chunks) * D,
+                     true);
+    return;
+  }
   for (int f = threadIdx.x; f < rows * chunks; f += blockDim.x) {
     const int r = f / chunks, c = (f % chunks) * M::kChunk;
     const bool real = r < valid && c < width;
@@ -288,33 +338,29 @@ __device__ __forceinline__ bool key_is_real(const float* mask, int b, int j, int
   return j < N && (!mask || mask[static_cast<int64_t>(b) * N + j] != 0.f);
 }
 
-// The keys of a streamed tile of 8NT columns at j0: bit 2nt + c of `mine` says whether this
-// thread's column 8nt + 2t + c is real, and `all` whether every column is, the same in the whole
-// warp, so that tiles without padding (nearly all) skip the masking. Each lane reads the mask of
-// one column in 32 (a ballot each), not of its 2NT columns.
+// The keys of a streamed tile of 8NT columns at j0: bit c of columns[c / 32] says whether column
+// c is real, and `all` whether every column is, the same in the whole warp, so that tiles
+// without padding (nearly all) skip the masking. Each lane reads the mask of one column in 32
+// (a ballot each), not of its 2NT columns.
+template <int NT>
 struct KeyBits {
-  uint32_t mine;
+  uint32_t columns[NT / 4];
   bool all;
+  // whether this thread's column 8nt + 2t + e is real
+  __device__ bool real(int nt, int t, int e) const { return (columns[nt / 4] >> (8 * (nt % 4) + 2 * t + e)) & 1u; }
 };
 template <int NT>
-__device__ __forceinline__ KeyBits key_bits(const float* mask, int b, int j0, int N, int lane) {
+__device__ __forceinline__ KeyBits<NT> key_bits(const float* mask, int b, int j0, int N, int lane) {
   static_assert(NT % 4 == 0 && NT <= 16, "a tile of 32, 64 or 128 keys");
-  uint32_t columns[NT / 4];
-  bool all = true;
+  KeyBits<NT> keys;
+  keys.all = true;
 #pragma unroll
   for (int w = 0; w < NT / 4; ++w) {
-    columns[w] = __ballot_sync(0xffffffffu, key_is_real(mask, b, j0 + 32 * w + lane, N));
-    all = all && columns[w] == 0xffffffffu;
+    keys.columns[w] = __ballot_sync(0xffffffffu, key_is_real(mask, b, j0 + 32 * w + lane, N));
+    keys.all = keys.all && keys.columns[w] == 0xffffffffu;
   }
-  const int t = lane % 4;
-  uint32_t mine = 0;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) mine |= (columns[nt / 4] >> (8 * (nt % 4) + 2 * t + c) & 1u) << (2 * nt + c);
-  return {mine, all};
+  return keys;
 }
-__device__ __forceinline__ bool bit_of(uint32_t bits, int i) { return (bits >> i) & 1u; }
 
 // Scores enter the exponentials in base 2: exp(scale·s − m) = 2^(c·s − m·log2 e), c = scale·log2 e,
 // one FFMA and one exp2 per score.
@@ -368,14 +414,14 @@ __device__ __forceinline__ void store_acc(float* dst, const float (&acc)[D / 8][
 // NaN score, which fmaxf passes over, makes its weight and so the row's sum NaN.
 template <class M, int NT, int D>
 __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
-                                               const KeyBits& keys, float c) {
+                                               const KeyBits<NT>& keys, float c, int t) {
   const float masked = softmax_rule::masked<float>();
   if (!keys.all)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        if (!bit_of(keys.mine, 2 * nt + i % 2)) sc[nt][i] = masked;
+        if (!keys.real(nt, t, i % 2)) sc[nt][i] = masked;
   float tile_max[2] = {masked, masked};
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -398,10 +444,12 @@ __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], float (&m)[2]
     }
 #pragma unroll
   for (int r = 0; r < 2; ++r) l[r] = l[r] * correction[r] + quad_sum(sum[r]);
+  // once the rows' maxima settle, no row of the warp grows: the output keeps its scale
+  if (!__all_sync(0xffffffffu, correction[0] == 1.f && correction[1] == 1.f))
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt)
+    for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) o[dt][i] *= correction[i / 2];
+      for (int i = 0; i < 4; ++i) o[dt][i] *= correction[i / 2];
 }
 
 template <class M, class T>
@@ -437,14 +485,14 @@ __global__ void __launch_bounds__(kBlock)
     if (tile + 1 < tiles) copy_keys(tile + 1);
     tc::cp_async_commit();
     const int j0 = tile * BN, st = kv_base + 2 * (tile % 2) * T::kStreamed;
-    const KeyBits keys = key_bits<NT>(mask, b, j0, s.N, lane);
+    const KeyBits<NT> keys = key_bits<NT>(mask, b, j0, s.N, lane);
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
       float sc[MI][NT][4];
       product_xyt<M, D, MI, NT>(sc, smem, q_base, st, stride, row0, width, lane);
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi) online_softmax<M, NT, D>(sc[mi], m[mi], l[mi], o[mi], keys, c);
+      for (int mi = 0; mi < MI; ++mi) online_softmax<M, NT, D>(sc[mi], m[mi], l[mi], o[mi], keys, c, t);
       product_wz<M, D, MI, NT>(o, sc, smem, st + T::kStreamed, stride, s.d, lane);
     }
     __syncthreads();  // this stage is read no more: the next iteration's copy may fill it
@@ -474,7 +522,7 @@ __global__ void __launch_bounds__(kBlock)
   constexpr int D = T::D, BN = T::kStream, NT = BN / 8, stride = T::kStride;
   constexpr int q_base = 0, g_base = T::kOwned, kv_base = 2 * T::kOwned;
   CAST_DYNAMIC_SHARED(E, smem, T::elements(2));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, row0 = kRowsPerWarp * warp;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = kRowsPerWarp * warp;
   const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * kBlockRows;
   const int q_rows = min_of(s.M - i0, kBlockRows);
   const bool live = row0 < q_rows;
@@ -505,7 +553,7 @@ __global__ void __launch_bounds__(kBlock)
     if (tile + 1 < tiles) copy_keys(tile + 1);
     tc::cp_async_commit();
     const int j0 = tile * BN, st = kv_base + 2 * (tile % 2) * T::kStreamed;
-    const KeyBits keys = key_bits<NT>(mask, b, j0, s.N, lane);
+    const KeyBits<NT> keys = key_bits<NT>(mask, b, j0, s.N, lane);
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
@@ -530,7 +578,7 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int r = i / 2;
-            const bool is_real = bit_of(keys.mine, 2 * nt + i % 2) && L2[r] != softmax_rule::masked<float>();
+            const bool is_real = keys.real(nt, t, i % 2) && L2[r] != softmax_rule::masked<float>();
             const float p = is_real ? M::exp2(fmaf(sc[nt][i], c, -L2[r])) : 0.f;
             sc[nt][i] = is_real ? softmax_rule::score_gradient(p, dp[nt][i], Dl[r]) * s.scale : 0.f;
           }
@@ -577,6 +625,8 @@ __global__ void __launch_bounds__(kBlock)
   for (int r = 0; r < 2; ++r) real[r] = key_is_real(mask, b, j0 + row0 + g + 8 * r, s.N);
   // Every key of the warp real: then every query's row has one, and its L is finite (or NaN).
   const bool keys_all = __all_sync(0xffffffffu, real[0] && real[1]);
+  // the log-sum-exp and Δ of a query pair (2t, 2t + 1) lie 8-byte aligned
+  const bool pairs = s.M % 2 == 0 && reinterpret_cast<uintptr_t>(lse) % 8 == 0 && reinterpret_cast<uintptr_t>(delta) % 8 == 0;
   float dk_tiles[1][D / 8][4], dv_tiles[1][D / 8][4];  // one 16-row tile per warp
   auto &dk_acc = dk_tiles[0], &dv_acc = dv_tiles[0];
 #pragma unroll
@@ -589,16 +639,27 @@ __global__ void __launch_bounds__(kBlock)
     tc::cp_async_commit();
     const int i0 = tile * BQ, st = qg_base + 2 * (tile % 2) * T::kStreamed;
     float Li[NT][2], Di[NT][2];  // the log-sum-exp (base 2) and Δ of this thread's query columns
+    const bool queries_all = i0 + BQ <= s.M;
+    if (queries_all && pairs) {  // columns 2t and 2t + 1 side by side: one 8-byte load each
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = i0 + 8 * nt + 2 * t + e;
-        const int64_t at = static_cast<int64_t>(bh) * s.M + i;
-        Li[nt][e] = i < s.M ? lse[at] * kLog2e : softmax_rule::masked<float>();
-        Di[nt][e] = i < s.M ? delta[at] : 0.f;
+      for (int nt = 0; nt < NT; ++nt) {
+        const int64_t at = static_cast<int64_t>(bh) * s.M + i0 + 8 * nt + 2 * t;
+        tc::load_pair(Li[nt], lse + at);
+        tc::load_pair(Di[nt], delta + at);
+        Li[nt][0] *= kLog2e, Li[nt][1] *= kLog2e;
       }
-    const bool all_real = keys_all && i0 + BQ <= s.M;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = i0 + 8 * nt + 2 * t + e;
+          const int64_t at = static_cast<int64_t>(bh) * s.M + i;
+          Li[nt][e] = i < s.M ? lse[at] * kLog2e : softmax_rule::masked<float>();
+          Di[nt][e] = i < s.M ? delta[at] : 0.f;
+        }
+    }
+    const bool all_real = keys_all && queries_all;
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
@@ -632,8 +693,10 @@ __global__ void __launch_bounds__(kBlock)
             st_[nt][i] = p, dpt[nt][i] = ds;
           }
       }
-      product_wz<M, D, 1, NT>(dv_tiles, st_tiles, smem, st + T::kStreamed, stride, s.d, lane);
-      product_wz<M, D, 1, NT>(dk_tiles, dpt_tiles, smem, st, stride, s.d, lane);
+      // dK and dV at width 128 leave no registers for a tile's sum apart
+      constexpr Sum how = M::kSplit && D == 128 ? Sum::kStep : kLongSum<M, D>;
+      product_wz<M, D, 1, NT, how>(dv_tiles, st_tiles, smem, st + T::kStreamed, stride, s.d, lane);
+      product_wz<M, D, 1, NT, how>(dk_tiles, dpt_tiles, smem, st, stride, s.d, lane);
     }
     __syncthreads();
   }
@@ -701,11 +764,16 @@ bool two_fit(FlashKernel kernel, int D, int rows) {
          !(kernel == FlashKernel::tf32 && D == 128);
 }
 
+// The most streamed rows a kernel's registers take without spilling: the split TF32 operands
+// hold twice the registers, and its tiles' sums apart (product_wz) more.
+constexpr int max_stream_rows(FlashKernel kernel, int D, bool forward) {
+  return kernel != FlashKernel::tf32x3 ? 128 : forward && D == 32 ? 64 : 32;
+}
+
 int stream_rows(FlashKernel kernel, int D, bool forward) {
-  // the split TF32 backward holds two score tiles of twice the registers: 32 rows, or it spills
-  if (kernel == FlashKernel::tf32x3 && !forward) return 32;
+  if (max_stream_rows(kernel, D, forward) == 32) return 32;
   const int want = g_stream_rows ? g_stream_rows : default_stream_rows(kernel, D, forward);
-  const int rows = want == 32 ? 32 : want == 128 && forward && D <= 64 ? 128 : 64;
+  const int rows = want == 32 ? 32 : want == 128 && forward && D <= 64 && max_stream_rows(kernel, D, forward) == 128 ? 128 : 64;
   // the largest tiles (FP32 operands at width 128, or 128 streamed rows) outgrow sm_80's shared
   // memory: 32 rows there
   const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, stride = D + 16 / elem;
@@ -724,11 +792,12 @@ constexpr FlashKernel kernel_of() {
 template <class M, int D, bool Forward, class Fn>
 void with_stream_rows(Fn&& fn) {
   const int rows = stream_rows(kernel_of<M>(), D, Forward);
-  if constexpr (std::is_same_v<M, Tf32x3Math> && !Forward) {
+  constexpr int most = max_stream_rows(kernel_of<M>(), D, Forward);
+  if constexpr (most == 32) {
     fn(std::integral_constant<int, 32>{});
   } else {
     if (rows == 32) fn(std::integral_constant<int, 32>{});
-    else if constexpr (D <= 64) {
+    else if constexpr (D <= 64 && most == 128) {
       if (rows == 128) fn(std::integral_constant<int, 128>{});
       else fn(std::integral_constant<int, 64>{});
     } else {
@@ -892,8 +961,10 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
     for (int d : {32, 64, 128})
       with_width(d, [&](auto w) {
         constexpr int D = decltype(w)::value;
-        using F = TcTile<M, D, D == 128 ? 32 : 64>;
-        using B = F;
+        // the tiles at 32 and 64 streamed rows where the kernel compiles them
+        constexpr int most_f = max_stream_rows(kernel_of<M>(), D, true), most_b = max_stream_rows(kernel_of<M>(), D, false);
+        using F = TcTile<M, D, D == 128 || most_f == 32 ? 32 : 64>;
+        using B = TcTile<M, D, D == 128 || most_b == 32 ? 32 : 64>;
         const std::string f = fmt::format("<{}, TcTile<{}, {}, {}, 1>>", math_name, math_name, D, F::kStream);
         const std::string bw = fmt::format("<{}, TcTile<{}, {}, {}, 1>>", math_name, math_name, D, B::kStream);
         shapes.push_back({"flash_tc_forward_kernel" + f, kBlock, F::elements(1) * sizeof(typename M::Elem)});
