@@ -4,9 +4,9 @@
 //   Bf16Math    BF16 operands (m16n8k16), FP32 accumulators: `--precision bf16`
 //   Tf32Math    TF32 operands (m16n8k8), FP32 accumulators: `--precision tf32`
 //   Tf32x3Math  each FP32 operand split into a TF32 high part and a TF32 remainder, three
-//               m16n8k8 products (hi·hi + hi·lo + lo·hi): close to FP32 accuracy on the tensor
-//               cores, as PyTorch's FP32 attention kernels do; `--precision fp32` where it
-//               measures at least as accurate as FP32 FMAs (bench/RESULTS.md)
+//               m16n8k8 products (hi·hi + hi·lo + lo·hi): FP32 accuracy on the tensor cores
+//               (measured below the FMA kernel's error), as PyTorch's FP32 attention kernels do;
+//               `--precision fp32` keeps the FMA kernel, which measured faster (bench/RESULTS.md)
 // Softmax statistics, the scale, the masked-row and NaN rules (math/softmax_rule.h) stay FP32.
 //
 // A block is 4 warps; each warp owns 16 rows of the block's tile (64 query rows in the forward
@@ -62,7 +62,6 @@ __device__ __forceinline__ float bits_as_float(uint32_t u) {
 struct Bf16Math {
   using Elem = uint16_t;
   static constexpr int kChunk = 8, kK = 16;
-  static constexpr bool kSplit = false;
   struct A {
     uint32_t r[4];
   };
@@ -72,6 +71,7 @@ struct Bf16Math {
   __device__ static A a_raw(const uint32_t (&r)[4]) { return {{r[0], r[1], r[2], r[3]}}; }
   __device__ static B b_raw(uint32_t r0, uint32_t r1) { return {{r0, r1}}; }
   __device__ static void mma(float (&d)[4], const A& a, const B& b) { tc::mma_bf16(d, a.r, b.r); }
+  __device__ static void mma_long(float (&d)[4], const A& a, const B& b) { mma(d, a, b); }
   __device__ static float exp2(float x) { return tc::ex2_approx(x); }
   // The A operand of k-step kk (columns 16kk .. 16kk + 15) from two 16×8 accumulator tiles:
   // C's (g, 2t..2t+1) pairs are exactly A's, packed.
@@ -99,7 +99,6 @@ template <bool Split>
 struct Tf32MathT {
   using Elem = float;
   static constexpr int kChunk = 4, kK = 8;
-  static constexpr bool kSplit = Split;
   static constexpr int kParts = Split ? 2 : 1;  // high part, then the remainder
   struct A {
     uint32_t r[kParts][4];
@@ -147,13 +146,22 @@ struct Tf32MathT {
     }
     tc::mma_tf32(d, a.r[0], b.r[0]);
   }
-  // The same product summed from zero and added to d by an FP32 add (rounded to nearest), for
-  // where no registers are left to sum a whole tile apart (product_wz).
-  __device__ static void mma_apart(float (&d)[4], const A& a, const B& b) {
-    float part[4] = {0.f, 0.f, 0.f, 0.f};
-    mma(part, a, b);
+  // A k-step of a long running sum (P V over every key, dQ, dK, dV). The tensor core adds its
+  // accumulator input with the low bits cut off, so a sum carried through it loses up to an ulp
+  // at every k-step, always towards zero: over 1024 keys that measured ten times the error of
+  // FP32 FMAs. The split kernel sums each k-step's three products from zero and adds them to d
+  // with an FP32 add, rounded to nearest: then it measured below the FMA kernel's error, at 5%
+  // of its speed or less (bench/RESULTS.md). The other kernels, whose operands' rounding dwarfs
+  // the cut, carry the sum.
+  __device__ static void mma_long(float (&d)[4], const A& a, const B& b) {
+    if constexpr (Split) {
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+      mma(part, a, b);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) d[i] += part[i];
+      for (int i = 0; i < 4; ++i) d[i] += part[i];
+    } else {
+      mma(d, a, b);
+    }
   }
   // The FP32-accuracy kernel keeps the accurate exp2; the others take the one-instruction one,
   // whose error (about 2^-22) their operands' rounding dwarfs.
@@ -226,23 +234,13 @@ __device__ __forceinline__ void product_xyt(float (&acc)[MI][NT][4], const Share
   }
 }
 
-// How product_wz adds a streamed tile's products into a long running sum (P V over every key,
-// dQ, dK, dV). The tensor core adds its accumulator input with the low bits truncated, so a sum
-// carried through it loses up to an ulp at every k-step, always towards zero: over 1024 keys the
-// split TF32 kernel measured ten times the error of FP32 FMAs (bench/RESULTS.md). The split
-// kernel sums each tile apart from zero and adds it in FP32, rounded to nearest (kTile), or,
-// where the registers for a whole tile's sum are not left (dK, dV at width 128), each k-step
-// (kStep); the other kernels, whose operands' rounding dwarfs the truncation, carry the sum.
-enum class Sum { kCarried, kTile, kStep };
-template <class M, int D>
-constexpr Sum kLongSum = !M::kSplit ? Sum::kCarried : Sum::kTile;
-
 // out[mi][dt] += W · Z: W the warp's 16MI × 8NT weights in accumulator layout (P or dS), Z a
 // row-major tile of 8NT rows and D columns in shared memory; columns past `width` are skipped.
-template <class M, int D, int MI, int NT, bool PerStep>
-__device__ __forceinline__ void product_wz_into(float (&out)[MI][D / 8][4], const float (&w)[MI][NT][4],
-                                                const SharedArray<typename M::Elem>& s, int z_base, int stride,
-                                                int width, int lane) {
+// `out` is a long running sum (M::mma_long).
+template <class M, int D, int MI, int NT>
+__device__ __forceinline__ void product_wz(float (&out)[MI][D / 8][4], const float (&w)[MI][NT][4],
+                                           const SharedArray<typename M::Elem>& s, int z_base, int stride, int width,
+                                           int lane) {
   constexpr int steps = 8 * NT / M::kK;
 #pragma unroll
   for (int kk = 0; kk < steps; ++kk) {
@@ -255,35 +253,11 @@ __device__ __forceinline__ void product_wz_into(float (&out)[MI][D / 8][4], cons
       typename M::B b[2];
       M::b_trans(b, s, z_base, stride, kk * M::kK, 16 * dp, lane);
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if constexpr (PerStep) M::mma_apart(out[mi][2 * dp + h], a[mi], b[h]);
-          else M::mma(out[mi][2 * dp + h], a[mi], b[h]);
-        }
+      for (int mi = 0; mi < MI; ++mi) {
+        M::mma_long(out[mi][2 * dp], a[mi], b[0]);
+        M::mma_long(out[mi][2 * dp + 1], a[mi], b[1]);
+      }
     }
-  }
-}
-
-template <class M, int D, int MI, int NT, Sum How = kLongSum<M, D>>
-__device__ __forceinline__ void product_wz(float (&out)[MI][D / 8][4], const float (&w)[MI][NT][4],
-                                           const SharedArray<typename M::Elem>& s, int z_base, int stride, int width,
-                                           int lane) {
-  if constexpr (How == Sum::kTile) {
-    float tile[MI][D / 8][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) tile[mi][dt][0] = tile[mi][dt][1] = tile[mi][dt][2] = tile[mi][dt][3] = 0.f;
-    product_wz_into<M, D, MI, NT, false>(tile, w, s, z_base, stride, width, lane);
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) out[mi][dt][i] += tile[mi][dt][i];
-  } else {
-    product_wz_into<M, D, MI, NT, How == Sum::kStep>(out, w, s, z_base, stride, width, lane);
   }
 }
 
@@ -693,10 +667,8 @@ __global__ void __launch_bounds__(kBlock)
             st_[nt][i] = p, dpt[nt][i] = ds;
           }
       }
-      // dK and dV at width 128 leave no registers for a tile's sum apart
-      constexpr Sum how = M::kSplit && D == 128 ? Sum::kStep : kLongSum<M, D>;
-      product_wz<M, D, 1, NT, how>(dv_tiles, st_tiles, smem, st + T::kStreamed, stride, s.d, lane);
-      product_wz<M, D, 1, NT, how>(dk_tiles, dpt_tiles, smem, st, stride, s.d, lane);
+      product_wz<M, D, 1, NT>(dv_tiles, st_tiles, smem, st + T::kStreamed, stride, s.d, lane);
+      product_wz<M, D, 1, NT>(dk_tiles, dpt_tiles, smem, st, stride, s.d, lane);
     }
     __syncthreads();
   }
@@ -724,14 +696,15 @@ __global__ void to_bf16_rows_kernel(uint16_t* dst, const float* src, int64_t row
 int g_stream_rows = 0;
 int g_warp_rows = 0;  // the forward's rows per warp: 0 the default, 16 or 32
 
-// Each kernel's fastest tiles at N 1024, 4096 and 16384 (the same choice at all three, within 1%
-// where they differ), from bench/gpu_runs/2026-11-26-h200-tensor-core-2.md.
+// Each kernel's fastest tiles over N 1024, 4096 and 16384 (the least total time of the three):
+// BF16 and TF32 from the H100 run bench/gpu_runs/2026-11-26-h100-tensor-core-5.md, the split
+// TF32 kernel from the H200 run bench/gpu_runs/2026-11-26-h200-tensor-core-2.md.
 struct DefaultTiles {
   int warp_rows, forward_rows, backward_rows;
 };
 DefaultTiles default_tiles(FlashKernel kernel, int D) {
   const int w = D == 32 ? 0 : D == 64 ? 1 : 2;
-  static const DefaultTiles bf16[3] = {{32, 32, 32}, {16, 64, 32}, {32, 64, 64}};
+  static const DefaultTiles bf16[3] = {{16, 64, 64}, {32, 32, 64}, {32, 64, 64}};
   static const DefaultTiles tf32[3] = {{32, 32, 32}, {32, 64, 32}, {16, 32, 64}};
   static const DefaultTiles tf32x3[3] = {{16, 64, 32}, {16, 32, 32}, {16, 32, 32}};
   return kernel == FlashKernel::bf16 ? bf16[w] : kernel == FlashKernel::tf32 ? tf32[w] : tf32x3[w];
@@ -764,10 +737,10 @@ bool two_fit(FlashKernel kernel, int D, int rows) {
          !(kernel == FlashKernel::tf32 && D == 128);
 }
 
-// The most streamed rows a kernel's registers take without spilling: the split TF32 operands
-// hold twice the registers, and its tiles' sums apart (product_wz) more.
+// The most streamed rows a kernel's registers take without spilling (ptxas, sm_90): the split
+// TF32 operands hold twice the registers, and its backward two score tiles of them.
 constexpr int max_stream_rows(FlashKernel kernel, int D, bool forward) {
-  return kernel != FlashKernel::tf32x3 ? 128 : forward && D == 32 ? 64 : 32;
+  return kernel != FlashKernel::tf32x3 ? 128 : forward && D == 32 ? 128 : 32;
 }
 
 int stream_rows(FlashKernel kernel, int D, bool forward) {
