@@ -60,21 +60,9 @@ std::vector<Variant> variants(const std::string& list) {
   return out;
 }
 
-std::vector<int64_t> lengths(const std::string& list) {
-  std::vector<int64_t> out;
-  std::stringstream ss(list);
-  for (std::string n; std::getline(ss, n, ',');) {
-    size_t used = 0;
-    int64_t v = -1;
-    try {
-      v = std::stoll(n, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != n.size() || v < 1 || v > (int64_t{1} << 20))
-      throw UsageError(fmt::format("--lengths: '{}' is not a length in [1, {}]", n, int64_t{1} << 20));
-    out.push_back(v);
-  }
-  return out;
+// A list of lengths (or widths) for --option, each in [1, 2^20], none twice.
+std::vector<int64_t> lengths(const std::string& option, const std::string& list) {
+  return cli::comma_integers(option, list, 1, int64_t{1} << 20);
 }
 
 // A count option within [lo, hi], or a usage error naming it.
@@ -252,7 +240,7 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   std::string lens = args.str("lengths");
   if (lens.empty()) lens = device == Device::cuda ? "1024,2048,4096,8192,16384" : "256,512,1024";
   const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));  // usage errors before any output
-  const std::vector<int64_t> ns = lengths(lens);
+  const std::vector<int64_t> ns = lengths("lengths", lens);
   // 0: the defaults, C = κ = ⌈√N⌉ rounded up to 8, so the work grows as N^1.5; fixed C and κ
   // (the CAST paper's O(αN) setting) make it linear in N
   nn::AttentionConfig sizes;
@@ -633,8 +621,8 @@ int bench_flash(const cli::Args& args) {
   std::vector<cuda::FlashKernel> kernels;
   std::stringstream names(args.str("kernels"));
   for (std::string name; std::getline(names, name, ',');) kernels.push_back(cuda::parse_flash_kernel(name));
-  const std::vector<int64_t> ns = lengths(args.str("lengths").empty() ? "1024,4096,16384" : args.str("lengths"));
-  const std::vector<int64_t> widths = lengths(args.str("head-widths"));
+  const std::vector<int64_t> ns = lengths("lengths", args.str("lengths").empty() ? "1024,4096,16384" : args.str("lengths"));
+  const std::vector<int64_t> widths = lengths("head-widths", args.str("head-widths"));
   for (int64_t d : widths) CAST_CHECK_USAGE(d >= 1 && d <= 128, "--head-widths: {} is outside [1, 128]", d);
   const int64_t tokens = bounded(args, "tokens", 1, int64_t{1} << 26);
   const int64_t warmup = bounded(args, "warmup", 0, 100000), repeats = bounded(args, "repeats", 1, 100000);

@@ -137,6 +137,23 @@ static png::Image draw_sample(const PathfinderSpec& spec, uint64_t seed, int64_t
   return img;
 }
 
+// An earlier, larger set in this folder (cast data --overwrite with a smaller --count) left
+// images past the new count: its own files, sample_<i>.png with i ≥ count, are removed.
+static void remove_stale_images(const std::string& folder, int64_t count) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string head = "sample_", tail = ".png";
+    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+        name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+      continue;
+    const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+    if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    if (std::stoll(digits) >= count && entry.is_regular_file(ec)) fs::remove(entry.path(), ec);
+  }
+}
+
 // The images are drawn and written across the threads (each from its own stream: the same files
 // on any thread count) and reach the disk together before the metadata, which completes the set,
 // is written: one flush for the set instead of two per image.
@@ -162,6 +179,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
   for (int64_t i = 0; i < spec.count; ++i)
     meta << "imgs/0 sample_" << i << ".png " << i << ' ' << labels[static_cast<size_t>(i)] << '\n';
   files::write_atomic(dir + "/metadata/0.npy", meta.str(), "Pathfinder metadata", files::Link::refuse);
+  remove_stale_images(dir + "/imgs/0", spec.count);
   mark_data_folder(dir);
 }
 

@@ -772,3 +772,39 @@ TEST(CliAttack, LocksSeedsAndListsAreReadForWhatTheyMean) {
   EXPECT_EQ(std::system(("OMP_NUM_THREADS=100000 " + std::string(CAST_BINARY) + " info > /dev/null 2>&1").c_str()) >> 8,
             2);
 }
+
+// The fourth attack's leftovers (issue 41).
+TEST(CliAttack, ASmallerPathfinderSetLeavesNoImageOfTheLargerOne) {
+  const std::string d = fresh_dir("pf_stale");
+  ASSERT_EQ(run("data pathfinder --count 12 --out " + d + "/pf").code, 0);
+  ASSERT_TRUE(fs::exists(d + "/pf/imgs/0/sample_11.png"));
+  fs::copy_file(d + "/pf/imgs/0/sample_0.png", d + "/pf/imgs/0/mine.png");  // not the set's: kept
+  const CliRun again = run("data pathfinder --count 5 --overwrite --out " + d + "/pf");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_TRUE(fs::exists(d + "/pf/imgs/0/sample_4.png"));
+  for (int i = 5; i < 12; ++i) EXPECT_FALSE(fs::exists(d + "/pf/imgs/0/sample_" + std::to_string(i) + ".png")) << i;
+  EXPECT_TRUE(fs::exists(d + "/pf/imgs/0/mine.png"));
+}
+
+// Resuming rewrites metrics.jsonl up to the checkpoint's step: a line in it that is not a record
+// is refused (naming its line), not dropped; a last line cut short by a kill is left behind.
+TEST(CliAttack, AResumeKeepsOrRefusesEveryMetricsLine) {
+  const std::string run_dir = copy_run("metrics_garbage"), metrics = run_dir + "/metrics.jsonl";
+  const std::string original = slurp(metrics);
+  {
+    std::ofstream f(metrics, std::ios::trunc);
+    f << "my note about this run\n" << original;
+  }
+  const std::string with_note = slurp(metrics);
+  const CliRun refused = run("train --resume " + run_dir + "/checkpoint.safetensors --steps 5 --device cpu");
+  EXPECT_EQ(refused.code, 1) << refused.err;
+  EXPECT_NE(refused.err.find("line 1 is not a metrics record"), std::string::npos) << refused.err;
+  EXPECT_EQ(slurp(metrics), with_note);
+  {
+    std::ofstream f(metrics, std::ios::trunc);
+    f << original << "{\"step\": 3, \"spl";  // killed mid-line
+  }
+  const CliRun resumed = run("train --resume " + run_dir + "/checkpoint.safetensors --steps 5 --device cpu");
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(slurp(metrics).find("\"spl\n"), std::string::npos);
+}

@@ -1,5 +1,6 @@
 #include "train/cli.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "tensor/error.h"
@@ -195,6 +196,9 @@ std::vector<int64_t> comma_integers(const std::string& option, const std::string
     }
     CAST_USAGE_CHECK(used > 0 && used == item.size(), "--{}: '{}' is not a whole number", option, item);
     CAST_USAGE_CHECK(v >= lo && v <= hi, "--{}: {} is outside [{}, {}]", option, v, lo, hi);
+    // the same number under two spellings ('4' and '04') is listed twice as well
+    CAST_USAGE_CHECK(std::find(out.begin(), out.end(), v) == out.end(), "--{}: {} is listed twice ('{}')", option, v,
+                     text);
     out.push_back(v);
   }
   return out;

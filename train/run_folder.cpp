@@ -98,12 +98,22 @@ namespace {
 // Writes to `out` the lines of the metrics file `path` of steps up to `last_step` (atomically;
 // `out` may be `path`). No file at `path`: `out` starts empty.
 void keep_metrics_until(const std::string& path, int64_t last_step, const std::string& out) {
-  std::istringstream in(files::exists(path) ? files::read_file(path, "metrics file") : std::string());
+  const std::string text = files::exists(path) ? files::read_file(path, "metrics file") : std::string();
+  std::istringstream in(text);
   std::string kept, line;
+  int64_t number = 0;
   while (std::getline(in, line)) {
+    ++number;
     const json j = json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= last_step)
-      kept += line + '\n';
+    const bool record = j.is_object() && j.contains("step") && j["step"].is_number_integer();
+    // a last line cut short (no newline: the run was killed while writing it) is left behind;
+    // any other line that is not a record would be lost by the rewrite, so it is refused
+    const bool cut_short = in.eof() && !text.empty() && text.back() != '\n';
+    CAST_CHECK(record || cut_short,
+               "{} line {} is not a metrics record (a JSON object with an integer \"step\"); resuming rewrites the "
+               "file and would drop it: move it elsewhere first",
+               path, number);
+    if (record && j["step"].get<int64_t>() <= last_step) kept += line + '\n';
   }
   files::write_atomic(out, kept, "metrics file", files::Link::refuse);
 }

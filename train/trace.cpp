@@ -114,6 +114,10 @@ std::string text_line(const json& e) {
 
 Trace::Trace(std::string json_path, bool print, bool overwrite) : json_path_(std::move(json_path)), print_(print) {
   if (!json_path_.empty()) {  // a file that cannot be written is refused now, not after the work
+    // '-' reads as standard output elsewhere; here it would be a file named '-' in the folder
+    CAST_CHECK_USAGE(json_path_ != "-",
+                     "--trace -: the trace goes to standard output with --trace alone; give a file name to write JSON "
+                     "lines");
     files::output_target(json_path_, "--trace", files::Link::follow_once);
     // every line of a trace has its phase; no other file the engine writes has one
     files::check_may_replace(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite);
