@@ -234,6 +234,43 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchAtEveryStreamedTile) {
   cuda::set_flash_warp_rows(0);
 }
 
+// The split-TF32 kernel keeps FP32's accuracy over a long sequence: each of its errors against
+// f64 is at most twice the FMA kernel's (on the H100 it measured below it, bench/RESULTS.md).
+// A kernel that carries its running sums through the tensor core's accumulator, which cuts low
+// bits off at every k-step (the emulation models that), fails here: four times the FMA error
+// at N 256 and fifteen at N 1024.
+TEST(CudaVsCpuTensorCore, FlashSplitKernelKeepsTheFmaKernelsAccuracy) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 256, d = 32;
+  std::vector<float> m(N, 1.f);
+  for (int64_t j = N - N / 4; j < N; ++j) m[j] = 0.f;
+  const Tensor mask = Tensor::from_vector<float>(m, {1, N});
+  const Tensor q = Tensor::normal({1, 1, N, d}, 61, 0), k = Tensor::normal({1, 1, N, d}, 62, 0),
+               v = Tensor::normal({1, 1, N, d}, 63, 0), g = Tensor::normal({1, 1, N, d}, 64, 0);
+  const auto f64 = [](const Tensor& t) { return t.to(DType::f64); };
+  Tensor ro = Tensor::empty(q.shape(), DType::f64), rl = Tensor::empty({1, 1, N}, DType::f64);
+  ops::flash_attention_forward(ro, rl, f64(q), f64(k), f64(v), f64(mask));
+  Tensor rdq = Tensor::zeros(q.shape(), DType::f64), rdk = Tensor::zeros(k.shape(), DType::f64),
+         rdv = Tensor::zeros(v.shape(), DType::f64);
+  ops::flash_attention_backward(&rdq, &rdk, &rdv, f64(g), f64(q), f64(k), f64(v), f64(mask), ro, rl);
+  const auto errors = [&](cuda::FlashKernel kernel) {
+    const Tensor qc = q.to(Device::cuda), kc = k.to(Device::cuda), vc = v.to(Device::cuda);
+    Tensor out = Tensor::empty(q.shape(), DType::f32, Device::cuda), lse = Tensor::empty({1, 1, N}, DType::f32, Device::cuda);
+    cuda::flash_attention_forward(out, lse, qc, kc, vc, mask.to(Device::cuda), kernel);
+    Tensor dq = Tensor::zeros(q.shape(), DType::f32, Device::cuda), dk = Tensor::zeros(k.shape(), DType::f32, Device::cuda),
+           dv = Tensor::zeros(v.shape(), DType::f32, Device::cuda);
+    cuda::flash_attention_backward(&dq, &dk, &dv, g.to(Device::cuda), qc, kc, vc, mask.to(Device::cuda), out, lse,
+                                   kernel);
+    return std::vector<double>{rel_diff(out, ro), rel_diff(dq, rdq), rel_diff(dk, rdk), rel_diff(dv, rdv)};
+  };
+  const std::vector<double> fma = errors(cuda::FlashKernel::fma), split = errors(cuda::FlashKernel::tf32x3);
+  const char* names[] = {"output", "dq", "dk", "dv"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_GT(fma[i], 0.0) << names[i];  // a rounding error to compare with
+    EXPECT_LE(split[i], 2 * fma[i]) << names[i] << ": split TF32 " << split[i] << ", FMA " << fma[i];
+  }
+}
+
 // The NaN rule (math/softmax_rule.h) in every flash kernel, with tiles of padding and tiles
 // without (which take the tensor-core kernels' unmasked path): NaN in a query, a real key, a
 // padding key's K or V, or an output gradient reaches exactly the outputs and gradients it
