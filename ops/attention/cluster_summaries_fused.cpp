@@ -79,21 +79,31 @@ void weights_backward(Tensor& da_k, const Tensor& dp, const Tensor& p, const Ten
   });
 }
 
+// P (B, H, N, C) is not kept from the forward: the backward forms it again from A_k (held as an
+// input anyway) in the same two passes, bit for bit, rather than hold a token × cluster matrix
+// from the forward to the backward.
+// P = W / Σ W (B, H, N, C) and its column sums (B·H, C) from A_k and the mask.
+void summary_weights(Tensor& p, Tensor& colsum, const Tensor& a_k, const Tensor& mask) {
+  const int64_t B = a_k.dim(0), H = a_k.dim(1), N = a_k.dim(2), C = a_k.dim(3);
+  p = Tensor::empty(a_k.shape(), a_k.dtype(), a_k.device());
+  colsum = Tensor::empty({B * H, C}, a_k.dtype(), a_k.device());
+  Tensor p3 = p.view({B * H, N, C});
+  weights_forward(p3, colsum, a_k.view({B * H, N, C}), mask.defined() ? &mask : nullptr, H);
+}
+
 struct SummariesFusedNode final : autograd::Node {
   Tensor a_k, v;  // inputs (B, H, N, C), (B, H, N, d)
   Tensor mask;    // (B, N) or undefined
-  Tensor p;       // saved P (B, H, N, C)
-  Tensor colsum;  // saved Σ_tokens W (+1e-30): (B·H, C)
   const char* name() const override { return "cluster_summaries_fused"; }
   void fields(autograd::FieldVisitor& visit) const override {
     visit.input("a_k", a_k);
     visit.input("v", v);
     visit.input("mask", mask);
-    visit.saved("p", p);
-    visit.saved("colsum", colsum);
   }
   void backward() override {
     const Tensor& dr = outputs[0].grad();  // (B, H, C, d)
+    Tensor p, colsum;
+    summary_weights(p, colsum, a_k, mask);
     if (v.requires_grad()) {
       bool fresh = false;  // a first gradient is written by the product, not added to zeros
       Tensor dv = v.grad_buffer(&fresh);
@@ -125,15 +135,13 @@ Tensor cluster_summaries_fused(const Tensor& a_k, const Tensor& v, const Tensor&
     check_same_dtype(op, a_k, mask);
     CAST_CHECK(mask.shape() == (Shape{B, N}), "{}: mask {} must be [{}, {}]", op, mask.describe(), B, N);
   }
-  Tensor p = Tensor::empty(a_k.shape(), a_k.dtype(), a_k.device());
-  Tensor colsum = Tensor::empty({B * H, C}, a_k.dtype(), a_k.device());
-  Tensor p3 = p.view({B * H, N, C});
-  weights_forward(p3, colsum, a_k.view({B * H, N, C}), mask.defined() ? &mask : nullptr, H);
+  Tensor p, colsum;
+  summary_weights(p, colsum, a_k, mask);
   Tensor r = Tensor::empty({B, H, C, v.dim(3)}, v.dtype(), v.device());
   gemm(r, p, v, true, false, 1.0, 0.0, matmul_shape(p, v, true, false));  // R_inter = Pᵀ V
   if (autograd::needs_grad({&a_k, &v})) {
     auto node = std::make_unique<SummariesFusedNode>();
-    node->a_k = a_k, node->v = v, node->mask = mask, node->p = p, node->colsum = colsum;
+    node->a_k = a_k, node->v = v, node->mask = mask;
     node->outputs = {r};
     autograd::record(std::move(node));
   }

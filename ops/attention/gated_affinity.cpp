@@ -19,17 +19,17 @@ using namespace step_blocks;
 struct AffinityMixNode final : autograd::Node {
   Tensor g;         // (B, G, N, 1)
   Tensor a_q, a_k;  // (B, G, N, C)
-  Tensor diff;      // saved A_q − A_k
   const char* name() const override { return "affinity_mix"; }
   void fields(autograd::FieldVisitor& visit) const override {
     visit.input("g", g);
     visit.input("a_q", a_q);
     visit.input("a_k", a_k);
-    visit.saved("diff", diff);
   }
   void backward() override {
     const Tensor& da = outputs[0].grad();
-    if (g.requires_grad()) add_into(g.grad_accumulator(), sum_axis_raw(raw(BinaryOp::mul, da, diff), -1));
+    // A_q − A_k again from the inputs, which the node holds anyway: not kept from the forward
+    if (g.requires_grad())
+      add_into(g.grad_accumulator(), sum_axis_raw(raw(BinaryOp::mul, da, raw(BinaryOp::sub, a_q, a_k)), -1));
     if (a_q.requires_grad()) add_into(a_q.grad_accumulator(), raw(BinaryOp::mul, da, g));
     if (a_k.requires_grad()) {
       Tensor one_minus_g = like(g.shape(), g);
@@ -52,7 +52,7 @@ Tensor mix_affinities(const Tensor& g, const Tensor& a_q, const Tensor& a_k) {
   Tensor a_g = raw(BinaryOp::add, a_k, raw(BinaryOp::mul, g4, diff));
   if (autograd::needs_grad({&g4, &a_q, &a_k})) {
     auto node = std::make_unique<AffinityMixNode>();
-    node->g = g4, node->a_q = a_q, node->a_k = a_k, node->diff = diff;
+    node->g = g4, node->a_q = a_q, node->a_k = a_k;
     node->outputs = {a_g};
     autograd::record(std::move(node));
   }

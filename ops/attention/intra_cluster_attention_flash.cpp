@@ -9,33 +9,42 @@
 // CAST step 5 on flash attention (the GPU's fast path): each cluster is one flash-attention
 // problem. Its κ member rows of Q, K and V are gathered (an empty slot a zero row), and flash
 // attention runs over them with the filled slots as the key mask, so no κ × κ matrix is stored;
-// the gradients go back to the tokens by scatter-adding the gathered rows' gradients. Built on
+// the gradients go back to the tokens by scatter-adding the gathered rows' gradients. The
+// gathered rows are not kept for the backward, which gathers them again from Q, K and V (held
+// as inputs anyway): three copies of C·κ rows (N rows at the usual C = κ = √N) per (batch,
+// head) fewer between forward and backward, for three gathers. Built on
 // ops/attention/full_attention_flash.h, it runs on either device; the registry offers it for CUDA, where the
 // CPU has its own tile kernel (ops/attention/intra_cluster_attention_fused.cpp).
 namespace cast::ops {
 
 namespace {
+// The member rows of t (B, H, N, d) in cluster order, idx (B·H, C·κ), as (B·H·C, 1, κ, d).
+Tensor gather_members(const Tensor& t, const Tensor& idx, const Shape& clusters) {
+  const int64_t BH = idx.dim(0), N = t.dim(2), d = t.dim(3);
+  Tensor rows = Tensor::empty({BH, idx.dim(1), d}, t.dtype(), t.device());
+  gather_rows_forward(rows, t.view({BH, N, d}), idx);
+  return rows.view(clusters);
+}
+
 struct IntraClusterFlashNode final : autograd::Node {
-  Tensor q, k, v;     // inputs (B, H, N, d)
-  Tensor idx;         // members as (B·H, C·κ)
-  Tensor qc, kc, vc;  // gathered rows (B·H·C, 1, κ, d)
-  Tensor slots;       // (B·H·C, κ): 1 filled, 0 empty
-  Tensor out, lse;    // (B·H·C, 1, κ, d) and its log-sum-exp
+  Tensor q, k, v;   // inputs (B, H, N, d)
+  Tensor idx;       // members as (B·H, C·κ)
+  Tensor slots;     // (B·H·C, κ): 1 filled, 0 empty
+  Tensor out, lse;  // (B·H·C, 1, κ, d), the output's own storage, and its log-sum-exp
   const char* name() const override { return "intra_cluster_attention_flash"; }
   void fields(autograd::FieldVisitor& visit) const override {
     visit.input("q", q);
     visit.input("k", k);
     visit.input("v", v);
     visit.input("members", idx);
-    visit.saved("qc", qc);
-    visit.saved("kc", kc);
-    visit.saved("vc", vc);
     visit.saved("slots", slots);
     visit.saved("out", out);
     visit.saved("lse", lse);
   }
   void backward() override {
     const int64_t BH = idx.dim(0), N = q.dim(2), d = q.dim(3);
+    const Tensor qc = gather_members(q, idx, out.shape()), kc = gather_members(k, idx, out.shape()),
+                 vc = gather_members(v, idx, out.shape());
     Tensor dqc = Tensor::zeros(qc.shape(), qc.dtype(), qc.device());
     Tensor dkc = Tensor::zeros(kc.shape(), kc.dtype(), kc.device());
     Tensor dvc = Tensor::zeros(vc.shape(), vc.dtype(), vc.device());
@@ -52,14 +61,11 @@ struct IntraClusterFlashNode final : autograd::Node {
 };
 
 Tensor gathered_flash(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& members) {
-  const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), d = q.dim(3), C = members.dim(2), kappa = members.dim(3);
+  const int64_t B = q.dim(0), H = q.dim(1), d = q.dim(3), C = members.dim(2), kappa = members.dim(3);
   Tensor idx = members.view({B * H, C * kappa});
-  auto gather = [&](const Tensor& t) {
-    Tensor rows = Tensor::empty({B * H, C * kappa, d}, t.dtype(), t.device());
-    gather_rows_forward(rows, t.view({B * H, N, d}), idx);
-    return rows.view({B * H * C, 1, kappa, d});
-  };
-  Tensor qc = gather(q), kc = gather(k), vc = gather(v);
+  const Shape clusters = {B * H * C, 1, kappa, d};
+  Tensor qc = gather_members(q, idx, clusters), kc = gather_members(k, idx, clusters),
+         vc = gather_members(v, idx, clusters);
   Tensor slots = slot_mask(members, {B * H * C, kappa}, q);
   Tensor out = Tensor::empty(qc.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({B * H * C, 1, kappa}, q.dtype(), q.device());
@@ -68,7 +74,7 @@ Tensor gathered_flash(const Tensor& q, const Tensor& k, const Tensor& v, const T
   if (autograd::needs_grad({&q, &k, &v})) {
     auto node = std::make_unique<IntraClusterFlashNode>();
     node->q = q, node->k = k, node->v = v, node->idx = idx;
-    node->qc = qc, node->kc = kc, node->vc = vc, node->slots = slots, node->out = out, node->lse = lse;
+    node->slots = slots, node->out = out, node->lse = lse;
     node->outputs = {result};
     autograd::record(std::move(node));
   }
