@@ -43,16 +43,19 @@ struct IntraClusterFlashNode final : autograd::Node {
   }
   void backward() override {
     const int64_t BH = idx.dim(0), N = q.dim(2), d = q.dim(3);
-    const Tensor qc = gather_members(q, idx, out.shape()), kc = gather_members(k, idx, out.shape()),
-                 vc = gather_members(v, idx, out.shape());
+    Tensor qc = gather_members(q, idx, out.shape()), kc = gather_members(k, idx, out.shape()),
+           vc = gather_members(v, idx, out.shape());
     Tensor dqc = Tensor::zeros(qc.shape(), qc.dtype(), qc.device());
     Tensor dkc = Tensor::zeros(kc.shape(), kc.dtype(), kc.device());
     Tensor dvc = Tensor::zeros(vc.shape(), vc.dtype(), vc.device());
     flash_attention_backward(&dqc, &dkc, &dvc, outputs[0].grad().view(out.shape()), qc, kc, vc, slots, out, lse);
-    auto back = [&](Tensor& input, const Tensor& rows) {
-      if (!input.requires_grad()) return;
-      Tensor dx = input.grad_accumulator().view({BH, N, d});
-      gather_rows_backward(dx, rows.view({BH, idx.dim(1), d}), idx);
+    qc = kc = vc = Tensor();  // gone before the scatters
+    auto back = [&](Tensor& input, Tensor& rows) {
+      if (input.requires_grad()) {
+        Tensor dx = input.grad_accumulator().view({BH, N, d});
+        gather_rows_backward(dx, rows.view({BH, idx.dim(1), d}), idx);
+      }
+      rows = Tensor();
     };
     back(q, dqc);
     back(k, dkc);
