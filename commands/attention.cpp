@@ -144,6 +144,8 @@ int command_attention(const std::vector<std::string>& argv) {
   // more clusters than tokens fill nothing and cost minutes (C 65536 on 49 tokens)
   CAST_CHECK_USAGE(approximation.clusters <= N, "--clusters {} is more than the {} tokens of the input",
                    approximation.clusters, N);
+  CAST_CHECK_USAGE(!args.is_set("topk") || approximation.topk <= N, "--topk {} is more than the {} tokens of the input",
+                   approximation.topk, N);
   approximation.clusters = approximation.clusters > 0 ? approximation.clusters : nn::default_clusters(N);
   const auto every = mechanism_rows(panels, block, approximation, head, offset);
   const int64_t side = run.task.image_side / m.patch;

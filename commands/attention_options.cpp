@@ -1,6 +1,11 @@
 #include "commands/attention_options.h"
 
+#include <algorithm>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <string>
+
+#include "tensor/error.h"
 
 namespace cast::cli {
 
@@ -74,6 +79,33 @@ std::vector<int64_t> attention_option_list(const Args& args, AttentionOption opt
   const Declared& d = declared(option);
   CAST_CHECK(d.hi > 0, "attention options: --{} is a choice, not a number", d.name);
   return comma_integers(d.name, args.str(d.name), d.lo, d.hi);
+}
+
+void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms) {
+  using nn::Mechanism;
+  const std::vector<std::pair<const char*, std::vector<Mechanism>>> readers = {
+      {"clusters", {Mechanism::cast, Mechanism::clustered, Mechanism::iclustered}},
+      {"cluster-size", {Mechanism::cast}},
+      {"clustering", {Mechanism::cast}},
+      {"f", {Mechanism::cast}},
+      {"summaries", {Mechanism::cast}},
+      {"mix", {Mechanism::cast}},
+      {"cast-heads", {Mechanism::cast}},
+      {"surrogates", {Mechanism::cast}},
+      {"topk", {Mechanism::iclustered}},
+      {"bits", {Mechanism::clustered, Mechanism::iclustered}},
+      {"iterations", {Mechanism::clustered, Mechanism::iclustered}}};
+  for (const auto& [option, readers_of] : readers) {
+    if (!args.is_set(option)) continue;
+    bool read = false;
+    for (Mechanism m : mechanisms) read = read || std::find(readers_of.begin(), readers_of.end(), m) != readers_of.end();
+    if (read) continue;
+    std::vector<std::string> names, given;
+    for (Mechanism m : readers_of) names.push_back(nn::mechanism_name(m));
+    for (Mechanism m : mechanisms) given.push_back(nn::mechanism_name(m));
+    throw UsageError(fmt::format("--{} is an option of --attention {}, not of {}", option, fmt::join(names, " and "),
+                                 fmt::join(given, ", ")));
+  }
 }
 
 }  // namespace cast::cli

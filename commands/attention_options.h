@@ -35,5 +35,8 @@ void read_attention_options(const Args& args, std::initializer_list<AttentionOpt
                             nn::AttentionConfig& config);
 // A numeric option as a comma-separated list, each value within the option's limits.
 std::vector<int64_t> attention_option_list(const Args& args, AttentionOption option);
+// A flag that none of `mechanisms` reads (`--attention full --topk 3`) is refused, not ignored:
+// "--topk is an option of --attention iclustered, not of full".
+void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms);
 
 }  // namespace cast::cli

@@ -240,6 +240,9 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   std::string lens = args.str("lengths");
   if (lens.empty()) lens = device == Device::cuda ? "1024,2048,4096,8192,16384" : "256,512,1024";
   const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));  // usage errors before any output
+  std::vector<nn::Mechanism> read_by;
+  for (const Variant& v : mechanisms) read_by.push_back(v.config.mechanism);
+  cli::check_options_of_mechanisms(args, read_by);  // --clusters with full attention alone
   const std::vector<int64_t> ns = lengths("lengths", lens);
   // 0: the defaults, C = κ = ⌈√N⌉ rounded up to 8, so the work grows as N^1.5; fixed C and κ
   // (the CAST paper's O(αN) setting) make it linear in N

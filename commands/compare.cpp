@@ -8,6 +8,7 @@
 #include "train/tasks.h"
 #include "train/settings.h"
 #include "train/stop.h"
+#include "commands/attention_options.h"
 #include "commands/commands.h"
 
 namespace cast {
@@ -55,10 +56,13 @@ cli::Args compare_args() {
 void add_variants(const cli::Args& args, const std::string& attention, train::CompareSpec& spec) {
   if (args.str("vary").empty()) {
     const std::string list = !attention.empty() ? attention : "full,cast,clustered,iclustered";
+    std::vector<nn::Mechanism> mechanisms;
     for (const std::string& name : cli::comma_list("attention", list)) {
       usage_mechanism(name);  // an unknown mechanism fails before any run
       spec.variants.push_back({name, {{"attention", name}}});
+      mechanisms.push_back(nn::parse_mechanism(name));
     }
+    cli::check_options_of_mechanisms(args, mechanisms);  // a flag none of them reads
     return;
   }
   const std::string vary = args.str("vary");
@@ -78,6 +82,8 @@ void add_variants(const cli::Args& args, const std::string& attention, train::Co
     usage_mechanism(attention);
     spec.settings["attention"] = attention;
   }
+  cli::check_options_of_mechanisms(
+      args, {attention.empty() ? train::preset(spec.task).model.attention.mechanism : nn::parse_mechanism(attention)});
   for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1))) {
     const json parsed = train::setting_from_text(key, value);
     for (const auto& [label, settings] : spec.variants)  // 0.001 and 1e-3: one run shown as two

@@ -38,10 +38,13 @@ int64_t sequence_tokens(const train::TrainedRun& run) {
 
 // What the evaluation reads: examples longer than the model's sequences are cut, and said so;
 // more clusters than tokens fill nothing and cost minutes (C 65536 on 49 tokens), and are refused.
-void check_evaluation(const train::TrainedRun& run, const std::vector<int64_t>& clusters, bool swapped) {
+void check_evaluation(const train::TrainedRun& run, const std::vector<int64_t>& clusters,
+                      const std::vector<int64_t>& topks, bool swapped) {
   const int64_t n = sequence_tokens(run);
   for (int64_t c : clusters)
     CAST_CHECK_USAGE(!swapped || c <= n, "--clusters {} is more than the {} tokens of the model's sequences", c, n);
+  for (int64_t k : topks)
+    CAST_CHECK_USAGE(!swapped || k <= n, "--topk {} is more than the {} tokens of the model's sequences", k, n);
   const auto cut = [](const std::vector<data::Example>& split) {
     return std::count_if(split.begin(), split.end(), [](const data::Example& e) { return e.cut; });
   };
@@ -220,7 +223,7 @@ int command_eval(const std::vector<std::string>& argv) {
   if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
   if (!figure.empty()) train::check_outside_data(figure, "figure", run);
-  check_evaluation(run, clusters, !mechanisms.empty());
+  check_evaluation(run, clusters, args.is_set("topk") ? topks : std::vector<int64_t>{}, !mechanisms.empty());
   if (args.str("precision").empty())
     train::use_precision(device == Device::cuda ? run.checkpoint.config.precision : "fp32", device);
   const bool sweep = mechanisms.size() > 1 || clusters.size() > 1 || topks.size() > 1 || !figure.empty();

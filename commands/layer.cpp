@@ -208,11 +208,18 @@ int command_layer(const std::vector<std::string>& argv) {
   const int64_t B = x_raw.dim(0), N = x_raw.dim(1), D = x_raw.dim(2);
 
   config.mechanism = nn::parse_mechanism(args.choice("attention", {"full", "cast", "clustered", "iclustered"}));
+  cli::check_options_of_mechanisms(args, {config.mechanism});
+  CAST_CHECK_USAGE(!args.is_set("seed") || config.mechanism == nn::Mechanism::clustered ||
+                       config.mechanism == nn::Mechanism::iclustered,
+                   "--seed draws the LSH planes and k-means of --attention clustered and iclustered, not of {}",
+                   nn::mechanism_name(config.mechanism));
   config.dim = D;
   CAST_CHECK(D % config.heads == 0, "--heads {} must divide the model dim D = {}", config.heads, D);
   if (config.mechanism == nn::Mechanism::cast && config.clusters <= 0) config.clusters = nn::default_clusters(N);
   CAST_CHECK_USAGE(config.mechanism == nn::Mechanism::full || config.clusters <= N,
                    "--clusters {} is more than the {} tokens of x in {}", config.clusters, N, file.source);
+  CAST_CHECK_USAGE(!args.is_set("topk") || config.topk <= N,
+                   "--topk {} is more than the {} tokens of x in {}", config.topk, N, file.source);
   config.fused = !args.is_set("reference");
   ops::set_cpu_gemm(args.is_set("reference") ? ops::CpuGemm::loops : ops::CpuGemm::blas);
 

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "autograd/tape.h"
+#include "commands/attention_options.h"
 #include "tensor/files.h"
 #include "train/cli.h"
 #include "figures/cluster_changes.h"
@@ -36,31 +37,6 @@ static void check_config_is_no_run_file(const train::TrainConfig& config, const 
   for (const std::string& out : run_files(config)) files::check_not_an_input(out, "run file", {config_path});
 }
 
-// A flag that only another mechanism reads (`--attention full --clustering satopk`) is refused, not
-// ignored; a settings file may hold such keys for the mechanisms it is shared by.
-static void check_options_of_the_mechanism(const cli::Args& args, nn::Mechanism mechanism) {
-  using nn::Mechanism;
-  const std::vector<std::pair<const char*, std::vector<Mechanism>>> readers = {
-      {"clusters", {Mechanism::cast, Mechanism::clustered, Mechanism::iclustered}},
-      {"cluster-size", {Mechanism::cast}},
-      {"clustering", {Mechanism::cast}},
-      {"f", {Mechanism::cast}},
-      {"summaries", {Mechanism::cast}},
-      {"mix", {Mechanism::cast}},
-      {"cast-heads", {Mechanism::cast}},
-      {"surrogates", {Mechanism::cast}},
-      {"topk", {Mechanism::iclustered}},
-      {"bits", {Mechanism::clustered, Mechanism::iclustered}},
-      {"iterations", {Mechanism::clustered, Mechanism::iclustered}}};
-  for (const auto& [option, mechanisms] : readers) {
-    if (!args.is_set(option) || std::find(mechanisms.begin(), mechanisms.end(), mechanism) != mechanisms.end())
-      continue;
-    std::vector<std::string> names;
-    for (Mechanism m : mechanisms) names.push_back(nn::mechanism_name(m));
-    throw UsageError(fmt::format("--{} is an option of --attention {}, not of {}", option, fmt::join(names, " and "),
-                                 nn::mechanism_name(mechanism)));
-  }
-}
 
 // The trace file is written at the end: it must be neither an input nor a file the run keeps
 // (train::Trace checks, as it opens, that it can be written).
@@ -144,13 +120,13 @@ int command_train(const std::vector<std::string>& argv) {
   if (args.is_set("trace")) {
     const std::string& file = args.str("trace");
     if (!file.empty()) check_trace_is_no_run_file(config, file, args.str("config"), args.str("resume"));
-    trace.emplace(file, true, /*overwrite=*/false);  // --overwrite replaces the run, never another file
+    trace.emplace(file, true, /*overwrite=*/false, /*may_overwrite=*/false);  // --overwrite replaces the run only
     config.trace = &*trace;
   }
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
              config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
              config.model.heads, config.steps, config.batch, device_name(train::resolve_device(config.device)));
-  check_options_of_the_mechanism(args, config.model.attention.mechanism);
+  cli::check_options_of_mechanisms(args, {config.model.attention.mechanism});
   note_cast_without_clusters(config.model);
   try {
     train::run_training(config, args.str("resume"));

@@ -51,8 +51,14 @@ struct ListOpsSpec {
 // A folder the generators made holds this file. They write into a folder only when it is missing,
 // empty or marked, or with `overwrite`: else a usage error, before anything is written.
 constexpr const char* kDataFolderMark = ".made-by-cast";
+// While a generator writes, the folder also holds kDataUnfinishedMark (made, and flushed to
+// disk, before the first data file changes; removed after the last): a set that a signal or a
+// full disk cut short, half old and half new, is refused by every reader instead of read.
+constexpr const char* kDataUnfinishedMark = ".cast-data-unfinished";
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite);
 void mark_data_folder(const std::string& dir);
+// Refuses a folder whose generation did not finish (kDataUnfinishedMark), naming the remedy.
+void check_data_finished(const std::string& dir);
 
 // Writes basic_{train,val,test}.tsv (header Source\tTarget) into `dir`.
 void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite = false);

@@ -174,6 +174,7 @@ static std::vector<Example> read_listops_tsv(const std::string& path, int64_t ma
 }
 
 TaskData load_listops(const std::string& dir, int64_t max_len) {
+  check_data_finished(dir);
   files::require_folder(dir, "ListOps data folder");
   TaskData t;
   t.name = "listops";

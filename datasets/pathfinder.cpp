@@ -137,12 +137,24 @@ static png::Image draw_sample(const PathfinderSpec& spec, uint64_t seed, int64_t
   return img;
 }
 
-// An earlier, larger set in this folder (cast data --overwrite with a smaller --count) left
-// images past the new count: its own files, sample_<i>.png with i ≥ count, are removed.
+// An earlier, larger set in this folder (cast data with a smaller --count) left images past the
+// new count: its own files, sample_<i>.png with i ≥ count, are removed. With count < 0, the
+// temporary files a stopped run left instead: sample_<i>.png.tmp and sample_<i>.png.<n>.tmp.
 static void remove_stale_images(const std::string& folder, int64_t count) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
-    const std::string name = entry.path().filename().string();
+    std::string name = entry.path().filename().string();
+    if (count < 0) {  // <image>.tmp or <image>.<n>.tmp: the image's own name is checked below
+      const auto ends_with = [](const std::string& s, const std::string& tail) {
+        return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+      };
+      if (!ends_with(name, ".tmp")) continue;
+      name.resize(name.size() - 4);
+      const size_t dot = name.rfind('.');
+      if (dot != std::string::npos && dot + 1 < name.size() &&
+          std::all_of(name.begin() + dot + 1, name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        name.resize(dot);
+    }
     const std::string head = "sample_", tail = ".png";
     if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
         name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
@@ -150,7 +162,7 @@ static void remove_stale_images(const std::string& folder, int64_t count) {
     const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
     if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
       continue;
-    if (std::stoll(digits) >= count && entry.is_regular_file(ec)) fs::remove(entry.path(), ec);
+    if ((count < 0 || std::stoll(digits) >= count) && entry.is_regular_file(ec)) fs::remove(entry.path(), ec);
   }
 }
 
@@ -160,6 +172,7 @@ static void remove_stale_images(const std::string& folder, int64_t count) {
 void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite) {
   const files::FolderLock lock = claim_data_folder(dir, overwrite);
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
+  remove_stale_images(dir + "/imgs/0", -1);  // a stopped run's temporary files
   files::make_writable_folder(dir + "/metadata", "Pathfinder folder");
   std::vector<int> labels(static_cast<size_t>(spec.count));
   std::exception_ptr failure;
@@ -202,6 +215,7 @@ static std::string image_inside(const std::string& dir, const std::string& subdi
 }
 
 TaskData load_pathfinder(const std::string& dir) {
+  check_data_finished(dir);
   files::require_folder(dir, "Pathfinder data folder");
   const std::string meta_dir = dir + "/metadata";
   files::require_folder(meta_dir, "Pathfinder metadata folder (generate the data with `cast data pathfinder`)");

@@ -224,7 +224,7 @@ MetricsLine parse_metrics_line(const std::string& line, const std::string& where
   CAST_CHECK(j.is_object(), "{}: not a JSON object", where);
   auto number = [&](const char* key, double lo, double hi) {
     CAST_CHECK(j.contains(key), "{}: '{}' is missing", where, key);
-    CAST_CHECK(j[key].is_number(), "{}: '{}' is {}, not a number", where, key, j[key].dump());
+    CAST_CHECK(j[key].is_number(), "{}: '{}' is {}, not a number", where, key, files::json_excerpt(j[key]));
     const double v = j[key].get<double>();
     CAST_CHECK(std::isfinite(v) && v >= lo && v <= hi, "{}: '{}' is {}, outside [{}, {}]", where, key, v, lo, hi);
     return v;
@@ -235,7 +235,7 @@ MetricsLine parse_metrics_line(const std::string& line, const std::string& where
   CAST_CHECK(m.split == "train" || m.split == "val" || m.split == "test", "{}: 'split' is '{}', not train, val or test",
              where, m.split);
   CAST_CHECK(j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() >= 0,
-             "{}: 'step' is {}, not a whole number 0 or more", where, j.value("step", nlohmann::json()).dump());
+             "{}: 'step' is {}, not a whole number 0 or more", where, files::json_excerpt(j.value("step", nlohmann::json())));
   m.step = static_cast<double>(j["step"].get<int64_t>());
   m.accuracy = number("accuracy", 0, 1);
   if (m.split == "train") m.loss = number("loss", 0, 1e30);

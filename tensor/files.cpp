@@ -196,7 +196,14 @@ std::string json_message(const std::exception& e) {
     const size_t close = m.find("] ");
     if (close != std::string::npos) m = m.substr(close + 2);
   }
-  return m;
+  // the library quotes the bytes it last read: a control byte or one past ASCII is shown as
+  // \xHH, not written raw to the terminal
+  std::string shown;
+  for (const char ch : m) {
+    const auto u = static_cast<unsigned char>(ch);
+    shown += u < 0x20 || u >= 0x7f ? fmt::format("\\x{:02x}", u) : std::string(1, ch);
+  }
+  return shown;
 }
 
 nlohmann::json parse_json(const std::string& text, const std::string& where) {
@@ -208,7 +215,12 @@ nlohmann::json parse_json(const std::string& text, const std::string& where) {
   CAST_CHECK(nul == std::string::npos, "{}: a NUL byte at offset {}: not a JSON text", where, nul);
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
-  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
+  bool too_deep = false;
+  auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > kMaxJsonDepth) {  // not kept: the parser drops what the callback refuses
+      too_deep = true;
+      return false;
+    }
     if (event == json::parse_event_t::object_start) open_objects.emplace_back();
     else if (event == json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
     else if (event == json::parse_event_t::key && !open_objects.empty() &&
@@ -222,8 +234,20 @@ nlohmann::json parse_json(const std::string& text, const std::string& where) {
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: not valid JSON: {}", where, json_message(e)));
   }
+  CAST_CHECK(!too_deep, "{}: a value nested more than {} levels deep", where, kMaxJsonDepth);
   CAST_CHECK(duplicate.empty(), "{}: the key '{}' is given twice", where, duplicate);
   return j;
+}
+
+std::string json_excerpt(const nlohmann::json& value) {
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (text.size() > 60) {
+    text.resize(57);
+    while (!text.empty() && (static_cast<unsigned char>(text.back()) & 0xc0) == 0x80) text.pop_back();  // whole characters
+    if (!text.empty() && static_cast<unsigned char>(text.back()) >= 0xc0) text.pop_back();
+    text += "...";
+  }
+  return text;
 }
 
 nlohmann::json read_json(const std::string& path, const std::string& what) {
@@ -298,7 +322,7 @@ static std::string head_of(const std::string& path, const std::string& what) {
 }
 
 void check_may_replace(const std::string& path, const std::string& what, const std::string& kind, std::string_view mark,
-                       bool overwrite) {
+                       bool overwrite, std::string_view remedy) {
   // where it goes is checked now when its folder exists (a read-only folder, a FIFO): no work first
   if (overwrite || !exists(path)) {
     if (exists(folder_of(path))) output_target(path, what, Link::follow_once);
@@ -306,10 +330,7 @@ void check_may_replace(const std::string& path, const std::string& what, const s
   }
   const std::string head = head_of(path, what);
   if (head.empty() || head.find(mark) != std::string::npos) return;
-  throw UsageError(
-      fmt::format("{} {}: exists and is not {}; not replacing it (pass --overwrite to "
-                  "replace it, or choose another path)",
-                  what, path, kind));
+  throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it ({})", what, path, kind, remedy));
 }
 
 // Creates a temporary file for writing beside `stem` ("<stem>.tmp", else "<stem>.1.tmp", ...):

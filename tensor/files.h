@@ -81,7 +81,12 @@ void for_each_line(const std::string& path, const std::string& what,
 // A JSON document from a file (or text), errors naming the file and the place, without the JSON
 // library's internals.
 nlohmann::json read_json(const std::string& path, const std::string& what);
+// A value nested deeper than kMaxJsonDepth (no file of ours nests past 4) is refused: printing
+// or copying one a hundred thousand levels deep would overflow the stack.
+constexpr int kMaxJsonDepth = 32;
 nlohmann::json parse_json(const std::string& text, const std::string& where);
+// A JSON value for an error line: at most 60 characters of it, "..." where it was cut.
+std::string json_excerpt(const nlohmann::json& value);
 // The JSON library's message without its "[json.exception.parse_error.101] " prefix.
 std::string json_message(const std::exception& e);
 
@@ -94,7 +99,8 @@ std::string output_target(const std::string& path, const std::string& what, Link
 // error naming the option, the file, what it is not, and --overwrite. A missing or empty file
 // passes.
 void check_may_replace(const std::string& path, const std::string& what, const std::string& kind, std::string_view mark,
-                       bool overwrite);
+                       bool overwrite,
+                       std::string_view remedy = "pass --overwrite to replace it, or choose another path");
 // The mark of every figure the engine draws (figures/plot.cpp puts it in each SVG).
 constexpr std::string_view kFigureMark = "<!-- drawn by cast -->";
 

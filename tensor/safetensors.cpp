@@ -57,7 +57,12 @@ namespace {
 json parse_header(const char* text, size_t size, const std::string& source) {
   std::set<std::string> names;
   std::string duplicate;
+  bool too_deep = false;
   auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > files::kMaxJsonDepth) {  // dropped, and refused below
+      too_deep = true;
+      return false;
+    }
     if (depth == 1 && event == json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second)
       duplicate = parsed.get<std::string>();
     return true;
@@ -68,6 +73,8 @@ json parse_header(const char* text, size_t size, const std::string& source) {
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: corrupt safetensors header: {}", source, files::json_message(e)));
   }
+  CAST_CHECK(!too_deep, "{}: corrupt safetensors header: a value nested more than {} levels deep", source,
+             files::kMaxJsonDepth);
   CAST_CHECK(duplicate.empty(), "{}: tensor name '{}' appears twice in the header", source, duplicate);
   CAST_CHECK(header.is_object(), "{}: safetensors header is not a JSON object", source);
   return header;
@@ -89,7 +96,7 @@ Shape entry_shape(const json& js, const std::string& source, const std::string& 
   Shape shape;
   for (const json& d : js) {
     CAST_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-               "{}: tensor '{}': bad dimension {}", source, name, d.dump());
+               "{}: tensor '{}': bad dimension {}", source, name, files::json_excerpt(d));
     shape.push_back(d.get<int64_t>());
     CAST_CHECK(shape.back() < (int64_t(1) << 40), "{}: tensor '{}': dimension too large", source, name);
   }

@@ -6,6 +6,21 @@
 
 namespace cast::text {
 
+// A number written in decimal as a user would: an optional sign, digits, and for a real number a
+// point and an exponent; no space around it, no hexadecimal ("0x10", "0x1p-3"), no "inf" or "nan"
+// (which the C library's readers all take).
+inline bool plain_decimal(const std::string& s, bool integer) {
+  if (s.empty()) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool digit = c >= '0' && c <= '9';
+    const bool sign = (c == '+' || c == '-') && (i == 0 || (!integer && (s[i - 1] == 'e' || s[i - 1] == 'E')));
+    const bool real = !integer && (c == '.' || c == 'e' || c == 'E');
+    if (!digit && !sign && !real) return false;
+  }
+  return true;
+}
+
 // The length of the UTF-8 sequence that starts at s[i], or 0 where the bytes there are not one.
 inline size_t utf8_length(const std::string& s, size_t i) {
   const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };

@@ -512,7 +512,8 @@ TEST(CliAttack, ANewRunReplacesOnlyWhatACastRunLeft) {
   // --overwrite over a run: the old checkpoint goes too, so a new run that fails at once names none
   const std::string old_run = copy_run("overwritten");
   const CliRun nan =
-      run("train --data " + data + " --run " + old_run + " --overwrite --lr 1e300 --attention full" + kTiny);
+      run("train --data " + data + " --run " + old_run + " --overwrite --lr 1e300 --weight-decay 0 --attention full" +
+          kTiny);
   EXPECT_EQ(nan.code, 1) << nan.err;
   EXPECT_EQ(nan.err.find("The last good checkpoint is"), std::string::npos) << nan.err;
 }
@@ -807,4 +808,73 @@ TEST(CliAttack, AResumeKeepsOrRefusesEveryMetricsLine) {
   const CliRun resumed = run("train --resume " + run_dir + "/checkpoint.safetensors --steps 5 --device cpu");
   EXPECT_EQ(resumed.code, 0) << resumed.err;
   EXPECT_EQ(slurp(metrics).find("\"spl\n"), std::string::npos);
+}
+
+// The fifth attack's defects (issue 41), one case each.
+TEST(CliAttack, AValueNestedTooDeepIsRefusedNotACrash) {
+  const std::string d = fresh_dir("deep_json");
+  {
+    std::ofstream f(d + "/deep.json");
+    f << "{\"steps\":" << std::string(70000, '[') << std::string(70000, ']') << "}";
+  }
+  const CliRun r = run("train --data " + trained_run() + "/data --run " + d + "/r --config " + d + "/deep.json" + kTiny);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("a value nested more than 32 levels deep"), std::string::npos) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+}
+
+TEST(CliAttack, ADataSetCutShortIsRefusedAndItsTemporariesGo) {
+  const std::string d = fresh_dir("unfinished"), pf = d + "/pf";
+  ASSERT_EQ(run("data pathfinder --count 20 --out " + pf).code, 0);
+  // as a signal or a full disk leaves it: the mark still there, a temporary image
+  put(pf + "/" + data::kDataUnfinishedMark, "");
+  put(pf + "/imgs/0/sample_3.png.tmp", "x");
+  put(pf + "/imgs/0/sample_4.png.2.tmp", "x");
+  put(pf + "/imgs/0/notes.tmp", "mine");
+  const CliRun refused = run("train --task pathfinder --data " + pf + " --run " + d + "/r --attention full" + kTiny);
+  EXPECT_EQ(refused.code, 1) << refused.err;
+  EXPECT_NE(refused.err.find("did not finish"), std::string::npos) << refused.err;
+  const CliRun again = run("data pathfinder --count 20 --out " + pf);
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_FALSE(fs::exists(pf + "/" + data::kDataUnfinishedMark));
+  EXPECT_FALSE(fs::exists(pf + "/imgs/0/sample_3.png.tmp"));
+  EXPECT_FALSE(fs::exists(pf + "/imgs/0/sample_4.png.2.tmp"));
+  EXPECT_EQ(slurp(pf + "/imgs/0/notes.tmp"), "mine");
+}
+
+TEST(CliAttack, OutputsNeverGoIntoTheDataAndFlagsNoMechanismReadsAreRefused) {
+  const std::string d = fresh_dir("attack5"), data = trained_run() + "/data";
+  const std::string layer_in = std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors";
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"train --data " + data + " --run " + data + kTiny, "run folder " + data + " is inside the data folder"},
+           {"compare --data " + data + " --out " + data + " --attention full" + kTiny, "is inside the data folder"},
+           {"compare --data " + data + " --out " + d + "/c --attention full,cast --topk 3" + kTiny,
+            "--topk is an option of --attention iclustered, not of full, cast"},
+           {"layer --in " + layer_in + " --out " + d + "/o.st --attention full --heads 2 --clusters 3",
+            "--clusters is an option of --attention cast and clustered and iclustered, not of full"},
+           {"layer --in " + layer_in + " --out " + d + "/o.st --attention full --heads 2 --seed 3",
+            "--seed draws the LSH planes and k-means of --attention clustered and iclustered, not of full"},
+           {"bench attention --device cpu --lengths 16 --dim 16 --heads 2 --mechanisms full --clusters 4",
+            "--clusters is an option of --attention cast and clustered and iclustered, not of full"},
+           {"train --data " + data + " --run " + d + "/t --attention iclustered --topk 1000" + kTiny,
+            "setting 'topk' is 1000: more than the"},
+           {"train --data " + data + " --run " + d + "/w --weight-decay 1e3" + kTiny,
+            "setting 'weight-decay' is 1000: with 'lr' "},
+           {"train --data " + data + " --run " + d + "/n --lr 0x10" + kTiny, "--lr expects a number, got '0x10'"},
+           {"train --data " + data + " --run " + d + "/n --lr inf" + kTiny, "--lr expects a number, got 'inf'"},
+           {"train --data " + data + " --run " + d + "/n --batch ' 4' --steps 2 --device cpu",
+            "--batch expects an integer, got ' 4'"},
+       }) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(lines(r.err), 1) << args << "\n" << r.err;
+  }
+  EXPECT_FALSE(fs::exists(data + "/checkpoint.safetensors"));
+  // cast train's --overwrite replaces a run, not another file: its refusal does not offer it
+  fs::copy_file(copy_run("attack5_trace") + "/checkpoint.safetensors", d + "/ck.safetensors");
+  const CliRun trace = run("train --data " + data + " --run " + d + "/tr --trace " + d + "/ck.safetensors --overwrite" + kTiny);
+  EXPECT_EQ(trace.code, 2) << trace.err;
+  EXPECT_NE(trace.err.find("choose another path: --overwrite replaces a run, not another file"), std::string::npos)
+      << trace.err;
 }

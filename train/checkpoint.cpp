@@ -161,7 +161,7 @@ static std::string first_difference(const json& theirs, const json& mine, const 
       return first_difference(theirs[k], val, prefix + k + ".");
     if (!has || theirs[k] != val)
       return fmt::format("'{}{}' is {} in the checkpoint but {} in this model", prefix, k,
-                         has ? theirs[k].dump() : "missing", val.dump());
+                         has ? files::json_excerpt(theirs[k]) : "missing", files::json_excerpt(val));
   }
   return "model config";
 }

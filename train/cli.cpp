@@ -106,8 +106,8 @@ int64_t Args::integer(const std::string& name) const {
   const std::string v = str(name);
   try {
     size_t used = 0;
-    int64_t r = std::stoll(v, &used);
-    if (used == v.size()) return r;
+    int64_t r = text::plain_decimal(v, true) ? std::stoll(v, &used) : 0;
+    if (used != 0 && used == v.size()) return r;
   } catch (const std::exception&) {
   }
   throw UsageError(fmt::format("--{} expects an integer, got '{}'", name, v));
@@ -123,8 +123,8 @@ double Args::number(const std::string& name) const {
   const std::string v = str(name);
   try {
     size_t used = 0;
-    double r = std::stod(v, &used);
-    if (used == v.size()) return r;
+    double r = text::plain_decimal(v, false) ? std::stod(v, &used) : 0;
+    if (used != 0 && used == v.size()) return r;
   } catch (const std::out_of_range&) {
     throw UsageError(fmt::format("--{} is {}: beyond the range of a double (too large, or too close to 0)", name, v));
   } catch (const std::exception&) {
@@ -190,7 +190,7 @@ std::vector<int64_t> comma_integers(const std::string& option, const std::string
     size_t used = 0;
     int64_t v = 0;
     try {
-      v = std::stoll(item, &used);
+      v = text::plain_decimal(item, true) ? std::stoll(item, &used) : 0;
     } catch (const std::exception&) {
       used = 0;
     }

@@ -51,12 +51,12 @@ void check_same_run(const std::string& checkpoint, const TrainConfig& started_wi
           throw Error(
               fmt::format("{}: this run was started with model setting '{}' = {}, but this comparison asks "
                           "for {}; use another --out, or the settings it was started with",
-                          checkpoint, mk, stored["model"].value(mk, json()).dump(), mv.dump()));
+                          checkpoint, mk, files::json_excerpt(stored["model"].value(mk, json())), files::json_excerpt(mv)));
     } else if (!stored.contains(key) || stored[key] != value) {
       throw Error(
           fmt::format("{}: this run was started with '{}' = {}, but this comparison asks for {}; use another "
                       "--out, or the settings it was started with",
-                      checkpoint, key, stored.value(key, json()).dump(), value.dump()));
+                      checkpoint, key, files::json_excerpt(stored.value(key, json())), files::json_excerpt(value)));
     }
   }
 }
@@ -90,7 +90,7 @@ json read_summary(const std::string& path) {
     CAST_CHECK(j[key].is_number(), "run summary {}: '{}' is {}, not a number ({})", path, key, j[key].dump(), fix);
     const double v = j[key].get<double>();
     CAST_CHECK(std::isfinite(v) && v >= lo && v <= hi, "run summary {}: '{}' is {}, outside [{}, {}] ({})", path, key,
-               j[key].dump(), lo, hi, fix);
+               files::json_excerpt(j[key]), lo, hi, fix);
   };
   number("test_accuracy", 0, 1, true);
   number("val_accuracy", 0, 1, true);

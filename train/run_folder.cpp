@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "tensor/files.h"
+#include "train/tasks.h"
 
 namespace cast::train {
 
@@ -56,6 +57,8 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
 }  // namespace
 
 RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
+  // a run among the data it reads: a later cast data there would replace the data under it
+  files::check_not_inside(c.run_dir, "run folder", data_folder(c), "data folder");
   files::make_writable_folder(c.run_dir, "run folder");
   RunFolder folder;
   folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed

@@ -367,7 +367,7 @@ std::string joined(const std::vector<std::string>& words, const char* separator)
 // (converting it to an integer is undefined behaviour; the fuzzer found it).
 json integer_value(const std::string& name, const json& v) {
   if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}))
-    throw UsageError(fmt::format("setting '{}' is {}: it must be an integer", name, v.dump()));
+    throw UsageError(fmt::format("setting '{}' is {}: it must be an integer", name, files::json_excerpt(v)));
   return v;
 }
 
@@ -454,7 +454,7 @@ void apply_overrides(TrainConfig& c, const json& j) {
     try {
       set_from_json(c, *s, value);
     } catch (const json::exception&) {
-      throw UsageError(fmt::format("config: setting '{}' has the wrong type: {}", key, value.dump()));
+      throw UsageError(fmt::format("config: setting '{}' has the wrong type: {}", key, files::json_excerpt(value)));
     }
   }
   validate(c);
@@ -495,6 +495,12 @@ void validate(const TrainConfig& c) {
   }
   if (m.dim % m.heads != 0)
     throw UsageError(fmt::format("setting 'dim' is {}: it must be a multiple of 'heads' ({})", m.dim, m.heads));
+  // AdamW multiplies the weights by 1 − lr·wd each step: at 1 or more that zeroes them or flips
+  // their sign every step
+  if (c.lr * c.weight_decay >= 1)
+    throw UsageError(fmt::format("setting 'weight-decay' is {}: with 'lr' {} the weights would be multiplied by "
+                                 "1 - lr * weight-decay = {} each step; it must be below 1 / lr",
+                                 c.weight_decay, c.lr, 1 - c.lr * c.weight_decay));
 }
 
 std::string setting_value(const TrainConfig& c, const std::string& name) {
@@ -518,11 +524,11 @@ json setting_from_text(const std::string& name, const std::string& text) {
   try {
     size_t used = 0;
     if (s->kind == Kind::integer) {
-      const int64_t v = std::stoll(text, &used);
-      if (used == text.size()) return json(v);
+      const int64_t v = text::plain_decimal(text, true) ? std::stoll(text, &used) : 0;
+      if (used != 0 && used == text.size()) return json(v);
     } else if (s->kind == Kind::number) {
-      const double v = std::stod(text, &used);
-      if (used == text.size()) return json(v);
+      const double v = text::plain_decimal(text, false) ? std::stod(text, &used) : 0;
+      if (used != 0 && used == text.size()) return json(v);
     } else if (s->kind == Kind::flag) {
       if (text == "true" || text == "false") return json(text == "true");
     } else {
@@ -559,7 +565,7 @@ int64_t stored_integer(const json& j, const std::string& key) {
   if (!j.contains(key)) throw Error(fmt::format("model config: '{}' is missing", key));
   const json& v = j.at(key);
   if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}))
-    throw Error(fmt::format("model config: '{}' is {}, not an integer", key, v.dump()));
+    throw Error(fmt::format("model config: '{}' is {}, not an integer", key, files::json_excerpt(v)));
   return v.get<int64_t>();
 }
 
@@ -662,7 +668,7 @@ json read_settings_file(const std::string& path) {
 std::string task_of(const std::string& task_flag, bool flag_given, const json& settings, const std::string& path) {
   if (!settings.is_object() || !settings.contains("task")) return task_flag;
   CAST_CHECK_USAGE(settings["task"].is_string(), "config file {}: setting 'task' is {}, not a task name", path,
-                   settings["task"].dump());
+                   files::json_excerpt(settings["task"]));
   const std::string task = settings["task"].get<std::string>();
   CAST_CHECK_USAGE(!flag_given || task == task_flag, "config file {} names task '{}' and --task names '{}': give one",
                    path, task, task_flag);

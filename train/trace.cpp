@@ -112,7 +112,8 @@ std::string text_line(const json& e) {
 
 }  // namespace
 
-Trace::Trace(std::string json_path, bool print, bool overwrite) : json_path_(std::move(json_path)), print_(print) {
+Trace::Trace(std::string json_path, bool print, bool overwrite, bool may_overwrite)
+    : json_path_(std::move(json_path)), print_(print) {
   if (!json_path_.empty()) {  // a file that cannot be written is refused now, not after the work
     // '-' reads as standard output elsewhere; here it would be a file named '-' in the folder
     CAST_CHECK_USAGE(json_path_ != "-",
@@ -120,7 +121,9 @@ Trace::Trace(std::string json_path, bool print, bool overwrite) : json_path_(std
                      "lines");
     files::output_target(json_path_, "--trace", files::Link::follow_once);
     // every line of a trace has its phase; no other file the engine writes has one
-    files::check_may_replace(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite);
+    files::check_may_replace(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite,
+                             may_overwrite ? "pass --overwrite to replace it, or choose another path"
+                                           : "choose another path: --overwrite replaces a run, not another file");
   }
   previous_ = autograd::set_tape_observer(this);
 }

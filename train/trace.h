@@ -34,7 +34,9 @@ class Trace final : public autograd::TapeObserver {
   // lines, the finished passes' written to json_path by write_file() (kept in memory until
   // then, as many bytes as the file). Installs itself on this thread's tape.
   // An existing file at json_path is replaced only when it is a trace, or with `overwrite`.
-  explicit Trace(std::string json_path = "", bool print = true, bool overwrite = false);
+  // overwrite: replace a file at json_path that is not a trace; may_overwrite: whether the
+  // command's --overwrite would (cast train's replaces a run, never another file)
+  explicit Trace(std::string json_path = "", bool print = true, bool overwrite = false, bool may_overwrite = true);
   ~Trace();
   Trace(const Trace&) = delete;
   Trace& operator=(const Trace&) = delete;

@@ -56,7 +56,10 @@ std::string run_title(const TrainConfig& c) {
 Device resolve_device(const std::string& name) {
   if (name == "cpu") return Device::cpu;
   if (name == "cuda") {
-    CAST_CHECK(device_memory::cuda_available(), "--device cuda: no CUDA GPU is available");
+    // named by --device, or kept in the checkpoint of a run resumed without --device
+    CAST_CHECK(device_memory::cuda_available(),
+               "device cuda (--device, or the setting a resumed run's checkpoint keeps): no CUDA GPU is available "
+               "here; pass --device cpu to run on the CPU");
     return Device::cuda;
   }
   CAST_CHECK(name == "auto", "--device must be auto, cpu or cuda, got '{}'", name);
@@ -95,6 +98,10 @@ void check_clusters_fit(const nn::ModelConfig& m, int64_t length) {
   const int64_t tokens = length / (m.patch * m.patch) + (m.cls_pooling ? 1 : 0);
   CAST_CHECK_USAGE(a.clusters <= tokens, "setting 'clusters' is {}: more than the {} tokens a sequence has", a.clusters,
                    tokens);
+  // top keys beyond the tokens would be cut to them without a word; the default (32) is cut to
+  // a shorter sequence, as the paper's setting is for sequences of thousands
+  CAST_CHECK_USAGE(a.mechanism != nn::Mechanism::iclustered || a.topk <= tokens || a.topk == nn::AttentionConfig{}.topk,
+                   "setting 'topk' is {}: more than the {} tokens a sequence has", a.topk, tokens);
 }
 
 namespace {
