@@ -126,10 +126,16 @@ TEST(LayerCommand, EveryMechanismRunsAndWritesItsIndices) {
   t["gate_w"] = Tensor::normal({D, H}, 5, 0);
   t["gate_b"] = Tensor::zeros({H});
   write_safetensors(in, t);
+  // each mechanism with the options it reads (one it does not read is refused: test_cli_files)
+  const std::map<std::string, std::vector<std::string>> options = {
+      {"full", {}},
+      {"cast", {"--clusters", "2", "--cluster-size", "5"}},
+      {"clustered", {"--clusters", "2", "--bits", "8"}},
+      {"iclustered", {"--clusters", "2", "--topk", "3", "--bits", "8"}}};
   for (std::string m : {"full", "cast", "clustered", "iclustered"}) {
-    ASSERT_EQ(command_layer({"--in", in, "--out", out, "--attention", m, "--heads", "2", "--clusters", "2",
-                             "--cluster-size", "5", "--topk", "3", "--bits", "8"}),
-              0);
+    std::vector<std::string> args = {"--in", in, "--out", out, "--attention", m, "--heads", "2"};
+    args.insert(args.end(), options.at(m).begin(), options.at(m).end());
+    ASSERT_EQ(command_layer(args), 0);
     TensorFile f = read_safetensors(out);
     f.get("out", DType::f32, {B, N, D});
     f.get("grad.x", DType::f32, {B, N, D});

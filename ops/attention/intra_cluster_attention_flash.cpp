@@ -18,12 +18,24 @@
 namespace cast::ops {
 
 namespace {
-// The member rows of t (B, H, N, d) in cluster order, idx (B·H, C·κ), as (B·H·C, 1, κ, d).
-Tensor gather_members(const Tensor& t, const Tensor& idx, const Shape& clusters) {
-  const int64_t BH = idx.dim(0), N = t.dim(2), d = t.dim(3);
-  Tensor rows = Tensor::empty({BH, idx.dim(1), d}, t.dtype(), t.device());
-  gather_rows_forward(rows, t.view({BH, N, d}), idx);
-  return rows.view(clusters);
+// The member rows of q, k and v (B, H, N, d) in cluster order, idx (B·H, C·κ), as three
+// (B·H·C, 1, κ, d) views of one buffer: the forward and the backward each ask the allocator for
+// one block of that size, so the cached blocks a step leaves serve the next step alike.
+struct Gathered {
+  Tensor all, q, k, v;
+};
+Gathered gather_members(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& idx, const Shape& clusters) {
+  const int64_t BH = idx.dim(0), N = q.dim(2), d = q.dim(3);
+  Gathered g;
+  g.all = Tensor::empty({3, BH, idx.dim(1), d}, q.dtype(), q.device());
+  const Tensor* inputs[3] = {&q, &k, &v};
+  Tensor* outputs[3] = {&g.q, &g.k, &g.v};
+  for (int i = 0; i < 3; ++i) {
+    Tensor rows = g.all.slice0(i);
+    gather_rows_forward(rows, inputs[i]->view({BH, N, d}), idx);
+    *outputs[i] = rows.view(clusters);
+  }
+  return g;
 }
 
 struct IntraClusterFlashNode final : autograd::Node {
@@ -43,19 +55,16 @@ struct IntraClusterFlashNode final : autograd::Node {
   }
   void backward() override {
     const int64_t BH = idx.dim(0), N = q.dim(2), d = q.dim(3);
-    Tensor qc = gather_members(q, idx, out.shape()), kc = gather_members(k, idx, out.shape()),
-           vc = gather_members(v, idx, out.shape());
-    Tensor dqc = Tensor::zeros(qc.shape(), qc.dtype(), qc.device());
-    Tensor dkc = Tensor::zeros(kc.shape(), kc.dtype(), kc.device());
-    Tensor dvc = Tensor::zeros(vc.shape(), vc.dtype(), vc.device());
-    flash_attention_backward(&dqc, &dkc, &dvc, outputs[0].grad().view(out.shape()), qc, kc, vc, slots, out, lse);
-    qc = kc = vc = Tensor();  // gone before the scatters
-    auto back = [&](Tensor& input, Tensor& rows) {
-      if (input.requires_grad()) {
-        Tensor dx = input.grad_accumulator().view({BH, N, d});
-        gather_rows_backward(dx, rows.view({BH, idx.dim(1), d}), idx);
-      }
-      rows = Tensor();
+    Gathered c = gather_members(q, k, v, idx, out.shape());
+    Tensor grads = Tensor::zeros(c.all.shape(), c.all.dtype(), c.all.device());  // dQc, dKc, dVc
+    Tensor dqc = grads.slice0(0).view(out.shape()), dkc = grads.slice0(1).view(out.shape()),
+           dvc = grads.slice0(2).view(out.shape());
+    flash_attention_backward(&dqc, &dkc, &dvc, outputs[0].grad().view(out.shape()), c.q, c.k, c.v, slots, out, lse);
+    c = Gathered();  // gone before the scatters
+    auto back = [&](Tensor& input, const Tensor& rows) {
+      if (!input.requires_grad()) return;
+      Tensor dx = input.grad_accumulator().view({BH, N, d});
+      gather_rows_backward(dx, rows.view({BH, idx.dim(1), d}), idx);
     };
     back(q, dqc);
     back(k, dkc);
@@ -67,8 +76,8 @@ Tensor gathered_flash(const Tensor& q, const Tensor& k, const Tensor& v, const T
   const int64_t B = q.dim(0), H = q.dim(1), d = q.dim(3), C = members.dim(2), kappa = members.dim(3);
   Tensor idx = members.view({B * H, C * kappa});
   const Shape clusters = {B * H * C, 1, kappa, d};
-  Tensor qc = gather_members(q, idx, clusters), kc = gather_members(k, idx, clusters),
-         vc = gather_members(v, idx, clusters);
+  const Gathered c = gather_members(q, k, v, idx, clusters);
+  const Tensor &qc = c.q, &kc = c.k, &vc = c.v;
   Tensor slots = slot_mask(members, {B * H * C, kappa}, q);
   Tensor out = Tensor::empty(qc.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({B * H * C, 1, kappa}, q.dtype(), q.device());
