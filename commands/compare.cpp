@@ -17,9 +17,9 @@ using json = nlohmann::json;
 
 namespace {
 
-void usage_mechanism(const std::string& name) {
+nn::Mechanism usage_mechanism(const std::string& name) {
   try {
-    nn::parse_mechanism(name);
+    return nn::parse_mechanism(name);
   } catch (const Error& e) {
     throw UsageError(fmt::format("--attention: {}", e.what()));
   }
@@ -58,9 +58,8 @@ void add_variants(const cli::Args& args, const std::string& attention, train::Co
     const std::string list = !attention.empty() ? attention : "full,cast,clustered,iclustered";
     std::vector<nn::Mechanism> mechanisms;
     for (const std::string& name : cli::comma_list("attention", list)) {
-      usage_mechanism(name);  // an unknown mechanism fails before any run
+      mechanisms.push_back(usage_mechanism(name));  // an unknown mechanism fails before any run
       spec.variants.push_back({name, {{"attention", name}}});
-      mechanisms.push_back(nn::parse_mechanism(name));
     }
     cli::check_options_of_mechanisms(args, mechanisms);  // a flag none of them reads
     return;
@@ -79,11 +78,10 @@ void add_variants(const cli::Args& args, const std::string& attention, train::Co
   if (!attention.empty()) {
     CAST_CHECK_USAGE(attention.find(',') == std::string::npos,
                      "--attention names one mechanism when --vary is given, got '{}'", attention);
-    usage_mechanism(attention);
     spec.settings["attention"] = attention;
   }
   cli::check_options_of_mechanisms(
-      args, {attention.empty() ? train::preset(spec.task).model.attention.mechanism : nn::parse_mechanism(attention)});
+      args, {attention.empty() ? train::preset(spec.task).model.attention.mechanism : usage_mechanism(attention)});
   for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1))) {
     const json parsed = train::setting_from_text(key, value);
     for (const auto& [label, settings] : spec.variants)  // 0.001 and 1e-3: one run shown as two

@@ -37,7 +37,6 @@ static void check_config_is_no_run_file(const train::TrainConfig& config, const 
   for (const std::string& out : run_files(config)) files::check_not_an_input(out, "run file", {config_path});
 }
 
-
 // The trace file is written at the end: it must be neither an input nor a file the run keeps
 // (train::Trace checks, as it opens, that it can be written).
 static void check_trace_is_no_run_file(const train::TrainConfig& config, const std::string& trace,

@@ -8,6 +8,7 @@
 #include <exception>
 #include <filesystem>
 #include <sstream>
+#include <string_view>
 
 #include "tensor/files.h"
 #include "tensor/philox.h"
@@ -141,28 +142,23 @@ static png::Image draw_sample(const PathfinderSpec& spec, uint64_t seed, int64_t
 // new count: its own files, sample_<i>.png with i ≥ count, are removed. With count < 0, the
 // temporary files a stopped run left instead: sample_<i>.png.tmp and sample_<i>.png.<n>.tmp.
 static void remove_stale_images(const std::string& folder, int64_t count) {
+  const auto digits = [](std::string_view s) {
+    return !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
-    std::string name = entry.path().filename().string();
+    const std::string file = entry.path().filename().string();
+    std::string_view name = file;
     if (count < 0) {  // <image>.tmp or <image>.<n>.tmp: the image's own name is checked below
-      const auto ends_with = [](const std::string& s, const std::string& tail) {
-        return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-      };
-      if (!ends_with(name, ".tmp")) continue;
-      name.resize(name.size() - 4);
+      if (!name.ends_with(".tmp")) continue;
+      name.remove_suffix(4);
       const size_t dot = name.rfind('.');
-      if (dot != std::string::npos && dot + 1 < name.size() &&
-          std::all_of(name.begin() + dot + 1, name.end(), [](char c) { return c >= '0' && c <= '9'; }))
-        name.resize(dot);
+      if (dot != std::string_view::npos && digits(name.substr(dot + 1))) name = name.substr(0, dot);
     }
-    const std::string head = "sample_", tail = ".png";
-    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
-        name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
-      continue;
-    const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
-    if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    if ((count < 0 || std::stoll(digits) >= count) && entry.is_regular_file(ec)) fs::remove(entry.path(), ec);
+    if (!name.starts_with("sample_") || !name.ends_with(".png")) continue;  // so at least 11 characters
+    const std::string_view index = name.substr(7, name.size() - 7 - 4);
+    if (!digits(index)) continue;
+    if ((count < 0 || std::stoll(std::string(index)) >= count) && entry.is_regular_file(ec)) fs::remove(entry.path(), ec);
   }
 }
 

@@ -1,4 +1,5 @@
 #include "tensor/files.h"
+#include "tensor/text.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -201,7 +202,7 @@ std::string json_message(const std::exception& e) {
   std::string shown;
   for (const char ch : m) {
     const auto u = static_cast<unsigned char>(ch);
-    shown += u < 0x20 || u >= 0x7f ? fmt::format("\\x{:02x}", u) : std::string(1, ch);
+    shown += text::is_control(u) || u >= 0x80 ? fmt::format("\\x{:02x}", u) : std::string(1, ch);
   }
   return shown;
 }

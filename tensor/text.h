@@ -2,7 +2,9 @@
 // Text as the engine reads it from users and writes it into files: the option parser, the
 // settings reader and the SVG writer share these checks.
 #include <cstddef>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace cast::text {
 
@@ -19,6 +21,24 @@ inline bool plain_decimal(const std::string& s, bool integer) {
     if (!digit && !sign && !real) return false;
   }
   return true;
+}
+
+// Reads all of s as a plain decimal (above) into value: an int64_t or a double.
+enum class Decimal { ok, not_a_number, out_of_range };
+template <class T>
+Decimal read_decimal(const std::string& s, T& value) {
+  constexpr bool integer = std::is_integral_v<T>;
+  if (!plain_decimal(s, integer)) return Decimal::not_a_number;
+  try {
+    size_t used = 0;
+    if constexpr (integer) value = std::stoll(s, &used);
+    else value = std::stod(s, &used);
+    return used == s.size() ? Decimal::ok : Decimal::not_a_number;
+  } catch (const std::out_of_range&) {
+    return Decimal::out_of_range;
+  } catch (const std::invalid_argument&) {
+    return Decimal::not_a_number;
+  }
 }
 
 // The length of the UTF-8 sequence that starts at s[i], or 0 where the bytes there are not one.

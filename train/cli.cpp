@@ -104,12 +104,8 @@ std::string Args::str(const std::string& name) const {
 
 int64_t Args::integer(const std::string& name) const {
   const std::string v = str(name);
-  try {
-    size_t used = 0;
-    int64_t r = text::plain_decimal(v, true) ? std::stoll(v, &used) : 0;
-    if (used != 0 && used == v.size()) return r;
-  } catch (const std::exception&) {
-  }
+  int64_t r = 0;
+  if (text::read_decimal(v, r) == text::Decimal::ok) return r;
   throw UsageError(fmt::format("--{} expects an integer, got '{}'", name, v));
 }
 
@@ -121,14 +117,11 @@ int64_t Args::integer(const std::string& name, int64_t lo, int64_t hi) const {
 
 double Args::number(const std::string& name) const {
   const std::string v = str(name);
-  try {
-    size_t used = 0;
-    double r = text::plain_decimal(v, false) ? std::stod(v, &used) : 0;
-    if (used != 0 && used == v.size()) return r;
-  } catch (const std::out_of_range&) {
-    throw UsageError(fmt::format("--{} is {}: beyond the range of a double (too large, or too close to 0)", name, v));
-  } catch (const std::exception&) {
-  }
+  double r = 0;
+  const text::Decimal read = text::read_decimal(v, r);
+  if (read == text::Decimal::ok) return r;
+  CAST_USAGE_CHECK(read != text::Decimal::out_of_range,
+                   "--{} is {}: beyond the range of a double (too large, or too close to 0)", name, v);
   throw UsageError(fmt::format("--{} expects a number, got '{}'", name, v));
 }
 
@@ -187,14 +180,9 @@ std::vector<std::string> comma_list(const std::string& option, const std::string
 std::vector<int64_t> comma_integers(const std::string& option, const std::string& text, int64_t lo, int64_t hi) {
   std::vector<int64_t> out;
   for (const std::string& item : comma_list(option, text)) {
-    size_t used = 0;
     int64_t v = 0;
-    try {
-      v = text::plain_decimal(item, true) ? std::stoll(item, &used) : 0;
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    CAST_USAGE_CHECK(used > 0 && used == item.size(), "--{}: '{}' is not a whole number", option, item);
+    CAST_USAGE_CHECK(text::read_decimal(item, v) == text::Decimal::ok, "--{}: '{}' is not a whole number", option,
+                     item);
     CAST_USAGE_CHECK(v >= lo && v <= hi, "--{}: {} is outside [{}, {}]", option, v, lo, hi);
     // the same number under two spellings ('4' and '04') is listed twice as well
     CAST_USAGE_CHECK(std::find(out.begin(), out.end(), v) == out.end(), "--{}: {} is listed twice ('{}')", option, v,

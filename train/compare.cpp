@@ -87,7 +87,8 @@ json read_summary(const std::string& path) {
       CAST_CHECK(!required, "run summary {}: '{}' is missing ({})", path, key, fix);
       return;
     }
-    CAST_CHECK(j[key].is_number(), "run summary {}: '{}' is {}, not a number ({})", path, key, j[key].dump(), fix);
+    CAST_CHECK(j[key].is_number(), "run summary {}: '{}' is {}, not a number ({})", path, key,
+               files::json_excerpt(j[key]), fix);
     const double v = j[key].get<double>();
     CAST_CHECK(std::isfinite(v) && v >= lo && v <= hi, "run summary {}: '{}' is {}, outside [{}, {}] ({})", path, key,
                files::json_excerpt(j[key]), lo, hi, fix);

@@ -521,24 +521,21 @@ std::string setting_value(const TrainConfig& c, const std::string& name) {
 json setting_from_text(const std::string& name, const std::string& text) {
   const Setting* s = find_setting(name);
   if (!s) throw UsageError(fmt::format("'{}' is not a setting of cast train (see cast train --help)", name));
-  try {
-    size_t used = 0;
-    if (s->kind == Kind::integer) {
-      const int64_t v = text::plain_decimal(text, true) ? std::stoll(text, &used) : 0;
-      if (used != 0 && used == text.size()) return json(v);
-    } else if (s->kind == Kind::number) {
-      const double v = text::plain_decimal(text, false) ? std::stod(text, &used) : 0;
-      if (used != 0 && used == text.size()) return json(v);
-    } else if (s->kind == Kind::flag) {
-      if (text == "true" || text == "false") return json(text == "true");
-    } else {
-      return json(text);
-    }
-  } catch (const std::invalid_argument&) {
-  } catch (const std::out_of_range&) {
+  text::Decimal read = text::Decimal::not_a_number;
+  if (s->kind == Kind::integer) {
+    int64_t v = 0;
+    if ((read = text::read_decimal(text, v)) == text::Decimal::ok) return json(v);
+  } else if (s->kind == Kind::number) {
+    double v = 0;
+    if ((read = text::read_decimal(text, v)) == text::Decimal::ok) return json(v);
+  } else if (s->kind == Kind::flag) {
+    if (text == "true" || text == "false") return json(text == "true");
+  } else {
+    return json(text);
+  }
+  if (read == text::Decimal::out_of_range)
     throw UsageError(fmt::format("setting '{}': '{}' is beyond the range of {} (too large, or too close to 0)", name,
                                  text, s->kind == Kind::integer ? "a 64-bit integer" : "a double"));
-  }
   throw UsageError(fmt::format("setting '{}': '{}' is not {}", name, text,
                                s->kind == Kind::integer  ? "a whole number"
                                : s->kind == Kind::number ? "a number"

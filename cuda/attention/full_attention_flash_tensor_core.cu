@@ -732,7 +732,7 @@ size_t shared_limit() {
 
 // Which forward tiles keep twice the accumulators (32 rows per warp) in registers: ptxas spills
 // with the split TF32 operands, with 128-row streamed tiles, and with TF32 at width 128.
-bool two_fit(FlashKernel kernel, int D, int rows) {
+constexpr bool two_fit(FlashKernel kernel, int D, int rows) {
   return kernel != FlashKernel::tf32x3 && kernel != FlashKernel::fma && rows <= 64 &&
          !(kernel == FlashKernel::tf32 && D == 128);
 }
@@ -847,9 +847,8 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
                   mask.defined() ? mask.data<float>() : nullptr, s);
       };
       constexpr int BN = decltype(rows)::value;
-      constexpr bool can_two = !std::is_same_v<M, Tf32x3Math> && BN <= 64 && !(std::is_same_v<M, Tf32Math> && D == 128);
-      if constexpr (can_two) {
-        if (two_fit(kernel_of<M>(), D, BN) && forward_warp_rows(kernel_of<M>(), D) == 32)
+      if constexpr (two_fit(kernel_of<M>(), D, BN)) {
+        if (forward_warp_rows(kernel_of<M>(), D) == 32)
           return launch(std::integral_constant<int, 2>{});
       }
       launch(std::integral_constant<int, 1>{});

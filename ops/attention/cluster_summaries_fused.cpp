@@ -79,9 +79,6 @@ void weights_backward(Tensor& da_k, const Tensor& dp, const Tensor& p, const Ten
   });
 }
 
-// P (B, H, N, C) is not kept from the forward: the backward forms it again from A_k (held as an
-// input anyway) in the same two passes, bit for bit, rather than hold a token × cluster matrix
-// from the forward to the backward.
 // P = W / Σ W (B, H, N, C) and its column sums (B·H, C) from A_k and the mask.
 void summary_weights(Tensor& p, Tensor& colsum, const Tensor& a_k, const Tensor& mask) {
   const int64_t B = a_k.dim(0), H = a_k.dim(1), N = a_k.dim(2), C = a_k.dim(3);
@@ -91,6 +88,9 @@ void summary_weights(Tensor& p, Tensor& colsum, const Tensor& a_k, const Tensor&
   weights_forward(p3, colsum, a_k.view({B * H, N, C}), mask.defined() ? &mask : nullptr, H);
 }
 
+// P is not kept from the forward: the backward forms it again from A_k (held as an input anyway)
+// in the same two passes, bit for bit, rather than hold a token × cluster matrix from the
+// forward to the backward.
 struct SummariesFusedNode final : autograd::Node {
   Tensor a_k, v;  // inputs (B, H, N, C), (B, H, N, d)
   Tensor mask;    // (B, N) or undefined
