@@ -111,17 +111,17 @@ int command_attention(const std::vector<std::string>& argv) {
   cli::Args args = attention_args();
   if (!args.parse(argv)) return 0;
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast attention --help)");
-  train::check_figure_output(args.str("out"), "out", args.str("checkpoint"), args.is_set("overwrite"));
   const int64_t index = args.integer("index", 0, INT64_MAX);
   nn::AttentionConfig approximation;  // both approximations' clustering
   cli::read_attention_options(args, cli::kClusteredAttentionOptions, approximation);
   const std::vector<int64_t> asked = args.str("queries").empty()
                                          ? std::vector<int64_t>{}
                                          : cli::comma_integers("queries", args.str("queries"), 0, INT64_MAX);
+  train::check_outside_data(args.str("out"), "out", args.str("checkpoint"), args.str("data"));
+  train::check_figure_output(args.str("out"), "out", args.str("checkpoint"), args.is_set("overwrite"));
   const nn::ModelConfig m = drawable_model(args.str("checkpoint"));
   const int64_t layer = args.integer("layer", 1, m.layers), head = args.integer("head", 1, m.heads);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
-  train::check_outside_data(args.str("out"), "out", run);
   CAST_CHECK_USAGE(index < static_cast<int64_t>(run.task.test.size()), "--index {} outside the {} test examples", index,
                    run.task.test.size());
 

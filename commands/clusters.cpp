@@ -63,14 +63,17 @@ int command_clusters(const std::vector<std::string>& argv) {
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast clusters --help)");
   const int scale = static_cast<int>(args.integer("scale", 1, 64));  // pixels per image pixel
   const int64_t index = args.integer("index", 0, INT64_MAX);
+  train::check_outside_data(args.str("out"), "out", args.str("checkpoint"), args.str("data"));
   train::check_figure_output(args.str("out"), "out", args.str("checkpoint"), args.is_set("overwrite"));
+  const nn::Mechanism mechanism = train::read_checkpoint_header(args.str("checkpoint")).config.model.attention.mechanism;
+  CAST_CHECK_USAGE(mechanism == nn::Mechanism::cast,
+                   "{}: the model uses {} attention; cast clusters draws the clusters of a CAST model",
+                   args.str("checkpoint"), nn::mechanism_name(mechanism));
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
-  train::check_outside_data(args.str("out"), "out", run);
   const train::Checkpoint& ck = run.checkpoint;
-  CAST_CHECK(ck.config.model.attention.mechanism == nn::Mechanism::cast, "{}: the model uses {} attention, not cast",
-             args.str("checkpoint"), nn::mechanism_name(ck.config.model.attention.mechanism));
   const data::TaskData& task = run.task;
-  CAST_CHECK(task.image_side > 0, "task {} is not an image task", task.name);
+  CAST_CHECK_USAGE(task.image_side > 0, "{}: task {} is not an image task; cast clusters draws the clusters of images",
+                   args.str("checkpoint"), task.name);
   CAST_CHECK_USAGE(index < static_cast<int64_t>(task.test.size()), "--index {} outside the {} test examples", index,
                    task.test.size());
   const int64_t changes = args.integer("changes", 0, static_cast<int64_t>(task.test.size()));

@@ -1,24 +1,24 @@
 // `cast data`: generates a task's files in the LRA release layout.
 #include "commands/commands.h"
 
-#include <algorithm>
-#include <climits>
-#include <nlohmann/json.hpp>
-#include <optional>
-
-#include "autograd/tape.h"
+#include "datasets/data.h"
 #include "tensor/files.h"
 #include "train/cli.h"
-#include "figures/cluster_changes.h"
-#include "figures/clusters_figure.h"
-#include "figures/plot.h"
-#include "train/run_folder.h"
-#include "train/trace.h"
-#include "train/trainer.h"
+#include "train/stop.h"
+#include "train/tasks.h"
 
 namespace cast {
 
-using json = nlohmann::json;
+// Ctrl-C or SIGTERM stops the generator between examples; the folder keeps its unfinished mark
+// (every reader refuses it until a rerun completes it), and the line says what to run.
+static data::StopCheck stop_check(const std::string& out) {
+  return [out] {
+    if (const int signal = train::stop_signal())
+      throw train::Stopped(signal, fmt::format("stopped by {}: data folder {} is unfinished (training refuses it); "
+                                               "run the same cast data again to complete it",
+                                               train::signal_name(signal), out));
+  };
+}
 
 int command_data(const std::vector<std::string>& argv) {
   cli::Args args("data",
@@ -61,18 +61,16 @@ int command_data(const std::vector<std::string>& argv) {
                      "ListOps keeps lengths strictly between the shortest ({}) and the longest ({}): none are; use "
                      "--max-length 8 or more, and --min-length at least 1 and below it minus 1",
                      spec.min_length, spec.max_length);
-    data::generate_listops(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"));
+    data::generate_listops(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out));
   } else {
     if (out.empty()) out = train::find_task(task).data_dir;
     data::PathfinderSpec spec =
         task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
     if (count > 0) spec.count = count;
-    data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"));
+    data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out));
   }
   fmt::print("cast data: wrote {} into {}\n", task, out);
   return 0;
 }
-
-// What training changed in the clusters, on the first `images` test images, as a table.
 
 }  // namespace cast

@@ -218,11 +218,13 @@ int command_eval(const std::vector<std::string>& argv) {
   const std::vector<std::string>& mechanisms = s.mechanisms;
   const std::vector<int64_t>&clusters = s.clusters, &topks = s.topks;
   const std::string figure = args.str("figure");
-  if (!figure.empty()) train::check_figure_output(figure, "figure", args.str("checkpoint"), args.is_set("overwrite"));
+  if (!figure.empty()) {
+    train::check_outside_data(figure, "figure", args.str("checkpoint"), args.str("data"));
+    train::check_figure_output(figure, "figure", args.str("checkpoint"), args.is_set("overwrite"));
+  }
   const Device device = train::resolve_device(args.str("device"));
   if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
-  if (!figure.empty()) train::check_outside_data(figure, "figure", run);
   check_evaluation(run, clusters, args.is_set("topk") ? topks : std::vector<int64_t>{}, !mechanisms.empty());
   if (args.str("precision").empty())
     train::use_precision(device == Device::cuda ? run.checkpoint.config.precision : "fp32", device);

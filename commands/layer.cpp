@@ -165,7 +165,7 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
                  m);
   }
   if (file.has("assignment")) {
-    CAST_CHECK(config.mechanism == nn::Mechanism::clustered || config.mechanism == nn::Mechanism::iclustered,
+    CAST_CHECK_USAGE(config.mechanism == nn::Mechanism::clustered || config.mechanism == nn::Mechanism::iclustered,
                "{}: tensor 'assignment' is only used by --attention clustered|iclustered", file.source);
     const Tensor& assignment = file.get("assignment", DType::i32, {B, config.heads, N});
     for (const int32_t a :
@@ -214,7 +214,7 @@ int command_layer(const std::vector<std::string>& argv) {
                    "--seed draws the LSH planes and k-means of --attention clustered and iclustered, not of {}",
                    nn::mechanism_name(config.mechanism));
   config.dim = D;
-  CAST_CHECK(D % config.heads == 0, "--heads {} must divide the model dim D = {}", config.heads, D);
+  CAST_CHECK_USAGE(D % config.heads == 0, "--heads {} must divide the model dim D = {}", config.heads, D);
   if (config.mechanism == nn::Mechanism::cast && config.clusters <= 0) config.clusters = nn::default_clusters(N);
   CAST_CHECK_USAGE(config.mechanism == nn::Mechanism::full || config.clusters <= N,
                    "--clusters {} is more than the {} tokens of x in {}", config.clusters, N, file.source);

@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
     if (name != c.name) continue;
     // Ctrl-C or SIGTERM while training: the current step is finished and saved first.
     // `cast eval`: the evaluation stops between batches (nothing is written, so nothing to save).
-    if (name == "train" || name == "compare" || name == "eval") cast::train::install_stop_handlers();
+    // `cast data`: the generator stops between examples and says the set is unfinished.
+    if (name == "train" || name == "compare" || name == "eval" || name == "data") cast::train::install_stop_handlers();
     hold_stop_signals(false);  // a signal that came meanwhile arrives now
     try {
       return check_standard_output(name, c.run(args));

@@ -55,13 +55,21 @@ constexpr const char* kDataFolderMark = ".made-by-cast";
 // disk, before the first data file changes; removed after the last): a set that a signal or a
 // full disk cut short, half old and half new, is refused by every reader instead of read.
 constexpr const char* kDataUnfinishedMark = ".cast-data-unfinished";
-files::FolderLock claim_data_folder(const std::string& dir, bool overwrite);
+// Takes `dir` for one generator: refuses it (before anything in it changes) when it holds files
+// cast did not generate and `overwrite` is off, or when one of `outputs` (in a folder that exists) cannot be written there;
+// then locks it and marks it unfinished.
+files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs);
 void mark_data_folder(const std::string& dir);
 // Refuses a folder whose generation did not finish (kDataUnfinishedMark), naming the remedy.
 void check_data_finished(const std::string& dir);
 
+// Called by the generators between examples, from any thread; it throws to stop them (cast data
+// stops on Ctrl-C this way, leaving the set marked unfinished and saying so).
+using StopCheck = std::function<void()>;
+
 // Writes basic_{train,val,test}.tsv (header Source\tTarget) into `dir`.
-void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite = false);
+void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite = false,
+                      const StopCheck& stop_check = {});
 // Reads the release layout; tokens: drop ( ), `]` is its own token, split on whitespace.
 TaskData load_listops(const std::string& dir, int64_t max_len);
 std::vector<int32_t> tokenize_listops(const std::string& source, const std::string& where);
@@ -95,7 +103,8 @@ struct PathfinderSpec {
   static PathfinderSpec pathx128();
 };
 // Writes <dir>/imgs/0/sample_<i>.png and <dir>/metadata/0.npy (text lines: subdir file idx label).
-void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite = false);
+void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite = false,
+                         const StopCheck& stop_check = {});
 // Reads every metadata/*.npy of `dir`; splits 80/10/10 in file order.
 TaskData load_pathfinder(const std::string& dir);
 

@@ -10,7 +10,7 @@ namespace cast::data {
 
 namespace fs = std::filesystem;
 
-files::FolderLock claim_data_folder(const std::string& dir, bool overwrite) {
+files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs) {
   std::error_code ec;
   const bool existed = fs::is_directory(dir, ec);
   // a set cast data made, or one it was stopped while making
@@ -28,6 +28,8 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite) {
   files::make_writable_folder(dir, "data folder");
   // one writer at a time: never a folder a training or another cast data is using
   files::FolderLock lock(dir, "data folder");
+  for (const std::string& out : outputs)  // one in a folder still to be made is checked as it is written
+    if (fs::is_directory(fs::path(out).parent_path(), ec)) files::output_target(out, "data file", files::Link::refuse);
   files::write_atomic(dir + "/" + kDataUnfinishedMark,
                       "cast data is writing this data set, or was stopped before it finished: run it again\n",
                       "data folder mark", files::Link::refuse);

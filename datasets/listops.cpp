@@ -115,11 +115,10 @@ int evaluate_listops(const std::string& source, const std::string& where) {
   return result;
 }
 
-void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite) {
-  const files::FolderLock lock = claim_data_folder(dir, overwrite);
-  for (const char* split : {"/basic_train.tsv", "/basic_val.tsv", "/basic_test.tsv"})  // refused before any is written
-    files::output_target(dir + split, "ListOps file", files::Link::refuse);
-  files::make_writable_folder(dir, "ListOps folder");
+void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite,
+                      const StopCheck& stop_check) {
+  const files::FolderLock lock =
+      claim_data_folder(dir, overwrite, {dir + "/basic_train.tsv", dir + "/basic_val.tsv", dir + "/basic_test.tsv"});
   Stream rng{seed};
   std::set<std::string> seen;
   std::vector<std::pair<std::string, int>> rows;
@@ -133,11 +132,13 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
     std::string tree = random_tree(rng, 0, spec, length);
     if (length <= spec.min_length || length >= spec.max_length || !seen.insert(tree).second) continue;
     rows.push_back({tree, evaluate_listops(tree)});
+    if (stop_check && rows.size() % 256 == 0) stop_check();
   }
   auto part = [&](int64_t begin, int64_t n) {
     return std::vector<std::pair<std::string, int>>(rows.begin() + begin, rows.begin() + begin + n);
   };
   write_split(dir + "/basic_train.tsv", part(0, spec.train));
+  if (stop_check) stop_check();
   write_split(dir + "/basic_val.tsv", part(spec.train, spec.val));
   write_split(dir + "/basic_test.tsv", part(spec.train + spec.val, spec.test));
   mark_data_folder(dir);

@@ -165,8 +165,9 @@ static void remove_stale_images(const std::string& folder, int64_t count) {
 // The images are drawn and written across the threads (each from its own stream: the same files
 // on any thread count) and reach the disk together before the metadata, which completes the set,
 // is written: one flush for the set instead of two per image.
-void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite) {
-  const files::FolderLock lock = claim_data_folder(dir, overwrite);
+void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite,
+                         const StopCheck& stop_check) {
+  const files::FolderLock lock = claim_data_folder(dir, overwrite, {dir + "/metadata/0.npy"});
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
   remove_stale_images(dir + "/imgs/0", -1);  // a stopped run's temporary files
   files::make_writable_folder(dir + "/metadata", "Pathfinder folder");
@@ -175,6 +176,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
 #pragma omp parallel for schedule(dynamic, 16)
   for (int64_t i = 0; i < spec.count; ++i) {
     try {
+      if (stop_check) stop_check();
       const png::Image img = draw_sample(spec, seed, i, labels[static_cast<size_t>(i)]);
       png::write(fmt::format("{}/imgs/0/sample_{}.png", dir, i), img, files::Link::refuse, files::Flush::with_folder);
     } catch (...) {

@@ -13,9 +13,12 @@
 
 #include "tensor/safetensors.h"
 #include "tests/test_util.h"
+#include "datasets/data.h"
 #include "nn/transformer.h"
 #include "train/settings.h"
 #include "train/trainer.h"
+
+using cast::testing::slurp;
 
 namespace fs = std::filesystem;
 
@@ -32,10 +35,6 @@ static CliRun run(const std::string& args) {
   const std::string out = (dir / ("cast_cli_out_" + tag)).string(), err = (dir / ("cast_cli_err_" + tag)).string();
   const std::string cmd = std::string(CAST_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
   const int status = std::system(cmd.c_str());
-  auto slurp = [](const std::string& p) {
-    std::ifstream in(p);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
   CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
   fs::remove(out);
   fs::remove(err);
@@ -298,11 +297,6 @@ TEST(Cli, TracePrintsTheTape) {
 // ---------------------------------------------------------------- Ctrl-C, SIGTERM and resuming
 namespace {
 
-std::string slurp_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // A folder of its own with short ListOps in <dir>/listops.
 fs::path lifecycle_dir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("cast_cli_" + name + "_" + std::to_string(getpid()));
@@ -320,7 +314,7 @@ std::string tiny_train(const fs::path& dir, const std::string& run_name, int ste
       (dir / "listops").string(), (dir / run_name).string(), steps);
 }
 
-int lines_in(const std::string& path) { return lines(slurp_file(path)); }
+int lines_in(const std::string& path) { return lines(slurp(path)); }
 
 // Starts `cast <args>` (after `shell_prefix`, shell commands run first), and for each (n,
 // signal) of `plan` waits until its run's metrics have n lines and sends the signal; returns the
@@ -353,7 +347,7 @@ CliRun interrupt(const std::string& args, const std::string& metrics, const std:
     kill(pid, signal);
   }
   waitpid(pid, &status, 0);
-  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, "", slurp_file(err)};
+  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, "", slurp(err)};
   fs::remove(err);
   return r;
 }
@@ -442,11 +436,26 @@ TEST(Cli, CompareStopsOnCtrlCAndTheSameCommandResumesIt) {
   fs::remove_all(dir);
 }
 
+TEST(Cli, CastDataStopsOnCtrlCAndSaysTheSetIsUnfinished) {
+  const fs::path dir = lifecycle_dir("data_sigint");
+  const std::string out = (dir / "pf").string();
+  // the unfinished mark is written before the first image: the signal comes while images are drawn
+  const CliRun stopped = interrupt("data pathfinder --count 1000000 --out " + out,
+                                   out + "/" + cast::data::kDataUnfinishedMark, {{1, SIGINT}});
+  ASSERT_EQ(stopped.code, 130) << stopped.err;
+  EXPECT_EQ(lines(stopped.err), 1) << stopped.err;
+  EXPECT_NE(stopped.err.find("cast data: stopped by SIGINT: data folder " + out + " is unfinished"), std::string::npos)
+      << stopped.err;
+  EXPECT_TRUE(fs::exists(out + "/" + cast::data::kDataUnfinishedMark));
+  EXPECT_FALSE(fs::exists(out + "/metadata/0.npy"));
+  fs::remove_all(dir);
+}
+
 TEST(Cli, ResumeWritesOnlyWhereTheUserPoints) {
   const fs::path dir = lifecycle_dir("resume_where");
   ASSERT_EQ(run(tiny_train(dir, "base", 6)).code, 0);
   const std::string base = (dir / "base" / "checkpoint.safetensors").string();
-  const std::string base_ckpt = slurp_file(base), base_metrics = slurp_file((dir / "base" / "metrics.jsonl").string());
+  const std::string base_ckpt = slurp(base), base_metrics = slurp((dir / "base" / "metrics.jsonl").string());
   fs::create_directories(dir / "backup");
   fs::copy_file(base, dir / "backup" / "checkpoint.safetensors");
   // a copy resumes beside itself
@@ -465,11 +474,11 @@ TEST(Cli, ResumeWritesOnlyWhereTheUserPoints) {
   }
   // --run to a folder holding another run: refused without --overwrite
   ASSERT_EQ(run(tiny_train(dir, "other", 4)).code, 0);
-  const std::string other = slurp_file((dir / "other" / "checkpoint.safetensors").string());
+  const std::string other = slurp((dir / "other" / "checkpoint.safetensors").string());
   CliRun occupied = run("train --resume " + base + " --steps 8 --run " + (dir / "other").string());
   EXPECT_EQ(occupied.code, 1) << occupied.err;
   EXPECT_NE(occupied.err.find("already holds a run"), std::string::npos) << occupied.err;
-  EXPECT_EQ(slurp_file((dir / "other" / "checkpoint.safetensors").string()), other);
+  EXPECT_EQ(slurp((dir / "other" / "checkpoint.safetensors").string()), other);
   // a config file on resume: applied where it may change, refused by name where it may not
   const std::string cfg = (dir / "resume.json").string();
   std::ofstream(cfg) << R"({"dim": 32, "steps": 8})";
@@ -479,13 +488,13 @@ TEST(Cli, ResumeWritesOnlyWhereTheUserPoints) {
   std::ofstream(cfg) << R"({"bogus": 1})";
   EXPECT_EQ(run("train --resume " + base + " --config " + cfg).code, 2);
   EXPECT_EQ(run("train --resume " + base + " --task listops --steps 8").code, 2);
-  EXPECT_EQ(slurp_file(base), base_ckpt) << "a refused resume wrote the checkpoint";
+  EXPECT_EQ(slurp(base), base_ckpt) << "a refused resume wrote the checkpoint";
   std::ofstream(cfg) << R"({"dim": 16, "steps": 8, "log-every": 2})";
   CliRun applied = run("train --resume " + base + " --config " + cfg);
   EXPECT_EQ(applied.code, 0) << applied.err;
   EXPECT_EQ(cast::train::read_checkpoint_header(base).step, 8);
   EXPECT_EQ(cast::train::read_checkpoint_header(base).config.log_every, 2);
-  EXPECT_NE(base_metrics, slurp_file((dir / "base" / "metrics.jsonl").string()));
+  EXPECT_NE(base_metrics, slurp((dir / "base" / "metrics.jsonl").string()));
   fs::remove_all(dir);
 }
 
@@ -493,7 +502,7 @@ TEST(Cli, ResumingACopyInAReadOnlyFolderFailsBeforeTrainingAndTouchesNothing) {
   const fs::path dir = lifecycle_dir("resume_read_only");
   ASSERT_EQ(run(tiny_train(dir, "base", 4)).code, 0);
   const std::string base = (dir / "base" / "checkpoint.safetensors").string();
-  const std::string base_ckpt = slurp_file(base), base_metrics = slurp_file((dir / "base" / "metrics.jsonl").string());
+  const std::string base_ckpt = slurp(base), base_metrics = slurp((dir / "base" / "metrics.jsonl").string());
   const fs::path ro = dir / "read_only";
   fs::create_directories(ro);
   fs::copy_file(base, ro / "checkpoint.safetensors");
@@ -508,8 +517,8 @@ TEST(Cli, ResumingACopyInAReadOnlyFolderFailsBeforeTrainingAndTouchesNothing) {
     EXPECT_NE(r.err.find("run folder " + ro.string() + ": folder " + ro.string() + " is read-only (permission denied)"),
               std::string::npos)
         << r.err;
-    EXPECT_EQ(slurp_file(base), base_ckpt);
-    EXPECT_EQ(slurp_file((dir / "base" / "metrics.jsonl").string()), base_metrics);
+    EXPECT_EQ(slurp(base), base_ckpt);
+    EXPECT_EQ(slurp((dir / "base" / "metrics.jsonl").string()), base_metrics);
   }
   if (immutable) std::system(("chattr -i " + ro.string()).c_str());
   fs::permissions(ro, fs::perms::owner_all);
@@ -525,7 +534,7 @@ TEST(Cli, EvalAndResumeRefuseANonFiniteCheckpointNamingTheTensor) {
   const std::string name = f.tensors.rbegin()->first;  // the last tensor: a parameter
   f.tensors[name].data<float>()[0] = std::nanf("");
   cast::write_safetensors(ckpt, f.tensors, f.metadata);
-  const std::string poisoned = slurp_file(ckpt);
+  const std::string poisoned = slurp(ckpt);
   for (const std::string& args : {"eval --checkpoint " + ckpt, "train --resume " + ckpt + " --steps 5"}) {
     CliRun r = run(args);
     EXPECT_EQ(r.code, 1) << args << ": " << r.err;
@@ -533,7 +542,7 @@ TEST(Cli, EvalAndResumeRefuseANonFiniteCheckpointNamingTheTensor) {
     EXPECT_NE(r.err.find(ckpt + ": '" + name + "' holds nan at element 0"), std::string::npos) << args << ": " << r.err;
     EXPECT_EQ(r.out.find("accuracy"), std::string::npos) << args << ": " << r.out;
   }
-  EXPECT_EQ(slurp_file(ckpt), poisoned);
+  EXPECT_EQ(slurp(ckpt), poisoned);
   fs::remove_all(dir);
 }
 
@@ -556,7 +565,7 @@ TEST(Cli, EvalWithAnotherAttentionCarriesTheWeightsOver) {
   const fs::path dir = lifecycle_dir("eval_swap");
   ASSERT_EQ(run(tiny_train(dir, "full", 6)).code, 0);
   const std::string ckpt = (dir / "full" / "checkpoint.safetensors").string();
-  const std::string before = slurp_file(ckpt);
+  const std::string before = slurp(ckpt);
   CliRun full = run("eval --device cpu --eval-limit 40 --checkpoint " + ckpt);
   ASSERT_EQ(full.code, 0) << full.err;
   auto accuracy = [](const std::string& out, const std::string& what) {
@@ -587,7 +596,7 @@ TEST(Cli, EvalWithAnotherAttentionCarriesTheWeightsOver) {
   CliRun stray = run("eval --device cpu --clusters 4 --checkpoint " + ckpt);
   EXPECT_EQ(stray.code, 2);
   EXPECT_NE(stray.err.find("--clusters sets the mechanism given by --attention"), std::string::npos) << stray.err;
-  EXPECT_EQ(slurp_file(ckpt), before);
+  EXPECT_EQ(slurp(ckpt), before);
   fs::remove_all(dir);
 }
 
@@ -651,7 +660,7 @@ TEST(Cli, DocsShowTheFastPathTableOfTheRegistry) {
       std::string::npos)
       << r.out;
   const std::string doc =
-      slurp_file((fs::path(CAST_TEST_DATA_DIR).parent_path().parent_path() / "docs" / "engine.md").string());
+      slurp((fs::path(CAST_TEST_DATA_DIR).parent_path().parent_path() / "docs" / "engine.md").string());
   EXPECT_NE(doc.find(r.out), std::string::npos)
       << "docs/engine.md does not show `cast info --fast-paths` as it prints now:\n"
       << r.out;

@@ -14,6 +14,8 @@
 #include "train/compare.h"
 #include "train/trainer.h"
 
+using cast::testing::slurp;
+
 using namespace cast;
 namespace fs = std::filesystem;
 
@@ -23,11 +25,6 @@ struct CliRun {
   int code;
   std::string out, err;
 };
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 void put(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
@@ -523,17 +520,18 @@ TEST(CliAttack, AnOutputNeverGoesIntoTheDataItReads) {
   fs::copy(trained_run() + "/data", d + "/data", fs::copy_options::recursive);
   const std::string run_dir = copy_run("into_data_run"), ckpt = run_dir + "/checkpoint.safetensors";
   const std::string test_file = d + "/data/basic_test.tsv", bytes = slurp(test_file);
-  for (const std::string& args :
-       {"eval --checkpoint " + ckpt + " --data " + d + "/data --attention clustered --figure " + test_file +
-            " --overwrite",
-        "attention --checkpoint " + ckpt + " --data " + d + "/data --out " + test_file + " --overwrite",
-        "train --data " + d + "/data --run " + d + "/r --attention full --trace " + test_file + " --overwrite" +
-            kTiny}) {
-    const CliRun r = run(args);
-    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
-    EXPECT_NE(r.err.find("inside the data folder"), std::string::npos) << r.err;
-    EXPECT_EQ(slurp(test_file), bytes) << args;
-  }
+  // with or without --overwrite, the refusal names the data folder (no --overwrite can allow it)
+  for (const std::string overwrite : {" --overwrite", ""})
+    for (const std::string& args :
+         {"eval --checkpoint " + ckpt + " --data " + d + "/data --attention clustered --figure " + test_file + overwrite,
+          "attention --checkpoint " + ckpt + " --data " + d + "/data --out " + test_file + overwrite,
+          "train --data " + d + "/data --run " + d + "/r --attention full --trace " + test_file + overwrite + kTiny}) {
+      const CliRun r = run(args);
+      EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+      EXPECT_NE(r.err.find("inside the data folder"), std::string::npos) << args << ": " << r.err;
+      EXPECT_EQ(r.err.find("--overwrite"), std::string::npos) << args << ": " << r.err;
+      EXPECT_EQ(slurp(test_file), bytes) << args;
+    }
   // train's --overwrite replaces its run, never another run's file through --trace
   const std::string other = copy_run("other_run") + "/summary.json", summary = slurp(other);
   const CliRun trace =
@@ -864,6 +862,10 @@ TEST(CliAttack, OutputsNeverGoIntoTheDataAndFlagsNoMechanismReadsAreRefused) {
            {"train --data " + data + " --run " + d + "/n --lr inf" + kTiny, "--lr expects a number, got 'inf'"},
            {"train --data " + data + " --run " + d + "/n --batch ' 4' --steps 2 --device cpu",
             "--batch expects an integer, got ' 4'"},
+           // a checkpoint or a flag the command cannot use is a usage error, as a wrong flag is
+           {"clusters --checkpoint " + trained_run() + "/run/checkpoint.safetensors --out " + d + "/c.svg",
+            "the model uses full attention; cast clusters draws the clusters of a CAST model"},
+           {"layer --in " + layer_in + " --out " + d + "/o.st --attention full --heads 5", "--heads 5 must divide"},
        }) {
     const CliRun r = run(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.err;

@@ -15,6 +15,8 @@
 #include "train/stop.h"
 #include "train/trainer.h"
 
+using cast::testing::slurp;
+
 using namespace cast;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -50,11 +52,6 @@ train::CompareSpec tiny_spec(const std::string& data_dir, const std::string& out
 json read_json(const std::string& path) {
   std::ifstream in(path);
   return json::parse(in);
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 }  // namespace

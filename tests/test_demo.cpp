@@ -11,6 +11,8 @@
 #include "demo/walk.h"
 #include "tests/test_util.h"
 
+using cast::testing::slurp;
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -18,11 +20,6 @@ namespace {
 const std::vector<std::string> kWalks = {"cast", "clustered", "iclustered", "full"};
 
 fs::path source_dir() { return fs::path(CAST_TEST_DATA_DIR).parent_path().parent_path(); }
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;

@@ -11,6 +11,8 @@
 #include "tensor/files.h"
 #include "tests/test_util.h"
 
+using cast::testing::slurp;
+
 using namespace cast;
 namespace fs = std::filesystem;
 
@@ -24,11 +26,6 @@ std::string fresh_dir(const std::string& name) {
 }
 
 void put(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // Runs `fn` and fails the test when it takes longer than a few seconds (a FIFO read blocks forever).
 template <class Fn>

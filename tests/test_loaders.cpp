@@ -66,6 +66,32 @@ TEST(ListOps, GeneratorWritesTheReleaseLayoutAndLabelsMatch) {
   }
 }
 
+// A generator stopped part-way (cast data on Ctrl-C) leaves its folder marked unfinished, which
+// every reader refuses; an output it cannot write is refused before the mark, so a set whose
+// regeneration was refused stays readable.
+TEST(ListOps, AStoppedGeneratorLeavesTheSetUnfinishedAndARefusedOneLeavesItWhole) {
+  const std::string dir = fresh_dir("listops_stopped");
+  data::ListOpsSpec spec = data::ListOpsSpec::short_cpu();
+  spec.train = 600, spec.val = 20, spec.test = 20;
+  data::generate_listops(dir, spec, 3);
+  const std::string train_rows = slurp(dir + "/basic_train.tsv");
+  int checks = 0;
+  struct Stop {};
+  EXPECT_THROW(data::generate_listops(dir, spec, 4, false, [&] { if (++checks == 2) throw Stop{}; }), Stop);
+  EXPECT_EQ(checks, 2);
+  EXPECT_TRUE(fs::exists(dir + "/" + data::kDataUnfinishedMark));
+  EXPECT_CAST_ERROR(data::load_listops(dir, 48), "did not finish");
+  data::generate_listops(dir, spec, 3);  // the rerun completes it
+  EXPECT_FALSE(fs::exists(dir + "/" + data::kDataUnfinishedMark));
+  EXPECT_EQ(slurp(dir + "/basic_train.tsv"), train_rows);
+
+  fs::remove(dir + "/basic_val.tsv");
+  fs::create_directory(dir + "/basic_val.tsv");  // an output that cannot be written
+  EXPECT_CAST_ERROR(data::generate_listops(dir, spec, 4), "basic_val.tsv");
+  EXPECT_FALSE(fs::exists(dir + "/" + data::kDataUnfinishedMark));
+  EXPECT_EQ(slurp(dir + "/basic_train.tsv"), train_rows);
+}
+
 TEST(ListOps, BrokenFilesNameFileAndLine) {
   const std::string dir = fresh_dir("listops_bad");
   auto with_train = [&](const std::string& text) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,12 @@ inline Tensor constant(const Shape& shape, uint64_t seed, double lo = -1.0, doub
     EXPECT_TRUE(cast_gc.ok) << cast_gc.report;                  \
     EXPECT_LE(cast_gc.max_error, 1e-6) << cast_gc.report;       \
   } while (0)
+
+// A file's whole contents ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
 
 inline double max_abs(const Tensor& t) {
   double m = 0;

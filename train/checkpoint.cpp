@@ -232,8 +232,11 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
   return run;
 }
 
-void check_outside_data(const std::string& out, const std::string& option, const TrainedRun& run) {
-  files::check_not_inside(out, "--" + option, data_folder(run.checkpoint.config), "data folder");
+void check_outside_data(const std::string& out, const std::string& option, const std::string& checkpoint,
+                        const std::string& data_dir) {
+  TrainConfig config = read_checkpoint_header(checkpoint).config;
+  if (!data_dir.empty()) config.data_dir = data_dir;
+  files::check_not_inside(out, "--" + option, data_folder(config), "data folder");
 }
 
 void check_swappable(nn::Mechanism from, nn::Mechanism to) {

@@ -66,8 +66,11 @@ struct TrainedRun {
 };
 // data_dir empty: the folder the run used.
 TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device);
-// Refuses an output of a command on a trained run that would go inside the data folder it read.
-void check_outside_data(const std::string& out, const std::string& option, const TrainedRun& run);
+// Refuses an output of a command on the run of `checkpoint` that would go inside the data folder it
+// reads (`data_dir`, or the run's own when empty). Checked first, from the checkpoint's header: no
+// --overwrite allows it, so no other refusal should suggest one before it.
+void check_outside_data(const std::string& out, const std::string& option, const std::string& checkpoint,
+                        const std::string& data_dir);
 
 // The run's model with another attention mechanism and the same weights, as the clustered-
 // attention paper approximates a trained model without retraining. Full, clustered and
