@@ -22,6 +22,7 @@
 #include "ops/attention/full_attention_flash.h"
 #include "ops/ops.h"
 #include "tensor/files.h"
+#include "train/run_folder.h"
 #include "tensor/precision.h"
 #include "train/cli.h"
 #include "train/memory_estimate.h"
@@ -134,7 +135,8 @@ class JsonLines {
  public:
   static constexpr std::string_view kMark = "\"made_by\":\"cast bench\"";
   JsonLines(std::string path, bool overwrite) : path_(std::move(path)) {
-    if (!path_.empty()) files::check_may_replace(path_, "--json", "rows of cast bench", kMark, overwrite);
+    if (path_.empty()) return;
+    train::check_user_output(path_, "--json", "rows of cast bench", kMark, overwrite);
   }
   void add(nlohmann::json row) {
     if (path_.empty()) return;

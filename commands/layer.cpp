@@ -14,6 +14,7 @@
 #include "train/memory_estimate.h"
 #include "ops/ops.h"
 #include "tensor/files.h"
+#include "train/run_folder.h"
 #include "tensor/safetensors.h"
 #include "train/cli.h"
 #include "train/trainer.h"
@@ -96,7 +97,7 @@ void check_files(const cli::Args& args) {
   CAST_CHECK_USAGE(!args.str("in").empty() && !args.str("out").empty(),
                    "--in and --out are required (see cast layer --help)");
   files::check_not_an_input(args.str("out"), "--out", {args.str("in")});
-  files::check_may_replace(args.str("out"), "--out", "an output of cast layer", kLayerOutputMark,
+  train::check_user_output(args.str("out"), "--out", "an output of cast layer", kLayerOutputMark,
                            args.is_set("overwrite"));
 }
 

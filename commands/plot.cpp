@@ -55,7 +55,10 @@ int command_plot(const std::vector<std::string>& argv) {
   for (const std::string& r : runs)
     for (const std::string& f : train::run_folder_files(r)) inputs.push_back(f);
   files::check_not_an_input(out, "--out", inputs);
-  files::check_may_replace(out, "--out", "a figure drawn by cast", files::kFigureMark, args.is_set("overwrite"));
+  // a run's own figure is redrawn from its own metrics; any other file of a held folder is kept
+  const bool own_figure = runs.size() == 1 && files::same_path(out, runs[0] + "/curves.svg");
+  train::check_user_output(out, "--out", "a figure drawn by cast", files::kFigureMark, args.is_set("overwrite"),
+                           own_figure ? runs[0] : "");
   // a figure goes into a run folder only while no other cast process (a training) owns it
   std::optional<files::FolderLock> lock;
   const std::string out_folder = std::filesystem::path(out).parent_path().string();

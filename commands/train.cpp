@@ -49,6 +49,8 @@ static void check_trace_is_no_run_file(const train::TrainConfig& config, const s
   for (const std::string& f : run_files(config))
     CAST_CHECK_USAGE(!files::same_path(trace, f), "--trace {} is the run's own {}: name a file outside the run's files",
                      trace, f);
+  train::check_user_output(trace, "--trace", "a cast trace", "\"phase\":", false, run_dir,
+                           "choose another path: --overwrite replaces a run, not another file");
 }
 
 // The steps traced before a stop or a failure are written; that error, not one of the trace's,

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -879,4 +880,38 @@ TEST(CliAttack, OutputsNeverGoIntoTheDataAndFlagsNoMechanismReadsAreRefused) {
   EXPECT_EQ(trace.code, 2) << trace.err;
   EXPECT_NE(trace.err.find("choose another path: --overwrite replaces a run, not another file"), std::string::npos)
       << trace.err;
+}
+
+// A run's own files are never another command's output, --overwrite or not (sixth attack): a
+// layer output, a figure, bench rows or a trace named like a run's checkpoint, metrics, summary
+// or curves once replaced them with exit 0.
+TEST(CliAttack, NoOtherCommandReplacesARunsFiles) {
+  const std::string run_dir = copy_run("held_run"), d = fresh_dir("held_out");
+  ASSERT_TRUE(fs::exists(run_dir + "/.cast.lock"));
+  const std::string layer_in = std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors";
+  const std::string ckpt = run_dir + "/checkpoint.safetensors", other = d + "/ck.safetensors";
+  fs::copy_file(ckpt, other);
+  std::map<std::string, std::string> before;
+  for (const auto& entry : fs::directory_iterator(run_dir)) before[entry.path().string()] = slurp(entry.path().string());
+  for (const std::string& args : {
+           "layer --in " + layer_in + " --out " + ckpt + " --attention full --heads 2 --overwrite",
+           "eval --checkpoint " + other + " --attention clustered --clusters 2 --figure " + run_dir +
+               "/best.safetensors --overwrite",
+           "eval --checkpoint " + other + " --attention clustered --clusters 2 --figure " + run_dir + "/curves.svg",
+           "attention --checkpoint " + other + " --out " + run_dir + "/metrics.jsonl --overwrite",
+           "bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json " + run_dir +
+               "/metrics.jsonl --overwrite",
+           "bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --trace " + run_dir +
+               "/summary.json --overwrite",
+           "plot " + run_dir + " --out " + run_dir + "/results.md --overwrite",
+       }) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find("a folder cast holds for a run, a comparison or a data set"), std::string::npos)
+        << args << "\n" << r.err;
+    for (const auto& [path, bytes] : before) EXPECT_EQ(slurp(path), bytes) << args << ": " << path << " changed";
+  }
+  // the run's own figure is still redrawn by cast plot
+  const CliRun plot = run("plot " + run_dir);
+  EXPECT_EQ(plot.code, 0) << plot.err;
 }

@@ -1,8 +1,10 @@
 #include "train/run_folder.h"
 
 #include <filesystem>
+#include <set>
 #include <sstream>
 
+#include "datasets/data.h"
 #include "tensor/files.h"
 #include "train/tasks.h"
 
@@ -26,12 +28,34 @@ std::string folder_of(const std::string& file) {
   return folder.empty() ? "." : folder;
 }
 
+void check_user_output(const std::string& out, const std::string& option, const std::string& kind,
+                       std::string_view mark, bool overwrite, const std::string& owner, std::string_view remedy) {
+  const std::string folder = folder_of(out);
+  const bool data = files::exists(folder + "/" + data::kDataFolderMark);
+  const bool held = data || files::exists(folder + "/.cast.lock");
+  if (!out.empty() && held && !(!owner.empty() && files::same_path(folder, owner))) {
+    const std::string name = std::filesystem::path(out).filename().string();
+    static const std::set<std::string> kept = {"checkpoint.safetensors", "best.safetensors", "metrics.jsonl",
+                                               "summary.json", "curves.svg", "results.md", "results.json",
+                                               "comparison.svg"};
+    const char* held_by = "a folder cast holds for a run, a comparison or a data set";
+    CAST_CHECK_USAGE(!data, "{} {}: is inside {}, {}, whose files only cast data writes: choose a path outside it",
+                     option, out, folder, held_by);
+    CAST_CHECK_USAGE(!kept.count(name), "{} {}: {} is {}, which keeps its own {} there: choose another path", option,
+                     out, folder, held_by, name);
+    files::check_may_replace(out, option, kind, mark, false,
+                             fmt::format("{} is {}; --overwrite replaces no other kind of file there: choose another "
+                                         "path", folder, held_by));
+  }
+  files::check_may_replace(out, option, kind, mark, overwrite, remedy);
+}
+
 void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint,
                          bool overwrite) {
   std::vector<std::string> inputs = run_folder_files(folder_of(checkpoint));
   inputs.push_back(checkpoint);
   files::check_not_an_input(out, "--" + option, inputs);
-  files::check_may_replace(out, "--" + option, "a figure drawn by cast", files::kFigureMark, overwrite);
+  check_user_output(out, "--" + option, "a figure drawn by cast", files::kFigureMark, overwrite);
 }
 
 namespace {

@@ -19,6 +19,15 @@ std::string default_run_dir(const TrainConfig& c);
 std::vector<std::string> run_folder_files(const std::string& run_dir);
 // The folder a file is in ("." for a bare name).
 std::string folder_of(const std::string& file);
+// An output the user names (--out, --figure, --json, --trace): refused when it lies in a folder
+// cast holds for a run, a comparison or a data set (the folder has `.cast.lock` or `.made-by-cast`)
+// and would be one of that folder's own files, --overwrite or not: anywhere in a data set, a name
+// the run or comparison keeps (checkpoint, best, metrics, summary, curves, results, comparison),
+// or an existing file of another kind. `owner`: the folder the command itself writes (its run),
+// exempt. Then the rule of files::check_may_replace.
+void check_user_output(const std::string& out, const std::string& option, const std::string& kind,
+                       std::string_view mark, bool overwrite, const std::string& owner = "",
+                       std::string_view remedy = "pass --overwrite to replace it, or choose another path");
 // A figure drawn from `checkpoint` goes to `out` (given as --`option`): refused before any work
 // when it would replace the checkpoint or its run's other files, or a file that is not an SVG.
 // An existing file there is replaced only when it is a cast figure, or with `overwrite`.

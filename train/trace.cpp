@@ -8,6 +8,7 @@
 
 #include "autograd/tape.h"
 #include "tensor/files.h"
+#include "train/run_folder.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/runtime.h"
 #endif
@@ -120,10 +121,12 @@ Trace::Trace(std::string json_path, bool print, bool overwrite, bool may_overwri
                      "--trace -: the trace goes to standard output with --trace alone; give a file name to write JSON "
                      "lines");
     files::output_target(json_path_, "--trace", files::Link::follow_once);
-    // every line of a trace has its phase; no other file the engine writes has one
-    files::check_may_replace(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite,
-                             may_overwrite ? "pass --overwrite to replace it, or choose another path"
-                                           : "choose another path: --overwrite replaces a run, not another file");
+    // every line of a trace has its phase; no other file the engine writes has one. cast train
+    // (no may_overwrite) checks its trace against its own run folder first.
+    if (may_overwrite) check_user_output(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite);
+    else
+      files::check_may_replace(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite,
+                               "choose another path: --overwrite replaces a run, not another file");
   }
   previous_ = autograd::set_tape_observer(this);
 }
