@@ -77,6 +77,11 @@ class Attention : public Module {
   // replaces the computed one in the clustered variants. Padded positions output 0, so padding
   // neither contributes to nor receives any gradient.
   AttentionOutput forward(const Tensor& x, const Tensor& mask, const Tensor& assignment = Tensor());
+  // How many forward passes have drawn LSH planes and k-means seeds (clustered, iclustered): each
+  // pass draws from it, so a checkpoint keeps it and a resumed run or `cast eval` draws as the
+  // run would have.
+  uint64_t clustering_draws() const { return forward_calls_; }
+  void set_clustering_draws(uint64_t draws) { forward_calls_ = draws; }
 
   // Each query's weights over the keys, (B, H, N, N) on the host: the heads' output when the
   // values are the identity, d columns at a time (every mechanism is linear in V; the clusters

@@ -187,4 +187,16 @@ void Transformer::collect_parameters(ParamList& out, const std::string& prefix) 
   head2_.collect_parameters(out, join_name(prefix, "head.dense2"));
 }
 
+std::vector<uint64_t> Transformer::clustering_draws() const {
+  std::vector<uint64_t> draws;
+  for (const auto& block : blocks_) draws.push_back(block->attention->clustering_draws());
+  return draws;
+}
+
+void Transformer::set_clustering_draws(const std::vector<uint64_t>& draws) {
+  CAST_CHECK(draws.size() == blocks_.size(), "clustering draws for {} layers, but the model has {}", draws.size(),
+             blocks_.size());
+  for (size_t i = 0; i < draws.size(); ++i) blocks_[i]->attention->set_clustering_draws(draws[i]);
+}
+
 }  // namespace cast::nn

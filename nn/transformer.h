@@ -73,6 +73,9 @@ class Transformer : public Module {
   const ModelConfig& config() const { return config_; }
   std::vector<std::unique_ptr<Block>>& blocks() { return blocks_; }
   uint64_t rng_offset = 0;
+  // Each layer's attention draw count (Attention::clustering_draws), first layer first.
+  std::vector<uint64_t> clustering_draws() const;
+  void set_clustering_draws(const std::vector<uint64_t>& draws);
 
  private:
   Tensor encode(const Tensor& tokens, const Tensor& mask, bool train);

@@ -74,6 +74,7 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
                                              {"train", run_settings_json(c).dump()},
                                              {"step", std::to_string(step)},
                                              {"rng_offset", std::to_string(model.rng_offset)},
+                                             {"clustering_draws", fmt::format("{}", fmt::join(model.clustering_draws(), ","))},
                                              {"best_val", fmt::format("{:.17g}", best_val)},
                                              {"wall_seconds", fmt::format("{:.17g}", cost.wall_seconds)},
                                              {"step_seconds", fmt::format("{:.17g}", cost.step_seconds)},
@@ -85,9 +86,9 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
 }
 
 // ---------------------------------------------------------------- reading
-// The dropout stream's offset, whole and digits only: stoull alone reads "-1" as
+// A counter of the metadata (`key`), whole and digits only: stoull alone reads "-1" as
 // 18446744073709551615.
-static uint64_t rng_offset_of(const std::string& text) {
+static uint64_t counter_of(const std::string& text, const char* key = "rng_offset") {
   try {
     size_t used = 0;
     if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) {
@@ -96,7 +97,20 @@ static uint64_t rng_offset_of(const std::string& text) {
     }
   } catch (const std::out_of_range&) {
   }
-  throw Error(fmt::format("'rng_offset' is '{}', not a number in range", text));
+  throw Error(fmt::format("'{}' is '{}', not a number in range", key, text));
+}
+
+// "3,3" -> {3, 3}: one count per layer. Checkpoints written before it was kept have none: zeros.
+static std::vector<uint64_t> clustering_draws_of(const std::string& text, size_t layers) {
+  std::vector<uint64_t> draws;
+  for (size_t begin = 0; begin <= text.size();) {
+    const size_t comma = std::min(text.find(',', begin), text.size());
+    draws.push_back(counter_of(text.substr(begin, comma - begin), "clustering_draws"));
+    begin = comma + 1;
+  }
+  if (draws.size() != layers)
+    throw Error(fmt::format("'clustering_draws' holds {} counts, but the model has {} layers", draws.size(), layers));
+  return draws;
 }
 
 Checkpoint read_checkpoint_header(const std::string& path) {
@@ -133,7 +147,7 @@ Checkpoint read_checkpoint_header(const std::string& path) {
       throw Error(fmt::format("'{}' is '{}', not a number in range", key, text));
     };
     ck.step = whole("step", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
-    ck.rng_offset = rng_offset_of(get("rng_offset"));
+    ck.rng_offset = counter_of(get("rng_offset"));
     ck.best_val = whole("best_val", [](const std::string& t, size_t* u) { return std::stod(t, u); });
     CAST_CHECK(ck.best_val == -1 || (ck.best_val >= 0 && ck.best_val <= 1),
                "'best_val' is {}: an accuracy in [0, 1], or -1 before the first validation", ck.best_val);
@@ -207,7 +221,10 @@ void load_checkpoint(const std::string& path, nn::Transformer& model, std::vecto
   const auto offset = f.metadata.find("rng_offset");
   CAST_CHECK(offset != f.metadata.end(), "{}: not a cast checkpoint (no 'rng_offset' metadata)", path);
   try {
-    model.rng_offset = rng_offset_of(offset->second);
+    model.rng_offset = counter_of(offset->second);
+    const auto draws = f.metadata.find("clustering_draws");
+    if (draws != f.metadata.end())
+      model.set_clustering_draws(clustering_draws_of(draws->second, model.blocks().size()));
   } catch (const Error& e) {
     throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, e.what()));
   }
@@ -268,6 +285,7 @@ std::unique_ptr<nn::Transformer> with_attention(nn::Transformer& trained_model, 
     mine[i].second->copy_from(*theirs[i].second);
   }
   swapped->rng_offset = trained_model.rng_offset;
+  swapped->set_clustering_draws(trained_model.clustering_draws());
   return swapped;
 }
 

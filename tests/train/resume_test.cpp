@@ -403,6 +403,28 @@ TEST(Training, AStopRequestSavesAtTheStepAndTheResumedRunIsBitIdentical) {
   EXPECT_EQ(rest.test.accuracy, straight.test.accuracy);
 }
 
+// Clustered and improved clustered attention draw LSH planes and k-means seeds from a count of
+// forward passes (validations included): the checkpoint keeps it, so a run stopped and resumed
+// draws as the straight run did (sixth attack: it diverged at the first step after the resume).
+TEST(Training, ClusteredRunsStoppedAndResumedDrawAsTheStraightRun) {
+  for (const nn::Mechanism mechanism : {nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
+    const std::string name = nn::mechanism_name(mechanism);
+    data::TaskData task = counting_task(300, 40, 12);
+    train::TrainConfig c = tiny_config(mechanism, temp_dir("draws_straight_" + name));
+    c.steps = 8, c.log_every = 1, c.checkpoint_every = 0, c.eval_every = 3;
+    auto straight = train::train_on(c, task, "", 0, true);
+    train::TrainConfig stopped = c;
+    stopped.run_dir = temp_dir("draws_stopped_" + name);
+    const std::string ckpt = stopped.run_dir + "/checkpoint.safetensors";
+    stopped_by(SIGINT, [&] { train::train_on(stopped, task, "", 0, true); });
+    stopped_by(SIGINT, [&] { train::train_on(stopped, task, ckpt, 0, true); });
+    auto rest = train::train_on(stopped, task, ckpt, 0, true);
+    EXPECT_EQ(logged_losses(stopped.run_dir), logged_losses(c.run_dir)) << name;
+    EXPECT_EQ(rest.test.loss, straight.test.loss) << name;
+    expect_same_tensors(ckpt, c.run_dir + "/checkpoint.safetensors");
+  }
+}
+
 TEST(Training, AStopAfterTheLastStepLeavesOnlyTheEvaluationToResume) {
   data::TaskData task = counting_task(200, 20, 12);
   train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("stop_at_end"));
