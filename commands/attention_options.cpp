@@ -81,9 +81,10 @@ std::vector<int64_t> attention_option_list(const Args& args, AttentionOption opt
   return comma_integers(d.name, args.str(d.name), d.lo, d.hi);
 }
 
-void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms) {
+// The mechanisms that read each attention option.
+static const std::vector<std::pair<const char*, std::vector<nn::Mechanism>>>& option_readers() {
   using nn::Mechanism;
-  const std::vector<std::pair<const char*, std::vector<Mechanism>>> readers = {
+  static const std::vector<std::pair<const char*, std::vector<Mechanism>>> readers = {
       {"clusters", {Mechanism::cast, Mechanism::clustered, Mechanism::iclustered}},
       {"cluster-size", {Mechanism::cast}},
       {"clustering", {Mechanism::cast}},
@@ -95,17 +96,28 @@ void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechani
       {"topk", {Mechanism::iclustered}},
       {"bits", {Mechanism::clustered, Mechanism::iclustered}},
       {"iterations", {Mechanism::clustered, Mechanism::iclustered}}};
-  for (const auto& [option, readers_of] : readers) {
-    if (!args.is_set(option)) continue;
+  return readers;
+}
+
+void check_option_read_by(const std::string& option, const std::vector<nn::Mechanism>& mechanisms,
+                          const std::string& given_as) {
+  for (const auto& [name, readers_of] : option_readers()) {
+    if (option != name) continue;
     bool read = false;
-    for (Mechanism m : mechanisms) read = read || std::find(readers_of.begin(), readers_of.end(), m) != readers_of.end();
-    if (read) continue;
+    for (nn::Mechanism m : mechanisms)
+      read = read || std::find(readers_of.begin(), readers_of.end(), m) != readers_of.end();
+    if (read) return;
     std::vector<std::string> names, given;
-    for (Mechanism m : readers_of) names.push_back(nn::mechanism_name(m));
-    for (Mechanism m : mechanisms) given.push_back(nn::mechanism_name(m));
-    throw UsageError(fmt::format("--{} is an option of --attention {}, not of {}", option, fmt::join(names, " and "),
-                                 fmt::join(given, ", ")));
+    for (nn::Mechanism m : readers_of) names.push_back(nn::mechanism_name(m));
+    for (nn::Mechanism m : mechanisms) given.push_back(nn::mechanism_name(m));
+    throw UsageError(fmt::format("{}{} is an option of --attention {}, not of {}", given_as.empty() ? "" : given_as + ": ",
+                                 "--" + option, fmt::join(names, " and "), fmt::join(given, ", ")));
   }
+}
+
+void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms) {
+  for (const auto& [option, readers_of] : option_readers())
+    if (args.is_set(option)) check_option_read_by(option, mechanisms);
 }
 
 }  // namespace cast::cli

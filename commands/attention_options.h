@@ -38,5 +38,9 @@ std::vector<int64_t> attention_option_list(const Args& args, AttentionOption opt
 // A flag that none of `mechanisms` reads (`--attention full --topk 3`) is refused, not ignored:
 // "--topk is an option of --attention iclustered, not of full".
 void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms);
+// The same for one option however it was given (`given_as`, e.g. "--vary topk"): an attention
+// option none of `mechanisms` reads is refused; any other option passes.
+void check_option_read_by(const std::string& option, const std::vector<nn::Mechanism>& mechanisms,
+                          const std::string& given_as = "");
 
 }  // namespace cast::cli

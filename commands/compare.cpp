@@ -80,8 +80,11 @@ void add_variants(const cli::Args& args, const std::string& attention, train::Co
                      "--attention names one mechanism when --vary is given, got '{}'", attention);
     spec.settings["attention"] = attention;
   }
-  cli::check_options_of_mechanisms(
-      args, {attention.empty() ? train::preset(spec.task).model.attention.mechanism : usage_mechanism(attention)});
+  const nn::Mechanism mechanism =
+      attention.empty() ? train::preset(spec.task).model.attention.mechanism : usage_mechanism(attention);
+  cli::check_options_of_mechanisms(args, {mechanism});
+  // values the mechanism never reads would train one model several times, tabled as a study
+  cli::check_option_read_by(key, {mechanism}, "--vary " + key);
   for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1))) {
     const json parsed = train::setting_from_text(key, value);
     for (const auto& [label, settings] : spec.variants)  // 0.001 and 1e-3: one run shown as two
@@ -145,6 +148,8 @@ int command_compare(const std::vector<std::string>& argv) {
     CAST_CHECK_USAGE(spec.settings["attention"].is_string(),
                      "{}: setting 'attention' is a mechanism or a comma-separated list of them", config);
     attention = spec.settings["attention"].get<std::string>();
+    CAST_CHECK_USAGE(!attention.empty(), "{}: setting 'attention' is empty: name a mechanism or a list of them",
+                     config);
   }
   check_config_settings(spec.task, spec.settings, config);
   const json flags = train::settings_from_flags(args);

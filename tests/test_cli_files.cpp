@@ -915,3 +915,23 @@ TEST(CliAttack, NoOtherCommandReplacesARunsFiles) {
   const CliRun plot = run("plot " + run_dir);
   EXPECT_EQ(plot.code, 0) << plot.err;
 }
+
+// A comparison whose variants could not differ is refused (sixth attack): --vary of a setting the
+// mechanism never reads, and an empty 'attention' in --config, once trained and tabled anyway.
+TEST(CliAttack, AComparisonOfVariantsThatCannotDifferIsRefused) {
+  const std::string d = fresh_dir("vary_unread"), data = trained_run() + "/data";
+  put(d + "/empty.json", "{\"attention\": \"\"}");
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"compare --data " + data + " --out " + d + "/a --attention full --vary clustering=topk,satopk" + kTiny,
+            "--vary clustering: --clustering is an option of --attention cast, not of full"},
+           {"compare --data " + data + " --out " + d + "/b --attention cast --vary bits=4,8" + kTiny,
+            "--vary bits: --bits is an option of --attention clustered and iclustered, not of cast"},
+           {"compare --data " + data + " --out " + d + "/c --config " + d + "/empty.json" + kTiny,
+            "empty.json: setting 'attention' is empty"},
+       }) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
+    EXPECT_FALSE(fs::exists(d + "/a") || fs::exists(d + "/b") || fs::exists(d + "/c")) << args;
+  }
+}
