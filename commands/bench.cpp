@@ -45,8 +45,7 @@ struct Variant {
 
 std::vector<Variant> variants(const std::string& list) {
   std::vector<Variant> out;
-  std::stringstream ss(list);
-  for (std::string name; std::getline(ss, name, ',');) {
+  for (const std::string& name : cli::comma_list("mechanisms", list)) {  // none empty, none twice
     Variant v{name, {}};
     if (name == "full") v.config.mechanism = nn::Mechanism::full;
     else if (name == "cast-topk") v.config.mechanism = nn::Mechanism::cast;

@@ -58,14 +58,19 @@ int command_data(const std::vector<std::string>& argv) {
     }
     if (min_length > 0) spec.min_length = static_cast<int>(min_length);
     CAST_CHECK_USAGE(spec.min_length >= 1 && spec.min_length + 1 < spec.max_length,
-                     "ListOps keeps lengths strictly between the shortest ({}) and the longest ({}): none are; use "
-                     "--max-length 8 or more, and --min-length at least 1 and below it minus 1",
+                     "ListOps keeps lengths strictly between the shortest ({}) and the longest ({}): none are; give "
+                     "--min-length at least 1 and --max-length at least 2 above it",
                      spec.min_length, spec.max_length);
     data::generate_listops(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out));
   } else {
     if (out.empty()) out = train::find_task(task).data_dir;
     data::PathfinderSpec spec =
         task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
+    // the readers split a set 80/10/10 into training, validation and test, each at least one image
+    CAST_CHECK_USAGE(count == 0 || count >= 10,
+                     "--count {}: a {} set is split 80/10/10 into training, validation and test; at least 10 images "
+                     "give each split one",
+                     count, task);
     if (count > 0) spec.count = count;
     data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out));
   }

@@ -43,6 +43,13 @@ void check_evaluation(const train::TrainedRun& run, const std::vector<int64_t>& 
   const int64_t n = sequence_tokens(run);
   for (int64_t c : clusters)
     CAST_CHECK_USAGE(!swapped || c <= n, "--clusters {} is more than the {} tokens of the model's sequences", c, n);
+  for (size_t i = 0; i < clusters.size(); ++i)  // 0 is the default count: the same row as that count given
+    for (size_t j = 0; j < i; ++j)
+      CAST_CHECK_USAGE((clusters[i] > 0 ? clusters[i] : nn::default_clusters(n)) !=
+                           (clusters[j] > 0 ? clusters[j] : nn::default_clusters(n)),
+                       "--clusters: {} and {} are both {} clusters for the model's {} tokens (0 is the default): "
+                       "list it once",
+                       clusters[j], clusters[i], clusters[i] > 0 ? clusters[i] : clusters[j], n);
   for (int64_t k : topks)
     CAST_CHECK_USAGE(!swapped || k <= n, "--topk {} is more than the {} tokens of the model's sequences", k, n);
   const auto cut = [](const std::vector<data::Example>& split) {
@@ -147,6 +154,8 @@ struct Swap {
 
 Swap swap_of(const cli::Args& args) {
   const std::string swap = args.str("attention");
+  CAST_CHECK_USAGE(!args.is_set("overwrite") || !args.str("figure").empty(),
+                   "--overwrite replaces an existing --figure, and none is given");
   for (const char* option : {"clusters", "topk", "bits", "iterations", "figure"})
     CAST_CHECK_USAGE(!swap.empty() || !args.is_set(option),
                      "--{} sets the mechanism given by --attention, and there is none (the checkpoint's own settings "

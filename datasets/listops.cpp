@@ -125,9 +125,10 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
   const int64_t total = spec.train + spec.val + spec.test;
   int64_t attempts = 0;
   while (static_cast<int64_t>(rows.size()) < total) {
-    CAST_CHECK(++attempts < total * 10000,
-               "ListOps data {}: the length bounds ({}, {}) are too tight to fill {} examples", dir, spec.min_length,
-               spec.max_length, total);
+    CAST_CHECK_USAGE(++attempts < total * 10000,
+                     "ListOps data {}: the length bounds ({}, {}: --min-length, --max-length) are too tight to fill {} "
+                     "distinct examples; widen them or lower --count",
+                     dir, spec.min_length, spec.max_length, total);
     int length = 0;
     std::string tree = random_tree(rng, 0, spec, length);
     if (length <= spec.min_length || length >= spec.max_length || !seen.insert(tree).second) continue;
@@ -147,7 +148,11 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
 static std::vector<Example> read_listops_tsv(const std::string& path, int64_t max_len) {
   std::vector<Example> out;
   bool header = true;
-  for_each_line(path, "generate it with `cast data listops`", [&](const std::string& line, const std::string& where) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const std::string hint = fmt::format(  // the loader reads both tasks: the hint names both commands
+      "generate it with `cast data listops-short --out {0}` (the short task) or `cast data listops --out {0}`",
+      dir.empty() ? "." : dir);
+  for_each_line(path, hint, [&](const std::string& line, const std::string& where) {
     if (header) {
       CAST_CHECK(line == "Source\tTarget", "{}: expected the header 'Source<TAB>Target', got '{}'", where,
                  line.substr(0, 40));

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -621,7 +622,15 @@ TEST(CliAttack, FiguresAreWellFormedAndWaitForTheirFolder) {
 
 TEST(CliAttack, DataTooSmallOrTheWrongSizeIsRefusedBeforeTraining) {
   const std::string d = fresh_dir("small_data");
-  ASSERT_EQ(run("data pathfinder --count 3 --out " + d + "/pf3").code, 0);
+  const CliRun tiny = run("data pathfinder --count 3 --out " + d + "/pf3");  // cast data makes no such set
+  EXPECT_EQ(tiny.code, 2) << tiny.err;
+  ASSERT_EQ(run("data pathfinder --count 10 --out " + d + "/pf3").code, 0);
+  {  // a hand-cut set of 3 images: the reader says which split is empty
+    std::istringstream meta(slurp(d + "/pf3/metadata/0.npy"));
+    std::string kept, line;
+    for (int i = 0; i < 3 && std::getline(meta, line); ++i) kept += line + "\n";
+    put(d + "/pf3/metadata/0.npy", kept);
+  }
   const CliRun empty = run("train --task pathfinder --data " + d + "/pf3 --run " + d + "/r1 --attention full" + kTiny);
   EXPECT_EQ(empty.code, 1) << empty.err;
   EXPECT_NE(empty.err.find("split has no examples"), std::string::npos) << empty.err;
@@ -776,13 +785,13 @@ TEST(CliAttack, LocksSeedsAndListsAreReadForWhatTheyMean) {
 // The fourth attack's leftovers (issue 41).
 TEST(CliAttack, ASmallerPathfinderSetLeavesNoImageOfTheLargerOne) {
   const std::string d = fresh_dir("pf_stale");
-  ASSERT_EQ(run("data pathfinder --count 12 --out " + d + "/pf").code, 0);
-  ASSERT_TRUE(fs::exists(d + "/pf/imgs/0/sample_11.png"));
+  ASSERT_EQ(run("data pathfinder --count 17 --out " + d + "/pf").code, 0);
+  ASSERT_TRUE(fs::exists(d + "/pf/imgs/0/sample_16.png"));
   fs::copy_file(d + "/pf/imgs/0/sample_0.png", d + "/pf/imgs/0/mine.png");  // not the set's: kept
-  const CliRun again = run("data pathfinder --count 5 --overwrite --out " + d + "/pf");
+  const CliRun again = run("data pathfinder --count 10 --overwrite --out " + d + "/pf");
   ASSERT_EQ(again.code, 0) << again.err;
-  EXPECT_TRUE(fs::exists(d + "/pf/imgs/0/sample_4.png"));
-  for (int i = 5; i < 12; ++i) EXPECT_FALSE(fs::exists(d + "/pf/imgs/0/sample_" + std::to_string(i) + ".png")) << i;
+  EXPECT_TRUE(fs::exists(d + "/pf/imgs/0/sample_9.png"));
+  for (int i = 10; i < 17; ++i) EXPECT_FALSE(fs::exists(d + "/pf/imgs/0/sample_" + std::to_string(i) + ".png")) << i;
   EXPECT_TRUE(fs::exists(d + "/pf/imgs/0/mine.png"));
 }
 
@@ -934,4 +943,31 @@ TEST(CliAttack, AComparisonOfVariantsThatCannotDifferIsRefused) {
     EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
     EXPECT_FALSE(fs::exists(d + "/a") || fs::exists(d + "/b") || fs::exists(d + "/c")) << args;
   }
+}
+
+// Refusals the sixth attack found missing or unclear: each a usage error that names the setting.
+TEST(CliAttack, ListsCountsAndHintsAreCheckedForWhatTheyMean) {
+  const std::string d = fresh_dir("attack6"), ckpt = copy_run("attack6_run") + "/checkpoint.safetensors";
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full,full --device cpu",
+            "--mechanisms: 'full' is listed twice"},
+           {"data pathfinder --count 3 --out " + d + "/pf", "--count 3: a pathfinder set is split 80/10/10"},
+           {"eval --checkpoint " + ckpt + " --eval-limit 2 --overwrite",
+            "--overwrite replaces an existing --figure, and none is given"},
+           {"eval --checkpoint " + ckpt + " --eval-limit 2 --attention clustered --clusters 0,0",
+            "--clusters: '0' is listed twice"},
+           {"data listops-short --max-length 2 --min-length 1 --out " + d + "/l",
+            "give --min-length at least 1 and --max-length at least 2 above it"},
+       }) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(lines(r.err), 1) << args << "\n" << r.err;
+  }
+  EXPECT_FALSE(fs::exists(d + "/pf/metadata"));
+  // missing ListOps files: the hint names the command that makes this folder's task
+  fs::create_directories(d + "/empty");
+  const CliRun missing = run("train --task listops-short --data " + d + "/empty --steps 1 --device cpu --eval-limit 2");
+  EXPECT_EQ(missing.code, 1) << missing.err;
+  EXPECT_NE(missing.err.find("`cast data listops-short --out " + d + "/empty`"), std::string::npos) << missing.err;
 }
