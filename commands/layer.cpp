@@ -141,6 +141,11 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
   };
   std::vector<std::string> unread;
   for (const auto& [name, t] : file.tensors) {
+    const bool cast_only = name == "surrogates" || name == "gate_w" || name == "gate_b";
+    if (cast_only && config.mechanism != nn::Mechanism::cast) {  // CAST's weights, under another mechanism
+      unread.insert(unread.begin(), name + " (read by --attention cast)");  // named first: the likely mistake
+      continue;
+    }
     if (known.count(name)) continue;
     CAST_CHECK(!known.count(lower(name)), "{}: tensor '{}' is not an input of cast layer; did you mean '{}'?",
                file.source, name, lower(name));

@@ -12,6 +12,10 @@ namespace fs = std::filesystem;
 
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs) {
   std::error_code ec;
+  // a link to nowhere would read as a missing folder, then fail as one: say what it is
+  CAST_CHECK_USAGE(!fs::is_symlink(dir, ec) || fs::exists(dir, ec),
+                   "data folder {}: is a link to {}, which does not exist; make that folder or give --out another path",
+                   dir, fs::read_symlink(dir, ec).string());
   const bool existed = fs::is_directory(dir, ec);
   // a set cast data made, or one it was stopped while making
   bool ours = !existed || fs::exists(dir + "/" + kDataFolderMark, ec) || fs::exists(dir + "/" + kDataUnfinishedMark, ec);

@@ -971,3 +971,36 @@ TEST(CliAttack, ListsCountsAndHintsAreCheckedForWhatTheyMean) {
   EXPECT_EQ(missing.code, 1) << missing.err;
   EXPECT_NE(missing.err.find("`cast data listops-short --out " + d + "/empty`"), std::string::npos) << missing.err;
 }
+
+// Hand-edited checkpoint metadata is named, not described in the JSON library's words; a data
+// folder that is a link to nowhere is called that (sixth attack).
+TEST(CliAttack, EditedMetadataAndDanglingFoldersAreNamed) {
+  const std::string run_dir = copy_run("edited_meta"), ckpt = run_dir + "/checkpoint.safetensors";
+  const TensorFile original = read_safetensors(ckpt);
+  for (const auto& [train_json, message] : std::vector<std::pair<std::string, std::string>>{
+           {"[1,2]", "'train' metadata is array, not a JSON object of settings"},
+           {"{\"task\": 5}", "'train' metadata: 'task' is missing or not a string"}}) {
+    std::map<std::string, std::string> meta = original.metadata;
+    meta["train"] = train_json;
+    write_safetensors(ckpt, original.tensors, meta);
+    const CliRun r = run("eval --checkpoint " + ckpt + " --eval-limit 2");
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+  const std::string d = fresh_dir("dangling_data");
+  fs::create_symlink(d + "/nowhere", d + "/link");
+  const CliRun dangling = run("data listops-short --count 10 --out " + d + "/link");
+  EXPECT_EQ(dangling.code, 2) << dangling.err;
+  EXPECT_NE(dangling.err.find("is a link to " + d + "/nowhere, which does not exist"), std::string::npos)
+      << dangling.err;
+  EXPECT_FALSE(fs::exists(d + "/nowhere"));
+}
+
+// CAST's weights in a layer file read under another mechanism are named as unread (sixth attack).
+TEST(CliAttack, ALayerFileWithCastWeightsUnderAnotherMechanismSaysTheyAreUnread) {
+  const std::string d = fresh_dir("layer_unread");
+  const CliRun r = run("layer --in " + std::string(CAST_TEST_DATA_DIR) + "/layer_cast.safetensors --out " + d +
+                       "/o.safetensors --attention full --heads 2");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("surrogates (read by --attention cast)"), std::string::npos) << r.out;
+}

@@ -124,6 +124,9 @@ Checkpoint read_checkpoint_header(const std::string& path) {
   Checkpoint ck;
   try {
     json train = files::parse_json(get("train"), "'train' metadata");
+    CAST_CHECK(train.is_object(), "'train' metadata is {}, not a JSON object of settings", train.type_name());
+    CAST_CHECK(train.contains("task") && train.at("task").is_string(),
+               "'train' metadata: 'task' is missing or not a string");
     if (train.is_object() && train.contains("tf32") && !train.contains("precision")) {
       // written before `precision`: its flag `tf32` (which the CPU ignored) is precision tf32 on
       // a GPU run, fp32 on a CPU run

@@ -31,6 +31,11 @@ class TinyTaskLearning : public ::testing::TestWithParam<nn::Mechanism> {};
 // thread, above 0.9 otherwise. A test that a summation order can fail trains too little; at
 // 1000 steps every mechanism passes in both builds with one and two threads.
 TEST_P(TinyTaskLearning, ReachesNinetyPercent) {
+#if defined(CAST_CUDA_EMULATION)
+  // Learning is checked by the plain binary. Here, under the sanitizers, the 1000 CPU steps took
+  // 70 s for the four mechanisms and reached no code the other training tests do not.
+  GTEST_SKIP() << "the learning check runs in the plain test binary";
+#endif
   data::TaskData task = counting_task(2000, 200, 11);
   train::TrainConfig c = tiny_config(GetParam(), temp_dir(nn::mechanism_name(GetParam())));
   c.steps = 1000;
