@@ -1004,3 +1004,26 @@ TEST(CliAttack, ALayerFileWithCastWeightsUnderAnotherMechanismSaysTheyAreUnread)
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("surrogates (read by --attention cast)"), std::string::npos) << r.out;
 }
+
+// Advice that works (sixth attack): a compare run's foreign file is not answered with an
+// --overwrite compare cannot pass on; --overwrite leaves no foreign best checkpoint beside a new
+// run; the missing-GPU line names the precision a GPU run kept.
+TEST(CliAttack, AdviceOnForeignRunFilesAndMissingGpusWorks) {
+  const std::string d = fresh_dir("advice"), data = trained_run() + "/data";
+  fs::create_directories(d + "/cmp/full-seed1");
+  put(d + "/cmp/full-seed1/metrics.jsonl", "my metrics\n");
+  const CliRun compare = run("compare --data " + data + " --out " + d + "/cmp --attention full" + kTiny);
+  EXPECT_EQ(compare.code, 2) << compare.err;
+  EXPECT_NE(compare.err.find("move it away or choose another folder"), std::string::npos) << compare.err;
+  EXPECT_EQ(slurp(d + "/cmp/full-seed1/metrics.jsonl"), "my metrics\n");
+  fs::create_directories(d + "/r");
+  put(d + "/r/best.safetensors", "not a run's\n");
+  const CliRun train = run("train --data " + data + " --run " + d + "/r --overwrite --attention full" + kTiny);
+  EXPECT_EQ(train.code, 0) << train.err;
+  if (fs::exists(d + "/r/best.safetensors")) EXPECT_NE(slurp(d + "/r/best.safetensors"), "not a run's\n");
+  if (!cast::device_memory::cuda_available()) {
+    const CliRun gpu = run("eval --checkpoint " + d + "/r/checkpoint.safetensors --device cuda --eval-limit 2");
+    EXPECT_EQ(gpu.code, 1) << gpu.err;
+    EXPECT_NE(gpu.err.find("add --precision fp32 to a tf32 or bf16 one"), std::string::npos) << gpu.err;
+  }
+}

@@ -109,14 +109,20 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   // No run here: the files a run writes may replace only what a cast run left (say, one stopped
   // before its first checkpoint), not a user's own files of the same names; a best checkpoint
   // without the run's own is no run's.
+  // the remedy holds for cast train and for the runs of cast compare (whose --overwrite is its own files')
+  const char* remedy = "move it away or choose another folder (cast train's --overwrite replaces it)";
   CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/best.safetensors"),
                    "run file {}/best.safetensors: exists without the run's checkpoint.safetensors, so no cast run "
-                   "here wrote it; not replacing it (pass --overwrite to replace it, or choose another --run)",
-                   c.run_dir);
-  files::check_may_replace(c.run_dir + "/metrics.jsonl", "run file", "a cast run's metrics", "\"split\":", c.overwrite);
-  files::check_may_replace(c.run_dir + "/summary.json", "run file", "a cast run's summary", kSummaryMark, c.overwrite);
+                   "here wrote it; not replacing it ({})",
+                   c.run_dir, remedy);
+  files::check_may_replace(c.run_dir + "/metrics.jsonl", "run file", "a cast run's metrics", "\"split\":", c.overwrite,
+                           remedy);
+  files::check_may_replace(c.run_dir + "/summary.json", "run file", "a cast run's summary", kSummaryMark, c.overwrite,
+                           remedy);
   files::check_may_replace(c.run_dir + "/curves.svg", "run file", "a figure drawn by cast", files::kFigureMark,
-                           c.overwrite);
+                           c.overwrite, remedy);
+  // --overwrite said so: a best checkpoint no run here wrote is not left beside the new run's files
+  if (c.overwrite) std::filesystem::remove(c.run_dir + "/best.safetensors");
   return folder;
 }
 

@@ -58,8 +58,8 @@ Device resolve_device(const std::string& name) {
   if (name == "cuda") {
     // named by --device, or kept in the checkpoint of a run resumed without --device
     CAST_CHECK(device_memory::cuda_available(),
-               "device cuda (--device, or the setting a resumed run's checkpoint keeps): no CUDA GPU is available "
-               "here; pass --device cpu to run on the CPU");
+               "device cuda: no CUDA GPU is available here; pass --device cpu to run on the CPU (a run resumed "
+               "from a GPU checkpoint keeps its device and precision: add --precision fp32 to a tf32 or bf16 one)");
     return Device::cuda;
   }
   CAST_CHECK(name == "auto", "--device must be auto, cpu or cuda, got '{}'", name);
@@ -430,8 +430,14 @@ void finish(Run& run, TrainResult& result) {
   // training there is none, and the final model is evaluated and named as such.
   const std::string best = c.run_dir + "/best.safetensors";
   const bool evaluate_best = c.eval_best && std::filesystem::exists(best);
+  if (c.eval_best && !evaluate_best && !run.quiet)
+    fmt::print("note: --eval-best, but {} holds no best.safetensors (no validation wrote one): the final model is "
+               "evaluated\n",
+               c.run_dir);
+  int64_t evaluated_step = run.step;
   if (evaluate_best) {  // a best from after the run's last step is another run's
     const int64_t best_step = read_checkpoint_header(best).step;
+    evaluated_step = best_step;
     CAST_CHECK(best_step <= run.step, "{} is of step {}, after this run's last step {}: not this run's best model",
                best, best_step, run.step);
     load_checkpoint(best, *run.model, nullptr, nullptr);
@@ -458,10 +464,12 @@ void finish(Run& run, TrainResult& result) {
                             {"val_examples", result.val.examples},
                             {"test_examples", result.test.examples},
                             {"majority_rate", result.majority},
-                            {"evaluated", evaluate_best ? "best" : "final"}});
+                            {"evaluated", evaluate_best ? "best" : "final"},
+                            {"evaluated_step", evaluated_step}});
   if (run.quiet) return;
-  fmt::print("done in {}: {} model after {} steps\n", format_duration(cost.wall_seconds),
-             evaluate_best ? "best" : "final", step);
+  if (evaluate_best)
+    fmt::print("done in {}: best model (step {} of {})\n", format_duration(cost.wall_seconds), evaluated_step, step);
+  else fmt::print("done in {}: final model after {} steps\n", format_duration(cost.wall_seconds), step);
   if (result.val.examples)
     fmt::print("  validation accuracy {:.1f}%  (loss {:.4f})\n", 100 * result.val.accuracy, result.val.loss);
   else fmt::print("  validation accuracy: no examples\n");

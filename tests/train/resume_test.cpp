@@ -566,7 +566,10 @@ TEST(Training, EvalBestNeedsValidationsAndNeverClaimsABestItDidNotWrite) {
   c.overwrite = true;
   train::train_on(c, task, "", 0, true);
   std::ifstream again(c.run_dir + "/summary.json");
-  EXPECT_EQ(nlohmann::json::parse(again)["evaluated"], "best");
+  const nlohmann::json summary = nlohmann::json::parse(again);
+  EXPECT_EQ(summary["evaluated"], "best");
+  // the step of the model evaluated is the best checkpoint's, not the run's last (sixth attack)
+  EXPECT_EQ(summary["evaluated_step"], train::read_checkpoint_header(c.run_dir + "/best.safetensors").step);
 }
 
 // ---------------------------------------------------------------- a resume goes forward (issue 41)
