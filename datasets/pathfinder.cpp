@@ -4,6 +4,7 @@
 // one snake (label 1) or on ends of different snakes (label 0). Drawn at twice the size and
 // averaged 2×2 down, which antialiases the strokes.
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <exception>
 #include <filesystem>
@@ -225,6 +226,7 @@ TaskData load_pathfinder(const std::string& dir) {
   std::vector<Example> all;
   int side = 0;
   std::string first;  // where the first image, which set the side, was named
+  std::map<std::string, std::string> named;  // each image's path, and where it was first named
   for (const std::string& f : files)
     for_each_line(f, "pathfinder metadata", [&](const std::string& line, const std::string& where) {
       std::istringstream fields(line);
@@ -233,7 +235,14 @@ TaskData load_pathfinder(const std::string& dir) {
       CAST_CHECK(cols.size() >= 4, "{}: expected at least 4 fields (subdir file idx label), got {}", where,
                  cols.size());
       CAST_CHECK(cols[3] == "0" || cols[3] == "1", "{}: label '{}' is not 0 or 1", where, cols[3]);
-      png::Image img = png::read_gray(image_inside(dir, cols[0], cols[1], where));
+      const std::string image = image_inside(dir, cols[0], cols[1], where);
+      // an image named twice (a metadata file copied) would put a training image in validation or test
+      std::error_code ec;  // a path that cannot be resolved (a link loop) is refused as the image is read
+      const fs::path resolved = fs::weakly_canonical(image, ec);
+      const auto [earlier, fresh] = named.emplace(ec ? image : resolved.string(), where);
+      CAST_CHECK(fresh, "{}: image {} is named again (first at {}): each image belongs to one split", where,
+                 (fs::path(cols[0]) / cols[1]).string(), earlier->second);
+      png::Image img = png::read_gray(image);
       CAST_CHECK(img.width == img.height, "{}: image {}x{} is not square", where, img.width, img.height);
       if (side == 0) side = img.width, first = where + " (" + cols[1] + ")";
       CAST_CHECK(img.width == side,

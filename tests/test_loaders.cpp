@@ -332,6 +332,10 @@ TEST(Pathfinder, BrokenMetadataAndImages) {
   write_text(dir + "/imgs/0/sample_1.png", "not a png");
   write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png 0 1\nimgs/0 sample_1.png 1 0\nimgs/0 sample_2.png 2 0\n");
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "sample_1.png: not a PNG file");
+  // one image named twice, as by a copied metadata file (sixth attack): refused, naming both places
+  data::generate_pathfinder(dir, spec, 6, true);
+  std::filesystem::copy_file(dir + "/metadata/0.npy", dir + "/metadata/1.npy");
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "1.npy:1: image imgs/0/sample_0.png is named again (first at");
 }
 
 // ---------------------------------------------------------------- issue 19: inputs checked whole
