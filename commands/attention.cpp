@@ -29,8 +29,8 @@ std::vector<std::vector<double>> head_rows(const Tensor& weights, int64_t head, 
 
 // What the checkpoint holds, checked before its weights and data are read: a one-text
 // full-attention model short enough to draw.
-nn::ModelConfig drawable_model(const std::string& checkpoint) {
-  const nn::ModelConfig m = train::read_checkpoint_header(checkpoint).config.model;
+nn::ModelConfig drawable_model(const std::string& checkpoint, const train::TrainConfig& trained) {
+  const nn::ModelConfig& m = trained.model;
   CAST_CHECK_USAGE(m.attention.mechanism == nn::Mechanism::full,
                    "{}: a {} model; cast attention compares a full-attention model's weights with the approximations "
                    "that reuse them",
@@ -117,9 +117,10 @@ int command_attention(const std::vector<std::string>& argv) {
   const std::vector<int64_t> asked = args.str("queries").empty()
                                          ? std::vector<int64_t>{}
                                          : cli::comma_integers("queries", args.str("queries"), 0, INT64_MAX);
-  train::check_outside_data(args.str("out"), "out", args.str("checkpoint"), args.str("data"));
+  const train::TrainConfig trained = train::read_checkpoint_header(args.str("checkpoint")).config;
+  train::check_outside_data(args.str("out"), "out", trained, args.str("data"));
   train::check_figure_output(args.str("out"), "out", args.str("checkpoint"), args.is_set("overwrite"));
-  const nn::ModelConfig m = drawable_model(args.str("checkpoint"));
+  const nn::ModelConfig m = drawable_model(args.str("checkpoint"), trained);
   const int64_t layer = args.integer("layer", 1, m.layers), head = args.integer("head", 1, m.heads);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), Device::cpu);
   CAST_CHECK_USAGE(index < static_cast<int64_t>(run.task.test.size()), "--index {} outside the {} test examples", index,

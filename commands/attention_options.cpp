@@ -110,8 +110,9 @@ void check_option_read_by(const std::string& option, const std::vector<nn::Mecha
     std::vector<std::string> names, given;
     for (nn::Mechanism m : readers_of) names.push_back(nn::mechanism_name(m));
     for (nn::Mechanism m : mechanisms) given.push_back(nn::mechanism_name(m));
-    throw UsageError(fmt::format("{}{} is an option of --attention {}, not of {}", given_as.empty() ? "" : given_as + ": ",
-                                 "--" + option, fmt::join(names, " and "), fmt::join(given, ", ")));
+    const std::string prefix = given_as.empty() ? "" : given_as + ": ";
+    throw UsageError(fmt::format("{}--{} is an option of --attention {}, not of {}", prefix, option,
+                                 fmt::join(names, " and "), fmt::join(given, ", ")));
   }
 }
 

@@ -63,9 +63,10 @@ int command_clusters(const std::vector<std::string>& argv) {
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast clusters --help)");
   const int scale = static_cast<int>(args.integer("scale", 1, 64));  // pixels per image pixel
   const int64_t index = args.integer("index", 0, INT64_MAX);
-  train::check_outside_data(args.str("out"), "out", args.str("checkpoint"), args.str("data"));
+  const train::Checkpoint header = train::read_checkpoint_header(args.str("checkpoint"));
+  train::check_outside_data(args.str("out"), "out", header.config, args.str("data"));
   train::check_figure_output(args.str("out"), "out", args.str("checkpoint"), args.is_set("overwrite"));
-  const nn::Mechanism mechanism = train::read_checkpoint_header(args.str("checkpoint")).config.model.attention.mechanism;
+  const nn::Mechanism mechanism = header.config.model.attention.mechanism;
   CAST_CHECK_USAGE(mechanism == nn::Mechanism::cast,
                    "{}: the model uses {} attention; cast clusters draws the clusters of a CAST model",
                    args.str("checkpoint"), nn::mechanism_name(mechanism));

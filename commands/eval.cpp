@@ -43,13 +43,14 @@ void check_evaluation(const train::TrainedRun& run, const std::vector<int64_t>& 
   const int64_t n = sequence_tokens(run);
   for (int64_t c : clusters)
     CAST_CHECK_USAGE(!swapped || c <= n, "--clusters {} is more than the {} tokens of the model's sequences", c, n);
-  for (size_t i = 0; i < clusters.size(); ++i)  // 0 is the default count: the same row as that count given
+  std::vector<int64_t> counts;  // 0 is the default count: the same row as that count given
+  for (int64_t c : clusters) counts.push_back(c > 0 ? c : nn::default_clusters(n));
+  for (size_t i = 0; i < counts.size(); ++i)
     for (size_t j = 0; j < i; ++j)
-      CAST_CHECK_USAGE((clusters[i] > 0 ? clusters[i] : nn::default_clusters(n)) !=
-                           (clusters[j] > 0 ? clusters[j] : nn::default_clusters(n)),
+      CAST_CHECK_USAGE(counts[i] != counts[j],
                        "--clusters: {} and {} are both {} clusters for the model's {} tokens (0 is the default): "
                        "list it once",
-                       clusters[j], clusters[i], clusters[i] > 0 ? clusters[i] : clusters[j], n);
+                       clusters[j], clusters[i], counts[i], n);
   for (int64_t k : topks)
     CAST_CHECK_USAGE(!swapped || k <= n, "--topk {} is more than the {} tokens of the model's sequences", k, n);
   const auto cut = [](const std::vector<data::Example>& split) {
@@ -228,7 +229,8 @@ int command_eval(const std::vector<std::string>& argv) {
   const std::vector<int64_t>&clusters = s.clusters, &topks = s.topks;
   const std::string figure = args.str("figure");
   if (!figure.empty()) {
-    train::check_outside_data(figure, "figure", args.str("checkpoint"), args.str("data"));
+    train::check_outside_data(figure, "figure", train::read_checkpoint_header(args.str("checkpoint")).config,
+                              args.str("data"));
     train::check_figure_output(figure, "figure", args.str("checkpoint"), args.is_set("overwrite"));
   }
   const Device device = train::resolve_device(args.str("device"));

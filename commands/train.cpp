@@ -49,8 +49,6 @@ static void check_trace_is_no_run_file(const train::TrainConfig& config, const s
   for (const std::string& f : run_files(config))
     CAST_CHECK_USAGE(!files::same_path(trace, f), "--trace {} is the run's own {}: name a file outside the run's files",
                      trace, f);
-  train::check_user_output(trace, "--trace", "a cast trace", "\"phase\":", false, run_dir,
-                           "choose another path: --overwrite replaces a run, not another file");
 }
 
 // The steps traced before a stop or a failure are written; that error, not one of the trace's,
@@ -121,7 +119,9 @@ int command_train(const std::vector<std::string>& argv) {
   if (args.is_set("trace")) {
     const std::string& file = args.str("trace");
     if (!file.empty()) check_trace_is_no_run_file(config, file, args.str("config"), args.str("resume"));
-    trace.emplace(file, true, /*overwrite=*/false, /*may_overwrite=*/false);  // --overwrite replaces the run only
+    const std::string run_dir = config.run_dir.empty() ? train::default_run_dir(config) : config.run_dir;
+    // --overwrite replaces the run only; a trace in the run's own folder may replace its last trace
+    trace.emplace(file, true, /*overwrite=*/false, /*may_overwrite=*/false, run_dir);
     config.trace = &*trace;
   }
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",

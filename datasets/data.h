@@ -56,8 +56,8 @@ constexpr const char* kDataFolderMark = ".made-by-cast";
 // full disk cut short, half old and half new, is refused by every reader instead of read.
 constexpr const char* kDataUnfinishedMark = ".cast-data-unfinished";
 // Takes `dir` for one generator: refuses it (before anything in it changes) when it holds files
-// cast did not generate and `overwrite` is off, or when one of `outputs` (in a folder that exists) cannot be written there;
-// then locks it and marks it unfinished.
+// cast did not generate and `overwrite` is off, or when one of `outputs` (in a folder that
+// exists) cannot be written there; then locks it and marks it unfinished.
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs);
 void mark_data_folder(const std::string& dir);
 // Refuses a folder whose generation did not finish (kDataUnfinishedMark), naming the remedy.

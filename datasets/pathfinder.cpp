@@ -4,10 +4,10 @@
 // one snake (label 1) or on ends of different snakes (label 0). Drawn at twice the size and
 // averaged 2×2 down, which antialiases the strokes.
 #include <algorithm>
-#include <map>
 #include <cmath>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <sstream>
 #include <string_view>
 
@@ -237,9 +237,7 @@ TaskData load_pathfinder(const std::string& dir) {
       CAST_CHECK(cols[3] == "0" || cols[3] == "1", "{}: label '{}' is not 0 or 1", where, cols[3]);
       const std::string image = image_inside(dir, cols[0], cols[1], where);
       // an image named twice (a metadata file copied) would put a training image in validation or test
-      std::error_code ec;  // a path that cannot be resolved (a link loop) is refused as the image is read
-      const fs::path resolved = fs::weakly_canonical(image, ec);
-      const auto [earlier, fresh] = named.emplace(ec ? image : resolved.string(), where);
+      const auto [earlier, fresh] = named.emplace(fs::path(image).lexically_normal().string(), where);
       CAST_CHECK(fresh, "{}: image {} is named again (first at {}): each image belongs to one split", where,
                  (fs::path(cols[0]) / cols[1]).string(), earlier->second);
       png::Image img = png::read_gray(image);

@@ -74,7 +74,8 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
                                              {"train", run_settings_json(c).dump()},
                                              {"step", std::to_string(step)},
                                              {"rng_offset", std::to_string(model.rng_offset)},
-                                             {"clustering_draws", fmt::format("{}", fmt::join(model.clustering_draws(), ","))},
+                                             {"clustering_draws",
+                                              fmt::format("{}", fmt::join(model.clustering_draws(), ","))},
                                              {"best_val", fmt::format("{:.17g}", best_val)},
                                              {"wall_seconds", fmt::format("{:.17g}", cost.wall_seconds)},
                                              {"step_seconds", fmt::format("{:.17g}", cost.step_seconds)},
@@ -252,9 +253,9 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
   return run;
 }
 
-void check_outside_data(const std::string& out, const std::string& option, const std::string& checkpoint,
+void check_outside_data(const std::string& out, const std::string& option, const TrainConfig& trained,
                         const std::string& data_dir) {
-  TrainConfig config = read_checkpoint_header(checkpoint).config;
+  TrainConfig config = trained;
   if (!data_dir.empty()) config.data_dir = data_dir;
   files::check_not_inside(out, "--" + option, data_folder(config), "data folder");
 }

@@ -66,10 +66,10 @@ struct TrainedRun {
 };
 // data_dir empty: the folder the run used.
 TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device);
-// Refuses an output of a command on the run of `checkpoint` that would go inside the data folder it
-// reads (`data_dir`, or the run's own when empty). Checked first, from the checkpoint's header: no
+// Refuses an output of a command on a trained run (its settings, `trained`) that would go inside
+// the data folder it reads (`data_dir`, or the run's own when empty). Checked first: no
 // --overwrite allows it, so no other refusal should suggest one before it.
-void check_outside_data(const std::string& out, const std::string& option, const std::string& checkpoint,
+void check_outside_data(const std::string& out, const std::string& option, const TrainConfig& trained,
                         const std::string& data_dir);
 
 // The run's model with another attention mechanism and the same weights, as the clustered-

@@ -1,7 +1,6 @@
 #include "train/run_folder.h"
 
 #include <filesystem>
-#include <set>
 #include <sstream>
 
 #include "datasets/data.h"
@@ -31,23 +30,26 @@ std::string folder_of(const std::string& file) {
 void check_user_output(const std::string& out, const std::string& option, const std::string& kind,
                        std::string_view mark, bool overwrite, const std::string& owner, std::string_view remedy) {
   const std::string folder = folder_of(out);
-  const bool data = files::exists(folder + "/" + data::kDataFolderMark);
-  const bool held = data || files::exists(folder + "/.cast.lock");
-  if (!out.empty() && held && !(!owner.empty() && files::same_path(folder, owner))) {
-    const std::string name = std::filesystem::path(out).filename().string();
-    static const std::set<std::string> kept = {"checkpoint.safetensors", "best.safetensors", "metrics.jsonl",
-                                               "summary.json", "curves.svg", "results.md", "results.json",
-                                               "comparison.svg"};
-    const char* held_by = "a folder cast holds for a run, a comparison or a data set";
-    CAST_CHECK_USAGE(!data, "{} {}: is inside {}, {}, whose files only cast data writes: choose a path outside it",
-                     option, out, folder, held_by);
-    CAST_CHECK_USAGE(!kept.count(name), "{} {}: {} is {}, which keeps its own {} there: choose another path", option,
-                     out, folder, held_by, name);
-    files::check_may_replace(out, option, kind, mark, false,
-                             fmt::format("{} is {}; --overwrite replaces no other kind of file there: choose another "
-                                         "path", folder, held_by));
-  }
-  files::check_may_replace(out, option, kind, mark, overwrite, remedy);
+  const bool own = !owner.empty() && files::same_path(folder, owner);
+  const bool data = !out.empty() && files::exists(folder + "/" + data::kDataFolderMark);
+  const bool held = data || (!out.empty() && files::exists(folder + "/.cast.lock"));
+  if (!held || own) return files::check_may_replace(out, option, kind, mark, overwrite, remedy);
+  const char* held_by = "a folder cast holds for a run, a comparison or a data set";
+  CAST_CHECK_USAGE(!data, "{} {}: is inside {}, {}, whose files only cast data writes: choose a path outside it",
+                   option, out, folder, held_by);
+  // the run's files, and those a comparison keeps beside its runs
+  std::vector<std::string> kept = run_folder_files(folder);
+  for (const char* name : {"curves.svg", "results.md", "results.json", "comparison.svg"})
+    kept.push_back(folder + "/" + name);
+  const std::string name = std::filesystem::path(out).filename().string();
+  for (const std::string& file : kept)
+    CAST_CHECK_USAGE(std::filesystem::path(file).filename() != name,
+                     "{} {}: {} is {}, which keeps its own {} there: choose another path", option, out, folder,
+                     held_by, name);
+  // an existing file of another kind: no --overwrite applies in a held folder
+  files::check_may_replace(
+      out, option, kind, mark, false,
+      fmt::format("{} is {}; --overwrite replaces no other kind of file there: choose another path", folder, held_by));
 }
 
 void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint,

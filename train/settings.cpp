@@ -119,9 +119,10 @@ constexpr int64_t kBig = int64_t{1} << 40;
 
 // ---------------------------------------------------------------- the table
 Setting seed_setting() {
-  Setting seed = integer("seed", Home::run, 0, INT64_MAX, "seed of data order, initialisation and dropout; left unset, the data order's is 1 and the "
-                          "initialisation's 0 (as before the setting), so --seed 1 is not the unset run",
-                          AT(seed));
+  Setting seed = integer("seed", Home::run, 0, INT64_MAX,
+                         "seed of data order, initialisation and dropout; left unset, the data order's is 1 and the "
+                         "initialisation's 0 (as before the setting), so --seed 1 is not the unset run",
+                         AT(seed));
   seed.set = [](TrainConfig& c, const json& v) {
     const int64_t s = v.get<int64_t>();
     if (s < 0) throw UsageError(fmt::format("setting 'seed' is {}: it must be at least 0", s));

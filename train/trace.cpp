@@ -113,7 +113,7 @@ std::string text_line(const json& e) {
 
 }  // namespace
 
-Trace::Trace(std::string json_path, bool print, bool overwrite, bool may_overwrite)
+Trace::Trace(std::string json_path, bool print, bool overwrite, bool may_overwrite, const std::string& owner)
     : json_path_(std::move(json_path)), print_(print) {
   if (!json_path_.empty()) {  // a file that cannot be written is refused now, not after the work
     // '-' reads as standard output elsewhere; here it would be a file named '-' in the folder
@@ -121,12 +121,10 @@ Trace::Trace(std::string json_path, bool print, bool overwrite, bool may_overwri
                      "--trace -: the trace goes to standard output with --trace alone; give a file name to write JSON "
                      "lines");
     files::output_target(json_path_, "--trace", files::Link::follow_once);
-    // every line of a trace has its phase; no other file the engine writes has one. cast train
-    // (no may_overwrite) checks its trace against its own run folder first.
-    if (may_overwrite) check_user_output(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite);
-    else
-      files::check_may_replace(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite,
-                               "choose another path: --overwrite replaces a run, not another file");
+    // every line of a trace has its phase; no other file the engine writes has one
+    check_user_output(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite, owner,
+                      may_overwrite ? "pass --overwrite to replace it, or choose another path"
+                                    : "choose another path: --overwrite replaces a run, not another file");
   }
   previous_ = autograd::set_tape_observer(this);
 }

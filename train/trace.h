@@ -35,8 +35,10 @@ class Trace final : public autograd::TapeObserver {
   // then, as many bytes as the file). Installs itself on this thread's tape.
   // An existing file at json_path is replaced only when it is a trace, or with `overwrite`.
   // overwrite: replace a file at json_path that is not a trace; may_overwrite: whether the
-  // command's --overwrite would (cast train's replaces a run, never another file)
-  explicit Trace(std::string json_path = "", bool print = true, bool overwrite = false, bool may_overwrite = true);
+  // command's --overwrite would (cast train's replaces a run, never another file); owner: the run
+  // folder the command writes, where the trace may replace a trace (train::check_user_output)
+  explicit Trace(std::string json_path = "", bool print = true, bool overwrite = false, bool may_overwrite = true,
+                 const std::string& owner = "");
   ~Trace();
   Trace(const Trace&) = delete;
   Trace& operator=(const Trace&) = delete;
