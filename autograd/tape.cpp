@@ -34,6 +34,23 @@ void record(std::unique_ptr<Node> node) {
   if (TapeObserver* observer = tape_observer()) observer->recorded(*tape.nodes.back());
 }
 
+SeparateTape::SeparateTape()
+    : outer_nodes_(std::move(tape.nodes)),
+      outer_enabled_(tape.enabled),
+      outer_root_(backward_root),
+      outer_observer_(set_tape_observer(nullptr)) {
+  tape.nodes.clear();
+  tape.enabled = true;
+  backward_root = nullptr;
+}
+
+SeparateTape::~SeparateTape() {
+  tape.nodes = std::move(outer_nodes_);
+  tape.enabled = outer_enabled_;
+  backward_root = outer_root_;
+  set_tape_observer(outer_observer_);
+}
+
 size_t tape_size() { return tape.nodes.size(); }
 void clear_tape() { tape.nodes.clear(); }
 

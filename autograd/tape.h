@@ -15,6 +15,8 @@
 
 namespace cast::autograd {
 
+class TapeObserver;  // autograd/trace.h
+
 // Receives a node's tensor fields by name. An undefined tensor (an optional input that was not
 // given) is passed too; visitors skip it.
 class FieldVisitor {
@@ -70,6 +72,24 @@ void record(std::unique_ptr<Node> node);
 void backward(const Tensor& loss);
 // Same with an explicit output gradient of loss's shape.
 void backward(const Tensor& output, const Tensor& output_grad);
+
+// A tape of this thread's own for a scope: the nodes recorded in it, and a backward() run in it,
+// leave the tape outside as it was, and recording is on in it whatever it was outside. An op whose
+// backward forms its forward again (ops/attention/cast_attention_recompute.cpp) records that
+// forward here and walks it back. A trace sees the op as one node: the observer is away meanwhile.
+class SeparateTape {
+ public:
+  SeparateTape();
+  ~SeparateTape();
+  SeparateTape(const SeparateTape&) = delete;
+  SeparateTape& operator=(const SeparateTape&) = delete;
+
+ private:
+  std::vector<std::unique_ptr<Node>> outer_nodes_;
+  bool outer_enabled_;
+  const TensorImpl* outer_root_;
+  TapeObserver* outer_observer_;
+};
 
 size_t tape_size();
 void clear_tape();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "ops/attention/cast_chain.h"
 #include "ops/attention/fast_paths.h"
@@ -36,10 +37,11 @@ double cast_step_floats(ops::Step step, double bh, double n, double c, double ka
 }
 }  // namespace
 
-double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N, int64_t D, bool gpu) {
+LayerBytes attention_layer_parts(const nn::AttentionConfig& a, int64_t B, int64_t N, int64_t D, bool gpu) {
   const double b = static_cast<double>(B), n = static_cast<double>(N), d = static_cast<double>(D);
   const double h = static_cast<double>(a.heads), dh = d / std::max<double>(h, 1);
   double floats = b * n * d * 8;  // the input's gradient, q, k, v, their head layouts, the output
+  double transient = 0;
   const double c = static_cast<double>(a.clusters > 0 ? a.clusters : nn::default_clusters(N));
   switch (a.mechanism) {
     case nn::Mechanism::full: {  // the step ops keep scores and probabilities (B, H, N, N); flash attention a row's
@@ -52,7 +54,20 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
     case nn::Mechanism::cast: {
       const double kappa =
           static_cast<double>(std::min(a.cluster_size > 0 ? a.cluster_size : nn::default_clusters(N), N));
-      if (nn::cast_runs_as_one_op(a, gpu ? Device::cuda : Device::cpu)) {
+      const ops::CastOptions options{a.f, a.summaries, a.mix_query};
+      const ops::StepSizes sizes{gpu ? Device::cuda : Device::cpu, DType::f32, static_cast<int64_t>(dh), 0};
+      const ops::FastPath* one_op = nn::cast_runs_as_one_op(a, sizes.device)
+                                        ? ops::choose_path(ops::Step::cast_attention, a.fused, sizes)
+                                        : nullptr;
+      if (one_op && std::string(one_op->name) == "cast_attention_recompute") {
+        // the clusters from the forward to the backward; the chain's tape in the backward (more
+        // than the chain's unrecorded forward, or Single-Assignment Top-K's choice, holds at once)
+        floats += b * h * c * kappa;
+        for (ops::Step step : ops::cast_chain_steps(options))
+          transient += cast_step_floats(step, b * h, n, c, kappa, dh);
+        break;
+      }
+      if (one_op) {
         // cast_attention_fused: the forward's A_q, A_k and A_g, (N, C) each per thread (at most one
         // thread per group; the backward's scratch is row tiles), and the slots' log-sum-exp and
         // weights; Single-Assignment Top-K forms A_q, A_k and A_g for the whole batch first
@@ -61,7 +76,6 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
         if (a.single_assignment) floats += b * h * n * c * 3;
         break;
       }
-      const ops::CastOptions options{a.f, a.summaries, a.mix_query};
       for (ops::Step step : ops::cast_chain_steps(options)) floats += cast_step_floats(step, b * h, n, c, kappa, dh);
       break;
     }
@@ -72,7 +86,11 @@ double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N,
         floats += b * h * c * std::min(static_cast<double>(a.topk), n) * (dh * 2 + 3);
       break;
   }
-  return floats * kFloat * 2;  // and the gradients of as much again
+  return {floats * kFloat * 2, transient * kFloat * 2};  // and the gradients of as much again
+}
+
+double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N, int64_t D, bool gpu) {
+  return attention_layer_parts(a, B, N, D, gpu).total();
 }
 
 StepBytes training_step_parts(const nn::ModelConfig& m, int64_t B, int64_t N, bool gpu) {
@@ -92,7 +110,8 @@ StepBytes training_step_parts(const nn::ModelConfig& m, int64_t B, int64_t N, bo
   StepBytes parts;
   parts.parameters = params * 4 * kFloat;
   parts.activations = layers * block + bn * d * 2 * kFloat;
-  parts.attention = layers * attention_layer_bytes(a, B * towers, tokens, m.dim, gpu);
+  const LayerBytes layer = attention_layer_parts(a, B * towers, tokens, m.dim, gpu);
+  parts.attention = layers * layer.kept + layer.transient;
   return parts;
 }
 

@@ -13,7 +13,14 @@
 
 namespace cast::train {
 
-// One attention layer's forward and backward: B sequences of N tokens of width D.
+// One attention layer's forward and backward: B sequences of N tokens of width D. `kept` lives
+// from the layer's forward to its backward; `transient` only during its backward (an op that
+// forms its forward again there), so a model's layers pay it once, not once each.
+struct LayerBytes {
+  double kept = 0, transient = 0;
+  double total() const { return kept + transient; }
+};
+LayerBytes attention_layer_parts(const nn::AttentionConfig& a, int64_t B, int64_t N, int64_t D, bool gpu);
 double attention_layer_bytes(const nn::AttentionConfig& a, int64_t B, int64_t N, int64_t D, bool gpu);
 // One training step of the model on a batch of B sequences of N tokens (f32), by part.
 struct StepBytes {

@@ -108,6 +108,7 @@ const std::vector<FastPath>& fast_paths() {
       improved_clustered_output_fused_path(),
       improved_clustered_output_topkey_path(),
       cast_attention_fused_path(),
+      cast_attention_recompute_path(),
   };
   return table;
 }

@@ -157,6 +157,7 @@ FastPath combine_clusters_fused_path();
 FastPath improved_clustered_output_fused_path();
 FastPath improved_clustered_output_topkey_path();
 FastPath cast_attention_fused_path();
+FastPath cast_attention_recompute_path();
 
 const std::vector<FastPath>& fast_paths();
 // The reference op of a step, through the same interface.
@@ -186,6 +187,13 @@ Tensor cast_attention_fused(const Tensor& g, const Tensor& q, const Tensor& k, c
 // forms the affinities once in the forward. Its row runs it where the inputs give no clusters.
 Tensor cast_attention_fused_topk(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
                                  const Tensor& mask, int64_t kappa, const CastOptions& options, Tensor& members);
+
+// The same steps as the chain of the steps' own fast paths, recorded on a tape of its own in the
+// backward instead of the forward: keeps the clusters and its inputs only. Given no members, it
+// chooses the Top-K clusters of κ tokens and returns them in *chosen (if not null).
+Tensor cast_attention_recompute(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& s,
+                                const Tensor& mask, const Tensor& members, int64_t kappa, const CastOptions& options,
+                                Tensor* chosen);
 
 // Input checks the fast ops share (the reference ops check as they compose).
 void check_cluster_affinities_inputs(const char* op, const Tensor& x, const Tensor& s);

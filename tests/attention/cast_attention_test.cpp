@@ -23,6 +23,7 @@
 #include "tensor/precision.h"
 #include "tests/attention/attention_test_util.h"
 #include "tests/device_compare.h"
+#include "tests/devices.h"
 #include "tests/random_clusters.h"
 #include "tests/test_util.h"
 
@@ -129,37 +130,107 @@ TEST(CastAttentionFused, MatchesTheStepChainInEverySetting) {
   }
 }
 
-// The layer runs the one op where it fits and keeps no (B, H, N, C) tensor for the backward:
-// the tape of a CAST layer with fast paths on saves none of A_q, A_k, A_g, P or R_intra.
-TEST(CastAttentionFused, TheLayerRunsItAndItsTapeKeepsNoAffinities) {
+namespace {
+// A small CAST layer's config: B 2, N 30, D 16, 2 heads, C 4, κ 8.
+nn::AttentionConfig small_cast_layer() {
   nn::AttentionConfig c;
   c.mechanism = nn::Mechanism::cast;
   c.dim = 16, c.heads = 2, c.clusters = 4, c.cluster_size = 8, c.seed = 3;
-  EXPECT_EQ(nn::fast_path_steps(c).back(), ops::Step::cast_attention);
-  nn::Attention layer(c, DType::f32);
-  Tensor x = Tensor::uniform({2, 30, 16}, 4, 0, -1.0, 1.0, DType::f32).set_requires_grad();
+  return c;
+}
+
+struct SavedBytes final : autograd::FieldVisitor {
+  size_t bytes = 0;
+  void input(const char*, const Tensor&) override {}
+  void saved(const char*, const Tensor& t) override { bytes += t.defined() ? t.nbytes() : 0; }
+};
+
+// What the node named `op` on the tape of the layer's forward saves, in bytes (-1: no such node);
+// the tape is cleared.
+int64_t saved_by(const nn::AttentionConfig& c, Device device, const std::string& op) {
+  nn::Attention layer(c, DType::f32, device);
+  Tensor x = Tensor::uniform({2, 30, 16}, 4, 0, -1.0, 1.0, DType::f32).to(device).set_requires_grad();
   Tensor out = layer.forward(x, Tensor()).out;
-  struct SavedBytes final : autograd::FieldVisitor {
-    size_t bytes = 0;
-    void input(const char*, const Tensor&) override {}
-    void saved(const char*, const Tensor& t) override { bytes += t.defined() ? t.nbytes() : 0; }
-  };
-  size_t saved_bytes = 0;
-  bool ran = false;
+  int64_t saved = -1;
   autograd::for_each_node([&](const autograd::Node& node) {
-    if (std::string(node.name()) != "cast_attention_fused") return;
-    ran = true;
+    if (node.name() != op) return;
     SavedBytes count;
     node.fields(count);
-    saved_bytes = count.bytes;
+    saved = static_cast<int64_t>(count.bytes);
   });
   autograd::clear_tape();
-  EXPECT_TRUE(ran);
+  return saved;
+}
+}  // namespace
+
+// The layer runs the one op where it fits and keeps no (B, H, N, C) tensor for the backward:
+// the tape of a CAST layer with fast paths on saves none of A_q, A_k, A_g, P or R_intra.
+TEST(CastAttentionFused, TheLayerRunsItAndItsTapeKeepsNoAffinities) {
+  nn::AttentionConfig c = small_cast_layer();
+  EXPECT_EQ(nn::fast_path_steps(c).back(), ops::Step::cast_attention);
   // R_inter (2, 2, 4, 8), the column sums (2, 2, 4), the slots' log-sum-exp and mixing weights
   // (2, 2, 4, 8) each, 4 bytes each (the gate g is an input)
-  EXPECT_EQ(saved_bytes, (2 * 2 * 4 * 8 + 2 * 2 * 4 + 2 * (2 * 2 * 4 * 8)) * 4u);
+  EXPECT_EQ(saved_by(c, Device::cpu, "cast_attention_fused"), (2 * 2 * 4 * 8 + 2 * 2 * 4 + 2 * (2 * 2 * 4 * 8)) * 4);
   c.shared_clustering = true;  // the one op is per-head: shared clustering keeps the step chain
   EXPECT_NE(nn::fast_path_steps(c).back(), ops::Step::cast_attention);
+}
+
+// On the GPU the layer runs cast_attention_recompute, which keeps the clusters alone: the chain's
+// A_q, A_k, A_g and R_intra are formed again in its backward.
+TEST(CastAttentionRecompute, TheGpuLayerRunsItAndItsTapeKeepsOnlyTheClusters) {
+  if (devices_here().back() != Device::cuda) GTEST_SKIP() << "no CUDA device in this build";
+  nn::AttentionConfig c = small_cast_layer();
+  EXPECT_EQ(nn::fast_path_steps(c, Device::cuda).back(), ops::Step::cast_attention);
+  EXPECT_EQ(saved_by(c, Device::cuda, "cast_attention_recompute"), 2 * 2 * 4 * 8 * 4);  // members (2, 2, 4, 8) i32
+  c.single_assignment = true;  // the clusters chosen first, without a gradient; the op keeps the same
+  EXPECT_EQ(saved_by(c, Device::cuda, "cast_attention_recompute"), 2 * 2 * 4 * 8 * 4);
+}
+
+// The op's backward walks a tape of its own in the middle of the layer's backward: what the
+// layer recorded before it (the projections) still gets its gradient, and the GPU layer's
+// gradients equal the CPU layer's.
+TEST(CastAttentionRecompute, TheLayersBackwardGoesOnPastIt) {
+  if (devices_here().back() != Device::cuda) GTEST_SKIP() << "no CUDA device in this build";
+  const nn::AttentionConfig c = small_cast_layer();
+  std::vector<std::vector<double>> grads;
+  for (Device device : {Device::cpu, Device::cuda}) {
+    nn::Attention layer(c, DType::f32, device);
+    Tensor x = Tensor::uniform({2, 30, 16}, 4, 0, -1.0, 1.0, DType::f32).to(device).set_requires_grad();
+    Tensor out = layer.forward(x, Tensor()).out;
+    autograd::backward(out, Tensor::uniform(out.shape(), 5, 0, -1.0, 1.0, DType::f32).to(device));
+    EXPECT_EQ(autograd::tape_size(), 0u);
+    grads.push_back(x.grad().to_double_vector());
+    nn::ParamList params;
+    layer.collect_parameters(params, "");
+    for (const auto& [name, t] : params) {  // every parameter's gradient too, the surrogates' and the gate's included
+      ASSERT_TRUE(t->grad().defined()) << name;
+      const std::vector<double> g = t->grad().to_double_vector();
+      grads.back().insert(grads.back().end(), g.begin(), g.end());
+    }
+  }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_NEAR(grads[1][i], grads[0][i], 1e-4) << "element " << i;
+}
+
+// A backward run in a separate tape leaves the tape outside as it was.
+TEST(SeparateTape, LeavesTheOuterTapeAsItWas) {
+  Tensor a = Tensor::uniform({3}, 1, 0, -1.0, 1.0, DType::f64).set_requires_grad();
+  Tensor outer = ops::mul(a, a);
+  const size_t recorded = autograd::tape_size();
+  {
+    autograd::NoGradGuard off;  // recording is on inside, whatever it is outside
+    autograd::SeparateTape own;
+    Tensor b = a.view(a.shape()).set_requires_grad();
+    Tensor inner = ops::mul(b, b);
+    EXPECT_EQ(autograd::tape_size(), 1u);
+    autograd::backward(ops::sum(inner, 0));
+    EXPECT_TRUE(b.grad().defined());
+    EXPECT_FALSE(a.grad().defined());
+  }
+  EXPECT_EQ(autograd::tape_size(), recorded);
+  autograd::backward(ops::sum(outer, 0));
+  const std::vector<double> x = a.to_double_vector(), g = a.grad().to_double_vector();
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_DOUBLE_EQ(g[i], 2 * x[i]);
 }
 
 // ---------------------------------------------------------------- CAST's chain, written once
