@@ -141,11 +141,20 @@ class JsonLines {
     if (path_.empty()) return;
     row["made_by"] = "cast bench";  // the mark: what a later --json may replace
     text_ += row.dump() + '\n';
-    files::write_atomic(path_, text_, "--json");
+    try {
+      files::write_atomic(path_, text_, "--json");
+    } catch (const Error&) {
+      unwritable_ = true;
+      throw;
+    }
   }
+  // The file could not be written (a full disk, a file-size limit): the rows that follow could
+  // not be either, so the benchmark stops there rather than going on as if one row had failed.
+  bool unwritable() const { return unwritable_; }
 
  private:
   std::string path_, text_;
+  bool unwritable_ = false;
 };
 
 std::string device_label(Device device) {
@@ -283,6 +292,7 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
       } catch (const Error& e) {
         autograd::clear_tape();
         if (trace) trace->abort_pass();
+        if (json_out.unwritable()) throw;
         fmt::print("{:<12} {:>6} failed: {}\n", v.name, N, e.what());  // the table's row, and the error's line
         fmt::print(stderr, "cast bench: error: {} at N {}: {}\n", v.name, N, e.what());
         failed = true;
@@ -421,6 +431,7 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
     } catch (const Error& e) {
       autograd::clear_tape();
       if (trace) trace->abort_pass();
+      if (json_out.unwritable()) throw;
       fmt::print("{:<12} failed: {}\n", v.name, e.what());  // the table's row, and the error's line
       fmt::print(stderr, "cast bench: error: {}: {}\n", v.name, e.what());
       failed = true;

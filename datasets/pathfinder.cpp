@@ -163,6 +163,21 @@ static void remove_stale_images(const std::string& folder, int64_t count) {
   }
 }
 
+// The readers take every metadata/*.npy of a set as a part of it: after the set's own 0.npy is
+// written, any other (a replaced set's, a hand-made one's: cast data was told to replace it) is
+// removed, so the folder holds the generated set and no more.
+static void remove_other_metadata(const std::string& folder) {
+  std::error_code ec;
+  std::vector<fs::path> other;
+  for (const auto& entry : fs::directory_iterator(folder, ec))
+    if (entry.path().extension() == ".npy" && entry.path().filename() != "0.npy" && entry.is_regular_file(ec))
+      other.push_back(entry.path());
+  for (const fs::path& path : other) {
+    fs::remove(path, ec);
+    CAST_CHECK(!ec, "Pathfinder metadata {}: cannot remove it: {}", path.string(), ec.message());
+  }
+}
+
 // The images are drawn and written across the threads (each from its own stream: the same files
 // on any thread count) and reach the disk together before the metadata, which completes the set,
 // is written: one flush for the set instead of two per image.
@@ -192,6 +207,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
     meta << "imgs/0 sample_" << i << ".png " << i << ' ' << labels[static_cast<size_t>(i)] << '\n';
   files::write_atomic(dir + "/metadata/0.npy", meta.str(), "Pathfinder metadata", files::Link::refuse);
   remove_stale_images(dir + "/imgs/0", spec.count);
+  remove_other_metadata(dir + "/metadata");
   mark_data_folder(dir);
 }
 

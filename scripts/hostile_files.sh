@@ -168,6 +168,14 @@ code=$? problem=""
 grep -q "file too large" "$WORK/fsz.err" || problem="$problem; no 'file too large' line: $(cat "$WORK/fsz.err")"
 ! ls "$WORK/capped" 2>/dev/null | grep -q '\.tmp$' || problem="$problem; a temporary file was left"
 outcome "train under ulimit -f" "$problem"
+# A benchmark whose --json file can no longer grow stops at that row, with the file's line.
+(ulimit -f 1; "$C" bench attention --lengths 16,32,48,64 --mechanisms full,clustered --repeats 1 --warmup 0 \
+  --json "$WORK/capped.jsonl" > "$WORK/bench_fsz.out" 2> "$WORK/bench_fsz.err")
+code=$? problem=""
+[ $code -eq 1 ] || problem="exit $code, not 1"
+[ "$(grep -c 'file too large' "$WORK/bench_fsz.err")" -eq 1 ] || problem="$problem; not one 'file too large' line: $(cat "$WORK/bench_fsz.err")"
+grep -q "failed" "$WORK/bench_fsz.out" && problem="$problem; it went on to the next rows: $(cat "$WORK/bench_fsz.out")"
+outcome "bench --json under ulimit -f" "$problem"
 # Standard output closed at start: the console's lines never land in a data file.
 "$C" train --data base/data --run "$WORK/closed" $SMALL >&- 2> "$WORK/closed.err"
 code=$? problem=""

@@ -7,13 +7,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <set>
+#include <utility>
 #include <filesystem>
 
 #include "tensor/error.h"
@@ -359,10 +362,52 @@ static void write_all(int fd, std::string_view bytes, const std::string& what, c
   }
 }
 
+namespace {
+// The temporary files being written, in fixed slots that a signal handler may read, so that a
+// process ended at once (remove_temporaries_now) leaves none of them behind.
+constexpr size_t kTempSlots = 32, kTempPathBytes = 4096;
+struct TempSlot {
+  std::atomic<int> state{0};  // 0: free, 1: being filled, 2: names a file being written
+  char path[kTempPathBytes];
+};
+TempSlot g_temps[kTempSlots];
+static_assert(std::atomic<int>::is_always_lock_free);
+
+// Names `path` in a free slot while it lives (a path too long, or no slot free: not named).
+class TemporaryInFlight {
+ public:
+  explicit TemporaryInFlight(const std::string& path) {
+    if (path.size() >= kTempPathBytes) return;
+    for (size_t i = 0; i < kTempSlots; ++i) {
+      int free = 0;
+      if (!g_temps[i].state.compare_exchange_strong(free, 1)) continue;
+      std::memcpy(g_temps[i].path, path.c_str(), path.size() + 1);
+      g_temps[i].state.store(2);
+      slot_ = static_cast<int>(i);
+      return;
+    }
+  }
+  ~TemporaryInFlight() {
+    if (slot_ >= 0) g_temps[slot_].state.store(0);
+  }
+  TemporaryInFlight(const TemporaryInFlight&) = delete;
+  TemporaryInFlight& operator=(const TemporaryInFlight&) = delete;
+
+ private:
+  int slot_ = -1;
+};
+}  // namespace
+
+void remove_temporaries_now() {
+  for (TempSlot& t : g_temps)
+    if (t.state.load() == 2) ::unlink(t.path);
+}
+
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what, Link link, Flush flush) {
   const std::string target = output_target(path, what, link);
   std::string tmp;
   Fd fd = create_exclusive(target, tmp, what, path);
+  const TemporaryInFlight in_flight(tmp);
   try {  // on any failure the temporary file goes and the old file stays as it was
     write_all(fd.get(), bytes, what, path);
     CAST_CHECK(flush == Flush::with_folder || ::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path,
@@ -418,6 +463,45 @@ void make_writable_folder(const std::string& folder, const std::string& what) {
   ::unlink(probe.c_str());
 }
 
+namespace {
+// The folders this process holds, by their absolute, normalised path.
+std::mutex g_held_mutex;
+std::multiset<std::string> g_held;
+
+std::string held_key(const std::string& folder) {
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(folder, ec), ec);
+  return ec ? folder : p.string();
+}
+}  // namespace
+
+bool held_here(const std::string& folder) {
+  const std::string key = held_key(folder);
+  const std::lock_guard<std::mutex> guard(g_held_mutex);
+  return g_held.contains(key);
+}
+
+FolderLock::FolderLock(FolderLock&& other) noexcept
+    : fd_(std::move(other.fd_)), held_(std::exchange(other.held_, std::string())) {}
+
+FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
+  if (this != &other) {
+    forget();
+    fd_ = std::move(other.fd_);  // closes this one's file, letting go of its lock
+    held_ = std::exchange(other.held_, std::string());
+  }
+  return *this;
+}
+
+FolderLock::~FolderLock() { forget(); }
+
+void FolderLock::forget() {
+  if (held_.empty()) return;
+  const std::lock_guard<std::mutex> guard(g_held_mutex);
+  if (auto it = g_held.find(held_); it != g_held.end()) g_held.erase(it);
+  held_.clear();
+}
+
 FolderLock::FolderLock(const std::string& folder, const std::string& what) {
   const std::string path = folder + "/.cast.lock";
   Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
@@ -450,6 +534,9 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
   if (st.st_size <= 20 && before.find_first_not_of("0123456789") == std::string::npos && ::ftruncate(fd.get(), 0) == 0)
     (void)!::pwrite(fd.get(), pid.data(), pid.size(), 0);
   fd_ = std::move(fd);
+  held_ = held_key(folder);
+  const std::lock_guard<std::mutex> guard(g_held_mutex);
+  g_held.insert(held_);
 }
 
 AppendFile::AppendFile(const std::string& path, bool truncate, const std::string& what) : path_(path), what_(what) {

@@ -114,6 +114,9 @@ enum class Flush { now, with_folder };
 // rename, flush of the folder.
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what,
                   Link link = Link::follow_once, Flush flush = Flush::now);
+// Removes the temporary files write_atomic is writing, on any thread: for a process about to end
+// at once (a second Ctrl-C), which would leave them behind. Async-signal-safe.
+void remove_temporaries_now();
 // Flushes every file written on the file system that holds `folder` (syncfs).
 void flush_file_system(const std::string& folder, const std::string& what);
 // Creates `folder` (and its parents) when missing and checks that a file can be made in it, with
@@ -129,10 +132,17 @@ class FolderLock {
  public:
   FolderLock() = default;
   FolderLock(const std::string& folder, const std::string& what);
+  FolderLock(FolderLock&& other) noexcept;
+  FolderLock& operator=(FolderLock&& other) noexcept;
+  ~FolderLock();
 
  private:
+  void forget();  // leaves held_here()'s list
   Fd fd_;
+  std::string held_;  // the folder, as held_here() knows it
 };
+// True when this process holds `folder` (a FolderLock of it is alive here).
+bool held_here(const std::string& folder);
 
 // A file written line by line (metrics.jsonl): opened without following a link and without
 // blocking, a regular file only; each append is written whole or is an error.

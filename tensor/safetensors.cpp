@@ -111,8 +111,14 @@ TensorFile parse_safetensors(const char* bytes, size_t size, const std::string& 
   CAST_CHECK(size >= 8, "{}: not a safetensors file (only {} bytes)", source, size);
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
-  CAST_CHECK(header_len <= size - 8, "{}: header length {} exceeds the file size {} (truncated?)", source, header_len,
-             size);
+  if (header_len > size - 8) {
+    // The header is a JSON object: where the ninth byte cannot begin one, the file is not a
+    // safetensors file at all (its first 8 bytes read as any length), rather than one cut short.
+    const char first = size > 8 ? bytes[8] : '{';
+    const bool json_follows = first == '{' || first == ' ' || first == '\n' || first == '\r' || first == '\t';
+    CAST_CHECK(json_follows, "{}: not a safetensors file (no JSON header follows its first 8 bytes)", source);
+    throw Error(fmt::format("{}: header length {} exceeds the file size {} (truncated?)", source, header_len, size));
+  }
   const json header = parse_header(bytes + 8, header_len, source);
   const size_t data_begin = 8 + header_len;
   const size_t data_size = size - data_begin;

@@ -1027,3 +1027,62 @@ TEST(CliAttack, AdviceOnForeignRunFilesAndMissingGpusWorks) {
     EXPECT_NE(gpu.err.find("add --precision fp32 to a tf32 or bf16 one"), std::string::npos) << gpu.err;
   }
 }
+
+// The seventh attack: the rule of held folders applies to the file written, not to the name given
+// (a link straight to a run's or a data set's file), and at any depth of a data set (a Pathfinder
+// set's images and metadata sit in subfolders).
+TEST(CliAttack, OutputsThroughLinksOrDeepInADataSetAreRefused) {
+  const std::string run_dir = copy_run("linked_run"), d = fresh_dir("linked_out"), data = trained_run() + "/data";
+  const std::string source = copy_run("linked_source");  // the run the figures are drawn from
+  ASSERT_EQ(run("data pathfinder --count 10 --out " + d + "/pf").code, 0);
+  fs::create_symlink(run_dir + "/curves.svg", d + "/to_curves.svg");
+  fs::create_symlink(run_dir + "/checkpoint.safetensors", d + "/to_checkpoint.safetensors");
+  fs::create_symlink(data + "/basic_test.tsv", d + "/to_data.tsv");
+  std::map<std::string, std::string> before;
+  for (const std::string& folder : {run_dir, data, d + "/pf/metadata", d + "/pf/imgs/0"})
+    for (const auto& entry : fs::directory_iterator(folder)) before[entry.path().string()] = slurp(entry.path().string());
+  const std::string layer_in = std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors";
+  for (const std::string& args : {
+           "plot " + source + " --out " + d + "/to_curves.svg",
+           "layer --in " + layer_in + " --out " + d + "/to_checkpoint.safetensors --attention full --heads 2 --overwrite",
+           "plot " + source + " --out " + d + "/to_data.tsv --overwrite",
+           "plot " + source + " --out " + d + "/pf/metadata/1.npy",
+           "plot " + source + " --out " + d + "/pf/metadata/0.npy --overwrite",
+           "plot " + source + " --out " + d + "/pf/imgs/0/sample_1.png --overwrite",
+           "plot " + source + " --out " + d + "/pf/imgs/0/new.svg",
+       }) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find("a folder cast holds for a run, a comparison or a data set"), std::string::npos)
+        << args << "\n" << r.err;
+    for (const auto& [path, bytes] : before) EXPECT_TRUE(slurp(path) == bytes) << args << ": " << path << " changed";
+    EXPECT_FALSE(fs::exists(d + "/pf/metadata/1.npy") || fs::exists(d + "/pf/imgs/0/new.svg")) << args;
+  }
+}
+
+// The seventh attack: a comparison inside the data it reads is refused before anything is made
+// there; a comparison folder is no run folder; cast data over a hand-made Pathfinder set leaves
+// none of its metadata, which the readers would take as part of the new set.
+TEST(CliAttack, ComparisonsAndPathfinderSetsKeepTheirOwnFolders) {
+  const std::string d = fresh_dir("own_folders"), data = d + "/data";
+  fs::copy(trained_run() + "/data", data, fs::copy_options::recursive);
+  const CliRun inside = run("compare --data " + data + " --out " + data + "/cmp --attention full" + kTiny);
+  EXPECT_EQ(inside.code, 2) << inside.err;
+  EXPECT_NE(inside.err.find("is inside the data folder"), std::string::npos) << inside.err;
+  EXPECT_FALSE(fs::exists(data + "/cmp"));
+  ASSERT_EQ(run("compare --data " + data + " --out " + d + "/cmp --attention full" + kTiny).code, 0);
+  const CliRun as_run = run("train --data " + data + " --run " + d + "/cmp --attention full" + kTiny);
+  EXPECT_EQ(as_run.code, 2) << as_run.err;
+  EXPECT_NE(as_run.err.find("is a comparison folder"), std::string::npos) << as_run.err;
+  EXPECT_FALSE(fs::exists(d + "/cmp/checkpoint.safetensors"));
+  // a hand-made set: one image, listed in metadata/7.npy
+  ASSERT_EQ(run("data pathfinder --count 10 --out " + d + "/made").code, 0);
+  fs::create_directories(d + "/pf/imgs/old");
+  fs::create_directories(d + "/pf/metadata");
+  fs::copy_file(d + "/made/imgs/0/sample_0.png", d + "/pf/imgs/old/a.png");
+  put(d + "/pf/metadata/7.npy", "imgs/old a.png 0 1\n");
+  const CliRun over = run("data pathfinder --count 10 --out " + d + "/pf --overwrite");
+  EXPECT_EQ(over.code, 0) << over.err;
+  EXPECT_TRUE(fs::exists(d + "/pf/metadata/0.npy"));
+  EXPECT_FALSE(fs::exists(d + "/pf/metadata/7.npy"));
+}

@@ -117,6 +117,10 @@ TEST(SafeTensors, CorruptHeaders) {
   std::vector<char> huge = safetensors_bytes("{}", 0);
   huge[7] = 0x7f;  // header length far beyond the file
   EXPECT_CAST_ERROR(parse_safetensors(huge, "f"), "exceeds the file size");
+  // a file of another kind is not called a truncated one
+  const std::string text = "hello, this is a text file\n";
+  EXPECT_CAST_ERROR(parse_safetensors(std::vector<char>(text.begin(), text.end()), "f"),
+                    "f: not a safetensors file (no JSON header follows its first 8 bytes)");
 }
 
 TEST(SafeTensors, MissingFile) {

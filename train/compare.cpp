@@ -11,6 +11,7 @@
 #include "tensor/safetensors.h"
 #include "figures/plot.h"
 #include "train/stop.h"
+#include "train/tasks.h"
 #include "train/trainer.h"
 
 namespace cast::train {
@@ -304,6 +305,8 @@ std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spe
         CAST_CHECK_USAGE(planned.dir != r.dir, "--vary: the variants '{}' and '{}' would share the run folder {}",
                          planned.variant, r.variant, r.dir);
       check_clusters_fit(c.model, c.model.max_len);
+      // nothing is made inside the data a run reads, the comparison's lock file included
+      files::check_not_inside(spec.out_dir, "comparison folder", data_folder(c), "data folder");
       if (!c.data_dir.empty())  // a task's default folder may be generated when the run starts
         files::require_folder(c.data_dir, fmt::format("data folder of variant {}:", r.variant));
       plan.push_back({r, c});

@@ -112,6 +112,12 @@ StepBytes training_step_parts(const nn::ModelConfig& m, int64_t B, int64_t N, bo
   parts.activations = layers * block + bn * d * 2 * kFloat;
   const LayerBytes layer = attention_layer_parts(a, B * towers, tokens, m.dim, gpu);
   parts.attention = layers * layer.kept + layer.transient;
+  switch (a.mechanism) {
+    case nn::Mechanism::full: break;
+    case nn::Mechanism::cast: parts.attention_options = "--clusters or --cluster-size"; break;
+    case nn::Mechanism::clustered: parts.attention_options = "--clusters"; break;
+    case nn::Mechanism::iclustered: parts.attention_options = "--clusters or --topk"; break;
+  }
   return parts;
 }
 
@@ -131,10 +137,8 @@ std::string StepBytes::largest() const {
         "the layers' activations take {:.1f} GiB of it: lower --batch, --max-len, --dim, --mlp-dim or "
         "--layers",
         activations / GiB);
-  return fmt::format(
-      "the attention layers take {:.1f} GiB of it: lower --batch or --max-len, or --clusters, "
-      "--cluster-size or --topk",
-      attention / GiB);
+  return fmt::format("the attention layers take {:.1f} GiB of it: lower --batch or --max-len{}", attention / GiB,
+                     attention_options.empty() ? "" : ", or " + attention_options);
 }
 
 void require_memory(double bytes, Device device, const std::string& what, const std::string& hint) {

@@ -27,6 +27,7 @@ struct StepBytes {
   double parameters = 0;   // the weights, their gradients and AdamW moments
   double activations = 0;  // what the layers keep for the backward, attention's share excluded
   double attention = 0;    // what the attention layers keep
+  std::string attention_options;  // the mechanism's options that size its part ("" for full attention)
   double total() const { return parameters + activations + attention; }
   // The largest part and the settings that size it, for a refusal's advice.
   std::string largest() const;

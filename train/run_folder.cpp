@@ -27,25 +27,63 @@ std::string folder_of(const std::string& file) {
   return folder.empty() ? "." : folder;
 }
 
+namespace {
+
+// Where a write to `out` lands: through a link to a file (which the writers follow once), its
+// target; else `out`.
+std::string written_path(const std::string& out) {
+  std::error_code ec;
+  if (!std::filesystem::is_symlink(out, ec)) return out;
+  const std::filesystem::path to = std::filesystem::read_symlink(out, ec);
+  if (ec) return out;  // refused by the writer's own checks
+  return (to.is_absolute() ? to : std::filesystem::path(folder_of(out)) / to).lexically_normal().string();
+}
+
+// The data set `folder` lies in, at any depth (a Pathfinder set's images sit two folders down),
+// or "" for none: found up the path as the user spelled it, else up its real path (through
+// links and "..", and above the working folder).
+std::string data_set_around(const std::string& folder) {
+  const auto marked = [](const std::filesystem::path& at) {
+    return files::exists((at.empty() ? std::filesystem::path(".") : at).string() + "/" + data::kDataFolderMark);
+  };
+  for (std::filesystem::path at = std::filesystem::path(folder).lexically_normal();; at = at.parent_path()) {
+    if (marked(at)) return at.empty() ? "." : at.string();
+    if (at.empty() || at == at.parent_path()) break;
+  }
+  std::error_code ec;
+  std::filesystem::path at = std::filesystem::weakly_canonical(std::filesystem::absolute(folder, ec), ec);
+  if (ec) return "";
+  for (;; at = at.parent_path()) {
+    if (marked(at)) return at.string();
+    if (at == at.parent_path()) return "";
+  }
+}
+
+}  // namespace
+
 void check_user_output(const std::string& out, const std::string& option, const std::string& kind,
                        std::string_view mark, bool overwrite, const std::string& owner, std::string_view remedy) {
-  const std::string folder = folder_of(out);
+  // the checks hold for the file written, a link's target too
+  const std::string target = out.empty() ? out : written_path(out);
+  const std::string folder = folder_of(target);
   const bool own = !owner.empty() && files::same_path(folder, owner);
-  const bool data = !out.empty() && files::exists(folder + "/" + data::kDataFolderMark);
-  const bool held = data || (!out.empty() && files::exists(folder + "/.cast.lock"));
+  const std::string data = target.empty() ? "" : data_set_around(folder);
+  const bool held = !data.empty() || (!target.empty() && files::exists(folder + "/.cast.lock"));
   if (!held || own) return files::check_may_replace(out, option, kind, mark, overwrite, remedy);
   const char* held_by = "a folder cast holds for a run, a comparison or a data set";
-  CAST_CHECK_USAGE(!data, "{} {}: is inside {}, {}, whose files only cast data writes: choose a path outside it",
-                   option, out, folder, held_by);
+  const std::string through = target == out ? "" : fmt::format(" (a link to {})", target);
+  CAST_CHECK_USAGE(data.empty(),
+                   "{} {}{}: is inside {}, {}, whose files only cast data writes: choose a path outside it", option,
+                   out, through, data.empty() || files::same_path(data, folder) ? folder : data, held_by);
   // the run's files, and those a comparison keeps beside its runs
   std::vector<std::string> kept = run_folder_files(folder);
   for (const char* name : {"curves.svg", "results.md", "results.json", "comparison.svg"})
     kept.push_back(folder + "/" + name);
-  const std::string name = std::filesystem::path(out).filename().string();
+  const std::string name = std::filesystem::path(target).filename().string();
   for (const std::string& file : kept)
     CAST_CHECK_USAGE(std::filesystem::path(file).filename() != name,
-                     "{} {}: {} is {}, which keeps its own {} there: choose another path", option, out, folder,
-                     held_by, name);
+                     "{} {}{}: {} is {}, which keeps its own {} there: choose another path", option, out, through,
+                     folder, held_by, name);
   // an existing file of another kind: no --overwrite applies in a held folder
   files::check_may_replace(
       out, option, kind, mark, false,
@@ -82,9 +120,36 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
 
 }  // namespace
 
+namespace {
+
+// A comparison's folder: its results.json carries cast compare's mark.
+bool is_comparison_folder(const std::string& folder) {
+  const std::string results = folder + "/results.json";
+  if (!files::exists(results)) return false;
+  try {
+    return files::read_file(results, "results file").find("\"made_by\": \"cast compare\"") != std::string::npos;
+  } catch (const Error&) {
+    return false;  // not readable: no comparison's
+  }
+}
+
+// Never a second writer in a comparison: a run folder that is a comparison folder, or lies in
+// a folder another process holds (a comparison whose run it is, not started yet).
+void check_not_in_a_comparison(const std::string& run_dir) {
+  CAST_CHECK_USAGE(!is_comparison_folder(run_dir),
+                   "run folder {}: is a comparison folder (it holds cast compare's results.json): choose another --run",
+                   run_dir);
+  const std::string parent = folder_of(run_dir);
+  if (files::exists(parent + "/.cast.lock") && !files::held_here(parent))
+    files::FolderLock probe(parent, fmt::format("run folder {}: its folder", run_dir));
+}
+
+}  // namespace
+
 RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
   // a run among the data it reads: a later cast data there would replace the data under it
   files::check_not_inside(c.run_dir, "run folder", data_folder(c), "data folder");
+  check_not_in_a_comparison(c.run_dir);
   files::make_writable_folder(c.run_dir, "run folder");
   RunFolder folder;
   folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed

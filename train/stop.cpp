@@ -5,6 +5,8 @@
 #include <atomic>
 #include <csignal>
 
+#include "tensor/files.h"
+
 namespace cast::train {
 
 namespace {
@@ -14,9 +16,12 @@ std::atomic<int> g_stop{0};
 static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void on_stop_signal(int signal) {
-  // A second signal: the user does not want to wait for the step to finish. _exit is
+  // A second signal: the user does not want to wait for the step to finish. _exit and unlink are
   // async-signal-safe; exit() and the stdio it flushes are not.
-  if (g_stop.load() != 0) _exit(128 + signal);
+  if (g_stop.load() != 0) {
+    files::remove_temporaries_now();  // a checkpoint being written: its temporary file goes
+    _exit(128 + signal);
+  }
   g_stop.store(signal);
 }
 }  // namespace

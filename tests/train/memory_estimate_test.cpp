@@ -51,4 +51,14 @@ TEST(MemoryEstimate, TheLargestPartNamesItsSettings) {
   train::StepBytes long_batch = train::training_step_parts(m, 4096, 64, false);
   EXPECT_NE(long_batch.largest().find("--batch"), std::string::npos) << long_batch.largest();
   EXPECT_DOUBLE_EQ(long_batch.total(), train::training_step_bytes(m, 4096, 64, false));
+  // where attention is largest, the advice names only options the mechanism reads
+  m.max_len = 8192, m.attention.fused = false;  // the reference keeps N x N scores
+  m.attention.mechanism = nn::Mechanism::full;
+  const train::StepBytes full = train::training_step_parts(m, 1, 8192, false);
+  ASSERT_EQ(full.largest().find("the attention layers"), 0u) << full.largest();
+  EXPECT_EQ(full.largest().find("--clusters"), std::string::npos) << full.largest();
+  m.attention.mechanism = nn::Mechanism::iclustered, m.attention.topk = 8192, m.attention.clusters = 8192;
+  const train::StepBytes iclustered = train::training_step_parts(m, 1, 8192, false);
+  ASSERT_EQ(iclustered.largest().find("the attention layers"), 0u) << iclustered.largest();
+  EXPECT_NE(iclustered.largest().find("or --clusters or --topk"), std::string::npos) << iclustered.largest();
 }

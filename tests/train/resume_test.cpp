@@ -3,12 +3,14 @@
 // the occupied-folder and resume-settings rules.
 #include <sys/wait.h>
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tensor/files.h"
 #include "tensor/philox.h"
@@ -648,6 +650,40 @@ TEST(Training, ARunFolderHeldByAnotherProcessIsRefusedAndUntouched) {
   close(ready[1]);
   EXPECT_EQ(bytes_of(run_dir + "/metrics.jsonl"), metrics);
   EXPECT_NO_THROW(train::train_on(c, task, ckpt, 0, true));  // the holder gone, the lock went with it
+}
+
+// A second stop signal ends the process at once, in the middle of a checkpoint's write too: the
+// file being written goes with it, so no half-written temporary stays beside the run.
+TEST(Training, ASecondStopSignalLeavesNoTemporaryFile) {
+  const std::string dir = temp_dir("second_signal");
+  std::filesystem::create_directories(dir);
+  const std::string target = dir + "/checkpoint.safetensors";
+  const pid_t writer = fork();
+  if (writer == 0) {
+    try {
+      train::install_stop_handlers();
+      train::request_stop(SIGTERM);  // the first signal has come: the next one ends the process
+      files::write_atomic(target, std::string(size_t(256) << 20, 'x'), "checkpoint");
+    } catch (...) {
+      _exit(3);
+    }
+    _exit(0);
+  }
+  // signal it once its temporary file is there, while its 256 MiB are being written
+  int status = 0;
+  bool ended = false;
+  const auto start = std::chrono::steady_clock::now();
+  while (!std::filesystem::exists(target + ".tmp") && !(ended = waitpid(writer, &status, WNOHANG) == writer) &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  ASSERT_FALSE(ended) << "the writer ended before it was signalled, status " << status;
+  ASSERT_TRUE(std::filesystem::exists(target + ".tmp")) << "the write never began";
+  kill(writer, SIGTERM);
+  waitpid(writer, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  EXPECT_FALSE(std::filesystem::exists(target + ".tmp"));
+  EXPECT_FALSE(std::filesystem::exists(target));
 }
 
 // A cluster count beyond the sequence is refused before the folder is touched; a cluster size
