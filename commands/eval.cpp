@@ -233,7 +233,7 @@ int command_eval(const std::vector<std::string>& argv) {
                               args.str("data"));
     train::check_figure_output(figure, "figure", args.str("checkpoint"), args.is_set("overwrite"));
   }
-  const Device device = train::resolve_device(args.str("device"));
+  const Device device = train::resolve_device(args.str("device"), true);
   if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
   check_evaluation(run, clusters, args.is_set("topk") ? topks : std::vector<int64_t>{}, !mechanisms.empty());

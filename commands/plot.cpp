@@ -50,15 +50,19 @@ int command_plot(const std::vector<std::string>& argv) {
   std::string out = args.str("out"), title = args.str("title");
   // the default figure inside a run folder is the engine's own file: never written through a link
   const files::Link link = out.empty() && runs.size() == 1 ? files::Link::refuse : files::Link::follow_once;
+  // messages about a figure the user did not name call it the figure, not an --out never given
+  const std::string what = out.empty() ? "figure" : "--out";
+  const std::string remedy = out.empty() ? "pass --out to draw it elsewhere, or --overwrite to replace it"
+                                         : "pass --overwrite to replace it, or choose another path";
   if (out.empty()) out = runs.size() == 1 ? runs[0] + "/curves.svg" : "comparison.svg";
   std::vector<std::string> inputs;  // a figure never replaces a run's metrics, checkpoints or summary
   for (const std::string& r : runs)
     for (const std::string& f : train::run_folder_files(r)) inputs.push_back(f);
-  files::check_not_an_input(out, "--out", inputs);
+  files::check_not_an_input(out, what, inputs);
   // a run's own figure is redrawn from its own metrics; any other file of a held folder is kept
   const bool own_figure = runs.size() == 1 && files::same_path(out, runs[0] + "/curves.svg");
-  train::check_user_output(out, "--out", "a figure drawn by cast", files::kFigureMark, args.is_set("overwrite"),
-                           own_figure ? runs[0] : "");
+  train::check_user_output(out, what, "a figure drawn by cast", files::kFigureMark, args.is_set("overwrite"),
+                           own_figure ? runs[0] : "", remedy);
   // a figure goes into a run folder only while no other cast process (a training) owns it
   std::optional<files::FolderLock> lock;
   const std::string out_folder = std::filesystem::path(out).parent_path().string();

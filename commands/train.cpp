@@ -126,7 +126,7 @@ int command_train(const std::vector<std::string>& argv) {
   }
   fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
              config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
-             config.model.heads, config.steps, config.batch, device_name(train::resolve_device(config.device)));
+             config.model.heads, config.steps, config.batch, device_name(train::resolve_device(config.device, true)));
   cli::check_options_of_mechanisms(args, {config.model.attention.mechanism});
   note_cast_without_clusters(config.model);
   try {

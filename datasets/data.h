@@ -58,8 +58,9 @@ constexpr const char* kDataUnfinishedMark = ".cast-data-unfinished";
 // Takes `dir` for one generator: refuses it (before anything in it changes) when it holds files
 // cast did not generate and `overwrite` is off, or when one of `outputs` (in a folder that
 // exists) cannot be written there; then locks it and marks it unfinished.
-files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs);
-void mark_data_folder(const std::string& dir);
+files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
+                                    const std::string& kind);
+void mark_data_folder(const std::string& dir, const std::string& kind);
 // Refuses a folder whose generation did not finish (kDataUnfinishedMark), naming the remedy.
 void check_data_finished(const std::string& dir);
 

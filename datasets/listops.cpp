@@ -118,7 +118,8 @@ int evaluate_listops(const std::string& source, const std::string& where) {
 void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite,
                       const StopCheck& stop_check) {
   const files::FolderLock lock =
-      claim_data_folder(dir, overwrite, {dir + "/basic_train.tsv", dir + "/basic_val.tsv", dir + "/basic_test.tsv"});
+      claim_data_folder(dir, overwrite, {dir + "/basic_train.tsv", dir + "/basic_val.tsv", dir + "/basic_test.tsv"},
+                        "ListOps");
   Stream rng{seed};
   std::set<std::string> seen;
   std::vector<std::pair<std::string, int>> rows;
@@ -142,7 +143,7 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
   if (stop_check) stop_check();
   write_split(dir + "/basic_val.tsv", part(spec.train, spec.val));
   write_split(dir + "/basic_test.tsv", part(spec.train + spec.val, spec.test));
-  mark_data_folder(dir);
+  mark_data_folder(dir, "ListOps");
 }
 
 static std::vector<Example> read_listops_tsv(const std::string& path, int64_t max_len) {

@@ -183,7 +183,7 @@ static void remove_other_metadata(const std::string& folder) {
 // is written: one flush for the set instead of two per image.
 void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite,
                          const StopCheck& stop_check) {
-  const files::FolderLock lock = claim_data_folder(dir, overwrite, {dir + "/metadata/0.npy"});
+  const files::FolderLock lock = claim_data_folder(dir, overwrite, {dir + "/metadata/0.npy"}, "Pathfinder");
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
   remove_stale_images(dir + "/imgs/0", -1);  // a stopped run's temporary files
   files::make_writable_folder(dir + "/metadata", "Pathfinder folder");
@@ -208,7 +208,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
   files::write_atomic(dir + "/metadata/0.npy", meta.str(), "Pathfinder metadata", files::Link::refuse);
   remove_stale_images(dir + "/imgs/0", spec.count);
   remove_other_metadata(dir + "/metadata");
-  mark_data_folder(dir);
+  mark_data_folder(dir, "Pathfinder");
 }
 
 // The image a metadata line names, which must lie inside the data folder: a relative path with no
@@ -233,7 +233,11 @@ TaskData load_pathfinder(const std::string& dir) {
   check_data_finished(dir);
   files::require_folder(dir, "Pathfinder data folder");
   const std::string meta_dir = dir + "/metadata";
-  files::require_folder(meta_dir, "Pathfinder metadata folder (generate the data with `cast data pathfinder`)");
+  CAST_CHECK(files::exists(meta_dir),
+             "Pathfinder data folder {}: it has no metadata folder (generate the data with cast data pathfinder --out "
+             "{})",
+             dir, dir);
+  files::require_folder(meta_dir, "Pathfinder metadata folder");
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(meta_dir))
     if (e.path().extension() == ".npy") files.push_back(e.path().string());

@@ -437,7 +437,7 @@ TEST(CliSettings, CompareAppliesOrRefusesEachKeyOfItsConfig) {
   put(d + "/unknown.json", R"({"stpes": 3})");
   const CliRun unknown = run("compare --config " + d + "/unknown.json --out " + d + "/c3" + kTiny);
   EXPECT_EQ(unknown.code, 2) << unknown.err;
-  EXPECT_NE(unknown.err.find("config file " + d + "/unknown.json: config: unknown setting 'stpes'"), std::string::npos)
+  EXPECT_NE(unknown.err.find("config file " + d + "/unknown.json: unknown setting 'stpes'"), std::string::npos)
       << unknown.err;
 }
 
@@ -1085,4 +1085,10 @@ TEST(CliAttack, ComparisonsAndPathfinderSetsKeepTheirOwnFolders) {
   EXPECT_EQ(over.code, 0) << over.err;
   EXPECT_TRUE(fs::exists(d + "/pf/metadata/0.npy"));
   EXPECT_FALSE(fs::exists(d + "/pf/metadata/7.npy"));
+  // a set of another kind in a set's folder would lie beside its files, --overwrite or not
+  const CliRun mixed = run("data listops-short --count 40 --out " + d + "/made --overwrite");
+  EXPECT_EQ(mixed.code, 2) << mixed.err;
+  EXPECT_NE(mixed.err.find("holds a Pathfinder set made by cast data; a ListOps set there"), std::string::npos)
+      << mixed.err;
+  EXPECT_FALSE(fs::exists(d + "/made/basic_train.tsv"));
 }

@@ -3,14 +3,17 @@
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <png.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <zlib.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
 #include "tests/test_util.h"
 #include "datasets/data.h"
 #include "datasets/png.h"
+#include "tensor/files.h"
 #include "train/tasks.h"
 #include "train/trainer.h"
 
@@ -90,6 +93,34 @@ TEST(ListOps, AStoppedGeneratorLeavesTheSetUnfinishedAndARefusedOneLeavesItWhole
   EXPECT_CAST_ERROR(data::generate_listops(dir, spec, 4), "basic_val.tsv");
   EXPECT_FALSE(fs::exists(dir + "/" + data::kDataUnfinishedMark));
   EXPECT_EQ(slurp(dir + "/basic_train.tsv"), train_rows);
+}
+
+// A set that another cast data is still writing is refused with its writer, not with advice to
+// run cast data again (which that writer's lock would refuse).
+TEST(ListOps, ASetStillBeingWrittenNamesItsWriter) {
+  const std::string dir = fresh_dir("listops_writing");
+  data::ListOpsSpec spec = data::ListOpsSpec::short_cpu();
+  spec.train = 40, spec.val = 10, spec.test = 10;
+  data::generate_listops(dir, spec, 3);
+  write_text(dir + "/" + data::kDataUnfinishedMark, "being written\n");
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t writer = fork();
+  if (writer == 0) {  // the writer: holds the folder until killed
+    const files::FolderLock lock(dir, "data folder");
+    (void)!write(ready[1], "x", 1);
+    pause();
+    _exit(0);
+  }
+  char byte;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1);
+  EXPECT_CAST_ERROR(data::load_listops(dir, 48),
+                    fmt::format("data folder {} is in use by another cast process (pid {})", dir, writer));
+  kill(writer, SIGKILL);
+  waitpid(writer, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  EXPECT_CAST_ERROR(data::load_listops(dir, 48), "did not finish");  // the writer gone: the set is unfinished
 }
 
 TEST(ListOps, BrokenFilesNameFileAndLine) {

@@ -209,10 +209,12 @@ void keep_metrics_until(const std::string& path, int64_t last_step, const std::s
     // a last line cut short (no newline: the run was killed while writing it) is left behind;
     // any other line that is not a record would be lost by the rewrite, so it is refused
     const bool cut_short = in.eof() && !text.empty() && text.back() != '\n';
+    // in place the file is rewritten, and the line would be lost; into a new folder it is copied
     CAST_CHECK(record || cut_short,
-               "{} line {} is not a metrics record (a JSON object with an integer \"step\"); resuming rewrites the "
-               "file and would drop it: move it elsewhere first",
-               path, number);
+               "{} line {} is not a metrics record (a JSON object with an integer \"step\"); {}", path, number,
+               files::same_path(path, out)
+                   ? "resuming rewrites the file and would drop it: move it elsewhere first"
+                   : fmt::format("the new run's {} starts from its records: remove or fix that line", out));
     if (record && j["step"].get<int64_t>() <= last_step) kept += line + '\n';
   }
   files::write_atomic(out, kept, "metrics file", files::Link::refuse);

@@ -369,8 +369,11 @@ std::string joined(const std::vector<std::string>& words, const char* separator)
 // An integer setting: a JSON integer that fits int64. A float such as 6.7e24 is refused here
 // (converting it to an integer is undefined behaviour; the fuzzer found it).
 json integer_value(const std::string& name, const json& v) {
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}))
+  if (!v.is_number_integer())
     throw UsageError(fmt::format("setting '{}' is {}: it must be an integer", name, files::json_excerpt(v)));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX})
+    throw UsageError(
+        fmt::format("setting '{}' is {}: out of range (at most {})", name, files::json_excerpt(v), INT64_MAX));
   return v;
 }
 
@@ -453,11 +456,11 @@ void apply_overrides(TrainConfig& c, const json& j) {
   for (auto& [key, value] : j.items()) {
     if (key == "task") continue;  // chosen before the preset
     const Setting* s = find_setting(key);
-    if (!s) throw UsageError(fmt::format("config: unknown setting '{}'", key));
+    if (!s) throw UsageError(fmt::format("unknown setting '{}'", key));
     try {
       set_from_json(c, *s, value);
     } catch (const json::exception&) {
-      throw UsageError(fmt::format("config: setting '{}' has the wrong type: {}", key, files::json_excerpt(value)));
+      throw UsageError(fmt::format("setting '{}' has the wrong type: {}", key, files::json_excerpt(value)));
     }
   }
   validate(c);

@@ -120,6 +120,11 @@ Trace::Trace(std::string json_path, bool print, bool overwrite, bool may_overwri
     CAST_CHECK_USAGE(json_path_ != "-",
                      "--trace -: the trace goes to standard output with --trace alone; give a file name to write JSON "
                      "lines");
+    // a trace in the run folder the command is about to make is checked once that folder is made
+    if (!owner.empty() && !files::exists(owner) && files::same_path(folder_of(json_path_), owner)) {
+      previous_ = autograd::set_tape_observer(this);
+      return;
+    }
     files::output_target(json_path_, "--trace", files::Link::follow_once);
     // every line of a trace has its phase; no other file the engine writes has one
     check_user_output(json_path_, "--trace", "a cast trace", "\"phase\":", overwrite, owner,

@@ -53,13 +53,14 @@ std::string run_title(const TrainConfig& c) {
 }
 
 // ---------------------------------------------------------------- devices
-Device resolve_device(const std::string& name) {
+Device resolve_device(const std::string& name, bool from_checkpoint) {
   if (name == "cpu") return Device::cpu;
   if (name == "cuda") {
     // named by --device, or kept in the checkpoint of a run resumed without --device
-    CAST_CHECK(device_memory::cuda_available(),
-               "device cuda: no CUDA GPU is available here; pass --device cpu to run on the CPU (a run resumed "
-               "from a GPU checkpoint keeps its device and precision: add --precision fp32 to a tf32 or bf16 one)");
+    CAST_CHECK(device_memory::cuda_available(), "device cuda: no CUDA GPU is available here; pass --device cpu to run on the CPU{}",
+               from_checkpoint ? " (a run resumed from a GPU checkpoint keeps its device and precision: add "
+                                 "--precision fp32 to a tf32 or bf16 one)"
+                               : "");
     return Device::cuda;
   }
   CAST_CHECK(name == "auto", "--device must be auto, cpu or cuda, got '{}'", name);
@@ -191,7 +192,7 @@ void check_run_settings(const Run& run, const std::string& resume_from) {
 
 // The device, and what computes on it: TF32, the CPU's matmul, the fused attention kernels.
 void choose_compute(Run& run) {
-  run.device = resolve_device(run.c.device);
+  run.device = resolve_device(run.c.device, true);
   use_precision(run.c.precision, run.device, "setting 'precision'");
   ops::set_cpu_gemm(run.c.reference ? ops::CpuGemm::loops : ops::CpuGemm::blas);
   run.c.model.attention.fused = !run.c.reference;
@@ -487,7 +488,7 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
   // or a folder the user named, is read, never created (a missing one is an error).
   const bool may_generate = resume_from.empty() && c.data_dir.empty();
   // before any data is read or made: tf32 and bf16 need the GPU
-  if (c.precision != "fp32") use_precision(c.precision, resolve_device(c.device), "setting 'precision'");
+  if (c.precision != "fp32") use_precision(c.precision, resolve_device(c.device, true), "setting 'precision'");
   const data::TaskData task = load_task(c, may_generate);
   return train_on(c, task, resume_from, stop_after, quiet);
 }

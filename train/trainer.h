@@ -39,7 +39,8 @@ TrainResult train_on(TrainConfig config, const data::TaskData& task, const std::
 
 // Refuses more clusters than a sequence of `length` (tokens, or pixels under patches) has.
 void check_clusters_fit(const nn::ModelConfig& m, int64_t length);
-Device resolve_device(const std::string& name);
+// `from_checkpoint`: the name may be a checkpoint's, kept by a resumed run or an evaluation.
+Device resolve_device(const std::string& name, bool from_checkpoint = false);
 // Sets the process's precision (tensor/precision.h) from its name; tf32 and bf16 need the GPU
 // (a usage error on the CPU, naming `option`).
 void use_precision(const std::string& name, Device device, const char* option = "--precision");

@@ -311,7 +311,7 @@ TEST(Training, ConfigIntegersMustBeIntegers) {
                     "setting 'steps' is 6.66667e+24: it must be an integer");
   EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"seed": -3})")), "setting 'seed' is -3");
   EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"heads": 18446744073709551615})")),
-                    "must be an integer");
+                    "setting 'heads' is 18446744073709551615: out of range (at most 9223372036854775807)");
 }
 
 TEST(Training, NamedOrStoredDataFoldersAreNeverGenerated) {
