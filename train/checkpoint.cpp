@@ -59,7 +59,7 @@ std::string last_good_checkpoint(const std::string& path) {
 // ---------------------------------------------------------------- writing
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
                      const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
-                     const RunCost& cost) {
+                     const RunCost& cost, const LogWindow& window) {
   std::map<std::string, Tensor> tensors;
   nn::ParamList params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -79,7 +79,10 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
                                              {"best_val", fmt::format("{:.17g}", best_val)},
                                              {"wall_seconds", fmt::format("{:.17g}", cost.wall_seconds)},
                                              {"step_seconds", fmt::format("{:.17g}", cost.step_seconds)},
-                                             {"peak_bytes", std::to_string(cost.peak_bytes)}};
+                                             {"peak_bytes", std::to_string(cost.peak_bytes)},
+                                             {"log_window", fmt::format("{:.17g},{:.17g},{:.17g},{:.17g}", window.loss,
+                                                                        window.correct, window.examples,
+                                                                        window.tokens)}};
   // A checkpoint is only ever written finite, so the one on disk is always a good one.
   const std::string damage = non_finite_in(tensors);
   if (!damage.empty()) throw NonFiniteCheckpoint(fmt::format("{}: not written: {}", path, damage));
@@ -87,6 +90,31 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
 }
 
 // ---------------------------------------------------------------- reading
+// "loss,correct,examples,tokens": four finite sums, none negative but the loss's.
+static LogWindow log_window_of(const std::string& text) {
+  std::vector<double> sums;
+  size_t begin = 0;
+  while (sums.size() < 5) {
+    const size_t comma = std::min(text.find(',', begin), text.size());
+    const std::string part = text.substr(begin, comma - begin);
+    size_t used = 0;
+    double value = 0;
+    try {
+      value = std::stod(part, &used);
+    } catch (const std::logic_error&) {
+      used = 0;
+    }
+    CAST_CHECK(!part.empty() && used == part.size() && std::isfinite(value),
+               "'log_window' is '{}', not four finite numbers", text);
+    sums.push_back(value);
+    if (comma == text.size()) break;
+    begin = comma + 1;
+  }
+  CAST_CHECK(sums.size() == 4 && sums[1] >= 0 && sums[2] >= 0 && sums[3] >= 0 && sums[1] <= sums[2],
+             "'log_window' is '{}', not four finite sums (loss, correct, examples, tokens)", text);
+  return {sums[0], sums[1], sums[2], sums[3]};
+}
+
 // A counter of the metadata (`key`), whole and digits only: stoull alone reads "-1" as
 // 18446744073709551615.
 static uint64_t counter_of(const std::string& text, const char* key = "rng_offset") {
@@ -165,6 +193,7 @@ Checkpoint read_checkpoint_header(const std::string& path) {
     }
     CAST_CHECK(ck.step >= 0 && ck.step <= ck.config.steps, "'step' is {}, outside [0, {}] (the run's steps)", ck.step,
                ck.config.steps);
+    if (f.metadata.count("log_window")) ck.window = log_window_of(get("log_window"));
   } catch (const std::exception& e) {
     throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, files::json_message(e)));
   }

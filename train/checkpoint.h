@@ -22,12 +22,19 @@ struct RunCost {
   double step_seconds = 0;  // training steps only
   int64_t peak_bytes = 0;   // most memory tensors held at once (host, or the GPU's allocator)
 };
+// The training statistics since the last progress line. A checkpoint written between two lines
+// (a stop) carries them, so that a resumed run's next line covers the same steps, with the same
+// sums, as the line of a run that was not stopped.
+struct LogWindow {
+  double loss = 0, correct = 0, examples = 0, tokens = 0;  // loss summed over examples
+};
 struct Checkpoint {
   TrainConfig config;
   int64_t step = 0;
   uint64_t rng_offset = 0;
   double best_val = -1;
-  RunCost cost;  // zero in checkpoints written before it was recorded
+  RunCost cost;       // zero in checkpoints written before it was recorded
+  LogWindow window;   // empty in checkpoints written before it was recorded
 };
 // save_checkpoint refuses to write a NaN or infinity (so the checkpoint on disk stays the last
 // good one): this error names the tensor.
@@ -37,7 +44,7 @@ class NonFiniteCheckpoint : public Error {
 };
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
                      const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
-                     const RunCost& cost = {});
+                     const RunCost& cost = {}, const LogWindow& window = {});
 // Reads the configs and counters; loads parameters (and moments when m, v are given) into
 // `model`, which must have been built from the same model config.
 Checkpoint read_checkpoint_header(const std::string& path);

@@ -146,6 +146,13 @@ std::string format_duration(double seconds) {
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // ---------------------------------------------------------------- a run in this process
+// The training statistics since the last progress line; a resumed run starts with those its
+// checkpoint carried, whose tokens its own clock did not time.
+struct Window : LogWindow {
+  double untimed_tokens = 0;
+  Clock::time_point start;
+};
+
 struct Run {
   Run(const TrainConfig& config, const data::TaskData& data, bool silent) : c(config), task(data), quiet(silent) {}
   TrainConfig c;
@@ -156,6 +163,11 @@ struct Run {
   // Where this process starts: step 0, or a checkpoint's step, best validation and cost.
   int64_t start_step = 0, step = 0;
   double best_val = -1;
+  // This process's validations: the last one, and the best one's (of best.safetensors); step -1
+  // for none. The final evaluation takes a validation of the model it evaluates from here rather
+  // than writing a second record of it.
+  int64_t validated_step = -1, best_validated_step = -1;
+  EvalResult validation, best_validation;
   RunCost earlier;  // what the processes before this one spent
   // The model and its AdamW moments.
   std::unique_ptr<nn::Transformer> model;
@@ -165,13 +177,10 @@ struct Run {
   files::FolderLock folder_lock;  // the run folder is this process's until the run ends
   Clock::time_point t0;
   double step_seconds = 0;  // this process's, steps only
+  Window window;            // since the last progress line
 };
 
 // The training statistics since the last progress line.
-struct Window {
-  double loss = 0, correct = 0, examples = 0, tokens = 0;
-  Clock::time_point start;
-};
 
 void read_resume_point(Run& run, const std::string& resume_from) {
   if (resume_from.empty()) return;
@@ -179,6 +188,8 @@ void read_resume_point(Run& run, const std::string& resume_from) {
   run.start_step = run.step = ck.step;
   run.best_val = ck.best_val;
   run.earlier = ck.cost;
+  static_cast<LogWindow&>(run.window) = ck.window;
+  run.window.untimed_tokens = ck.window.tokens;
 }
 
 void check_run_settings(const Run& run, const std::string& resume_from) {
@@ -267,7 +278,7 @@ RunCost cost_now(const Run& run) {
 // the run here, and the file on disk stays the last good one.
 void save(const Run& run, const std::string& path) {
   try {
-    save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run));
+    save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window);
   } catch (const NonFiniteCheckpoint& e) {
     throw Error(fmt::format("step {}: the update made a parameter or moment non-finite ({}); training stopped. {}",
                             run.step, e.what(), last_good_checkpoint(run.checkpoint)));
@@ -312,7 +323,7 @@ void log_progress(Run& run, Window& window, double lr) {
   const double elapsed = std::chrono::duration<double>(now - run.t0).count();
   const double eta = elapsed / std::max<int64_t>(1, run.step - run.start_step) * (run.c.steps - run.step);
   const double l = window.loss / window.examples, a = window.correct / window.examples;
-  const double tokens_per_s = window.tokens / std::max(dt, 1e-9);
+  const double tokens_per_s = (window.tokens - window.untimed_tokens) / std::max(dt, 1e-9);
   run.metrics->append(json{{"step", run.step},
                            {"split", "train"},
                            {"loss", l},
@@ -350,9 +361,11 @@ void validate_now(Run& run) {
     save(run, run.checkpoint);
     stopped(run, e.signal(), fmt::format("during the validation after step {}", run.step));
   }
+  run.validated_step = run.step, run.validation = r;
   if (r.accuracy > run.best_val) {
     run.best_val = r.accuracy;
     save(run, run.c.run_dir + "/best.safetensors");
+    run.best_validated_step = run.step, run.best_validation = r;
   }
   if (!run.quiet)
     fmt::print("{}step {}: validation accuracy {:.1f}%\n", run.terminal ? "\n" : "", run.step, 100 * r.accuracy);
@@ -382,7 +395,7 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
   // the statistics of the steps between two progress lines, never more than this process runs
   const int64_t window_steps = std::clamp<int64_t>(c.log_every, 1, std::max<int64_t>(c.steps - run.step, 1));
   TrainingStep training(*run.model, run.params, run.m, run.v, window_steps);
-  Window window;
+  Window& window = run.window;
   window.start = run.t0;
   while (run.step < c.steps && (stop_after <= 0 || run.step - run.start_step < stop_after)) {
     const int64_t step = ++run.step;
@@ -444,7 +457,10 @@ void finish(Run& run, TrainResult& result) {
     load_checkpoint(best, *run.model, nullptr, nullptr);
   }
   try {
-    result.val = evaluate_split(run, "val", run.task.val);
+    // the evaluated model's validation, when this process already recorded it
+    if (!evaluate_best && run.validated_step == run.step) result.val = run.validation;
+    else if (evaluate_best && run.best_validated_step == evaluated_step) result.val = run.best_validation;
+    else result.val = evaluate_split(run, "val", run.task.val);
     result.test = evaluate_split(run, "test", run.task.test);
   } catch (const EvaluationStopped& e) {
     stopped(run, e.signal(), fmt::format("during the final evaluation, after the last step ({})", run.step));
