@@ -2,8 +2,10 @@
 // 0 success, 1 an error (one line on stderr), 2 a usage error, 128 + N a run stopped by signal N
 // (130 for Ctrl-C, 143 for SIGTERM) after saving its checkpoint.
 #include <fcntl.h>
+#include <strings.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -59,20 +62,39 @@ static void hold_stop_signals(bool hold) {
 // The earliest our code runs: before main and the other static initialisers of this binary.
 __attribute__((constructor(101))) static void hold_stop_signals_from_the_start() { hold_stop_signals(true); }
 
-// OMP_NUM_THREADS beyond what a process may start (100000) kills the OpenMP runtime inside its
-// first parallel region, by signal: refused here with one line instead. It may be a list ("4,2").
-static bool thread_count_is_sane() {
-  const char* value = std::getenv("OMP_NUM_THREADS");
-  if (value == nullptr) return true;
-  for (const char* p = value; *p != '\0';) {
-    char* end = nullptr;
-    const long n = std::strtol(p, &end, 10);
-    if (end == p) return true;  // not a number: the runtime's own warning says so, and ignores it
-    if (n > 4096) {
-      std::fprintf(stderr, "cast: error: OMP_NUM_THREADS=%s: more threads than cast starts (at most 4096)\n", value);
-      return false;
+// The OpenMP settings cast itself reads or sets, checked before the runtime's own use of them:
+// OMP_NUM_THREADS beyond what a process may start (100000) kills the runtime inside its first
+// parallel region, by signal; a value the runtime cannot read it ignores after a warning of its
+// own, which the restart (cpu/runtime.h) would print a second time. Each is refused here with one
+// line instead. OMP_NUM_THREADS may be a list ("4,2").
+static bool openmp_settings_are_sane() {
+  const auto refuse = [](const char* name, const char* value, const char* want) {
+    std::fprintf(stderr, "cast: error: %s=%s: %s\n", name, value, want);
+    return false;
+  };
+  if (const char* value = std::getenv("OMP_NUM_THREADS")) {
+    for (const char* p = value;;) {
+      char* end = nullptr;
+      errno = 0;
+      const long n = std::strtol(p, &end, 10);
+      if (end == p || !std::isdigit(static_cast<unsigned char>(*p)) || errno != 0 || n < 1 || (*end != ',' && *end))
+        return refuse("OMP_NUM_THREADS", value, "not a thread count (whole numbers from 1 to 4096, comma-separated)");
+      if (n > 4096) return refuse("OMP_NUM_THREADS", value, "more threads than cast starts (at most 4096)");
+      if (*end == '\0') break;
+      p = end + 1;
     }
-    p = *end == ',' ? end + 1 : end + std::strlen(end);
+  }
+  if (const char* value = std::getenv("OMP_WAIT_POLICY")) {
+    const std::string v = value;
+    if (strcasecmp(v.c_str(), "active") != 0 && strcasecmp(v.c_str(), "passive") != 0)
+      return refuse("OMP_WAIT_POLICY", value, "not a wait policy (active or passive)");
+  }
+  if (const char* value = std::getenv("GOMP_SPINCOUNT")) {
+    std::string v = value;
+    const bool word = strcasecmp(value, "infinite") == 0 || strcasecmp(value, "infinity") == 0;
+    if (!v.empty() && std::string_view("kMGT").find(v.back()) != std::string_view::npos) v.pop_back();  // 10k
+    if (!word && (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 15))
+      return refuse("GOMP_SPINCOUNT", value, "not a spin count (a whole number, with k, M, G or T, or infinite)");
   }
   return true;
 }
@@ -84,7 +106,7 @@ int main(int argc, char** argv) {
   // keeps its work (training saves its checkpoint first).
   std::signal(SIGPIPE, SIG_IGN);
   std::signal(SIGXFSZ, SIG_IGN);
-  if (!thread_count_is_sane()) return 2;
+  if (!openmp_settings_are_sane()) return 2;
   cast::ops::restart_with_cpu_runtime(argv);  // passive OpenMP waits, the BLAS kernels for this CPU
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     hold_stop_signals(false);
