@@ -6,11 +6,21 @@
 
 namespace cast {
 
-// A message's control bytes and byte-order marks shown, not obeyed: a NUL byte from a file would
-// end the line printed, a carriage return overwrite it, a BOM hide in it.
+// A message's control bytes, byte-order marks and bytes that are not UTF-8 shown, not obeyed: a
+// NUL byte from a file would end the line printed, a carriage return overwrite it, a BOM hide in
+// it, a stray byte of a binary file garble the terminal.
 inline std::string visible(const std::string& text) {
   std::string out;
   out.reserve(text.size());
+  // the length of the UTF-8 sequence of more than one byte that starts at i, or 0
+  const auto sequence = [&](size_t i) -> size_t {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const size_t n = (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > text.size()) return 0;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return 0;
+    return n;
+  };
   for (size_t i = 0; i < text.size(); ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
     if (c == 0xEF && text.compare(i, 3, "\xEF\xBB\xBF") == 0) {
@@ -18,6 +28,14 @@ inline std::string visible(const std::string& text) {
       i += 2;
     } else if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7F) {
       out += fmt::format("\\x{:02X}", c);
+    } else if (c >= 0x80) {
+      const size_t n = sequence(i);
+      if (n == 0) {
+        out += fmt::format("\\x{:02X}", c);
+      } else {
+        out.append(text, i, n);
+        i += n - 1;
+      }
     } else {
       out += text[i];
     }

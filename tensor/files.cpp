@@ -200,6 +200,19 @@ std::string json_message(const std::exception& e) {
     const size_t close = m.find("] ");
     if (close != std::string::npos) m = m.substr(close + 2);
   }
+  // A parse error in short: "at line L, column C: what the parser met" (the library's own
+  // "parse error ...: syntax error while parsing <part> - ...; last read: '...'" says it at length)
+  if (m.rfind("parse error", 0) == 0) {
+    const size_t at = m.find("at line "), colon = m.find(": ", at == std::string::npos ? 0 : at);
+    const size_t dash = m.find(" - ");
+    std::string what = dash != std::string::npos ? m.substr(dash + 3) : colon != std::string::npos ? m.substr(colon + 2) : m;
+    what = what.substr(0, what.find("; last read"));
+    if (what.rfind("syntax error while parsing ", 0) == 0) what = "a syntax error in a " + what.substr(27);
+    if (const size_t end = what.find("unexpected end of input"); end != std::string::npos)
+      what.replace(end, 23, "the text ends early");
+    m = at != std::string::npos && colon != std::string::npos ? m.substr(at, colon - at) + ": " + what : what;
+  }
+  if (m.rfind("number overflow parsing ", 0) == 0) m = "a number out of range: " + m.substr(24);
   // the library quotes the bytes it last read: a control byte or one past ASCII is shown as
   // \xHH, not written raw to the terminal
   std::string shown;
@@ -217,6 +230,7 @@ nlohmann::json parse_json(const std::string& text, const std::string& where) {
   // a NUL byte ends the text for some readers and not for others: no JSON file of ours has one
   const size_t nul = text.find('\0');
   CAST_CHECK(nul == std::string::npos, "{}: a NUL byte at offset {}: not a JSON text", where, nul);
+  CAST_CHECK(text.find_first_not_of(" \t\r\n") != std::string::npos, "{}: empty, not a JSON text", where);
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
   bool too_deep = false;

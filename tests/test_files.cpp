@@ -69,6 +69,21 @@ TEST(Files, JsonErrorsNameTheFileWithoutLibraryInternals) {
     EXPECT_NE(m.find("config file " + d + "/bad.json: not valid JSON"), std::string::npos) << m;
     EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
   }
+  // the place and what is wrong there, in short (seventh attack: the library's wording at length)
+  EXPECT_CAST_ERROR(files::parse_json("{\"steps\": ", "c.json"),
+                    "c.json: not valid JSON: at line 1, column 11: the text ends early");
+  EXPECT_CAST_ERROR(files::parse_json("{\"steps\": 3} x", "c.json"), "c.json: not valid JSON: at line 1, column 14: ");
+  EXPECT_CAST_ERROR(files::parse_json("{\"a\": 1e999}", "c.json"), "not valid JSON: a number out of range: '1e999'");
+  EXPECT_CAST_ERROR(files::parse_json(" \n", "c.json"), "c.json: empty, not a JSON text");
+  for (const char* text : {"{\"steps\": ", "[1, 2", "{\"a\": tru}"}) {
+    try {
+      files::parse_json(text, "c.json");
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      for (const char* internal : {"parse error", "syntax error while parsing", "last read"})
+        EXPECT_EQ(m.find(internal), std::string::npos) << m;
+    }
+  }
 }
 
 TEST(Files, AKeyGivenTwiceIsRefused) {
@@ -233,4 +248,7 @@ TEST(Files, MessagesShowControlBytesAndByteOrderMarks) {
   EXPECT_STREQ(Error(std::string("key 'a\0b'", 9)).what(), "key 'a\\x00b'");
   EXPECT_STREQ(Error("header '\xEF\xBB\xBFSource'").what(), "header '\\uFEFFSource'");
   EXPECT_STREQ(UsageError("a\rb\tc").what(), "a\\x0Db\tc");
+  // a byte that is no part of UTF-8 text (a binary file's, latin-1's é) is shown too; UTF-8 stays
+  EXPECT_STREQ(Error("token '\xE9' or '\x98\x01'").what(), "token '\\xE9' or '\\x98\\x01'");
+  EXPECT_STREQ(Error("κ × \xC3").what(), "κ × \\xC3");
 }
