@@ -61,6 +61,9 @@ constexpr const char* kDataUnfinishedMark = ".cast-data-unfinished";
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
                                     const std::string& kind);
 void mark_data_folder(const std::string& dir, const std::string& kind);
+// The kind of set a folder's mark names ("ListOps", "Pathfinder"); "" for a mark that names none
+// (sets made before marks named their kind) or no mark.
+std::string marked_kind(const std::string& dir);
 // Refuses a folder whose generation did not finish (kDataUnfinishedMark), naming the remedy.
 void check_data_finished(const std::string& dir);
 

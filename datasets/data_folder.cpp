@@ -10,9 +10,6 @@ namespace cast::data {
 
 namespace fs = std::filesystem;
 
-namespace {
-// The kind of set a folder's mark names ("ListOps", "Pathfinder"); "" for a mark that names none
-// (sets made before marks named their kind) or no mark.
 std::string marked_kind(const std::string& dir) {
   const std::string mark = dir + "/" + kDataFolderMark;
   if (!files::exists(mark)) return "";
@@ -27,7 +24,6 @@ std::string marked_kind(const std::string& dir) {
   if (!text.starts_with(head) || end == std::string::npos || end <= head.size()) return "";
   return text.substr(head.size(), end - head.size());
 }
-}  // namespace
 
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
                                     const std::string& kind) {

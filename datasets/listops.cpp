@@ -150,9 +150,15 @@ static std::vector<Example> read_listops_tsv(const std::string& path, int64_t ma
   std::vector<Example> out;
   bool header = true;
   const std::string dir = std::filesystem::path(path).parent_path().string();
-  const std::string hint = fmt::format(  // the loader reads both tasks: the hint names both commands
-      "generate it with `cast data listops-short --out {0}` (the short task) or `cast data listops --out {0}`",
-      dir.empty() ? "." : dir);
+  const std::string there = marked_kind(dir.empty() ? "." : dir);
+  const std::string hint =
+      !there.empty() && there != "ListOps"  // generating ListOps there would be refused: name the mix-up
+          ? fmt::format("{} holds a {} set made by cast data, not ListOps: give --data a ListOps folder",
+                        dir.empty() ? "." : dir, there)
+          : fmt::format(  // the loader reads both tasks: the hint names both commands
+                "generate it with `cast data listops-short --out {0}` (the short task) or `cast data listops --out "
+                "{0}`",
+                dir.empty() ? "." : dir);
   for_each_line(path, hint, [&](const std::string& line, const std::string& where) {
     if (header) {
       CAST_CHECK(line == "Source\tTarget", "{}: expected the header 'Source<TAB>Target', got '{}'", where,

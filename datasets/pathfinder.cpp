@@ -233,6 +233,11 @@ TaskData load_pathfinder(const std::string& dir) {
   check_data_finished(dir);
   files::require_folder(dir, "Pathfinder data folder");
   const std::string meta_dir = dir + "/metadata";
+  const std::string there = marked_kind(dir);
+  CAST_CHECK(there.empty() || there == "Pathfinder",
+             "Pathfinder data folder {}: it holds a {} set made by cast data, not Pathfinder: give --data a Pathfinder "
+             "folder",
+             dir, there);
   CAST_CHECK(files::exists(meta_dir),
              "Pathfinder data folder {}: it has no metadata folder (generate the data with cast data pathfinder --out "
              "{})",

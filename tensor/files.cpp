@@ -300,7 +300,7 @@ std::string output_target(const std::string& path, const std::string& what, Link
   std::string target = path;
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
-    CAST_CHECK(link == Link::follow_once,
+    CAST_CHECK_USAGE(link == Link::follow_once,
                "{} {}: is a symbolic link; files in a run or data folder are never written "
                "through a link (remove it)",
                what, path);
@@ -311,16 +311,18 @@ std::string output_target(const std::string& path, const std::string& what, Link
     target = (to.is_absolute() ? to : fs::path(folder_of(path)) / to).string();
     struct stat tt {};
     if (::lstat(target.c_str(), &tt) != 0)
-      throw Error(
+      throw UsageError(
           fmt::format("{} {}: a symbolic link to {}: {}; nothing was written", what, path, target, reason(errno)));
-    CAST_CHECK(!S_ISLNK(tt.st_mode),
+    CAST_CHECK_USAGE(!S_ISLNK(tt.st_mode),
                "{} {}: a symbolic link to another link ({}): a chain or a loop; only a link "
                "straight to a regular file is written through",
                what, path, target);
-    CAST_CHECK(S_ISREG(tt.st_mode), "{} {}: a symbolic link to {}, which is {}; not replacing it", what, path, target,
+    CAST_CHECK_USAGE(S_ISREG(tt.st_mode), "{} {}: a symbolic link to {}, which is {}; not replacing it", what, path,
+                     target,
                kind_of(tt.st_mode));
   } else if (::stat(path.c_str(), &st) == 0) {
-    CAST_CHECK(S_ISREG(st.st_mode), "{} {}: exists and is {}; not replacing it", what, path, kind_of(st.st_mode));
+    CAST_CHECK_USAGE(S_ISREG(st.st_mode), "{} {}: exists and is {}; not replacing it", what, path,
+                     kind_of(st.st_mode));
   } else if (errno != ENOENT) {
     throw Error(fmt::format("{} {}: {}", what, path, reason(errno)));
   }

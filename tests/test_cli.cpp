@@ -476,7 +476,7 @@ TEST(Cli, ResumeWritesOnlyWhereTheUserPoints) {
   ASSERT_EQ(run(tiny_train(dir, "other", 4)).code, 0);
   const std::string other = slurp((dir / "other" / "checkpoint.safetensors").string());
   CliRun occupied = run("train --resume " + base + " --steps 8 --run " + (dir / "other").string());
-  EXPECT_EQ(occupied.code, 1) << occupied.err;
+  EXPECT_EQ(occupied.code, 2) << occupied.err;  // a folder the rules refuse: a usage error
   EXPECT_NE(occupied.err.find("already holds a run"), std::string::npos) << occupied.err;
   EXPECT_EQ(slurp((dir / "other" / "checkpoint.safetensors").string()), other);
   // a config file on resume: applied where it may change, refused by name where it may not

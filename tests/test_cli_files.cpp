@@ -131,7 +131,7 @@ TEST(CliFiles, PlantedLinksInARunFolderAreNeverFollowed) {
     const CliRun r = run("train --data " + trained_run() + "/data --run " + run_dir +
                          " --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --attention full");
     const bool run_file = std::string(planted) == "metrics.jsonl";
-    EXPECT_EQ(r.code, run_file ? 1 : 0) << planted << ": " << r.err;
+    EXPECT_EQ(r.code, run_file ? 2 : 0) << planted << ": " << r.err;
     if (run_file) {
       EXPECT_EQ(lines(r.err), 1) << planted << ": " << r.err;
       EXPECT_NE(r.err.find("symbolic link"), std::string::npos) << planted << ": " << r.err;
@@ -174,13 +174,16 @@ TEST(CliFiles, IntegerFlagsAreCheckedWholeAndUsageErrorsExit2) {
   }
 }
 
-TEST(CliFiles, BenchJsonToAFolderOrAReadOnlyFolderExits1BeforeAnyWork) {
+// A path that is no file (a folder, a link chain) is a usage error (exit 2); a read-only folder
+// is the machine's (exit 1). Either way before any work.
+TEST(CliFiles, BenchJsonToAFolderOrAReadOnlyFolderIsRefusedBeforeAnyWork) {
   const std::string d = fresh_dir("bench_json");
   fs::create_directory(d + "/ro");
   fs::permissions(d + "/ro", fs::perms::owner_read | fs::perms::owner_exec);
-  for (const std::string& target : {d, d + "/ro/b.json", std::string("/dev/stdout")}) {
+  for (const auto& [target, code] :
+       std::vector<std::pair<std::string, int>>{{d, 2}, {d + "/ro/b.json", 1}, {"/dev/stdout", 2}}) {
     const CliRun r = run("bench attention --lengths 16 --repeats 1 --warmup 0 --mechanisms full --json " + target);
-    EXPECT_EQ(r.code, 1) << target << ": " << r.err;
+    EXPECT_EQ(r.code, code) << target << ": " << r.err;
     EXPECT_EQ(lines(r.err), 1) << r.err;
     EXPECT_EQ(r.err.rfind("cast bench: error: --json " + target + ":", 0), 0u) << r.err;
     EXPECT_EQ(r.out.find("attention benchmark"), std::string::npos) << "work started: " << r.out;
@@ -347,7 +350,7 @@ TEST(CliFiles, AnOddRunFileIsRefusedBeforeAnyStep) {
   const CliRun r =
       run("train --data " + trained_run() + "/data --run " + run_dir +
           " --overwrite --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --attention full");
-  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("run file " + run_dir + "/summary.json: exists and is a FIFO"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("step "), std::string::npos) << "a step was spent: " << r.out;
   EXPECT_TRUE(fs::is_fifo(run_dir + "/summary.json"));
@@ -838,7 +841,7 @@ TEST(CliAttack, AValueNestedTooDeepIsRefusedNotACrash) {
     f << "{\"steps\":" << std::string(70000, '[') << std::string(70000, ']') << "}";
   }
   const CliRun r = run("train --data " + trained_run() + "/data --run " + d + "/r --config " + d + "/deep.json" + kTiny);
-  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.code, 2) << r.err;  // a settings file's mistake is a usage error
   EXPECT_NE(r.err.find("a value nested more than 32 levels deep"), std::string::npos) << r.err;
   EXPECT_EQ(lines(r.err), 1) << r.err;
 }
@@ -1103,4 +1106,8 @@ TEST(CliAttack, ComparisonsAndPathfinderSetsKeepTheirOwnFolders) {
   EXPECT_NE(mixed.err.find("holds a Pathfinder set made by cast data; a ListOps set there"), std::string::npos)
       << mixed.err;
   EXPECT_FALSE(fs::exists(d + "/made/basic_train.tsv"));
+  // a ListOps model pointed at a Pathfinder set is told so, not to generate ListOps there
+  const CliRun eval = run("eval --checkpoint " + trained_run() + "/run/checkpoint.safetensors --data " + d + "/made");
+  EXPECT_EQ(eval.code, 1) << eval.err;
+  EXPECT_NE(eval.err.find("holds a Pathfinder set made by cast data, not ListOps"), std::string::npos) << eval.err;
 }

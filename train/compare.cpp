@@ -49,12 +49,12 @@ void check_same_run(const std::string& checkpoint, const TrainConfig& started_wi
     if (key == "model") {
       for (auto& [mk, mv] : value.items())
         if (!stored["model"].contains(mk) || stored["model"][mk] != mv)
-          throw Error(
+          throw UsageError(
               fmt::format("{}: this run was started with model setting '{}' = {}, but this comparison asks "
                           "for {}; use another --out, or the settings it was started with",
                           checkpoint, mk, files::json_excerpt(stored["model"].value(mk, json())), files::json_excerpt(mv)));
     } else if (!stored.contains(key) || stored[key] != value) {
-      throw Error(
+      throw UsageError(
           fmt::format("{}: this run was started with '{}' = {}, but this comparison asks for {}; use another "
                       "--out, or the settings it was started with",
                       checkpoint, key, files::json_excerpt(stored.value(key, json())), files::json_excerpt(value)));

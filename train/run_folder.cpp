@@ -163,10 +163,10 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   if (folder.in_place) check_resume_goes_forward(c, resume_from, resume_step);
   if (folder.in_place) return folder;
   if (std::filesystem::exists(checkpoint)) {
-    CAST_CHECK(c.overwrite,
-               "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
-               "--run, or pass --overwrite to replace it",
-               c.run_dir, checkpoint, checkpoint);
+    CAST_CHECK_USAGE(c.overwrite,
+                     "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
+                     "--run, or pass --overwrite to replace it",
+                     c.run_dir, checkpoint, checkpoint);
     // the old run's files, never to be mistaken for the new one's (a new run that fails before
     // its first checkpoint must not point at the old run's as its own)
     for (const char* stale : {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg"})

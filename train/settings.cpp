@@ -652,8 +652,16 @@ json settings_from_flags(const cli::Args& args) {
 }
 
 json read_settings_file(const std::string& path) {
-  json j = files::read_json(path, "config file");
-  CAST_CHECK(j.is_object(), "config file {}: holds {}, not one JSON object of settings", path, j.type_name());
+  json j;
+  try {  // what a settings file says is a command line's settings: its mistakes are usage errors
+    j = files::parse_json(files::read_file(path, "config file", uint64_t{1} << 28), "config file " + path);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    if (!files::exists(path)) throw;  // a file that is not there (or cannot be read) is no setting's
+    throw UsageError(e.what());
+  }
+  CAST_CHECK_USAGE(j.is_object(), "config file {}: holds {}, not one JSON object of settings", path, j.type_name());
   for (const char* folder : {"run", "data"})  // "" would mean the default folder, and data generated there
     CAST_CHECK_USAGE(!(j.contains(folder) && j[folder] == json("")),
                      "config file {}: setting '{}' is empty (leave it out for the default folder)", path, folder);
