@@ -106,8 +106,17 @@ void check_not_inside(const std::string& output, const std::string& what, const 
 // stat() that names the file and the reason when it fails.
 static struct stat stat_or_throw(const std::string& path, const std::string& what) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw Error(fmt::format("{} {}: {}", what, path, reason(errno)));
-  return st;
+  if (::stat(path.c_str(), &st) == 0) return st;
+  const int err = errno;
+  struct stat link {};
+  char to[4096];
+  const ssize_t n = err == ENOENT && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)
+                        ? ::readlink(path.c_str(), to, sizeof to - 1)
+                        : -1;
+  if (n > 0)  // the name is there: what is missing is what it points to
+    throw Error(fmt::format("{} {}: a symbolic link to {}, which does not exist", what, path,
+                            std::string(to, static_cast<size_t>(n))));
+  throw Error(fmt::format("{} {}: {}", what, path, reason(err)));
 }
 
 void require_folder(const std::string& path, const std::string& what) {

@@ -56,6 +56,9 @@ TEST(Files, InputsMustBeRegularFilesAndNeverBlock) {
   EXPECT_EQ(files::read_file(d + "/big", "data file").size(), 100u);
   EXPECT_CAST_ERROR(files::require_folder(d + "/big", "data folder"), "is a file, not a folder");
   EXPECT_CAST_ERROR(files::require_folder(d + "/loop", "data folder"), "a symbolic link loop");
+  fs::create_symlink(d + "/nowhere", d + "/dangling");  // the link is there, its target is not
+  EXPECT_CAST_ERROR(files::require_folder(d + "/dangling", "data folder"),
+                    "data folder " + d + "/dangling: a symbolic link to " + d + "/nowhere, which does not exist");
 }
 
 TEST(Files, JsonErrorsNameTheFileWithoutLibraryInternals) {
