@@ -3,17 +3,15 @@
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <png.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <zlib.h>
 
-#include <csignal>
 #include <filesystem>
 #include <fstream>
 
+#include "tests/folder_holder.h"
 #include "tests/test_util.h"
 #include "datasets/data.h"
 #include "datasets/png.h"
-#include "tensor/files.h"
 #include "train/tasks.h"
 #include "train/trainer.h"
 
@@ -103,23 +101,11 @@ TEST(ListOps, ASetStillBeingWrittenNamesItsWriter) {
   spec.train = 40, spec.val = 10, spec.test = 10;
   data::generate_listops(dir, spec, 3);
   write_text(dir + "/" + data::kDataUnfinishedMark, "being written\n");
-  int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
-  const pid_t writer = fork();
-  if (writer == 0) {  // the writer: holds the folder until killed
-    const files::FolderLock lock(dir, "data folder");
-    (void)!write(ready[1], "x", 1);
-    pause();
-    _exit(0);
+  {
+    const FolderHeldElsewhere writer(dir, "data folder");
+    EXPECT_CAST_ERROR(data::load_listops(dir, 48),
+                      fmt::format("data folder {} is in use by another cast process (pid {})", dir, writer.pid()));
   }
-  char byte;
-  ASSERT_EQ(read(ready[0], &byte, 1), 1);
-  EXPECT_CAST_ERROR(data::load_listops(dir, 48),
-                    fmt::format("data folder {} is in use by another cast process (pid {})", dir, writer));
-  kill(writer, SIGKILL);
-  waitpid(writer, nullptr, 0);
-  close(ready[0]);
-  close(ready[1]);
   EXPECT_CAST_ERROR(data::load_listops(dir, 48), "did not finish");  // the writer gone: the set is unfinished
 }
 

@@ -15,6 +15,7 @@
 #include "tensor/files.h"
 #include "tensor/philox.h"
 #include "tensor/safetensors.h"
+#include "tests/folder_holder.h"
 #include "tests/test_util.h"
 #include "figures/cluster_changes.h"
 #include "figures/clusters_figure.h"
@@ -656,26 +657,13 @@ TEST(Training, ARunFolderHeldByAnotherProcessIsRefusedAndUntouched) {
   const std::string ckpt = six_step_run(task, "held_folder");
   const std::string run_dir = std::filesystem::path(ckpt).parent_path().string();
   const std::string metrics = bytes_of(run_dir + "/metrics.jsonl");
-  // another process holds the folder: a child that takes the lock and waits
-  int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
-  const pid_t holder = fork();
-  if (holder == 0) {
-    const files::FolderLock lock(run_dir, "run folder");
-    (void)!write(ready[1], "x", 1);
-    pause();
-    _exit(0);
-  }
-  char byte;
-  ASSERT_EQ(read(ready[0], &byte, 1), 1);
   train::TrainConfig c = tiny_config(nn::Mechanism::full, run_dir);
   c.steps = 8;
-  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
-                    fmt::format("run folder {} is in use by another cast process (pid {})", run_dir, holder));
-  kill(holder, SIGKILL);
-  waitpid(holder, nullptr, 0);
-  close(ready[0]);
-  close(ready[1]);
+  {
+    const FolderHeldElsewhere holder(run_dir, "run folder");
+    EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
+                      fmt::format("run folder {} is in use by another cast process (pid {})", run_dir, holder.pid()));
+  }
   EXPECT_EQ(bytes_of(run_dir + "/metrics.jsonl"), metrics);
   EXPECT_NO_THROW(train::train_on(c, task, ckpt, 0, true));  // the holder gone, the lock went with it
 }
