@@ -1111,3 +1111,17 @@ TEST(CliAttack, ComparisonsAndPathfinderSetsKeepTheirOwnFolders) {
   EXPECT_EQ(eval.code, 1) << eval.err;
   EXPECT_NE(eval.err.find("holds a Pathfinder set made by cast data, not ListOps"), std::string::npos) << eval.err;
 }
+
+// A schedule that never reaches --lr, or one step at the cosine schedule's end (learning rate 0),
+// is noted rather than run silently (seventh attack).
+TEST(CliAttack, SchedulesThatNeverReachTheirRateAreNoted) {
+  const std::string d = fresh_dir("schedules"), data = trained_run() + "/data";
+  const CliRun one = run("train --data " + data + " --run " + d + "/one --attention full --steps 1 --warmup 0 --batch 4"
+                         " --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --eval-limit 4");
+  EXPECT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("note: the cosine schedule reaches 0 at the last step"), std::string::npos) << one.out;
+  const CliRun warm = run("train --data " + data + " --run " + d + "/warm --attention full --warmup 5 --eval-limit 4" +
+                          kTiny);
+  EXPECT_EQ(warm.code, 0) << warm.err;
+  EXPECT_NE(warm.out.find("note: --warmup 5 is not below --steps 2"), std::string::npos) << warm.out;
+}

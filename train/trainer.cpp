@@ -255,6 +255,17 @@ void note_cut_examples(const data::TaskData& task, int64_t max_len) {
   }
 }
 
+// A schedule whose rate never reaches --lr, or is 0 at every step, is said, not run silently.
+void note_schedule(const TrainConfig& c) {
+  if (c.warmup >= c.steps && c.warmup > 1)
+    fmt::print("note: --warmup {} is not below --steps {}: the learning rate rises for the whole run and never reaches "
+               "--lr {}\n",
+               c.warmup, c.steps, c.lr);
+  else if (c.schedule == "cosine" && c.steps == 1 && c.warmup == 0)
+    fmt::print("note: the cosine schedule reaches 0 at the last step, and the one step is the last: it trains at "
+               "learning rate 0 (give --warmup 1, or more steps)\n");
+}
+
 // The model and zero moments, or the checkpoint's.
 void build_model(Run& run, const std::string& resume_from) {
   run.model = std::make_unique<nn::Transformer>(run.c.model, DType::f32, run.device);
@@ -518,6 +529,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   if (run.c.run_dir.empty()) run.c.run_dir = default_run_dir(run.c);
   check_task_fits(run);  // before the folder is touched
   if (!quiet) note_cut_examples(run.task, run.c.model.max_len);
+  if (!quiet && run.start_step == 0) note_schedule(run.c);
   RunFolder folder = prepare_run_folder(run.c, resume_from, run.start_step);  // before any step is spent
   run.folder_lock = std::move(folder.lock);
   const bool in_place = folder.in_place;
