@@ -236,6 +236,7 @@ int command_eval(const std::vector<std::string>& argv) {
   const Device device = train::resolve_device(args.str("device"), true);
   if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
+  if (!run.data_note.empty()) fmt::print("{}\n", run.data_note);
   check_evaluation(run, clusters, args.is_set("topk") ? topks : std::vector<int64_t>{}, !mechanisms.empty());
   if (args.str("precision").empty())
     train::use_precision(device == Device::cuda ? run.checkpoint.config.precision : "fp32", device);

@@ -59,6 +59,27 @@ void for_each_line(const std::string& path, const std::string& what,
   });
 }
 
+std::string fingerprint(const TaskData& task) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto mix = [&](uint64_t word) {
+    for (int byte = 0; byte < 8; ++byte) {
+      h ^= (word >> (8 * byte)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  };
+  for (const auto* split : {&task.train, &task.val, &task.test}) {
+    mix(split->size());
+    for (const Example& e : *split) {
+      mix(e.tokens.size());
+      for (int32_t t : e.tokens) mix(static_cast<uint32_t>(t));
+      mix(e.tokens2.size());
+      for (int32_t t : e.tokens2) mix(static_cast<uint32_t>(t));
+      mix(static_cast<uint32_t>(e.label));
+    }
+  }
+  return fmt::format("train {} val {} test {} fnv {:016x}", task.train.size(), task.val.size(), task.test.size(), h);
+}
+
 double majority_rate(const std::vector<Example>& split, int64_t classes, int64_t limit) {
   const int64_t n = limit > 0 ? std::min<int64_t>(limit, split.size()) : static_cast<int64_t>(split.size());
   if (n == 0) return 0.0;

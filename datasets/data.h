@@ -28,6 +28,12 @@ struct TaskData {
   int64_t image_side = 0;  // image tasks: width = height, for `cast clusters`
 };
 
+// A set as loaded, in one line: "train N val N test N fnv HEX", its split sizes and a 64-bit
+// FNV-1a hash of every example (tokens, second document, label) in order. A checkpoint keeps its
+// run's, so that evaluating or resuming it on another set is said (a data folder regenerated, or
+// a relative --data read from another working folder).
+std::string fingerprint(const TaskData& task);
+
 // Pads each sequence with 0 to the longest in the batch (all positions real for fixed-length tasks).
 nn::Batch make_batch(const TaskData& task, const std::vector<Example>& split, const std::vector<int64_t>& indices,
                      DType dtype, Device device);

@@ -1125,3 +1125,25 @@ TEST(CliAttack, SchedulesThatNeverReachTheirRateAreNoted) {
   EXPECT_EQ(warm.code, 0) << warm.err;
   EXPECT_NE(warm.out.find("note: --warmup 5 is not below --steps 2"), std::string::npos) << warm.out;
 }
+
+// A checkpoint keeps the fingerprint of the set it trained on: evaluating or resuming it on
+// another set (its folder regenerated since, or a relative --data read from another working
+// folder) is said (sixth attack: the data folder was read relative to wherever the command ran).
+TEST(CliAttack, ACheckpointReadWithAnotherSetSaysSo) {
+  const std::string d = fresh_dir("other_set");
+  ASSERT_EQ(run("data listops-short --count 60 --out " + d + "/data").code, 0);
+  ASSERT_EQ(run("train --data " + d + "/data --run " + d + "/r --attention full --eval-limit 4" + kTiny).code, 0);
+  const std::string ckpt = d + "/r/checkpoint.safetensors";
+  const CliRun same = run("eval --checkpoint " + ckpt + " --eval-limit 4");
+  EXPECT_EQ(same.code, 0) << same.err;
+  EXPECT_EQ(same.out.find("note: data folder"), std::string::npos) << same.out;
+  ASSERT_EQ(run("data listops-short --count 80 --out " + d + "/data").code, 0);
+  for (const std::string& args : {"eval --checkpoint " + ckpt + " --eval-limit 4",
+                                  "train --resume " + ckpt + " --steps 3"}) {
+    const CliRun other = run(args);
+    EXPECT_EQ(other.code, 0) << args << "\n" << other.err;
+    EXPECT_NE(other.out.find("note: data folder " + d + "/data holds another set than the run trained on (train 60 "),
+              std::string::npos)
+        << args << "\n" << other.out;
+  }
+}

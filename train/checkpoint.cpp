@@ -59,7 +59,7 @@ std::string last_good_checkpoint(const std::string& path) {
 // ---------------------------------------------------------------- writing
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
                      const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
-                     const RunCost& cost, const LogWindow& window) {
+                     const RunCost& cost, const LogWindow& window, const std::string& data) {
   std::map<std::string, Tensor> tensors;
   nn::ParamList params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -83,6 +83,7 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
                                              {"log_window", fmt::format("{:.17g},{:.17g},{:.17g},{:.17g}", window.loss,
                                                                         window.correct, window.examples,
                                                                         window.tokens)}};
+  if (!data.empty()) meta["data"] = data;
   // A checkpoint is only ever written finite, so the one on disk is always a good one.
   const std::string damage = non_finite_in(tensors);
   if (!damage.empty()) throw NonFiniteCheckpoint(fmt::format("{}: not written: {}", path, damage));
@@ -194,6 +195,7 @@ Checkpoint read_checkpoint_header(const std::string& path) {
     CAST_CHECK(ck.step >= 0 && ck.step <= ck.config.steps, "'step' is {}, outside [0, {}] (the run's steps)", ck.step,
                ck.config.steps);
     if (f.metadata.count("log_window")) ck.window = log_window_of(get("log_window"));
+    if (f.metadata.count("data")) ck.data = get("data");
   } catch (const std::exception& e) {
     throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, files::json_message(e)));
   }
@@ -263,6 +265,12 @@ void load_checkpoint(const std::string& path, nn::Transformer& model, std::vecto
   }
 }
 
+std::string other_set_note(const Checkpoint& ck, const std::string& now, const std::string& folder) {
+  if (ck.data.empty() || ck.data == now) return "";
+  return fmt::format("note: data folder {} holds another set than the run trained on ({}; now {})", folder, ck.data,
+                     now);
+}
+
 TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device) {
   TrainedRun run;
   run.checkpoint = read_checkpoint_header(path);
@@ -274,6 +282,7 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
   run.model = std::make_unique<nn::Transformer>(run.checkpoint.config.model, DType::f32, device);
   load_checkpoint(path, *run.model, nullptr, nullptr);
   run.task = load_task(run.checkpoint.config, false);
+  run.data_note = other_set_note(run.checkpoint, data::fingerprint(run.task), data_folder(run.checkpoint.config));
   const nn::ModelConfig& m = run.checkpoint.config.model;  // images of another size: said as train says it
   CAST_CHECK_USAGE(run.task.image_side == 0 || run.task.image_side * run.task.image_side == m.max_len,
                    "{}: the images in {} are {} x {} ({} pixels), not the {} the model reads", path,

@@ -35,6 +35,7 @@ struct Checkpoint {
   double best_val = -1;
   RunCost cost;       // zero in checkpoints written before it was recorded
   LogWindow window;   // empty in checkpoints written before it was recorded
+  std::string data;   // data::fingerprint of the set it trained on; "" where not recorded
 };
 // save_checkpoint refuses to write a NaN or infinity (so the checkpoint on disk stays the last
 // good one): this error names the tensor.
@@ -44,7 +45,7 @@ class NonFiniteCheckpoint : public Error {
 };
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
                      const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
-                     const RunCost& cost = {}, const LogWindow& window = {});
+                     const RunCost& cost = {}, const LogWindow& window = {}, const std::string& data = "");
 // Reads the configs and counters; loads parameters (and moments when m, v are given) into
 // `model`, which must have been built from the same model config.
 Checkpoint read_checkpoint_header(const std::string& path);
@@ -70,7 +71,12 @@ struct TrainedRun {
   Checkpoint checkpoint;
   std::unique_ptr<nn::Transformer> model;
   data::TaskData task;
+  std::string data_note;  // where the set read is not the one the run trained on: a line saying so
 };
+// A note where `now`, the fingerprint of the set read from `folder`, is not the checkpoint's (a
+// folder regenerated since, another set by the same relative name); "" where they agree or the
+// checkpoint recorded none.
+std::string other_set_note(const Checkpoint& ck, const std::string& now, const std::string& folder);
 // data_dir empty: the folder the run used.
 TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device);
 // Refuses an output of a command on a trained run (its settings, `trained`) that would go inside

@@ -178,6 +178,7 @@ struct Run {
   Clock::time_point t0;
   double step_seconds = 0;  // this process's, steps only
   Window window;            // since the last progress line
+  std::string data;         // data::fingerprint(task), kept in each checkpoint
 };
 
 // The training statistics since the last progress line.
@@ -190,6 +191,8 @@ void read_resume_point(Run& run, const std::string& resume_from) {
   run.earlier = ck.cost;
   static_cast<LogWindow&>(run.window) = ck.window;
   run.window.untimed_tokens = ck.window.tokens;
+  const std::string note = other_set_note(ck, run.data, data_folder(run.c));
+  if (!note.empty() && !run.quiet) fmt::print("{}\n", note);
 }
 
 void check_run_settings(const Run& run, const std::string& resume_from) {
@@ -289,7 +292,8 @@ RunCost cost_now(const Run& run) {
 // the run here, and the file on disk stays the last good one.
 void save(const Run& run, const std::string& path) {
   try {
-    save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window);
+    save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window,
+                    run.data);
   } catch (const NonFiniteCheckpoint& e) {
     throw Error(fmt::format("step {}: the update made a parameter or moment non-finite ({}); training stopped. {}",
                             run.step, e.what(), last_good_checkpoint(run.checkpoint)));
@@ -523,6 +527,7 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
 TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::string& resume_from, int64_t stop_after,
                      bool quiet) {
   Run run(c, task, quiet);
+  run.data = data::fingerprint(task);
   read_resume_point(run, resume_from);
   check_run_settings(run, resume_from);
   choose_compute(run);
