@@ -260,7 +260,9 @@ Curves read_curves(const std::string& run_dir) {
       c.steps.push_back(m.step);
       c.loss.push_back(m.loss);
       c.accuracy.push_back(m.accuracy);
-    } else if (m.split == "val") {
+    } else if (m.split == "val" && (c.val_steps.empty() || c.val_steps.back() != m.step)) {
+      // one point a step: a final evaluation's record beside the run's own of that step (marked
+      // "final", other clustering draws) is not drawn a second time
       c.val_steps.push_back(m.step);
       c.val_accuracy.push_back(m.accuracy);
     }

@@ -398,19 +398,20 @@ TEST(Cli, CtrlCSavesACheckpointSaysHowToResumeAndTheResumedRunIsBitIdentical) {
   fs::remove_all(dir);
 }
 
-TEST(Cli, SigtermExits143AndASecondSignalExitsAtOnceLeavingAGoodCheckpoint) {
+TEST(Cli, SigtermExits143AndOneSignalDeliveredTwiceStopsOnce) {
   const fs::path dir = lifecycle_dir("sigterm");
   const CliRun term =
       interrupt(tiny_train(dir, "term", 100000), (dir / "term" / "metrics.jsonl").string(), {{3, SIGTERM}});
   EXPECT_EQ(term.code, 143) << term.err;
   EXPECT_NE(term.err.find("stopped by SIGTERM after step "), std::string::npos) << term.err;
   EXPECT_NO_THROW(cast::read_safetensors((dir / "term" / "checkpoint.safetensors").string()));
-  // two Ctrl-Cs at once: the process ends with 130 whichever way, and any checkpoint is whole
+  // one Ctrl-C delivered twice at once (from the terminal and from a wrapper such as timeout that
+  // forwards it; eighth attack): taken as one, so the step is saved and the resume said
   const CliRun twice = interrupt(tiny_train(dir, "twice", 100000), (dir / "twice" / "metrics.jsonl").string(),
                                  {{3, SIGINT}, {3, SIGINT}});
   EXPECT_EQ(twice.code, 130) << twice.err;
-  if (fs::exists(dir / "twice" / "checkpoint.safetensors"))
-    EXPECT_NO_THROW(cast::read_safetensors((dir / "twice" / "checkpoint.safetensors").string()));
+  EXPECT_NE(twice.err.find("stopped by SIGINT after step "), std::string::npos) << twice.err;
+  EXPECT_NO_THROW(cast::read_safetensors((dir / "twice" / "checkpoint.safetensors").string()));
   // started with SIGINT ignored (a script's background job): Ctrl-C stays ignored, SIGTERM stops it
   const CliRun ignored = interrupt(tiny_train(dir, "ignored", 100000), (dir / "ignored" / "metrics.jsonl").string(),
                                    {{3, SIGINT}, {30, SIGTERM}}, "trap '' INT; ");

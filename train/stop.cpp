@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdint>
+#include <ctime>
 
 #include "tensor/files.h"
 
@@ -14,14 +16,30 @@ namespace {
 // this builds for; the atomic says so in the type).
 std::atomic<int> g_stop{0};
 static_assert(std::atomic<int>::is_always_lock_free);
+// When the first stop signal came (CLOCK_MONOTONIC, ns; 0: not through the handler).
+std::atomic<int64_t> g_first_ns{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+// One Ctrl-C can arrive twice within microseconds: from the terminal to the whole process group,
+// and from a wrapper that forwards what it gets (`timeout`, a scheduler). A signal this soon after
+// the first is that one again, not the user's second.
+constexpr int64_t kSameSignalNs = 500'000'000;
+
+int64_t now_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
 
 extern "C" void on_stop_signal(int signal) {
-  // A second signal: the user does not want to wait for the step to finish. _exit and unlink are
-  // async-signal-safe; exit() and the stdio it flushes are not.
+  // A second signal: the user does not want to wait for the step to finish. _exit, unlink and
+  // clock_gettime are async-signal-safe; exit() and the stdio it flushes are not.
   if (g_stop.load() != 0) {
+    const int64_t first = g_first_ns.load();
+    if (first != 0 && now_ns() - first < kSameSignalNs) return;
     files::remove_temporaries_now();  // a checkpoint being written: its temporary file goes
     _exit(128 + signal);
   }
+  g_first_ns.store(now_ns());
   g_stop.store(signal);
 }
 }  // namespace
@@ -42,7 +60,10 @@ void install_stop_handlers() {
 
 int stop_signal() { return g_stop.load(); }
 void request_stop(int signal) { g_stop.store(signal); }
-void clear_stop() { g_stop.store(0); }
+void clear_stop() {
+  g_stop.store(0);
+  g_first_ns.store(0);
+}
 
 std::string signal_name(int signal) {
   if (signal == SIGINT) return "SIGINT";

@@ -163,11 +163,6 @@ struct Run {
   // Where this process starts: step 0, or a checkpoint's step, best validation and cost.
   int64_t start_step = 0, step = 0;
   double best_val = -1;
-  // This process's validations: the last one, and the best one's (of best.safetensors); step -1
-  // for none. The final evaluation takes a validation of the model it evaluates from here rather
-  // than writing a second record of it.
-  int64_t validated_step = -1, best_validated_step = -1;
-  EvalResult validation, best_validation;
   RunCost earlier;  // what the processes before this one spent
   // The model and its AdamW moments.
   std::unique_ptr<nn::Transformer> model;
@@ -300,10 +295,13 @@ void save(const Run& run, const std::string& path) {
   }
 }
 
+json evaluation_record(int64_t step, const char* split_name, const EvalResult& r) {
+  return json{{"step", step}, {"split", split_name}, {"loss", r.loss}, {"accuracy", r.accuracy}};
+}
+
 EvalResult evaluate_split(Run& run, const char* split_name, const std::vector<data::Example>& split) {
   EvalResult r = evaluate(*run.model, run.task, split, run.c.batch, run.c.eval_limit, run.device);
-  run.metrics->append(
-      json{{"step", run.step}, {"split", split_name}, {"loss", r.loss}, {"accuracy", r.accuracy}}.dump() + '\n');
+  run.metrics->append(evaluation_record(run.step, split_name, r).dump() + '\n');
   return r;
 }
 
@@ -376,26 +374,27 @@ void validate_now(Run& run) {
     save(run, run.checkpoint);
     stopped(run, e.signal(), fmt::format("during the validation after step {}", run.step));
   }
-  run.validated_step = run.step, run.validation = r;
   if (r.accuracy > run.best_val) {
     run.best_val = r.accuracy;
     save(run, run.c.run_dir + "/best.safetensors");
-    run.best_validated_step = run.step, run.best_validation = r;
   }
   if (!run.quiet)
     fmt::print("{}step {}: validation accuracy {:.1f}%\n", run.terminal ? "\n" : "", run.step, 100 * r.accuracy);
 }
 
-// Whether the run's metrics hold the validation of `step`.
-bool validated(const Run& run, int64_t step) {
+// The run's metrics record of `split` at `step`, if it has one.
+std::optional<json> recorded(const Run& run, const std::string& split, int64_t step) {
   const std::string metrics = run.c.run_dir + "/metrics.jsonl";
   std::istringstream lines(files::exists(metrics) ? files::read_file(metrics, "metrics file") : std::string());
   for (std::string line; std::getline(lines, line);) {
     const json j = json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("split", "") == "val" && j.value("step", int64_t{-1}) == step) return true;
+    if (j.is_object() && j.value("split", "") == split && j.value("step", int64_t{-1}) == step) return j;
   }
-  return false;
+  return std::nullopt;
 }
+
+// Whether the run's metrics hold the validation of `step`.
+bool validated(const Run& run, int64_t step) { return recorded(run, "val", step).has_value(); }
 
 // The steps of this process: until the run's last step, or `stop_after` steps (tests), or a
 // stop request (the step under way is finished and saved first).
@@ -472,11 +471,21 @@ void finish(Run& run, TrainResult& result) {
     load_checkpoint(best, *run.model, nullptr, nullptr);
   }
   try {
-    // the evaluated model's validation, when this process already recorded it
-    if (!evaluate_best && run.validated_step == run.step) result.val = run.validation;
-    else if (evaluate_best && run.best_validated_step == evaluated_step) result.val = run.best_validation;
-    else result.val = evaluate_split(run, "val", run.task.val);
-    result.test = evaluate_split(run, "test", run.task.test);
+    // Both splits are evaluated here, from the checkpoint's state, so that cast eval of it repeats
+    // this evaluation (clustered attention draws its hashes anew at each pass). The records carry
+    // the step of the model evaluated; a validation the run recorded at that step with the same
+    // figures is not written twice, and one with other figures (other draws) is marked final.
+    const auto evaluated = [&](const char* split_name, const std::vector<data::Example>& split) {
+      const EvalResult r = evaluate(*run.model, run.task, split, c.batch, c.eval_limit, run.device);
+      json record = evaluation_record(evaluated_step, split_name, r);
+      const std::optional<json> earlier = recorded(run, split_name, evaluated_step);
+      if (earlier && (*earlier)["loss"] == record["loss"] && (*earlier)["accuracy"] == record["accuracy"]) return r;
+      if (earlier) record["final"] = true;
+      run.metrics->append(record.dump() + '\n');
+      return r;
+    };
+    result.val = evaluated("val", run.task.val);
+    result.test = evaluated("test", run.task.test);
   } catch (const EvaluationStopped& e) {
     stopped(run, e.signal(), fmt::format("during the final evaluation, after the last step ({})", run.step));
   }

@@ -434,6 +434,36 @@ TEST(Training, ARunStoppedBetweenProgressLinesLogsTheStraightRunsLines) {
   EXPECT_EQ(train_lines(c.run_dir).size(), 3u);  // steps 5, 10 and 12
 }
 
+// The final evaluation runs from the checkpoint's state, so an evaluation of the checkpoint repeats
+// it, also where the last step validated during training and clustered attention draws anew at
+// each pass (eighth attack: the final evaluation took that validation instead, and cast eval then
+// differed); its records carry the evaluated model's step.
+TEST(Training, AnEvaluationOfTheCheckpointRepeatsTheFinalOne) {
+  for (const nn::Mechanism mechanism : {nn::Mechanism::clustered, nn::Mechanism::iclustered, nn::Mechanism::full}) {
+    const std::string name = nn::mechanism_name(mechanism);
+    data::TaskData task = counting_task(300, 40, 12);
+    train::TrainConfig c = tiny_config(mechanism, temp_dir("final_again_" + name));
+    c.steps = 6, c.eval_every = 2;
+    const train::TrainResult result = train::train_on(c, task, "", 0, true);
+    nn::Transformer model(c.model, DType::f32);
+    train::load_checkpoint(c.run_dir + "/checkpoint.safetensors", model, nullptr, nullptr);
+    const train::EvalResult val = train::evaluate(model, task, task.val, c.batch, c.eval_limit, Device::cpu);
+    const train::EvalResult test = train::evaluate(model, task, task.test, c.batch, c.eval_limit, Device::cpu);
+    EXPECT_EQ(val.loss, result.val.loss) << name;
+    EXPECT_EQ(val.accuracy, result.val.accuracy) << name;
+    EXPECT_EQ(test.loss, result.test.loss) << name;
+    // one validation record at step 6 where the figures agree (full attention), else a second marked final
+    int at_last = 0, finals = 0;
+    std::ifstream in(c.run_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["split"] == "val" && j["step"] == 6) ++at_last, finals += j.value("final", false) ? 1 : 0;
+    }
+    EXPECT_EQ(at_last, 1 + finals) << name;
+    if (mechanism == nn::Mechanism::full) EXPECT_EQ(finals, 0);
+  }
+}
+
 // Clustered and improved clustered attention draw LSH planes and k-means seeds from a count of
 // forward passes (validations included): the checkpoint keeps it, so a run stopped and resumed
 // draws as the straight run did (sixth attack: it diverged at the first step after the resume).
