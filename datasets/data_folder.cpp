@@ -28,10 +28,8 @@ std::string marked_kind(const std::string& dir) {
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
                                     const std::string& kind) {
   std::error_code ec;
-  // a link to nowhere would read as a missing folder, then fail as one: say what it is
-  CAST_CHECK_USAGE(!fs::is_symlink(dir, ec) || fs::exists(dir, ec),
-                   "data folder {}: is a link to {}, which does not exist; make that folder or give --out another path",
-                   dir, fs::read_symlink(dir, ec).string());
+  // a link to nowhere or a loop would read as a missing folder, then fail as one: say what it is
+  files::check_output_folder(dir, "data folder");
   const bool existed = fs::is_directory(dir, ec);
   // a set cast data made, or one it was stopped while making
   bool ours = !existed || fs::exists(dir + "/" + kDataFolderMark, ec) || fs::exists(dir + "/" + kDataUnfinishedMark, ec);
@@ -41,6 +39,12 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
       if (entry.path().filename() != ".cast.lock") ours = false;
     ours = ours && !ec;
   }
+  // a run's or a comparison's folder is theirs, --overwrite or not
+  for (const char* theirs : {"checkpoint.safetensors", "metrics.jsonl", "results.json"})
+    CAST_CHECK_USAGE(!fs::exists(dir + "/" + theirs, ec),
+                     "data folder {}: holds a run's or a comparison's files ({}); a data set there would lie among "
+                     "them: choose another folder",
+                     dir, theirs);
   // another kind of set: its files would stay beside the new set's, which no --overwrite changes
   const std::string there = existed ? marked_kind(dir) : "";
   CAST_CHECK_USAGE(there.empty() || there == kind,

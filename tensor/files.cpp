@@ -466,7 +466,28 @@ static std::string existing_ancestor(const std::string& path) {
   }
 }
 
+void check_output_folder(const std::string& folder, const std::string& what) {
+  struct stat link {};
+  if (::lstat(folder.c_str(), &link) != 0) return;  // nothing there: it will be made
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) != 0) {
+    const int err = errno;
+    char to[4096];
+    const ssize_t n = S_ISLNK(link.st_mode) ? ::readlink(folder.c_str(), to, sizeof to - 1) : -1;
+    const std::string target = n > 0 ? std::string(to, static_cast<size_t>(n)) : "?";
+    if (err == ELOOP) throw UsageError(fmt::format("{} {}: a symbolic link loop (or too many links)", what, folder));
+    if (err == ENOENT && n > 0)
+      throw UsageError(fmt::format("{} {}: a symbolic link to {}, which does not exist; make that folder or give "
+                                   "another path",
+                                   what, folder, target));
+    throw Error(fmt::format("{} {}: {}", what, folder, reason(err)));
+  }
+  CAST_CHECK_USAGE(S_ISDIR(st.st_mode), "{} {}: is {}, not a folder", what, folder,
+                   S_ISREG(st.st_mode) ? "a file" : kind_of(st.st_mode));
+}
+
 void make_writable_folder(const std::string& folder, const std::string& what) {
+  check_output_folder(folder, what);
   if (exists(folder)) {
     require_folder(folder, what);  // a FIFO, a file or a link loop is refused by name
   } else {

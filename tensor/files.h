@@ -119,6 +119,9 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
 void remove_temporaries_now();
 // Flushes every file written on the file system that holds `folder` (syncfs).
 void flush_file_system(const std::string& folder, const std::string& what);
+// An output folder the command names: nothing there (it is made), or a folder; a file, a FIFO, a
+// device, a link loop or a dangling link is a usage error naming what it is.
+void check_output_folder(const std::string& folder, const std::string& what);
 // Creates `folder` (and its parents) when missing and checks that a file can be made in it, with
 // a probe file created exclusively and removed again.
 void make_writable_folder(const std::string& folder, const std::string& what);

@@ -1006,7 +1006,7 @@ TEST(CliAttack, EditedMetadataAndDanglingFoldersAreNamed) {
   fs::create_symlink(d + "/nowhere", d + "/link");
   const CliRun dangling = run("data listops-short --count 10 --out " + d + "/link");
   EXPECT_EQ(dangling.code, 2) << dangling.err;
-  EXPECT_NE(dangling.err.find("is a link to " + d + "/nowhere, which does not exist"), std::string::npos)
+  EXPECT_NE(dangling.err.find("a symbolic link to " + d + "/nowhere, which does not exist"), std::string::npos)
       << dangling.err;
   EXPECT_FALSE(fs::exists(d + "/nowhere"));
 }
@@ -1146,4 +1146,39 @@ TEST(CliAttack, ACheckpointReadWithAnotherSetSaysSo) {
               std::string::npos)
         << args << "\n" << other.out;
   }
+}
+
+// The eighth attack: runs, comparisons and data sets keep to their own folders, and a comparison
+// refuses what its later runs would refuse before its first run trains.
+TEST(CliAttack, RunsComparisonsAndDataSetsKeepToTheirOwnFolders) {
+  const std::string d = fresh_dir("own_kinds"), data = trained_run() + "/data", run_dir = copy_run("own_kinds_run");
+  ASSERT_EQ(run("data pathfinder --count 10 --out " + d + "/pf").code, 0);
+  fs::create_directories(d + "/hand");
+  put(d + "/hand/basic_train.tsv", "mine\n");
+  ASSERT_EQ(::mkfifo((d + "/fifo").c_str(), 0644), 0);
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"plot " + run_dir + " --out " + d + "/hand/.made-by-cast", "is the name of a data set's mark"},
+           {"compare --data " + data + " --out " + run_dir + " --attention full" + kTiny, "holds a run"},
+           {"train --data " + data + " --run " + d + "/pf/imgs --attention full" + kTiny, "is inside the data set"},
+           {"data listops-short --count 40 --out " + run_dir + " --overwrite", "holds a run's or a comparison's files"},
+           {"train --data " + data + " --run " + d + "/fifo --attention full" + kTiny, "is a FIFO (named pipe), not a folder"},
+           {"compare --data " + data + " --out " + d + "/cmp --attention full --vary precision=fp32,bf16" + kTiny,
+            "the CPU computes in fp32 only"},
+           {"compare --data " + data + " --out " + d + "/cmp --attention full --vary eval-best=false,true" + kTiny,
+            "setting 'eval-best' needs 'eval-every' above 0"},
+       }) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
+  }
+  EXPECT_FALSE(fs::exists(d + "/hand/.made-by-cast"));
+  EXPECT_FALSE(fs::exists(d + "/cmp"));  // refused before the comparison's folder was made
+  EXPECT_FALSE(fs::exists(run_dir + "/results.md") || fs::exists(run_dir + "/basic_train.tsv"));
+  // a foreign file in a later run's folder: refused before the first run trains
+  fs::create_directories(d + "/cmp2/cast-seed1");
+  put(d + "/cmp2/cast-seed1/metrics.jsonl", "my metrics\n");
+  const CliRun late = run("compare --data " + data + " --out " + d + "/cmp2 --attention full,cast" + kTiny);
+  EXPECT_EQ(late.code, 2) << late.err;
+  EXPECT_FALSE(fs::exists(d + "/cmp2/full-seed1")) << "a run trained before the refusal";
+  EXPECT_EQ(slurp(d + "/cmp2/cast-seed1/metrics.jsonl"), "my metrics\n");
 }

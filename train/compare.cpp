@@ -11,6 +11,7 @@
 #include "tensor/safetensors.h"
 #include "figures/plot.h"
 #include "train/stop.h"
+#include "train/run_folder.h"
 #include "train/tasks.h"
 #include "train/trainer.h"
 
@@ -305,6 +306,17 @@ std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spe
         CAST_CHECK_USAGE(planned.dir != r.dir, "--vary: the variants '{}' and '{}' would share the run folder {}",
                          planned.variant, r.variant, r.dir);
       check_clusters_fit(c.model, c.model.max_len);
+      // what each run's start would refuse, refused before the first run trains
+      CAST_CHECK_USAGE(!c.eval_best || c.eval_every > 0,
+                       "variant {}: setting 'eval-best' needs 'eval-every' above 0: the best checkpoint is chosen at "
+                       "the validations during training",
+                       r.variant);
+      CAST_CHECK_USAGE(resolve_device(c.device, false) == Device::cuda || c.precision == "fp32",
+                       "variant {}: setting 'precision' is {}: the CPU computes in fp32 only (tf32 and bf16 need "
+                       "--device cuda)",
+                       r.variant, c.precision);
+      if (std::filesystem::is_directory(r.dir) && !files::exists(r.dir + "/checkpoint.safetensors"))
+        check_new_run_files(c);
       // nothing is made inside the data a run reads, the comparison's lock file included
       files::check_not_inside(spec.out_dir, "comparison folder", data_folder(c), "data folder");
       if (!c.data_dir.empty())  // a task's default folder may be generated when the run starts
@@ -333,6 +345,10 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
   CAST_CHECK_USAGE(
       !spec.settings.contains("run") && !spec.settings.contains("seed"),
       "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
+  // a run's folder is the run's: a comparison there would take its place as a run folder
+  for (const char* theirs : {"/checkpoint.safetensors", "/summary.json"})
+    CAST_CHECK_USAGE(!files::exists(spec.out_dir + theirs) || files::exists(spec.out_dir + "/results.json"),
+                     "comparison folder {}: holds a run ({}): choose another --out", spec.out_dir, spec.out_dir + theirs);
   std::vector<std::pair<CompareRun, TrainConfig>> plan = plan_runs(spec);
   check_outputs_may_be_replaced(spec);  // reads only: a refusal leaves the folder as it was
   files::make_writable_folder(spec.out_dir, "comparison folder");

@@ -65,6 +65,13 @@ void check_user_output(const std::string& out, const std::string& option, const 
                        std::string_view mark, bool overwrite, const std::string& owner, std::string_view remedy) {
   // the checks hold for the file written, a link's target too
   const std::string target = out.empty() ? out : written_path(out);
+  // a data set's marks, which only cast data writes: made by another output, one would pass a
+  // user's folder off as cast's (cast data would then replace its files), the other make a whole
+  // set unreadable
+  const std::string name_written = std::filesystem::path(target).filename().string();
+  CAST_CHECK_USAGE(name_written != data::kDataFolderMark && name_written != data::kDataUnfinishedMark,
+                   "{} {}: is the name of a data set's mark ({}), which only cast data writes; choose another name",
+                   option, out, name_written);
   const std::string folder = folder_of(target);
   const bool own = !owner.empty() && files::same_path(folder, owner);
   const std::string data = target.empty() ? "" : data_set_around(folder);
@@ -146,9 +153,31 @@ void check_not_in_a_comparison(const std::string& run_dir) {
 
 }  // namespace
 
+void check_new_run_files(const TrainConfig& c) {
+  // No run here: the files a run writes may replace only what a cast run left (say, one stopped
+  // before its first checkpoint), not a user's own files of the same names; a best checkpoint
+  // without the run's own is no run's.
+  // the remedy holds for cast train and for the runs of cast compare (whose --overwrite is its own files')
+  const char* remedy = "move it away or choose another folder (cast train's --overwrite replaces it)";
+  CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/best.safetensors"),
+                   "run file {}/best.safetensors: exists without the run's checkpoint.safetensors, so no cast run "
+                   "here wrote it; not replacing it ({})",
+                   c.run_dir, remedy);
+  files::check_may_replace(c.run_dir + "/metrics.jsonl", "run file", "a cast run's metrics", "\"split\":", c.overwrite,
+                           remedy);
+  files::check_may_replace(c.run_dir + "/summary.json", "run file", "a cast run's summary", kSummaryMark, c.overwrite,
+                           remedy);
+  files::check_may_replace(c.run_dir + "/curves.svg", "run file", "a figure drawn by cast", files::kFigureMark,
+                           c.overwrite, remedy);
+}
+
 RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
   // a run among the data it reads: a later cast data there would replace the data under it
   files::check_not_inside(c.run_dir, "run folder", data_folder(c), "data folder");
+  // nor among another data set's files, at any depth: cast data there would replace the run's
+  const std::string set = data_set_around(c.run_dir);
+  CAST_CHECK_USAGE(set.empty(), "run folder {}: is inside the data set {}, whose files only cast data writes: choose "
+                   "another --run", c.run_dir, set);
   check_not_in_a_comparison(c.run_dir);
   files::make_writable_folder(c.run_dir, "run folder");
   RunFolder folder;
@@ -173,21 +202,7 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
       std::filesystem::remove(c.run_dir + stale);
     return folder;
   }
-  // No run here: the files a run writes may replace only what a cast run left (say, one stopped
-  // before its first checkpoint), not a user's own files of the same names; a best checkpoint
-  // without the run's own is no run's.
-  // the remedy holds for cast train and for the runs of cast compare (whose --overwrite is its own files')
-  const char* remedy = "move it away or choose another folder (cast train's --overwrite replaces it)";
-  CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/best.safetensors"),
-                   "run file {}/best.safetensors: exists without the run's checkpoint.safetensors, so no cast run "
-                   "here wrote it; not replacing it ({})",
-                   c.run_dir, remedy);
-  files::check_may_replace(c.run_dir + "/metrics.jsonl", "run file", "a cast run's metrics", "\"split\":", c.overwrite,
-                           remedy);
-  files::check_may_replace(c.run_dir + "/summary.json", "run file", "a cast run's summary", kSummaryMark, c.overwrite,
-                           remedy);
-  files::check_may_replace(c.run_dir + "/curves.svg", "run file", "a figure drawn by cast", files::kFigureMark,
-                           c.overwrite, remedy);
+  check_new_run_files(c);
   // --overwrite said so: a best checkpoint no run here wrote is not left beside the new run's files
   if (c.overwrite) std::filesystem::remove(c.run_dir + "/best.safetensors");
   return folder;

@@ -13,6 +13,10 @@
 
 namespace cast::train {
 
+// A new run's folder that holds no run: the files it would write may replace only what a cast
+// run left there, or anything with --overwrite (read only: prepare_run_folder, and cast compare
+// for every run before its first).
+void check_new_run_files(const TrainConfig& c);
 // runs/<task>-<mechanism>: a run's folder when none is named.
 std::string default_run_dir(const TrainConfig& c);
 // The files of a run folder that no other output may replace (metrics, checkpoints, summary).
