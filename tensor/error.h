@@ -32,6 +32,9 @@ inline std::string visible(const std::string& text) {
       const size_t n = sequence(i);
       if (n == 0) {
         out += fmt::format("\\x{:02X}", c);
+      } else if (n == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) <= 0x9F) {  // a C1 control
+        out += fmt::format("\\u{:04X}", static_cast<unsigned char>(text[i + 1]));
+        ++i;
       } else {
         out.append(text, i, n);
         i += n - 1;

@@ -154,6 +154,12 @@ TensorFile parse_safetensors(const char* bytes, size_t size, const std::string& 
     if (end > begin) ranges.emplace_back(begin, end, name);
   }
   check_disjoint(ranges, source);
+  // the data section is the tensors' bytes and no more (as the format's own reader checks): bytes
+  // past the last tensor are another file's appended, or a write gone wrong
+  uint64_t used = 0;
+  for (const auto& [begin, end, name] : ranges) used = std::max(used, end);
+  CAST_CHECK(data_size <= used, "{}: {} bytes follow the last tensor's data, which no tensor of its header holds", source,
+             data_size - used);
   for (auto& [name, entry] : header.items()) {  // copied only once every entry is known good
     if (name == "__metadata__") continue;
     const uint64_t begin = entry["data_offsets"][0].get<uint64_t>(), end = entry["data_offsets"][1].get<uint64_t>();

@@ -55,5 +55,11 @@ inline size_t utf8_length(const std::string& s, size_t i) {
 // A control character (a newline, an escape, DEL): it would break a one-line message that
 // repeats the value, or a file that records it.
 inline bool is_control(unsigned char c) { return c < 0x20 || c == 0x7F; }
+// A C1 control character (U+0080 to U+009F, the UTF-8 bytes C2 80 to C2 9F) at s[i]: U+009B starts
+// a terminal's escape sequence as ESC [ does.
+inline bool is_c1_control(const std::string& s, size_t i) {
+  return i + 1 < s.size() && static_cast<unsigned char>(s[i]) == 0xC2 && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+         static_cast<unsigned char>(s[i + 1]) <= 0x9F;
+}
 
 }  // namespace cast::text

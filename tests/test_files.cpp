@@ -254,4 +254,5 @@ TEST(Files, MessagesShowControlBytesAndByteOrderMarks) {
   // a byte that is no part of UTF-8 text (a binary file's, latin-1's é) is shown too; UTF-8 stays
   EXPECT_STREQ(Error("token '\xE9' or '\x98\x01'").what(), "token '\\xE9' or '\\x98\\x01'");
   EXPECT_STREQ(Error("κ × \xC3").what(), "κ × \\xC3");
+  EXPECT_STREQ(Error("csi '\xC2\x9B'").what(), "csi '\\u009B'");  // a C1 control: a terminal's escape
 }

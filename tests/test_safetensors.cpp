@@ -117,6 +117,10 @@ TEST(SafeTensors, CorruptHeaders) {
   std::vector<char> huge = safetensors_bytes("{}", 0);
   huge[7] = 0x7f;  // header length far beyond the file
   EXPECT_CAST_ERROR(parse_safetensors(huge, "f"), "exceeds the file size");
+  // bytes past the last tensor are no part of the file the header describes
+  EXPECT_CAST_ERROR(
+      parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12), "f"),
+      "f: 4 bytes follow the last tensor's data");
   // a file of another kind is not called a truncated one
   const std::string text = "hello, this is a text file\n";
   EXPECT_CAST_ERROR(parse_safetensors(std::vector<char>(text.begin(), text.end()), "f"),

@@ -38,6 +38,8 @@ static void check_value(const std::string& name, const std::string& value) {
   for (size_t i = 0; i < value.size();) {
     const auto c = static_cast<unsigned char>(value[i]);
     CAST_USAGE_CHECK(!text::is_control(c), "--{}: its value holds the control character \\x{:02X}", name, c);
+    CAST_USAGE_CHECK(!text::is_c1_control(value, i), "--{}: its value holds the control character \\u{:04X}", name,
+                     static_cast<unsigned char>(value[i + 1]));
     const size_t n = text::utf8_length(value, i);
     CAST_USAGE_CHECK(n > 0, "--{}: its value is not UTF-8 text (byte \\x{:02X} at {})", name, c, i);
     i += n;

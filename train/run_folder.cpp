@@ -72,6 +72,9 @@ void check_user_output(const std::string& out, const std::string& option, const 
   CAST_CHECK_USAGE(name_written != data::kDataFolderMark && name_written != data::kDataUnfinishedMark,
                    "{} {}: is the name of a data set's mark ({}), which only cast data writes; choose another name",
                    option, out, name_written);
+  // where it goes, now rather than after the work: its folder is there and takes files, and it is
+  // no folder, FIFO or link chain (these commands make no folders for their outputs)
+  if (!out.empty()) files::output_target(out, option, files::Link::follow_once);
   const std::string folder = folder_of(target);
   const bool own = !owner.empty() && files::same_path(folder, owner);
   const std::string data = target.empty() ? "" : data_set_around(folder);

@@ -669,9 +669,14 @@ json read_settings_file(const std::string& path) {
   // messages that repeat it: refused here as in a flag's value
   for (const auto& [key, value] : j.items()) {
     if (!value.is_string()) continue;
-    for (unsigned char c : value.get<std::string>())
+    const std::string v = value.get<std::string>();
+    for (size_t i = 0; i < v.size(); ++i) {
+      const auto c = static_cast<unsigned char>(v[i]);
       CAST_CHECK_USAGE(!text::is_control(c), "config file {}: setting '{}' holds the control character \\u{:04X}", path,
                        key, c);
+      CAST_CHECK_USAGE(!text::is_c1_control(v, i), "config file {}: setting '{}' holds the control character \\u{:04X}",
+                       path, key, static_cast<unsigned char>(v[i + 1]));
+    }
   }
   return j;
 }
