@@ -70,6 +70,11 @@ void add_variants(const cli::Args& args, const std::string& attention, train::Co
   const std::string key = vary.substr(0, eq);
   CAST_CHECK_USAGE(key != "attention" && key != "seed" && key != "run",
                    "--vary {}: use --attention, --seeds or --out for that", key);
+  // cast train's flags that are no settings of a run: one comparison is of one task and its own files
+  CAST_CHECK_USAGE(key != "task" && key != "overwrite" && key != "resume" && key != "config",
+                   "--vary {}: a comparison is of one task, with its own files; vary a setting of the runs (cast "
+                   "train --help lists them)",
+                   key);
   // a value given as well (--steps 3 --vary steps=2,3) would be replaced without a word
   CAST_CHECK_USAGE(!spec.settings.contains(key),
                    "--vary {} and a value of '{}' (a flag or --config) are both given: "
@@ -87,8 +92,14 @@ void add_variants(const cli::Args& args, const std::string& attention, train::Co
   cli::check_option_read_by(key, {mechanism}, "--vary " + key);
   for (const std::string& value : cli::comma_list("vary", vary.substr(eq + 1))) {
     const json parsed = train::setting_from_text(key, value);
+    // a folder under two spellings (d/e and d//e) is one folder: compared as paths
+    const bool folder = key == "data";
+    const auto same = [&](const json& a) {
+      if (!folder || !a.is_string() || !parsed.is_string()) return a == parsed;
+      return files::same_path(a.get<std::string>(), parsed.get<std::string>());
+    };
     for (const auto& [label, settings] : spec.variants)  // 0.001 and 1e-3: one run shown as two
-      CAST_CHECK_USAGE(settings.at(key) != parsed, "--vary {}: '{}' is the value of '{}' again: list it once", key,
+      CAST_CHECK_USAGE(!same(settings.at(key)), "--vary {}: '{}' is the value of '{}' again: list it once", key,
                        value, label);
     spec.variants.push_back({key + "=" + value, {{key, parsed}}});
   }

@@ -1182,3 +1182,37 @@ TEST(CliAttack, RunsComparisonsAndDataSetsKeepToTheirOwnFolders) {
   EXPECT_FALSE(fs::exists(d + "/cmp2/full-seed1")) << "a run trained before the refusal";
   EXPECT_EQ(slurp(d + "/cmp2/cast-seed1/metrics.jsonl"), "my metrics\n");
 }
+
+// --trace's lines to a standard output that fails mid-step: the last whole step's checkpoint is
+// written and the resume said, as a failed progress line does (eighth attack: nothing was saved).
+TEST(CliAttack, ATraceToAFullStandardOutputSavesTheLastStep) {
+  const std::string d = fresh_dir("trace_full");
+  const std::string err = d + "/err";
+  const int status = std::system(fmt::format("{} train --data {}/data --run {}/r --attention full --trace{} > /dev/full "
+                                             "2> {}",
+                                             CAST_BINARY, trained_run(), d, kTiny, err)
+                                     .c_str());
+  EXPECT_EQ(status >> 8, 1) << slurp(err);
+  EXPECT_NE(slurp(err).find("checkpoint " + d + "/r/checkpoint.safetensors written at step 0; resume with"),
+            std::string::npos)
+      << slurp(err);
+  EXPECT_EQ(run("train --resume " + d + "/r/checkpoint.safetensors").code, 0);
+}
+
+// Lists and flags read for what they mean (eighth attack): one folder under two spellings in
+// --vary data, cast train's flags that are no run settings in --vary, two tables asked of info.
+TEST(CliAttack, VaryAndInfoAreReadForWhatTheyMean) {
+  const std::string d = fresh_dir("vary_paths"), data = trained_run() + "/data";
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"compare --out " + d + "/c --attention full --vary data=" + data + "," + data + "/." + kTiny,
+            "is the value of 'data=" + data + "' again"},
+           {"compare --data " + data + " --out " + d + "/c --attention full --vary task=listops,text" + kTiny,
+            "--vary task: a comparison is of one task"},
+           {"info --kernels --fast-paths", "--fast-paths and --kernels print different tables"},
+       }) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
+  }
+  EXPECT_FALSE(fs::exists(d + "/c"));
+}

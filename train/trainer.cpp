@@ -415,9 +415,23 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
     const int64_t step = ++run.step;
     const auto step_start = Clock::now();
     nn::Batch batch = data::make_batch(run.task, run.task.train, sampler.batch(step, c.batch), DType::f32, run.device);
-    if (c.trace) c.trace->begin_pass(fmt::format("step {}", step), run.device);
-    training.compute(batch, step);
-    if (c.trace) c.trace->end_pass();
+    const uint64_t rng_before = run.model->rng_offset;  // a step cut short is undone to these
+    const std::vector<uint64_t> draws_before = run.model->clustering_draws();
+    try {
+      if (c.trace) c.trace->begin_pass(fmt::format("step {}", step), run.device);
+      training.compute(batch, step);
+      if (c.trace) c.trace->end_pass();
+    } catch (const std::system_error& e) {  // --trace's lines to a standard output that failed mid-step
+      autograd::clear_tape();
+      if (c.trace) c.trace->abort_pass();
+      run.model->rng_offset = rng_before;  // no update was made: the checkpoint is the last step's
+      run.model->set_clustering_draws(draws_before);
+      --run.step;
+      save(run, run.checkpoint);
+      throw Error(fmt::format("cannot write to standard output during step {} ({}): checkpoint {} written at step {}; "
+                              "resume with: cast train --resume {}",
+                              step, e.code().message(), run.checkpoint, run.step, shell_quote(run.checkpoint)));
+    }
     // The host reads the steps' statistics (one copy) before it logs, evaluates or saves, and
     // always on the host, where reading costs nothing.
     const bool log_step = step % c.log_every == 0 || step == c.steps;
