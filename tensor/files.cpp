@@ -528,12 +528,13 @@ bool held_here(const std::string& folder) {
 }
 
 FolderLock::FolderLock(FolderLock&& other) noexcept
-    : fd_(std::move(other.fd_)), held_(std::exchange(other.held_, std::string())) {}
+    : fd_(std::move(other.fd_)), dir_(std::move(other.dir_)), held_(std::exchange(other.held_, std::string())) {}
 
 FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
   if (this != &other) {
     forget();
-    fd_ = std::move(other.fd_);  // closes this one's file, letting go of its lock
+    fd_ = std::move(other.fd_);  // closes this one's file and folder, letting go of their locks
+    dir_ = std::move(other.dir_);
     held_ = std::exchange(other.held_, std::string());
   }
   return *this;
@@ -559,17 +560,29 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
   struct stat st {};
   CAST_CHECK(::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode), "{} {}: its lock file {} is {}", what, folder, path,
              kind_of(st.st_mode));
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    CAST_CHECK(err == EWOULDBLOCK, "{} {}: cannot lock it ({}): {}", what, folder, path, reason(err));
+  const auto in_use = [&] {
     char holder[32] = {};
     const ssize_t n = ::pread(fd.get(), holder, sizeof holder - 1, 0);
     std::string pid(holder, static_cast<size_t>(std::max<ssize_t>(n, 0)));
     pid = pid.substr(0, pid.find_first_not_of("0123456789"));
-    throw Error(
+    return Error(
         fmt::format("{} {} is in use by another cast process (pid {}): wait for it to end, or choose another "
                     "folder",
                     what, folder, pid.empty() ? "unknown" : pid));
+  };
+  // The folder itself is locked too: a lock file deleted under a running process (a clean-up of
+  // dot files) would otherwise let a second one in beside it.
+  Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  CAST_CHECK(dir.get() >= 0, "{} {}: cannot open it to lock it: {}", what, folder, reason(errno));
+  if (::flock(dir.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    CAST_CHECK(err == EWOULDBLOCK, "{} {}: cannot lock it: {}", what, folder, reason(err));
+    throw in_use();
+  }
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    CAST_CHECK(err == EWOULDBLOCK, "{} {}: cannot lock it ({}): {}", what, folder, path, reason(err));
+    throw in_use();
   }
   const std::string pid = std::to_string(::getpid());
   // the pid, for the message only, and only over a pid or nothing: a file of another kind under
@@ -580,6 +593,7 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
   if (st.st_size <= 20 && before.find_first_not_of("0123456789") == std::string::npos && ::ftruncate(fd.get(), 0) == 0)
     (void)!::pwrite(fd.get(), pid.data(), pid.size(), 0);
   fd_ = std::move(fd);
+  dir_ = std::move(dir);
   held_ = held_key(folder);
   const std::lock_guard<std::mutex> guard(g_held_mutex);
   g_held.insert(held_);

@@ -141,7 +141,8 @@ class FolderLock {
 
  private:
   void forget();  // leaves held_here()'s list
-  Fd fd_;
+  Fd fd_;   // the lock file, which names the holder's pid
+  Fd dir_;  // the folder, locked as well: it holds even where the lock file was deleted
   std::string held_;  // the folder, as held_here() knows it
 };
 // True when this process holds `folder` (a FolderLock of it is alive here).

@@ -695,6 +695,12 @@ TEST(Training, ARunFolderHeldByAnotherProcessIsRefusedAndUntouched) {
                       fmt::format("run folder {} is in use by another cast process (pid {})", run_dir, holder.pid()));
   }
   EXPECT_EQ(bytes_of(run_dir + "/metrics.jsonl"), metrics);
+  {  // its lock file deleted under it (a clean-up of dot files): the folder itself is still held
+    const FolderHeldElsewhere holder(run_dir, "run folder");
+    std::filesystem::remove(run_dir + "/.cast.lock");
+    EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "is in use by another cast process");
+  }
+  EXPECT_EQ(bytes_of(run_dir + "/metrics.jsonl"), metrics);
   EXPECT_NO_THROW(train::train_on(c, task, ckpt, 0, true));  // the holder gone, the lock went with it
 }
 
