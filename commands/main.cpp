@@ -89,6 +89,25 @@ static bool openmp_settings_are_sane() {
     if (strcasecmp(v.c_str(), "active") != 0 && strcasecmp(v.c_str(), "passive") != 0)
       return refuse("OMP_WAIT_POLICY", value, "not a wait policy (active or passive)");
   }
+  // a stack per thread: one the system cannot give ends the runtime at its first parallel region
+  // with its own line only, after cast has made its outputs' folders
+  if (const char* value = std::getenv("OMP_STACKSIZE")) {
+    std::string v = value;
+    uint64_t unit = 1024;  // the runtime's default unit: KiB
+    if (!v.empty() && std::string_view("bBkKmMgG").find(v.back()) != std::string_view::npos) {
+      const char u = static_cast<char>(std::tolower(static_cast<unsigned char>(v.back())));
+      unit = u == 'b' ? 1 : u == 'k' ? 1024 : u == 'm' ? 1024 * 1024 : uint64_t{1} << 30;
+      v.pop_back();
+    }
+    if (v.empty() || v.size() > 12 || v.find_first_not_of("0123456789") != std::string::npos)
+      return refuse("OMP_STACKSIZE", value, "not a stack size (a whole number with B, K, M or G)");
+    const uint64_t bytes = std::stoull(v) * unit;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    const uint64_t memory = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+    if (memory > 0 && bytes > memory / 4)
+      return refuse("OMP_STACKSIZE", value, "more stack per thread than a quarter of this machine's memory");
+    if (bytes < 16 * 1024) return refuse("OMP_STACKSIZE", value, "below the OpenMP runtime's least stack, 16K");
+  }
   if (const char* value = std::getenv("GOMP_SPINCOUNT")) {
     std::string v = value;
     const bool word = strcasecmp(value, "infinite") == 0 || strcasecmp(value, "infinity") == 0;

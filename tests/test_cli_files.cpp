@@ -785,12 +785,13 @@ TEST(CliAttack, LocksSeedsAndListsAreReadForWhatTheyMean) {
             2);
   // an OpenMP setting the runtime cannot read: cast's one line once, not the runtime's warning
   // twice and a run with other settings than asked (seventh attack)
-  for (const char* env : {"OMP_NUM_THREADS=abc", "OMP_NUM_THREADS=0", "OMP_WAIT_POLICY=bogus", "GOMP_SPINCOUNT=lots"}) {
+  for (const char* env : {"OMP_NUM_THREADS=abc", "OMP_NUM_THREADS=0", "OMP_WAIT_POLICY=bogus", "GOMP_SPINCOUNT=lots",
+                          "OMP_STACKSIZE=999999G", "OMP_STACKSIZE=1"}) {
     const std::string err = d + "/omp.err";
     const int status = std::system(fmt::format("{} {} info > /dev/null 2> {}", env, CAST_BINARY, err).c_str());
     EXPECT_EQ(status >> 8, 2) << env;
     const std::string text = slurp(err);
-    EXPECT_NE(text.find(std::string("cast: error: ") + env + ": not a"), std::string::npos) << env << "\n" << text;
+    EXPECT_NE(text.find(std::string("cast: error: ") + env + ": "), std::string::npos) << env << "\n" << text;
     size_t runtime_lines = 0;  // the runtime's warning (after a blank line of its own), at most once
     for (size_t at = text.find("libgomp:"); at != std::string::npos; at = text.find("libgomp:", at + 1)) ++runtime_lines;
     EXPECT_LE(runtime_lines, 1u) << env << "\n" << text;
