@@ -59,6 +59,8 @@ int command_plot(const std::vector<std::string>& argv) {
   for (const std::string& r : runs)
     for (const std::string& f : train::run_folder_files(r)) inputs.push_back(f);
   files::check_not_an_input(out, what, inputs);
+  // the run's own figure is never written through a link: said first, not after --overwrite advice
+  if (link == files::Link::refuse) files::output_target(out, what, link);
   // a run's own figure is redrawn from its own metrics; any other file of a held folder is kept
   const bool own_figure = runs.size() == 1 && files::same_path(out, runs[0] + "/curves.svg");
   train::check_user_output(out, what, "a figure drawn by cast", files::kFigureMark, args.is_set("overwrite"),

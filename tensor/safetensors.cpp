@@ -97,8 +97,10 @@ Shape entry_shape(const json& js, const std::string& source, const std::string& 
   for (const json& d : js) {
     CAST_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
                "{}: tensor '{}': bad dimension {}", source, name, files::json_excerpt(d));
+    // compared as read, before any conversion: 2^63 and above would wrap to a negative int64
+    CAST_CHECK(d.get<uint64_t>() < (uint64_t{1} << 40), "{}: tensor '{}': dimension {} too large", source, name,
+               files::json_excerpt(d));
     shape.push_back(d.get<int64_t>());
-    CAST_CHECK(shape.back() < (int64_t(1) << 40), "{}: tensor '{}': dimension too large", source, name);
   }
   return shape;
 }

@@ -117,6 +117,12 @@ TEST(SafeTensors, CorruptHeaders) {
   std::vector<char> huge = safetensors_bytes("{}", 0);
   huge[7] = 0x7f;  // header length far beyond the file
   EXPECT_CAST_ERROR(parse_safetensors(huge, "f"), "exceeds the file size");
+  // a dimension of 2^63 or more is refused as read, not wrapped to a negative one
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(
+                                          R"({"a":{"dtype":"F32","shape":[9223372036854775808,1],"data_offsets":[0,4]}})",
+                                          4),
+                                      "f"),
+                    "f: tensor 'a': dimension 9223372036854775808 too large");
   // bytes past the last tensor are no part of the file the header describes
   EXPECT_CAST_ERROR(
       parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12), "f"),

@@ -8,6 +8,7 @@
 #include "tensor/files.h"
 #include "tensor/safetensors.h"
 #include "train/tasks.h"
+#include "train/trainer.h"  // check_clusters_fit
 
 namespace cast::train {
 
@@ -168,6 +169,8 @@ Checkpoint read_checkpoint_header(const std::string& path) {
     apply_overrides(ck.config, train);
     ck.config.model = model_from_json(files::parse_json(get("model"), "'model' metadata"));
     validate(ck.config);  // a checkpoint's sizes are input too: `layers: 1000000` is refused here
+    // as training refuses them: more clusters than a sequence's tokens are an edited file's
+    check_clusters_fit(ck.config.model, ck.config.model.max_len);
     // whole-string numbers: "12oops" is no step; the parser's own words ("stoll") never reach a message
     auto whole = [&](const char* key, auto parse) {
       const std::string text = get(key);

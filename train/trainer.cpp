@@ -202,6 +202,11 @@ void check_run_settings(const Run& run, const std::string& resume_from) {
 // The device, and what computes on it: TF32, the CPU's matmul, the fused attention kernels.
 void choose_compute(Run& run) {
   run.device = resolve_device(run.c.device, true);
+  // a GPU run resumed on the CPU keeps its checkpoint's precision: say how to change it
+  CAST_CHECK_USAGE(run.device == Device::cuda || run.c.precision == "fp32",
+                   "setting 'precision' is {}: the CPU computes in fp32 only (tf32 and bf16 need --device cuda; a run "
+                   "resumed from a GPU checkpoint keeps its precision: add --precision fp32)",
+                   run.c.precision);
   use_precision(run.c.precision, run.device, "setting 'precision'");
   ops::set_cpu_gemm(run.c.reference ? ops::CpuGemm::loops : ops::CpuGemm::blas);
   run.c.model.attention.fused = !run.c.reference;

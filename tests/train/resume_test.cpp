@@ -290,6 +290,19 @@ TEST(Training, CheckpointMetadataIsParsedStrictly) {
   model_json["layers"] = 2;
   model_json["heads"] = 0;
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("model", model_json.dump())), "setting 'heads' is 0");
+  // more clusters than a sequence's tokens, which no training writes: the file's fault (an Error,
+  // exit 1), not a setting the user gave (eighth attack)
+  auto clustered = nlohmann::json::parse(f.metadata.at("model"));
+  clustered["attention"]["mechanism"] = "clustered", clustered["attention"]["clusters"] = 100000;
+  try {
+    train::read_checkpoint_header(with("model", clustered.dump()));
+    ADD_FAILURE() << "a checkpoint with more clusters than tokens was read";
+  } catch (const UsageError& e) {
+    ADD_FAILURE() << "a usage error: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt checkpoint metadata: setting 'clusters' is 100000"), std::string::npos)
+        << e.what();
+  }
   // an unsigned offset: "-1" was read as 18446744073709551615 and saved back so
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("rng_offset", "-1")), "'rng_offset' is '-1', not a number");
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("step", "99999999999999999999")), "not a number in range");
