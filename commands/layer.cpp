@@ -176,9 +176,12 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
     const Tensor& assignment = file.get("assignment", DType::i32, {B, config.heads, N});
     for (const int32_t a :
          std::vector<int32_t>(assignment.data<int32_t>(), assignment.data<int32_t>() + assignment.numel()))
-      CAST_CHECK(a >= -1 && (config.clusters <= 0 || a < config.clusters),
-                 "{}: tensor 'assignment' holds {}: ids are -1 (no cluster) or 0 to {} (--clusters {})", file.source, a,
-                 config.clusters - 1, config.clusters);
+      CAST_CHECK(a >= -1 && (config.clusters <= 0 || a < config.clusters), "{}: tensor 'assignment' holds {}: {}",
+                 file.source, a,
+                 config.clusters > 0
+                     ? fmt::format("ids are -1 (no cluster) or 0 to {} (--clusters {})", config.clusters - 1,
+                                   config.clusters)
+                     : std::string("ids are -1 (no cluster) or a cluster's, 0 or more"));
     in.assignment = assignment.to(device);
   }
   return in;

@@ -252,8 +252,8 @@ AttentionOutput Attention::forward_clustered(const Tensor& mask, const Tensor& q
     }
     // Without a cluster count the largest id sets it; N tokens fill at most N clusters.
     CAST_CHECK(config_.clusters > 0 || most < std::max<int64_t>(N, 1),
-               "attention: assignment names cluster {} but {} tokens fill at most {} clusters (give --clusters)", most,
-               N, N);
+               "attention: assignment names cluster {} but {} tokens fill at most {} clusters (ids 0 to {})", most, N,
+               N, N - 1);
     if (config_.clusters <= 0) C = most + 1;
     CAST_CHECK(most < C, "attention: assignment names cluster {} but there are {} clusters", most, C);
   } else {

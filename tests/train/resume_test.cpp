@@ -734,11 +734,16 @@ TEST(Training, ASecondStopSignalLeavesNoTemporaryFile) {
     }
     _exit(0);
   }
-  // signal it once its temporary file is there, while its 256 MiB are being written
+  // signal it while its 256 MiB are being written: once its temporary file has bytes (it is named
+  // for removal between its creation and its first byte)
   int status = 0;
   bool ended = false;
   const auto start = std::chrono::steady_clock::now();
-  while (!std::filesystem::exists(target + ".tmp") && !(ended = waitpid(writer, &status, WNOHANG) == writer) &&
+  const auto writing = [&] {
+    std::error_code ec;
+    return std::filesystem::file_size(target + ".tmp", ec) > 0 && !ec;
+  };
+  while (!writing() && !(ended = waitpid(writer, &status, WNOHANG) == writer) &&
          std::chrono::steady_clock::now() - start < std::chrono::seconds(30))
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   ASSERT_FALSE(ended) << "the writer ended before it was signalled, status " << status;
