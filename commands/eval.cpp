@@ -39,7 +39,7 @@ int64_t sequence_tokens(const train::TrainedRun& run) {
 // What the evaluation reads: examples longer than the model's sequences are cut, and said so;
 // more clusters than tokens fill nothing and cost minutes (C 65536 on 49 tokens), and are refused.
 void check_evaluation(const train::TrainedRun& run, const std::vector<int64_t>& clusters,
-                      const std::vector<int64_t>& topks, bool swapped) {
+                      const std::vector<int64_t>& topks, bool swapped, int64_t limit) {
   const int64_t n = sequence_tokens(run);
   for (int64_t c : clusters)
     CAST_CHECK_USAGE(!swapped || c <= n, "--clusters {} is more than the {} tokens of the model's sequences", c, n);
@@ -53,8 +53,9 @@ void check_evaluation(const train::TrainedRun& run, const std::vector<int64_t>& 
                        clusters[j], clusters[i], counts[i], n);
   for (int64_t k : topks)
     CAST_CHECK_USAGE(!swapped || k <= n, "--topk {} is more than the {} tokens of the model's sequences", k, n);
-  const auto cut = [](const std::vector<data::Example>& split) {
-    return std::count_if(split.begin(), split.end(), [](const data::Example& e) { return e.cut; });
+  const auto cut = [&](const std::vector<data::Example>& split) {  // among the examples evaluated
+    const auto end = limit > 0 && static_cast<size_t>(limit) < split.size() ? split.begin() + limit : split.end();
+    return std::count_if(split.begin(), end, [](const data::Example& e) { return e.cut; });
   };
   const int64_t cut_val = cut(run.task.val), cut_test = cut(run.task.test);
   if (cut_val + cut_test > 0)
@@ -89,16 +90,22 @@ void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& me
     const bool top = mechanism == nn::Mechanism::iclustered;
     for (int64_t k : top ? topks : std::vector<int64_t>{topks.front()}) {
       train::Line line{top ? fmt::format("{}, {} top keys", name, k) : name, {}, {}};
-      for (int64_t c : clusters) {
-        nn::AttentionConfig a = base;
-        a.mechanism = mechanism, a.clusters = c, a.topk = k;
-        const auto swapped = train::with_attention(trained, a, device);
-        const auto val = train::evaluate(*swapped, task, task.val, batch, limit, device);
-        const auto test = train::evaluate(*swapped, task, task.test, batch, limit, device);
+      // full attention reads no cluster count: evaluated once, drawn flat across the counts
+      const bool full = mechanism == nn::Mechanism::full;
+      train::EvalResult val, test;
+      for (size_t i = 0; i < clusters.size(); ++i) {
+        const int64_t c = clusters[i];
         const int64_t clusters_used = c > 0 ? c : nn::default_clusters(n);
-        fmt::print("| {} | {} | {} | {:.2f} | {:.2f} |\n", name, clusters_used,
-                   top ? std::to_string(std::min(k, n)) : "", 100 * test.accuracy, 100 * val.accuracy);
-        std::fflush(stdout);
+        if (!full || i == 0) {
+          nn::AttentionConfig a = base;
+          a.mechanism = mechanism, a.clusters = c, a.topk = k;
+          const auto swapped = train::with_attention(trained, a, device);
+          val = train::evaluate(*swapped, task, task.val, batch, limit, device);
+          test = train::evaluate(*swapped, task, task.test, batch, limit, device);
+          fmt::print("| {} | {} | {} | {:.2f} | {:.2f} |\n", name, full ? "" : std::to_string(clusters_used),
+                     top ? std::to_string(std::min(k, n)) : "", 100 * test.accuracy, 100 * val.accuracy);
+          std::fflush(stdout);
+        }
         line.xs.push_back(static_cast<double>(clusters_used));
         line.ys.push_back(test.accuracy);
       }
@@ -237,7 +244,7 @@ int command_eval(const std::vector<std::string>& argv) {
   if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
   if (!run.data_note.empty()) fmt::print("{}\n", run.data_note);
-  check_evaluation(run, clusters, args.is_set("topk") ? topks : std::vector<int64_t>{}, !mechanisms.empty());
+  check_evaluation(run, clusters, args.is_set("topk") ? topks : std::vector<int64_t>{}, !mechanisms.empty(), limit);
   if (args.str("precision").empty())
     train::use_precision(device == Device::cuda ? run.checkpoint.config.precision : "fp32", device);
   const bool sweep = mechanisms.size() > 1 || clusters.size() > 1 || topks.size() > 1 || !figure.empty();

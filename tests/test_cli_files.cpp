@@ -1217,3 +1217,16 @@ TEST(CliAttack, VaryAndInfoAreReadForWhatTheyMean) {
   }
   EXPECT_FALSE(fs::exists(d + "/c"));
 }
+
+// An evaluation across cluster counts shows full attention once, with no count: it reads none
+// (eighth attack: a row per count, each with a count full attention never used).
+TEST(CliAttack, AnEvaluationSweepShowsFullAttentionOnce) {
+  const CliRun r = run("eval --checkpoint " + trained_run() + "/run/checkpoint.safetensors --attention full,clustered "
+                       "--clusters 2,4 --eval-limit 4");
+  EXPECT_EQ(r.code, 0) << r.err;
+  size_t full_rows = 0;
+  for (size_t at = r.out.find("\n| full |"); at != std::string::npos; at = r.out.find("\n| full |", at + 1)) ++full_rows;
+  EXPECT_EQ(full_rows, 1u) << r.out;
+  EXPECT_NE(r.out.find("\n| full |  |  |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n| clustered | 4 |"), std::string::npos) << r.out;
+}
