@@ -104,19 +104,22 @@ void check_not_inside(const std::string& output, const std::string& what, const 
 }
 
 // stat() that names the file and the reason when it fails.
-static struct stat stat_or_throw(const std::string& path, const std::string& what) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) return st;
-  const int err = errno;
+// Why stat() of `path` failed with `err`, in words. A link whose target is missing is named with
+// that target: the name is there, what it points to is not.
+static std::string unreachable(const std::string& path, int err) {
   struct stat link {};
   char to[4096];
   const ssize_t n = err == ENOENT && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)
                         ? ::readlink(path.c_str(), to, sizeof to - 1)
                         : -1;
-  if (n > 0)  // the name is there: what is missing is what it points to
-    throw Error(fmt::format("{} {}: a symbolic link to {}, which does not exist", what, path,
-                            std::string(to, static_cast<size_t>(n))));
-  throw Error(fmt::format("{} {}: {}", what, path, reason(err)));
+  if (n <= 0) return reason(err);
+  return fmt::format("a symbolic link to {}, which does not exist", std::string(to, static_cast<size_t>(n)));
+}
+
+static struct stat stat_or_throw(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(fmt::format("{} {}: {}", what, path, unreachable(path, errno)));
+  return st;
 }
 
 void require_folder(const std::string& path, const std::string& what) {
@@ -472,14 +475,11 @@ void check_output_folder(const std::string& folder, const std::string& what) {
   struct stat st {};
   if (::stat(folder.c_str(), &st) != 0) {
     const int err = errno;
-    char to[4096];
-    const ssize_t n = S_ISLNK(link.st_mode) ? ::readlink(folder.c_str(), to, sizeof to - 1) : -1;
-    const std::string target = n > 0 ? std::string(to, static_cast<size_t>(n)) : "?";
-    if (err == ELOOP) throw UsageError(fmt::format("{} {}: a symbolic link loop (or too many links)", what, folder));
-    if (err == ENOENT && n > 0)
-      throw UsageError(fmt::format("{} {}: a symbolic link to {}, which does not exist; make that folder or give "
-                                   "another path",
-                                   what, folder, target));
+    // something is there (lstat found it): a loop, or a link to nothing, names no folder
+    if (err == ELOOP) throw UsageError(fmt::format("{} {}: {}", what, folder, reason(err)));
+    if (err == ENOENT)
+      throw UsageError(
+          fmt::format("{} {}: {}; make that folder or give another path", what, folder, unreachable(folder, err)));
     throw Error(fmt::format("{} {}: {}", what, folder, reason(err)));
   }
   CAST_CHECK_USAGE(S_ISDIR(st.st_mode), "{} {}: is {}, not a folder", what, folder,
@@ -487,10 +487,8 @@ void check_output_folder(const std::string& folder, const std::string& what) {
 }
 
 void make_writable_folder(const std::string& folder, const std::string& what) {
-  check_output_folder(folder, what);
-  if (exists(folder)) {
-    require_folder(folder, what);  // a FIFO, a file or a link loop is refused by name
-  } else {
+  check_output_folder(folder, what);  // a FIFO, a file or a link loop is refused by name
+  if (!exists(folder)) {
     // nothing is created under a read-only folder, even by root
     check_folder_takes_files(existing_ancestor(folder), what, folder);
     std::error_code ec;

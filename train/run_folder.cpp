@@ -89,11 +89,10 @@ void check_user_output(const std::string& out, const std::string& option, const 
   std::vector<std::string> kept = run_folder_files(folder);
   for (const char* name : {"curves.svg", "results.md", "results.json", "comparison.svg"})
     kept.push_back(folder + "/" + name);
-  const std::string name = std::filesystem::path(target).filename().string();
   for (const std::string& file : kept)
-    CAST_CHECK_USAGE(std::filesystem::path(file).filename() != name,
+    CAST_CHECK_USAGE(std::filesystem::path(file).filename() != name_written,
                      "{} {}{}: {} is {}, which keeps its own {} there: choose another path", option, out, through,
-                     folder, held_by, name);
+                     folder, held_by, name_written);
   // an existing file of another kind: no --overwrite applies in a held folder
   files::check_may_replace(
       out, option, kind, mark, false,

@@ -57,7 +57,8 @@ Device resolve_device(const std::string& name, bool from_checkpoint) {
   if (name == "cpu") return Device::cpu;
   if (name == "cuda") {
     // named by --device, or kept in the checkpoint of a run resumed without --device
-    CAST_CHECK(device_memory::cuda_available(), "device cuda: no CUDA GPU is available here; pass --device cpu to run on the CPU{}",
+    CAST_CHECK(device_memory::cuda_available(),
+               "device cuda: no CUDA GPU is available here; pass --device cpu to run on the CPU{}",
                from_checkpoint ? " (a run resumed from a GPU checkpoint keeps its device and precision: add "
                                  "--precision fp32 to a tf32 or bf16 one)"
                                : "");
@@ -83,10 +84,10 @@ size_t peak_memory(Device device) {
   return host_memory_stats().peak;
 }
 
-void use_precision(const std::string& name, Device device, const char* option) {
+void use_precision(const std::string& name, Device device, const char* option, const char* hint) {
   const Precision p = parse_precision(name);
   CAST_CHECK_USAGE(device == Device::cuda || p == Precision::fp32,
-                   "{} is {}: the CPU computes in fp32 only (tf32 and bf16 need --device cuda)", option, name);
+                   "{} is {}: the CPU computes in fp32 only (tf32 and bf16 need --device cuda{})", option, name, hint);
   set_precision(p);
 }
 
@@ -176,8 +177,6 @@ struct Run {
   std::string data;         // data::fingerprint(task), kept in each checkpoint
 };
 
-// The training statistics since the last progress line.
-
 void read_resume_point(Run& run, const std::string& resume_from) {
   if (resume_from.empty()) return;
   const Checkpoint ck = read_checkpoint_header(resume_from);  // a different model is refused by load_checkpoint
@@ -202,12 +201,9 @@ void check_run_settings(const Run& run, const std::string& resume_from) {
 // The device, and what computes on it: TF32, the CPU's matmul, the fused attention kernels.
 void choose_compute(Run& run) {
   run.device = resolve_device(run.c.device, true);
-  // a GPU run resumed on the CPU keeps its checkpoint's precision: say how to change it
-  CAST_CHECK_USAGE(run.device == Device::cuda || run.c.precision == "fp32",
-                   "setting 'precision' is {}: the CPU computes in fp32 only (tf32 and bf16 need --device cuda; a run "
-                   "resumed from a GPU checkpoint keeps its precision: add --precision fp32)",
-                   run.c.precision);
-  use_precision(run.c.precision, run.device, "setting 'precision'");
+  // a GPU run resumed on the CPU keeps its checkpoint's precision: the refusal says how to change it
+  use_precision(run.c.precision, run.device, "setting 'precision'",
+                "; a run resumed from a GPU checkpoint keeps its precision: add --precision fp32");
   ops::set_cpu_gemm(run.c.reference ? ops::CpuGemm::loops : ops::CpuGemm::blas);
   run.c.model.attention.fused = !run.c.reference;
 }

@@ -43,7 +43,8 @@ void check_clusters_fit(const nn::ModelConfig& m, int64_t length);
 Device resolve_device(const std::string& name, bool from_checkpoint = false);
 // Sets the process's precision (tensor/precision.h) from its name; tf32 and bf16 need the GPU
 // (a usage error on the CPU, naming `option`).
-void use_precision(const std::string& name, Device device, const char* option = "--precision");
+// `hint` ends the refusal's parenthesis (how to get out of it where the value was not the user's).
+void use_precision(const std::string& name, Device device, const char* option = "--precision", const char* hint = "");
 // Memory tensors hold on a device: the peak since the last reset.
 void reset_peak_memory(Device device);
 size_t peak_memory(Device device);
