@@ -385,6 +385,7 @@ void report_training_step(const Variant& v, const StepTimes& r, double estimate,
   json_out.add({{"mechanism", v.name},
                 {"precision", precision_name(current_precision())},
                 {"fp32_flash", g_fp32_flash},
+                {"recompute", base.model.recompute},
                 {"task", base.task},
                 {"n", N},
                 {"batch", B},
@@ -401,7 +402,8 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
   const Device device = train::resolve_device(args.str("device"));
   train::use_precision(args.str("precision"), device);
   const int64_t steps = bounded(args, "repeats", 1, 100000), warmup = bounded(args, "warmup", 0, 100000);
-  const train::TrainConfig base = train::preset(args.str("task"));
+  train::TrainConfig base = train::preset(args.str("task"));
+  base.model.recompute = args.is_set("recompute");
   const int64_t N = args.is_set("length") ? bounded(args, "length", 1, int64_t{1} << 20) : base.model.max_len;
   const int64_t B = args.is_set("batch-size") ? bounded(args, "batch-size", 1, 4096) : base.batch;
   const bool reference = args.is_set("reference");
@@ -417,7 +419,8 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
   JsonLines json_out(args.str("json"), args.is_set("overwrite"));
   fmt::print(
       "training-step benchmark on {}: task {} preset, length {}, batch {}, median of {} steps after {} warm-up{}\n",
-      device_label(device), base.task, N, B, steps, warmup, precision_note());
+      device_label(device), base.task, N, B, steps, warmup,
+      precision_note() + (base.model.recompute ? ", each block run again in the backward (--recompute)" : ""));
   fmt::print("{:<12} {:>10} {:>10} {:>12} {:>14}\n", "mechanism", "ms/step", "steps/s", "peak MiB", "estimate MiB");
   bool failed = false;
   for (size_t vi = 0; vi < mechanisms.size(); ++vi) {
@@ -708,6 +711,7 @@ cli::Args bench_args() {
       .option("json", "", "also write the results as JSON lines to this file")
       .flag("overwrite", "replace an existing --json or --trace file that cast bench did not write")
       .flag("reference", "time the step-by-step reference attention ops instead of the fast paths (CPU and GPU)")
+      .flag("recompute", "train: each block keeps only its input and runs again in the backward (cast train --recompute)")
       .option("precision", "fp32",
               "products on the GPU: fp32 | tf32 | bf16 (tensor/precision.h; the CPU runs fp32 only)")
       .option("fp32-flash", "fma",
@@ -727,6 +731,7 @@ cli::Args bench_args() {
       .example("cast bench attention --lengths 4096 --mechanisms cast-topk --repeats 3 --trace")
       .example("cast bench flash --lengths 1024,4096,16384 --head-widths 32,64,128")
       .example("cast bench train --task text --precision bf16")
+      .example("cast bench train --task text --length 1024 --batch-size 4 --recompute")
       .example("cast bench gemm");
   return args;
 }
@@ -742,7 +747,7 @@ int command_bench(const std::vector<std::string>& argv) {
   // an option of another benchmark would be ignored without a word (`bench gemm --lengths 64`)
   const std::map<std::string, std::set<std::string>> reads = {
       {"attention", {"lengths", "batch", "dim", "heads", "clusters", "cluster-size", "mechanisms", "fp32-flash"}},
-      {"train", {"task", "length", "batch-size", "mechanisms", "fp32-flash"}},
+      {"train", {"task", "length", "batch-size", "mechanisms", "fp32-flash", "recompute"}},
       {"flash", {"lengths", "kernels", "head-widths", "tokens", "check-length", "stream-rows", "warp-rows"}},
       {"gemm", {}}};
   for (const auto& [other, options] : reads)

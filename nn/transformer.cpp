@@ -3,6 +3,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "autograd/recompute.h"
+#include "autograd/tape.h"
 #include "ops/ops.h"
 
 namespace cast::nn {
@@ -53,9 +55,36 @@ Block::Block(const ModelConfig& c, int index, Initializer& init)
     a.clusters = default_clusters(n);
   attention = std::make_unique<Attention>(a, init.dtype, init.device);
   mlp.up.fused = mlp.down.fused = c.attention.fused;
+  recompute = c.recompute;
 }
 
 Tensor Block::forward(const Tensor& x, const Tensor& mask, bool train, uint64_t& rng) {
+  if (!recompute || !autograd::grad_enabled()) return run(x, mask, train, rng);
+  const uint64_t rng_before = rng, draws_before = attention->clustering_draws();
+  Tensor out;
+  {
+    autograd::NoGradGuard unrecorded;
+    out = run(x, mask, train, rng);
+  }
+  std::vector<const Tensor*> leaves;
+  for (const auto& [name, p] : parameters()) leaves.push_back(p);
+  // The backward's second run draws what the first drew: dropout's masks from the same counter,
+  // LSH's planes and k-means' seeds from the same draw, so it forms the same values. It leaves
+  // the counters, and the clusters `cast clusters` reads, as the first run left them.
+  return autograd::recompute_in_backward(
+      "block", x, out, leaves, [this, mask, train, rng_before, draws_before](const Tensor& in) {
+        uint64_t counter = rng_before;
+        const uint64_t draws_after = attention->clustering_draws();
+        attention->set_clustering_draws(draws_before);
+        AttentionOutput first = std::move(last);
+        Tensor again = run(in, mask, train, counter);
+        last = std::move(first);
+        attention->set_clustering_draws(draws_after);
+        return again;
+      });
+}
+
+Tensor Block::run(const Tensor& x, const Tensor& mask, bool train, uint64_t& rng) {
   auto drop = [&](const Tensor& t) {
     if (!train || dropout == 0.0) return t;
     Tensor y = ops::dropout(t, dropout, seed, rng);
@@ -66,6 +95,7 @@ Tensor Block::forward(const Tensor& x, const Tensor& mask, bool train, uint64_t&
   if (keep_attention_input) attention_input = normed, attention_mask = mask;
   last = attention->forward(normed, mask);
   Tensor h = ops::add(x, drop(last.out));
+  last.out = Tensor();  // read by nobody later; under --recompute nothing else would hold it
   return ops::add(h, drop(mlp.forward(norm2.forward(h))));
 }
 

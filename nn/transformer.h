@@ -29,6 +29,10 @@ struct ModelConfig {
   double dropout = 0.1;
   AttentionConfig attention;  // mechanism and its options; dim, heads filled from above
   uint64_t seed = 0;
+  // How the model runs, not what it is (so never stored with it): each block keeps only its
+  // input from the forward to the backward and runs again in its backward (`--recompute`, a
+  // setting of the run: train::TrainConfig::recompute).
+  bool recompute = false;
 
   nlohmann::json to_json() const;  // the fields by their C++ names (files: train/settings.h)
   int64_t tokens() const { return max_len / (patch * patch); }  // longest sequence the blocks see
@@ -58,6 +62,10 @@ class Block : public Module {
   // included) in these two fields.
   bool keep_attention_input = false;
   Tensor attention_input, attention_mask;
+  bool recompute = false;  // ModelConfig::recompute
+
+ private:
+  Tensor run(const Tensor& x, const Tensor& mask, bool train, uint64_t& rng);
 };
 
 // A batch of square images' pixels in patch order: (B, side²) raster -> (B, (side / patch)², patch²),

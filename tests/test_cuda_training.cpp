@@ -7,10 +7,12 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "autograd/tape.h"
 #include "nn/transformer.h"
 #include "tensor/precision.h"
+#include "tests/devices.h"
 #include "tests/test_util.h"
 #include "train/training_step.h"
 #ifdef CAST_WITH_CUDA
@@ -27,6 +29,12 @@ struct StepCase {
 };
 
 class CudaTrainingSteps : public ::testing::TestWithParam<StepCase> {};
+
+static std::string step_case_name(const ::testing::TestParamInfo<StepCase>& info) {
+  const StepCase& c = info.param;
+  return std::string(nn::mechanism_name(c.mechanism)) + (c.single_assignment ? "_satopk" : "") +
+         (c.shared_clustering ? "_shared" : "") + (c.patch > 1 ? "_patches" : "");
+}
 
 // A tiny model of the case's mechanism (dropout on, so the device's dropout stream is used too).
 static nn::ModelConfig step_model(const StepCase& c, int64_t layers, int64_t clusters) {
@@ -242,9 +250,75 @@ INSTANTIATE_TEST_SUITE_P(AllMechanisms, CudaTrainingSteps,
                                            StepCase{nn::Mechanism::clustered}, StepCase{nn::Mechanism::iclustered},
                                            StepCase{nn::Mechanism::full, false, false, 2},
                                            StepCase{nn::Mechanism::cast, false, false, 2}),
-                         [](const auto& info) {
-                           const StepCase& c = info.param;
-                           return std::string(nn::mechanism_name(c.mechanism)) +
-                                  (c.single_assignment ? "_satopk" : "") + (c.shared_clustering ? "_shared" : "") +
-                                  (c.patch > 1 ? "_patches" : "");
-                         });
+                         step_case_name);
+
+// `--recompute`: a block that keeps only its input and runs again in the backward
+// (autograd/recompute.h) gives the straight step's loss and gradients bit for bit, on every
+// device here: the second run draws the same dropout masks and clusters, and its nodes add into
+// the gradients in the same order. The forward's tape holds one "block" node per layer, keeping
+// its input alone.
+class RecomputedSteps : public ::testing::TestWithParam<StepCase> {};
+
+TEST_P(RecomputedSteps, EqualTheStraightStepBitForBit) {
+  nn::ModelConfig m = step_model(GetParam(), 2, 3);
+  for (Device device : devices_here()) {
+    SCOPED_TRACE(device_name(device));
+    m.recompute = false;
+    Side straight = make_side(m, device);
+    m.recompute = true;
+    Side again = make_side(m, device);
+    Side sides[2] = {std::move(straight), std::move(again)};
+    for (size_t p = 0; p < sides[0].params.size(); ++p)
+      sides[1].params[p].second->copy_from(*sides[0].params[p].second);
+    std::vector<train::StepRecord> records;
+    for (Side& side : sides) {
+      side.step->compute(step_batch(GetParam(), device), 1);
+      records.push_back(side.step->read().at(0));
+    }
+    EXPECT_EQ(records[1].loss, records[0].loss);
+    EXPECT_EQ(records[1].grad_norm, records[0].grad_norm);
+    for (size_t p = 0; p < sides[0].params.size(); ++p) {
+      const auto& [name, t] = sides[0].params[p];
+      const Tensor& g = sides[1].params[p].second->grad();
+      ASSERT_EQ(t->grad().defined(), g.defined()) << name;
+      if (g.defined()) EXPECT_EQ(g.to_double_vector(), t->grad().to_double_vector()) << name << " gradient";
+    }
+    // the next step's draws are the straight run's too
+    EXPECT_EQ(sides[1].model->rng_offset, sides[0].model->rng_offset);
+    EXPECT_EQ(sides[1].model->clustering_draws(), sides[0].model->clustering_draws());
+  }
+}
+
+TEST_P(RecomputedSteps, TheTapeKeepsEachBlocksInputAlone) {
+  nn::ModelConfig m = step_model(GetParam(), 2, 3);
+  m.recompute = true;
+  nn::Transformer model(m);
+  autograd::clear_tape();
+  const Tensor logits = model.forward(step_batch(GetParam(), Device::cpu), true);
+  struct Fields final : autograd::FieldVisitor {
+    std::vector<std::string> names;
+    void input(const char* name, const Tensor& t) override { if (t.defined()) names.push_back(name); }
+    void saved(const char* name, const Tensor& t) override { if (t.defined()) names.push_back(name); }
+  };
+  int blocks = 0;
+  autograd::for_each_node([&](const autograd::Node& node) {
+    if (std::string(node.name()) != "block") return;
+    ++blocks;
+    Fields fields;
+    node.fields(fields);
+    EXPECT_EQ(fields.names, std::vector<std::string>{"x"});
+    ASSERT_EQ(node.outputs.size(), 1u);
+    EXPECT_EQ(node.outputs[0].dim(0), 5);
+    EXPECT_EQ(node.outputs[0].dim(2), m.dim);
+  });
+  EXPECT_EQ(blocks, m.layers);
+  autograd::clear_tape();
+}
+
+INSTANTIATE_TEST_SUITE_P(AllMechanisms, RecomputedSteps,
+                         ::testing::Values(StepCase{nn::Mechanism::full}, StepCase{nn::Mechanism::cast},
+                                           StepCase{nn::Mechanism::cast, true, false},
+                                           StepCase{nn::Mechanism::cast, false, true},
+                                           StepCase{nn::Mechanism::clustered}, StepCase{nn::Mechanism::iclustered},
+                                           StepCase{nn::Mechanism::cast, false, false, 2}),
+                         step_case_name);

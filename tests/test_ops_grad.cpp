@@ -2,6 +2,7 @@
 // over several shapes including odd sizes.
 #include <limits>
 
+#include "autograd/recompute.h"
 #include "tests/test_util.h"
 
 using namespace cast;
@@ -228,6 +229,41 @@ TEST(Grad, Linear) {
                    (Inputs{param({2, 3, 4}, 33), param({4, 5}, 34), param({5}, 35)}));
   EXPECT_GRADCHECK([](const Inputs& x) { return ops::gelu(ops::linear(x[0], x[1], x[2])); },
                    (Inputs{param({3, 4}, 36), param({4, 2}, 37), param({2}, 38)}));
+}
+
+// autograd::recompute_in_backward: a piece run unrecorded, kept by its input alone and run again
+// in the backward, has the gradients of the piece itself: its input read twice, two parameters,
+// one recomputed piece inside another (as a CAST op that forms its forward again runs inside a
+// recomputed block), and a piece whose input needs no gradient but whose parameters do.
+static Tensor piece(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return ops::mul(ops::gelu(ops::linear(x, w, b)), x);  // x: (3, 4), w: (4, 4), b: (4)
+}
+static Tensor recomputed_piece(const Tensor& x, const Tensor& w, const Tensor& b) {
+  Tensor out;
+  {
+    autograd::NoGradGuard unrecorded;
+    out = piece(x, w, b);
+  }
+  return autograd::recompute_in_backward("piece", x, out, {&w, &b}, [w, b](const Tensor& in) { return piece(in, w, b); });
+}
+
+TEST(Grad, RecomputeInBackward) {
+  EXPECT_GRADCHECK([](const Inputs& x) { return recomputed_piece(x[0], x[1], x[2]); },
+                   (Inputs{param({3, 4}, 50), param({4, 4}, 51), param({4}, 52)}));
+  EXPECT_GRADCHECK(
+      ([](const Inputs& x) {
+        const Tensor w = x[1], b = x[2];
+        auto twice = [w, b](const Tensor& in) { return recomputed_piece(recomputed_piece(in, w, b), w, b); };
+        Tensor out;
+        {
+          autograd::NoGradGuard unrecorded;
+          out = twice(x[0]);
+        }
+        return autograd::recompute_in_backward("outer", x[0], out, {&w, &b}, twice);
+      }),
+      (Inputs{param({3, 4}, 53), param({4, 4}, 54), param({4}, 55)}));
+  EXPECT_GRADCHECK([](const Inputs& x) { return recomputed_piece(x[0], x[1], x[2]); },
+                   (Inputs{constant({3, 4}, 56), param({4, 4}, 57), param({4}, 58)}));
 }
 
 // ops::linear, the fast path, gives what its reference (matmul, then add) gives, bit for bit:

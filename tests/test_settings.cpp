@@ -40,6 +40,7 @@ const std::map<std::string, json>& changed_values() {
                                                      {"device", "cpu"},
                                                      {"precision", "bf16"},
                                                      {"reference", true},
+                                                     {"recompute", true},
                                                      {"batch", 5},
                                                      {"lr", 0.25},
                                                      {"schedule", "rsqrt"},

@@ -109,9 +109,17 @@ StepBytes training_step_parts(const nn::ModelConfig& m, int64_t B, int64_t N, bo
                         static_cast<double>((m.patch > 1 ? m.patch * m.patch : m.vocab) + m.tokens() + 1) * d;
   StepBytes parts;
   parts.parameters = params * 4 * kFloat;
-  parts.activations = layers * block + bn * d * 2 * kFloat;
   const LayerBytes layer = attention_layer_parts(a, B * towers, tokens, m.dim, gpu);
-  parts.attention = layers * layer.kept + layer.transient;
+  parts.recompute = m.recompute;
+  if (m.recompute) {
+    // each block keeps its input (and its gradient); one block's activations and attention
+    // live at a time, during that block's backward
+    parts.activations = layers * bn * d * 2 * kFloat + block + bn * d * 2 * kFloat;
+    parts.attention = layer.total();
+  } else {
+    parts.activations = layers * block + bn * d * 2 * kFloat;
+    parts.attention = layers * layer.kept + layer.transient;
+  }
   switch (a.mechanism) {
     case nn::Mechanism::full: break;
     case nn::Mechanism::cast: parts.attention_options = "--clusters or --cluster-size"; break;
@@ -127,6 +135,7 @@ double training_step_bytes(const nn::ModelConfig& m, int64_t B, int64_t N, bool 
 
 std::string StepBytes::largest() const {
   constexpr double GiB = 1024.0 * 1024 * 1024;
+  const char* or_recompute = recompute ? "" : ", or add --recompute";
   if (parameters >= activations && parameters >= attention)
     return fmt::format(
         "the parameters with their gradients and moments take {:.1f} GiB of it: lower --dim, "
@@ -135,10 +144,10 @@ std::string StepBytes::largest() const {
   if (activations >= attention)
     return fmt::format(
         "the layers' activations take {:.1f} GiB of it: lower --batch, --max-len, --dim, --mlp-dim or "
-        "--layers",
-        activations / GiB);
-  return fmt::format("the attention layers take {:.1f} GiB of it: lower --batch or --max-len{}", attention / GiB,
-                     attention_options.empty() ? "" : ", or " + attention_options);
+        "--layers{}",
+        activations / GiB, or_recompute);
+  return fmt::format("the attention layers take {:.1f} GiB of it: lower --batch or --max-len{}{}", attention / GiB,
+                     attention_options.empty() ? "" : ", or " + attention_options, or_recompute);
 }
 
 void require_memory(double bytes, Device device, const std::string& what, const std::string& hint) {

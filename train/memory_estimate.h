@@ -28,6 +28,7 @@ struct StepBytes {
   double activations = 0;  // what the layers keep for the backward, attention's share excluded
   double attention = 0;    // what the attention layers keep
   std::string attention_options;  // the mechanism's options that size its part ("" for full attention)
+  bool recompute = false;         // each block keeps its input alone (nn::ModelConfig::recompute)
   double total() const { return parameters + activations + attention; }
   // The largest part and the settings that size it, for a refusal's advice.
   std::string largest() const;

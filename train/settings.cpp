@@ -186,6 +186,10 @@ std::vector<Setting> run_settings() {
                                 "(BF16 operands, FP32 accumulation, as torch.autocast); the CPU runs fp32 only",
                                 {"fp32", "tf32", "bf16"}, AT(precision)),
                          "fp32")),
+      resumable(flag("recompute",
+                     "keep only each block's input from the forward and run the block again in the backward: "
+                     "less memory for one more forward per step, the same results",
+                     AT(recompute))),
       resumable(flag("reference",
                      "run the step-by-step reference attention ops instead of the fast paths (CPU "
                      "and GPU), and on the CPU the plain-loop matmul instead of the BLAS (same results, "

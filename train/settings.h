@@ -30,6 +30,7 @@ struct TrainConfig {
   std::string device = "auto";     // auto | cpu | cuda
   std::string precision = "fp32";  // fp32 | tf32 | bf16 (tensor/precision.h)
   bool reference = false;          // CPU: step-by-step attention ops and plain-loop matmul (for study)
+  bool recompute = false;          // each block runs again in the backward (nn::ModelConfig::recompute)
   // A new run refuses a run folder that already holds a checkpoint unless this is set. Not a
   // setting of the run: it is never stored.
   bool overwrite = false;

@@ -206,6 +206,7 @@ void choose_compute(Run& run) {
                 "; a run resumed from a GPU checkpoint keeps its precision: add --precision fp32");
   ops::set_cpu_gemm(run.c.reference ? ops::CpuGemm::loops : ops::CpuGemm::blas);
   run.c.model.attention.fused = !run.c.reference;
+  run.c.model.recompute = run.c.recompute;
 }
 
 // The task has examples, fits the model, and a step fits in the device's memory.

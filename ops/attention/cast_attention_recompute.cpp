@@ -13,6 +13,7 @@
 // own CUDA kernels fill it at either batch.
 #include <memory>
 
+#include "autograd/recompute.h"
 #include "autograd/tape.h"
 #include "ops/attention/cast_chain.h"
 #include "ops/attention/fast_paths.h"
@@ -32,21 +33,6 @@ CastChainInputs chain_inputs(const Tensor& g, const Tensor& q, const Tensor& k, 
   return in;
 }
 
-// A leaf of the separate tape over t's storage: its gradient is gathered apart from t's.
-Tensor leaf_over(const Tensor& t) {
-  if (!t.defined() || !t.requires_grad()) return t;
-  Tensor leaf = t.view(t.shape());
-  leaf.set_requires_grad();
-  return leaf;
-}
-
-// t's gradient += the leaf's (which changes hands where t has none yet).
-void take_gradient(Tensor& t, const Tensor& leaf) {
-  if (!t.defined() || !t.requires_grad() || !leaf.grad().defined()) return;
-  if (!t.grad().defined()) t.set_grad(leaf.grad());
-  else autograd::accumulate(t, leaf.grad());
-}
-
 struct CastAttentionRecomputeNode final : autograd::Node {
   Tensor g;              // input gate (B, N, H)
   Tensor q, k, v, s;     // inputs (B, H, N, d), surrogates (H, C, d)
@@ -63,6 +49,7 @@ struct CastAttentionRecomputeNode final : autograd::Node {
   void backward() override {
     const Tensor dout = outputs[0].grad();
     autograd::SeparateTape own;
+    using autograd::leaf_over, autograd::take_gradient;
     const Tensor lg = leaf_over(g), lq = leaf_over(q), lk = leaf_over(k), lv = leaf_over(v), ls = leaf_over(s);
     const Tensor out = cast_chain(chain_inputs(lg, lq, lk, lv, ls, mask, members, options), run_fast).out;
     if (!out.requires_grad()) return;  // no input that needs a gradient reaches the output

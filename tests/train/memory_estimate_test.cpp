@@ -62,3 +62,19 @@ TEST(MemoryEstimate, TheLargestPartNamesItsSettings) {
   ASSERT_EQ(iclustered.largest().find("the attention layers"), 0u) << iclustered.largest();
   EXPECT_NE(iclustered.largest().find("or --clusters or --topk"), std::string::npos) << iclustered.largest();
 }
+
+// --recompute: each block keeps its input alone, so the activations and attention of all the
+// layers but one leave the estimate; a refusal suggests the flag only where it is off.
+TEST(MemoryEstimate, RecomputedBlocksKeepTheirInputsAlone) {
+  nn::ModelConfig m;
+  m.vocab = 16, m.max_len = 1024, m.dim = 64, m.heads = 4, m.mlp_dim = 256, m.layers = 6, m.classes = 2;
+  m.attention.mechanism = nn::Mechanism::cast;
+  const train::StepBytes kept = train::training_step_parts(m, 8, 1024, false);
+  m.recompute = true;
+  const train::StepBytes again = train::training_step_parts(m, 8, 1024, false);
+  EXPECT_EQ(again.parameters, kept.parameters);
+  EXPECT_LT(again.activations, kept.activations / 3);
+  EXPECT_LT(again.attention, kept.attention / 3);
+  EXPECT_NE(kept.largest().find(", or add --recompute"), std::string::npos) << kept.largest();
+  EXPECT_EQ(again.largest().find("--recompute"), std::string::npos) << again.largest();
+}

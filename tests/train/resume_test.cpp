@@ -600,13 +600,15 @@ TEST(Training, ResumeSettingsAreAppliedOrRefusedByName) {
                                                      {"eval-every", 2},
                                                      {"checkpoint-every", 1},
                                                      {"eval-limit", 5},
-                                                     {"eval-best", true}});
+                                                     {"eval-best", true},
+                                                     {"recompute", true}});
   EXPECT_EQ(c.steps, 9);
   EXPECT_EQ(c.log_every, 3);
   EXPECT_EQ(c.eval_every, 2);
   EXPECT_EQ(c.checkpoint_every, 1);
   EXPECT_EQ(c.eval_limit, 5);
   EXPECT_TRUE(c.eval_best);
+  EXPECT_TRUE(c.recompute);
   // what the checkpoint fixes is refused by name, unless asked equal to what it is
   EXPECT_CAST_ERROR(train::resume_config(ckpt, {{"dim", 16}}),
                     "setting 'dim' cannot change when resuming: " + ckpt + " was trained with 32, not 16");
