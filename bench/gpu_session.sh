@@ -249,8 +249,11 @@ bench_stage() {
   cp "$scratch/attention.jsonl" "$BENCH"  # kept when the training-step benchmark fails
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda \
     --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train.jsonl" > "$scratch/train.txt" 2>&1 || { cat "$scratch/train.txt" >&2; return 1; }
-  cat "$scratch/attention.jsonl" "$scratch/train.jsonl" > "$BENCH"
-  cat "$scratch/attention.txt" "$scratch/train.txt" > "$scratch/bench.txt"
+  # the same step with every block recomputed in its backward (--recompute): its memory and time
+  "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --recompute \
+    --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/recompute.jsonl" > "$scratch/recompute.txt" 2>&1 || { cat "$scratch/recompute.txt" >&2; return 1; }
+  cat "$scratch/attention.jsonl" "$scratch/train.jsonl" "$scratch/recompute.jsonl" > "$BENCH"
+  cat "$scratch/attention.txt" "$scratch/train.txt" "$scratch/recompute.txt" > "$scratch/bench.txt"
   echo "$(wc -l < "$BENCH") results in bench.jsonl" > "$note"
   [ -s "$BENCH" ]
 }
@@ -422,7 +425,7 @@ wanted() { [[ ",$stages," == *",$1,"* ]]; }
 wanted probe && run_stage probe 20 probe
 run_stage kit 40 kit
 run_stage build 300 build
-later=(tests:70:tests_stage tensor_core:200:tensor_core_stage paper:200:paper_stage sanitizer:100:sanitizer_stage bench:70:bench_stage
+later=(tests:70:tests_stage tensor_core:200:tensor_core_stage paper:200:paper_stage sanitizer:100:sanitizer_stage bench:90:bench_stage
        profile:90:profile_stage pytorch:70:pytorch_stage parity:150:parity_stage train:60:train_stage lra:600:lra_stage)
 for entry in "${later[@]}"; do
   IFS=: read -r name seconds fn <<< "$entry"

@@ -124,11 +124,13 @@ int command_train(const std::vector<std::string>& argv) {
     trace.emplace(file, true, /*overwrite=*/false, /*may_overwrite=*/false, run_dir);
     config.trace = &*trace;
   }
-  fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}\n",
-             config.task, nn::mechanism_name(config.model.attention.mechanism), config.model.layers, config.model.dim,
-             config.model.heads, config.steps, config.batch, device_name(train::resolve_device(config.device, true)));
   cli::check_options_of_mechanisms(args, {config.model.attention.mechanism});
-  note_cast_without_clusters(config.model);
+  config.on_start = [](const train::TrainConfig& c, Device device) {
+    fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}{}\n",
+               c.task, nn::mechanism_name(c.model.attention.mechanism), c.model.layers, c.model.dim, c.model.heads,
+               c.steps, c.batch, device_name(device), c.recompute ? ", each block recomputed in its backward" : "");
+    note_cast_without_clusters(c.model);
+  };
   try {
     train::run_training(config, args.str("resume"));
   } catch (...) {  // stopped (Ctrl-C) or failed: the steps traced in full are kept

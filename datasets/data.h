@@ -70,6 +70,10 @@ void mark_data_folder(const std::string& dir, const std::string& kind);
 // The kind of set a folder's mark names ("ListOps", "Pathfinder"); "" for a mark that names none
 // (sets made before marks named their kind) or no mark.
 std::string marked_kind(const std::string& dir);
+// Advice for a data folder that lacks its set: "generate it with `cast data ... --out DIR`" where
+// cast data may write into DIR, else the same command into a folder of its own, saying what DIR
+// holds (a run's files, or files cast data did not make). `commands(out)` names the commands.
+std::string generate_hint(const std::string& dir, const std::function<std::string(const std::string&)>& commands);
 // Refuses a folder whose generation did not finish (kDataUnfinishedMark), naming the remedy.
 void check_data_finished(const std::string& dir);
 

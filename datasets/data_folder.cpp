@@ -25,26 +25,55 @@ std::string marked_kind(const std::string& dir) {
   return text.substr(head.size(), end - head.size());
 }
 
+namespace {
+
+constexpr const char* kRunFiles[] = {"checkpoint.safetensors", "metrics.jsonl", "results.json"};
+
+// A folder cast data may write into without --overwrite: missing, empty (but for a lock file),
+// or holding a set cast data made or was stopped while making.
+bool cast_data_may_write(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return true;
+  if (fs::exists(dir + "/" + kDataFolderMark, ec) || fs::exists(dir + "/" + kDataUnfinishedMark, ec)) return true;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().filename() != ".cast.lock") return false;
+  return !ec;
+}
+
+// The first file of a run's or a comparison's in dir, or "".
+std::string run_file_in(const std::string& dir) {
+  std::error_code ec;
+  for (const char* theirs : kRunFiles)
+    if (fs::exists(dir + "/" + theirs, ec)) return theirs;
+  return "";
+}
+
+}  // namespace
+
+std::string generate_hint(const std::string& dir, const std::function<std::string(const std::string&)>& commands) {
+  if (!run_file_in(dir).empty())
+    return fmt::format("{} holds a run's or a comparison's files, where cast data writes nothing: generate the data "
+                       "with {} and give --data that folder",
+                       dir, commands("FOLDER"));
+  if (!cast_data_may_write(dir))
+    return fmt::format("{} holds files cast data did not make: generate the data with {} and give --data that folder",
+                       dir, commands("FOLDER"));
+  return "generate it with " + commands(dir);
+}
+
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
                                     const std::string& kind) {
   std::error_code ec;
   // a link to nowhere or a loop would read as a missing folder, then fail as one: say what it is
   files::check_output_folder(dir, "data folder");
   const bool existed = fs::is_directory(dir, ec);
-  // a set cast data made, or one it was stopped while making
-  bool ours = !existed || fs::exists(dir + "/" + kDataFolderMark, ec) || fs::exists(dir + "/" + kDataUnfinishedMark, ec);
-  if (existed && !ours) {  // empty, or holding only a lock file
-    ours = true;
-    for (const auto& entry : fs::directory_iterator(dir, ec))
-      if (entry.path().filename() != ".cast.lock") ours = false;
-    ours = ours && !ec;
-  }
+  const bool ours = cast_data_may_write(dir);
   // a run's or a comparison's folder is theirs, --overwrite or not
-  for (const char* theirs : {"checkpoint.safetensors", "metrics.jsonl", "results.json"})
-    CAST_CHECK_USAGE(!fs::exists(dir + "/" + theirs, ec),
-                     "data folder {}: holds a run's or a comparison's files ({}); a data set there would lie among "
-                     "them: choose another folder",
-                     dir, theirs);
+  const std::string theirs = run_file_in(dir);
+  CAST_CHECK_USAGE(theirs.empty(),
+                   "data folder {}: holds a run's or a comparison's files ({}); a data set there would lie among "
+                   "them: choose another folder",
+                   dir, theirs);
   // another kind of set: its files would stay beside the new set's, which no --overwrite changes
   const std::string there = existed ? marked_kind(dir) : "";
   CAST_CHECK_USAGE(there.empty() || there == kind,

@@ -155,10 +155,11 @@ static std::vector<Example> read_listops_tsv(const std::string& path, int64_t ma
       !there.empty() && there != "ListOps"  // generating ListOps there would be refused: name the mix-up
           ? fmt::format("{} holds a {} set made by cast data, not ListOps: give --data a ListOps folder",
                         dir.empty() ? "." : dir, there)
-          : fmt::format(  // the loader reads both tasks: the hint names both commands
-                "generate it with `cast data listops-short --out {0}` (the short task) or `cast data listops --out "
-                "{0}`",
-                dir.empty() ? "." : dir);
+          : generate_hint(dir.empty() ? "." : dir, [](const std::string& out) {
+              // the loader reads both tasks: the hint names both commands
+              return fmt::format("`cast data listops-short --out {0}` (the short task) or `cast data listops --out {0}`",
+                                 out);
+            });
   for_each_line(path, hint, [&](const std::string& line, const std::string& where) {
     if (header) {
       CAST_CHECK(line == "Source\tTarget", "{}: expected the header 'Source<TAB>Target', got '{}'", where,

@@ -238,10 +238,8 @@ TaskData load_pathfinder(const std::string& dir) {
              "Pathfinder data folder {}: it holds a {} set made by cast data, not Pathfinder: give --data a Pathfinder "
              "folder",
              dir, there);
-  CAST_CHECK(files::exists(meta_dir),
-             "Pathfinder data folder {}: it has no metadata folder (generate the data with cast data pathfinder --out "
-             "{})",
-             dir, dir);
+  CAST_CHECK(files::exists(meta_dir), "Pathfinder data folder {}: it has no metadata folder ({})", dir,
+             generate_hint(dir, [](const std::string& out) { return "cast data pathfinder --out " + out; }));
   files::require_folder(meta_dir, "Pathfinder metadata folder");
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(meta_dir))

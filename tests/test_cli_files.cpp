@@ -1230,3 +1230,35 @@ TEST(CliAttack, AnEvaluationSweepShowsFullAttentionOnce) {
   EXPECT_NE(r.out.find("\n| full |  |  |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\n| clustered | 4 |"), std::string::npos) << r.out;
 }
+
+// A refused run prints no settings line (its values were never used), and a data set missing
+// from a folder is advised into a folder cast data may write: a run's folder, or one holding
+// files cast data did not make, gets the command with a folder of its own.
+TEST(CliAttack, ARefusedRunPrintsNoSettingsLineAndTheDataHintNamesAWritableFolder) {
+  const std::string run_dir = copy_run("hint_run");
+  const std::string tiny = " --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu";
+  CliRun r = run("train --data " + run_dir + " --run " + fresh_dir("hint_out") + "/r" + tiny);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find(run_dir + " holds a run's or a comparison's files, where cast data writes nothing: generate "
+                                 "the data with `cast data listops-short --out FOLDER`"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("cast train: task"), std::string::npos) << r.out;
+  const std::string hand = fresh_dir("hint_hand");
+  put(hand + "/notes.txt", "mine\n");
+  r = run("train --data " + hand + " --run " + fresh_dir("hint_out2") + "/r" + tiny);
+  EXPECT_NE(r.err.find(hand + " holds files cast data did not make: generate the data with"), std::string::npos)
+      << r.err;
+  r = run("train --task pathfinder --data " + run_dir + " --run " + fresh_dir("hint_out3") + "/r" + tiny);
+  EXPECT_NE(r.err.find("it has no metadata folder (" + run_dir + " holds a run's or a comparison's files"),
+            std::string::npos)
+      << r.err;
+  // where cast data may write, the hint names the folder itself; a run that starts prints its line
+  const std::string empty = fresh_dir("hint_empty");
+  r = run("train --data " + empty + " --run " + fresh_dir("hint_out4") + "/r" + tiny);
+  EXPECT_NE(r.err.find("generate it with `cast data listops-short --out " + empty + "`"), std::string::npos) << r.err;
+  r = run("train --data " + trained_run() + "/data --run " + fresh_dir("hint_out5") + "/r" + tiny + " --recompute");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("cast train: task listops-short, attention cast"), 0u) << r.out;
+  EXPECT_NE(r.out.find("each block recomputed in its backward"), std::string::npos) << r.out;
+}

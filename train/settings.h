@@ -36,6 +36,9 @@ struct TrainConfig {
   bool overwrite = false;
   // `--trace`: prints (or writes) the tape of every step. Not a setting either.
   class Trace* trace = nullptr;
+  // Called once the run's checks have passed and its folder is held, before the model is built
+  // (`cast train`'s settings line: a refused run prints none).
+  std::function<void(const TrainConfig&, Device)> on_start;
   nn::ModelConfig model;
 };
 

@@ -558,10 +558,11 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   choose_compute(run);
   if (run.c.run_dir.empty()) run.c.run_dir = default_run_dir(run.c);
   check_task_fits(run);  // before the folder is touched
-  if (!quiet) note_cut_examples(run.task, run.c.model.max_len);
-  if (!quiet && run.start_step == 0) note_schedule(run.c);
   RunFolder folder = prepare_run_folder(run.c, resume_from, run.start_step);  // before any step is spent
   run.folder_lock = std::move(folder.lock);
+  if (run.c.on_start) run.c.on_start(run.c, run.device);
+  if (!quiet) note_cut_examples(run.task, run.c.model.max_len);
+  if (!quiet && run.start_step == 0) note_schedule(run.c);
   const bool in_place = folder.in_place;
   run.checkpoint = run.c.run_dir + "/checkpoint.safetensors";
   build_model(run, resume_from);
