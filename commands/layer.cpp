@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -86,6 +87,34 @@ void load_weights(nn::Attention& layer, const TensorFile& file, const nn::Attent
   }
   for (const auto& [name, shape] : weight_shapes)
     layer.parameters()[name] = load_float(file, name, shape, dtype, device).set_requires_grad();
+}
+
+// Values the format could not hold (a finite x near 1e30 overflows f32 in the scores) are
+// written as they came, NaN or inf; a note says which tensors hold them and why.
+void note_non_finite(const std::map<std::string, Tensor>& out, const std::string& source, const Tensor& x, DType dtype) {
+  std::vector<std::string> names;
+  int64_t count = 0;
+  for (const auto& [name, t] : out) {
+    if (!is_float(t.dtype())) continue;
+    int64_t here = 0;
+    for (double v : t.to_double_vector()) here += std::isfinite(v) ? 0 : 1;
+    if (here > 0) names.push_back(fmt::format("{} ({})", name, here));
+    count += here;
+  }
+  if (count == 0) return;
+  double largest = 0;
+  bool finite = true;
+  for (double v : x.to_double_vector()) {
+    finite = finite && std::isfinite(v);
+    largest = std::max(largest, std::abs(v));
+  }
+  const std::string why = finite ? fmt::format("the largest |x| in {} is {:g}, beyond what {} products hold: scale "
+                                               "the input down{}",
+                                               source, largest, dtype_name(dtype),
+                                               dtype == DType::f32 ? ", or give --dtype f64" : "")
+                                 : fmt::format("x in {} holds values that are not finite", source);
+  fmt::print("note: {} value{} not finite (NaN or inf) in {}: {}\n", count, count == 1 ? " is" : "s are",
+             fmt::join(names, ", "), why);
 }
 
 // What cast layer writes in its output's metadata: the file a later --out may replace.
@@ -251,6 +280,7 @@ int command_layer(const std::vector<std::string>& argv) {
   write_safetensors(args.str("out"), out,
                     {{"attention", nn::mechanism_name(config.mechanism)}, {"made_by", "cast layer"}}, "--out");
   if (trace) trace->write_file();
+  note_non_finite(out, file.source, in.x, dtype);
   fmt::print("cast layer: {} B={} N={} D={} H={}{} -> {}\n", nn::mechanism_name(config.mechanism), B, N, D, H,
              config.mechanism == nn::Mechanism::cast ? fmt::format(" C={}", C) : std::string(), args.str("out"));
   return 0;

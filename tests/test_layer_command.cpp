@@ -189,3 +189,25 @@ TEST(LayerCommand, TraceWritesJsonLines) {
   std::filesystem::remove(out);
   std::filesystem::remove(trace);
 }
+
+// A finite input whose scores overflow f32 gives NaN: the output is written as it came, and a
+// note says which tensors hold values that are not finite, and why (eighth attack, H21).
+TEST(LayerCommand, ValuesTheFormatCannotHoldAreNoted) {
+  TensorFile file = read_safetensors(data_file("layer_full.safetensors"));
+  std::vector<double> x = file.get("x").to_double_vector();
+  for (double& v : x) v *= 1e30;
+  file.tensors["x"] = Tensor::from_vector<double>(x, file.get("x").shape());
+  const std::string in = temp_file("huge_x.safetensors"), out = temp_file("huge_out.safetensors");
+  write_safetensors(in, file.tensors);
+  ::testing::internal::CaptureStdout();
+  const int code = command_layer({"--in", in, "--out", out, "--heads", "2", "--overwrite"});
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(printed.find("values are not finite (NaN or inf) in grad.wk (64)"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("beyond what f32 products hold: scale the input down, or give --dtype f64"), std::string::npos)
+      << printed;
+  // in f64 the same input is held: no note
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(command_layer({"--in", in, "--out", out, "--heads", "2", "--overwrite", "--dtype", "f64"}), 0);
+  EXPECT_EQ(::testing::internal::GetCapturedStdout().find("not finite"), std::string::npos);
+}
