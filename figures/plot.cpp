@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -216,9 +217,11 @@ namespace {
 struct MetricsLine {
   std::string split;
   double step = 0, loss = 0, accuracy = 0;
+  bool final = false;  // a final evaluation's record beside the run's own of that step
 };
 
-// One metrics.jsonl line, every field the figures use checked for its type and range.
+// One metrics.jsonl line, checked key by key: the keys the trainer writes for its split, each of
+// its type and range, and no other.
 MetricsLine parse_metrics_line(const std::string& line, const std::string& where) {
   const nlohmann::json j = files::parse_json(line, where);
   CAST_CHECK(j.is_object(), "{}: not a JSON object", where);
@@ -234,11 +237,23 @@ MetricsLine parse_metrics_line(const std::string& line, const std::string& where
   m.split = j["split"].get<std::string>();
   CAST_CHECK(m.split == "train" || m.split == "val" || m.split == "test", "{}: 'split' is '{}', not train, val or test",
              where, m.split);
+  const std::set<std::string> keys = m.split == "train"
+                                         ? std::set<std::string>{"step", "split", "loss", "accuracy", "lr", "tokens_per_s"}
+                                         : std::set<std::string>{"step", "split", "loss", "accuracy", "final"};
+  for (const auto& [key, value] : j.items())
+    CAST_CHECK(keys.count(key), "{}: '{}' is no key of a {} record (cast train writes {})", where, visible(key),
+               m.split, fmt::join(keys, ", "));
   CAST_CHECK(j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() >= 0,
              "{}: 'step' is {}, not a whole number 0 or more", where, files::json_excerpt(j.value("step", nlohmann::json())));
   m.step = static_cast<double>(j["step"].get<int64_t>());
   m.accuracy = number("accuracy", 0, 1);
-  if (m.split == "train") m.loss = number("loss", 0, 1e30);
+  if (m.split == "train" || j.contains("loss")) m.loss = number("loss", 0, 1e30);
+  for (const char* key : {"lr", "tokens_per_s"})  // files written before these keys lack them
+    if (j.contains(key)) number(key, 0, 1e30);
+  if (j.contains("final")) {
+    CAST_CHECK(j["final"] == true, "{}: 'final' is {}, not true", where, files::json_excerpt(j["final"]));
+    m.final = true;
+  }
   return m;
 }
 
@@ -255,14 +270,19 @@ Curves read_curves(const std::string& run_dir) {
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     if (line.empty()) continue;
-    const MetricsLine m = parse_metrics_line(line, fmt::format("metrics file {}:{}", path, line_no));
+    const std::string where = fmt::format("metrics file {}:{}", path, line_no);
+    const MetricsLine m = parse_metrics_line(line, where);
+    // the trainer writes a line per logged step and per validation, in step order
+    const std::vector<double>& earlier = m.split == "train" ? c.steps : c.val_steps;
+    if (m.split != "test" && !m.final)
+      CAST_CHECK(earlier.empty() || m.step > earlier.back(), "{}: {} step {} comes after step {}: not in step order",
+                 where, m.split, m.step, earlier.back());
     if (m.split == "train") {
       c.steps.push_back(m.step);
       c.loss.push_back(m.loss);
       c.accuracy.push_back(m.accuracy);
-    } else if (m.split == "val" && (c.val_steps.empty() || c.val_steps.back() != m.step)) {
-      // one point a step: a final evaluation's record beside the run's own of that step (marked
-      // "final", other clustering draws) is not drawn a second time
+    } else if (m.split == "val" && !m.final) {
+      // a final evaluation's record of a step the run validated (other clustering draws) is not drawn
       c.val_steps.push_back(m.step);
       c.val_accuracy.push_back(m.accuracy);
     }

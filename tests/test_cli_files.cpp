@@ -231,6 +231,24 @@ TEST(CliFiles, ASummaryIsValidatedByKeyWhenAComparisonReadsIt) {
     EXPECT_NE(std::string(e.what()).find("'test_accuracy' is \"high\", not a number"), std::string::npos) << e.what();
     EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();
   }
+  // every key is checked against what cast train writes for this run (eighth attack, H10)
+  nlohmann::json written = j;
+  written["test_accuracy"] = 0.5;
+  auto refused = [&](const char* key, const nlohmann::json& value, const std::string& message) {
+    nlohmann::json edited = written;
+    if (value.is_null()) edited.erase(key);
+    else edited[key] = value;
+    put(summary, edited.dump());
+    EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "run summary " + summary + ": " + message);
+  };
+  refused("made_by", "me", "'made_by' is \"me\", not cast train");
+  refused("val_examples", -1, "'val_examples' is -1, not a whole number from 0 to");
+  refused("evaluated", "xx", "'evaluated' is \"xx\", not final or best");
+  refused("evaluated_step", 99, "'evaluated_step' is 99, not a whole number from 0 to 2");
+  refused("task", "text", "'task' is \"text\", not listops-short");
+  refused("attention", "cast", "'attention' is \"cast\", not full");
+  refused("colour", "blue", "'colour' is no key of a summary cast train writes");
+  refused("steps", 3, "'steps' is 3, not a whole number from 0 to 2");
 }
 
 TEST(CliFiles, MetricsLinesAreValidatedByKey) {
@@ -245,6 +263,29 @@ TEST(CliFiles, MetricsLinesAreValidatedByKey) {
   r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
   EXPECT_NE(r.err.find("metrics.jsonl:1: 'accuracy' is 3, outside [0, 1]"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(run_dir + "/c.svg"));
+  // keys and step order, as the trainer writes them (eighth attack, H10)
+  const std::string train1 = R"({"step": 1, "split": "train", "loss": 1, "accuracy": 0.5})";
+  const std::string train2 = R"({"step": 2, "split": "train", "loss": 1, "accuracy": 0.5})";
+  put(run_dir + "/metrics.jsonl", train1 + "\n" + R"({"step": 2, "split": "train", "loss": 1, "accuracy": 0.5, "x": 1})");
+  r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
+  EXPECT_NE(r.err.find("metrics.jsonl:2: 'x' is no key of a train record"), std::string::npos) << r.err;
+  put(run_dir + "/metrics.jsonl", train2 + "\n" + train1 + "\n");
+  r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
+  EXPECT_NE(r.err.find("metrics.jsonl:2: train step 1 comes after step 2: not in step order"), std::string::npos)
+      << r.err;
+  put(run_dir + "/metrics.jsonl", train1 + "\n" + train1 + "\n");
+  r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
+  EXPECT_NE(r.err.find("metrics.jsonl:2: train step 1 comes after step 1"), std::string::npos) << r.err;
+  put(run_dir + "/metrics.jsonl", train2 + "\n" + R"({"step": 2, "split": "val", "loss": 1, "accuracy": 0.5, "final": 1})");
+  r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
+  EXPECT_NE(r.err.find("metrics.jsonl:2: 'final' is 1, not true"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run_dir + "/c.svg"));
+  // a final evaluation's record of an earlier step (the best model's) is the trainer's own
+  put(run_dir + "/metrics.jsonl", train1 + "\n" + R"({"step": 1, "split": "val", "loss": 1, "accuracy": 0.5})" + "\n" +
+                                      train2 + "\n" + R"({"step": 2, "split": "val", "loss": 1, "accuracy": 0.5})" +
+                                      "\n" + R"({"step": 1, "split": "val", "loss": 1, "accuracy": 0.6, "final": true})");
+  r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 TEST(CliFiles, AReformattedButEqualModelConfigIsAcceptedAndADifferenceNamed) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "tensor/error.h"
 #include "tensor/files.h"
@@ -78,9 +79,10 @@ std::string finished_run_like(const std::string& out_dir, const TrainConfig& con
   return "";
 }
 
-// A run's summary.json, every field the results read checked for its type and range, so an
-// edited or damaged file is one error naming the file and the key, never a wrong table.
-json read_summary(const std::string& path) {
+// A run's summary.json, checked key by key against what cast train writes for this run's
+// settings, so an edited or damaged file is one error naming the file and the key, never a wrong
+// table.
+json read_summary(const std::string& path, const TrainConfig& config) {
   const json j = files::read_json(path, "run summary");
   const std::string fix = "delete it to let the run finish again";
   CAST_CHECK(j.is_object(), "run summary {}: not a JSON object ({})", path, fix);
@@ -95,15 +97,42 @@ json read_summary(const std::string& path) {
     CAST_CHECK(std::isfinite(v) && v >= lo && v <= hi, "run summary {}: '{}' is {}, outside [{}, {}] ({})", path, key,
                files::json_excerpt(j[key]), lo, hi, fix);
   };
+  auto whole = [&](const char* key, int64_t lo, int64_t hi, bool required) {
+    if (!j.contains(key) && !required) return;
+    CAST_CHECK(j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() >= lo &&
+                   j[key].get<int64_t>() <= hi,
+               "run summary {}: '{}' is {}, not a whole number from {} to {} ({})", path, key,
+               files::json_excerpt(j.value(key, json())), lo, hi, fix);
+  };
+  auto word = [&](const char* key, const std::vector<std::string>& allowed, bool required) {
+    if (!j.contains(key) && !required) return;
+    const bool ok = j.contains(key) && j[key].is_string() &&
+                    std::find(allowed.begin(), allowed.end(), j[key].get<std::string>()) != allowed.end();
+    CAST_CHECK(ok, "run summary {}: '{}' is {}, not {} ({})", path, key, files::json_excerpt(j.value(key, json())),
+               fmt::join(allowed, " or "), fix);
+  };
+  const std::set<std::string> keys = {"task",          "attention",     "steps",         "seconds",
+                                      "step_seconds",  "peak_bytes",    "device",        "val_accuracy",
+                                      "test_accuracy", "val_examples",  "test_examples", "majority_rate",
+                                      "evaluated",     "evaluated_step", "made_by"};
+  for (const auto& [key, value] : j.items())
+    CAST_CHECK(keys.count(key), "run summary {}: '{}' is no key of a summary cast train writes ({})", path,
+               visible(key), fix);
+  word("made_by", {"cast train"}, false);  // summaries written before the mark lack it
+  word("task", {config.task}, false);
+  word("attention", {nn::mechanism_name(config.model.attention.mechanism)}, false);
+  word("device", {"cpu", "cuda"}, false);
+  word("evaluated", {"final", "best"}, false);
   number("test_accuracy", 0, 1, true);
   number("val_accuracy", 0, 1, true);
   number("majority_rate", 0, 1, false);
   number("seconds", 0, 1e12, false);
   number("step_seconds", 0, 1e12, false);
   number("peak_bytes", 0, 1e18, false);
-  CAST_CHECK(j.contains("steps") && j["steps"].is_number_integer() && j["steps"].get<int64_t>() >= 0,
-             "run summary {}: 'steps' is {}, not a whole number 0 or more ({})", path, j.value("steps", json()).dump(),
-             fix);
+  whole("steps", 0, config.steps, true);
+  whole("evaluated_step", 0, j["steps"].get<int64_t>(), false);
+  whole("val_examples", 0, INT64_MAX, false);
+  whole("test_examples", 0, INT64_MAX, false);
   return j;
 }
 
@@ -333,7 +362,7 @@ bool reuse_finished_run(const CompareSpec& spec, const TrainConfig& config, Comp
   const std::string same = finished_run_like(spec.out_dir, config);
   if (same.empty()) return false;
   run.dir = same;
-  run.summary = read_summary(same + "/summary.json");
+  run.summary = read_summary(same + "/summary.json", config);
   if (!progress.empty()) fmt::print("{}: the same settings as the finished run {}; using it\n", progress, same);
   return true;
 }
@@ -370,7 +399,7 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       check_same_run(checkpoint, stored.config, config);
     }
     if (started && std::filesystem::exists(summary)) {
-      run.summary = read_summary(summary);
+      run.summary = read_summary(summary, config);
       if (!quiet) fmt::print("{}: finished earlier ({})\n", progress, run.dir);
       result.runs.push_back(run);
       continue;
@@ -388,7 +417,7 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       result.runs.push_back(run);
       return result;
     }
-    run.summary = read_summary(summary);
+    run.summary = read_summary(summary, config);
     result.runs.push_back(run);
   }
   write_results(spec, result.runs);
