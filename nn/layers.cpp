@@ -48,7 +48,13 @@ void LayerNorm::collect_parameters(ParamList& out, const std::string& prefix) {
 
 Mlp::Mlp(int64_t dim, int64_t hidden, Initializer& init) : up(dim, hidden, true, init), down(hidden, dim, true, init) {}
 
-Tensor Mlp::forward(const Tensor& x) const { return down.forward(ops::gelu(up.forward(x))); }
+Tensor Mlp::forward(const Tensor& x) const {
+  if (up.fused && up.bias.defined() && down.bias.defined()) {
+    autograd::FastPathScope by("mlp");
+    return ops::mlp(x, up.weight, up.bias, down.weight, down.bias);
+  }
+  return down.forward(ops::gelu(up.forward(x)));
+}
 
 void Mlp::collect_parameters(ParamList& out, const std::string& prefix) {
   up.collect_parameters(out, join_name(prefix, "up"));

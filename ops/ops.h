@@ -7,6 +7,7 @@
 #include "ops/layernorm.h"
 #include "ops/layout.h"
 #include "ops/linear.h"
+#include "ops/mlp.h"
 #include "ops/loss.h"
 #include "ops/matmul.h"
 #include "ops/pooling.h"

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "autograd/recompute.h"
+#include "tests/devices.h"
 #include "tests/test_util.h"
 
 using namespace cast;
@@ -229,6 +230,58 @@ TEST(Grad, Linear) {
                    (Inputs{param({2, 3, 4}, 33), param({4, 5}, 34), param({5}, 35)}));
   EXPECT_GRADCHECK([](const Inputs& x) { return ops::gelu(ops::linear(x[0], x[1], x[2])); },
                    (Inputs{param({3, 4}, 36), param({4, 2}, 37), param({2}, 38)}));
+}
+
+TEST(Grad, Mlp) {
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::mlp(x[0], x[1], x[2], x[3], x[4]); },
+                   (Inputs{param({2, 3, 4}, 60), param({4, 6}, 61), param({6}, 62), param({6, 5}, 63), param({5}, 64)}));
+}
+
+// ops::mlp, the fast path, gives what its reference (linear, gelu, linear) gives, bit for bit, on
+// every device here: the same ops on the same values, GELU formed again in the backward by the
+// same kernel; in f32 and f64 (the CPU's), over odd shapes; its forward and backward write every
+// element of buffers poisoned with NaN first, and a second backward adds into the gradients.
+TEST(Grad, MlpAgreesWithItsThreeOps) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (Device device : devices_here())
+    for (DType dtype : {DType::f32, DType::f64}) {
+      if (device == Device::cuda && dtype == DType::f64) continue;  // the device runs f32
+      for (const Shape& xs : {Shape{5, 7}, Shape{2, 3, 7}, Shape{1, 1, 7}, Shape{0, 7}}) {
+        SCOPED_TRACE(dims(xs) + " " + device_name(device) + " " + dtype_name(dtype));
+        auto on = [&](const Tensor& t) { return t.to(dtype).to(device); };
+        const Tensor x = on(param(xs, 65)), w1 = on(param({7, 9}, 66)), b1 = on(param({9}, 67)),
+                     w2 = on(param({9, 6}, 68)), b2 = on(param({6}, 69));
+        Shape ys = xs, zs = xs;
+        ys.back() = 6, zs.back() = 9;
+        const Tensor dy = on(param(ys, 70));
+        // the reference, recorded
+        std::vector<Tensor> r;
+        for (const Tensor* t : {&x, &w1, &b1, &w2, &b2}) r.push_back(t->clone().set_requires_grad());
+        const Tensor ry = ops::linear(ops::gelu(ops::linear(r[0], r[1], r[2])), r[3], r[4]);
+        autograd::backward(ry, dy);
+        // the fast op's forward and backward, into poisoned buffers, then added into once more
+        Tensor y = on(Tensor::full(ys, nan, DType::f64)), z = on(Tensor::full(zs, nan, DType::f64));
+        ops::mlp_forward(y, z, x, w1, b1, w2, b2);
+        EXPECT_EQ(y.to_double_vector(), ry.to_double_vector());
+        std::vector<Tensor> d;
+        for (const Tensor* t : {&x, &w1, &b1, &w2, &b2}) d.push_back(on(Tensor::full(t->shape(), nan, DType::f64)));
+        ops::MlpGrads g{&d[0], &d[1], &d[2], &d[3], &d[4]};
+        ops::mlp_backward(g, dy, x, z, w1, w2);
+        for (int i = 0; i < 5; ++i) EXPECT_EQ(d[i].to_double_vector(), r[i].grad().to_double_vector()) << i;
+        for (double& beta : g.beta) beta = 1.0;
+        ops::mlp_backward(g, dy, x, z, w1, w2);
+        for (int i = 0; i < 5; ++i) {
+          std::vector<double> twice = r[i].grad().to_double_vector();
+          for (double& v : twice) v += v;  // exact: the same gradient added to itself
+          EXPECT_EQ(d[i].to_double_vector(), twice) << i << " added into";
+        }
+        // and recorded: the same gradients through the tape
+        std::vector<Tensor> f;
+        for (const Tensor* t : {&x, &w1, &b1, &w2, &b2}) f.push_back(t->clone().set_requires_grad());
+        autograd::backward(ops::mlp(f[0], f[1], f[2], f[3], f[4]), dy);
+        for (int i = 0; i < 5; ++i) EXPECT_EQ(f[i].grad().to_double_vector(), r[i].grad().to_double_vector()) << i;
+      }
+    }
 }
 
 // autograd::recompute_in_backward: a piece run unrecorded, kept by its input alone and run again

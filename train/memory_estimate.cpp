@@ -102,9 +102,10 @@ StepBytes training_step_parts(const nn::ModelConfig& m, int64_t B, int64_t N, bo
   a.heads = m.heads;
   const double layers = static_cast<double>(m.layers);
   // per block: two LayerNorms, residuals, projections, the MLP's hidden activations and GELU;
-  // the linear layers as one op each (ops::linear) keep no product apart from its bias's sum
-  const bool one_op_linear = m.attention.fused;
-  const double block = bn * (d * (one_op_linear ? 5 : 6) + mlp * (one_op_linear ? 2 : 3)) * kFloat * 2;
+  // the linear layers as one op each (ops::linear) keep no product apart from its bias's sum, and
+  // the MLP as one op (ops::mlp) keeps its hidden layer once
+  const bool fused = m.attention.fused;
+  const double block = bn * (d * (fused ? 5 : 6) + mlp * (fused ? 1 : 3)) * kFloat * 2;
   const double params = layers * (4 * d * d + 2 * d * mlp) +
                         static_cast<double>((m.patch > 1 ? m.patch * m.patch : m.vocab) + m.tokens() + 1) * d;
   StepBytes parts;

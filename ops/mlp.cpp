@@ -1,0 +1,101 @@
+#include "ops/mlp.h"
+
+#include <memory>
+
+#include "autograd/tape.h"
+#include "ops/dispatch.h"
+#include "ops/linear.h"
+#include "ops/unary.h"
+
+namespace cast::ops {
+
+namespace {
+
+Shape with_last(const Tensor& t, int64_t last) {
+  Shape s = t.shape();
+  s.back() = last;
+  return s;
+}
+
+void check_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+  check_float("mlp", x, "x");
+  for (const Tensor* t : {&w1, &b1, &w2, &b2}) {
+    check_same_dtype("mlp", x, *t);
+    check_same_device("mlp", x, *t);
+  }
+  CAST_CHECK(x.ndim() >= 1 && w1.ndim() == 2 && b1.ndim() == 1 && w2.ndim() == 2 && b2.ndim() == 1 &&
+                 w1.dim(0) == x.dim(-1) && b1.dim(0) == w1.dim(1) && w2.dim(0) == w1.dim(1) && b2.dim(0) == w2.dim(1),
+             "mlp: x {}, w1 {}, b1 {}, w2 {} and b2 {} are not (..., D), (D, H), (H), (H, E) and (E)", x.describe(),
+             w1.describe(), b1.describe(), w2.describe(), b2.describe());
+}
+
+}  // namespace
+
+void mlp_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                 const Tensor& b2) {
+  check_mlp(x, w1, b1, w2, b2);
+  linear_forward(z, x, w1, b1);
+  Tensor a = Tensor::empty(z.shape(), z.dtype(), z.device());  // (..., hidden), gone with this call
+  unary_forward(a, UnaryOp::gelu, z);
+  linear_forward(y, a, w2, b2);
+}
+
+void mlp_backward(const MlpGrads& g, const Tensor& dy, const Tensor& x, const Tensor& z, const Tensor& w1,
+                  const Tensor& w2) {
+  // a = GELU(z) as the forward formed it, for W2's gradient
+  Tensor a = Tensor::empty(z.shape(), z.dtype(), z.device());
+  unary_forward(a, UnaryOp::gelu, z);
+  // da = dy W2ᵀ, then dz = da · GELU'(z), added into zeros as the reference's gelu node adds
+  Tensor da = Tensor::empty(z.shape(), z.dtype(), z.device());
+  linear_backward(&da, g.dw2, g.db2, dy, a, w2, 0.0, g.beta[3], g.beta[4]);
+  Tensor dz = Tensor::zeros(z.shape(), z.dtype(), z.device());
+  unary_backward(dz, UnaryOp::gelu, da, z, a);
+  a = Tensor(), da = Tensor();
+  linear_backward(g.dx, g.dw1, g.db1, dz, x, w1, g.beta[0], g.beta[1], g.beta[2]);
+}
+
+struct MlpNode final : autograd::Node {
+  Tensor x, w1, b1, w2, b2;  // inputs
+  Tensor z;                  // saved: the hidden layer before GELU (..., hidden)
+  const char* name() const override { return "mlp"; }
+  bool backward_reads_outputs() const override { return false; }
+  void fields(autograd::FieldVisitor& visit) const override {
+    visit.input("x", x);
+    visit.input("w1", w1);
+    visit.input("b1", b1);
+    visit.input("w2", w2);
+    visit.input("b2", b2);
+    visit.saved("z", z);
+  }
+  void backward() override {
+    Tensor* ins[5] = {&x, &w1, &b1, &w2, &b2};
+    Tensor grads[5];
+    MlpGrads g;
+    Tensor** slots[5] = {&g.dx, &g.dw1, &g.db1, &g.dw2, &g.db2};
+    for (int i = 0; i < 5; ++i) {
+      if (!ins[i]->requires_grad()) continue;
+      bool fresh = false;  // a first gradient is written, not added to zeros
+      grads[i] = ins[i]->grad_buffer(&fresh);
+      *slots[i] = &grads[i];
+      g.beta[i] = fresh ? 0.0 : 1.0;
+    }
+    mlp_backward(g, outputs[0].grad(), x, z, w1, w2);
+  }
+};
+
+Tensor mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+  check_mlp(x, w1, b1, w2, b2);
+  Tensor z = Tensor::empty(with_last(x, w1.dim(1)), x.dtype(), x.device());
+  Tensor y = Tensor::empty(with_last(x, w2.dim(1)), x.dtype(), x.device());
+  mlp_forward(y, z, x, w1, b1, w2, b2);
+  if (autograd::needs_grad({&x, &w1, &b1, &w2, &b2})) {
+    auto node = std::make_unique<MlpNode>();
+    node->x = x, node->w1 = w1, node->b1 = b1, node->w2 = w2, node->b2 = b2;
+    node->z = z;
+    node->outputs = {y};
+    autograd::record(std::move(node));
+  }
+  return y;
+}
+
+}  // namespace cast::ops
