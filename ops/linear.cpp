@@ -26,11 +26,16 @@ void check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 }  // namespace
 
-void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
-  check_linear(x, w, b);
+void linear_product(Tensor& y, const Tensor& x, const Tensor& w) {
   Tensor y2 = rows_of(y);
   const Tensor x2 = rows_of(x);
   gemm(y2, x2, w, false, false, 1.0, 0.0, matmul_shape(x2, w, false, false));
+}
+
+void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_linear(x, w, b);
+  linear_product(y, x, w);
+  Tensor y2 = rows_of(y);
   binary_forward(y2, BinaryOp::add, y2, b);  // in place: each element reads and writes its own
 }
 

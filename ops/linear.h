@@ -9,6 +9,8 @@ namespace cast::ops {
 
 // y: (R, N) = x (R, K) · w (K, N) + b (N), x's leading dims folded into the rows R.
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b);
+// y: (R, N) = x (R, K) · w (K, N), the product alone (the bias is the caller's)
+void linear_product(Tensor& y, const Tensor& x, const Tensor& w);
 // dx = dy wᵀ, dw = xᵀ dy, db = the column sums of dy; each written (beta 0) or added (beta 1),
 // and skipped where its pointer is null.
 void linear_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,

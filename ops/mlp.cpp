@@ -4,8 +4,12 @@
 
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
+#include "ops/elementwise.h"
 #include "ops/linear.h"
 #include "ops/unary.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/mlp.h"
+#endif
 
 namespace cast::ops {
 
@@ -29,14 +33,31 @@ void check_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor
              w1.describe(), b1.describe(), w2.describe(), b2.describe());
 }
 
+// z += b1 in place, then a = GELU(z): the reference's add and gelu ops (their CPU loops), in one
+// kernel on the GPU.
+void bias_gelu(Tensor& z, Tensor& a, const Tensor& b1) {
+  if (z.numel() == 0) return;
+  CAST_ON_CUDA(z, cuda::bias_gelu(z, a, b1));
+  Tensor rows = z.view({z.numel() / b1.numel(), b1.numel()});
+  binary_forward(rows, BinaryOp::add, rows, b1);
+  unary_forward(a, UnaryOp::gelu, z);
+}
+
+// dz = da · GELU'(z), written: the reference's gelu backward adds it into zeros.
+void gelu_backward(Tensor& dz, const Tensor& da, const Tensor& z, const Tensor& a) {
+  CAST_ON_CUDA(z, cuda::gelu_backward(dz, da, z, a));
+  dz.fill_zero();
+  unary_backward(dz, UnaryOp::gelu, da, z, a);
+}
+
 }  // namespace
 
 void mlp_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                  const Tensor& b2) {
   check_mlp(x, w1, b1, w2, b2);
-  linear_forward(z, x, w1, b1);
+  linear_product(z, x, w1);
   Tensor a = Tensor::empty(z.shape(), z.dtype(), z.device());  // (..., hidden), gone with this call
-  unary_forward(a, UnaryOp::gelu, z);
+  bias_gelu(z, a, b1);
   linear_forward(y, a, w2, b2);
 }
 
@@ -48,8 +69,8 @@ void mlp_backward(const MlpGrads& g, const Tensor& dy, const Tensor& x, const Te
   // da = dy W2ᵀ, then dz = da · GELU'(z), added into zeros as the reference's gelu node adds
   Tensor da = Tensor::empty(z.shape(), z.dtype(), z.device());
   linear_backward(&da, g.dw2, g.db2, dy, a, w2, 0.0, g.beta[3], g.beta[4]);
-  Tensor dz = Tensor::zeros(z.shape(), z.dtype(), z.device());
-  unary_backward(dz, UnaryOp::gelu, da, z, a);
+  Tensor dz = Tensor::empty(z.shape(), z.dtype(), z.device());
+  gelu_backward(dz, da, z, a);
   a = Tensor(), da = Tensor();
   linear_backward(g.dx, g.dw1, g.db1, dz, x, w1, g.beta[0], g.beta[1], g.beta[2]);
 }

@@ -1,0 +1,10 @@
+#pragma once
+// The elementwise passes of ops::mlp (f32), each one kernel where the reference runs two.
+#include "tensor/tensor.h"
+
+namespace cast::cuda {
+// z (R, H) += b (H) in place, and a = GELU(z): the bias add and the activation in one pass.
+void bias_gelu(Tensor& z, Tensor& a, const Tensor& b);
+// dz = da · GELU'(z), written (the reference adds it into zeros: one pass fewer).
+void gelu_backward(Tensor& dz, const Tensor& da, const Tensor& z, const Tensor& a);
+}  // namespace cast::cuda
