@@ -12,6 +12,8 @@ namespace cast {
 // Ctrl-C or SIGTERM stops the generator between examples; the folder keeps its unfinished mark
 // (every reader refuses it until a rerun completes it), and the line says what to run.
 static data::StopCheck stop_check(const std::string& out) {
+  train::set_second_signal_note(
+      fmt::format(": data folder {} is unfinished (training refuses it); run the same cast data again", out));
   return [out] {
     if (const int signal = train::stop_signal())
       throw train::Stopped(signal, fmt::format("stopped by {}: data folder {} is unfinished (training refuses it); "

@@ -126,6 +126,8 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
   const int64_t total = spec.train + spec.val + spec.test;
   int64_t attempts = 0;
   while (static_cast<int64_t>(rows.size()) < total) {
+    // bounds few trees fall within take many draws an example: a stop is honoured between draws
+    if (stop_check && attempts % 4096 == 0) stop_check();
     CAST_CHECK_USAGE(++attempts < total * 10000,
                      "ListOps data {}: the length bounds ({}, {}: --min-length, --max-length) are too tight to fill {} "
                      "distinct examples; widen them or lower --count",

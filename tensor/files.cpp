@@ -622,6 +622,16 @@ AppendFile::AppendFile(const std::string& path, bool truncate, const std::string
   ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) & ~O_NONBLOCK);
 }
 
-void AppendFile::append(std::string_view text) { write_all(fd_.get(), text, what_, path_); }
+void AppendFile::append(std::string_view text) {
+  // a write cut short (a full disk, a file-size limit) is taken back: no torn last line
+  const off_t before = ::lseek(fd_.get(), 0, SEEK_END);
+  try {
+    write_all(fd_.get(), text, what_, path_);
+  } catch (...) {
+    if (before >= 0 && ::ftruncate(fd_.get(), before) != 0) {
+    }
+    throw;
+  }
+}
 
 }  // namespace cast::files

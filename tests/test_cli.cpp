@@ -246,6 +246,20 @@ TEST(Cli, StandardStreamsFullOrClosed) {
   for (std::string line; std::getline(metrics, line); ++lines)
     EXPECT_TRUE(nlohmann::json::accept(line)) << "not a JSON line in metrics.jsonl: " << line;
   EXPECT_GE(lines, 3);
+  // a comparison whose standard output fails says to run the comparison again, not to resume its
+  // one run alone, which would leave the others untrained (ninth attack, J5)
+  if (fs::exists("/dev/full")) {
+    const std::string cmp = std::string(CAST_BINARY) +
+                            " compare --steps 3 --dim 16 --heads 2 --layers 1 --mlp-dim 16 --batch 4 --eval-limit 8 "
+                            "--log-every 1 --device cpu --attention full,cast --data " +
+                            data + " --out " + (dir / "cmp").string() + " > /dev/full 2> " + err;
+    const int code = std::system(cmp.c_str());
+    EXPECT_TRUE(WIFEXITED(code) && WEXITSTATUS(code) == 1);
+    std::ifstream in(err);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("resume with: cast compare --steps 3"), std::string::npos) << text;
+    EXPECT_EQ(text.find("cast train --resume"), std::string::npos) << text;
+  }
 }
 
 // `--trace` prints the tape: cast layer's one pass, cast train's every step.
@@ -330,6 +344,7 @@ CliRun interrupt(const std::string& args, const std::string& metrics, const std:
     // with SIGINT ignored, and cast (rightly) keeps it ignored
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
     const std::string cmd =
         shell_prefix + "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err + " < /dev/null";
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
@@ -417,6 +432,12 @@ TEST(Cli, SigtermExits143AndOneSignalDeliveredTwiceStopsOnce) {
                                    {{3, SIGINT}, {30, SIGTERM}}, "trap '' INT; ");
   EXPECT_EQ(ignored.code, 143) << ignored.err;
   EXPECT_NE(ignored.err.find("stopped by SIGTERM after step "), std::string::npos) << ignored.err;
+  // the terminal gone (SIGHUP) stops the run as SIGTERM does (ninth attack, J4: it died by the signal)
+  const CliRun hangup =
+      interrupt(tiny_train(dir, "hangup", 100000), (dir / "hangup" / "metrics.jsonl").string(), {{3, SIGHUP}});
+  EXPECT_EQ(hangup.code, 129) << hangup.err;
+  EXPECT_NE(hangup.err.find("stopped by SIGHUP after step "), std::string::npos) << hangup.err;
+  EXPECT_NO_THROW(cast::read_safetensors((dir / "hangup" / "checkpoint.safetensors").string()));
   fs::remove_all(dir);
 }
 

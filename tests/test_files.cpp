@@ -1,10 +1,13 @@
 // The files module (tensor/files.h): inputs checked before they are opened, atomic writes that
 // never follow a planted link, appends that never follow one, outputs that never replace inputs.
 // Every case writes its own files in a fresh folder.
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
@@ -255,4 +258,32 @@ TEST(Files, MessagesShowControlBytesAndByteOrderMarks) {
   EXPECT_STREQ(Error("token '\xE9' or '\x98\x01'").what(), "token '\\xE9' or '\\x98\\x01'");
   EXPECT_STREQ(Error("κ × \xC3").what(), "κ × \\xC3");
   EXPECT_STREQ(Error("csi '\xC2\x9B'").what(), "csi '\\u009B'");  // a C1 control: a terminal's escape
+}
+
+// A line that a file-size limit (or a full disk) cuts short is taken back: the file ends with its
+// last whole line, so every reader of it still reads it (ninth attack, J6: a torn metrics line).
+TEST(Files, AnAppendCutShortIsTakenBack) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("cast_append_" + std::to_string(getpid()))).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/metrics.jsonl";
+  const pid_t child = fork();
+  if (child == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);  // as cast's main does: the write fails with EFBIG instead
+    const rlimit limit{100, 100};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(4);
+    try {
+      files::AppendFile file(path, true, "metrics file");
+      for (int i = 0; i < 100; ++i) file.append("{\"line\": 1234567890}\n");  // 21 bytes: the fifth crosses 100
+    } catch (const Error&) {
+      _exit(0);
+    }
+    _exit(3);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the limit was not reached";
+  EXPECT_EQ(std::filesystem::file_size(path), 4u * 21u);
+  std::filesystem::remove_all(dir);
 }

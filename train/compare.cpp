@@ -312,7 +312,9 @@ std::string resume_command(const CompareSpec& spec) {
 TrainResult run_training_or_stop(const CompareSpec& spec, const TrainConfig& config, const std::string& resume_from,
                                  int64_t stop_after, bool quiet) {
   try {
-    return run_training(config, resume_from, stop_after, quiet);
+    TrainConfig c = config;
+    c.resume_command = resume_command(spec);  // a run continued alone would leave the comparison unfinished
+    return run_training(c, resume_from, stop_after, quiet);
   } catch (const Interrupted& e) {
     throw Interrupted(e.signal(), e.what_happened(), resume_command(spec));
   }

@@ -39,6 +39,9 @@ struct TrainConfig {
   // Called once the run's checks have passed and its folder is held, before the model is built
   // (`cast train`'s settings line: a refused run prints none).
   std::function<void(const TrainConfig&, Device)> on_start;
+  // The command a stopped or failed run is continued with; empty: cast train --resume CHECKPOINT
+  // (cast compare gives its own command: continuing one run alone would leave the others).
+  std::string resume_command;
   nn::ModelConfig model;
 };
 

@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 
 #include "tensor/files.h"
@@ -30,13 +32,33 @@ int64_t now_ns() {
   return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
 }
 
+// Tests: stop_signal() answers 0 this many more times, then g_polls_signal (0: no such request).
+std::atomic<int64_t> g_polls_left{0};
+std::atomic<int> g_polls_signal{0};
+
+// The line a second signal prints: set before the work starts (the handler may not format).
+char g_second_note[4096] = "";
+
+void write_all(const char* text, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(STDERR_FILENO, text, n);  // async-signal-safe
+    if (w <= 0) return;
+    text += w, n -= static_cast<size_t>(w);
+  }
+}
+
 extern "C" void on_stop_signal(int signal) {
-  // A second signal: the user does not want to wait for the step to finish. _exit, unlink and
-  // clock_gettime are async-signal-safe; exit() and the stdio it flushes are not.
+  // A second signal: the user does not want to wait for the step to finish. _exit, unlink, write
+  // and clock_gettime are async-signal-safe; exit() and the stdio it flushes are not.
   if (g_stop.load() != 0) {
     const int64_t first = g_first_ns.load();
     if (first != 0 && now_ns() - first < kSameSignalNs) return;
     files::remove_temporaries_now();  // a checkpoint being written: its temporary file goes
+    const char* name = signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : "signal";
+    write_all("cast: stopped at once by a second ", 34);
+    write_all(name, std::strlen(name));
+    write_all(g_second_note, std::strlen(g_second_note));
+    write_all("\n", 1);
     _exit(128 + signal);
   }
   g_first_ns.store(now_ns());
@@ -44,12 +66,25 @@ extern "C" void on_stop_signal(int signal) {
 }
 }  // namespace
 
+void set_second_signal_note(const std::string& note) {
+  const size_t n = std::min(note.size(), sizeof(g_second_note) - 1);
+  if (n == 0) {
+    g_second_note[0] = '\0';
+    return;
+  }
+  // the first byte last: a handler running meanwhile reads an empty note, never a torn one
+  g_second_note[0] = '\0';
+  std::memcpy(g_second_note + 1, note.data() + 1, n - 1);
+  g_second_note[n] = '\0';
+  g_second_note[0] = note[0];
+}
+
 void install_stop_handlers() {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // reads and writes in progress go on instead of failing with EINTR
-  for (int signal : {SIGINT, SIGTERM}) {
+  for (int signal : {SIGINT, SIGTERM, SIGHUP}) {  // SIGHUP: the terminal went away
     // A signal ignored when the process started stays ignored: a shell ignores SIGINT for the
     // jobs a script puts in the background, and nohup-style launchers do the same on purpose.
     struct sigaction before {};
@@ -58,16 +93,28 @@ void install_stop_handlers() {
   }
 }
 
-int stop_signal() { return g_stop.load(); }
+int stop_signal() {
+  if (g_polls_signal.load() != 0 && g_polls_left.fetch_sub(1) <= 0) {
+    g_stop.store(g_polls_signal.load());
+    g_polls_signal.store(0);
+  }
+  return g_stop.load();
+}
 void request_stop(int signal) { g_stop.store(signal); }
+void request_stop_after_polls(int signal, int64_t polls) {
+  g_polls_left.store(polls);
+  g_polls_signal.store(signal);
+}
 void clear_stop() {
   g_stop.store(0);
   g_first_ns.store(0);
+  g_polls_signal.store(0);
 }
 
 std::string signal_name(int signal) {
   if (signal == SIGINT) return "SIGINT";
   if (signal == SIGTERM) return "SIGTERM";
+  if (signal == SIGHUP) return "SIGHUP";
   return fmt::format("signal {}", signal);
 }
 

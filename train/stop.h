@@ -8,13 +8,19 @@
 
 namespace cast::train {
 
-// SIGINT and SIGTERM: the first one raises the flag (after this, a second one ends the process
+// SIGINT, SIGTERM and SIGHUP: the first one raises the flag (after this, a second one ends the process
 // at once with 128 + its number; the last checkpoint written stays, as every write is atomic).
 // A signal the process was started ignoring stays ignored.
 void install_stop_handlers();
 int stop_signal();              // the signal that asked to stop, 0 when none did
 void request_stop(int signal);  // what the handler does; tests call it to stop at a known step
+// Tests: the stop request comes at the (polls + 1)-th poll of stop_signal() from now, to stop
+// inside an evaluation (one poll a step, one a batch) at a known batch.
+void request_stop_after_polls(int signal, int64_t polls);
 void clear_stop();
+// What a second signal's line says after "cast: stopped at once by a second SIGINT" (for a run:
+// which checkpoint stays and how to resume); set before the work starts.
+void set_second_signal_note(const std::string& note);
 
 // "SIGINT", "SIGTERM", or "signal N".
 std::string signal_name(int signal);

@@ -177,6 +177,11 @@ struct Run {
   std::string data;         // data::fingerprint(task), kept in each checkpoint
 };
 
+// The command that continues the run: the comparison's own, or a resume from its checkpoint.
+std::string resume_with(const Run& run) {
+  return run.c.resume_command.empty() ? "cast train --resume " + shell_quote(run.checkpoint) : run.c.resume_command;
+}
+
 void read_resume_point(Run& run, const std::string& resume_from) {
   if (resume_from.empty()) return;
   const Checkpoint ck = read_checkpoint_header(resume_from);  // a different model is refused by load_checkpoint
@@ -297,13 +302,23 @@ void save(const Run& run, const std::string& path) {
   }
 }
 
+// A metrics line; a write that failed (a full disk, a file-size limit) was taken back, and the
+// error says which checkpoint the run continues from.
+void append_metrics(Run& run, const json& record) {
+  try {
+    run.metrics->append(record.dump() + '\n');
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}. {}; resume with: {}", e.what(), last_good_checkpoint(run.checkpoint), resume_with(run)));
+  }
+}
+
 json evaluation_record(int64_t step, const char* split_name, const EvalResult& r) {
   return json{{"step", step}, {"split", split_name}, {"loss", r.loss}, {"accuracy", r.accuracy}};
 }
 
 EvalResult evaluate_split(Run& run, const char* split_name, const std::vector<data::Example>& split) {
   EvalResult r = evaluate(*run.model, run.task, split, run.c.batch, run.c.eval_limit, run.device);
-  run.metrics->append(evaluation_record(run.step, split_name, r).dump() + '\n');
+  append_metrics(run, evaluation_record(run.step, split_name, r));
   return r;
 }
 
@@ -339,14 +354,12 @@ void log_progress(Run& run, Window& window, double lr) {
   const double eta = elapsed / std::max<int64_t>(1, run.step - run.start_step) * (run.c.steps - run.step);
   const double l = window.loss / window.examples, a = window.correct / window.examples;
   const double tokens_per_s = (window.tokens - window.untimed_tokens) / std::max(dt, 1e-9);
-  run.metrics->append(json{{"step", run.step},
+  append_metrics(run, json{{"step", run.step},
                            {"split", "train"},
                            {"loss", l},
                            {"accuracy", a},
                            {"lr", lr},
-                           {"tokens_per_s", tokens_per_s}}
-                          .dump() +
-                      '\n');
+                           {"tokens_per_s", tokens_per_s}});
   if (!run.quiet) {
     const std::string line = fmt::format("step {:>6}/{}  loss {:.4f}  acc {:5.1f}%  lr {:.2e}  {:.0f} tok/s  ETA {}",
                                          run.step, run.c.steps, l, 100 * a, lr, tokens_per_s, format_duration(eta));
@@ -364,15 +377,19 @@ void log_progress(Run& run, Window& window, double lr) {
 [[noreturn]] void stopped(const Run& run, int signal, const std::string& when) {
   throw Interrupted(signal,
                     fmt::format("stopped by {} {}: checkpoint {} written", signal_name(signal), when, run.checkpoint),
-                    "cast train --resume " + shell_quote(run.checkpoint));
+                    resume_with(run));
 }
 
 // A validation during training; the best model so far is kept as best.safetensors.
 void validate_now(Run& run) {
   EvalResult r;
+  // the draws a validation starts from (clustered attention's LSH and k-means), which the one a
+  // resumed run does again must start from too
+  const std::vector<uint64_t> draws_before = run.model->clustering_draws();
   try {
     r = evaluate_split(run, "val", run.task.val);
   } catch (const EvaluationStopped& e) {  // the step is done: kept, the validation is not
+    run.model->set_clustering_draws(draws_before);
     save(run, run.checkpoint);
     stopped(run, e.signal(), fmt::format("during the validation after step {}", run.step));
   }
@@ -384,19 +401,20 @@ void validate_now(Run& run) {
     fmt::print("{}step {}: validation accuracy {:.1f}%\n", run.terminal ? "\n" : "", run.step, 100 * r.accuracy);
 }
 
-// The run's metrics record of `split` at `step`, if it has one.
-std::optional<json> recorded(const Run& run, const std::string& split, int64_t step) {
+// The run's metrics records of `split` at `step`, oldest first.
+std::vector<json> recorded(const Run& run, const std::string& split, int64_t step) {
   const std::string metrics = run.c.run_dir + "/metrics.jsonl";
   std::istringstream lines(files::exists(metrics) ? files::read_file(metrics, "metrics file") : std::string());
+  std::vector<json> found;
   for (std::string line; std::getline(lines, line);) {
     const json j = json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("split", "") == split && j.value("step", int64_t{-1}) == step) return j;
+    if (j.is_object() && j.value("split", "") == split && j.value("step", int64_t{-1}) == step) found.push_back(j);
   }
-  return std::nullopt;
+  return found;
 }
 
 // Whether the run's metrics hold the validation of `step`.
-bool validated(const Run& run, int64_t step) { return recorded(run, "val", step).has_value(); }
+bool validated(const Run& run, int64_t step) { return !recorded(run, "val", step).empty(); }
 
 // The steps of this process: until the run's last step, or `stop_after` steps (tests), or a
 // stop request (the step under way is finished and saved first).
@@ -404,8 +422,7 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
   const TrainConfig& c = run.c;
   // a resumed run whose last step's validation a stop cut short does it first, as the run that
   // was not stopped did (the best checkpoint may be that step's)
-  if (run.start_step > 0 && run.start_step < c.steps && c.eval_every > 0 && run.start_step % c.eval_every == 0 &&
-      !validated(run, run.start_step))
+  if (run.start_step > 0 && c.eval_every > 0 && run.start_step % c.eval_every == 0 && !validated(run, run.start_step))
     validate_now(run);
   Sampler sampler(static_cast<int64_t>(run.task.train.size()), c.seed);
   // the statistics of the steps between two progress lines, never more than this process runs
@@ -431,8 +448,8 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
       --run.step;
       save(run, run.checkpoint);
       throw Error(fmt::format("cannot write to standard output during step {} ({}): checkpoint {} written at step {}; "
-                              "resume with: cast train --resume {}",
-                              step, e.code().message(), run.checkpoint, run.step, shell_quote(run.checkpoint)));
+                              "resume with: {}",
+                              step, e.code().message(), run.checkpoint, run.step, resume_with(run)));
     }
     // The host reads the steps' statistics (one copy) before it logs, evaluates or saves, and
     // always on the host, where reading costs nothing.
@@ -453,8 +470,8 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
       save(run, run.checkpoint);
       throw Error(
           fmt::format("cannot write to standard output after step {} ({}): checkpoint {} written; resume "
-                      "with: cast train --resume {}",
-                      step, e.code().message(), run.checkpoint, shell_quote(run.checkpoint)));
+                      "with: {}",
+                      step, e.code().message(), run.checkpoint, resume_with(run)));
     }
     if (save_step || stop) save(run, run.checkpoint);
     if (stop) {
@@ -494,10 +511,12 @@ void finish(Run& run, TrainResult& result) {
     const auto evaluated = [&](const char* split_name, const std::vector<data::Example>& split) {
       const EvalResult r = evaluate(*run.model, run.task, split, c.batch, c.eval_limit, run.device);
       json record = evaluation_record(evaluated_step, split_name, r);
-      const std::optional<json> earlier = recorded(run, split_name, evaluated_step);
-      if (earlier && (*earlier)["loss"] == record["loss"] && (*earlier)["accuracy"] == record["accuracy"]) return r;
-      if (earlier) record["final"] = true;
-      run.metrics->append(record.dump() + '\n');
+      // a final evaluation a stop cut short and the resumed run did again is written once
+      const std::vector<json> earlier = recorded(run, split_name, evaluated_step);
+      for (const json& e : earlier)
+        if (e["loss"] == record["loss"] && e["accuracy"] == record["accuracy"]) return r;
+      if (!earlier.empty()) record["final"] = true;
+      append_metrics(run, record);
       return r;
     };
     result.val = evaluated("val", run.task.val);
@@ -565,6 +584,8 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   if (!quiet && run.start_step == 0) note_schedule(run.c);
   const bool in_place = folder.in_place;
   run.checkpoint = run.c.run_dir + "/checkpoint.safetensors";
+  set_second_signal_note(fmt::format(": the last checkpoint written ({}, if any) is whole; resume with: {}",
+                                     run.checkpoint, resume_with(run)));
   build_model(run, resume_from);
 
   run.terminal = !quiet && isatty(STDOUT_FILENO);

@@ -1,6 +1,7 @@
 // Checkpoints and resuming: a resumed run equal bit for bit to an uninterrupted one, also after a stop
 // request; checkpoints round-trip, are parsed strictly, refuse a different model and never hold NaN;
 // the occupied-folder and resume-settings rules.
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 #include <chrono>
@@ -724,11 +725,14 @@ TEST(Training, ARunFolderHeldByAnotherProcessIsRefusedAndUntouched) {
 TEST(Training, ASecondStopSignalLeavesNoTemporaryFile) {
   const std::string dir = temp_dir("second_signal");
   std::filesystem::create_directories(dir);
-  const std::string target = dir + "/checkpoint.safetensors";
+  const std::string target = dir + "/checkpoint.safetensors", said = dir + "/stderr.txt";
   const pid_t writer = fork();
   if (writer == 0) {
     try {
+      const int err = ::open(said.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (err < 0 || ::dup2(err, STDERR_FILENO) < 0) _exit(4);
       train::install_stop_handlers();
+      train::set_second_signal_note(": the last checkpoint stays");
       train::request_stop(SIGTERM);  // the first signal has come: the next one ends the process
       files::write_atomic(target, std::string(size_t(256) << 20, 'x'), "checkpoint");
     } catch (...) {
@@ -756,6 +760,10 @@ TEST(Training, ASecondStopSignalLeavesNoTemporaryFile) {
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
   EXPECT_FALSE(std::filesystem::exists(target + ".tmp"));
   EXPECT_FALSE(std::filesystem::exists(target));
+  // and one line says so (ninth attack, J9: it exited without a word)
+  std::ifstream in(said);
+  const std::string line((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(line, "cast: stopped at once by a second SIGTERM: the last checkpoint stays\n");
 }
 
 // A cluster count beyond the sequence is refused before the folder is touched; a cluster size
@@ -770,4 +778,70 @@ TEST(Training, ClustersBeyondTheSequenceAreRefused) {
   c.model.attention.cluster_size = 1 << 22;  // before, (B, H, C, κ) slots of this size were allocated
   c.steps = 1;
   EXPECT_NO_THROW(train::train_on(c, task, "", 0, true));
+}
+
+namespace {
+// The validation and test records of a run's metrics, in order: (split, step, loss, accuracy).
+std::vector<std::string> evaluation_lines(const std::string& run_dir) {
+  std::vector<std::string> lines;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["split"] != "train") lines.push_back(line);
+  }
+  return lines;
+}
+
+// The run stopped by a stop request seen at the (polls + 1)-th poll: one a step, one an
+// evaluation's batch, one before the final evaluation.
+train::Interrupted stopped_at_poll(int64_t polls, const std::function<void()>& run) {
+  train::request_stop_after_polls(SIGINT, polls);
+  try {
+    run();
+  } catch (const train::Interrupted& e) {
+    train::clear_stop();
+    return e;
+  }
+  train::clear_stop();
+  throw std::runtime_error("the run did not stop");
+}
+}  // namespace
+
+// A stop inside a validation, the last step's too, leaves the checkpoint as the step left it (the
+// clustering draws included), and the resumed run does that validation again: it validates,
+// chooses its best model and ends as the straight run did (ninth attack, J1 and J2). Stops
+// during the final evaluation, twice, write its records once (J7). Polls of a 4-step run with
+// 5 batches a validation: steps 1 and 2, the validation after step 2 (3 to 7), steps 3 and 4,
+// the validation after step 4 (10 to 14), the check before the final evaluation (15), its
+// validation (16 to 20) and test (21 to 25).
+TEST(Training, AStopInsideAnEvaluationResumesAsTheStraightRun) {
+  for (const nn::Mechanism mechanism : {nn::Mechanism::full, nn::Mechanism::clustered, nn::Mechanism::iclustered}) {
+    const std::string name = nn::mechanism_name(mechanism);
+    data::TaskData task = counting_task(300, 40, 12);
+    train::TrainConfig c = tiny_config(mechanism, temp_dir("eval_stop_straight_" + name));
+    c.steps = 4, c.eval_every = 2, c.log_every = 1, c.batch = 8, c.eval_best = true;
+    const train::TrainResult straight = train::train_on(c, task, "", 0, true);
+    for (const auto& [polls, where] : std::vector<std::pair<int64_t, std::string>>{
+             {3, "during the validation after step 2"},
+             {11, "during the validation after step 4"},
+             {21, "during the final evaluation"}}) {
+      SCOPED_TRACE(name + " " + where);
+      train::TrainConfig s = c;
+      s.run_dir = temp_dir("eval_stop_" + name + "_" + std::to_string(polls));
+      const std::string ckpt = s.run_dir + "/checkpoint.safetensors";
+      const train::Interrupted e = stopped_at_poll(polls, [&] { train::train_on(s, task, "", 0, true); });
+      EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();
+      if (polls == 21)  // once more in the resumed run's final evaluation: its check, validation, 2 test batches
+        stopped_at_poll(7, [&] { train::train_on(s, task, ckpt, 0, true); });
+      const train::TrainResult rest = train::train_on(s, task, ckpt, 0, true);
+      EXPECT_EQ(logged_losses(s.run_dir), logged_losses(c.run_dir));
+      EXPECT_EQ(evaluation_lines(s.run_dir), evaluation_lines(c.run_dir));
+      EXPECT_EQ(rest.test.loss, straight.test.loss);
+      EXPECT_EQ(rest.val.accuracy, straight.val.accuracy);
+      const auto summary = [](const std::string& dir) {
+        return nlohmann::json::parse(slurp(dir + "/summary.json"))["evaluated_step"].get<int64_t>();
+      };
+      EXPECT_EQ(summary(s.run_dir), summary(c.run_dir));
+    }
+  }
 }
