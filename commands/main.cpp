@@ -119,6 +119,7 @@ static bool openmp_settings_are_sane() {
 }
 
 int main(int argc, char** argv) {
+  cast::ops::restore_stderr_after_restart();
   reopen_closed_standard_streams();
   // A reader gone (`cast train | head -1`) or a file-size limit (ulimit -f) fails the write that
   // meets it, with EPIPE or EFBIG, instead of killing the process: the command then says so and
@@ -143,6 +144,7 @@ int main(int argc, char** argv) {
     // `cast eval`: the evaluation stops between batches (nothing is written, so nothing to save).
     // `cast data`: the generator stops between examples and says the set is unfinished.
     if (name == "train" || name == "compare" || name == "eval" || name == "data") cast::train::install_stop_handlers();
+    else cast::train::install_exit_handlers();  // nothing to save: a write in progress leaves no temporary file
     hold_stop_signals(false);  // a signal that came meanwhile arrives now
     try {
       return check_standard_output(name, c.run(args));

@@ -1,5 +1,6 @@
 #include "cpu/runtime.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,6 +69,9 @@ bool cores_free_for_threads() {
 
 }  // namespace
 
+// The descriptor of the standard error a restart set aside.
+constexpr const char* kSavedStderr = "CAST_SAVED_STDERR";
+
 void restart_with_cpu_runtime(char** argv) {
   if (std::getenv("CAST_RUNTIME_SET") != nullptr) return;  // already restarted once
   bool changed = false;
@@ -87,7 +91,30 @@ void restart_with_cpu_runtime(char** argv) {
   }
   if (!changed) return;
   setenv("CAST_RUNTIME_SET", "1", 1);
+  // The OpenMP runtime warned about the environment as this process loaded (an OMP_PROC_BIND it
+  // cannot read, say); the restarted process would warn again. Until its main restores it
+  // (restore_stderr_after_restart), its standard error is /dev/null: it loads as this one did.
+  const int saved = ::fcntl(STDERR_FILENO, F_DUPFD, 10);  // not close-on-exec: it survives execv
+  const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  const bool quiet = saved >= 0 && null >= 0 && ::dup2(null, STDERR_FILENO) == STDERR_FILENO;
+  if (null >= 0) ::close(null);
+  if (quiet) setenv(kSavedStderr, std::to_string(saved).c_str(), 1);
   execv("/proc/self/exe", argv);  // returns only on failure: run on with the defaults
+  if (quiet) {
+    ::dup2(saved, STDERR_FILENO);
+    unsetenv(kSavedStderr);
+  }
+  if (saved >= 0) ::close(saved);
+}
+
+void restore_stderr_after_restart() {
+  const char* fd = std::getenv(kSavedStderr);
+  if (fd == nullptr) return;
+  const int saved = std::atoi(fd);
+  unsetenv(kSavedStderr);  // not for the processes this one starts
+  if (saved < 3) return;
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
 }
 
 std::string blas_core() { return openblas_get_corename(); }

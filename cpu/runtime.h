@@ -20,6 +20,9 @@ namespace cast::ops {
 // If anything changed it re-executes the program (execv of /proc/self/exe); on failure it
 // returns and the program runs with the libraries' defaults.
 void restart_with_cpu_runtime(char** argv);
+// The restarted process's first call: its standard error back from /dev/null, where the restart
+// kept the OpenMP runtime's load-time warnings from printing a second time.
+void restore_stderr_after_restart();
 inline constexpr const char* kSpinCount = "10000";
 
 std::string blas_core();           // the OpenBLAS kernel set in use, e.g. "Cooperlake"

@@ -187,8 +187,11 @@ static std::vector<Example> read_idx_pair(const std::string& images_path, const 
              "{}: not an IDX label file (it does not start with the magic number 2049)", labels_path);
   const uint32_t n = big_endian(images, 4), rows = big_endian(images, 8), cols = big_endian(images, 12);
   CAST_CHECK(rows == 28 && cols == 28, "{}: images are {}x{}, expected 28x28", images_path, rows, cols);
-  CAST_CHECK(images.size() == 16 + size_t(n) * 784, "{}: {} images declared but {} bytes present (truncated?)",
-             images_path, n, images.size());
+  const size_t expected = 16 + size_t(n) * 784;
+  CAST_CHECK(images.size() >= expected, "{}: {} images declared, {} bytes, but {} bytes present (truncated?)",
+             images_path, n, expected, images.size());
+  CAST_CHECK(images.size() == expected, "{}: {} bytes beyond the {} images declared (not an IDX image file as written)",
+             images_path, images.size() - expected, n);
   CAST_CHECK(big_endian(labels, 4) == n && labels.size() == 8 + size_t(n), "{}: label count does not match {} images",
              labels_path, n);
   std::vector<Example> out(n);

@@ -27,6 +27,7 @@ static fs::path enter_private_temp_folder() {
 }
 
 int main(int argc, char** argv) {
+  cast::ops::restore_stderr_after_restart();  // the restarted test process's own standard error
   cast::ops::restart_with_cpu_runtime(argv);
   const fs::path folder = enter_private_temp_folder();
   ::testing::InitGoogleTest(&argc, argv);

@@ -837,6 +837,18 @@ TEST(CliAttack, LocksSeedsAndListsAreReadForWhatTheyMean) {
     for (size_t at = text.find("libgomp:"); at != std::string::npos; at = text.find("libgomp:", at + 1)) ++runtime_lines;
     EXPECT_LE(runtime_lines, 1u) << env << "\n" << text;
   }
+  // the runtime's warning about a variable cast does not read is printed once, not again by the
+  // restarted process (ninth attack, J12), and the command runs
+  for (const char* env : {"OMP_PROC_BIND=bogus", "OMP_DYNAMIC=maybe"}) {
+    const std::string err = d + "/omp.err";
+    const int status =
+        std::system(fmt::format("env -u CAST_RUNTIME_SET {} {} info > /dev/null 2> {}", env, CAST_BINARY, err).c_str());
+    EXPECT_EQ(status >> 8, 0) << env;
+    const std::string text = slurp(err);
+    size_t runtime_lines = 0;
+    for (size_t at = text.find("libgomp:"); at != std::string::npos; at = text.find("libgomp:", at + 1)) ++runtime_lines;
+    EXPECT_EQ(runtime_lines, 1u) << env << "\n" << text;
+  }
 }
 
 // The fourth attack's leftovers (issue 41).
@@ -1302,4 +1314,21 @@ TEST(CliAttack, ARefusedRunPrintsNoSettingsLineAndTheDataHintNamesAWritableFolde
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.find("cast train: task listops-short, attention cast"), 0u) << r.out;
   EXPECT_NE(r.out.find("each block recomputed in its backward"), std::string::npos) << r.out;
+}
+
+// A comparison folder that is a file, a FIFO or a dangling link is a usage error naming what it
+// is, as a run folder is (ninth attack, J10: exit 1 and a message about results.md in it).
+TEST(CliAttack, ACompareFolderThatIsNoFolderIsAUsageError) {
+  const std::string d = fresh_dir("cmp_not_folder");
+  put(d + "/afile", "mine\n");
+  ASSERT_EQ(::mkfifo((d + "/fifo").c_str(), 0644), 0);
+  fs::create_symlink(d + "/nowhere", d + "/dangling");
+  const std::string tiny = " --steps 2 --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --attention full";
+  for (const auto& [name, says] : std::vector<std::pair<std::string, std::string>>{
+           {"afile", "is a file, not a folder"}, {"fifo", "is a FIFO (named pipe), not a folder"}, {"dangling", "a symbolic link to"}}) {
+    const CliRun r = run("compare --data " + trained_run() + "/data --out " + d + "/" + name + tiny);
+    EXPECT_EQ(r.code, 2) << name << ": " << r.err;
+    EXPECT_NE(r.err.find("comparison folder " + d + "/" + name + ": " + says), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(slurp(d + "/afile"), "mine\n");
 }

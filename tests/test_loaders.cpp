@@ -210,7 +210,11 @@ TEST(FashionMnist, ReadsGzippedIdxAndRejectsTruncation) {
   EXPECT_EQ(t.test[0].tokens.size(), 784u);
   EXPECT_EQ(t.test[0].tokens[100], 5);
   write_gz(dir + "/t10k-images-idx3-ubyte.gz", images.substr(0, 1000));
-  EXPECT_CAST_ERROR(data::load_fashion_mnist(dir), "t10k-images-idx3-ubyte.gz: 3 images declared");
+  EXPECT_CAST_ERROR(data::load_fashion_mnist(dir),
+                    "t10k-images-idx3-ubyte.gz: 3 images declared, 2368 bytes, but 1000 bytes present (truncated?)");
+  // bytes beyond the declared images are no truncation (ninth attack, J11)
+  write_gz(dir + "/t10k-images-idx3-ubyte.gz", images + std::string(100, '\0'));
+  EXPECT_CAST_ERROR(data::load_fashion_mnist(dir), "t10k-images-idx3-ubyte.gz: 100 bytes beyond the 3 images declared");
   write_gz(dir + "/t10k-images-idx3-ubyte.gz", be32(1234) + images.substr(4));
   EXPECT_CAST_ERROR(data::load_fashion_mnist(dir), "not an IDX image file");
 }

@@ -376,6 +376,7 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
   CAST_CHECK_USAGE(
       !spec.settings.contains("run") && !spec.settings.contains("seed"),
       "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
+  files::check_output_folder(spec.out_dir, "comparison folder");  // a file, FIFO or dangling link: said as such
   // a run's folder is the run's: a comparison there would take its place as a run folder
   for (const char* theirs : {"/checkpoint.safetensors", "/summary.json"})
     CAST_CHECK_USAGE(!files::exists(spec.out_dir + theirs) || files::exists(spec.out_dir + "/results.json"),

@@ -79,9 +79,20 @@ void set_second_signal_note(const std::string& note) {
   g_second_note[0] = note[0];
 }
 
-void install_stop_handlers() {
+namespace {
+// A command with nothing to save: a stop ends it at once, its temporary files removed first.
+extern "C" void on_exit_signal(int signal) {
+  files::remove_temporaries_now();
+  const char* name = signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : "signal";
+  write_all("cast: stopped by ", 17);
+  write_all(name, std::strlen(name));
+  write_all("\n", 1);
+  _exit(128 + signal);
+}
+
+void install(void (*handler)(int)) {
   struct sigaction action {};
-  action.sa_handler = on_stop_signal;
+  action.sa_handler = handler;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // reads and writes in progress go on instead of failing with EINTR
   for (int signal : {SIGINT, SIGTERM, SIGHUP}) {  // SIGHUP: the terminal went away
@@ -92,6 +103,11 @@ void install_stop_handlers() {
     sigaction(signal, &action, nullptr);
   }
 }
+}  // namespace
+
+void install_exit_handlers() { install(on_exit_signal); }
+
+void install_stop_handlers() { install(on_stop_signal); }
 
 int stop_signal() {
   if (g_polls_signal.load() != 0 && g_polls_left.fetch_sub(1) <= 0) {

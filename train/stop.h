@@ -12,6 +12,9 @@ namespace cast::train {
 // at once with 128 + its number; the last checkpoint written stays, as every write is atomic).
 // A signal the process was started ignoring stays ignored.
 void install_stop_handlers();
+// The other commands, which have nothing to save: SIGINT, SIGTERM or SIGHUP removes the temporary
+// file of a write in progress (files::write_atomic), says so in one line and exits 128 + signal.
+void install_exit_handlers();
 int stop_signal();              // the signal that asked to stop, 0 when none did
 void request_stop(int signal);  // what the handler does; tests call it to stop at a known step
 // Tests: the stop request comes at the (polls + 1)-th poll of stop_signal() from now, to stop

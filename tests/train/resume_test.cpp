@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -722,8 +723,16 @@ TEST(Training, ARunFolderHeldByAnotherProcessIsRefusedAndUntouched) {
 
 // A second stop signal ends the process at once, in the middle of a checkpoint's write too: the
 // file being written goes with it, so no half-written temporary stays beside the run.
-TEST(Training, ASecondStopSignalLeavesNoTemporaryFile) {
-  const std::string dir = temp_dir("second_signal");
+namespace {
+struct Signalled {
+  int status = 0;
+  std::string said;  // its standard error
+};
+
+// A child that arms its handlers (`arm`), then writes a 256 MiB checkpoint, signalled once the
+// write has begun (its temporary file has bytes: it is named for removal between its creation
+// and its first byte).
+Signalled signalled_while_writing(const std::string& dir, const std::function<void()>& arm, int signal) {
   std::filesystem::create_directories(dir);
   const std::string target = dir + "/checkpoint.safetensors", said = dir + "/stderr.txt";
   const pid_t writer = fork();
@@ -731,39 +740,56 @@ TEST(Training, ASecondStopSignalLeavesNoTemporaryFile) {
     try {
       const int err = ::open(said.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (err < 0 || ::dup2(err, STDERR_FILENO) < 0) _exit(4);
-      train::install_stop_handlers();
-      train::set_second_signal_note(": the last checkpoint stays");
-      train::request_stop(SIGTERM);  // the first signal has come: the next one ends the process
+      arm();
       files::write_atomic(target, std::string(size_t(256) << 20, 'x'), "checkpoint");
     } catch (...) {
       _exit(3);
     }
     _exit(0);
   }
-  // signal it while its 256 MiB are being written: once its temporary file has bytes (it is named
-  // for removal between its creation and its first byte)
-  int status = 0;
+  Signalled r;
   bool ended = false;
   const auto start = std::chrono::steady_clock::now();
   const auto writing = [&] {
     std::error_code ec;
     return std::filesystem::file_size(target + ".tmp", ec) > 0 && !ec;
   };
-  while (!writing() && !(ended = waitpid(writer, &status, WNOHANG) == writer) &&
+  while (!writing() && !(ended = waitpid(writer, &r.status, WNOHANG) == writer) &&
          std::chrono::steady_clock::now() - start < std::chrono::seconds(30))
     std::this_thread::sleep_for(std::chrono::microseconds(200));
-  ASSERT_FALSE(ended) << "the writer ended before it was signalled, status " << status;
-  ASSERT_TRUE(std::filesystem::exists(target + ".tmp")) << "the write never began";
-  kill(writer, SIGTERM);
-  waitpid(writer, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  EXPECT_FALSE(ended) << "the writer ended before it was signalled, status " << r.status;
+  EXPECT_TRUE(std::filesystem::exists(target + ".tmp")) << "the write never began";
+  if (!ended) {
+    kill(writer, signal);
+    waitpid(writer, &r.status, 0);
+  }
   EXPECT_FALSE(std::filesystem::exists(target + ".tmp"));
   EXPECT_FALSE(std::filesystem::exists(target));
-  // and one line says so (ninth attack, J9: it exited without a word)
   std::ifstream in(said);
-  const std::string line((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(line, "cast: stopped at once by a second SIGTERM: the last checkpoint stays\n");
+  r.said.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return r;
+}
+}  // namespace
+
+TEST(Training, ASecondStopSignalLeavesNoTemporaryFile) {
+  const Signalled r = signalled_while_writing(temp_dir("second_signal"), [] {
+    train::install_stop_handlers();
+    train::set_second_signal_note(": the last checkpoint stays");
+    train::request_stop(SIGTERM);  // the first signal has come: the next one ends the process
+  }, SIGTERM);
+  ASSERT_TRUE(WIFEXITED(r.status));
+  EXPECT_EQ(WEXITSTATUS(r.status), 128 + SIGTERM);
+  // and one line says so (ninth attack, J9: it exited without a word)
+  EXPECT_EQ(r.said, "cast: stopped at once by a second SIGTERM: the last checkpoint stays\n");
+}
+
+// A command with nothing to save (cast attention, plot, layer...) stopped while it writes its
+// output leaves no temporary file either (ninth attack, J8: it died by the signal mid-write).
+TEST(Training, ASignalDuringAnotherCommandsWriteLeavesNoTemporaryFile) {
+  const Signalled r = signalled_while_writing(temp_dir("exit_signal"), [] { train::install_exit_handlers(); }, SIGINT);
+  ASSERT_TRUE(WIFEXITED(r.status));
+  EXPECT_EQ(WEXITSTATUS(r.status), 128 + SIGINT);
+  EXPECT_EQ(r.said, "cast: stopped by SIGINT\n");
 }
 
 // A cluster count beyond the sequence is refused before the folder is touched; a cluster size
