@@ -378,10 +378,8 @@ std::vector<double> logged_losses(const std::string& run_dir) {
   return losses;
 }
 
-// The stop request the signal handler would raise, honoured by `fn`: its Interrupted.
-template <class Fn>
-train::Interrupted stopped_by(int signal, Fn fn) {
-  train::request_stop(signal);
+// The Interrupted of `fn`, which a stop request made before it must end; the request is cleared.
+train::Interrupted interrupted(const std::function<void()>& fn) {
   try {
     fn();
   } catch (const train::Interrupted& e) {
@@ -390,6 +388,12 @@ train::Interrupted stopped_by(int signal, Fn fn) {
   }
   train::clear_stop();
   throw std::runtime_error("the run did not stop");
+}
+
+// The stop request the signal handler would raise, honoured by `fn`: its Interrupted.
+train::Interrupted stopped_by(int signal, const std::function<void()>& fn) {
+  train::request_stop(signal);
+  return interrupted(fn);
 }
 
 }  // namespace
@@ -822,14 +826,7 @@ std::vector<std::string> evaluation_lines(const std::string& run_dir) {
 // evaluation's batch, one before the final evaluation.
 train::Interrupted stopped_at_poll(int64_t polls, const std::function<void()>& run) {
   train::request_stop_after_polls(SIGINT, polls);
-  try {
-    run();
-  } catch (const train::Interrupted& e) {
-    train::clear_stop();
-    return e;
-  }
-  train::clear_stop();
-  throw std::runtime_error("the run did not stop");
+  return interrupted(run);
 }
 }  // namespace
 
