@@ -164,12 +164,21 @@ TEST(Compare, AFolderHoldingARunWithOtherSettingsIsRefused) {
   ASSERT_FALSE(train::run_comparison(spec, 5, true).complete);  // leaves full-seed1 unfinished
   spec.settings["dim"] = 24;
   EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
-                    "this run was started with model setting 'dim' = 16, but "
+                    "this run was started with setting 'dim' = 16, but "
                     "this comparison asks for 24");
   spec.settings["dim"] = 16;
   spec.settings["lr"] = 0.5;
-  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "this run was started with 'lr'");
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "this run was started with setting 'lr'");
   spec.settings.erase("lr");
+  // an attention option is named itself, with both values (tenth attack, K1)
+  spec.settings["cluster-size"] = 3;
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
+                    "this run was started with setting 'cluster-size' = 0, but this comparison asks for 3");
+  spec.settings.erase("cluster-size");
+  // --recompute computes the same run: the comparison goes on with it (tenth attack, K2)
+  spec.settings["recompute"] = true;
+  EXPECT_TRUE(train::run_comparison(spec, 0, true).complete);
+  spec.settings.erase("recompute");
   spec.settings["seed"] = 3;
   EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "use --out and --seeds instead");
 }
@@ -207,4 +216,23 @@ TEST(Compare, AStopRequestEndsTheComparisonResumablyAndRerunningFinishesIt) {
   const json resumed = read_json(out + "/full-seed1/summary.json");
   EXPECT_EQ(resumed["test_accuracy"].get<double>(), reference.test.accuracy);
   EXPECT_EQ(resumed["val_accuracy"].get<double>(), reference.val.accuracy);
+}
+
+// A run kept from an earlier invocation trained on the set its data folder holds now: after the
+// set is made again with another seed, the comparison is refused, not averaged over two sets
+// (tenth attack, K3).
+TEST(Compare, ARunOfAnotherDataSetIsRefused) {
+  const std::string data = fresh_dir("data_regenerated"), out = fresh_dir("other_set");
+  train::CompareSpec spec = tiny_spec(data, out);
+  spec.variants.resize(1);
+  spec.seeds = {1};
+  ASSERT_TRUE(train::run_comparison(spec, 0, true).complete);
+  data::ListOpsSpec s = data::ListOpsSpec::short_cpu();
+  s.max_depth = 2, s.max_args = 3, s.min_length = 4, s.max_length = 20;
+  s.train = 200, s.val = 40, s.test = 40;
+  data::generate_listops(data, s, 6, true);
+  spec.seeds = {1, 2};
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
+                    out + "/full-seed1/checkpoint.safetensors: this run trained on another set than data folder " + data);
+  EXPECT_FALSE(fs::exists(out + "/full-seed2"));
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "tensor/error.h"
@@ -36,32 +37,42 @@ TrainConfig run_config(const CompareSpec& spec, const json& variant, uint64_t se
   return c;
 }
 
-// The run's settings as stored, without the folder (a comparison folder may be moved).
+// The run's settings as stored, without the folder (a comparison folder may be moved) and
+// without --recompute, which changes how a run computes, not what (bit for bit): a comparison
+// may turn it on or off, as a resume may.
 json comparable(const TrainConfig& c) {
   json j = all_settings_json(c);
   j.erase("run");
+  j.erase("recompute");
   return j;
+}
+
+// The first key of `asked` whose value differs in `stored`, descending into objects (the
+// attention's options within the model's): "attention / clusters". Empty where they agree.
+std::string first_difference(const json& stored, const json& asked, json& was, json& is) {
+  for (auto& [key, value] : asked.items()) {
+    const json there = stored.contains(key) ? stored[key] : json();
+    if (there == value) continue;
+    if (value.is_object() && there.is_object()) {
+      const std::string inner = first_difference(there, value, was, is);
+      if (!inner.empty()) return inner;
+    }
+    was = there, is = value;
+    return key;
+  }
+  return "";
 }
 
 // A run folder left by an earlier invocation must hold the run this invocation asks for.
 void check_same_run(const std::string& checkpoint, const TrainConfig& started_with, const TrainConfig& wanted) {
   const json stored = comparable(started_with), asked = comparable(wanted);
   if (stored == asked) return;
-  for (auto& [key, value] : asked.items()) {
-    if (key == "model") {
-      for (auto& [mk, mv] : value.items())
-        if (!stored["model"].contains(mk) || stored["model"][mk] != mv)
-          throw UsageError(
-              fmt::format("{}: this run was started with model setting '{}' = {}, but this comparison asks "
-                          "for {}; use another --out, or the settings it was started with",
-                          checkpoint, mk, files::json_excerpt(stored["model"].value(mk, json())), files::json_excerpt(mv)));
-    } else if (!stored.contains(key) || stored[key] != value) {
-      throw UsageError(
-          fmt::format("{}: this run was started with '{}' = {}, but this comparison asks for {}; use another "
-                      "--out, or the settings it was started with",
-                      checkpoint, key, files::json_excerpt(stored.value(key, json())), files::json_excerpt(value)));
-    }
-  }
+  json was, is;
+  std::string key = first_difference(stored, asked, was, is);
+  if (key.empty()) key = first_difference(asked, stored, is, was);  // a key only the stored run has
+  throw UsageError(fmt::format("{}: this run was started with setting '{}' = {}, but this comparison asks for {}; use "
+                               "another --out, or the settings it was started with",
+                               checkpoint, key, files::json_excerpt(was), files::json_excerpt(is)));
 }
 
 // A finished run folder under `out_dir` trained with exactly `config` (seed included), or "".
@@ -357,12 +368,32 @@ std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spe
   return plan;
 }
 
+// A run kept from an earlier invocation trained on the set its data folder holds now: a table
+// never mixes runs of two sets. Each folder's set is read once.
+class SameData {
+ public:
+  void check(const std::string& checkpoint, const Checkpoint& stored, const TrainConfig& config) {
+    if (stored.data.empty()) return;  // a checkpoint from before fingerprints
+    const std::string folder = data_folder(config);
+    auto it = now_.find(folder);
+    if (it == now_.end()) it = now_.emplace(folder, data::fingerprint(load_task(config, false))).first;
+    CAST_CHECK_USAGE(stored.data == it->second,
+                     "{}: this run trained on another set than data folder {} now holds ({}; now {}); use another "
+                     "--out, or the set it trained on",
+                     checkpoint, folder, stored.data, it->second);
+  }
+
+ private:
+  std::map<std::string, std::string> now_;  // data folder -> the fingerprint of its set
+};
+
 // A run not started in its own folder that another finished run of the comparison already is
 // (same settings): it takes that run's folder and summary. `progress` is printed when not empty.
 bool reuse_finished_run(const CompareSpec& spec, const TrainConfig& config, CompareRun& run,
-                        const std::string& progress) {
+                        const std::string& progress, SameData& same_data) {
   const std::string same = finished_run_like(spec.out_dir, config);
   if (same.empty()) return false;
+  same_data.check(same + "/checkpoint.safetensors", read_checkpoint_header(same + "/checkpoint.safetensors"), config);
   run.dir = same;
   run.summary = read_summary(same + "/summary.json", config);
   if (!progress.empty()) fmt::print("{}: the same settings as the finished run {}; using it\n", progress, same);
@@ -386,13 +417,14 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
   files::make_writable_folder(spec.out_dir, "comparison folder");
   const files::FolderLock held(spec.out_dir, "comparison folder");  // one comparison in it at a time
   CompareResult result;
+  SameData same_data;
   int index = 0;
   for (auto& [run, config] : plan) {
     ++index;
     const std::string checkpoint = run.dir + "/checkpoint.safetensors", summary = run.dir + "/summary.json";
     const bool started = std::filesystem::exists(checkpoint);
     const std::string progress = fmt::format("[{}/{}] {} seed {}", index, plan.size(), run.variant, run.seed);
-    if (!started && reuse_finished_run(spec, config, run, quiet ? "" : progress)) {
+    if (!started && reuse_finished_run(spec, config, run, quiet ? "" : progress, same_data)) {
       result.runs.push_back(run);
       continue;
     }
@@ -400,6 +432,7 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
     if (started) {
       stored = read_checkpoint_header(checkpoint);
       check_same_run(checkpoint, stored.config, config);
+      same_data.check(checkpoint, stored, config);
     }
     if (started && std::filesystem::exists(summary)) {
       run.summary = read_summary(summary, config);
