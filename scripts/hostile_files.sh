@@ -168,6 +168,15 @@ code=$? problem=""
 grep -q "file too large" "$WORK/fsz.err" || problem="$problem; no 'file too large' line: $(cat "$WORK/fsz.err")"
 ! ls "$WORK/capped" 2>/dev/null | grep -q '\.tmp$' || problem="$problem; a temporary file was left"
 outcome "train under ulimit -f" "$problem"
+# The limit reached before the first checkpoint: no resume from a checkpoint that does not exist,
+# and no torn metrics line (the file ends with a whole one).
+(ulimit -f 1; "$C" train --data base/data --run "$WORK/capped0" ${SMALL/--steps 2/--steps 400} --log-every 1 > /dev/null 2> "$WORK/fsz0.err")
+code=$? problem=""
+[ $code -eq 1 ] || problem="exit $code, not 1"
+grep -q "No checkpoint was written yet: run the same command again" "$WORK/fsz0.err" || problem="$problem; no advice to run again: $(cat "$WORK/fsz0.err")"
+grep -q "resume with" "$WORK/fsz0.err" && problem="$problem; it says to resume from no checkpoint"
+[ -z "$(tail -c 1 "$WORK/capped0/metrics.jsonl")" ] || problem="$problem; the metrics file ends in a torn line"
+outcome "train under ulimit -f before its first checkpoint" "$problem"
 # A benchmark whose --json file can no longer grow stops at that row, with the file's line.
 (ulimit -f 1; "$C" bench attention --lengths 16,32,48,64 --mechanisms full,clustered --repeats 1 --warmup 0 \
   --json "$WORK/capped.jsonl" > "$WORK/bench_fsz.out" 2> "$WORK/bench_fsz.err")

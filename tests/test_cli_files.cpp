@@ -607,7 +607,8 @@ TEST(CliAttack, SettingsFilesAndFlagsSayWhatTheyRefuse) {
   put(d + "/nul.json", std::string("{\"steps\": 2}") + '\0' + "{\"lr\": -5");
   put(d + "/nul_value.json", R"({"task": "listops-short\u0000x"})");
   put(d + "/subnormal.json", R"({"lr": 1e-320})");
-  for (const char* file : {"nul.json", "nul_value.json", "subnormal.json"}) {
+  put(d + "/subnormal_dropout.json", R"({"dropout": 4.9e-324})");  // a fraction too (tenth attack, K4)
+  for (const char* file : {"nul.json", "nul_value.json", "subnormal.json", "subnormal_dropout.json"}) {
     const CliRun r = run("train --config " + d + "/" + file + " --data " + data + " --run " + d + "/r" + kTiny);
     EXPECT_NE(r.code, 0) << file;
     EXPECT_NE(r.err.find(file), std::string::npos) << file << ": " << r.err;

@@ -193,6 +193,12 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   folder.in_place = !resume_from.empty() && files::same_file(folder_of(resume_from), c.run_dir);
   if (folder.in_place) check_resume_goes_forward(c, resume_from, resume_step);
   if (folder.in_place) return folder;
+  // a finished run copied elsewhere with no step to train would only be evaluated again
+  const std::string source = folder_of(resume_from);
+  CAST_CHECK_USAGE(resume_from.empty() || resume_step < c.steps || !files::exists(source + "/summary.json"),
+                   "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
+                   "--checkpoint {}, or train on into --run {} with a larger --steps",
+                   source, resume_step, c.steps, resume_from, c.run_dir);
   if (std::filesystem::exists(checkpoint)) {
     CAST_CHECK_USAGE(c.overwrite,
                      "run folder {} already holds a run ({}): continue it with --resume {}, choose another "

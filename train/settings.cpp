@@ -483,13 +483,13 @@ void validate(const TrainConfig& c) {
     if (s.kind == Kind::integer && s.name != "seed") in_range(s.name, s.get(c).get<int64_t>(), s.lo, s.hi);
     if (s.kind != Kind::number) continue;
     const double v = s.get(c).get<double>();
+    if (std::fpclassify(v) == FP_SUBNORMAL)  // as the flag's reader refuses 1e-320: out of range
+      throw UsageError(fmt::format("setting '{}' is {}: out of range (below the smallest normal double)", s.name, v));
     if (s.bound == Bound::fraction) {
       if (!(v >= 0 && v < 1)) throw UsageError(fmt::format("setting '{}' is {}: it must be in [0, 1)", s.name, v));
       continue;
     }
     const bool zero_ok = s.bound == Bound::non_negative;
-    if (std::fpclassify(v) == FP_SUBNORMAL)  // as the flag's reader refuses 1e-320: out of range
-      throw UsageError(fmt::format("setting '{}' is {}: out of range (below the smallest normal double)", s.name, v));
     if (!std::isfinite(v) || v < 0 || (!zero_ok && v == 0))
       throw UsageError(
           fmt::format("setting '{}' is {}: it must be a {} number", s.name, v, zero_ok ? "non-negative" : "positive"));

@@ -203,12 +203,14 @@ void check_run_settings(const Run& run, const std::string& resume_from) {
                    "during training");
 }
 
+// A GPU run resumed on the CPU keeps its checkpoint's precision: the refusal says how to change it.
+constexpr const char* kResumedPrecisionHint =
+    "; a run resumed from a GPU checkpoint keeps its precision: add --precision fp32";
+
 // The device, and what computes on it: TF32, the CPU's matmul, the fused attention kernels.
 void choose_compute(Run& run) {
   run.device = resolve_device(run.c.device, true);
-  // a GPU run resumed on the CPU keeps its checkpoint's precision: the refusal says how to change it
-  use_precision(run.c.precision, run.device, "setting 'precision'",
-                "; a run resumed from a GPU checkpoint keeps its precision: add --precision fp32");
+  use_precision(run.c.precision, run.device, "setting 'precision'", kResumedPrecisionHint);
   ops::set_cpu_gemm(run.c.reference ? ops::CpuGemm::loops : ops::CpuGemm::blas);
   run.c.model.attention.fused = !run.c.reference;
   run.c.model.recompute = run.c.recompute;
@@ -292,6 +294,17 @@ RunCost cost_now(const Run& run) {
 
 // Every checkpoint is checked finite before it is written: an update that overflowed stops
 // the run here, and the file on disk stays the last good one.
+// After a failed write: which checkpoint the run continues from, and how; or that it starts again.
+std::string how_to_continue(const Run& run) {
+  if (!files::exists(run.checkpoint))
+    return run.c.resume_command.empty()
+               ? "No checkpoint was written yet: run the same command again"
+               : "No checkpoint was written yet: run the same command again (" + run.c.resume_command + ")";
+  const std::string last = last_good_checkpoint(run.checkpoint);
+  if (!last.starts_with("The last good checkpoint is")) return last;  // none is left to resume from
+  return last + "; resume with: " + resume_with(run);
+}
+
 void save(const Run& run, const std::string& path) {
   try {
     save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window,
@@ -299,6 +312,8 @@ void save(const Run& run, const std::string& path) {
   } catch (const NonFiniteCheckpoint& e) {
     throw Error(fmt::format("step {}: the update made a parameter or moment non-finite ({}); training stopped. {}",
                             run.step, e.what(), last_good_checkpoint(run.checkpoint)));
+  } catch (const Error& e) {  // a full disk, a file-size limit: the file it would have replaced is whole
+    throw Error(fmt::format("{}. {}", e.what(), how_to_continue(run)));
   }
 }
 
@@ -308,7 +323,7 @@ void append_metrics(Run& run, const json& record) {
   try {
     run.metrics->append(record.dump() + '\n');
   } catch (const Error& e) {
-    throw Error(fmt::format("{}. {}; resume with: {}", e.what(), last_good_checkpoint(run.checkpoint), resume_with(run)));
+    throw Error(fmt::format("{}. {}", e.what(), how_to_continue(run)));
   }
 }
 
@@ -563,7 +578,9 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
   // or a folder the user named, is read, never created (a missing one is an error).
   const bool may_generate = resume_from.empty() && c.data_dir.empty();
   // before any data is read or made: tf32 and bf16 need the GPU
-  if (c.precision != "fp32") use_precision(c.precision, resolve_device(c.device, true), "setting 'precision'");
+  if (c.precision != "fp32")
+    use_precision(c.precision, resolve_device(c.device, true), "setting 'precision'",
+                  resume_from.empty() ? "" : kResumedPrecisionHint);
   const data::TaskData task = load_task(c, may_generate);
   return train_on(c, task, resume_from, stop_after, quiet);
 }

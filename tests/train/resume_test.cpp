@@ -685,6 +685,12 @@ TEST(Training, AFinishedRunResumedWithoutNewStepsIsRefusedWithTheCommandThatEval
   EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "is finished (step 6 of 6");
   EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "cast eval --checkpoint " + ckpt);
   EXPECT_EQ(bytes_of(run_dir + "/metrics.jsonl"), metrics);  // no second evaluation appended
+  // nor copied into a new folder to be evaluated there again (tenth attack, K8)
+  c.run_dir = temp_dir("finished_resume_copy");
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true), "is finished (step 6 of 6");
+  EXPECT_FALSE(std::filesystem::exists(c.run_dir + "/checkpoint.safetensors"));
+  c.steps = 8;  // with more steps it is a branch that trains on
+  EXPECT_NO_THROW(train::train_on(c, task, ckpt, 0, true));
 }
 
 // A stop request during an evaluation ends it between batches.
