@@ -74,9 +74,9 @@ void backward(const Tensor& loss);
 void backward(const Tensor& output, const Tensor& output_grad);
 
 // A tape of this thread's own for a scope: the nodes recorded in it, and a backward() run in it,
-// leave the tape outside as it was, and recording is on in it whatever it was outside. An op whose
-// backward forms its forward again (ops/attention/cast_attention_recompute.cpp) records that
-// forward here and walks it back. A trace sees the op as one node: the observer is away meanwhile.
+// leave the tape outside as it was, and recording is on in it whatever it was outside. A node
+// whose backward forms its forward again (ops/attention/cast_attention_recompute.cpp, a block
+// under --recompute: autograd/recompute.h) records that forward here and walks it back. A trace sees the op as one node: the observer is away meanwhile.
 class SeparateTape {
  public:
   SeparateTape();

@@ -249,6 +249,7 @@ bench_stage() {
   cp "$scratch/attention.jsonl" "$BENCH"  # kept when the training-step benchmark fails
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda \
     --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train.jsonl" > "$scratch/train.txt" 2>&1 || { cat "$scratch/train.txt" >&2; return 1; }
+  cat "$scratch/attention.jsonl" "$scratch/train.jsonl" > "$BENCH"  # kept when the recompute rows fail
   # the same step with every block recomputed in its backward (--recompute): its memory and time
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --recompute \
     --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/recompute.jsonl" > "$scratch/recompute.txt" 2>&1 || { cat "$scratch/recompute.txt" >&2; return 1; }

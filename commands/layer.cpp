@@ -90,8 +90,11 @@ void load_weights(nn::Attention& layer, const TensorFile& file, const nn::Attent
 }
 
 // Values the format could not hold (a finite x near 1e30 overflows f32 in the scores) are
-// written as they came, NaN or inf; a note says which tensors hold them and why.
-void note_non_finite(const std::map<std::string, Tensor>& out, const std::string& source, const Tensor& x, DType dtype) {
+// written as they came, NaN or inf, and a note says which tensors hold them and why. Where every
+// value is finite but products of the inputs' largest values pass f32's range, a score may still
+// have overflowed to −inf, which masks its key as padding does (a row of them gives zeros): a
+// note says so too.
+void note_overflow(const std::map<std::string, Tensor>& out, const TensorFile& file, DType dtype, int64_t D) {
   std::vector<std::string> names;
   int64_t count = 0;
   for (const auto& [name, t] : out) {
@@ -101,20 +104,30 @@ void note_non_finite(const std::map<std::string, Tensor>& out, const std::string
     if (here > 0) names.push_back(fmt::format("{} ({})", name, here));
     count += here;
   }
-  if (count == 0) return;
   double largest = 0;
   bool finite = true;
-  for (double v : x.to_double_vector()) {
-    finite = finite && std::isfinite(v);
-    largest = std::max(largest, std::abs(v));
+  for (const auto& [name, t] : file.tensors) {
+    if (!is_floating(t.dtype()) || name.starts_with("expected.")) continue;
+    for (double v : t.to_double_vector()) {
+      finite = finite && std::isfinite(v);
+      largest = std::max(largest, std::abs(v));
+    }
   }
-  const std::string why = finite ? fmt::format("the largest |x| in {} is {:g}, beyond what {} products hold: scale "
-                                               "the input down{}",
-                                               source, largest, dtype_name(dtype),
-                                               dtype == DType::f32 ? ", or give --dtype f64" : "")
-                                 : fmt::format("x in {} holds values that are not finite", source);
-  fmt::print("note: {} value{} not finite (NaN or inf) in {}: {}\n", count, count == 1 ? " is" : "s are",
-             fmt::join(names, ", "), why);
+  const std::string remedy = dtype == DType::f32 ? ": scale the inputs down, or give --dtype f64" : ": scale the inputs down";
+  if (count > 0) {
+    const std::string why = finite ? fmt::format("the largest |value| among the inputs in {} is {:g}, beyond what {} "
+                                                 "products hold{}",
+                                                 file.source, largest, dtype_name(dtype), remedy)
+                                   : fmt::format("the inputs in {} hold values that are not finite", file.source);
+    fmt::print("note: {} value{} not finite (NaN or inf) in {}: {}\n", count, count == 1 ? " is" : "s are",
+               fmt::join(names, ", "), why);
+    return;
+  }
+  const double range = dtype == DType::f32 ? 3.4e38 : 1.7e308;
+  if (finite && largest * largest * static_cast<double>(D) > range)
+    fmt::print("note: the largest |value| among the inputs in {} is {:g}: {} products of such values may pass the "
+               "format's range, and a score that overflows to -inf masks its key as padding does{}\n",
+               file.source, largest, dtype_name(dtype), remedy);
 }
 
 // What cast layer writes in its output's metadata: the file a later --out may replace.
@@ -280,7 +293,7 @@ int command_layer(const std::vector<std::string>& argv) {
   write_safetensors(args.str("out"), out,
                     {{"attention", nn::mechanism_name(config.mechanism)}, {"made_by", "cast layer"}}, "--out");
   if (trace) trace->write_file();
-  note_non_finite(out, file.source, in.x, dtype);
+  note_overflow(out, file, dtype, D);
   fmt::print("cast layer: {} B={} N={} D={} H={}{} -> {}\n", nn::mechanism_name(config.mechanism), B, N, D, H,
              config.mechanism == nn::Mechanism::cast ? fmt::format(" C={}", C) : std::string(), args.str("out"));
   return 0;

@@ -1,6 +1,6 @@
 // cast: the command-line entry point. Library code throws; only this file decides exit codes:
 // 0 success, 1 an error (one line on stderr), 2 a usage error, 128 + N a run stopped by signal N
-// (130 for Ctrl-C, 143 for SIGTERM) after saving its checkpoint.
+// (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP) after saving its checkpoint.
 #include <fcntl.h>
 #include <strings.h>
 #include <unistd.h>
@@ -48,14 +48,15 @@ static int check_standard_output(const std::string& name, int code) {
   return code == 0 ? 1 : code;
 }
 
-// Ctrl-C and SIGTERM are held from the first instruction until the command's handlers are in
-// place (the mask survives the restart below): a signal in the first moments of `cast train`
-// then stops it as one a minute later would, instead of killing it before it can say so.
+// Ctrl-C, SIGTERM and SIGHUP are held from the first instruction until the command's handlers
+// are in place (the mask survives the restart below): a signal in the first moments of `cast
+// train` then stops it as one a minute later would, instead of killing it before it can say so.
 static void hold_stop_signals(bool hold) {
   sigset_t stops;
   sigemptyset(&stops);
   sigaddset(&stops, SIGINT);
   sigaddset(&stops, SIGTERM);
+  sigaddset(&stops, SIGHUP);
   sigprocmask(hold ? SIG_BLOCK : SIG_UNBLOCK, &stops, nullptr);
 }
 
@@ -140,7 +141,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   for (const auto& c : cast::commands()) {
     if (name != c.name) continue;
-    // Ctrl-C or SIGTERM while training: the current step is finished and saved first.
+    // Ctrl-C, SIGTERM or SIGHUP while training: the current step is finished and saved first.
     // `cast eval`: the evaluation stops between batches (nothing is written, so nothing to save).
     // `cast data`: the generator stops between examples and says the set is unfinished.
     if (name == "train" || name == "compare" || name == "eval" || name == "data") cast::train::install_stop_handlers();

@@ -93,18 +93,20 @@ void restart_with_cpu_runtime(char** argv) {
   setenv("CAST_RUNTIME_SET", "1", 1);
   // The OpenMP runtime warned about the environment as this process loaded (an OMP_PROC_BIND it
   // cannot read, say); the restarted process would warn again. Until its main restores it
-  // (restore_stderr_after_restart), its standard error is /dev/null: it loads as this one did.
+  // (restore_stderr_after_restart), its standard error is /dev/null. What it loads with differs
+  // from this process only in the variables set above, to values the libraries accept.
   const int saved = ::fcntl(STDERR_FILENO, F_DUPFD, 10);  // not close-on-exec: it survives execv
   const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   const bool quiet = saved >= 0 && null >= 0 && ::dup2(null, STDERR_FILENO) == STDERR_FILENO;
   if (null >= 0) ::close(null);
   if (quiet) setenv(kSavedStderr, std::to_string(saved).c_str(), 1);
+  else if (saved >= 0) ::close(saved);  // not set aside: the restarted process would not close it
   execv("/proc/self/exe", argv);  // returns only on failure: run on with the defaults
   if (quiet) {
     ::dup2(saved, STDERR_FILENO);
     unsetenv(kSavedStderr);
+    ::close(saved);
   }
-  if (saved >= 0) ::close(saved);
 }
 
 void restore_stderr_after_restart() {

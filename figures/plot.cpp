@@ -272,17 +272,19 @@ Curves read_curves(const std::string& run_dir) {
     if (line.empty()) continue;
     const std::string where = fmt::format("metrics file {}:{}", path, line_no);
     const MetricsLine m = parse_metrics_line(line, where);
-    // the trainer writes a line per logged step and per validation, in step order
+    // the trainer writes a line per logged step and per validation, in step order; a final
+    // evaluation's record of a step the run validated is not drawn (marked "final"; files written
+    // before the mark repeat the step unmarked)
     const std::vector<double>& earlier = m.split == "train" ? c.steps : c.val_steps;
-    if (m.split != "test" && !m.final)
+    const bool repeat = m.split == "val" && !earlier.empty() && m.step == earlier.back();
+    if (m.split != "test" && !m.final && !repeat)
       CAST_CHECK(earlier.empty() || m.step > earlier.back(), "{}: {} step {} comes after step {}: not in step order",
                  where, m.split, m.step, earlier.back());
     if (m.split == "train") {
       c.steps.push_back(m.step);
       c.loss.push_back(m.loss);
       c.accuracy.push_back(m.accuracy);
-    } else if (m.split == "val" && !m.final) {
-      // a final evaluation's record of a step the run validated (other clustering draws) is not drawn
+    } else if (m.split == "val" && !m.final && !repeat) {
       c.val_steps.push_back(m.step);
       c.val_accuracy.push_back(m.accuracy);
     }

@@ -73,14 +73,19 @@ Tensor Block::forward(const Tensor& x, const Tensor& mask, bool train, uint64_t&
   // the counters, and the clusters `cast clusters` reads, as the first run left them.
   return autograd::recompute_in_backward(
       "block", x, out, leaves, [this, mask, train, rng_before, draws_before](const Tensor& in) {
+        // what the first run left, put back however the second ends (an error included)
+        struct Restore {
+          Block& block;
+          AttentionOutput last;
+          uint64_t draws;
+          ~Restore() {
+            block.last = std::move(last);
+            block.attention->set_clustering_draws(draws);
+          }
+        } restore{*this, std::move(last), attention->clustering_draws()};
         uint64_t counter = rng_before;
-        const uint64_t draws_after = attention->clustering_draws();
         attention->set_clustering_draws(draws_before);
-        AttentionOutput first = std::move(last);
-        Tensor again = run(in, mask, train, counter);
-        last = std::move(first);
-        attention->set_clustering_draws(draws_after);
-        return again;
+        return run(in, mask, train, counter);
       });
 }
 

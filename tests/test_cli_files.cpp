@@ -286,6 +286,11 @@ TEST(CliFiles, MetricsLinesAreValidatedByKey) {
                                       "\n" + R"({"step": 1, "split": "val", "loss": 1, "accuracy": 0.6, "final": true})");
   r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
   EXPECT_EQ(r.code, 0) << r.err;
+  // files written before the "final" mark repeat the last validation's step unmarked: still read
+  put(run_dir + "/metrics.jsonl", train2 + "\n" + R"({"step": 2, "split": "val", "loss": 1, "accuracy": 0.5})" + "\n" +
+                                      R"({"step": 2, "split": "val", "loss": 1, "accuracy": 0.6})");
+  r = run("plot " + run_dir + " --out " + run_dir + "/c2.svg");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 TEST(CliFiles, AReformattedButEqualModelConfigIsAcceptedAndADifferenceNamed) {

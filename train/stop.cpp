@@ -1,5 +1,6 @@
 #include "train/stop.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,8 +37,11 @@ int64_t now_ns() {
 std::atomic<int64_t> g_polls_left{0};
 std::atomic<int> g_polls_signal{0};
 
-// The line a second signal prints: set before the work starts (the handler may not format).
+// The line a second signal prints: set before the work starts (the handler may not format),
+// read by the handler only while g_note_ready says it is whole.
 char g_second_note[4096] = "";
+std::atomic<bool> g_note_ready{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
 
 void write_all(const char* text, size_t n) {
   while (n > 0) {
@@ -45,6 +49,28 @@ void write_all(const char* text, size_t n) {
     if (w <= 0) return;
     text += w, n -= static_cast<size_t>(w);
   }
+}
+
+// Ends the process by the signal itself (its default action), so that a shell running it in a
+// loop sees a death by signal and stops too: an exit with 128 + signal reads as handled.
+// signal() and raise() are async-signal-safe.
+void die_by(int signal) {
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);  // pending: the handler runs with its own signal blocked
+  sigset_t own;
+  sigemptyset(&own);
+  sigaddset(&own, signal);
+  ::sigprocmask(SIG_UNBLOCK, &own, nullptr);  // delivered here, by the default action
+  _exit(128 + signal);                        // not reached; the shell's code for it if it were
+}
+
+// Standard output onto /dev/null (open and dup2 are async-signal-safe): after a hangup a write
+// to the terminal fails, and the run would end in that error instead of its stop line and code.
+void quiet_standard_output() {
+  const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (null < 0) return;
+  ::dup2(null, STDOUT_FILENO);
+  ::close(null);
 }
 
 extern "C" void on_stop_signal(int signal) {
@@ -57,26 +83,22 @@ extern "C" void on_stop_signal(int signal) {
     const char* name = signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : "signal";
     write_all("cast: stopped at once by a second ", 34);
     write_all(name, std::strlen(name));
-    write_all(g_second_note, std::strlen(g_second_note));
+    if (g_note_ready.load()) write_all(g_second_note, std::strlen(g_second_note));
     write_all("\n", 1);
-    _exit(128 + signal);
+    die_by(signal);
   }
+  if (signal == SIGHUP) quiet_standard_output();  // the terminal is gone: progress lines go nowhere
   g_first_ns.store(now_ns());
   g_stop.store(signal);
 }
 }  // namespace
 
 void set_second_signal_note(const std::string& note) {
+  g_note_ready.store(false);  // a handler running meanwhile prints no note, never a torn one
   const size_t n = std::min(note.size(), sizeof(g_second_note) - 1);
-  if (n == 0) {
-    g_second_note[0] = '\0';
-    return;
-  }
-  // the first byte last: a handler running meanwhile reads an empty note, never a torn one
-  g_second_note[0] = '\0';
-  std::memcpy(g_second_note + 1, note.data() + 1, n - 1);
+  std::memcpy(g_second_note, note.data(), n);
   g_second_note[n] = '\0';
-  g_second_note[0] = note[0];
+  g_note_ready.store(true);
 }
 
 namespace {
@@ -87,7 +109,7 @@ extern "C" void on_exit_signal(int signal) {
   write_all("cast: stopped by ", 17);
   write_all(name, std::strlen(name));
   write_all("\n", 1);
-  _exit(128 + signal);
+  die_by(signal);
 }
 
 void install(void (*handler)(int)) {

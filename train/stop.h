@@ -25,7 +25,7 @@ void clear_stop();
 // which checkpoint stays and how to resume); set before the work starts.
 void set_second_signal_note(const std::string& note);
 
-// "SIGINT", "SIGTERM", or "signal N".
+// "SIGINT", "SIGTERM", "SIGHUP", or "signal N".
 std::string signal_name(int signal);
 // A word as a POSIX shell reads it back: itself when safe, else in single quotes.
 std::string shell_quote(const std::string& word);
