@@ -72,6 +72,7 @@ std::vector<int32_t> tokenize_listops(const std::string& source, const std::stri
 
 int evaluate_listops(const std::string& source, const std::string& where) {
   const std::vector<int32_t> t = tokenize_listops(source, where);
+  CAST_CHECK(!t.empty(), "{}: empty expression", where);
   CAST_CHECK(std::count(source.begin(), source.end(), '(') == std::count(source.begin(), source.end(), ')'),
              "{}: unbalanced parentheses", where);
   auto top_level = [&](int& result, int v) {

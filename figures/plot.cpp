@@ -244,7 +244,8 @@ MetricsLine parse_metrics_line(const std::string& line, const std::string& where
     CAST_CHECK(keys.count(key), "{}: '{}' is no key of a {} record (cast train writes {})", where, visible(key),
                m.split, fmt::join(keys, ", "));
   CAST_CHECK(j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() >= 0,
-             "{}: 'step' is {}, not a whole number 0 or more", where, files::json_excerpt(j.value("step", nlohmann::json())));
+             "{}: 'step' is {}, not an integer 0 or more written as one (digits alone)", where,
+             files::json_excerpt(j.value("step", nlohmann::json())));
   m.step = static_cast<double>(j["step"].get<int64_t>());
   m.accuracy = number("accuracy", 0, 1);
   if (m.split == "train" || j.contains("loss")) m.loss = number("loss", 0, 1e30);

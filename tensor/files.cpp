@@ -116,21 +116,28 @@ static std::string unreachable(const std::string& path, int err) {
   return fmt::format("a symbolic link to {}, which does not exist", std::string(to, static_cast<size_t>(n)));
 }
 
+// A path of the wrong kind (a link loop, a FIFO or a device where a file is read, a file where
+// a folder is) is the command's to fix as given: a usage error (exit 2). A missing one is not.
 static struct stat stat_or_throw(const std::string& path, const std::string& what) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw Error(fmt::format("{} {}: {}", what, path, unreachable(path, errno)));
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const std::string message = fmt::format("{} {}: {}", what, path, unreachable(path, err));
+    if (err == ELOOP) throw UsageError(message);
+    throw Error(message);
+  }
   return st;
 }
 
 void require_folder(const std::string& path, const std::string& what) {
   const struct stat st = stat_or_throw(path, what);
-  CAST_CHECK(S_ISDIR(st.st_mode), "{} {}: is {}, not a folder", what, path,
-             S_ISREG(st.st_mode) ? "a file" : kind_of(st.st_mode));
+  CAST_CHECK_USAGE(S_ISDIR(st.st_mode), "{} {}: is {}, not a folder", what, path,
+                   S_ISREG(st.st_mode) ? "a file" : kind_of(st.st_mode));
 }
 
 void require_file(const std::string& path, const std::string& what) {
   const struct stat st = stat_or_throw(path, what);
-  CAST_CHECK(S_ISREG(st.st_mode), "{} {}: is {}, not a regular file", what, path, kind_of(st.st_mode));
+  CAST_CHECK_USAGE(S_ISREG(st.st_mode), "{} {}: is {}, not a regular file", what, path, kind_of(st.st_mode));
 }
 
 Fd& Fd::operator=(Fd&& o) noexcept {

@@ -279,6 +279,9 @@ TEST(CliFiles, MetricsLinesAreValidatedByKey) {
   put(run_dir + "/metrics.jsonl", train2 + "\n" + R"({"step": 2, "split": "val", "loss": 1, "accuracy": 0.5, "final": 1})");
   r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");
   EXPECT_NE(r.err.find("metrics.jsonl:2: 'final' is 1, not true"), std::string::npos) << r.err;
+  put(run_dir + "/metrics.jsonl", R"({"step": 1e15, "split": "train", "loss": 1, "accuracy": 0.5})");
+  r = run("plot " + run_dir + " --out " + run_dir + "/c.svg");  // tenth attack, K11
+  EXPECT_NE(r.err.find("'step' is 1e+15, not an integer 0 or more written as one"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(run_dir + "/c.svg"));
   // a final evaluation's record of an earlier step (the best model's) is the trainer's own
   put(run_dir + "/metrics.jsonl", train1 + "\n" + R"({"step": 1, "split": "val", "loss": 1, "accuracy": 0.5})" + "\n" +
@@ -515,9 +518,10 @@ TEST(CliSettings, MeaninglessOrOutOfRangeValuesAreRefusedByName) {
   const CliRun clusters = run("attention --checkpoint " + ckpt + " --clusters 65536 --out " + run_dir + "/a.svg");
   EXPECT_EQ(clusters.code, 2) << clusters.err;
   EXPECT_NE(clusters.err.find("--clusters 65536 is more than the"), std::string::npos) << clusters.err;
-  // a file given where a run folder belongs is named as such
+  // a file given where a run folder belongs is named as such, a usage error as every path of the
+  // wrong kind is (tenth attack, K10: a FIFO was exit 2 for --config and 1 elsewhere)
   const CliRun plot = run("plot " + ckpt);
-  EXPECT_EQ(plot.code, 1) << plot.err;
+  EXPECT_EQ(plot.code, 2) << plot.err;
   EXPECT_NE(plot.err.find("run folder " + ckpt), std::string::npos) << plot.err;
   // a resumed setting that differs past the printed digits prints enough of them
   const CliRun lr = run("train --resume " + ckpt + " --lr 0.00200000001 --steps 5");
@@ -1337,4 +1341,12 @@ TEST(CliAttack, ACompareFolderThatIsNoFolderIsAUsageError) {
     EXPECT_NE(r.err.find("comparison folder " + d + "/" + name + ": " + says), std::string::npos) << r.err;
   }
   EXPECT_EQ(slurp(d + "/afile"), "mine\n");
+  // an input of the wrong kind: exit 2 whichever option names it (tenth attack, K10)
+  fs::create_symlink(d + "/loop", d + "/loop");
+  for (const std::string& args : {"eval --checkpoint " + d + "/fifo", "layer --in " + d + "/fifo --out " + d + "/o.st",
+                                  "train --resume " + d + "/fifo", "eval --checkpoint " + d + "/loop",
+                                  "train --config " + d + "/fifo"}) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+  }
 }

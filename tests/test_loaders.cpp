@@ -402,6 +402,7 @@ TEST(ListOps, MalformedExpressionsAndLabelsAreRefusedWhenLoaded) {
   EXPECT_CAST_ERROR(with_train("[MAX 1 2\t2\n"), "basic_train.tsv:2: incomplete expression (1 operator not closed)");
   EXPECT_CAST_ERROR(with_train("1 2 ]\t2\n"), "basic_train.tsv:2: more than one value at the top level");
   EXPECT_CAST_ERROR(with_train("[MIN ]\t2\n"), "an operator without arguments");
+  EXPECT_CAST_ERROR(with_train("\t3\n"), "basic_train.tsv:2: empty expression");  // tenth attack, K11
   EXPECT_CAST_ERROR(with_train("( [MAX 1 2 ]\t2\n"), "unbalanced parentheses");
   EXPECT_EQ(with_train("( ( [MAX 1 ) 2 ] )\t2\n").train.size(), 1u);
 }
