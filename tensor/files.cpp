@@ -376,13 +376,21 @@ void check_may_replace(const std::string& path, const std::string& what, const s
 // exclusively, without following a link, and without removing anything already there. A file
 // of that name may be a user's own (an input named like our temporary file) or one a crash
 // left: neither is ours to delete, so the next free name is taken. `tmp` receives the name.
+// A name the file system takes but whose temporary name it does not (a name of 252 to 255 bytes)
+// is written through a short one in the same folder, ".cast-<pid>.tmp".
 static Fd create_exclusive(const std::string& stem, std::string& tmp, const std::string& what,
                            const std::string& path) {
+  std::string base = stem;
   for (int attempt = 0;; ++attempt) {
-    tmp = attempt == 0 ? stem + ".tmp" : fmt::format("{}.{}.tmp", stem, attempt);
+    tmp = attempt == 0 ? base + ".tmp" : fmt::format("{}.{}.tmp", base, attempt);
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (fd.get() >= 0) return fd;
     const int err = errno;
+    if (err == ENAMETOOLONG && base == stem) {
+      base = fmt::format("{}/.cast-{}", folder_of(stem), ::getpid());
+      attempt = -1;
+      continue;
+    }
     if ((err != EEXIST && err != ELOOP) || attempt >= 99)
       throw Error(fmt::format("{} {}: cannot create {}: {}", what, path, tmp, reason(err)));
   }

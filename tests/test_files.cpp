@@ -287,3 +287,18 @@ TEST(Files, AnAppendCutShortIsTakenBack) {
   EXPECT_EQ(std::filesystem::file_size(path), 4u * 21u);
   std::filesystem::remove_all(dir);
 }
+
+// A name the file system takes, but whose "<name>.tmp" it does not, is still written atomically,
+// through a short temporary name beside it (tenth attack, K9).
+TEST(Files, ANameNearTheLimitIsWrittenThroughAShortTemporaryName) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("cast_long_" + std::to_string(getpid()))).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + std::string(250, 'b') + ".svg";  // 254 bytes: the limit is 255
+  files::write_atomic(path, "<svg/>\n", "figure");
+  EXPECT_EQ(cast::testing::slurp(path), "<svg/>\n");
+  int entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++entries;
+  EXPECT_EQ(entries, 1) << "a temporary file was left";
+  std::filesystem::remove_all(dir);
+}
