@@ -26,6 +26,7 @@ struct StepCase {
   nn::Mechanism mechanism;
   bool single_assignment = false, shared_clustering = false;
   int64_t patch = 1;  // 2: 8 × 8 images in 2 × 2 patches (16 tokens), every pixel real
+  bool dual = false;   // a two-tower model: its blocks run twice a step, once per text
 };
 
 class CudaTrainingSteps : public ::testing::TestWithParam<StepCase> {};
@@ -33,7 +34,7 @@ class CudaTrainingSteps : public ::testing::TestWithParam<StepCase> {};
 static std::string step_case_name(const ::testing::TestParamInfo<StepCase>& info) {
   const StepCase& c = info.param;
   return std::string(nn::mechanism_name(c.mechanism)) + (c.single_assignment ? "_satopk" : "") +
-         (c.shared_clustering ? "_shared" : "") + (c.patch > 1 ? "_patches" : "");
+         (c.shared_clustering ? "_shared" : "") + (c.patch > 1 ? "_patches" : "") + (c.dual ? "_dual" : "");
 }
 
 // A tiny model of the case's mechanism (dropout on, so the device's dropout stream is used too).
@@ -48,6 +49,7 @@ static nn::ModelConfig step_model(const StepCase& c, int64_t layers, int64_t clu
   m.attention.iterations = 2;
   m.patch = c.patch;
   if (c.patch > 1) m.max_len = 64;
+  m.dual = c.dual;
   return m;
 }
 
@@ -172,6 +174,14 @@ nn::Batch step_batch(const StepCase& c, Device device) {
   batch.labels = Tensor::from_vector<int32_t>(labels, {B}, device);
   batch.host_labels = labels;
   batch.real_tokens = real;
+  if (c.dual) {  // the second text: the first's rows in reverse order
+    std::vector<int32_t> tokens2(B * N);
+    std::vector<float> mask2(B * N);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < N; ++i) tokens2[b * N + i] = tokens[(B - 1 - b) * N + i], mask2[b * N + i] = mask[(B - 1 - b) * N + i];
+    batch.tokens2 = Tensor::from_vector<int32_t>(tokens2, {B, N}, device);
+    batch.mask2 = Tensor::from_vector<float>(mask2, {B, N}, device);
+  }
   return batch;
 }
 
@@ -311,7 +321,7 @@ TEST_P(RecomputedSteps, TheTapeKeepsEachBlocksInputAlone) {
     EXPECT_EQ(node.outputs[0].dim(0), 5);
     EXPECT_EQ(node.outputs[0].dim(2), m.dim);
   });
-  EXPECT_EQ(blocks, m.layers);
+  EXPECT_EQ(blocks, m.layers * (m.dual ? 2 : 1));  // a two-tower model runs its blocks once per text
   autograd::clear_tape();
 }
 
@@ -320,5 +330,7 @@ INSTANTIATE_TEST_SUITE_P(AllMechanisms, RecomputedSteps,
                                            StepCase{nn::Mechanism::cast, true, false},
                                            StepCase{nn::Mechanism::cast, false, true},
                                            StepCase{nn::Mechanism::clustered}, StepCase{nn::Mechanism::iclustered},
-                                           StepCase{nn::Mechanism::cast, false, false, 2}),
+                                           StepCase{nn::Mechanism::cast, false, false, 2},
+                                           StepCase{nn::Mechanism::clustered, false, false, 1, true},
+                                           StepCase{nn::Mechanism::cast, false, false, 1, true}),
                          step_case_name);
