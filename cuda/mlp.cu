@@ -18,9 +18,11 @@ __global__ void bias_gelu_kernel(float* z, float* a, const float* b, int64_t col
   }
 }
 
-__global__ void gelu_backward_kernel(float* dz, const float* da, const float* z, const float* a, int64_t n) {
-  // 0 + v, as the reference's accumulation into zeros gives it (+0 where v is -0)
-  CAST_KERNEL_LOOP(i, n) dz[i] = 0.f + da[i] * unary_derivative(UnaryOp::gelu, z[i], a[i]);
+// Each element reads its own da before writing its dz: dz may be da.
+__global__ void gelu_backward_kernel(float* dz, const float* da, const float* z, int64_t n) {
+  // 0 + v, as the reference's accumulation into zeros gives it (+0 where v is -0); GELU's
+  // derivative reads x alone, so z stands in for y
+  CAST_KERNEL_LOOP(i, n) dz[i] = 0.f + da[i] * unary_derivative(UnaryOp::gelu, z[i], z[i]);
 }
 
 }  // namespace
@@ -32,10 +34,10 @@ void bias_gelu(Tensor& z, Tensor& a, const Tensor& b) {
   CUDA_CHECK_LAUNCH();
 }
 
-void gelu_backward(Tensor& dz, const Tensor& da, const Tensor& z, const Tensor& a) {
+void gelu_backward(Tensor& dz, const Tensor& da, const Tensor& z) {
   const int64_t n = z.numel();
   if (n == 0) return;
-  CAST_LAUNCH(gelu_backward_kernel, blocks_for(n), kThreads, 0, fptr(dz), fptr(da), fptr(z), fptr(a), n);
+  CAST_LAUNCH(gelu_backward_kernel, blocks_for(n), kThreads, 0, fptr(dz), fptr(da), fptr(z), n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,6 @@
 namespace cast::cuda {
 // z (R, H) += b (H) in place, and a = GELU(z): the bias add and the activation in one pass.
 void bias_gelu(Tensor& z, Tensor& a, const Tensor& b);
-// dz = da · GELU'(z), written (the reference adds it into zeros: one pass fewer).
-void gelu_backward(Tensor& dz, const Tensor& da, const Tensor& z, const Tensor& a);
+// dz = da · GELU'(z), written (the reference adds it into zeros: one pass fewer); dz may be da.
+void gelu_backward(Tensor& dz, const Tensor& da, const Tensor& z);
 }  // namespace cast::cuda

@@ -43,11 +43,18 @@ void bias_gelu(Tensor& z, Tensor& a, const Tensor& b1) {
   unary_forward(a, UnaryOp::gelu, z);
 }
 
-// dz = da · GELU'(z), written: the reference's gelu backward adds it into zeros.
-void gelu_backward(Tensor& dz, const Tensor& da, const Tensor& z, const Tensor& a) {
-  CAST_ON_CUDA(z, cuda::gelu_backward(dz, da, z, a));
-  dz.fill_zero();
-  unary_backward(dz, UnaryOp::gelu, da, z, a);
+// dz = da · GELU'(z), which reads z alone. The reference's gelu backward adds it into zeros: on
+// the CPU so does this (its loop is the reference's), on the GPU it is written in da's place.
+Tensor gelu_backward(Tensor& da, const Tensor& z) {
+#ifdef CAST_WITH_CUDA
+  if (z.is_cuda()) {
+    cuda::gelu_backward(da, da, z);
+    return da;
+  }
+#endif
+  Tensor dz = Tensor::zeros(z.shape(), z.dtype(), z.device());
+  unary_backward(dz, UnaryOp::gelu, da, z, z);  // the y argument: GELU's derivative does not read it
+  return dz;
 }
 
 }  // namespace
@@ -69,9 +76,9 @@ void mlp_backward(const MlpGrads& g, const Tensor& dy, const Tensor& x, const Te
   // da = dy W2ᵀ, then dz = da · GELU'(z), added into zeros as the reference's gelu node adds
   Tensor da = Tensor::empty(z.shape(), z.dtype(), z.device());
   linear_backward(&da, g.dw2, g.db2, dy, a, w2, 0.0, g.beta[3], g.beta[4]);
-  Tensor dz = Tensor::empty(z.shape(), z.dtype(), z.device());
-  gelu_backward(dz, da, z, a);
-  a = Tensor(), da = Tensor();
+  a = Tensor();
+  const Tensor dz = gelu_backward(da, z);
+  da = Tensor();
   linear_backward(g.dx, g.dw1, g.db1, dz, x, w1, g.beta[0], g.beta[1], g.beta[2]);
 }
 
