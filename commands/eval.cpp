@@ -164,11 +164,14 @@ Swap swap_of(const cli::Args& args) {
   const std::string swap = args.str("attention");
   CAST_CHECK_USAGE(!args.is_set("overwrite") || !args.str("figure").empty(),
                    "--overwrite replaces an existing --figure, and none is given");
-  for (const char* option : {"clusters", "topk", "bits", "iterations", "figure"})
+  for (const char* option : {"clusters", "topk", "bits", "iterations"})
     CAST_CHECK_USAGE(!swap.empty() || !args.is_set(option),
-                     "--{} sets the mechanism given by --attention, and there is none (the checkpoint's own settings "
-                     "are used without it)",
+                     "--{} is an option of the mechanism --attention swaps in, and none is given (without "
+                     "--attention the checkpoint's own settings are used)",
                      option);
+  CAST_CHECK_USAGE(!swap.empty() || !args.is_set("figure"),
+                   "--figure draws a sweep of --attention (and --clusters), and no --attention is given: name the "
+                   "mechanisms to evaluate, e.g. --attention full,clustered");
   Swap s;
   if (swap.empty()) return s;
   s.mechanisms = cli::comma_list("attention", swap);

@@ -125,17 +125,22 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
   std::set<std::string> seen;
   std::vector<std::pair<std::string, int>> rows;
   const int64_t total = spec.train + spec.val + spec.test;
-  int64_t attempts = 0;
+  int64_t attempts = 0, since_last = 0;
+  // Bounds that admit fewer distinct trees than asked for are found by the draws: none new for
+  // this many in a row (the full task's trees are long, so its whole budget below would take
+  // minutes), or the whole budget spent.
+  constexpr int64_t kStall = 200000;
   while (static_cast<int64_t>(rows.size()) < total) {
     // bounds few trees fall within take many draws an example: a stop is honoured between draws
     if (stop_check && attempts % 4096 == 0) stop_check();
-    CAST_CHECK_USAGE(++attempts < total * 10000,
+    CAST_CHECK_USAGE(++attempts < total * 10000 && ++since_last < kStall,
                      "ListOps data {}: the length bounds ({}, {}: --min-length, --max-length) are too tight to fill {} "
                      "distinct examples; widen them or lower --count",
                      dir, spec.min_length, spec.max_length, total);
     int length = 0;
     std::string tree = random_tree(rng, 0, spec, length);
     if (length <= spec.min_length || length >= spec.max_length || !seen.insert(tree).second) continue;
+    since_last = 0;
     rows.push_back({tree, evaluate_listops(tree)});
     if (stop_check && rows.size() % 256 == 0) stop_check();
   }

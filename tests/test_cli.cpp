@@ -617,7 +617,17 @@ TEST(Cli, EvalWithAnotherAttentionCarriesTheWeightsOver) {
       << unknown.err;
   CliRun stray = run("eval --device cpu --clusters 4 --checkpoint " + ckpt);
   EXPECT_EQ(stray.code, 2);
-  EXPECT_NE(stray.err.find("--clusters sets the mechanism given by --attention"), std::string::npos) << stray.err;
+  EXPECT_NE(stray.err.find("--clusters is an option of the mechanism --attention swaps in, and none is given"),
+            std::string::npos)
+      << stray.err;
+  // --figure names what it needs (eleventh attack, L5)
+  CliRun figure = run("eval --device cpu --figure " + dir.string() + "/f.svg --checkpoint " + ckpt);
+  EXPECT_EQ(figure.code, 2);
+  EXPECT_NE(figure.err.find("--figure draws a sweep of --attention"), std::string::npos) << figure.err;
+  // a whole number beyond 64 bits is out of range, not "not an integer" (eleventh attack, L4)
+  CliRun seed = run("train --seed 9223372036854775808 --steps 1");
+  EXPECT_EQ(seed.code, 2);
+  EXPECT_NE(seed.err.find("--seed is 9223372036854775808: out of range"), std::string::npos) << seed.err;
   EXPECT_EQ(slurp(ckpt), before);
   fs::remove_all(dir);
 }

@@ -236,3 +236,24 @@ TEST(Compare, ARunOfAnotherDataSetIsRefused) {
                     out + "/full-seed1/checkpoint.safetensors: this run trained on another set than data folder " + data);
   EXPECT_FALSE(fs::exists(out + "/full-seed2"));
 }
+
+// `--vary recompute` compares exactly the runs' time and memory: each value trains its own run
+// (eleventh attack, L2: the second took the first's). A file where a later run's folder goes is
+// refused before the first run trains (L3).
+TEST(Compare, VaryingRecomputeTrainsEachRunAndABadRunFolderIsRefusedFirst) {
+  const std::string data = fresh_dir("data_vary_recompute"), out = fresh_dir("vary_recompute");
+  train::CompareSpec spec = tiny_spec(data, out);
+  spec.variants = {{"recompute=false", {{"attention", "full"}, {"recompute", false}}},
+                   {"recompute=true", {{"attention", "full"}, {"recompute", true}}}};
+  spec.seeds = {1};
+  fs::create_directories(out);
+  std::ofstream(out + "/recompute-true-seed1") << "mine\n";
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "run folder " + out + "/recompute-true-seed1: is a file");
+  EXPECT_FALSE(fs::exists(out + "/recompute-false-seed1"));
+  fs::remove(out + "/recompute-true-seed1");
+  const train::CompareResult r = train::run_comparison(spec, 0, true);
+  ASSERT_TRUE(r.complete);
+  ASSERT_EQ(r.runs.size(), 2u);
+  EXPECT_NE(r.runs[0].dir, r.runs[1].dir);
+  EXPECT_EQ(r.runs[1].steps_this_process, 12);
+}

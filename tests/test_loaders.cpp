@@ -451,3 +451,13 @@ TEST(Loaders, AFifoInPlaceOfADataFileIsRefusedAtOnce) {
   fifo(dir + "/pf/imgs/0/sample_1.png");
   EXPECT_CAST_ERROR(data::load_pathfinder(dir + "/pf"), "PNG file " + dir + "/pf/imgs/0/sample_1.png: is a FIFO");
 }
+
+// Bounds that admit fewer distinct trees than asked for are refused once the draws stop finding
+// new ones, for the full task's long trees too (eleventh attack, L1: it drew for minutes). The
+// set's own draws are untouched: the same seed gives the same set.
+TEST(ListOps, BoundsTooTightForTheCountAreRefused) {
+  data::ListOpsSpec s;  // the full task's trees: depth 10, up to 10 arguments
+  s.min_length = 1, s.max_length = 5, s.train = 4000, s.val = 5, s.test = 0;
+  EXPECT_CAST_ERROR(data::generate_listops(fresh_dir("listops_tight"), s, 1),
+                    "are too tight to fill 4005 distinct examples");
+}

@@ -152,6 +152,7 @@ Checkpoint read_checkpoint_header(const std::string& path) {
     return it->second;
   };
   CAST_CHECK(get("format") == kFormat, "{}: unsupported checkpoint format '{}'", path, get("format"));
+  for (const char* key : {"train", "model"}) get(key);  // missing: said once, not as corrupt metadata
   Checkpoint ck;
   try {
     json train = files::parse_json(get("train"), "'train' metadata");

@@ -1,6 +1,7 @@
 #include "train/cli.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 #include "tensor/error.h"
@@ -107,7 +108,10 @@ std::string Args::str(const std::string& name) const {
 int64_t Args::integer(const std::string& name) const {
   const std::string v = str(name);
   int64_t r = 0;
-  if (text::read_decimal(v, r) == text::Decimal::ok) return r;
+  const text::Decimal read = text::read_decimal(v, r);
+  if (read == text::Decimal::ok) return r;
+  if (read == text::Decimal::out_of_range)  // a whole number a 64-bit integer does not hold
+    throw UsageError(fmt::format("--{} is {}: out of range (a 64-bit integer, {} to {})", name, v, INT64_MIN, INT64_MAX));
   throw UsageError(fmt::format("--{} expects an integer, got '{}'", name, v));
 }
 

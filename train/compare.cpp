@@ -37,13 +37,14 @@ TrainConfig run_config(const CompareSpec& spec, const json& variant, uint64_t se
   return c;
 }
 
-// The run's settings as stored, without the folder (a comparison folder may be moved) and
-// without --recompute, which changes how a run computes, not what (bit for bit): a comparison
-// may turn it on or off, as a resume may.
-json comparable(const TrainConfig& c) {
+// The run's settings as stored, without the folder (a comparison folder may be moved). A run
+// continued in its own folder may also differ in --recompute, which changes how it computes, not
+// what (bit for bit), as a resume may; a finished run taken for another variant may not, since
+// `--vary recompute` compares exactly that run's time and memory.
+json comparable(const TrainConfig& c, bool with_recompute) {
   json j = all_settings_json(c);
   j.erase("run");
-  j.erase("recompute");
+  if (!with_recompute) j.erase("recompute");
   return j;
 }
 
@@ -65,7 +66,7 @@ std::string first_difference(const json& stored, const json& asked, json& was, j
 
 // A run folder left by an earlier invocation must hold the run this invocation asks for.
 void check_same_run(const std::string& checkpoint, const TrainConfig& started_with, const TrainConfig& wanted) {
-  const json stored = comparable(started_with), asked = comparable(wanted);
+  const json stored = comparable(started_with, false), asked = comparable(wanted, false);
   if (stored == asked) return;
   json was, is;
   std::string key = first_difference(stored, asked, was, is);
@@ -77,7 +78,7 @@ void check_same_run(const std::string& checkpoint, const TrainConfig& started_wi
 
 // A finished run folder under `out_dir` trained with exactly `config` (seed included), or "".
 std::string finished_run_like(const std::string& out_dir, const TrainConfig& config) {
-  const json wanted = comparable(config);
+  const json wanted = comparable(config, true);
   std::vector<std::filesystem::path> folders;
   for (const auto& entry : std::filesystem::directory_iterator(out_dir))
     if (entry.is_directory()) folders.push_back(entry.path());
@@ -85,7 +86,7 @@ std::string finished_run_like(const std::string& out_dir, const TrainConfig& con
   for (const auto& folder : folders) {
     const std::string checkpoint = (folder / "checkpoint.safetensors").string();
     if (!std::filesystem::exists(folder / "summary.json") || !std::filesystem::exists(checkpoint)) continue;
-    if (comparable(read_checkpoint_header(checkpoint).config) == wanted) return folder.string();
+    if (comparable(read_checkpoint_header(checkpoint).config, true) == wanted) return folder.string();
   }
   return "";
 }
@@ -357,6 +358,7 @@ std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spe
                        "variant {}: setting 'precision' is {}: the CPU computes in fp32 only (tf32 and bf16 need "
                        "--device cuda)",
                        r.variant, c.precision);
+      files::check_output_folder(r.dir, "run folder");  // a file where a run's folder goes: refused before any run
       if (std::filesystem::is_directory(r.dir) && !files::exists(r.dir + "/checkpoint.safetensors"))
         check_new_run_files(c);
       // nothing is made inside the data a run reads, the comparison's lock file included

@@ -227,6 +227,7 @@ void keep_metrics_until(const std::string& path, int64_t last_step, const std::s
   int64_t number = 0;
   while (std::getline(in, line)) {
     ++number;
+    if (line.empty()) continue;  // a blank line holds nothing to keep
     const json j = json::parse(line, nullptr, false);
     const bool record = j.is_object() && j.contains("step") && j["step"].is_number_integer();
     // a last line cut short (no newline: the run was killed while writing it) is left behind;
@@ -236,7 +237,7 @@ void keep_metrics_until(const std::string& path, int64_t last_step, const std::s
     CAST_CHECK(record || cut_short,
                "{} line {} is not a metrics record (a JSON object with an integer \"step\"); {}", path, number,
                files::same_path(path, out)
-                   ? "resuming rewrites the file and would drop it: move it elsewhere first"
+                   ? "resuming rewrites the file and would drop that line: fix it, or copy it elsewhere and remove it"
                    : fmt::format("the new run's {} starts from its records: remove or fix that line", out));
     if (record && j["step"].get<int64_t>() <= last_step) kept += line + '\n';
   }

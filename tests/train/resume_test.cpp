@@ -880,3 +880,16 @@ TEST(Training, AStopInsideAnEvaluationResumesAsTheStraightRun) {
     }
   }
 }
+
+// A blank line in a run's metrics holds no record to lose: a resume goes on (eleventh attack,
+// L6: it was refused with advice to move the whole file away).
+TEST(Training, ABlankMetricsLineDoesNotStopAResume) {
+  data::TaskData task = counting_task(200, 20, 23);
+  const std::string ckpt = six_step_run(task, "blank_metrics_line");
+  const std::string run_dir = std::filesystem::path(ckpt).parent_path().string();
+  std::ofstream(run_dir + "/metrics.jsonl", std::ios::app) << "\n";
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, run_dir);
+  c.steps = 8;
+  EXPECT_NO_THROW(train::train_on(c, task, ckpt, 0, true));
+  EXPECT_EQ(train::read_checkpoint_header(ckpt).step, 8);
+}
