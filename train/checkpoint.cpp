@@ -44,11 +44,13 @@ std::string checkpoint_damage(const std::string& path) {
   return non_finite_in(read_safetensors(path, "checkpoint").tensors);
 }
 
-std::string last_good_checkpoint(const std::string& path) {
+std::string last_good_checkpoint(const std::string& path, bool* usable) {
+  if (usable) *usable = false;
   if (!files::exists(path)) return "No checkpoint was written yet";
   try {
     const Checkpoint ck = read_checkpoint_header(path);
     const std::string damage = checkpoint_damage(path);
+    if (usable) *usable = damage.empty();
     if (damage.empty())
       return fmt::format("The last good checkpoint is {} (step {}, every value checked finite)", path, ck.step);
     return fmt::format("{} holds non-finite values ({}): no good checkpoint is left", path, damage);

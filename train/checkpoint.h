@@ -58,7 +58,8 @@ void load_checkpoint(const std::string& path, nn::Transformer& model, std::vecto
 std::string non_finite_in(const std::map<std::string, Tensor>& tensors);
 std::string checkpoint_damage(const std::string& path);
 // What a stopped run can go back to, said only of a checkpoint read back and found finite.
-std::string last_good_checkpoint(const std::string& path);
+// `usable`, when given, says whether it names a checkpoint a run may resume from.
+std::string last_good_checkpoint(const std::string& path, bool* usable = nullptr);
 
 // The settings of a resumed run: the checkpoint's, with `changes` (a config file's keys, then
 // the flags') applied where a run may change on the way (the table's resumable settings) and a

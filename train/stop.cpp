@@ -43,12 +43,18 @@ char g_second_note[4096] = "";
 std::atomic<bool> g_note_ready{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 
-void write_all(const char* text, size_t n) {
-  while (n > 0) {
-    const ssize_t w = write(STDERR_FILENO, text, n);  // async-signal-safe
+// Writes text to standard error from a signal handler (write and strlen are async-signal-safe).
+void say(const char* text) {
+  for (size_t n = std::strlen(text); n > 0;) {
+    const ssize_t w = write(STDERR_FILENO, text, n);
     if (w <= 0) return;
     text += w, n -= static_cast<size_t>(w);
   }
+}
+
+// The name of a signal a handler here catches, or nullptr; no allocation, so handlers may call it.
+const char* known_signal_name(int signal) {
+  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : nullptr;
 }
 
 // Ends the process by the signal itself (its default action), so that a shell running it in a
@@ -80,11 +86,11 @@ extern "C" void on_stop_signal(int signal) {
     const int64_t first = g_first_ns.load();
     if (first != 0 && now_ns() - first < kSameSignalNs) return;
     files::remove_temporaries_now();  // a checkpoint being written: its temporary file goes
-    const char* name = signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : "signal";
-    write_all("cast: stopped at once by a second ", 34);
-    write_all(name, std::strlen(name));
-    if (g_note_ready.load()) write_all(g_second_note, std::strlen(g_second_note));
-    write_all("\n", 1);
+    const char* name = known_signal_name(signal);
+    say("cast: stopped at once by a second ");
+    say(name ? name : "signal");
+    if (g_note_ready.load()) say(g_second_note);
+    say("\n");
     die_by(signal);
   }
   if (signal == SIGHUP) quiet_standard_output();  // the terminal is gone: progress lines go nowhere
@@ -105,10 +111,10 @@ namespace {
 // A command with nothing to save: a stop ends it at once, its temporary files removed first.
 extern "C" void on_exit_signal(int signal) {
   files::remove_temporaries_now();
-  const char* name = signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : "signal";
-  write_all("cast: stopped by ", 17);
-  write_all(name, std::strlen(name));
-  write_all("\n", 1);
+  const char* name = known_signal_name(signal);
+  say("cast: stopped by ");
+  say(name ? name : "signal");
+  say("\n");
   die_by(signal);
 }
 
@@ -150,10 +156,8 @@ void clear_stop() {
 }
 
 std::string signal_name(int signal) {
-  if (signal == SIGINT) return "SIGINT";
-  if (signal == SIGTERM) return "SIGTERM";
-  if (signal == SIGHUP) return "SIGHUP";
-  return fmt::format("signal {}", signal);
+  const char* name = known_signal_name(signal);
+  return name ? name : fmt::format("signal {}", signal);
 }
 
 std::string shell_quote(const std::string& word) {

@@ -292,19 +292,19 @@ RunCost cost_now(const Run& run) {
   return cost;
 }
 
-// Every checkpoint is checked finite before it is written: an update that overflowed stops
-// the run here, and the file on disk stays the last good one.
 // After a failed write: which checkpoint the run continues from, and how; or that it starts again.
 std::string how_to_continue(const Run& run) {
   if (!files::exists(run.checkpoint))
     return run.c.resume_command.empty()
                ? "No checkpoint was written yet: run the same command again"
                : "No checkpoint was written yet: run the same command again (" + run.c.resume_command + ")";
-  const std::string last = last_good_checkpoint(run.checkpoint);
-  if (!last.starts_with("The last good checkpoint is")) return last;  // none is left to resume from
-  return last + "; resume with: " + resume_with(run);
+  bool usable = false;
+  const std::string last = last_good_checkpoint(run.checkpoint, &usable);
+  return usable ? last + "; resume with: " + resume_with(run) : last;  // else none is left to resume from
 }
 
+// Every checkpoint is checked finite before it is written: an update that overflowed stops
+// the run here, and the file on disk stays the last good one.
 void save(const Run& run, const std::string& path) {
   try {
     save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window,
