@@ -6,9 +6,9 @@
 # own time budget and the session goes on after a stage fails. It writes at most 8 files into
 # the output folder, among them summary.md: what each stage did, in how long, and what failed.
 #
-#   bench/gpu_session.sh [--out DIR] [--budget SECONDS] [--stages LIST]   # on the GPU machine ($OUT or bench/out)
+#   bench/gpu_session.sh [--out DIR] [--budget SECONDS] [--stages LIST] [--sweep-tiles]   # on the GPU machine ($OUT or bench/out)
 #   bench/gpu_session.sh --dry-run [--out DIR] [--build-dir build]   # anywhere: every stage and call, tiny
-#   bench/gpu_session.sh --lra NAME [--precision P] [--out DIR]   # one named LRA run (below)
+#   bench/gpu_session.sh --lra NAME [--precision P] [--out DIR] [--stages LIST]   # one named LRA run (below)
 #
 # Dependencies without network: run bench/gpu_kit.sh beforehand where apt works; it fetches the
 # Debian packages of the libraries into kit/debs, and this script unpacks them into kit/root and
@@ -22,11 +22,14 @@
 # (`python3 bench/paper_table.py --rows bench.jsonl --figure F.svg` draws them), its tables into
 # summary.md.
 # tensor_core: the flash kernels' TFLOPS per kind of product (`cast bench flash`, with each
-# kernel's error against f64), the Text-preset step at every precision for every mechanism,
+# kernel's error against f64; at the default tiles, or at every tile shape with --sweep-tiles),
+# the Text-preset step at every precision for every mechanism (and at bf16 with --recompute),
 # PyTorch's at the same precisions, and the SASS's tensor-core instructions. parity: the default
 # task trained at fp32 and bf16 from three seeds each (`cast compare`).
 #
-# --lra NAME: one named LRA run in the call, and nothing else (stages probe, kit, build, lra).
+# --lra NAME: one named LRA run in the call (stages probe, kit, build, lra), after the stages of
+# --stages where it is given (one build for both; the run then brings back runs.tar.gz, which
+# holds its results files, and clusters.svg, so that the other stages' files fit the 8).
 # NAME is CONFIG-MECHANISM[-sSEEDS]: the settings file bench/lra/CONFIG.json (its "task" and
 # what differs from the task's preset), a mechanism (full, cast, clustered, iclustered) and the
 # seeds (default 1), e.g. listops-cast, fashion-mnist-lra-full, fashion-d128-clustered-s1,2,3.
@@ -48,7 +51,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 dry=0 out="${OUT:-bench/out}" budget=570 dry_build=build stages="probe,kit,build,tests,sanitizer,bench,tensor_core,paper,profile,pytorch,parity,train"
-lra="" lra_precision=tf32 stages_given=0
+lra="" lra_precision=tf32 stages_given=0 sweep_tiles=0 lra_with_stages=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1; shift ;;
@@ -58,16 +61,17 @@ while [ $# -gt 0 ]; do
     --stages) stages="$2"; stages_given=1; shift 2 ;;
     --lra) lra="$2"; shift 2 ;;
     --precision) lra_precision="$2"; shift 2 ;;
+    --sweep-tiles) sweep_tiles=1; shift ;;
     *) echo "gpu_session: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
 if [ -n "$lra" ]; then
-  [ $stages_given = 0 ] || { echo "gpu_session: --lra runs its own stages (probe, kit, build, lra): drop --stages" >&2; exit 2; }
+  lra_with_stages=$stages_given
   [[ "$lra" =~ ^([a-z0-9-]+)-(full|cast|clustered|iclustered)(-s([0-9]+(,[0-9]+)*))?$ ]] ||
     { echo "gpu_session: --lra '$lra' is not CONFIG-MECHANISM[-sSEEDS] (e.g. listops-cast, fashion-d128-full-s1,2,3)" >&2; exit 2; }
   lra_config="bench/lra/${BASH_REMATCH[1]}.json" lra_mechanism="${BASH_REMATCH[2]}" lra_seeds="${BASH_REMATCH[4]:-1}"
   [ -f "$lra_config" ] || { echo "gpu_session: --lra '$lra': no settings file $lra_config (those there: $(cd bench/lra && ls | sed 's/\.json$//' | tr '\n' ' '))" >&2; exit 2; }
-  stages="probe,kit,build,lra"
+  if [ $stages_given = 1 ]; then stages="$stages,lra"; else stages="probe,kit,build,lra"; fi
 fi
 [[ "$lra_precision" =~ ^(fp32|tf32|bf16)$ ]] || { echo "gpu_session: --precision '$lra_precision' is not fp32, tf32 or bf16" >&2; exit 2; }
 mkdir -p "$out" || { echo "gpu_session: cannot create the output folder $out" >&2; exit 1; }
@@ -97,7 +101,7 @@ REAL_FILTERS="$GPU_FILTER $MEMCHECK_FILTER $RACE_FILTER"
 if [ $dry = 1 ]; then
   build_dir="$dry_build" cast="$dry_build/cast_emu" tests="$dry_build/cast_emu_tests"
   lengths=64 text_length=8 text_batch=1 repeats=1 warmup=0 steps=2 train_batch=2 rounds=1 eval_limit=4
-  train_mechanisms=full flash_lengths=64 flash_widths=32 flash_tokens=128 flash_check=24 flash_rows=0 flash_warp=0 precisions=bf16
+  train_mechanisms=full profile_mechanisms=full profile_precisions=bf16 flash_lengths=64 flash_widths=32 flash_tokens=128 flash_check=24 flash_rows=0 flash_warp=0 precisions=bf16
   parity_steps=2 parity_seeds=1 data_count=200 paper_lengths=8 paper_batch=1 paper_mechanisms=cast-topk
   # An LRA run shrunk to a few tiny steps on a few tokens (images in 4 x 4 patches), on data
   # made as small: the same calls as the real run.
@@ -118,8 +122,10 @@ else
   budget_scale=1
   build_dir=build-gpu cast="build-gpu/cast" tests="build-gpu/cast_tests"
   lengths=1024,4096 text_length=4096 text_batch=32 repeats=5 warmup=2 steps=300 train_batch=32 rounds=3 eval_limit=0
-  train_mechanisms=full,cast-topk,clustered,iclustered flash_lengths=1024,4096,16384 flash_widths=32,64,128
-  flash_tokens=65536 flash_check=1024 flash_rows=32,64 flash_warp=16,32 precisions=fp32,tf32,bf16 parity_steps=1200 parity_seeds=1,2,3
+  train_mechanisms=full,cast-topk,clustered,iclustered profile_mechanisms=full,cast-topk profile_precisions=bf16
+  flash_lengths=1024,4096,16384 flash_widths=32,64,128
+  flash_tokens=65536 flash_check=1024 flash_rows=0 flash_warp=0 precisions=fp32,tf32,bf16 parity_steps=1200 parity_seeds=1,2,3
+  [ $sweep_tiles = 1 ] && flash_rows=32,64 flash_warp=16,32  # every tile shape, not only the defaults
   paper_lengths=1024,2048,3072,4096 paper_batch=32 paper_mechanisms=full,cast-topk,clustered,iclustered
   data_count=0  # cast data's default
   lra_tiny="" lra_listops_data="" lra_pathfinder_count=200000 lra_reserve=60
@@ -259,7 +265,7 @@ bench_stage() {
   [ -s "$BENCH" ]
 }
 
-# Kernel times of one training step per mechanism (Nsight Compute, one metric, one pass), summed
+# Kernel times of one training step per profiled mechanism and precision (Nsight Compute, one metric, one pass), summed
 # by kernel with bench/kernel_times.py, to set against bench/floor.py's table.
 profile_stage() {
   if [ $dry = 1 ] || ! command -v ncu > /dev/null; then
@@ -267,13 +273,15 @@ profile_stage() {
     echo "no ncu$([ $dry = 1 ] && echo " in the dry run"): kernel times skipped" > "$note"
     return 0
   fi
-  local mechanism
-  for mechanism in ${train_mechanisms//,/ }; do
-    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-      "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda \
-      --mechanisms "$mechanism" --warmup 0 --repeats 1 > "$scratch/ncu.csv" 2> "$scratch/ncu.err" || { tail -n 5 "$scratch/ncu.err" >&2; return 1; }
-    { echo "== $mechanism: one Text-preset step, N $text_length, batch $text_batch"
-      python3 bench/kernel_times.py "$scratch/ncu.csv" --top 12; } >> "$scratch/profile.txt" || return 1
+  local mechanism p
+  for p in ${profile_precisions//,/ }; do
+    for mechanism in ${profile_mechanisms//,/ }; do
+      ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
+        --mechanisms "$mechanism" --warmup 0 --repeats 1 > "$scratch/ncu.csv" 2> "$scratch/ncu.err" || { tail -n 5 "$scratch/ncu.err" >&2; return 1; }
+      { echo "== $mechanism at $p: one Text-preset step, N $text_length, batch $text_batch"
+        python3 bench/kernel_times.py "$scratch/ncu.csv" --top 20; } >> "$scratch/profile.txt" || return 1
+    done
   done
   grep -h "launches," "$scratch/profile.txt" | tr '\n' ';' > "$note"
 }
@@ -320,6 +328,9 @@ tensor_core_stage() {
     "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
       --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-$p.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
   done
+  # the bf16 step with every block recomputed in its backward (--recompute): its memory and time
+  "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision bf16 --recompute \
+    --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-bf16-recompute.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
   # the fp32 step with the split-TF32 flash kernel, the candidate for --precision fp32
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision fp32 \
     --fp32-flash tf32x3 --mechanisms full --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-fp32-tf32x3.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
@@ -398,13 +409,16 @@ lra_stage() {
   elif [ $rc != 0 ]; then
     tail -n 20 "$log" >&2
   fi
-  for f in results.md results.json comparison.svg; do [ -f "$folder/$f" ] && cp "$folder/$f" "$out/$f"; done
+  [ -f "$folder/results.md" ] && cp "$folder/results.md" "$scratch/lra_results.md"
+  if [ "$lra_with_stages" = 0 ]; then  # beside other stages' files they travel in runs.tar.gz alone
+    for f in results.md results.json comparison.svg; do [ -f "$folder/$f" ] && cp "$folder/$f" "$out/$f"; done
+  fi
   tar -czf "$LRA_RUNS" -C "$folder" --exclude='*.safetensors' --exclude='.cast.lock' --exclude='*.tmp' . || return 1
   if [ "$lra_mechanism" = cast ] && [[ "$task" == fashion-mnist* || "$task" == pathfinder ]]; then
     f=$(ls "$folder"/*/checkpoint.safetensors 2>/dev/null | head -n 1)
     [ -n "$f" ] && { "$cast" clusters --checkpoint "$f" --data "$data" --out "$LRA_CLUSTERS" >> "$log" 2>&1 || return 1; }
   fi
-  grep -hE "^\| $lra_mechanism " "$LRA_MD" 2>/dev/null | head -n 1 | tr -s ' ' >> "$note"
+  grep -hE "^\| $lra_mechanism " "$scratch/lra_results.md" 2>/dev/null | head -n 1 | tr -s ' ' >> "$note"
   grep -hE "test accuracy|stopped|done in" "$log" | tail -n 4 | tr -s ' ' | tr '\n' ';' >> "$note"
   [ $rc = 0 ] || [ $rc = 130 ] || [ $rc = 124 ]
 }
@@ -412,9 +426,9 @@ lra_stage() {
 # Each stage runs in its own bash under `timeout`: it sees these functions and settings.
 export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage bench_stage profile_stage pytorch_stage train_stage \
   tensor_core_stage paper_stage parity_stage lra_stage
-export lra lra_config lra_mechanism lra_seeds lra_precision lra_tiny lra_listops_data lra_pathfinder_count lra_reserve \
+export lra lra_with_stages lra_config lra_mechanism lra_seeds lra_precision lra_tiny lra_listops_data lra_pathfinder_count lra_reserve \
   LRA_MD LRA_JSON LRA_FIGURE LRA_RUNS LRA_CLUSTERS
-export flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds data_count \
+export profile_mechanisms profile_precisions flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds data_count \
   paper_lengths paper_batch paper_mechanisms
 export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES
@@ -427,7 +441,7 @@ wanted probe && run_stage probe 20 probe
 run_stage kit 40 kit
 run_stage build 300 build
 later=(tests:70:tests_stage tensor_core:200:tensor_core_stage paper:200:paper_stage sanitizer:100:sanitizer_stage bench:90:bench_stage
-       profile:90:profile_stage pytorch:70:pytorch_stage parity:150:parity_stage train:60:train_stage lra:600:lra_stage)
+       profile:150:profile_stage pytorch:70:pytorch_stage parity:150:parity_stage train:60:train_stage lra:600:lra_stage)
 for entry in "${later[@]}"; do
   IFS=: read -r name seconds fn <<< "$entry"
   wanted "$name" || continue
@@ -450,7 +464,7 @@ done
   printf '%s\n' "${rows[@]}"
   echo
   [ -n "$lra" ] && echo "One named LRA run: $lra ($lra_config, $lra_mechanism, seeds $lra_seeds, $lra_precision)." && echo
-  for f in "$scratch/bench.txt" "$scratch/tensor_core.txt" "$scratch/paper.txt" "$scratch/parity.md" "$TORCH" "$LRA_MD"; do
+  for f in "$scratch/bench.txt" "$scratch/tensor_core.txt" "$scratch/paper.txt" "$scratch/parity.md" "$TORCH" "$scratch/lra_results.md"; do
     [ -s "$f" ] && { echo '```'; grep -vE "^\s*$" "$f" | tail -n 80; echo '```'; echo; }
   done
   [ -s "$scratch/profile.txt" ] && { echo '```'; cat "$scratch/profile.txt"; echo '```'; echo; }

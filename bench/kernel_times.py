@@ -8,7 +8,9 @@ nearly its own speed):
       build-gpu/cast bench train --task text --mechanisms cast-topk --warmup 0 --repeats 1 > ncu.csv
   python3 bench/kernel_times.py ncu.csv [--top 25]
 
-It prints each kernel's launches, total milliseconds and share of the whole, largest first.
+It prints each kernel's launches, total milliseconds and share of the whole, largest first, after
+one line of shares by kind: matmul (cuBLAS), attention (the attention and clustering kernels)
+and other (elementwise, layout, reductions, LayerNorm, the loss, the optimizer).
 Template arguments are cut from the names so that one kernel's instances add up; --exact keeps
 them.
 """
@@ -55,6 +57,22 @@ def short_name(name):
     return "".join(out).strip() or name
 
 
+MATMUL_WORDS = ("gemm", "cutlass", "xmma", "cublas", "sm90_", "sm80_", "ampere_", "hopper_")
+ATTENTION_WORDS = ("flash", "cluster", "topkey", "top_key", "combine", "summar", "hamming", "kmeans", "lsh",
+                   "affinit", "attention", "intra", "gate", "member", "radix_select", "softmax", "slot",
+                   "weight_index", "topk", "repeat_heads", "to_bf16_rows")
+
+
+def kind(name):
+    """matmul, attention or other, by the kernel's name."""
+    lower = name.lower()
+    if any(w in lower for w in MATMUL_WORDS):
+        return "matmul"
+    if any(w in lower for w in ATTENTION_WORDS):
+        return "attention"
+    return "other"
+
+
 def totals(lines, exact=False):
     """(nanoseconds by kernel, launches by kernel) from ncu's CSV lines."""
     total_ns, launches = collections.Counter(), collections.Counter()
@@ -79,6 +97,8 @@ def self_test():
     total_ns, launches = totals(lines)
     assert total_ns == {"void cuda::flash_forward_kernel": 2000.0, "cuda::affine_kernel": 250.0}, total_ns
     assert launches["void cuda::flash_forward_kernel"] == 2, launches
+    assert [kind(k) for k in ("void cuda::flash_forward_kernel", "cuda::affine_kernel", "sm90_xmma_gemm_bf16")] == \
+        ["attention", "other", "matmul"]
     exact, _ = totals(lines, exact=True)
     assert len(exact) == 3, exact
     try:
@@ -104,6 +124,11 @@ def main():
     if whole == 0:
         raise SystemExit("kernel_times: the CSV holds no kernel times")
     print(f"{sum(launches.values())} launches, {whole / 1e6:.2f} ms of kernel time in all")
+    by_kind = collections.Counter()
+    for key, ns in total_ns.items():
+        by_kind[kind(key)] += ns
+    print("by kind: " + ", ".join(f"{k} {by_kind[k] / 1e6:.2f} ms ({100 * by_kind[k] / whole:.1f}%)"
+                                  for k in ("matmul", "attention", "other")))
     print(f"{'kernel':<60} {'launches':>8} {'ms':>9} {'share':>6}")
     for key, ns in total_ns.most_common(args.top):
         print(f"{key[:60]:<60} {launches[key]:>8} {ns / 1e6:>9.3f} {100 * ns / whole:>5.1f}%")

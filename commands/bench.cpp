@@ -602,11 +602,12 @@ struct FlashTensors {
 void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup, int64_t repeats,
                        JsonLines& json_out) {
   const int d = static_cast<int>(x.d);
-  // the forward's rows per warp x streamed rows, the backward's streamed rows
-  const std::string tiles = kernel == cuda::FlashKernel::fma ? "-"
-                                                             : fmt::format("{}x{}/{}", cuda::flash_warp_rows(kernel, d),
-                                                                           cuda::flash_stream_rows(kernel, d, true),
-                                                                           cuda::flash_stream_rows(kernel, d, false));
+  // rows per warp x streamed rows, of the forward / of the backward
+  const std::string tiles =
+      kernel == cuda::FlashKernel::fma
+          ? "-"
+          : fmt::format("{}x{}/{}x{}", cuda::flash_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, true),
+                        cuda::flash_backward_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, false));
   std::vector<double> tf, tb;
   for (int64_t r = 0; r < warmup + repeats; ++r) {
     const double f =
@@ -700,9 +701,9 @@ cli::Args bench_args() {
       .option("check-length", "1024", "flash: rows of the error check against f64 (0: none)")
       .option("stream-rows", "0",
               "flash: the tensor-core kernels' streamed tile rows, a list of 32, 64, 128 (0: the defaults); the "
-              "table's tiles column shows what ran: the forward's rows per warp x streamed rows / the backward's "
-              "streamed rows")
-      .option("warp-rows", "0", "flash: the forward's rows per warp, a list of 16, 32 (0: the default)")
+              "table's tiles column shows what ran: rows per warp x streamed rows, of the forward / of the "
+              "backward")
+      .option("warp-rows", "0", "flash: rows per warp of the forward and the backward, a list of 16, 32 (0: the defaults)")
       .option("task", "text", "train: task preset")
       .option("length", "", "train: sequence length (default: the preset's)")
       .option("batch-size", "", "train: batch size (default: the preset's)")

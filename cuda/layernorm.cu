@@ -77,16 +77,22 @@ __global__ void layernorm_dparams_partial_kernel(float* partial_g, float* partia
   }
 }
 
+// One warp per column sums its chunks (a thread per column, walking 1024 chunks one load after
+// another, took 0.22 ms for 256 columns on an H100).
 __global__ void layernorm_dparams_finish_kernel(float* dgamma, float* dbeta, const float* partial_g,
                                                 const float* partial_b, int64_t chunks, int64_t d) {
-  CAST_KERNEL_LOOP(j, d) {
+  const int64_t warps = blockDim.x / 32, step = warps * gridDim.x;
+  for (int64_t j = blockIdx.x * warps + threadIdx.x / 32; j < d; j += step) {  // the same in a warp
     float sg = 0, sb = 0;
-    for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t c = threadIdx.x % 32; c < chunks; c += 32) {
       sg += partial_g[c * d + j];
       sb += partial_b[c * d + j];
     }
-    if (dgamma) dgamma[j] += sg;
-    if (dbeta) dbeta[j] += sb;
+    sg = warp_sum(sg), sb = warp_sum(sb);
+    if (threadIdx.x % 32 == 0) {
+      if (dgamma) dgamma[j] += sg;
+      if (dbeta) dbeta[j] += sb;
+    }
   }
 }
 
@@ -115,7 +121,7 @@ void layernorm_backward(Tensor* dx, Tensor* dgamma, Tensor* dbeta, const Tensor&
     CAST_LAUNCH(layernorm_dparams_partial_kernel, grid, dim3(kColumns, kRowThreads), 0, fptr(partial_g),
                 fptr(partial_b), fptr(dy), fptr(x), fptr(mean), fptr(rstd), rows, d, rows_per_chunk);
     CUDA_CHECK_LAUNCH();
-    CAST_LAUNCH(layernorm_dparams_finish_kernel, blocks_for(d), kThreads, 0, dgamma ? fptr(*dgamma) : nullptr,
+    CAST_LAUNCH(layernorm_dparams_finish_kernel, blocks_for(d * 32), kThreads, 0, dgamma ? fptr(*dgamma) : nullptr,
                 dbeta ? fptr(*dbeta) : nullptr, fptr(partial_g), fptr(partial_b), chunks, d);
     CUDA_CHECK_LAUNCH();
   }

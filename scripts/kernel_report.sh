@@ -26,7 +26,8 @@ while [ $# -gt 0 ]; do
     *) echo "kernel_report: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-ATTENTION_PATH="flash_attention topkey_attention summaries combine clustering cluster_index softmax topk"
+# every file of cuda/attention/, and the softmax and top-k kernels the mechanisms call
+ATTENTION_PATH="$(for f in cuda/attention/*.cu; do basename "$f" .cu; done | tr '\n' ' ')softmax topk"
 
 nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 [ -x "$nvcc_bin" ] || { echo "kernel_report: nvcc not found (PATH or /usr/local/cuda/bin)" >&2; exit 77; }

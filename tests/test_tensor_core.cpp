@@ -191,10 +191,11 @@ void expect_kernels_match_reference(int64_t B, int64_t M, int64_t N, int64_t d,
                mc = mask.to(Device::cuda);
   for (const KernelTolerance& kernel : kernels) {
     const std::string what =
-        fmt::format("{} at B {} M {} N {} d {} (runs {}, tiles {}x{}/{})", cuda::flash_kernel_name(kernel.kernel), B, M,
-                    N, d, cuda::flash_kernel_name(cuda::flash_kernel_that_runs(kernel.kernel, qc, kc, vc)),
+        fmt::format("{} at B {} M {} N {} d {} (runs {}, tiles {}x{}/{}x{})", cuda::flash_kernel_name(kernel.kernel), B,
+                    M, N, d, cuda::flash_kernel_name(cuda::flash_kernel_that_runs(kernel.kernel, qc, kc, vc)),
                     cuda::flash_warp_rows(kernel.kernel, static_cast<int>(d)),
                     cuda::flash_stream_rows(kernel.kernel, static_cast<int>(d), true),
+                    cuda::flash_backward_warp_rows(kernel.kernel, static_cast<int>(d)),
                     cuda::flash_stream_rows(kernel.kernel, static_cast<int>(d), false));
     Tensor out = Tensor::full(q.shape(), std::nan(""), DType::f32, Device::cuda);
     Tensor lse = Tensor::full({B, H, M}, std::nan(""), DType::f32, Device::cuda);
@@ -220,7 +221,9 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchTheF64Reference) {
     expect_kernels_match_reference(B, M, N, d, {std::begin(kAllKernels), std::end(kAllKernels)});
 }
 
-// The same at every tile the benchmarks may choose (cast bench flash --stream-rows, --warp-rows).
+// The same at every tile the benchmarks may choose (cast bench flash --stream-rows, --warp-rows):
+// 150 rows are a block of 128 and a partial one at 32 rows per warp, in the forward and the
+// backward; at width 32 the backward keeps 32 rows per warp with 64 streamed rows too.
 TEST(CudaVsCpuTensorCore, FlashKernelsMatchAtEveryStreamedTile) {
   SKIP_WITHOUT_GPU();
   for (int warp_rows : {16, 32})
@@ -228,6 +231,7 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchAtEveryStreamedTile) {
       cuda::set_flash_stream_rows(rows);
       cuda::set_flash_warp_rows(warp_rows);
       expect_kernels_match_reference(2, 150, 150, 64, {kAllKernels[2], kAllKernels[3]});
+      expect_kernels_match_reference(3, 140, 75, 32, {kAllKernels[2], kAllKernels[3]});
       if (warp_rows == 16) expect_kernels_match_reference(1, 33, 100, 128, {kAllKernels[1], kAllKernels[3]});
     }
   cuda::set_flash_stream_rows(0);

@@ -60,9 +60,11 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes();
 // the rows that run for a kernel at head width d.
 void set_flash_stream_rows(int rows);
 int flash_stream_rows(FlashKernel kernel, int d, bool forward);
-// The forward's rows per warp: 16 (a block owns 64 query rows) or 32 (128 rows, each B fragment
-// feeding two products; not for tf32x3 or 128-row streamed tiles, which would spill); 0 the
-// default. `cast bench flash --warp-rows`; flash_warp_rows: the rows that run.
+// Rows per warp of the forward and the backward: 16 (a block owns 64 rows) or 32 (128 rows, each
+// fragment read from shared memory feeding two products; not where the registers would spill:
+// tf32x3, 128-row streamed tiles, and the backward at width 128); 0 each kernel's defaults. `cast
+// bench flash --warp-rows`; flash_warp_rows and flash_backward_warp_rows: the rows that run.
 void set_flash_warp_rows(int rows);
 int flash_warp_rows(FlashKernel kernel, int d);
+int flash_backward_warp_rows(FlashKernel kernel, int d);
 }  // namespace cast::cuda

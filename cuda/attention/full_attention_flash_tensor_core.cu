@@ -38,7 +38,6 @@ namespace cast::cuda {
 namespace {
 
 constexpr int kWarps = 4, kBlock = 32 * kWarps, kRowsPerWarp = 16;
-constexpr int kBlockRows = kWarps * kRowsPerWarp;  // 64 rows owned by a block of the backward
 
 __device__ __forceinline__ int min_of(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ bool is_infinite(float x) { return (__float_as_uint(x) & 0x7fffffffu) == 0x7f800000u; }
@@ -487,41 +486,44 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 // ---------------------------------------------------------------- dQ
-// Owned: Q and dO (64 query rows); streamed: K and V.
+// Owned: Q and dO (16·MI query rows per warp); streamed: K and V. With MI = 2 each fragment of K
+// and V read from shared memory feeds two products instead of one.
 template <class M, class T>
 __global__ void __launch_bounds__(kBlock)
     flash_tc_dq_kernel(float* dq, const typename M::Elem* dout, const typename M::Elem* q, const typename M::Elem* k,
                        const typename M::Elem* v, const float* mask, const float* lse, const float* delta, TcShape s) {
   using E = typename M::Elem;
-  constexpr int D = T::D, BN = T::kStream, NT = BN / 8, stride = T::kStride;
+  constexpr int D = T::D, BN = T::kStream, NT = BN / 8, MI = T::MI, stride = T::kStride, BM = T::kOwnedRows;
   constexpr int q_base = 0, g_base = T::kOwned, kv_base = 2 * T::kOwned;
   CAST_DYNAMIC_SHARED(E, smem, T::elements(2));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = kRowsPerWarp * warp;
-  const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * kBlockRows;
-  const int q_rows = min_of(s.M - i0, kBlockRows);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = T::kWarpRows * warp;
+  const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * BM;
+  const int q_rows = min_of(s.M - i0, BM);
   const bool live = row0 < q_rows;
   const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.width,
                 q_off = (static_cast<int64_t>(bh) * s.M + i0) * s.width;
   const int tiles = (s.N + BN - 1) / BN, width = (s.width + M::kK - 1) / M::kK * M::kK;
 
-  copy_rows<M, D>(smem, q_base, stride, q + q_off, q_rows, kBlockRows, s.width);
-  copy_rows<M, D>(smem, g_base, stride, dout + q_off, q_rows, kBlockRows, s.width);
+  copy_rows<M, D>(smem, q_base, stride, q + q_off, q_rows, BM, s.width);
+  copy_rows<M, D>(smem, g_base, stride, dout + q_off, q_rows, BM, s.width);
   const auto copy_keys = [&](int tile) { copy_stage<M, T>(smem, kv_base, k + k_off, v + k_off, tile, s.N, s.width); };
   copy_keys(0);
   tc::cp_async_commit();
 
   // L2: each row's log-sum-exp in base 2, −∞ for a row with no real key (and past the last)
   const float c = s.scale * kLog2e;
-  float L2[2], Dl[2], acc_tiles[1][D / 8][4];  // one 16-row tile per warp (the product helpers take MI tiles)
-  auto& acc = acc_tiles[0];
+  float L2[MI][2], Dl[MI][2], acc[MI][D / 8][4];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = i0 + row0 + g + 8 * r;
-    L2[r] = row < s.M ? lse[static_cast<int64_t>(bh) * s.M + row] * kLog2e : softmax_rule::masked<float>();
-    Dl[r] = row < s.M ? delta[static_cast<int64_t>(bh) * s.M + row] : 0.f;
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = i0 + row0 + 16 * mi + g + 8 * r;
+      L2[mi][r] = row < s.M ? lse[static_cast<int64_t>(bh) * s.M + row] * kLog2e : softmax_rule::masked<float>();
+      Dl[mi][r] = row < s.M ? delta[static_cast<int64_t>(bh) * s.M + row] : 0.f;
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) acc[mi][dt][0] = acc[mi][dt][1] = acc[mi][dt][2] = acc[mi][dt][3] = 0.f;
   }
-#pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.f;
 
   for (int tile = 0; tile < tiles; ++tile) {
     if (tile + 1 < tiles) copy_keys(tile + 1);
@@ -531,62 +533,67 @@ __global__ void __launch_bounds__(kBlock)
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
-      float sc_tiles[1][NT][4], dp_tiles[1][NT][4];
-      auto &sc = sc_tiles[0], &dp = dp_tiles[0];
-      product_xyt<M, D, 1, NT>(sc_tiles, smem, q_base, st, stride, row0, width, lane);
-      product_xyt<M, D, 1, NT>(dp_tiles, smem, g_base, st + T::kStreamed, stride, row0, width, lane);
+      float sc[MI][NT][4], dp[MI][NT][4];
+      product_xyt<M, D, MI, NT>(sc, smem, q_base, st, stride, row0, width, lane);
+      product_xyt<M, D, MI, NT>(dp, smem, g_base, st + T::kStreamed, stride, row0, width, lane);
       // dS = P ⊙ (dP − Δ), P = 2^(c·s − L2). Where every key of the tile is real, so is every row's
       // L2 (a row past the last holds garbage that is never stored); elsewhere dS is 0 at padding
       // keys and in rows with no real key.
       if (keys.all) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float p = M::exp2(fmaf(sc[nt][i], c, -L2[i / 2]));
-            sc[nt][i] = softmax_rule::score_gradient(p, dp[nt][i], Dl[i / 2]) * s.scale;
-          }
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float p = M::exp2(fmaf(sc[mi][nt][i], c, -L2[mi][i / 2]));
+              sc[mi][nt][i] = softmax_rule::score_gradient(p, dp[mi][nt][i], Dl[mi][i / 2]) * s.scale;
+            }
       } else {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int r = i / 2;
-            const bool is_real = keys.real(nt, t, i % 2) && L2[r] != softmax_rule::masked<float>();
-            const float p = is_real ? M::exp2(fmaf(sc[nt][i], c, -L2[r])) : 0.f;
-            sc[nt][i] = is_real ? softmax_rule::score_gradient(p, dp[nt][i], Dl[r]) * s.scale : 0.f;
-          }
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int r = i / 2;
+              const bool is_real = keys.real(nt, t, i % 2) && L2[mi][r] != softmax_rule::masked<float>();
+              const float p = is_real ? M::exp2(fmaf(sc[mi][nt][i], c, -L2[mi][r])) : 0.f;
+              sc[mi][nt][i] = is_real ? softmax_rule::score_gradient(p, dp[mi][nt][i], Dl[mi][r]) * s.scale : 0.f;
+            }
       }
-      product_wz<M, D, 1, NT>(acc_tiles, sc_tiles, smem, st, stride, s.d, lane);
+      product_wz<M, D, MI, NT>(acc, sc, smem, st, stride, s.d, lane);
     }
     __syncthreads();
   }
   const float one[2] = {1.f, 1.f};
-  store_acc<D>(dq + static_cast<int64_t>(bh) * s.M * s.d, acc, i0 + row0, s.M, one, true, s.d, lane);
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+    store_acc<D>(dq + static_cast<int64_t>(bh) * s.M * s.d, acc[mi], i0 + row0 + 16 * mi, s.M, one, true, s.d, lane);
 }
 
 // ---------------------------------------------------------------- dK, dV
-// Owned: K and V (64 key rows); streamed: Q and dO. Scores are formed transposed (keys × queries)
-// so that Pᵀ and dSᵀ are already the A operands of dV += Pᵀ dO and dK += dSᵀ Q.
+// Owned: K and V (16·MI key rows per warp); streamed: Q and dO. Scores are formed transposed
+// (keys × queries) so that Pᵀ and dSᵀ are already the A operands of dV += Pᵀ dO and dK += dSᵀ Q.
 template <class M, class T>
 __global__ void __launch_bounds__(kBlock)
     flash_tc_dkdv_kernel(float* dk, float* dv, const typename M::Elem* dout, const typename M::Elem* q,
                          const typename M::Elem* k, const typename M::Elem* v, const float* mask, const float* lse,
                          const float* delta, TcShape s) {
   using E = typename M::Elem;
-  constexpr int D = T::D, BQ = T::kStream, NT = BQ / 8, stride = T::kStride;
+  constexpr int D = T::D, BQ = T::kStream, NT = BQ / 8, MI = T::MI, stride = T::kStride, BK = T::kOwnedRows;
   constexpr int k_base = 0, v_base = T::kOwned, qg_base = 2 * T::kOwned;
   CAST_DYNAMIC_SHARED(E, smem, T::elements(2));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = kRowsPerWarp * warp;
-  const int bh = blockIdx.y, b = bh / s.heads, j0 = blockIdx.x * kBlockRows;
-  const int k_rows = min_of(s.N - j0, kBlockRows);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = T::kWarpRows * warp;
+  const int bh = blockIdx.y, b = bh / s.heads, j0 = blockIdx.x * BK;
+  const int k_rows = min_of(s.N - j0, BK);
   const bool live = row0 < k_rows;
   const int64_t k_off = (static_cast<int64_t>(bh) * s.N + j0) * s.width,
                 q_off = static_cast<int64_t>(bh) * s.M * s.width;
   const int tiles = (s.M + BQ - 1) / BQ, width = (s.width + M::kK - 1) / M::kK * M::kK;
 
-  copy_rows<M, D>(smem, k_base, stride, k + k_off, k_rows, kBlockRows, s.width);
-  copy_rows<M, D>(smem, v_base, stride, v + k_off, k_rows, kBlockRows, s.width);
+  copy_rows<M, D>(smem, k_base, stride, k + k_off, k_rows, BK, s.width);
+  copy_rows<M, D>(smem, v_base, stride, v + k_off, k_rows, BK, s.width);
   const auto copy_queries = [&](int tile) {
     copy_stage<M, T>(smem, qg_base, q + q_off, dout + q_off, tile, s.M, s.width);
   };
@@ -594,19 +601,25 @@ __global__ void __launch_bounds__(kBlock)
   tc::cp_async_commit();
 
   const float c = s.scale * kLog2e;
-  bool real[2];
+  bool real[MI][2], warp_real = true;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) real[r] = key_is_real(mask, b, j0 + row0 + g + 8 * r, s.N);
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      real[mi][r] = key_is_real(mask, b, j0 + row0 + 16 * mi + g + 8 * r, s.N);
+      warp_real = warp_real && real[mi][r];
+    }
   // Every key of the warp real: then every query's row has one, and its L is finite (or NaN).
-  const bool keys_all = __all_sync(0xffffffffu, real[0] && real[1]);
+  const bool keys_all = __all_sync(0xffffffffu, warp_real);
   // the log-sum-exp and Δ of a query pair (2t, 2t + 1) lie 8-byte aligned
   const bool pairs = s.M % 2 == 0 && reinterpret_cast<uintptr_t>(lse) % 8 == 0 && reinterpret_cast<uintptr_t>(delta) % 8 == 0;
-  float dk_tiles[1][D / 8][4], dv_tiles[1][D / 8][4];  // one 16-row tile per warp
-  auto &dk_acc = dk_tiles[0], &dv_acc = dv_tiles[0];
+  float dk_acc[MI][D / 8][4], dv_acc[MI][D / 8][4];
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt)
+  for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) dk_acc[dt][i] = dv_acc[dt][i] = 0.f;
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dk_acc[mi][dt][i] = dv_acc[mi][dt][i] = 0.f;
 
   for (int tile = 0; tile < tiles; ++tile) {
     if (tile + 1 < tiles) copy_queries(tile + 1);
@@ -637,44 +650,51 @@ __global__ void __launch_bounds__(kBlock)
     tc::cp_async_wait<1>();
     __syncthreads();
     if (live) {
-      float st_tiles[1][NT][4], dpt_tiles[1][NT][4];  // scores and dP, transposed: keys × queries
-      auto &st_ = st_tiles[0], &dpt = dpt_tiles[0];
-      product_xyt<M, D, 1, NT>(st_tiles, smem, k_base, st, stride, row0, width, lane);
-      product_xyt<M, D, 1, NT>(dpt_tiles, smem, v_base, st + T::kStreamed, stride, row0, width, lane);
+      float st_[MI][NT][4], dpt[MI][NT][4];  // scores and dP, transposed: keys × queries
+      product_xyt<M, D, MI, NT>(st_, smem, k_base, st, stride, row0, width, lane);
+      product_xyt<M, D, MI, NT>(dpt, smem, v_base, st + T::kStreamed, stride, row0, width, lane);
       if (all_real) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float p = M::exp2(fmaf(st_[nt][i], c, -Li[nt][i % 2]));
-            dpt[nt][i] = softmax_rule::score_gradient(p, dpt[nt][i], Di[nt][i % 2]) * s.scale;
-            st_[nt][i] = p;
-          }
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float p = M::exp2(fmaf(st_[mi][nt][i], c, -Li[nt][i % 2]));
+              dpt[mi][nt][i] = softmax_rule::score_gradient(p, dpt[mi][nt][i], Di[nt][i % 2]) * s.scale;
+              st_[mi][nt][i] = p;
+            }
       } else {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            // A query with no real key (or past the last) passes nothing; a padding key takes P = 0
-            // and dS = 0, which the products still multiply, so a NaN in Q or dO reaches it as in
-            // the reference.
-            const float L2 = Li[nt][i % 2];
-            float p = 0.f, ds = 0.f;
-            if (L2 != softmax_rule::masked<float>() && real[i / 2]) {
-              p = M::exp2(fmaf(st_[nt][i], c, -L2));
-              ds = softmax_rule::score_gradient(p, dpt[nt][i], Di[nt][i % 2]) * s.scale;
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              // A query with no real key (or past the last) passes nothing; a padding key takes P = 0
+              // and dS = 0, which the products still multiply, so a NaN in Q or dO reaches it as in
+              // the reference.
+              const float L2 = Li[nt][i % 2];
+              float p = 0.f, ds = 0.f;
+              if (L2 != softmax_rule::masked<float>() && real[mi][i / 2]) {
+                p = M::exp2(fmaf(st_[mi][nt][i], c, -L2));
+                ds = softmax_rule::score_gradient(p, dpt[mi][nt][i], Di[nt][i % 2]) * s.scale;
+              }
+              st_[mi][nt][i] = p, dpt[mi][nt][i] = ds;
             }
-            st_[nt][i] = p, dpt[nt][i] = ds;
-          }
       }
-      product_wz<M, D, 1, NT>(dv_tiles, st_tiles, smem, st + T::kStreamed, stride, s.d, lane);
-      product_wz<M, D, 1, NT>(dk_tiles, dpt_tiles, smem, st, stride, s.d, lane);
+      product_wz<M, D, MI, NT>(dv_acc, st_, smem, st + T::kStreamed, stride, s.d, lane);
+      product_wz<M, D, MI, NT>(dk_acc, dpt, smem, st, stride, s.d, lane);
     }
     __syncthreads();
   }
   const float one[2] = {1.f, 1.f};
-  if (dk) store_acc<D>(dk + static_cast<int64_t>(bh) * s.N * s.d, dk_acc, j0 + row0, s.N, one, true, s.d, lane);
-  if (dv) store_acc<D>(dv + static_cast<int64_t>(bh) * s.N * s.d, dv_acc, j0 + row0, s.N, one, true, s.d, lane);
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+    const int rows0 = j0 + row0 + 16 * mi;
+    if (dk) store_acc<D>(dk + static_cast<int64_t>(bh) * s.N * s.d, dk_acc[mi], rows0, s.N, one, true, s.d, lane);
+    if (dv) store_acc<D>(dv + static_cast<int64_t>(bh) * s.N * s.d, dv_acc[mi], rows0, s.N, one, true, s.d, lane);
+  }
 }
 
 // ---------------------------------------------------------------- BF16 copies
@@ -687,26 +707,41 @@ __global__ void to_bf16_rows_kernel(uint16_t* dst, const float* src, int64_t row
   }
 }
 
+// The same where rows need no padding (d % 8 == 0) and both ends are 16-byte aligned: eight
+// elements a thread, two 16-byte loads and one 16-byte store (element by element, the copies
+// of the Text step's operands ran at a third of the memory's bandwidth on an H100).
+__global__ void to_bf16_flat_kernel(uint4* dst, const float4* src, int64_t eights) {
+  CAST_KERNEL_LOOP(i, eights) {
+    const float4 a = src[2 * i], b = src[2 * i + 1];
+    dst[i] = make_uint4(tc::pack_bf16(a.x, a.y), tc::pack_bf16(a.z, a.w), tc::pack_bf16(b.x, b.y),
+                        tc::pack_bf16(b.z, b.w));
+  }
+}
+
 // ---------------------------------------------------------------- host side
-// Tile shapes. A block owns 64 rows (128 in the forward at 32 rows per warp) and streams tiles
-// of 32, 64 or 128 rows (128 in the forward at widths up to 64 only: the backward's two score
-// tiles of 128 columns would not fit the registers). The defaults are each kernel's fastest in
+// Tile shapes. A block owns 64 rows (128 at 32 rows per warp) and streams tiles of 32, 64 or 128
+// rows (128 in the forward at widths up to 64 only: the backward's two score tiles of 128 columns
+// would not fit the registers). The defaults are each kernel's fastest in
 // `cast bench flash --stream-rows 32,64,128` on an H200 (bench/RESULTS.md, "Tensor cores");
 // set_flash_stream_rows and set_flash_warp_rows override them for the benchmarks.
 int g_stream_rows = 0;
-int g_warp_rows = 0;  // the forward's rows per warp: 0 the default, 16 or 32
+int g_warp_rows = 0;  // rows per warp of the forward and the backward: 0 the defaults, 16 or 32
 
 // Each kernel's fastest tiles over N 1024, 4096 and 16384 (the least total time of the three):
 // BF16 and TF32 from the H100 run bench/gpu_runs/2026-11-26-h100-tensor-core-5.md, the split
 // TF32 kernel from the H200 run bench/gpu_runs/2026-11-26-h200-tensor-core-2.md.
+// The backward's 32 rows per warp (and with them 32 streamed rows for BF16 at width 64, where 64
+// would spill) were chosen before they were timed on a GPU, because each fragment read from
+// shared memory then feeds two products instead of one; `cast bench flash --warp-rows 16,32`
+// times both.
 struct DefaultTiles {
-  int warp_rows, forward_rows, backward_rows;
+  int warp_rows, forward_rows, backward_rows, backward_warp_rows;
 };
 DefaultTiles default_tiles(FlashKernel kernel, int D) {
   const int w = D == 32 ? 0 : D == 64 ? 1 : 2;
-  static const DefaultTiles bf16[3] = {{16, 64, 64}, {32, 32, 64}, {32, 64, 64}};
-  static const DefaultTiles tf32[3] = {{32, 32, 32}, {32, 64, 32}, {16, 32, 64}};
-  static const DefaultTiles tf32x3[3] = {{16, 64, 32}, {16, 32, 32}, {16, 32, 32}};
+  static const DefaultTiles bf16[3] = {{16, 64, 64, 32}, {32, 32, 32, 32}, {32, 64, 64, 16}};
+  static const DefaultTiles tf32[3] = {{32, 32, 32, 32}, {32, 64, 32, 32}, {16, 32, 64, 16}};
+  static const DefaultTiles tf32x3[3] = {{16, 64, 32, 16}, {16, 32, 32, 16}, {16, 32, 32, 16}};
   return kernel == FlashKernel::bf16 ? bf16[w] : kernel == FlashKernel::tf32 ? tf32[w] : tf32x3[w];
 }
 
@@ -717,6 +752,10 @@ int default_stream_rows(FlashKernel kernel, int D, bool forward) {
 
 int forward_warp_rows(FlashKernel kernel, int D) {
   return g_warp_rows ? g_warp_rows : default_tiles(kernel, D).warp_rows;
+}
+
+int backward_warp_rows_wanted(FlashKernel kernel, int D) {
+  return g_warp_rows ? g_warp_rows : default_tiles(kernel, D).backward_warp_rows;
 }
 
 // The most dynamic shared memory a block of this GPU may opt in to (227 KiB on sm_90, 163 KiB
@@ -737,6 +776,13 @@ constexpr bool two_fit(FlashKernel kernel, int D, int rows) {
          !(kernel == FlashKernel::tf32 && D == 128);
 }
 
+// Which backward tiles keep 32 rows per warp (two score tiles and two gradient accumulators each)
+// in registers without spilling (ptxas, sm_90: dK/dV takes 236 registers at width 64 and 32
+// streamed rows, and spills at 64).
+constexpr bool two_fit_backward(FlashKernel kernel, int D, int rows) {
+  return (kernel == FlashKernel::bf16 || kernel == FlashKernel::tf32) && (D == 32 ? rows <= 64 : D == 64 && rows == 32);
+}
+
 // The most streamed rows a kernel's registers take without spilling (ptxas, sm_90): the split
 // TF32 operands hold twice the registers, and its backward two score tiles of them.
 constexpr int max_stream_rows(FlashKernel kernel, int D, bool forward) {
@@ -750,7 +796,8 @@ int stream_rows(FlashKernel kernel, int D, bool forward) {
   // the largest tiles (FP32 operands at width 128, or 128 streamed rows) outgrow sm_80's shared
   // memory: 32 rows there
   const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, stride = D + 16 / elem;
-  const size_t owned_rows = forward ? kWarps * static_cast<size_t>(forward_warp_rows(kernel, D)) : 2 * kBlockRows;
+  const size_t owned_rows = kWarps * static_cast<size_t>(forward ? forward_warp_rows(kernel, D)
+                                                                          : 2 * backward_warp_rows_wanted(kernel, D));
   const size_t bytes = (owned_rows + 4 * static_cast<size_t>(rows)) * stride * elem;
   return bytes > shared_limit() ? 32 : rows;
 }
@@ -794,7 +841,7 @@ void launch_tc(const char* name, void (*kernel)(Params...), dim3 grid, size_t by
   CUDA_CHECK_LAUNCH();
 }
 
-dim3 grid_for(int rows, int64_t batch_heads, int block_rows = kBlockRows) {
+dim3 grid_for(int rows, int64_t batch_heads, int block_rows) {
   return dim3(static_cast<unsigned>((rows + block_rows - 1) / block_rows), static_cast<unsigned>(batch_heads));
 }
 
@@ -810,8 +857,14 @@ struct Operands {
       const int64_t rows = x.numel() / x.dim(-1), n = rows * width;
       Tensor c = Tensor::empty({(n + 1) / 2}, DType::i32, Device::cuda);  // BF16 pairs in 32-bit words
       auto* dst = reinterpret_cast<uint16_t*>(c.data<int32_t>());
-      CAST_LAUNCH(to_bf16_rows_kernel, blocks_for(n), kThreads, 0, dst, x.data<float>(), rows,
-                  static_cast<int>(x.dim(-1)), width);
+      const float* src = x.data<float>();
+      if (width == x.dim(-1) && width % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+          reinterpret_cast<uintptr_t>(dst) % 16 == 0)
+        CAST_LAUNCH(to_bf16_flat_kernel, blocks_for(n / 8), kThreads, 0, reinterpret_cast<uint4*>(dst),
+                    reinterpret_cast<const float4*>(src), n / 8);
+      else
+        CAST_LAUNCH(to_bf16_rows_kernel, blocks_for(n), kThreads, 0, dst, src, rows, static_cast<int>(x.dim(-1)),
+                    width);
       CUDA_CHECK_LAUNCH();
       copies.push_back(c);
       return dst;
@@ -868,15 +921,22 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
   with_width(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
     with_stream_rows<M, D, false>([&](auto rows) {
-      using T = TcTile<M, D, decltype(rows)::value == 128 ? 64 : decltype(rows)::value>;
-      const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
-      if (dq)
-        launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, BH), bytes, dq->data<float>(), ge, qe,
-                  ke, ve, m, lse.data<float>(), delta.data<float>(), s);
-      if (dk || dv)
-        launch_tc("flash_tc_dkdv_kernel", flash_tc_dkdv_kernel<M, T>, grid_for(s.N, BH), bytes,
-                  dk ? dk->data<float>() : nullptr, dv ? dv->data<float>() : nullptr, ge, qe, ke, ve, m,
-                  lse.data<float>(), delta.data<float>(), s);
+      constexpr int BS = decltype(rows)::value == 128 ? 64 : decltype(rows)::value;
+      const auto launch = [&](auto warp_tiles) {
+        using T = TcTile<M, D, BS, decltype(warp_tiles)::value>;
+        const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
+        if (dq)
+          launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, BH, T::kOwnedRows), bytes,
+                    dq->data<float>(), ge, qe, ke, ve, m, lse.data<float>(), delta.data<float>(), s);
+        if (dk || dv)
+          launch_tc("flash_tc_dkdv_kernel", flash_tc_dkdv_kernel<M, T>, grid_for(s.N, BH, T::kOwnedRows), bytes,
+                    dk ? dk->data<float>() : nullptr, dv ? dv->data<float>() : nullptr, ge, qe, ke, ve, m,
+                    lse.data<float>(), delta.data<float>(), s);
+      };
+      if constexpr (two_fit_backward(kernel_of<M>(), D, BS)) {
+        if (backward_warp_rows_wanted(kernel_of<M>(), D) == 32) return launch(std::integral_constant<int, 2>{});
+      }
+      launch(std::integral_constant<int, 1>{});
     });
   });
 }
@@ -922,6 +982,11 @@ int flash_warp_rows(FlashKernel kernel, int d) {
   return two_fit(kernel, D, stream_rows(kernel, D, true)) ? forward_warp_rows(kernel, D) : 16;
 }
 
+int flash_backward_warp_rows(FlashKernel kernel, int d) {
+  const int D = d <= 32 ? 32 : d <= 64 ? 64 : 128;
+  return two_fit_backward(kernel, D, stream_rows(kernel, D, false)) ? backward_warp_rows_wanted(kernel, D) : 16;
+}
+
 int flash_stream_rows(FlashKernel kernel, int d, bool forward) {
   return stream_rows(kernel, d <= 32 ? 32 : d <= 64 ? 64 : 128, forward);
 }
@@ -942,6 +1007,13 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
         shapes.push_back({"flash_tc_forward_kernel" + f, kBlock, F::elements(1) * sizeof(typename M::Elem)});
         shapes.push_back({"flash_tc_dq_kernel" + bw, kBlock, B::elements(2) * sizeof(typename M::Elem)});
         shapes.push_back({"flash_tc_dkdv_kernel" + bw, kBlock, B::elements(2) * sizeof(typename M::Elem)});
+        // 32 rows per warp in the backward, where it is compiled
+        if constexpr (two_fit_backward(kernel_of<M>(), D, B::kStream)) {
+          using B2 = TcTile<M, D, B::kStream, 2>;
+          const std::string bw2 = fmt::format("<{}, TcTile<{}, {}, {}, 2>>", math_name, math_name, D, B::kStream);
+          shapes.push_back({"flash_tc_dq_kernel" + bw2, kBlock, B2::elements(2) * sizeof(typename M::Elem)});
+          shapes.push_back({"flash_tc_dkdv_kernel" + bw2, kBlock, B2::elements(2) * sizeof(typename M::Elem)});
+        }
       });
   };
   add(Bf16Math{}, "Bf16Math");
