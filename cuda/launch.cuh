@@ -4,8 +4,11 @@
 // threads on the CPU, with barrier, race and bounds checks).
 //   CAST_LAUNCH(kernel, grid, block, shared_bytes, args...);
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
+
+#include "tensor/error.h"
 
 #if defined(CAST_CUDA_EMULATION)
 #include "cuda/emulation/emulator.h"
@@ -35,6 +38,19 @@ void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 
 #else
   static_assert(sizeof...(Params) < 0, "kernels are launched from .cu files (or the emulation build)");
 #endif
+}
+
+// A grid's y extent is at most 65535: a launch over more batch-heads (CAST's clusters at a large
+// batch are batch-heads of its intra-cluster attention) goes in chunks of whole batch rows of
+// `heads` each, fn(first, count) per chunk, the caller offsetting its pointers to batch-head
+// `first` (so the kernels are unchanged: a chunk is a smaller batch).
+inline int64_t g_grid_y_limit = 65535;  // the hardware's; tests lower it to run several chunks on small shapes
+template <class Fn>
+void for_grid_y_chunks(int64_t total, int64_t heads, Fn&& fn) {
+  CAST_CHECK(heads >= 1 && heads <= g_grid_y_limit, "a launch over {} heads exceeds a grid's {} in y", heads,
+             g_grid_y_limit);
+  const int64_t most = g_grid_y_limit / heads * heads;
+  for (int64_t first = 0; first < total; first += most) fn(first, total - first < most ? total - first : most);
 }
 
 }  // namespace cast::cuda

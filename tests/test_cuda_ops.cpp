@@ -31,6 +31,11 @@ TEST(CudaVsCpu, AffineAndReductions) {
   expect_devices_agree([](const Inputs& x) { return ops::affine(x[0], 0.5, -1.0); }, in);
   for (int axis : {0, 1, 2}) expect_devices_agree([axis](const Inputs& x) { return ops::mean(x[0], axis); }, in);
   expect_devices_agree([](const Inputs& x) { return ops::sum_all(x[0]); }, in);
+  // a few long rows (a parameter's squared norm): summed in chunks of 16384 across blocks, then
+  // each row's chunk sums in order
+  const Inputs long_rows = {rand32({3, 70001}, 25)};
+  expect_devices_agree([](const Inputs& x) { return ops::sum(x[0], 1); }, long_rows, 1e-4);
+  expect_devices_agree([](const Inputs& x) { return ops::sum_all(x[0]); }, long_rows, 1e-4);
 }
 
 TEST(CudaVsCpu, UnaryFunctions) {

@@ -238,6 +238,18 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchAtEveryStreamedTile) {
   cuda::set_flash_warp_rows(0);
 }
 
+// More batch-heads than one launch takes (65535 on a GPU; CAST's clusters at batch 256 are
+// 65536): the kernels run in several launches of whole batch rows, each a smaller batch with
+// its rows of the mask. The limit is lowered to 3 here: a launch takes one batch row of 2 heads,
+// so 3 rows (each with a different mask) take three launches.
+TEST(CudaVsCpuTensorCore, FlashKernelsSplitBatchHeadsOverLaunches) {
+  SKIP_WITHOUT_GPU();
+  cuda::set_flash_grid_y_limit(3);
+  expect_kernels_match_reference(3, 37, 45, 8, {std::begin(kAllKernels), std::end(kAllKernels)});
+  expect_kernels_match_reference(3, 20, 70, 64, {kAllKernels[0], kAllKernels[3]});
+  cuda::set_flash_grid_y_limit(65535);
+}
+
 // The split-TF32 kernel keeps FP32's accuracy over a long sequence: each of its errors against
 // f64 is at most twice the FMA kernel's (on the H100 it measured below it, bench/RESULTS.md).
 // A kernel that carries its running sums through the tensor core's accumulator, which cuts low

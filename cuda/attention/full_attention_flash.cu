@@ -464,7 +464,6 @@ __global__ void __launch_bounds__(kBlock)
 FlashShape shape_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
   const int64_t B = q.dim(0), H = q.dim(1), M = q.dim(2), N = k.dim(2), d = q.dim(3);
   CAST_CHECK(d >= 1 && d <= 128, "flash_attention on CUDA: head width {} outside [1, 128]", d);
-  CAST_CHECK(B * H <= 65535, "flash_attention on CUDA: {} batch-heads exceed a grid's 65535", B * H);
   CAST_CHECK(B * H * std::max(M, N) * d <= int64_t{INT32_MAX},
              "flash_attention on CUDA: {} x {} rows of width {} exceed 32-bit indexing", B * H, std::max(M, N), d);
   const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data<float>()) % 16 == 0; };
@@ -542,6 +541,11 @@ namespace {
 FlashKernel g_fp32_kernel = kFp32FlashKernel;
 }
 
+void set_flash_grid_y_limit(int64_t limit) {
+  CAST_CHECK(limit >= 1 && limit <= 65535, "flash attention: a launch of {} batch-heads (1 to 65535)", limit);
+  g_grid_y_limit = limit;
+}
+
 void set_fp32_flash_kernel(FlashKernel kernel) {
   CAST_CHECK(kernel == FlashKernel::fma || kernel == FlashKernel::tf32x3,
              "flash attention: --precision fp32 runs fma or tf32x3, not {}", flash_kernel_name(kernel));
@@ -577,8 +581,12 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
   const float* m = mask.defined() ? fptr(mask) : nullptr;
   with_width(s.d, [&](auto width) {
     using T = QueryTile<decltype(width)::value>;
-    launch_tiled("flash_forward_kernel", flash_forward_kernel<T>, grid_for<T>(s.M, BH), forward_floats<T>(), fptr(out),
-                 fptr(lse), fptr(q), fptr(k), fptr(v), m, s);
+    for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
+      const int64_t qo = first * s.M * s.d, ko = first * s.N * s.d;
+      launch_tiled("flash_forward_kernel", flash_forward_kernel<T>, grid_for<T>(s.M, count), forward_floats<T>(),
+                   fptr(out) + qo, fptr(lse) + first * s.M, fptr(q) + qo, fptr(k) + ko, fptr(v) + ko,
+                   m ? m + first / s.heads * s.N : nullptr, s);
+    });
   });
 }
 
@@ -602,17 +610,21 @@ void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& 
   const float* m = mask.defined() ? fptr(mask) : nullptr;
   with_width(s.d, [&](auto width) {
     constexpr int D = decltype(width)::value;
-    if (dq) {
-      using T = QueryTile<D>;
-      launch_tiled("flash_dq_kernel", flash_dq_kernel<T>, grid_for<T>(s.M, BH), dq_floats<T>(), fptr(*dq), fptr(dout),
-                   fptr(q), fptr(k), fptr(v), m, fptr(lse), fptr(delta), s);
-    }
-    if (dk || dv) {
-      using T = KeyTile<D>;
-      launch_tiled("flash_dkdv_kernel", flash_dkdv_kernel<T>, grid_for<T>(s.N, BH), dkdv_floats<T>(),
-                   dk ? fptr(*dk) : nullptr, dv ? fptr(*dv) : nullptr, fptr(dout), fptr(q), fptr(k), fptr(v), m,
-                   fptr(lse), fptr(delta), s);
-    }
+    for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
+      const int64_t qo = first * s.M * s.d, ko = first * s.N * s.d, ro = first * s.M;
+      const float* mc = m ? m + first / s.heads * s.N : nullptr;
+      if (dq) {
+        using T = QueryTile<D>;
+        launch_tiled("flash_dq_kernel", flash_dq_kernel<T>, grid_for<T>(s.M, count), dq_floats<T>(), fptr(*dq) + qo,
+                     fptr(dout) + qo, fptr(q) + qo, fptr(k) + ko, fptr(v) + ko, mc, fptr(lse) + ro, fptr(delta) + ro, s);
+      }
+      if (dk || dv) {
+        using T = KeyTile<D>;
+        launch_tiled("flash_dkdv_kernel", flash_dkdv_kernel<T>, grid_for<T>(s.N, count), dkdv_floats<T>(),
+                     dk ? fptr(*dk) + ko : nullptr, dv ? fptr(*dv) + ko : nullptr, fptr(dout) + qo, fptr(q) + qo,
+                     fptr(k) + ko, fptr(v) + ko, mc, fptr(lse) + ro, fptr(delta) + ro, s);
+      }
+    });
   });
 }
 

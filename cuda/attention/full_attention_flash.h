@@ -65,6 +65,9 @@ int flash_stream_rows(FlashKernel kernel, int d, bool forward);
 // tf32x3, 128-row streamed tiles, and the backward at width 128); 0 each kernel's defaults. `cast
 // bench flash --warp-rows`; flash_warp_rows and flash_backward_warp_rows: the rows that run.
 void set_flash_warp_rows(int rows);
+// The most batch-heads one launch of a flash kernel covers (a grid's y extent, 65535 on a GPU):
+// more go in several launches. Tests lower it, so that small shapes run several launches.
+void set_flash_grid_y_limit(int64_t limit);
 int flash_warp_rows(FlashKernel kernel, int d);
 int flash_backward_warp_rows(FlashKernel kernel, int d);
 }  // namespace cast::cuda

@@ -730,17 +730,19 @@ int g_warp_rows = 0;  // rows per warp of the forward and the backward: 0 the de
 // Each kernel's fastest tiles over N 1024, 4096 and 16384 (the least total time of the three):
 // BF16 and TF32 from the H100 run bench/gpu_runs/2026-11-26-h100-tensor-core-5.md, the split
 // TF32 kernel from the H200 run bench/gpu_runs/2026-11-26-h200-tensor-core-2.md.
-// The backward's 32 rows per warp (and with them 32 streamed rows for BF16 at width 64, where 64
-// would spill) were chosen before they were timed on a GPU, because each fragment read from
-// shared memory then feeds two products instead of one; `cast bench flash --warp-rows 16,32`
-// times both.
+// The backward's 32 rows per warp (and with them 32 streamed rows at width 64, where 64 would
+// spill), where each fragment read from shared memory feeds two products instead of one: on an
+// H100 (bench/gpu_runs/2026-11-27-h100-backward-rows.md against -profile-and-recompute.md) the
+// BF16 backward at N 4096 took 0.652 ms instead of 0.754 at width 32 and 1.176 instead of 1.300
+// at width 64, TF32's 2.610 instead of 3.001 at width 64, but TF32's at width 32 1.618 instead of
+// 1.443, so it keeps 16 there.
 struct DefaultTiles {
   int warp_rows, forward_rows, backward_rows, backward_warp_rows;
 };
 DefaultTiles default_tiles(FlashKernel kernel, int D) {
   const int w = D == 32 ? 0 : D == 64 ? 1 : 2;
   static const DefaultTiles bf16[3] = {{16, 64, 64, 32}, {32, 32, 32, 32}, {32, 64, 64, 16}};
-  static const DefaultTiles tf32[3] = {{32, 32, 32, 32}, {32, 64, 32, 32}, {16, 32, 64, 16}};
+  static const DefaultTiles tf32[3] = {{32, 32, 32, 16}, {32, 64, 32, 32}, {16, 32, 64, 16}};
   static const DefaultTiles tf32x3[3] = {{16, 64, 32, 16}, {16, 32, 32, 16}, {16, 32, 32, 16}};
   return kernel == FlashKernel::bf16 ? bf16[w] : kernel == FlashKernel::tf32 ? tf32[w] : tf32x3[w];
 }
@@ -895,9 +897,13 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
     with_stream_rows<M, D, true>([&](auto rows) {
       const auto launch = [&](auto warp_tiles) {
         using T = TcTile<M, D, decltype(rows)::value, decltype(warp_tiles)::value>;
-        launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, BH, T::kOwnedRows),
-                  T::elements(1) * sizeof(typename M::Elem), out.data<float>(), lse.data<float>(), qe, ke, ve,
-                  mask.defined() ? mask.data<float>() : nullptr, s);
+        for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
+          const int64_t qo = first * s.M * s.width, ko = first * s.N * s.width;
+          launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, count, T::kOwnedRows),
+                    T::elements(1) * sizeof(typename M::Elem), out.data<float>() + first * s.M * s.d,
+                    lse.data<float>() + first * s.M, qe + qo, ke + ko, ve + ko,
+                    mask.defined() ? mask.data<float>() + first / s.heads * s.N : nullptr, s);
+        });
       };
       constexpr int BN = decltype(rows)::value;
       if constexpr (two_fit(kernel_of<M>(), D, BN)) {
@@ -925,13 +931,19 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
       const auto launch = [&](auto warp_tiles) {
         using T = TcTile<M, D, BS, decltype(warp_tiles)::value>;
         const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
-        if (dq)
-          launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, BH, T::kOwnedRows), bytes,
-                    dq->data<float>(), ge, qe, ke, ve, m, lse.data<float>(), delta.data<float>(), s);
-        if (dk || dv)
-          launch_tc("flash_tc_dkdv_kernel", flash_tc_dkdv_kernel<M, T>, grid_for(s.N, BH, T::kOwnedRows), bytes,
-                    dk ? dk->data<float>() : nullptr, dv ? dv->data<float>() : nullptr, ge, qe, ke, ve, m,
-                    lse.data<float>(), delta.data<float>(), s);
+        for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
+          const int64_t qo = first * s.M * s.width, ko = first * s.N * s.width, ro = first * s.M;
+          const float* mc = m ? m + first / s.heads * s.N : nullptr;
+          if (dq)
+            launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, count, T::kOwnedRows), bytes,
+                      dq->data<float>() + first * s.M * s.d, ge + qo, qe + qo, ke + ko, ve + ko, mc,
+                      lse.data<float>() + ro, delta.data<float>() + ro, s);
+          if (dk || dv)
+            launch_tc("flash_tc_dkdv_kernel", flash_tc_dkdv_kernel<M, T>, grid_for(s.N, count, T::kOwnedRows), bytes,
+                      dk ? dk->data<float>() + first * s.N * s.d : nullptr,
+                      dv ? dv->data<float>() + first * s.N * s.d : nullptr, ge + qo, qe + qo, ke + ko, ve + ko, mc,
+                      lse.data<float>() + ro, delta.data<float>() + ro, s);
+        });
       };
       if constexpr (two_fit_backward(kernel_of<M>(), D, BS)) {
         if (backward_warp_rows_wanted(kernel_of<M>(), D) == 32) return launch(std::integral_constant<int, 2>{});
