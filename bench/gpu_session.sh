@@ -74,6 +74,24 @@ if [ -n "$lra" ]; then
   if [ $stages_given = 1 ]; then stages="$stages,lra"; else stages="probe,kit,build,lra"; fi
 fi
 [[ "$lra_precision" =~ ^(fp32|tf32|bf16)$ ]] || { echo "gpu_session: --precision '$lra_precision' is not fp32, tf32 or bf16" >&2; exit 2; }
+# The files the chosen stages write, counted before any device time is spent: the device brings
+# back 8 at most.
+expected_files() {
+  local n=2 has  # summary.md, build.log
+  has() { [[ ",$stages," == *",$1,"* ]]; }
+  has tests && n=$((n + 1))
+  has sanitizer && n=$((n + 1))
+  { has bench || has tensor_core || has paper; } && n=$((n + 1))  # bench.jsonl
+  { has pytorch || has tensor_core; } && n=$((n + 1))               # pytorch.txt
+  has train && n=$((n + 2))                                          # metrics.jsonl, curves.svg
+  if has lra; then
+    n=$((n + 2))                                                     # runs.tar.gz, clusters.svg
+    [ "$lra_with_stages" = 0 ] && n=$((n + 3))                       # results.md, .json, comparison.svg
+  fi
+  echo "$n"
+}
+[ "$(expected_files)" -le 8 ] ||
+  { echo "gpu_session: these stages write $(expected_files) files, more than the 8 the device brings back: run fewer in one call" >&2; exit 2; }
 mkdir -p "$out" || { echo "gpu_session: cannot create the output folder $out" >&2; exit 1; }
 out="$(cd "$out" && pwd)"
 scratch="$(mktemp -d)"

@@ -60,7 +60,10 @@ def short_name(name):
 MATMUL_WORDS = ("gemm", "cutlass", "xmma", "cublas", "sm90_", "sm80_", "ampere_", "hopper_")
 ATTENTION_WORDS = ("flash", "cluster", "topkey", "top_key", "combine", "summar", "hamming", "kmeans", "lsh",
                    "affinit", "attention", "intra", "gate", "member", "radix_select", "softmax", "slot",
-                   "weight_index", "topk", "repeat_heads", "to_bf16_rows")
+                   "weight_index", "topk", "repeat_heads", "to_bf16", "planes_to_double", "column_chunk_sums",
+                   "column_totals", "invert_kernel", "outside_kernel")
+# kernels of the attention files whose names say nothing of it (cuda/attention/cluster_index.cu)
+ATTENTION_NAMES = ("count_kernel",)
 
 
 def kind(name):
@@ -68,7 +71,7 @@ def kind(name):
     lower = name.lower()
     if any(w in lower for w in MATMUL_WORDS):
         return "matmul"
-    if any(w in lower for w in ATTENTION_WORDS):
+    if any(w in lower for w in ATTENTION_WORDS) or lower.rsplit("::", 1)[-1] in ATTENTION_NAMES:
         return "attention"
     return "other"
 
@@ -97,8 +100,9 @@ def self_test():
     total_ns, launches = totals(lines)
     assert total_ns == {"void cuda::flash_forward_kernel": 2000.0, "cuda::affine_kernel": 250.0}, total_ns
     assert launches["void cuda::flash_forward_kernel"] == 2, launches
-    assert [kind(k) for k in ("void cuda::flash_forward_kernel", "cuda::affine_kernel", "sm90_xmma_gemm_bf16")] == \
-        ["attention", "other", "matmul"]
+    assert [kind(k) for k in ("void cuda::flash_forward_kernel", "cuda::affine_kernel", "sm90_xmma_gemm_bf16",
+                              "cuda::::to_bf16_flat_kernel", "cuda::::count_kernel", "cuda::count_real_kernel")] == \
+        ["attention", "other", "matmul", "attention", "attention", "other"]
     exact, _ = totals(lines, exact=True)
     assert len(exact) == 3, exact
     try:

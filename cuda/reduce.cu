@@ -48,7 +48,7 @@ __global__ void sum_short_rows_kernel(float* y, const float* x, int64_t rows, in
 // inner == 1, few long rows (a parameter's squared norm for gradient clipping is one row of all
 // its elements): a block per row left most of the GPU idle, 0.2 ms for each of a Text step's 26
 // parameters on an H100. Stage 1 sums chunks of kLongRowChunk, a block each; stage 2 sums each
-// row's chunk sums in order.
+// row's chunk sums (the same call again: a warp each). Rows of 65536 or more only.
 constexpr int64_t kLongRowChunk = 16384;
 __global__ void sum_row_chunks_kernel(float* partial, const float* x, int64_t n, int64_t chunks) {
   const int64_t r = blockIdx.x / chunks, c = blockIdx.x % chunks;

@@ -109,7 +109,7 @@ TEST(CudaVsCpu, LayoutOps) {
   Inputs in = {rand32({3, 4, 5, 6}, 15)};
   expect_devices_agree([](const Inputs& x) { return ops::permute(x[0], {0, 2, 1, 3}); }, in);
   // rows of 8 floats: the heads' split and merge move them four at a time; a permute that moves
-  // the last axis, or one whose rows start off a multiple of four, goes element by element
+  // the last axis, or of rows of 6 floats, goes element by element
   const Inputs rows8 = {rand32({3, 4, 5, 8}, 21)};
   expect_devices_agree([](const Inputs& x) { return ops::permute(x[0], {0, 2, 1, 3}); }, rows8);
   expect_devices_agree([](const Inputs& x) { return ops::permute(x[0], {0, 1, 3, 2}); }, rows8);

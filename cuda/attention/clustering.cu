@@ -321,11 +321,11 @@ void cluster_satopk(Tensor& out, const Tensor& affinity, const Tensor& mask, int
 void lsh_hash(Tensor& out, const Tensor& q, const Tensor& planes) {
   const int64_t rows = q.dim(0) * q.dim(1), d = q.dim(2), bits = planes.dim(0);
   if (rows == 0) return;
+  const size_t shared = kLshQueries * static_cast<size_t>(d) * sizeof(double);
+  CAST_CHECK(shared <= 48 * 1024, "lsh_hash: head width {} is more than the kernel's shared memory holds (1536)", d);
   Tensor planes64 = Tensor::empty({planes.numel()}, DType::i64, Device::cuda);  // doubles, 8 bytes each
   auto* a = reinterpret_cast<double*>(planes64.data<int64_t>());
   CAST_LAUNCH(planes_to_double_kernel, blocks_for(planes.numel()), kThreads, 0, a, fptr(planes), planes.numel());
-  const size_t shared = kLshQueries * static_cast<size_t>(d) * sizeof(double);
-  CAST_CHECK(shared <= 48 * 1024, "lsh_hash: head width {} is more than the kernel's shared memory holds", d);
   CAST_LAUNCH(lsh_hash_kernel, blocks_for(rows * 64), kThreads, shared,
               reinterpret_cast<uint32_t*>(out.data<int64_t>()), fptr(q), a, rows, d, bits);
   CUDA_CHECK_LAUNCH();

@@ -62,8 +62,9 @@ void set_flash_stream_rows(int rows);
 int flash_stream_rows(FlashKernel kernel, int d, bool forward);
 // Rows per warp of the forward and the backward: 16 (a block owns 64 rows) or 32 (128 rows, each
 // fragment read from shared memory feeding two products; not where the registers would spill:
-// tf32x3, 128-row streamed tiles, and the backward at width 128); 0 each kernel's defaults. `cast
-// bench flash --warp-rows`; flash_warp_rows and flash_backward_warp_rows: the rows that run.
+// tf32x3, 128-row streamed tiles, and in the backward width 128 and width 64 with 64 streamed
+// rows); 0 each kernel's defaults. `cast bench flash --warp-rows`; flash_warp_rows and
+// flash_backward_warp_rows: the rows that run.
 void set_flash_warp_rows(int rows);
 // The most batch-heads one launch of a flash kernel covers (a grid's y extent, 65535 on a GPU):
 // more go in several launches. Tests lower it, so that small shapes run several launches.

@@ -9,9 +9,9 @@
 //               `--precision fp32` keeps the FMA kernel, which measured faster (bench/RESULTS.md)
 // Softmax statistics, the scale, the masked-row and NaN rules (math/softmax_rule.h) stay FP32.
 //
-// A block is 4 warps; each warp owns 16 rows of the block's tile (64 query rows in the forward
-// and in dQ, 64 key rows in dK/dV) and keeps its accumulators in the mma's C layout, two rows
-// per thread (g and g + 8). The streamed side (keys and values, or queries and output
+// A block is 4 warps; each warp owns 16 rows of the block's tile, or 32 where that fits the
+// registers and measured faster (query rows in the forward and in dQ, key rows in dK/dV), and
+// keeps its accumulators in the mma's C layout, two rows per thread (g and g + 8). The streamed side (keys and values, or queries and output
 // gradients) arrives in shared memory by cp.async, two stages deep: the copy of tile j + 1 runs
 // while tile j is multiplied. Fragments of row-major operands come by ldmatrix; the scores'
 // accumulators become the A operand of the next product in registers (P V, dS K, Pᵀ dO, dSᵀ Q),
@@ -734,8 +734,9 @@ int g_warp_rows = 0;  // rows per warp of the forward and the backward: 0 the de
 // spill), where each fragment read from shared memory feeds two products instead of one: on an
 // H100 (bench/gpu_runs/2026-11-27-h100-backward-rows.md against -profile-and-recompute.md) the
 // BF16 backward at N 4096 took 0.652 ms instead of 0.754 at width 32 and 1.176 instead of 1.300
-// at width 64, TF32's 2.610 instead of 3.001 at width 64, but TF32's at width 32 1.618 instead of
-// 1.443, so it keeps 16 there.
+// at width 64 (there with 32 streamed rows instead of 64 as well: the two were not timed apart),
+// TF32's 2.610 instead of 3.001 at width 64, but TF32's at width 32 1.618 instead of 1.443, so it
+// keeps 16 there.
 struct DefaultTiles {
   int warp_rows, forward_rows, backward_rows, backward_warp_rows;
 };
@@ -798,8 +799,10 @@ int stream_rows(FlashKernel kernel, int D, bool forward) {
   // the largest tiles (FP32 operands at width 128, or 128 streamed rows) outgrow sm_80's shared
   // memory: 32 rows there
   const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, stride = D + 16 / elem;
-  const size_t owned_rows = kWarps * static_cast<size_t>(forward ? forward_warp_rows(kernel, D)
-                                                                          : 2 * backward_warp_rows_wanted(kernel, D));
+  // the rows per warp that will run at these streamed rows (the wanted ones where they fit)
+  const int warp_rows = forward ? (two_fit(kernel, D, rows) ? forward_warp_rows(kernel, D) : 16)
+                                : (two_fit_backward(kernel, D, rows) ? backward_warp_rows_wanted(kernel, D) : 16);
+  const size_t owned_rows = kWarps * static_cast<size_t>(forward ? warp_rows : 2 * warp_rows);
   const size_t bytes = (owned_rows + 4 * static_cast<size_t>(rows)) * stride * elem;
   return bytes > shared_limit() ? 32 : rows;
 }
@@ -1007,26 +1010,28 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
   std::vector<KernelLaunchShape> shapes;
   const auto add = [&](auto math, const char* math_name) {
     using M = decltype(math);
-    for (int d : {32, 64, 128})
-      with_width(d, [&](auto w) {
-        constexpr int D = decltype(w)::value;
-        // the tiles at 32 and 64 streamed rows where the kernel compiles them
-        constexpr int most_f = max_stream_rows(kernel_of<M>(), D, true), most_b = max_stream_rows(kernel_of<M>(), D, false);
-        using F = TcTile<M, D, D == 128 || most_f == 32 ? 32 : 64>;
-        using B = TcTile<M, D, D == 128 || most_b == 32 ? 32 : 64>;
-        const std::string f = fmt::format("<{}, TcTile<{}, {}, {}, 1>>", math_name, math_name, D, F::kStream);
-        const std::string bw = fmt::format("<{}, TcTile<{}, {}, {}, 1>>", math_name, math_name, D, B::kStream);
-        shapes.push_back({"flash_tc_forward_kernel" + f, kBlock, F::elements(1) * sizeof(typename M::Elem)});
-        shapes.push_back({"flash_tc_dq_kernel" + bw, kBlock, B::elements(2) * sizeof(typename M::Elem)});
-        shapes.push_back({"flash_tc_dkdv_kernel" + bw, kBlock, B::elements(2) * sizeof(typename M::Elem)});
-        // 32 rows per warp in the backward, where it is compiled
-        if constexpr (two_fit_backward(kernel_of<M>(), D, B::kStream)) {
-          using B2 = TcTile<M, D, B::kStream, 2>;
-          const std::string bw2 = fmt::format("<{}, TcTile<{}, {}, {}, 2>>", math_name, math_name, D, B::kStream);
-          shapes.push_back({"flash_tc_dq_kernel" + bw2, kBlock, B2::elements(2) * sizeof(typename M::Elem)});
-          shapes.push_back({"flash_tc_dkdv_kernel" + bw2, kBlock, B2::elements(2) * sizeof(typename M::Elem)});
+    constexpr FlashKernel kernel = kernel_of<M>();
+    const auto push = [&](const char* name, int D, int rows, int warp_tiles, int owned_tiles) {
+      const size_t stride = D + M::kChunk, owned = kWarps * kRowsPerWarp * warp_tiles;
+      shapes.push_back({fmt::format("{}<{}, TcTile<{}, {}, {}, {}>>", name, math_name, math_name, D, rows, warp_tiles),
+                        kBlock, (owned_tiles * owned + 4 * rows) * stride * sizeof(typename M::Elem)});
+    };
+    // every tile the dispatch compiles (with_stream_rows, two_fit, two_fit_backward)
+    for (int D : {32, 64, 128}) {
+      for (int rows : {32, 64, 128}) {
+        const int most_f = max_stream_rows(kernel, D, true);
+        if (rows > most_f || (rows == 128 && D > 64)) continue;
+        push("flash_tc_forward_kernel", D, rows, 1, 1);
+        if (two_fit(kernel, D, rows)) push("flash_tc_forward_kernel", D, rows, 2, 1);
+      }
+      for (int rows : {32, 64}) {
+        if (rows > max_stream_rows(kernel, D, false)) continue;
+        for (const char* name : {"flash_tc_dq_kernel", "flash_tc_dkdv_kernel"}) {
+          push(name, D, rows, 1, 2);
+          if (two_fit_backward(kernel, D, rows)) push(name, D, rows, 2, 2);
         }
-      });
+      }
+    }
   };
   add(Bf16Math{}, "Bf16Math");
   add(Tf32Math{}, "Tf32MathT<false>");
