@@ -49,4 +49,19 @@ for name in listops-cast fashion-mnist-lra-cast pathfinder-full fashion-d128-clu
   grep -q "/summary.json" <<< "$runs" || { echo "FAIL: --lra $name: runs.tar.gz holds no summary.json"; echo "$runs"; exit 1; }
   ! grep -q "safetensors" <<< "$runs" || { echo "FAIL: --lra $name: runs.tar.gz holds checkpoints"; exit 1; }
 done
-echo "gpu_session dry run: every LRA settings file ran"
+# An LRA run after other stages in one call (one build): its results travel in runs.tar.gz alone,
+# beside the stages' own files.
+rm -rf "$out" && mkdir -p "$out"
+if ! "$(dirname "$0")/../bench/gpu_session.sh" --dry-run --stages tests --lra fashion-mnist-lra-10ep-cast --out "$out" \
+     --build-dir "$build" > "$out.log" 2>&1; then
+  cat "$out.log"; rm -f "$out.log"
+  echo "FAIL: the dry run of bench/gpu_session.sh --stages tests --lra fashion-mnist-lra-10ep-cast failed"; exit 1
+fi
+rm -f "$out.log"
+for stage in tests lra; do
+  grep -qE "^\| $stage \| ok \|" "$out/summary.md" || { echo "FAIL: --stages tests --lra: stage $stage is not ok"; cat "$out/summary.md"; exit 1; }
+done
+expected="build.log clusters.svg runs.tar.gz summary.md tests.log"
+[ "$(ls "$out" | tr '\n' ' ')" = "$expected " ] || { echo "FAIL: --stages tests --lra wrote $(ls "$out" | tr '\n' ' '), not $expected"; exit 1; }
+tar -tzf "$out/runs.tar.gz" | grep -q "results.md" || { echo "FAIL: --stages tests --lra: runs.tar.gz lacks results.md"; exit 1; }
+echo "gpu_session dry run: every LRA settings file ran, and a run beside other stages"
