@@ -76,15 +76,15 @@ fi
 [[ "$lra_precision" =~ ^(fp32|tf32|bf16)$ ]] || { echo "gpu_session: --precision '$lra_precision' is not fp32, tf32 or bf16" >&2; exit 2; }
 # The files the chosen stages write, counted before any device time is spent: the device brings
 # back 8 at most.
+wanted() { [[ ",$stages," == *",$1,"* ]]; }
 expected_files() {
-  local n=2 has  # summary.md, build.log
-  has() { [[ ",$stages," == *",$1,"* ]]; }
-  has tests && n=$((n + 1))
-  has sanitizer && n=$((n + 1))
-  { has bench || has tensor_core || has paper; } && n=$((n + 1))  # bench.jsonl
-  { has pytorch || has tensor_core; } && n=$((n + 1))               # pytorch.txt
-  has train && n=$((n + 2))                                          # metrics.jsonl, curves.svg
-  if has lra; then
+  local n=2  # summary.md, build.log
+  wanted tests && n=$((n + 1))
+  wanted sanitizer && n=$((n + 1))
+  { wanted bench || wanted tensor_core || wanted paper; } && n=$((n + 1))  # bench.jsonl
+  { wanted pytorch || wanted tensor_core; } && n=$((n + 1))               # pytorch.txt
+  wanted train && n=$((n + 2))                                             # metrics.jsonl, curves.svg
+  if wanted lra; then
     n=$((n + 2))                                                     # runs.tar.gz, clusters.svg
     [ "$lra_with_stages" = 0 ] && n=$((n + 3))                       # results.md, .json, comparison.svg
   fi
@@ -454,7 +454,6 @@ export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths tex
 if [ -d kit/debs ]; then
   export LD_LIBRARY_PATH="$root/kit/root/usr/lib/x86_64-linux-gnu:$root/kit/root/usr/lib/x86_64-linux-gnu/openblas-openmp:$root/kit/root/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 fi
-wanted() { [[ ",$stages," == *",$1,"* ]]; }
 wanted probe && run_stage probe 20 probe
 run_stage kit 40 kit
 run_stage build 300 build

@@ -831,6 +831,9 @@ void with_stream_rows(Fn&& fn) {
   }
 }
 
+// The compiled head-width bound of d: 32, 64 or 128 (with_width's choice).
+int width_bound(int d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
+
 template <class Fn>
 void with_width(int d, Fn&& fn) {
   if (d <= 32) fn(std::integral_constant<int, 32>{});
@@ -993,17 +996,17 @@ void set_flash_warp_rows(int rows) {
 }
 
 int flash_warp_rows(FlashKernel kernel, int d) {
-  const int D = d <= 32 ? 32 : d <= 64 ? 64 : 128;
+  const int D = width_bound(d);
   return two_fit(kernel, D, stream_rows(kernel, D, true)) ? forward_warp_rows(kernel, D) : 16;
 }
 
 int flash_backward_warp_rows(FlashKernel kernel, int d) {
-  const int D = d <= 32 ? 32 : d <= 64 ? 64 : 128;
+  const int D = width_bound(d);
   return two_fit_backward(kernel, D, stream_rows(kernel, D, false)) ? backward_warp_rows_wanted(kernel, D) : 16;
 }
 
 int flash_stream_rows(FlashKernel kernel, int d, bool forward) {
-  return stream_rows(kernel, d <= 32 ? 32 : d <= 64 ? 64 : 128, forward);
+  return stream_rows(kernel, width_bound(d), forward);
 }
 
 std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
