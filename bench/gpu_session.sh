@@ -30,9 +30,10 @@
 # --lra NAME: one named LRA run in the call (stages probe, kit, build, lra), after the stages of
 # --stages where it is given (one build for both; the run then brings back runs.tar.gz, which
 # holds its results files, and clusters.svg, so that the other stages' files fit the 8).
-# NAME is CONFIG-MECHANISM[-sSEEDS]: the settings file bench/lra/CONFIG.json (its "task" and
-# what differs from the task's preset), a mechanism (full, cast, clustered, iclustered) and the
-# seeds (default 1), e.g. listops-cast, fashion-mnist-lra-full, fashion-d128-clustered-s1,2,3.
+# NAME is CONFIG-MECHANISM[+MECHANISM...][-sSEEDS]: the settings file bench/lra/CONFIG.json (its
+# "task" and what differs from the task's preset), the mechanisms (full, cast, clustered,
+# iclustered; several joined by +, trained one after another) and the seeds (default 1), e.g.
+# listops-cast, fashion-mnist-lra-10ep-full+cast, fashion-d128-clustered-s1,2,3.
 # It generates the task's data on the machine (ListOps: the release's 96 000 / 2000 / 2000;
 # Pathfinder-32: 200 000 images) or reads Fashion-MNIST from kit/datasets (bench/gpu_kit.sh),
 # trains with `cast compare` at --precision (default tf32) until done or until the call's time
@@ -50,6 +51,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
+# the tensor-core backward the engine does not run by default (cuda/attention/full_attention_flash.h),
+# timed beside it in the tensor_core stage
+other_backward=fused
 dry=0 out="${OUT:-bench/out}" budget=570 dry_build=build stages="probe,kit,build,tests,sanitizer,bench,tensor_core,paper,profile,pytorch,parity,train"
 lra="" lra_precision=tf32 stages_given=0 sweep_tiles=0 lra_with_stages=0
 while [ $# -gt 0 ]; do
@@ -67,9 +71,10 @@ while [ $# -gt 0 ]; do
 done
 if [ -n "$lra" ]; then
   lra_with_stages=$stages_given
-  [[ "$lra" =~ ^([a-z0-9-]+)-(full|cast|clustered|iclustered)(-s([0-9]+(,[0-9]+)*))?$ ]] ||
-    { echo "gpu_session: --lra '$lra' is not CONFIG-MECHANISM[-sSEEDS] (e.g. listops-cast, fashion-d128-full-s1,2,3)" >&2; exit 2; }
-  lra_config="bench/lra/${BASH_REMATCH[1]}.json" lra_mechanism="${BASH_REMATCH[2]}" lra_seeds="${BASH_REMATCH[4]:-1}"
+  mech="full|cast|clustered|iclustered"
+  [[ "$lra" =~ ^([a-z0-9-]+)-(($mech)(\+($mech))*)(-s([0-9]+(,[0-9]+)*))?$ ]] ||
+    { echo "gpu_session: --lra '$lra' is not CONFIG-MECHANISM[+MECHANISM...][-sSEEDS] (e.g. listops-cast, fashion-mnist-lra-10ep-full+cast, fashion-d128-full-s1,2,3)" >&2; exit 2; }
+  lra_config="bench/lra/${BASH_REMATCH[1]}.json" lra_mechanism="${BASH_REMATCH[2]//+/,}" lra_seeds="${BASH_REMATCH[7]:-1}"
   [ -f "$lra_config" ] || { echo "gpu_session: --lra '$lra': no settings file $lra_config (those there: $(cd bench/lra && ls | sed 's/\.json$//' | tr '\n' ' '))" >&2; exit 2; }
   if [ $stages_given = 1 ]; then stages="$stages,lra"; else stages="probe,kit,build,lra"; fi
 fi
@@ -341,10 +346,16 @@ tensor_core_stage() {
     } >> "$BUILD_LOG" 2>&1
   fi
   "$cast" bench flash --device cuda --lengths "$flash_lengths" --head-widths "$flash_widths" --tokens "$flash_tokens" \
-    --check-length "$flash_check" --stream-rows "$flash_rows" --warp-rows "$flash_warp" --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash.jsonl" > "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
+    --check-length "$flash_check" --stream-rows "$flash_rows" --warp-rows "$flash_warp" --flash-backward split,fused \
+    --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash.jsonl" > "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
   for p in ${precisions//,/ }; do
     "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
       --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-$p.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
+    # the tensor-core precisions again with the other backward (the fused kernel, or the split pair)
+    [ "$p" = fp32 ] && continue
+    "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
+      --flash-backward "$other_backward" --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" \
+      --json "$scratch/train-$p-$other_backward.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
   done
   # the bf16 step with every block recomputed in its backward (--recompute): its memory and time
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision bf16 --recompute \
@@ -432,11 +443,12 @@ lra_stage() {
     for f in results.md results.json comparison.svg; do [ -f "$folder/$f" ] && cp "$folder/$f" "$out/$f"; done
   fi
   tar -czf "$LRA_RUNS" -C "$folder" --exclude='*.safetensors' --exclude='.cast.lock' --exclude='*.tmp' . || return 1
-  if [ "$lra_mechanism" = cast ] && [[ "$task" == fashion-mnist* || "$task" == pathfinder ]]; then
-    f=$(ls "$folder"/*/checkpoint.safetensors 2>/dev/null | head -n 1)
+  if [[ ",$lra_mechanism," == *,cast,* ]] && [[ "$task" == fashion-mnist* || "$task" == pathfinder ]]; then
+    f=$(ls "$folder"/cast*/checkpoint.safetensors 2>/dev/null | head -n 1)
     [ -n "$f" ] && { "$cast" clusters --checkpoint "$f" --data "$data" --out "$LRA_CLUSTERS" >> "$log" 2>&1 || return 1; }
   fi
-  grep -hE "^\| $lra_mechanism " "$scratch/lra_results.md" 2>/dev/null | head -n 1 | tr -s ' ' >> "$note"
+  # each mechanism's row of the results table (its first: the table of runs follows it)
+  grep -hE "^\| (${lra_mechanism//,/|}) " "$scratch/lra_results.md" 2>/dev/null | awk '!seen[$2]++' | tr -s ' ' >> "$note"
   grep -hE "test accuracy|stopped|done in" "$log" | tail -n 4 | tr -s ' ' | tr '\n' ';' >> "$note"
   [ $rc = 0 ] || [ $rc = 130 ] || [ $rc = 124 ]
 }
@@ -446,7 +458,7 @@ export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage benc
   tensor_core_stage paper_stage parity_stage lra_stage
 export lra lra_with_stages lra_config lra_mechanism lra_seeds lra_precision lra_tiny lra_listops_data lra_pathfinder_count lra_reserve \
   LRA_MD LRA_JSON LRA_FIGURE LRA_RUNS LRA_CLUSTERS
-export profile_mechanisms profile_precisions flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds data_count \
+export other_backward profile_mechanisms profile_precisions flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds data_count \
   paper_lengths paper_batch paper_mechanisms
 export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES

@@ -170,9 +170,21 @@ std::string device_label(Device device) {
 
 std::string g_fp32_flash = "fma";  // --fp32-flash
 
+std::string g_flash_backward;     // --flash-backward, where given
+
+std::string flash_backward_in_use() {
+#ifdef CAST_WITH_CUDA
+  return cuda::flash_backward_name(cuda::flash_backward());
+#else
+  return "split";
+#endif
+}
+
 std::string precision_note() {
-  if (current_precision() != Precision::fp32) return fmt::format(", precision {}", precision_name(current_precision()));
-  return g_fp32_flash == "fma" ? "" : fmt::format(", precision fp32 with flash kernel {}", g_fp32_flash);
+  const std::string backward = g_flash_backward.empty() ? "" : fmt::format(", flash backward {}", g_flash_backward);
+  if (current_precision() != Precision::fp32)
+    return fmt::format(", precision {}{}", precision_name(current_precision()), backward);
+  return (g_fp32_flash == "fma" ? "" : fmt::format(", precision fp32 with flash kernel {}", g_fp32_flash)) + backward;
 }
 
 struct LayerTimes {
@@ -226,6 +238,7 @@ void report_attention_row(const Variant& v, const nn::AttentionConfig& c, const 
   json_out.add({{"mechanism", v.name},
                 {"precision", precision_name(current_precision())},
                 {"fp32_flash", g_fp32_flash},
+                {"flash_backward", flash_backward_in_use()},
                 {"n", N},
                 {"batch", B},
                 {"dim", D},
@@ -385,6 +398,7 @@ void report_training_step(const Variant& v, const StepTimes& r, double estimate,
   json_out.add({{"mechanism", v.name},
                 {"precision", precision_name(current_precision())},
                 {"fp32_flash", g_fp32_flash},
+                {"flash_backward", flash_backward_in_use()},
                 {"recompute", base.model.recompute},
                 {"task", base.task},
                 {"n", N},
@@ -606,8 +620,9 @@ void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup
   const std::string tiles =
       kernel == cuda::FlashKernel::fma
           ? "-"
-          : fmt::format("{}x{}/{}x{}", cuda::flash_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, true),
-                        cuda::flash_backward_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, false));
+          : fmt::format("{}x{}/{}x{}{}", cuda::flash_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, true),
+                        cuda::flash_backward_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, false),
+                        cuda::flash_backward() == cuda::FlashBackward::fused ? "f" : "");
   std::vector<double> tf, tb;
   for (int64_t r = 0; r < warmup + repeats; ++r) {
     const double f =
@@ -618,7 +633,7 @@ void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup
     if (r >= warmup) tf.push_back(f), tb.push_back(b);
   }
   const double f = median(tf), b = median(tb), flops = double(x.H) * x.N * x.N * x.d;
-  fmt::print("{:<8} {:>6} {:>4} {:>6} {:>10} {:>11.3f} {:>11.1f} {:>11.3f} {:>11.1f}{}\n",
+  fmt::print("{:<8} {:>6} {:>4} {:>6} {:>11} {:>11.3f} {:>11.1f} {:>11.3f} {:>11.1f}{}\n",
              cuda::flash_kernel_name(kernel), x.N, x.d, x.H, tiles, f, 4 * flops / f / 1e9, b, 10 * flops / b / 1e9,
              trust_note(tb));
   json_out.add({{"kernel", cuda::flash_kernel_name(kernel)},
@@ -626,6 +641,7 @@ void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup
                 {"head_width", x.d},
                 {"heads", x.H},
                 {"tiles", tiles},
+                {"backward", kernel == cuda::FlashKernel::fma ? "fma" : cuda::flash_backward_name(cuda::flash_backward())},
                 {"forward_ms", f},
                 {"backward_ms", b},
                 {"forward_tflops", 4 * flops / f / 1e9},
@@ -654,7 +670,12 @@ int bench_flash(const cli::Args& args) {
       device_label(device), tokens, repeats, warmup);
   const std::vector<int64_t> all_rows = cli::comma_integers("stream-rows", args.str("stream-rows"), 0, 128);
   const std::vector<int64_t> all_warp_rows = cli::comma_integers("warp-rows", args.str("warp-rows"), 0, 32);
-  fmt::print("{:<8} {:>6} {:>4} {:>6} {:>10} {:>11} {:>11} {:>11} {:>11}\n", "kernel", "N", "d", "heads", "tiles",
+  std::vector<cuda::FlashBackward> backwards;
+  std::stringstream backward_names(args.str("flash-backward").empty() ? cuda::flash_backward_name(cuda::flash_backward())
+                                                                      : args.str("flash-backward"));
+  for (std::string name; std::getline(backward_names, name, ',');) backwards.push_back(cuda::parse_flash_backward(name));
+  const cuda::FlashBackward engine_backward = cuda::flash_backward();
+  fmt::print("{:<8} {:>6} {:>4} {:>6} {:>11} {:>11} {:>11} {:>11} {:>11}\n", "kernel", "N", "d", "heads", "tiles",
              "fwd ms", "fwd TFLOPS", "bwd ms", "bwd TFLOPS");
   for (int64_t N : ns)
     for (int64_t d : widths) {
@@ -669,7 +690,12 @@ int bench_flash(const cli::Args& args) {
               continue;  // runs 16
             cuda::set_flash_stream_rows(static_cast<int>(rows));
             cuda::set_flash_warp_rows(static_cast<int>(warp_rows));
-            time_flash_kernel(x, kernel, warmup, repeats, json_out);
+            for (cuda::FlashBackward backward : backwards) {
+              if (kernel == cuda::FlashKernel::fma && backward != backwards.front()) continue;  // one backward
+              cuda::set_flash_backward(backward);
+              time_flash_kernel(x, kernel, warmup, repeats, json_out);
+            }
+            cuda::set_flash_backward(engine_backward);
           }
       cuda::set_flash_stream_rows(0);
       cuda::set_flash_warp_rows(0);
@@ -704,6 +730,10 @@ cli::Args bench_args() {
               "table's tiles column shows what ran: rows per warp x streamed rows, of the forward / of the "
               "backward")
       .option("warp-rows", "0", "flash: rows per warp of the forward and the backward, a list of 16, 32 (0: the defaults)")
+      .option("flash-backward", "",
+              "flash, train, attention: the tensor-core backward, split (a dQ kernel and a dK/dV kernel) | fused "
+              "(one kernel, dQ added in turn); flash takes a list (default: the engine's; the tiles column ends in "
+              "f where fused ran)")
       .option("task", "text", "train: task preset")
       .option("length", "", "train: sequence length (default: the preset's)")
       .option("batch-size", "", "train: batch size (default: the preset's)")
@@ -747,9 +777,11 @@ int command_bench(const std::vector<std::string>& argv) {
   const std::string what = args.choice("what", {"attention", "train", "flash", "gemm"});
   // an option of another benchmark would be ignored without a word (`bench gemm --lengths 64`)
   const std::map<std::string, std::set<std::string>> reads = {
-      {"attention", {"lengths", "batch", "dim", "heads", "clusters", "cluster-size", "mechanisms", "fp32-flash"}},
-      {"train", {"task", "length", "batch-size", "mechanisms", "fp32-flash", "recompute"}},
-      {"flash", {"lengths", "kernels", "head-widths", "tokens", "check-length", "stream-rows", "warp-rows"}},
+      {"attention",
+       {"lengths", "batch", "dim", "heads", "clusters", "cluster-size", "mechanisms", "fp32-flash", "flash-backward"}},
+      {"train", {"task", "length", "batch-size", "mechanisms", "fp32-flash", "recompute", "flash-backward"}},
+      {"flash",
+       {"lengths", "kernels", "head-widths", "tokens", "check-length", "stream-rows", "warp-rows", "flash-backward"}},
       {"gemm", {}}};
   for (const auto& [other, options] : reads)
     for (const std::string& option : options)
@@ -767,6 +799,15 @@ int command_bench(const std::vector<std::string>& argv) {
     cuda::set_fp32_flash_kernel(cuda::parse_flash_kernel(kernel));
 #endif
     g_fp32_flash = kernel;
+  }
+  if (args.is_set("flash-backward") && what != "flash") {
+    const std::string backward = args.choice("flash-backward", {"split", "fused"});
+    CAST_CHECK_USAGE(args.str("device") == "cuda", "--flash-backward {} chooses the GPU's backward: give --device cuda",
+                     backward);
+#ifdef CAST_WITH_CUDA
+    cuda::set_flash_backward(cuda::parse_flash_backward(backward));
+#endif
+    g_flash_backward = backward;
   }
   std::optional<train::Trace> trace;
   if (args.is_set("trace")) {

@@ -42,6 +42,45 @@ __device__ float block_reduce(float v) {
   return IsMax ? warp_max(r) : warp_sum(r);
 }
 
+// Blocks that add to one buffer in turn (block x after block x − 1), so that its sums come out
+// the same at every run: the one thread that waits spins on a flag in global memory, and the
+// block's writes, made with load_coherent and store_coherent (through L2, where every SM sees
+// them), are fenced before pass_turn hands the flag on. A block waits only for a block launched
+// before it, which a GPU has already made resident, so the wait always ends. The emulation runs
+// blocks in order, so a turn that has not come never will: it says so instead of spinning.
+__device__ __forceinline__ void wait_turn(const int* flag, int turn) {
+#if defined(CAST_CUDA_EMULATION)
+  CAST_CHECK(*flag == turn, "CUDA emulation: a block waits for turn {} of a flag that holds {}, and blocks run in order",
+             turn, *flag);
+#else
+  int now;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(now) : "l"(flag) : "memory");
+  } while (now != turn);
+#endif
+}
+__device__ __forceinline__ void pass_turn(int* flag, int next) {
+#if defined(CAST_CUDA_EMULATION)
+  *flag = next;
+#else
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(next) : "memory");
+#endif
+}
+__device__ __forceinline__ float load_coherent(const float* p) {
+#if defined(CAST_CUDA_EMULATION)
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+__device__ __forceinline__ void store_coherent(float* p, float v) {
+#if defined(CAST_CUDA_EMULATION)
+  *p = v;
+#else
+  __stcg(p, v);
+#endif
+}
+
 inline float* fptr(Tensor& t) { return t.data<float>(); }
 inline const float* fptr(const Tensor& t) { return t.data<float>(); }
 

@@ -210,15 +210,29 @@ void expect_kernels_match_reference(int64_t B, int64_t M, int64_t N, int64_t d,
   }
 }
 
+// Runs the tensor-core backward as `backward` while it lives, then puts the engine's back.
+struct WithBackward {
+  cuda::FlashBackward before = cuda::flash_backward();
+  explicit WithBackward(cuda::FlashBackward backward) { cuda::set_flash_backward(backward); }
+  ~WithBackward() { cuda::set_flash_backward(before); }
+};
+constexpr cuda::FlashBackward kBackwards[] = {cuda::FlashBackward::split, cuda::FlashBackward::fused};
+
 }  // namespace
 
 // Every tensor-core kernel against the CPU's f64 flash attention, with padding (a row of the
-// batch with none real), several tiles, partial tiles and every head-width bound.
+// batch with none real), several tiles, partial tiles and every head-width bound; the backward
+// split in two kernels and fused in one (whose blocks add dQ in turn: 130 keys are three blocks
+// of keys at 16 rows per warp).
 TEST(CudaVsCpuTensorCore, FlashKernelsMatchTheF64Reference) {
   SKIP_WITHOUT_GPU();
-  for (auto [B, M, N, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
-           {3, 37, 45, 8}, {2, 70, 130, 16}, {1, 65, 33, 64}, {3, 33, 100, 128}, {1, 9, 40, 100}, {2, 20, 20, 12}})
-    expect_kernels_match_reference(B, M, N, d, {std::begin(kAllKernels), std::end(kAllKernels)});
+  for (cuda::FlashBackward backward : kBackwards) {
+    WithBackward with(backward);
+    SCOPED_TRACE(cuda::flash_backward_name(backward));
+    for (auto [B, M, N, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+             {3, 37, 45, 8}, {2, 70, 130, 16}, {1, 65, 33, 64}, {3, 33, 100, 128}, {1, 9, 40, 100}, {2, 20, 20, 12}})
+      expect_kernels_match_reference(B, M, N, d, {std::begin(kAllKernels), std::end(kAllKernels)});
+  }
 }
 
 // The same at every tile the benchmarks may choose (cast bench flash --stream-rows, --warp-rows):
@@ -226,8 +240,11 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchTheF64Reference) {
 // backward; at width 32 the backward keeps 32 rows per warp with 64 streamed rows too.
 TEST(CudaVsCpuTensorCore, FlashKernelsMatchAtEveryStreamedTile) {
   SKIP_WITHOUT_GPU();
+  for (cuda::FlashBackward backward : kBackwards)
   for (int warp_rows : {16, 32})
     for (int rows : {32, 64, 128}) {
+      WithBackward with(backward);
+      SCOPED_TRACE(cuda::flash_backward_name(backward));
       cuda::set_flash_stream_rows(rows);
       cuda::set_flash_warp_rows(warp_rows);
       expect_kernels_match_reference(2, 150, 150, 64, {kAllKernels[2], kAllKernels[3]});
@@ -248,8 +265,12 @@ TEST(CudaVsCpuTensorCore, FlashKernelsSplitBatchHeadsOverLaunches) {
     Limit() { cuda::set_flash_grid_y_limit(3); }
     ~Limit() { cuda::set_flash_grid_y_limit(65535); }
   } limit;
-  expect_kernels_match_reference(3, 37, 45, 8, {std::begin(kAllKernels), std::end(kAllKernels)});
-  expect_kernels_match_reference(3, 20, 70, 64, {kAllKernels[0], kAllKernels[3]});
+  for (cuda::FlashBackward backward : kBackwards) {
+    WithBackward with(backward);
+    SCOPED_TRACE(cuda::flash_backward_name(backward));
+    expect_kernels_match_reference(3, 37, 45, 8, {std::begin(kAllKernels), std::end(kAllKernels)});
+    expect_kernels_match_reference(3, 20, 70, 64, {kAllKernels[0], kAllKernels[3]});
+  }
 }
 
 // The split-TF32 kernel keeps FP32's accuracy over a long sequence: each of its errors against
@@ -324,7 +345,10 @@ TEST(CudaVsCpuTensorCore, FlashKernelsKeepTheNaNRule) {
   };
   const Tensor qc = q.to(Device::cuda), kc = k.to(Device::cuda), vc = v.to(Device::cuda), gc = g.to(Device::cuda),
                mc = mask.to(Device::cuda);
+  for (cuda::FlashBackward backward : kBackwards)
   for (const KernelTolerance& kernel : kAllKernels) {
+    WithBackward with(backward);
+    SCOPED_TRACE(cuda::flash_backward_name(backward));
     Tensor out = Tensor::full(q.shape(), 7.0, DType::f32, Device::cuda),
            lse = Tensor::full({B, H, M}, 7.0, DType::f32, Device::cuda);
     cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel.kernel);
@@ -347,14 +371,17 @@ TEST(CudaVsCpuTensorCore, FlashKernelsKeepTheNaNRule) {
   EXPECT_FALSE(o[at(0, 1, M, 6)]);
 }
 
-// The backward gives the same bits every time: no atomics, a fixed order of sums.
+// The backward gives the same bits every time: no atomics, a fixed order of sums (the fused
+// backward's blocks add dQ in turn: 600 keys are five blocks of 128 keys or ten of 64).
 TEST(CudaVsCpuTensorCore, FlashBackwardIsDeterministic) {
   SKIP_WITHOUT_GPU();
   const Tensor q = Tensor::normal({1, 2, 70, 64}, 41, 0).to(Device::cuda),
-               k = Tensor::normal({1, 2, 90, 64}, 42, 0).to(Device::cuda),
-               v = Tensor::normal({1, 2, 90, 64}, 43, 0).to(Device::cuda),
+               k = Tensor::normal({1, 2, 600, 64}, 42, 0).to(Device::cuda),
+               v = Tensor::normal({1, 2, 600, 64}, 43, 0).to(Device::cuda),
                g = Tensor::normal({1, 2, 70, 64}, 44, 0).to(Device::cuda);
+  for (cuda::FlashBackward backward : kBackwards)
   for (cuda::FlashKernel kernel : {cuda::FlashKernel::tf32, cuda::FlashKernel::bf16}) {
+    WithBackward with(backward);
     std::vector<std::vector<double>> runs;
     for (int r = 0; r < 2; ++r) {
       Tensor out = Tensor::empty(q.shape(), DType::f32, Device::cuda),
@@ -369,7 +396,7 @@ TEST(CudaVsCpuTensorCore, FlashBackwardIsDeterministic) {
         for (double x : t.to_double_vector()) all.push_back(x);
       runs.push_back(all);
     }
-    EXPECT_EQ(runs[0], runs[1]) << cuda::flash_kernel_name(kernel);
+    EXPECT_EQ(runs[0], runs[1]) << cuda::flash_kernel_name(kernel) << ", " << cuda::flash_backward_name(backward);
   }
 }
 #endif

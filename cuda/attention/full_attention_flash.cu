@@ -537,6 +537,16 @@ FlashKernel parse_flash_kernel(const std::string& name) {
   throw UsageError(fmt::format("flash kernel '{}' is not one of fma, tf32x3, tf32, bf16", name));
 }
 
+const char* flash_backward_name(FlashBackward backward) {
+  return backward == FlashBackward::fused ? "fused" : "split";
+}
+
+FlashBackward parse_flash_backward(const std::string& name) {
+  for (FlashBackward b : {FlashBackward::split, FlashBackward::fused})
+    if (name == flash_backward_name(b)) return b;
+  throw UsageError(fmt::format("flash backward '{}' is not one of split, fused", name));
+}
+
 namespace {
 FlashKernel g_fp32_kernel = kFp32FlashKernel;
 }

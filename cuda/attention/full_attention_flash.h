@@ -69,6 +69,14 @@ void set_flash_warp_rows(int rows);
 // The most batch-heads one launch of a flash kernel covers (a grid's y extent, 65535 on a GPU):
 // more go in several launches. Tests lower it, so that small shapes run several launches.
 void set_flash_grid_y_limit(int64_t limit);
+// The tensor-core backward: `split`, two kernels (dQ, then dK and dV, each forming the scores and
+// dP: 7 tile products), or `fused`, one (dK and dV, with dQ's partials added in turn: 5 products,
+// the same sums at every run). `cast bench flash --backward`, `cast bench train --flash-backward`.
+enum class FlashBackward : uint8_t { split, fused };
+void set_flash_backward(FlashBackward backward);
+FlashBackward flash_backward();
+const char* flash_backward_name(FlashBackward backward);
+FlashBackward parse_flash_backward(const std::string& name);  // "split" or "fused"; a UsageError otherwise
 int flash_warp_rows(FlashKernel kernel, int d);
 int flash_backward_warp_rows(FlashKernel kernel, int d);
 }  // namespace cast::cuda

@@ -141,6 +141,9 @@ inline T atomicCAS(T* address, T compare, T v) {
   return old;
 }
 
+// Blocks run one after another: whatever a block wrote is seen by every later block.
+inline void __threadfence() {}
+
 // ---------------------------------------------------------------- math intrinsics
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
