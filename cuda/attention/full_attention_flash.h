@@ -71,7 +71,8 @@ void set_flash_warp_rows(int rows);
 void set_flash_grid_y_limit(int64_t limit);
 // The tensor-core backward: `split`, two kernels (dQ, then dK and dV, each forming the scores and
 // dP: 7 tile products), or `fused`, one (dK and dV, with dQ's partials added in turn: 5 products,
-// the same sums at every run). `cast bench flash --backward`, `cast bench train --flash-backward`.
+// the same sums at every run). `cast bench flash --flash-backward split,fused` times both; the
+// engine runs split, which measured 2.3 to 3.7 times faster on an H100 (bench/RESULTS.md).
 enum class FlashBackward : uint8_t { split, fused };
 void set_flash_backward(FlashBackward backward);
 FlashBackward flash_backward();

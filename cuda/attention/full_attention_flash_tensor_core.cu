@@ -711,7 +711,9 @@ __global__ void __launch_bounds__(kBlock)
 // writes its tile's dSᵀ to shared memory as dS (queries × its keys) and the four warps form
 // dQ's partial over the block's keys, dS·K, each 16×16 pieces of it. The partials of a query tile
 // then go into dq in turn, block x after block x − 1 of the same batch-head (a flag per query
-// tile counts the turns), so the sum is the same at every run, with no atomics' order.
+// tile counts the turns), so the sum is the same at every run, with no atomics' order. On an
+// H100 it measured 2.3 to 3.7 times slower than the split pair at BF16 and TF32 (a wait, two
+// barriers, an L2 round trip and a fence per query tile; bench/RESULTS.md): not the default.
 template <class M, class T>
 __global__ void __launch_bounds__(kBlock)
     flash_tc_fused_backward_kernel(float* dq, float* dk, float* dv, int* turns, const typename M::Elem* dout,
