@@ -580,18 +580,76 @@ __global__ void __launch_bounds__(kBlock)
     store_acc<D>(dq + static_cast<int64_t>(bh) * s.M * s.d, acc[mi], i0 + row0 + 16 * mi, s.M, one, true, s.d, lane);
 }
 
-// ---------------------------------------------------------------- dK, dV
+// The fused backward's dQ for query tile `tile`: once the block's dS is whole in shared memory,
+// each warp's pieces of dS·K over the block's keys, added to dq when the block's turn comes (the
+// caller passes the turn on after its barrier). Every thread's stores are fenced before that.
+template <class M, class T, int kPerWarp>
+__device__ __forceinline__ void add_dq_tile(float* dq, int* turns, const SharedArray<typename M::Elem>& smem,
+                                            int ds_base, int ds_stride, int k_base, int tile, int width,
+                                            const TcShape& s) {
+  constexpr int D = T::D, BQ = T::kStream, BK = T::kOwnedRows;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const int dq_row0 = 16 * (kPerWarp * warp / (D / 16)), dq_col0 = 16 * (kPerWarp * warp % (D / 16));
+  const int bh = blockIdx.y, i0 = tile * BQ, tiles = (s.M + BQ - 1) / BQ;
+  __syncthreads();  // dS whole
+  float part[kPerWarp][2][4];
+#pragma unroll
+  for (int p = 0; p < kPerWarp; ++p)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) part[p][i / 4][i % 4] = 0.f;
+#pragma unroll
+  for (int k0 = 0; k0 < BK; k0 += M::kK) {
+    const typename M::A a = load_a<M>(smem, ds_base, ds_stride, dq_row0, k0, lane);
+#pragma unroll
+    for (int p = 0; p < kPerWarp; ++p) {
+      if (dq_col0 + 16 * p >= width) break;
+      typename M::B bk[2];
+      M::b_trans(bk, smem, k_base, T::kStride, k0, dq_col0 + 16 * p, lane);
+      M::mma_long(part[p][0], a, bk[0]);
+      M::mma_long(part[p][1], a, bk[1]);
+    }
+  }
+  if (threadIdx.x == 0) wait_turn(turns + static_cast<int64_t>(bh) * tiles + tile, static_cast<int>(blockIdx.x));
+  __syncthreads();
+  float* dq_tile = dq + (static_cast<int64_t>(bh) * s.M + i0 + dq_row0) * s.d;
+#pragma unroll
+  for (int p = 0; p < kPerWarp; ++p)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {  // piece p's n-tile i / 4, its accumulator element i % 4
+      const int row = g + 8 * (i % 4 / 2), col = dq_col0 + 16 * p + 8 * (i / 4) + 2 * t + i % 2;
+      if (i0 + dq_row0 + row < s.M && col < s.d) {
+        float* at = dq_tile + static_cast<int64_t>(row) * s.d + col;
+        store_coherent(at, load_coherent(at) + part[p][i / 4][i % 4]);
+      }
+    }
+  __threadfence();  // this block's sums are seen by the GPU before its turn passes on
+}
+
+// ---------------------------------------------------------------- dK, dV (and dQ)
 // Owned: K and V (16·MI key rows per warp); streamed: Q and dO. Scores are formed transposed
 // (keys × queries) so that Pᵀ and dSᵀ are already the A operands of dV += Pᵀ dO and dK += dSᵀ Q.
-template <class M, class T>
+//
+// With AddDq, the backward in one kernel, as FlashAttention-2's: the scores and dP are formed
+// once instead of also in the dQ kernel (5 tile products instead of the pair's 7). Each block
+// writes its tile's dSᵀ to shared memory as dS (queries × its keys), the four warps form dQ's
+// partial over the block's keys, dS·K, in 16×16 pieces, and the partials of a query tile go into
+// dq in turn, block x after block x − 1 of the same batch-head (a flag per query tile counts the
+// turns), so the sum is the same at every run, with no atomics' order. On an H100 that measured
+// 2.3 to 3.7 times slower than the pair at BF16 and TF32 (a wait, two barriers, an L2 round trip
+// and a fence per query tile; bench/RESULTS.md): not the default.
+template <class M, class T, bool AddDq>
 __global__ void __launch_bounds__(kBlock)
-    flash_tc_dkdv_kernel(float* dk, float* dv, const typename M::Elem* dout, const typename M::Elem* q,
-                         const typename M::Elem* k, const typename M::Elem* v, const float* mask, const float* lse,
-                         const float* delta, TcShape s) {
+    flash_tc_dkdv_kernel(float* dk, float* dv, float* dq, int* turns, const typename M::Elem* dout,
+                         const typename M::Elem* q, const typename M::Elem* k, const typename M::Elem* v,
+                         const float* mask, const float* lse, const float* delta, TcShape s) {
   using E = typename M::Elem;
   constexpr int D = T::D, BQ = T::kStream, NT = BQ / 8, MI = T::MI, stride = T::kStride, BK = T::kOwnedRows;
-  constexpr int k_base = 0, v_base = T::kOwned, qg_base = 2 * T::kOwned;
-  CAST_DYNAMIC_SHARED(E, smem, T::elements(2));
+  constexpr int k_base = 0, v_base = T::kOwned, qg_base = 2 * T::kOwned, ds_base = qg_base + 4 * T::kStreamed;
+  constexpr int ds_stride = BK + M::kChunk;  // dS: BQ rows (queries) of BK keys, padded as the tiles
+  // dQ's pieces of 16 rows × 16 columns: the warps split them, each keeping one row band
+  constexpr int kPieces = (BQ / 16) * (D / 16), kPerWarp = kPieces / kWarps;
+  static_assert(kPieces % kWarps == 0 && kPerWarp <= D / 16, "a warp's pieces share their 16 query rows");
+  CAST_DYNAMIC_SHARED(E, smem, T::elements(2) + (AddDq ? BQ * ds_stride : 0));
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = T::kWarpRows * warp;
   const int bh = blockIdx.y, b = bh / s.heads, j0 = blockIdx.x * BK;
   const int k_rows = min_of(s.N - j0, BK);
@@ -619,8 +677,10 @@ __global__ void __launch_bounds__(kBlock)
     }
   // Every key of the warp real: then every query's row has one, and its L is finite (or NaN).
   const bool keys_all = __all_sync(0xffffffffu, warp_real);
-  // the log-sum-exp and Δ of a query pair (2t, 2t + 1) lie 8-byte aligned
-  const bool pairs = s.M % 2 == 0 && reinterpret_cast<uintptr_t>(lse) % 8 == 0 && reinterpret_cast<uintptr_t>(delta) % 8 == 0;
+  // the log-sum-exp and Δ of a query pair (2t, 2t + 1) lie 8-byte aligned (not read in pairs with
+  // AddDq: the registers of the pair loads made the fused kernel spill at width 128)
+  const bool pairs = !AddDq && s.M % 2 == 0 && reinterpret_cast<uintptr_t>(lse) % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(delta) % 8 == 0;
   float dk_acc[MI][D / 8][4], dv_acc[MI][D / 8][4];
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
@@ -691,157 +751,25 @@ __global__ void __launch_bounds__(kBlock)
               st_[mi][nt][i] = p, dpt[mi][nt][i] = ds;
             }
       }
+      if constexpr (AddDq)  // dSᵀ into shared memory as dS
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              smem[ds_base + (8 * nt + 2 * t + i % 2) * ds_stride + M::a_column(row0 + 16 * mi + g + 8 * (i / 2))] =
+                  M::elem(dpt[mi][nt][i]);
       product_wz<M, D, MI, NT>(dv_acc, st_, smem, st + T::kStreamed, stride, s.d, lane);
       product_wz<M, D, MI, NT>(dk_acc, dpt, smem, st, stride, s.d, lane);
-    }
-    __syncthreads();
-  }
-  const float one[2] = {1.f, 1.f};
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi) {
-    const int rows0 = j0 + row0 + 16 * mi;
-    if (dk) store_acc<D>(dk + static_cast<int64_t>(bh) * s.N * s.d, dk_acc[mi], rows0, s.N, one, true, s.d, lane);
-    if (dv) store_acc<D>(dv + static_cast<int64_t>(bh) * s.N * s.d, dv_acc[mi], rows0, s.N, one, true, s.d, lane);
-  }
-}
-
-// ---------------------------------------------------------------- dK, dV and dQ in one pass
-// The dK/dV kernel that also adds dQ, as FlashAttention-2's backward does: the scores and dP are
-// formed once instead of twice (5 products of a tile instead of the two kernels' 7). Each block
-// writes its tile's dSᵀ to shared memory as dS (queries × its keys) and the four warps form
-// dQ's partial over the block's keys, dS·K, each 16×16 pieces of it. The partials of a query tile
-// then go into dq in turn, block x after block x − 1 of the same batch-head (a flag per query
-// tile counts the turns), so the sum is the same at every run, with no atomics' order. On an
-// H100 it measured 2.3 to 3.7 times slower than the split pair at BF16 and TF32 (a wait, two
-// barriers, an L2 round trip and a fence per query tile; bench/RESULTS.md): not the default.
-template <class M, class T>
-__global__ void __launch_bounds__(kBlock)
-    flash_tc_fused_backward_kernel(float* dq, float* dk, float* dv, int* turns, const typename M::Elem* dout,
-                                   const typename M::Elem* q, const typename M::Elem* k, const typename M::Elem* v,
-                                   const float* mask, const float* lse, const float* delta, TcShape s) {
-  using E = typename M::Elem;
-  constexpr int D = T::D, BQ = T::kStream, NT = BQ / 8, MI = T::MI, stride = T::kStride, BK = T::kOwnedRows;
-  constexpr int k_base = 0, v_base = T::kOwned, qg_base = 2 * T::kOwned, ds_base = qg_base + 4 * T::kStreamed;
-  constexpr int ds_stride = BK + M::kChunk;  // dS: BQ rows (queries) of BK keys, padded as the tiles
-  // dQ's pieces of 16 rows × 16 columns: the warps split them, each keeping one row band
-  constexpr int kPieces = (BQ / 16) * (D / 16), kPerWarp = kPieces / kWarps;
-  static_assert(kPieces % kWarps == 0 && kPerWarp <= D / 16, "a warp's pieces share their 16 query rows");
-  CAST_DYNAMIC_SHARED(E, smem, T::elements(2) + BQ * ds_stride);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = T::kWarpRows * warp;
-  const int bh = blockIdx.y, b = bh / s.heads, j0 = blockIdx.x * BK;
-  const int k_rows = min_of(s.N - j0, BK);
-  const bool live = row0 < k_rows;
-  const int64_t k_off = (static_cast<int64_t>(bh) * s.N + j0) * s.width,
-                q_off = static_cast<int64_t>(bh) * s.M * s.width;
-  const int tiles = (s.M + BQ - 1) / BQ, width = (s.width + M::kK - 1) / M::kK * M::kK;
-  const int dq_row0 = 16 * (kPerWarp * warp / (D / 16)), dq_col0 = 16 * (kPerWarp * warp % (D / 16));
-  int* turn = turns + static_cast<int64_t>(bh) * tiles;
-
-  copy_rows<M, D>(smem, k_base, stride, k + k_off, k_rows, BK, s.width);
-  copy_rows<M, D>(smem, v_base, stride, v + k_off, k_rows, BK, s.width);
-  const auto copy_queries = [&](int tile) {
-    copy_stage<M, T>(smem, qg_base, q + q_off, dout + q_off, tile, s.M, s.width);
-  };
-  copy_queries(0);
-  tc::cp_async_commit();
-
-  const float c = s.scale * kLog2e;
-  bool real[MI][2], warp_real = true;
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      real[mi][r] = key_is_real(mask, b, j0 + row0 + 16 * mi + g + 8 * r, s.N);
-      warp_real = warp_real && real[mi][r];
-    }
-  const bool keys_all = __all_sync(0xffffffffu, warp_real);
-  float dk_acc[MI][D / 8][4], dv_acc[MI][D / 8][4];
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dk_acc[mi][dt][i] = dv_acc[mi][dt][i] = 0.f;
-
-  for (int tile = 0; tile < tiles; ++tile) {
-    if (tile + 1 < tiles) copy_queries(tile + 1);
-    tc::cp_async_commit();
-    const int i0 = tile * BQ, st = qg_base + 2 * (tile % 2) * T::kStreamed;
-    float Li[NT][2], Di[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = i0 + 8 * nt + 2 * t + e;
-        const int64_t at = static_cast<int64_t>(bh) * s.M + i;
-        Li[nt][e] = i < s.M ? lse[at] * kLog2e : softmax_rule::masked<float>();
-        Di[nt][e] = i < s.M ? delta[at] : 0.f;
-      }
-    const bool all_real = keys_all && i0 + BQ <= s.M;
-    tc::cp_async_wait<1>();
-    __syncthreads();
-    if (live) {
-      float st_[MI][NT][4], dpt[MI][NT][4];  // scores and dP, transposed: keys × queries
-      product_xyt<M, D, MI, NT>(st_, smem, k_base, st, stride, row0, width, lane);
-      product_xyt<M, D, MI, NT>(dpt, smem, v_base, st + T::kStreamed, stride, row0, width, lane);
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            // as the dK/dV kernel: P and dS are 0 at padding keys and queries with no real key
-            const float L2 = Li[nt][i % 2];
-            float p = 0.f, ds = 0.f;
-            if (all_real || (L2 != softmax_rule::masked<float>() && real[mi][i / 2])) {
-              p = M::exp2(fmaf(st_[mi][nt][i], c, -L2));
-              ds = softmax_rule::score_gradient(p, dpt[mi][nt][i], Di[nt][i % 2]) * s.scale;
-            }
-            st_[mi][nt][i] = p, dpt[mi][nt][i] = ds;
-            smem[ds_base + (8 * nt + 2 * t + i % 2) * ds_stride + M::a_column(row0 + 16 * mi + g + 8 * (i / 2))] =
-                M::elem(ds);
-          }
-      product_wz<M, D, MI, NT>(dv_acc, st_, smem, st + T::kStreamed, stride, s.d, lane);
-      product_wz<M, D, MI, NT>(dk_acc, dpt, smem, st, stride, s.d, lane);
-    } else {  // keys past the last: their dS is 0
+    } else if constexpr (AddDq) {  // keys past the last: their dS is 0
       for (int f = lane; f < BQ * T::kWarpRows; f += 32)
         smem[ds_base + f / T::kWarpRows * ds_stride + row0 + f % T::kWarpRows] = M::elem(0.f);
     }
-    __syncthreads();  // dS whole
-    // dQ's partial over this block's keys: rows dq_row0.., columns dq_col0 + 16p..
-    float part[kPerWarp][2][4];
-#pragma unroll
-    for (int p = 0; p < kPerWarp; ++p)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) part[p][i / 4][i % 4] = 0.f;
-#pragma unroll
-    for (int k0 = 0; k0 < BK; k0 += M::kK) {
-      const typename M::A a = load_a<M>(smem, ds_base, ds_stride, dq_row0, k0, lane);
-#pragma unroll
-      for (int p = 0; p < kPerWarp; ++p) {
-        if (dq_col0 + 16 * p >= width) break;
-        typename M::B bk[2];
-        M::b_trans(bk, smem, k_base, stride, k0, dq_col0 + 16 * p, lane);
-        M::mma_long(part[p][0], a, bk[0]);
-        M::mma_long(part[p][1], a, bk[1]);
-      }
-    }
-    if (threadIdx.x == 0) wait_turn(turn + tile, static_cast<int>(blockIdx.x));
-    __syncthreads();
-    float* dq_tile = dq + (static_cast<int64_t>(bh) * s.M + i0 + dq_row0) * s.d;
-#pragma unroll
-    for (int p = 0; p < kPerWarp; ++p)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int row = g + 8 * (i % 4 / 2), col = dq_col0 + 16 * p + 8 * (i / 4) + 2 * t + i % 2;
-        if (i0 + dq_row0 + row < s.M && col < s.d) {
-          float* at = dq_tile + static_cast<int64_t>(row) * s.d + col;
-          store_coherent(at, load_coherent(at) + part[p][i / 4][i % 4]);
-        }
-      }
-    __threadfence();  // this block's sums are seen by the GPU before its turn passes on
-    __syncthreads();  // dS and this stage are read no more
-    if (threadIdx.x == 0) pass_turn(turn + tile, static_cast<int>(blockIdx.x) + 1);
+    if constexpr (AddDq) add_dq_tile<M, T, kPerWarp>(dq, turns, smem, ds_base, ds_stride, k_base, tile, width, s);
+    __syncthreads();  // this stage (and dS) is read no more: the next iteration's copy may fill it
+    if constexpr (AddDq)
+      if (threadIdx.x == 0) pass_turn(turns + static_cast<int64_t>(bh) * tiles + tile, static_cast<int>(blockIdx.x) + 1);
   }
   const float one[2] = {1.f, 1.f};
 #pragma unroll
@@ -940,6 +868,13 @@ constexpr bool two_fit(FlashKernel kernel, int D, int rows) {
 // streamed rows, and spills at 64).
 constexpr bool two_fit_backward(FlashKernel kernel, int D, int rows) {
   return (kernel == FlashKernel::bf16 || kernel == FlashKernel::tf32) && (D == 32 ? rows <= 64 : D == 64 && rows == 32);
+}
+
+// Which backward tiles the fused kernel (dK/dV with dQ's pieces besides) takes without spilling
+// (ptxas, sm_90): TF32 at width 32 with 32 rows per warp and 64 streamed rows spills 4 bytes;
+// there the split pair runs.
+constexpr bool fused_fits(FlashKernel kernel, int D, int rows, int warp_tiles) {
+  return !(kernel == FlashKernel::tf32 && D == 32 && rows == 64 && warp_tiles == 2);
 }
 
 // The most streamed rows a kernel's registers take without spilling (ptxas, sm_90): the split
@@ -1094,31 +1029,30 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
         using T = TcTile<M, D, BS, decltype(warp_tiles)::value>;
         const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
         const size_t fused_bytes = (T::elements(2) + BS * (T::kOwnedRows + M::kChunk)) * sizeof(typename M::Elem);
-        const bool fused = g_backward == FlashBackward::fused && dq && (dk || dv) && fused_bytes <= shared_limit();
+        constexpr bool fits = fused_fits(kernel_of<M>(), D, BS, T::MI);
+        const bool fused = fits && g_backward == FlashBackward::fused && dq && (dk || dv) && fused_bytes <= shared_limit();
         const int64_t tiles = (s.M + BS - 1) / BS;
         // a flag per (batch-head, query tile): whose turn it is to add to that tile of dq
         const Tensor turns = fused ? Tensor::zeros({BH * tiles}, DType::i32, Device::cuda) : Tensor();
         for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
           const int64_t qo = first * s.M * s.width, ko = first * s.N * s.width, ro = first * s.M;
           const float* mc = m ? m + first / s.heads * s.N : nullptr;
-          if (fused) {
-            launch_tc("flash_tc_fused_backward_kernel", flash_tc_fused_backward_kernel<M, T>,
-                      grid_for(s.N, count, T::kOwnedRows), fused_bytes, dq->data<float>() + first * s.M * s.d,
+          const auto launch_dkdv = [&](auto kernel, size_t kernel_bytes, float* dq_or_null, int* turns_or_null) {
+            launch_tc("flash_tc_dkdv_kernel", kernel, grid_for(s.N, count, T::kOwnedRows), kernel_bytes,
                       dk ? dk->data<float>() + first * s.N * s.d : nullptr,
-                      dv ? dv->data<float>() + first * s.N * s.d : nullptr,
-                      const_cast<int*>(turns.data<int32_t>()) + first * tiles, ge + qo, qe + qo, ke + ko, ve + ko,
-                      mc, lse.data<float>() + ro, delta.data<float>() + ro, s);
-            return;
+                      dv ? dv->data<float>() + first * s.N * s.d : nullptr, dq_or_null, turns_or_null, ge + qo, qe + qo,
+                      ke + ko, ve + ko, mc, lse.data<float>() + ro, delta.data<float>() + ro, s);
+          };
+          if constexpr (fits) {  // not compiled where it would spill
+            if (fused)
+              return launch_dkdv(flash_tc_dkdv_kernel<M, T, true>, fused_bytes, dq->data<float>() + first * s.M * s.d,
+                                 const_cast<int*>(turns.data<int32_t>()) + first * tiles);
           }
           if (dq)
             launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, count, T::kOwnedRows), bytes,
                       dq->data<float>() + first * s.M * s.d, ge + qo, qe + qo, ke + ko, ve + ko, mc,
                       lse.data<float>() + ro, delta.data<float>() + ro, s);
-          if (dk || dv)
-            launch_tc("flash_tc_dkdv_kernel", flash_tc_dkdv_kernel<M, T>, grid_for(s.N, count, T::kOwnedRows), bytes,
-                      dk ? dk->data<float>() + first * s.N * s.d : nullptr,
-                      dv ? dv->data<float>() + first * s.N * s.d : nullptr, ge + qo, qe + qo, ke + ko, ve + ko, mc,
-                      lse.data<float>() + ro, delta.data<float>() + ro, s);
+          if (dk || dv) launch_dkdv(flash_tc_dkdv_kernel<M, T, false>, bytes, nullptr, nullptr);
         });
       };
       if constexpr (two_fit_backward(kernel_of<M>(), D, BS)) {
@@ -1187,9 +1121,11 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
   const auto add = [&](auto math, const char* math_name) {
     using M = decltype(math);
     constexpr FlashKernel kernel = kernel_of<M>();
-    const auto push = [&](const char* name, int D, int rows, int warp_tiles, int owned_tiles) {
+    // `flag`: the dK/dV kernel's AddDq ("" for the kernels without one)
+    const auto push = [&](const char* name, int D, int rows, int warp_tiles, int owned_tiles, const char* flag = "") {
       const size_t stride = D + M::kChunk, owned = kWarps * kRowsPerWarp * warp_tiles;
-      shapes.push_back({fmt::format("{}<{}, TcTile<{}, {}, {}, {}>>", name, math_name, math_name, D, rows, warp_tiles),
+      shapes.push_back({fmt::format("{}<{}, TcTile<{}, {}, {}, {}>{}>", name, math_name, math_name, D, rows,
+                                    warp_tiles, flag),
                         kBlock, (owned_tiles * owned + 4 * rows) * stride * sizeof(typename M::Elem)});
     };
     // every tile the dispatch compiles (with_stream_rows, two_fit, two_fit_backward)
@@ -1202,14 +1138,15 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
       }
       for (int rows : {32, 64}) {
         if (rows > max_stream_rows(kernel, D, false)) continue;
-        for (const char* name : {"flash_tc_dq_kernel", "flash_tc_dkdv_kernel", "flash_tc_fused_backward_kernel"}) {
-          const bool fused = std::string(name) == "flash_tc_fused_backward_kernel";
-          for (int warp_tiles : {1, 2}) {
-            if (warp_tiles == 2 && !two_fit_backward(kernel, D, rows)) continue;
-            push(name, D, rows, warp_tiles, 2);
-            // the fused kernel's dS: streamed rows × the block's keys, padded
-            if (fused) shapes.back().dynamic_shared_bytes += rows * (kWarps * kRowsPerWarp * warp_tiles + M::kChunk) * sizeof(typename M::Elem);
-          }
+        for (int warp_tiles : {1, 2}) {
+          if (warp_tiles == 2 && !two_fit_backward(kernel, D, rows)) continue;
+          push("flash_tc_dq_kernel", D, rows, warp_tiles, 2);
+          push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, ", false");
+          if (!fused_fits(kernel, D, rows, warp_tiles)) continue;
+          push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, ", true");
+          // the fused backward's dS: streamed rows × the block's keys, padded
+          shapes.back().dynamic_shared_bytes +=
+              rows * (kWarps * kRowsPerWarp * warp_tiles + M::kChunk) * sizeof(typename M::Elem);
         }
       }
     }
