@@ -53,11 +53,13 @@ int command_demo(const std::vector<std::string>& argv) {
   args.example("cast demo");
   std::vector<std::string> rest = argv;
   std::string name;
+  bool named = false;
   if (!rest.empty() && rest[0].rfind("-", 0) != 0) {  // the walk, before any option
-    name = rest[0];
+    name = rest[0], named = true;
     rest.erase(rest.begin());
   }
   if (!args.parse(rest)) return 0;
+  CAST_CHECK_USAGE(!named || !name.empty(), "cast demo '': an empty walk name (cast demo lists the walks)");
   if (name.empty()) {
     fmt::print("cast demo <walk>: one attention layer (or one op) step by step, forward and backward\n");
     for (const Walk& w : walks()) fmt::print("  {:<11} {}\n", w.name, w.summary);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -223,6 +224,12 @@ void evaluate_once(train::TrainedRun& run, const nn::AttentionConfig* swap, int6
   fmt::print("{} (step {}, task {}, attention {})\n", checkpoint, ck.step, ck.config.task, how);
   print_eval("validation accuracy", val);
   print_eval("test accuracy", test);
+  // as training stops at a loss that is no number, so does an evaluation (its accuracy means nothing)
+  for (const auto& [split, r] : {std::pair{"validation", &val}, std::pair{"test", &test}})
+    CAST_CHECK(r->examples == 0 || std::isfinite(r->loss),
+               "checkpoint {}: the {} loss is {} (attention {}): the model's outputs are not finite numbers, so its "
+               "accuracy means nothing",
+               checkpoint, split, r->loss, how);
 }
 
 }  // namespace

@@ -47,6 +47,10 @@ int command_plot(const std::vector<std::string>& argv) {
   CAST_CHECK_USAGE(!runs.empty(), "name at least one run folder (see cast plot --help)");
   // a file named as a run is that mistake, not an --out the user never gave
   for (const std::string& r : runs) files::require_folder(r, "run folder");
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      CAST_CHECK_USAGE(!files::same_path(runs[i], runs[j]), "run folder {} is listed twice (as {} and {})", runs[i],
+                       runs[j], runs[i]);
   std::string out = args.str("out"), title = args.str("title");
   // the default figure inside a run folder is the engine's own file: never written through a link
   const files::Link link = out.empty() && runs.size() == 1 ? files::Link::refuse : files::Link::follow_once;

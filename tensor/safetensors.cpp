@@ -8,6 +8,7 @@
 #include <utility>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <vector>
 #include <tuple>
 
 namespace cast {
@@ -53,18 +54,23 @@ const Tensor& TensorFile::get(const std::string& name, DType dtype, const Shape&
 namespace {
 
 // The header as JSON. nlohmann keeps the last of two equal keys without a word, so the parser's
-// callback sees every tensor name first: a name given twice is refused, not silently dropped.
+// callback sees every key of every object first: a tensor name, or a key of the metadata or of
+// a tensor's entry, given twice is refused, not silently dropped.
 json parse_header(const char* text, size_t size, const std::string& source) {
-  std::set<std::string> names;
+  std::vector<std::set<std::string>> keys;  // of each object open at the moment
   std::string duplicate;
+  int duplicate_depth = 0;
   bool too_deep = false;
   auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
     if (depth > files::kMaxJsonDepth) {  // dropped, and refused below
       too_deep = true;
       return false;
     }
-    if (depth == 1 && event == json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second)
-      duplicate = parsed.get<std::string>();
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+        duplicate.empty())
+      duplicate = parsed.get<std::string>(), duplicate_depth = depth;
     return true;
   };
   json header;
@@ -75,7 +81,10 @@ json parse_header(const char* text, size_t size, const std::string& source) {
   }
   CAST_CHECK(!too_deep, "{}: corrupt safetensors header: a value nested more than {} levels deep", source,
              files::kMaxJsonDepth);
-  CAST_CHECK(duplicate.empty(), "{}: tensor name '{}' appears twice in the header", source, duplicate);
+  CAST_CHECK(duplicate.empty() || duplicate_depth != 1, "{}: tensor name '{}' appears twice in the header", source,
+             duplicate);
+  CAST_CHECK(duplicate.empty(), "{}: corrupt safetensors header: key '{}' appears twice in one of its objects", source,
+             duplicate);
   CAST_CHECK(header.is_object(), "{}: safetensors header is not a JSON object", source);
   return header;
 }

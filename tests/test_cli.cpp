@@ -179,7 +179,9 @@ TEST(Cli, ErrorsAreOneLineWithNonZeroExit) {
                                                 {"train --bogus 1", 2},
                                                 {"layer --in /nonexistent.safetensors --out /tmp/x.safetensors", 1},
                                                 {"data --task sudoku", 2},
-                                                {"bench --mechanisms full,magic --lengths 8", 2}}) {
+                                                {"bench --mechanisms full,magic --lengths 8", 2},
+                                                {"demo ''", 2},
+                                                {"plot /tmp /tmp/ --out /tmp/never.svg", 2}}) {
     CliRun r = run(args);
     EXPECT_EQ(r.code, code) << args;
     EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
@@ -520,6 +522,37 @@ TEST(Cli, ResumeWritesOnlyWhereTheUserPoints) {
   fs::remove_all(dir);
 }
 
+// A finished run's files are its results: a new run in its folder does not replace them when
+// its checkpoint was moved away, and an older checkpoint put back in place does not rewind it.
+TEST(Cli, AFinishedRunIsNeitherReplacedNorRewound) {
+  const fs::path dir = lifecycle_dir("finished_kept");
+  ASSERT_EQ(run(tiny_train(dir, "base", 3)).code, 0);
+  const fs::path base = dir / "base";
+  const std::string ckpt = (base / "checkpoint.safetensors").string();
+  const std::string older = (dir / "step3.safetensors").string();
+  fs::copy_file(ckpt, older);
+  ASSERT_EQ(run("train --resume " + ckpt + " --steps 6").code, 0);
+  const std::string metrics = slurp((base / "metrics.jsonl").string()), summary = slurp((base / "summary.json").string());
+  // step 3's checkpoint put back in place
+  fs::copy_file(older, ckpt, fs::copy_options::overwrite_existing);
+  CliRun rewind = run("train --resume " + ckpt + " --steps 9");
+  EXPECT_EQ(rewind.code, 2) << rewind.err;
+  EXPECT_NE(rewind.err.find("is of step 3, but run " + base.string() + " finished at step 6"), std::string::npos)
+      << rewind.err;
+  // the checkpoint moved away: the folder still holds the finished run's results
+  fs::rename(ckpt, dir / "moved.safetensors");
+  CliRun again = run(tiny_train(dir, "base", 3));
+  EXPECT_EQ(again.code, 2) << again.err;
+  EXPECT_NE(again.err.find("holds a finished run's summary.json without its checkpoint.safetensors"),
+            std::string::npos)
+      << again.err;
+  EXPECT_EQ(slurp((base / "metrics.jsonl").string()), metrics);
+  EXPECT_EQ(slurp((base / "summary.json").string()), summary);
+  // the user said so
+  EXPECT_EQ(run(tiny_train(dir, "base", 3) + " --overwrite").code, 0);
+  fs::remove_all(dir);
+}
+
 TEST(Cli, ResumingACopyInAReadOnlyFolderFailsBeforeTrainingAndTouchesNothing) {
   const fs::path dir = lifecycle_dir("resume_read_only");
   ASSERT_EQ(run(tiny_train(dir, "base", 4)).code, 0);
@@ -565,6 +598,24 @@ TEST(Cli, EvalAndResumeRefuseANonFiniteCheckpointNamingTheTensor) {
     EXPECT_EQ(r.out.find("accuracy"), std::string::npos) << args << ": " << r.out;
   }
   EXPECT_EQ(slurp(ckpt), poisoned);
+  fs::remove_all(dir);
+}
+
+// Weights that stay finite but overflow the model's outputs: no accuracy is reported as if it
+// meant something (training stops at such a loss too).
+TEST(Cli, EvalRefusesALossThatIsNoNumber) {
+  const fs::path dir = lifecycle_dir("nan_loss");
+  ASSERT_EQ(run(tiny_train(dir, "base", 3)).code, 0);
+  const std::string ckpt = (dir / "base" / "checkpoint.safetensors").string();
+  cast::TensorFile f = cast::read_safetensors(ckpt);
+  ASSERT_TRUE(f.tensors.count("param/head.dense2.weight"));
+  cast::Tensor& w = f.tensors["param/head.dense2.weight"];  // the logits' weights: the logits overflow
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = 3e38f;
+  cast::write_safetensors(ckpt, f.tensors, f.metadata);
+  CliRun r = run("eval --checkpoint " + ckpt);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("checkpoint " + ckpt + ": the validation loss is"), std::string::npos) << r.err;
   fs::remove_all(dir);
 }
 

@@ -144,6 +144,17 @@ TEST(SafeTensors, DuplicateNamesAndOverlappingRangesAreRefused) {
                                                         8),
                                       "f"),
                     "f: tensor name 'a' appears twice in the header");
+  // a key twice in the metadata, or in a tensor's entry: the last would win without a word
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"__metadata__":{"step":"3","step":"1"},)"
+                                                        R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                                                        4),
+                                      "f"),
+                    "f: corrupt safetensors header: key 'step' appears twice in one of its objects");
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"shape":[2],)"
+                                                        R"("data_offsets":[0,4]}})",
+                                                        4),
+                                      "f"),
+                    "f: corrupt safetensors header: key 'shape' appears twice in one of its objects");
   EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                                                         R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                                                         12),

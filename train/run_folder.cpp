@@ -121,6 +121,22 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
                    "--resume {} would rewind run {}, whose newest checkpoint is {}: resume from that, or give --run "
                    "with a new folder to train on from {}",
                    resume_from, c.run_dir, newest, resume_from);
+  // a checkpoint older than the run's own end (put back, or copied in from elsewhere): continuing
+  // from it would drop the records and summary of the steps after it
+  const std::string summary = c.run_dir + "/summary.json";
+  if (files::exists(summary)) {
+    int64_t finished_at = -1;
+    try {
+      finished_at = json::parse(files::read_file(summary, "run summary")).value("steps", int64_t{-1});
+    } catch (const json::exception&) {
+      finished_at = -1;  // a summary that does not parse is no evidence either way
+    }
+    CAST_CHECK_USAGE(finished_at <= resume_step,
+                     "--resume {} is of step {}, but run {} finished at step {} (its summary.json): the checkpoint "
+                     "is older than the run, and continuing from it would drop that run's later records; give --run "
+                     "with a new folder to train on from it",
+                     resume_from, resume_step, c.run_dir, finished_at);
+  }
   CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on with a larger --steps",
@@ -161,6 +177,11 @@ void check_new_run_files(const TrainConfig& c) {
   // without the run's own is no run's.
   // the remedy holds for cast train and for the runs of cast compare (whose --overwrite is its own files')
   const char* remedy = "move it away or choose another folder (cast train's --overwrite replaces it)";
+  // a finished run whose checkpoint was moved away: its results are no leftovers of a stopped run
+  CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/summary.json"),
+                   "run folder {}: holds a finished run's summary.json without its checkpoint.safetensors; not "
+                   "replacing that run's files ({})",
+                   c.run_dir, remedy);
   CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/best.safetensors"),
                    "run file {}/best.safetensors: exists without the run's checkpoint.safetensors, so no cast run "
                    "here wrote it; not replacing it ({})",
