@@ -22,8 +22,9 @@
 # (`python3 bench/paper_table.py --rows bench.jsonl --figure F.svg` draws them), its tables into
 # summary.md.
 # tensor_core: the flash kernels' TFLOPS per kind of product (`cast bench flash`, with each
-# kernel's error against f64; at the default tiles, or at every tile shape with --sweep-tiles),
-# the Text-preset step at every precision for every mechanism (and at bf16 with --recompute),
+# kernel's error against f64; at the default tiles, or at every tile shape with --sweep-tiles;
+# the tensor-core backward split and fused), the Text-preset step at every precision for every
+# mechanism (at tf32 and bf16 with the other backward too, and at bf16 with --recompute),
 # PyTorch's at the same precisions, and the SASS's tensor-core instructions. parity: the default
 # task trained at fp32 and bf16 from three seeds each (`cast compare`).
 #

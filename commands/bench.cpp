@@ -622,7 +622,7 @@ void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup
           ? "-"
           : fmt::format("{}x{}/{}x{}{}", cuda::flash_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, true),
                         cuda::flash_backward_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, false),
-                        cuda::flash_backward() == cuda::FlashBackward::fused ? "f" : "");
+                        cuda::flash_backward_runs_fused(kernel, d) ? "f" : "");
   std::vector<double> tf, tb;
   for (int64_t r = 0; r < warmup + repeats; ++r) {
     const double f =
@@ -641,7 +641,9 @@ void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup
                 {"head_width", x.d},
                 {"heads", x.H},
                 {"tiles", tiles},
-                {"backward", kernel == cuda::FlashKernel::fma ? "fma" : cuda::flash_backward_name(cuda::flash_backward())},
+                {"backward", kernel == cuda::FlashKernel::fma     ? "fma"
+                             : cuda::flash_backward_runs_fused(kernel, d) ? "fused"
+                                                                          : "split"},
                 {"forward_ms", f},
                 {"backward_ms", b},
                 {"forward_tflops", 4 * flops / f / 1e9},

@@ -25,6 +25,17 @@ using json = nlohmann::json;
 
 namespace {
 
+// As training stops at a loss that is no number, so does an evaluation, before it reports an
+// accuracy that means nothing.
+void check_finite_loss(const train::EvalResult& val, const train::EvalResult& test, const std::string& checkpoint,
+                       const std::string& attention) {
+  for (const auto& [split, r] : {std::pair{"validation", &val}, std::pair{"test", &test}})
+    CAST_CHECK(r->examples == 0 || std::isfinite(r->loss),
+               "checkpoint {}: the {} loss is {} (attention {}): the model's outputs are not finite numbers, so its "
+               "accuracy means nothing",
+               checkpoint, split, r->loss, attention);
+}
+
 void print_eval(const std::string& name, const train::EvalResult& r) {
   if (r.examples == 0) return fmt::print("  {:<19} no examples\n", name);
   fmt::print("  {:<19} {:.2f}%  loss {:.4f}  ({} examples; majority class {:.2f}% of them)\n", name, 100 * r.accuracy,
@@ -77,6 +88,8 @@ void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& me
   // validation before test, as a single evaluation does: the LSH draws follow the forward count
   const auto trained_val = train::evaluate(trained, task, task.val, batch, limit, device);
   const auto trained_test = train::evaluate(trained, task, task.test, batch, limit, device);
+  check_finite_loss(trained_val, trained_test, checkpoint,
+                    nn::mechanism_name(trained_ck.config.model.attention.mechanism));
   // the sequence the attention sees, for the defaults C = 0 and top keys above it
   const int64_t n = sequence_tokens(run);
   fmt::print("{} (step {}, task {}, trained with {} attention), evaluated with the same weights:\n\n", checkpoint,
@@ -103,6 +116,7 @@ void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& me
           const auto swapped = train::with_attention(trained, a, device);
           val = train::evaluate(*swapped, task, task.val, batch, limit, device);
           test = train::evaluate(*swapped, task, task.test, batch, limit, device);
+          check_finite_loss(val, test, checkpoint, line.label);
           fmt::print("| {} | {} | {} | {:.2f} | {:.2f} |\n", name, full ? "" : std::to_string(clusters_used),
                      top ? std::to_string(std::min(k, n)) : "", 100 * test.accuracy, 100 * val.accuracy);
           std::fflush(stdout);
@@ -221,15 +235,10 @@ void evaluate_once(train::TrainedRun& run, const nn::AttentionConfig* swap, int6
                       nn::mechanism_name(trained), clusters,
                       a.mechanism == nn::Mechanism::iclustered ? fmt::format(", top keys {}", a.topk) : "");
   }
+  check_finite_loss(val, test, checkpoint, how);
   fmt::print("{} (step {}, task {}, attention {})\n", checkpoint, ck.step, ck.config.task, how);
   print_eval("validation accuracy", val);
   print_eval("test accuracy", test);
-  // as training stops at a loss that is no number, so does an evaluation (its accuracy means nothing)
-  for (const auto& [split, r] : {std::pair{"validation", &val}, std::pair{"test", &test}})
-    CAST_CHECK(r->examples == 0 || std::isfinite(r->loss),
-               "checkpoint {}: the {} loss is {} (attention {}): the model's outputs are not finite numbers, so its "
-               "accuracy means nothing",
-               checkpoint, split, r->loss, how);
 }
 
 }  // namespace

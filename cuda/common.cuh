@@ -45,18 +45,23 @@ __device__ float block_reduce(float v) {
 // Blocks that add to one buffer in turn (block x after block x − 1), so that its sums come out
 // the same at every run: the one thread that waits spins on a flag in global memory, and the
 // block's writes, made with load_coherent and store_coherent (through L2, where every SM sees
-// them), are fenced before pass_turn hands the flag on. A block waits only for a block launched
-// before it, which a GPU has already made resident, so the wait always ends. The emulation runs
-// blocks in order, so a turn that has not come never will: it says so instead of spinning.
+// them), are fenced before pass_turn hands the flag on. A block waits only for a block of a
+// lower index. CUDA does not promise that blocks start in index order; the wait ends because
+// GPUs do start them so (an assumption FlashAttention-3's deterministic backward makes too), and
+// the waiter backs off between reads so that it takes few issue slots from the block it waits
+// for. The emulation runs blocks in order, so a turn that has not come never will: it says so
+// instead of spinning.
 __device__ __forceinline__ void wait_turn(const int* flag, int turn) {
 #if defined(CAST_CUDA_EMULATION)
   CAST_CHECK(*flag == turn, "CUDA emulation: a block waits for turn {} of a flag that holds {}, and blocks run in order",
              turn, *flag);
 #else
   int now;
-  do {
+  while (true) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(now) : "l"(flag) : "memory");
-  } while (now != turn);
+    if (now == turn) break;
+    __nanosleep(64);
+  }
 #endif
 }
 __device__ __forceinline__ void pass_turn(int* flag, int next) {

@@ -81,8 +81,8 @@ json parse_header(const char* text, size_t size, const std::string& source) {
   }
   CAST_CHECK(!too_deep, "{}: corrupt safetensors header: a value nested more than {} levels deep", source,
              files::kMaxJsonDepth);
-  CAST_CHECK(duplicate.empty() || duplicate_depth != 1, "{}: tensor name '{}' appears twice in the header", source,
-             duplicate);
+  CAST_CHECK(duplicate.empty() || duplicate_depth != 1 || duplicate == "__metadata__",
+             "{}: tensor name '{}' appears twice in the header", source, duplicate);
   CAST_CHECK(duplicate.empty(), "{}: corrupt safetensors header: key '{}' appears twice in one of its objects", source,
              duplicate);
   CAST_CHECK(header.is_object(), "{}: safetensors header is not a JSON object", source);

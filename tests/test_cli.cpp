@@ -616,6 +616,11 @@ TEST(Cli, EvalRefusesALossThatIsNoNumber) {
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_EQ(lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("checkpoint " + ckpt + ": the validation loss is"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("accuracy"), std::string::npos) << r.out;
+  // and in a sweep of mechanisms with the same weights
+  CliRun sweep = run("eval --checkpoint " + ckpt + " --attention full,clustered");
+  EXPECT_EQ(sweep.code, 1) << sweep.err;
+  EXPECT_NE(sweep.err.find("the validation loss is"), std::string::npos) << sweep.err;
   fs::remove_all(dir);
 }
 

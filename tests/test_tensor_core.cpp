@@ -230,8 +230,14 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchTheF64Reference) {
     WithBackward with(backward);
     SCOPED_TRACE(cuda::flash_backward_name(backward));
     for (auto [B, M, N, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
-             {3, 37, 45, 8}, {2, 70, 130, 16}, {1, 65, 33, 64}, {3, 33, 100, 128}, {1, 9, 40, 100}, {2, 20, 20, 12}})
+             {3, 37, 45, 8}, {2, 70, 130, 16}, {1, 65, 33, 64}, {3, 33, 100, 128}, {1, 9, 40, 100}, {2, 20, 20, 12}}) {
+      // at the default tiles the fused kernel is what runs when asked for, not the split pair
+      for (const KernelTolerance& kernel : kAllKernels)
+        EXPECT_EQ(cuda::flash_backward_runs_fused(kernel.kernel, static_cast<int>(d)),
+                  backward == cuda::FlashBackward::fused && kernel.kernel != cuda::FlashKernel::fma)
+            << cuda::flash_kernel_name(kernel.kernel) << " at d " << d;
       expect_kernels_match_reference(B, M, N, d, {std::begin(kAllKernels), std::end(kAllKernels)});
+    }
   }
 }
 

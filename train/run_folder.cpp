@@ -180,8 +180,9 @@ void check_new_run_files(const TrainConfig& c) {
   // a finished run whose checkpoint was moved away: its results are no leftovers of a stopped run
   CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/summary.json"),
                    "run folder {}: holds a finished run's summary.json without its checkpoint.safetensors; not "
-                   "replacing that run's files ({})",
-                   c.run_dir, remedy);
+                   "replacing that run's files (move them away or choose another folder; cast train's --overwrite "
+                   "replaces them)",
+                   c.run_dir);
   CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/best.safetensors"),
                    "run file {}/best.safetensors: exists without the run's checkpoint.safetensors, so no cast run "
                    "here wrote it; not replacing it ({})",

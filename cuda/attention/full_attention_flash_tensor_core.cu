@@ -635,7 +635,7 @@ __device__ __forceinline__ void add_dq_tile(float* dq, int* turns, const SharedA
 // partial over the block's keys, dS·K, in 16×16 pieces, and the partials of a query tile go into
 // dq in turn, block x after block x − 1 of the same batch-head (a flag per query tile counts the
 // turns), so the sum is the same at every run, with no atomics' order. On an H100 that measured
-// 2.3 to 3.7 times slower than the pair at BF16 and TF32 (a wait, two barriers, an L2 round trip
+// 1.6 to 3.6 times slower than the pair at BF16 and TF32 (a wait, two barriers, an L2 round trip
 // and a fence per query tile; bench/RESULTS.md): not the default.
 template <class M, class T, bool AddDq>
 __global__ void __launch_bounds__(kBlock)
@@ -1110,6 +1110,16 @@ int flash_warp_rows(FlashKernel kernel, int d) {
 int flash_backward_warp_rows(FlashKernel kernel, int d) {
   const int D = width_bound(d);
   return two_fit_backward(kernel, D, stream_rows(kernel, D, false)) ? backward_warp_rows_wanted(kernel, D) : 16;
+}
+
+bool flash_backward_runs_fused(FlashKernel kernel, int d) {
+  if (kernel == FlashKernel::fma || g_backward != FlashBackward::fused) return false;
+  const int D = width_bound(d), rows = stream_rows(kernel, D, false), BS = rows == 128 ? 64 : rows;
+  const int warp_tiles = flash_backward_warp_rows(kernel, d) / kRowsPerWarp;
+  const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, chunk = 16 / elem, stride = D + chunk;
+  const size_t owned_rows = static_cast<size_t>(kWarps) * kRowsPerWarp * warp_tiles;
+  const size_t bytes = ((2 * owned_rows + 4 * BS) * stride + BS * (owned_rows + chunk)) * elem;
+  return fused_fits(kernel, D, BS, warp_tiles) && bytes <= shared_limit();
 }
 
 int flash_stream_rows(FlashKernel kernel, int d, bool forward) {
