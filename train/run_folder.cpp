@@ -177,12 +177,6 @@ void check_new_run_files(const TrainConfig& c) {
   // without the run's own is no run's.
   // the remedy holds for cast train and for the runs of cast compare (whose --overwrite is its own files')
   const char* remedy = "move it away or choose another folder (cast train's --overwrite replaces it)";
-  // a finished run whose checkpoint was moved away: its results are no leftovers of a stopped run
-  CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/summary.json"),
-                   "run folder {}: holds a finished run's summary.json without its checkpoint.safetensors; not "
-                   "replacing that run's files (move them away or choose another folder; cast train's --overwrite "
-                   "replaces them)",
-                   c.run_dir);
   CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/best.safetensors"),
                    "run file {}/best.safetensors: exists without the run's checkpoint.safetensors, so no cast run "
                    "here wrote it; not replacing it ({})",
@@ -193,6 +187,13 @@ void check_new_run_files(const TrainConfig& c) {
                            remedy);
   files::check_may_replace(c.run_dir + "/curves.svg", "run file", "a figure drawn by cast", files::kFigureMark,
                            c.overwrite, remedy);
+  // a finished run whose checkpoint was moved away: its results (a cast run's summary, as checked
+  // above) are no leftovers of a stopped run
+  CAST_CHECK_USAGE(c.overwrite || !files::exists(c.run_dir + "/summary.json"),
+                   "run folder {}: holds a finished run's summary.json without its checkpoint.safetensors; not "
+                   "replacing that run's files (move them away or choose another folder; cast train's --overwrite "
+                   "replaces them)",
+                   c.run_dir);
 }
 
 RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
