@@ -63,5 +63,7 @@ for stage in tests lra; do
 done
 expected="build.log clusters.svg runs.tar.gz summary.md tests.log"
 [ "$(ls "$out" | tr '\n' ' ')" = "$expected " ] || { echo "FAIL: --stages tests --lra wrote $(ls "$out" | tr '\n' ' '), not $expected"; exit 1; }
-tar -tzf "$out/runs.tar.gz" | grep -q "results.md" || { echo "FAIL: --stages tests --lra: runs.tar.gz lacks results.md"; exit 1; }
+# The listing is read whole first: with pipefail, grep -q leaving early would kill tar by SIGPIPE.
+runs=$(tar -tzf "$out/runs.tar.gz")
+grep -q "results.md" <<< "$runs" || { echo "FAIL: --stages tests --lra: runs.tar.gz lacks results.md"; exit 1; }
 echo "gpu_session dry run: every LRA settings file ran, and a run beside other stages"
