@@ -100,7 +100,7 @@ static const std::vector<std::pair<const char*, std::vector<nn::Mechanism>>>& op
 }
 
 void check_option_read_by(const std::string& option, const std::vector<nn::Mechanism>& mechanisms,
-                          const std::string& given_as) {
+                          const std::string& given_as, const char* selector) {
   for (const auto& [name, readers_of] : option_readers()) {
     if (option != name) continue;
     bool read = false;
@@ -111,14 +111,29 @@ void check_option_read_by(const std::string& option, const std::vector<nn::Mecha
     for (nn::Mechanism m : readers_of) names.push_back(nn::mechanism_name(m));
     for (nn::Mechanism m : mechanisms) given.push_back(nn::mechanism_name(m));
     const std::string prefix = given_as.empty() ? "" : given_as + ": ";
-    throw UsageError(fmt::format("{}--{} is an option of --attention {}, not of {}", prefix, option,
+    throw UsageError(fmt::format("{}--{} is an option of {} {}, not of {}", prefix, option, selector,
                                  fmt::join(names, " and "), fmt::join(given, ", ")));
   }
 }
 
-void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms) {
+void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms,
+                                 const char* selector) {
   for (const auto& [option, readers_of] : option_readers())
-    if (args.is_set(option)) check_option_read_by(option, mechanisms);
+    if (args.is_set(option)) check_option_read_by(option, mechanisms, "", selector);
+}
+
+void note_cluster_size_against(const nn::AttentionConfig& config, int64_t tokens, std::string_view of_what) {
+  const int64_t size = config.cluster_size;
+  if (config.mechanism != nn::Mechanism::cast || size <= 0 || size < tokens) return;
+  const std::string capped = size > tokens ? fmt::format(" (a size above {} runs as {})", tokens, tokens) : "";
+  if (config.single_assignment) {
+    if (size > tokens) fmt::print("note: cluster size {} is more than the {} tokens of {}{}\n", size, tokens, of_what, capped);
+    return;
+  }
+  fmt::print(
+      "note: cluster size {} >= the {} tokens of {}: every CAST cluster holds every token{}, which is full attention "
+      "(the gate and surrogates learn nothing); give --cluster-size below {}\n",
+      size, tokens, of_what, capped, tokens);
 }
 
 }  // namespace cast::cli

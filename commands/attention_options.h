@@ -3,6 +3,7 @@
 // declared once: one name, one help line and the limits cast train's settings check
 // (nn::AttentionLimits). A command lists the ones it takes; `eval` reads the numbers as lists.
 #include <initializer_list>
+#include <string_view>
 #include <vector>
 
 #include "train/cli.h"
@@ -37,10 +38,18 @@ void read_attention_options(const Args& args, std::initializer_list<AttentionOpt
 std::vector<int64_t> attention_option_list(const Args& args, AttentionOption option);
 // A flag that none of `mechanisms` reads (`--attention full --topk 3`) is refused, not ignored:
 // "--topk is an option of --attention iclustered, not of full".
-void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms);
+// `selector` is the flag that names the mechanisms (bench's --mechanisms).
+void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms,
+                                 const char* selector = "--attention");
 // The same for one option however it was given (`given_as`, e.g. "--vary topk"): an attention
 // option none of `mechanisms` reads is refused; any other option passes.
 void check_option_read_by(const std::string& option, const std::vector<nn::Mechanism>& mechanisms,
-                          const std::string& given_as = "");
+                          const std::string& given_as = "", const char* selector = "--attention");
+
+// CAST's cluster size against the `tokens` of `of_what` ("the longest sequence"): a size above
+// them runs as their count, and with Top-K a size at least their count puts every token in every
+// cluster, which is full attention whose gate and surrogates learn nothing (docs/attention.md).
+// Either is said in one note line before the work, which is valid, so that nothing is silent.
+void note_cluster_size_against(const nn::AttentionConfig& config, int64_t tokens, std::string_view of_what);
 
 }  // namespace cast::cli

@@ -265,7 +265,7 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   const std::vector<Variant> mechanisms = variants(args.str("mechanisms"));  // usage errors before any output
   std::vector<nn::Mechanism> read_by;
   for (const Variant& v : mechanisms) read_by.push_back(v.config.mechanism);
-  cli::check_options_of_mechanisms(args, read_by);  // --clusters with full attention alone
+  cli::check_options_of_mechanisms(args, read_by, "--mechanisms");  // --clusters with full attention alone
   const std::vector<int64_t> ns = lengths("lengths", lens);
   // 0: the defaults, C = κ = ⌈√N⌉ rounded up to 8, so the work grows as N^1.5; fixed C and κ
   // (the CAST paper's O(αN) setting) make it linear in N
@@ -293,6 +293,8 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
                             fmt::format("{} attention at N {} (batch {}, D {})", v.name, N, B, D),
                             "lower --lengths or --batch");
     }
+  for (const Variant& v : mechanisms)
+    for (int64_t N : ns) cli::note_cluster_size_against(layer_config(v, N), N, fmt::format("--lengths {}", N));
   fmt::print("{:<12} {:>6} {:>12} {:>16} {:>12} {:>14}\n", "mechanism", "N", "forward ms", "fwd+bwd ms", "peak MiB",
              "estimate MiB");
   for (const Variant& v : mechanisms) {

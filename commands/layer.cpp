@@ -89,6 +89,18 @@ void load_weights(nn::Attention& layer, const TensorFile& file, const nn::Attent
     layer.parameters()[name] = load_float(file, name, shape, dtype, device).set_requires_grad();
 }
 
+// F64 inputs computed in f32 lose their precision: said in a note, not silently.
+void note_narrowed(const TensorFile& file, DType dtype) {
+  if (dtype != DType::f32) return;
+  std::vector<std::string> names;
+  for (const auto& [name, t] : file.tensors)
+    if (t.dtype() == DType::f64 && !name.starts_with("expected.")) names.push_back(name);
+  if (!names.empty())
+    fmt::print("note: {} holds F64 tensors ({}), computed in f32 (--dtype f32); give --dtype f64 to keep their "
+               "precision\n",
+               file.source, fmt::join(names, ", "));
+}
+
 // Values the format could not hold (a finite x near 1e30 overflows f32 in the scores) are
 // written as they came, NaN or inf, and a note says which tensors hold them and why. Where every
 // value is finite but products of the inputs' largest values pass f32's range, a score may still
@@ -253,6 +265,7 @@ int command_layer(const std::vector<std::string>& argv) {
   train::use_precision(args.str("precision"), device);
 
   const TensorFile file = read_safetensors(args.str("in"), "--in");
+  note_narrowed(file, dtype);
   const Tensor& x_raw = file.get("x");
   CAST_CHECK(x_raw.ndim() == 3, "{}: tensor 'x' must be (B, N, D), got shape {}", file.source,
              shape_str(x_raw.shape()));
@@ -272,6 +285,7 @@ int command_layer(const std::vector<std::string>& argv) {
   CAST_CHECK_USAGE(!args.is_set("topk") || config.topk <= N,
                    "--topk {} is more than the {} tokens of x in {}", config.topk, N, file.source);
   config.fused = !args.is_set("reference");
+  cli::note_cluster_size_against(config, N, fmt::format("x in {}", file.source));
   ops::set_cpu_gemm(args.is_set("reference") ? ops::CpuGemm::loops : ops::CpuGemm::blas);
 
   train::require_memory(

@@ -60,19 +60,6 @@ static void keep_trace_of_a_stopped_run(const train::Trace& trace) {
   }
 }
 
-// CAST's Top-K with κ at least the longest sequence puts every token in every cluster: that is
-// full attention, and the gate and surrogates get no gradient (docs/attention.md). Said once,
-// before the run, since the run itself is valid.
-static void note_cast_without_clusters(const nn::ModelConfig& m) {
-  const nn::AttentionConfig& a = m.attention;
-  const int64_t longest = m.tokens() + (m.cls_pooling ? 1 : 0);
-  if (a.mechanism != nn::Mechanism::cast || a.single_assignment || a.cluster_size < longest) return;
-  fmt::print(
-      "note: cluster size {} >= the {} tokens of the longest sequence: every CAST cluster holds every token, "
-      "which is full attention (the gate and surrogates learn nothing); give --cluster-size below {}\n",
-      a.cluster_size, longest, longest);
-}
-
 int command_train(const std::vector<std::string>& argv) {
   cli::Args args("train",
                  "Train a Transformer on an LRA task. With no options: generate short ListOps if missing and train a "
@@ -129,7 +116,8 @@ int command_train(const std::vector<std::string>& argv) {
     fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}{}\n",
                c.task, nn::mechanism_name(c.model.attention.mechanism), c.model.layers, c.model.dim, c.model.heads,
                c.steps, c.batch, device_name(device), c.recompute ? ", each block recomputed in its backward" : "");
-    note_cast_without_clusters(c.model);
+    cli::note_cluster_size_against(c.model.attention, c.model.tokens() + (c.model.cls_pooling ? 1 : 0),
+                                   "the longest sequence");
   };
   try {
     train::run_training(config, args.str("resume"));

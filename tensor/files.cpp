@@ -179,13 +179,30 @@ std::string read_file(const std::string& path, const std::string& what, uint64_t
   } catch (const std::bad_alloc&) {  // a file larger than the memory (a sparse file, say): named
     throw Error(fmt::format("{} {}: {} bytes, more than this machine's memory can hold", what, path, size));
   }
+  // read to the end, not to the size stat gave: a file that grew while read, or one whose size
+  // the system does not know (/proc's files say 0 bytes), is read whole, within max_bytes
+  const auto read_some = [&](char* to, size_t n) -> size_t {
+    while (true) {
+      const ssize_t got = ::read(fd.get(), to, n);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw Error(fmt::format("{} {}: read failed: {}", what, path, reason(errno)));
+      return static_cast<size_t>(got);
+    }
+  };
   size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::read(fd.get(), bytes.data() + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw Error(fmt::format("{} {}: read failed: {}", what, path, reason(errno)));
-    if (n == 0) break;  // shrank while read: what is there
-    done += static_cast<size_t>(n);
+  while (true) {
+    if (done == bytes.size()) {  // the size stat gave is read: more only if the read says so
+      char more[4096];
+      const size_t n = read_some(more, sizeof more);
+      if (n == 0) break;
+      CAST_CHECK(done + n <= max_bytes, "{} {}: more than the {} bytes such a file may have", what, path, max_bytes);
+      bytes.append(more, n);
+      done += n;
+      continue;
+    }
+    const size_t n = read_some(bytes.data() + done, bytes.size() - done);
+    if (n == 0) break;  // the end (a file that shrank while read: what is there)
+    done += n;
   }
   bytes.resize(done);
   return bytes;
@@ -310,6 +327,15 @@ static void check_folder_takes_files(const std::string& folder, const std::strin
              "{} {}: folder {} is read-only (permission denied); nothing was written", what, path, folder);
 }
 
+// A file nobody may write (mode without a w bit) was made read-only by its owner, who meant it to
+// stay: no output replaces or appends to it, even as root, whom the bits do not stop.
+static void check_not_read_only(const std::string& path, const struct stat& st, const std::string& what) {
+  CAST_CHECK_USAGE(!S_ISREG(st.st_mode) || (st.st_mode & 0222) != 0,
+                   "{} {}: is read-only (mode {:04o}); not replacing a file made read-only (make it writable, or "
+                   "write elsewhere)",
+                   what, path, st.st_mode & 07777);
+}
+
 std::string output_target(const std::string& path, const std::string& what, Link link) {
   CAST_CHECK(!path.empty(), "{}: no path given", what);
   // the lock of the folder's owner: replaced, it would let a second process in beside it
@@ -339,9 +365,11 @@ std::string output_target(const std::string& path, const std::string& what, Link
     CAST_CHECK_USAGE(S_ISREG(tt.st_mode), "{} {}: a symbolic link to {}, which is {}; not replacing it", what, path,
                      target,
                kind_of(tt.st_mode));
+    check_not_read_only(target, tt, what);
   } else if (::stat(path.c_str(), &st) == 0) {
     CAST_CHECK_USAGE(S_ISREG(st.st_mode), "{} {}: exists and is {}; not replacing it", what, path,
                      kind_of(st.st_mode));
+    check_not_read_only(path, st, what);
   } else if (errno != ENOENT) {
     throw Error(fmt::format("{} {}: {}", what, path, reason(errno)));
   }
@@ -367,6 +395,8 @@ void check_may_replace(const std::string& path, const std::string& what, const s
     if (exists(folder_of(path))) output_target(path, what, Link::follow_once);
     return;
   }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) check_not_read_only(path, st, what);
   const std::string head = head_of(path, what);
   if (head.empty() || head.find(mark) != std::string::npos) return;
   throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it ({})", what, path, kind, remedy));
@@ -452,6 +482,9 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
   Fd fd = create_exclusive(target, tmp, what, path);
   const TemporaryInFlight in_flight(tmp);
   try {  // on any failure the temporary file goes and the old file stays as it was
+    // the replacement keeps the old file's mode (a private 0600 stays private)
+    struct stat old {};
+    if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode)) ::fchmod(fd.get(), old.st_mode & 07777);
     write_all(fd.get(), bytes, what, path);
     CAST_CHECK(flush == Flush::with_folder || ::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path,
                reason(errno));
@@ -499,6 +532,10 @@ void check_output_folder(const std::string& folder, const std::string& what) {
   }
   CAST_CHECK_USAGE(S_ISDIR(st.st_mode), "{} {}: is {}, not a folder", what, folder,
                    S_ISREG(st.st_mode) ? "a file" : kind_of(st.st_mode));
+  // the root holds the whole system's folders: what cast writes (and may replace) goes in a folder of its own
+  struct stat root {};
+  CAST_CHECK_USAGE(::stat("/", &root) != 0 || st.st_dev != root.st_dev || st.st_ino != root.st_ino,
+                   "{} {}: is the root folder of the file system; give a folder of its own", what, folder);
 }
 
 void make_writable_folder(const std::string& folder, const std::string& what) {
@@ -615,6 +652,7 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
 AppendFile::AppendFile(const std::string& path, bool truncate, const std::string& what) : path_(path), what_(what) {
   check_folder_takes_files(folder_of(path), what, path);
   struct stat old {};
+  if (::lstat(path.c_str(), &old) == 0) check_not_read_only(path, old, what);
   const bool fresh = truncate && ::lstat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
   // A new file replaces an old regular file by unlinking it, never by emptying it: the old
   // inode may have other names (a hard link) whose content must survive.

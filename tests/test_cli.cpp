@@ -553,6 +553,151 @@ TEST(Cli, AFinishedRunIsNeitherReplacedNorRewound) {
   fs::remove_all(dir);
 }
 
+// ---------------------------------------------------------------- the twelfth attack's leftovers (issue 41)
+// A run file its owner made read-only is not replaced (root ignores the bits, so cast reads
+// them); a file replaced keeps its mode.
+TEST(Cli, ReadOnlyRunFilesAreNotReplacedAndReplacementsKeepTheirMode) {
+  const fs::path dir = lifecycle_dir("read_only_files");
+  ASSERT_EQ(run(tiny_train(dir, "base", 3)).code, 0);
+  const fs::path base = dir / "base";
+  const std::string ckpt = (base / "checkpoint.safetensors").string(), metrics = (base / "metrics.jsonl").string();
+  fs::permissions(metrics, fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  const std::string kept = slurp(metrics), kept_ckpt = slurp(ckpt);
+  CliRun resume = run("train --resume " + ckpt + " --steps 5");
+  EXPECT_EQ(resume.code, 2) << resume.err;
+  EXPECT_EQ(lines(resume.err), 1) << resume.err;
+  EXPECT_NE(resume.err.find("run file " + metrics + ": is read-only (mode 0444)"), std::string::npos) << resume.err;
+  EXPECT_EQ(slurp(metrics), kept);
+  EXPECT_EQ(slurp(ckpt), kept_ckpt);
+  EXPECT_EQ(fs::status(metrics).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  // a private checkpoint stays private when the resumed run replaces it
+  fs::permissions(metrics, fs::perms::owner_read | fs::perms::owner_write);
+  fs::permissions(ckpt, fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_EQ(run("train --resume " + ckpt + " --steps 5").code, 0);
+  EXPECT_NE(slurp(ckpt), kept_ckpt);
+  EXPECT_EQ(fs::status(ckpt).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+  fs::remove_all(dir);
+}
+
+TEST(Cli, TheRootFolderIsNoOutputFolder) {
+  const fs::path dir = lifecycle_dir("root_out");
+  const std::string data = (dir / "listops").string();
+  for (const std::string& args :
+       {"train --data " + data + " --run / --steps 1 --dim 8 --heads 2 --layers 1 --mlp-dim 8 --device cpu",
+        "compare --data " + data + " --out / --attention full --steps 1 --dim 8 --heads 2 --layers 1 --mlp-dim 8",
+        std::string("data listops-short --count 40 --out /")}) {
+    CliRun r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(" /: is the root folder of the file system"), std::string::npos) << args << ": " << r.err;
+  }
+  EXPECT_FALSE(fs::exists("/metrics.jsonl"));
+  EXPECT_FALSE(fs::exists("/results.json"));
+  fs::remove_all(dir);
+}
+
+TEST(Cli, OverwriteWithAResumeInPlaceIsRefused) {
+  const fs::path dir = lifecycle_dir("overwrite_in_place");
+  ASSERT_EQ(run(tiny_train(dir, "base", 3)).code, 0);
+  const std::string ckpt = (dir / "base" / "checkpoint.safetensors").string(), kept = slurp(ckpt);
+  CliRun r = run("train --resume " + ckpt + " --steps 5 --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--overwrite with --resume " + ckpt + ": resuming into the checkpoint's own folder"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(ckpt), kept);
+  fs::remove_all(dir);
+}
+
+// What runs otherwise than asked is said in a note line, not done silently.
+TEST(Cli, NotesSayWhatRunsOtherwiseThanAsked) {
+  const fs::path dir = lifecycle_dir("notes");
+  const std::string data = (dir / "listops").string();
+  CliRun big = run("train --data " + data + " --run " + (dir / "big").string() +
+                   " --steps 1 --batch 1000 --dim 8 --heads 2 --layers 1 --mlp-dim 8 --eval-limit 4 --device cpu");
+  ASSERT_EQ(big.code, 0) << big.err;
+  EXPECT_NE(big.out.find("note: --batch 1000 is larger than the"), std::string::npos) << big.out;
+  const std::string layer_in = std::string(CAST_TEST_DATA_DIR) + "/layer_cast.safetensors";
+  CliRun narrowed = run("layer --in " + layer_in + " --out " + (dir / "o.safetensors").string() +
+                        " --attention cast --heads 2 --clusters 3 --cluster-size 9");
+  ASSERT_EQ(narrowed.code, 0) << narrowed.err;
+  EXPECT_NE(narrowed.out.find("note: " + layer_in + " holds F64 tensors (dout, gate_b"), std::string::npos)
+      << narrowed.out;
+  EXPECT_NE(narrowed.out.find("note: cluster size 9 >= the 7 tokens of x in " + layer_in +
+                              ": every CAST cluster holds every token (a size above 7 runs as 7)"),
+            std::string::npos)
+      << narrowed.out;
+  CliRun wide = run("layer --in " + layer_in + " --out " + (dir / "o.safetensors").string() +
+                    " --overwrite --attention cast --heads 2 --clusters 3 --cluster-size 3 --dtype f64");
+  ASSERT_EQ(wide.code, 0) << wide.err;
+  EXPECT_EQ(wide.out.find("F64 tensors"), std::string::npos) << wide.out;
+  EXPECT_EQ(wide.out.find("note: cluster size"), std::string::npos) << wide.out;
+  CliRun bench = run("bench attention --device cpu --lengths 16,64 --dim 16 --heads 2 --mechanisms cast-topk "
+                     "--cluster-size 32 --repeats 1 --warmup 0");
+  ASSERT_EQ(bench.code, 0) << bench.err;
+  EXPECT_NE(bench.out.find("note: cluster size 32 >= the 16 tokens of --lengths 16"), std::string::npos) << bench.out;
+  EXPECT_EQ(bench.out.find("tokens of --lengths 64"), std::string::npos) << bench.out;
+  fs::remove_all(dir);
+}
+
+// A comparison's run that fails names itself on the error line (stdout may be elsewhere): here
+// the second variant, whose learning rate makes the gradient overflow.
+TEST(Cli, CompareNamesTheFailingRunOnItsErrorLine) {
+  const fs::path dir = lifecycle_dir("compare_fails");
+  const std::string out = (dir / "cmp").string();
+  CliRun r = run("compare --data " + (dir / "listops").string() + " --out " + out +
+                 " --attention full --weight-decay 0 --vary lr=0.001,1e30 --seeds 1 --steps 3 --dim 16 --heads 2 "
+                 "--layers 1 --mlp-dim 16 --batch 4 --eval-limit 4 --device cpu");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("cast compare: error: [2/2] lr=1e30 seed 1 (" + out + "/lr-1e30-seed1): step "),
+            std::string::npos)
+      << r.err;
+  fs::remove_all(dir);
+}
+
+// Finite weights whose forward overflows: no panels of weights that are no numbers.
+TEST(Cli, AttentionRefusesWeightsThatAreNoNumbers) {
+  const fs::path dir = lifecycle_dir("attention_nan");
+  ASSERT_EQ(run(tiny_train(dir, "base", 2)).code, 0);
+  const std::string ckpt = (dir / "base" / "checkpoint.safetensors").string();
+  cast::TensorFile f = cast::read_safetensors(ckpt);
+  int scaled = 0;
+  for (auto& [name, t] : f.tensors)
+    if (name.starts_with("param/") && (name.ends_with(".wq") || name.ends_with(".wk"))) {
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 1e30f;
+      ++scaled;
+    }
+  ASSERT_GT(scaled, 0) << "no query or key weights found";
+  cast::write_safetensors(ckpt, f.tensors, f.metadata);
+  const std::string svg = (dir / "att.svg").string();
+  CliRun r = run("attention --checkpoint " + ckpt + " --out " + svg + " --clusters 4 --topk 4");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("attention weights of layer 1, head 1 on test example 0 are not finite numbers"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(svg));
+  fs::remove_all(dir);
+}
+
+// The data folder a checkpoint recorded, gone: the error says whose folder that is.
+TEST(Cli, ARecordedDataFolderIsNamedAsTheCheckpointsNotAsTyped) {
+  const fs::path dir = lifecycle_dir("recorded_data");
+  ASSERT_EQ(run(tiny_train(dir, "base", 2)).code, 0);
+  fs::rename(dir / "listops", dir / "moved");
+  const std::string ckpt = (dir / "base" / "checkpoint.safetensors").string();
+  CliRun r = run("eval --checkpoint " + ckpt);
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("is the one checkpoint " + ckpt + " recorded; give --data to read another"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(run("eval --checkpoint " + ckpt + " --data " + (dir / "moved").string()).code, 0);
+  fs::remove_all(dir);
+}
+
 TEST(Cli, ResumingACopyInAReadOnlyFolderFailsBeforeTrainingAndTouchesNothing) {
   const fs::path dir = lifecycle_dir("resume_read_only");
   ASSERT_EQ(run(tiny_train(dir, "base", 4)).code, 0);

@@ -302,3 +302,43 @@ TEST(Files, ANameNearTheLimitIsWrittenThroughAShortTemporaryName) {
   EXPECT_EQ(entries, 1) << "a temporary file was left";
   std::filesystem::remove_all(dir);
 }
+
+// A file made read-only by its owner is neither replaced nor appended to, even by root; a
+// replaced file keeps its mode.
+TEST(Files, AReadOnlyFileIsNotReplacedAndAReplacementKeepsTheMode) {
+  const std::string d = fresh_dir("read_only_file");
+  put(d + "/mine.json", "{\"mine\": 1}\n");
+  fs::permissions(d + "/mine.json", fs::perms::owner_read);
+  EXPECT_CAST_ERROR(files::write_atomic(d + "/mine.json", "x", "summary"), "is read-only (mode 0400)");
+  EXPECT_CAST_ERROR(files::AppendFile(d + "/mine.json", false, "metrics file"), "is read-only (mode 0400)");
+  EXPECT_CAST_ERROR(files::AppendFile(d + "/mine.json", true, "metrics file"), "is read-only (mode 0400)");
+  EXPECT_EQ(slurp(d + "/mine.json"), "{\"mine\": 1}\n");
+  put(d + "/private.json", "old");
+  fs::permissions(d + "/private.json", fs::perms::owner_read | fs::perms::owner_write);
+  files::write_atomic(d + "/private.json", "new", "summary");
+  EXPECT_EQ(slurp(d + "/private.json"), "new");
+  EXPECT_EQ(fs::status(d + "/private.json").permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+  fs::permissions(d + "/mine.json", fs::perms::owner_all);
+  fs::remove_all(d);
+}
+
+// A file whose size the system does not know (/proc's say 0 bytes) is read to its end, and a
+// file is still held to the largest size asked for.
+TEST(Files, FilesAreReadToTheirEndNotToTheirStatSize) {
+  if (!fs::exists("/proc/self/status")) GTEST_SKIP() << "no /proc here";
+  const std::string status = files::read_file("/proc/self/status", "config file");
+  EXPECT_NE(status.find("Name:"), std::string::npos) << status;
+  const std::string d = fresh_dir("read_to_end");
+  put(d + "/ten.txt", "0123456789");
+  EXPECT_EQ(files::read_file(d + "/ten.txt", "file", 10), "0123456789");
+  EXPECT_CAST_ERROR(files::read_file(d + "/ten.txt", "file", 9), "more than the 9 bytes");
+  EXPECT_CAST_ERROR(files::read_file("/proc/self/status", "file", 8), "more than the 8 bytes");
+  fs::remove_all(d);
+}
+
+TEST(Files, TheRootFolderIsNoOutputFolder) {
+  EXPECT_CAST_ERROR(files::check_output_folder("/", "run folder"), "run folder /: is the root folder of the file system");
+  EXPECT_CAST_ERROR(files::make_writable_folder("/", "comparison folder"), "is the root folder");
+  EXPECT_CAST_ERROR(files::check_output_folder("/.", "run folder"), "is the root folder");
+}

@@ -44,9 +44,17 @@ std::string checkpoint_damage(const std::string& path) {
   return non_finite_in(read_safetensors(path, "checkpoint").tensors);
 }
 
+std::string no_checkpoint_at(const std::string& path) {
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  if (!folder.empty() && !files::exists(folder))
+    return fmt::format("The run folder {} is gone (moved or removed while the run went on), its checkpoints with it",
+                       folder);
+  return "No checkpoint was written yet";
+}
+
 std::string last_good_checkpoint(const std::string& path, bool* usable) {
   if (usable) *usable = false;
-  if (!files::exists(path)) return "No checkpoint was written yet";
+  if (!files::exists(path)) return no_checkpoint_at(path);
   try {
     const Checkpoint ck = read_checkpoint_header(path);
     const std::string damage = checkpoint_damage(path);
@@ -287,7 +295,18 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
              fmt::join(known, ", "));
   run.model = std::make_unique<nn::Transformer>(run.checkpoint.config.model, DType::f32, device);
   load_checkpoint(path, *run.model, nullptr, nullptr);
-  run.task = load_task(run.checkpoint.config, false);
+  try {
+    run.task = load_task(run.checkpoint.config, false);
+  } catch (const Error& e) {
+    if (!data_dir.empty()) throw;  // the folder the user gave is named as given
+    // the folder the checkpoint recorded, which the user did not type: said whose it is
+    const std::string folder = data_folder(run.checkpoint.config);
+    const std::string why = fmt::format(
+        "{} (the data folder {} is the one checkpoint {} recorded{}; give --data to read another)", e.what(), folder,
+        path, std::filesystem::path(folder).is_relative() ? ", relative to the folder its run was started in" : "");
+    if (dynamic_cast<const UsageError*>(&e)) throw UsageError(why);
+    throw Error(why);
+  }
   run.data_note = other_set_note(run.checkpoint, data::fingerprint(run.task), data_folder(run.checkpoint.config));
   const nn::ModelConfig& m = run.checkpoint.config.model;  // images of another size: said as train says it
   CAST_CHECK_USAGE(run.task.image_side == 0 || run.task.image_side * run.task.image_side == m.max_len,

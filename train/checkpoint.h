@@ -60,6 +60,9 @@ std::string checkpoint_damage(const std::string& path);
 // What a stopped run can go back to, said only of a checkpoint read back and found finite.
 // `usable`, when given, says whether it names a checkpoint a run may resume from.
 std::string last_good_checkpoint(const std::string& path, bool* usable = nullptr);
+// Why there is no checkpoint at `path`: none written yet, or its folder gone (moved away while
+// the run went on), as the first words of a sentence.
+std::string no_checkpoint_at(const std::string& path);
 
 // The settings of a resumed run: the checkpoint's, with `changes` (a config file's keys, then
 // the flags') applied where a run may change on the way (the table's resumable settings) and a

@@ -332,6 +332,21 @@ TrainResult run_training_or_stop(const CompareSpec& spec, const TrainConfig& con
   }
 }
 
+// A run's failure names the run (its variant, seed and folder) on the error line itself, which
+// may be all a user sees of a long comparison (stdout sent elsewhere). A stop stays as it is.
+template <class Fn>
+TrainResult run_naming_it(const std::string& progress, const std::string& dir, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Stopped&) {
+    throw;
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{} ({}): {}", progress, dir, e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} ({}): {}", progress, dir, e.what()));
+  }
+}
+
 // Every run's folder and settings, checked before the first step is spent.
 std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spec) {
   std::vector<std::pair<CompareRun, TrainConfig>> plan;
@@ -448,7 +463,9 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       std::fflush(stdout);
     }
     // A resumed run's checkpoint holds these very settings (checked above).
-    const TrainResult r = run_training_or_stop(spec, config, started ? checkpoint : "", stop_after, quiet);
+    const TrainResult r = run_naming_it(progress, run.dir, [&] {
+      return run_training_or_stop(spec, config, started ? checkpoint : "", stop_after, quiet);
+    });
     run.resumed = started;
     run.steps_this_process = static_cast<int64_t>(r.losses.size());
     if (!std::filesystem::exists(summary)) {  // interrupted (tests): what a killed process leaves

@@ -214,8 +214,15 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   // Resuming into the checkpoint's own folder continues that run; any other folder is a new
   // home, under the same rule as a new run's.
   folder.in_place = !resume_from.empty() && files::same_file(folder_of(resume_from), c.run_dir);
-  if (folder.in_place) check_resume_goes_forward(c, resume_from, resume_step);
-  if (folder.in_place) return folder;
+  if (folder.in_place) {
+    // --overwrite replaces a run; resuming in place keeps it: the two together name no one action
+    CAST_CHECK_USAGE(!c.overwrite,
+                     "--overwrite with --resume {}: resuming into the checkpoint's own folder continues that run and "
+                     "replaces none of it; drop --overwrite, or start a new run there with --overwrite and no --resume",
+                     resume_from);
+    check_resume_goes_forward(c, resume_from, resume_step);
+    return folder;
+  }
   // a finished run copied elsewhere with no step to train would only be evaluated again
   const std::string source = folder_of(resume_from);
   CAST_CHECK_USAGE(resume_from.empty() || resume_step < c.steps || !files::exists(source + "/summary.json"),

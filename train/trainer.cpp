@@ -273,6 +273,15 @@ void note_schedule(const TrainConfig& c) {
                "learning rate 0 (give --warmup 1, or more steps)\n");
 }
 
+// A batch larger than the training set repeats examples within itself (it spans several epochs
+// of the data order): valid, but said.
+void note_batch_over_set(const TrainConfig& c, int64_t examples) {
+  if (c.batch > examples)
+    fmt::print("note: --batch {} is larger than the {} training examples: each batch holds some of them more than "
+               "once\n",
+               c.batch, examples);
+}
+
 // The model and zero moments, or the checkpoint's.
 void build_model(Run& run, const std::string& resume_from) {
   run.model = std::make_unique<nn::Transformer>(run.c.model, DType::f32, run.device);
@@ -296,8 +305,8 @@ RunCost cost_now(const Run& run) {
 std::string how_to_continue(const Run& run) {
   if (!files::exists(run.checkpoint))
     return run.c.resume_command.empty()
-               ? "No checkpoint was written yet: run the same command again"
-               : "No checkpoint was written yet: run the same command again (" + run.c.resume_command + ")";
+               ? no_checkpoint_at(run.checkpoint) + ": run the same command again"
+               : no_checkpoint_at(run.checkpoint) + ": run the same command again (" + run.c.resume_command + ")";
   bool usable = false;
   const std::string last = last_good_checkpoint(run.checkpoint, &usable);
   return usable ? last + "; resume with: " + resume_with(run) : last;  // else none is left to resume from
@@ -599,6 +608,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   if (run.c.on_start) run.c.on_start(run.c, run.device);
   if (!quiet) note_cut_examples(run.task, run.c.model.max_len);
   if (!quiet && run.start_step == 0) note_schedule(run.c);
+  if (!quiet) note_batch_over_set(run.c, static_cast<int64_t>(run.task.train.size()));
   const bool in_place = folder.in_place;
   run.checkpoint = run.c.run_dir + "/checkpoint.safetensors";
   set_second_signal_note(fmt::format(": the last checkpoint written ({}, if any) is whole; resume with: {}",

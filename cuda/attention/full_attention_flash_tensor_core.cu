@@ -285,9 +285,23 @@ struct TcTile {
   static constexpr int kOwnedRows = kWarps * kWarpRows;
   static constexpr int kStride = D + M::kChunk;  // a 16-byte pad: ldmatrix's 8 rows hit distinct banks
   static constexpr int kOwned = kOwnedRows * kStride, kStreamed = kStream * kStride;
-  // elements of shared memory: the owned tile(s) and two stages of the two streamed tiles
-  static constexpr int elements(int owned_tiles) { return owned_tiles * kOwned + 4 * kStreamed; }
+  // the fused backward's dS: a streamed tile's rows (queries) of the block's keys, padded as the tiles
+  static constexpr int kDsStride = kOwnedRows + M::kChunk, kDs = kStream * kDsStride;
+  // elements of shared memory: the owned tile(s), two stages of the two streamed tiles, and dS
+  static constexpr int elements(int owned_tiles, bool with_ds = false) {
+    return owned_tiles * kOwned + 4 * kStreamed + (with_ds ? kDs : 0);
+  }
 };
+
+// TcTile::elements in bytes, for a kernel and tile chosen at run time (the dispatch's limits,
+// the benchmarks' labels, the launch report); static_asserts at each launch hold the two equal.
+constexpr size_t tile_shared_bytes(FlashKernel kernel, int D, int rows, int warp_tiles, int owned_tiles,
+                                   bool with_ds = false) {
+  const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, chunk = 16 / elem, stride = D + chunk;
+  const size_t owned_rows = static_cast<size_t>(kWarps) * kRowsPerWarp * warp_tiles;
+  return ((owned_tiles * owned_rows + 4 * static_cast<size_t>(rows)) * stride +
+          (with_ds ? rows * (owned_rows + chunk) : 0)) * elem;
+}
 
 // cp.async of `valid` rows of a (rows × width) operand from src into a tile of `rows` padded
 // rows at `base`; zeros past `valid` rows and past the row's width.
@@ -645,11 +659,11 @@ __global__ void __launch_bounds__(kBlock)
   using E = typename M::Elem;
   constexpr int D = T::D, BQ = T::kStream, NT = BQ / 8, MI = T::MI, stride = T::kStride, BK = T::kOwnedRows;
   constexpr int k_base = 0, v_base = T::kOwned, qg_base = 2 * T::kOwned, ds_base = qg_base + 4 * T::kStreamed;
-  constexpr int ds_stride = BK + M::kChunk;  // dS: BQ rows (queries) of BK keys, padded as the tiles
+  constexpr int ds_stride = T::kDsStride;  // dS: BQ rows (queries) of BK keys
   // dQ's pieces of 16 rows × 16 columns: the warps split them, each keeping one row band
   constexpr int kPieces = (BQ / 16) * (D / 16), kPerWarp = kPieces / kWarps;
   static_assert(kPieces % kWarps == 0 && kPerWarp <= D / 16, "a warp's pieces share their 16 query rows");
-  CAST_DYNAMIC_SHARED(E, smem, T::elements(2) + (AddDq ? BQ * ds_stride : 0));
+  CAST_DYNAMIC_SHARED(E, smem, T::elements(2, AddDq));
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4, row0 = T::kWarpRows * warp;
   const int bh = blockIdx.y, b = bh / s.heads, j0 = blockIdx.x * BK;
   const int k_rows = min_of(s.N - j0, BK);
@@ -889,12 +903,10 @@ int stream_rows(FlashKernel kernel, int D, bool forward) {
   const int rows = want == 32 ? 32 : want == 128 && forward && D <= 64 && max_stream_rows(kernel, D, forward) == 128 ? 128 : 64;
   // the largest tiles (FP32 operands at width 128, or 128 streamed rows) outgrow sm_80's shared
   // memory: 32 rows there
-  const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, stride = D + 16 / elem;
   // the rows per warp that will run at these streamed rows (the wanted ones where they fit)
   const int warp_rows = forward ? (two_fit(kernel, D, rows) ? forward_warp_rows(kernel, D) : 16)
                                 : (two_fit_backward(kernel, D, rows) ? backward_warp_rows_wanted(kernel, D) : 16);
-  const size_t owned_rows = kWarps * static_cast<size_t>(forward ? warp_rows : 2 * warp_rows);
-  const size_t bytes = (owned_rows + 4 * static_cast<size_t>(rows)) * stride * elem;
+  const size_t bytes = tile_shared_bytes(kernel, D, rows, warp_rows / kRowsPerWarp, forward ? 1 : 2);
   return bytes > shared_limit() ? 32 : rows;
 }
 
@@ -994,6 +1006,8 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
     with_stream_rows<M, D, true>([&](auto rows) {
       const auto launch = [&](auto warp_tiles) {
         using T = TcTile<M, D, decltype(rows)::value, decltype(warp_tiles)::value>;
+        static_assert(T::elements(1) * sizeof(typename M::Elem) ==
+                      tile_shared_bytes(kernel_of<M>(), D, T::kStream, T::MI, 1));
         for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
           const int64_t qo = first * s.M * s.width, ko = first * s.N * s.width;
           launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, count, T::kOwnedRows),
@@ -1028,9 +1042,12 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
       const auto launch = [&](auto warp_tiles) {
         using T = TcTile<M, D, BS, decltype(warp_tiles)::value>;
         const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
-        const size_t fused_bytes = (T::elements(2) + BS * (T::kOwnedRows + M::kChunk)) * sizeof(typename M::Elem);
+        const size_t fused_bytes = T::elements(2, true) * sizeof(typename M::Elem);
+        static_assert(T::elements(2, true) * sizeof(typename M::Elem) ==
+                      tile_shared_bytes(kernel_of<M>(), D, BS, T::MI, 2, true));
+        // the one decision, which the benchmarks' labels read too
         constexpr bool fits = fused_fits(kernel_of<M>(), D, BS, T::MI);
-        const bool fused = fits && g_backward == FlashBackward::fused && dq && (dk || dv) && fused_bytes <= shared_limit();
+        const bool fused = dq && (dk || dv) && flash_backward_runs_fused(kernel_of<M>(), s.d);
         const int64_t tiles = (s.M + BS - 1) / BS;
         // a flag per (batch-head, query tile): whose turn it is to add to that tile of dq
         const Tensor turns = fused ? Tensor::zeros({BH * tiles}, DType::i32, Device::cuda) : Tensor();
@@ -1116,10 +1133,7 @@ bool flash_backward_runs_fused(FlashKernel kernel, int d) {
   if (kernel == FlashKernel::fma || g_backward != FlashBackward::fused) return false;
   const int D = width_bound(d), rows = stream_rows(kernel, D, false), BS = rows == 128 ? 64 : rows;
   const int warp_tiles = flash_backward_warp_rows(kernel, d) / kRowsPerWarp;
-  const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, chunk = 16 / elem, stride = D + chunk;
-  const size_t owned_rows = static_cast<size_t>(kWarps) * kRowsPerWarp * warp_tiles;
-  const size_t bytes = ((2 * owned_rows + 4 * BS) * stride + BS * (owned_rows + chunk)) * elem;
-  return fused_fits(kernel, D, BS, warp_tiles) && bytes <= shared_limit();
+  return fused_fits(kernel, D, BS, warp_tiles) && tile_shared_bytes(kernel, D, BS, warp_tiles, 2, true) <= shared_limit();
 }
 
 int flash_stream_rows(FlashKernel kernel, int d, bool forward) {
@@ -1132,11 +1146,11 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
     using M = decltype(math);
     constexpr FlashKernel kernel = kernel_of<M>();
     // `flag`: the dK/dV kernel's AddDq ("" for the kernels without one)
-    const auto push = [&](const char* name, int D, int rows, int warp_tiles, int owned_tiles, const char* flag = "") {
-      const size_t stride = D + M::kChunk, owned = kWarps * kRowsPerWarp * warp_tiles;
+    const auto push = [&](const char* name, int D, int rows, int warp_tiles, int owned_tiles, bool with_ds = false,
+                          const char* flag = "") {
       shapes.push_back({fmt::format("{}<{}, TcTile<{}, {}, {}, {}>{}>", name, math_name, math_name, D, rows,
                                     warp_tiles, flag),
-                        kBlock, (owned_tiles * owned + 4 * rows) * stride * sizeof(typename M::Elem)});
+                        kBlock, tile_shared_bytes(kernel, D, rows, warp_tiles, owned_tiles, with_ds)});
     };
     // every tile the dispatch compiles (with_stream_rows, two_fit, two_fit_backward)
     for (int D : {32, 64, 128}) {
@@ -1151,12 +1165,8 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
         for (int warp_tiles : {1, 2}) {
           if (warp_tiles == 2 && !two_fit_backward(kernel, D, rows)) continue;
           push("flash_tc_dq_kernel", D, rows, warp_tiles, 2);
-          push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, ", false");
-          if (!fused_fits(kernel, D, rows, warp_tiles)) continue;
-          push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, ", true");
-          // the fused backward's dS: streamed rows × the block's keys, padded
-          shapes.back().dynamic_shared_bytes +=
-              rows * (kWarps * kRowsPerWarp * warp_tiles + M::kChunk) * sizeof(typename M::Elem);
+          push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, false, ", false");
+          if (fused_fits(kernel, D, rows, warp_tiles)) push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, true, ", true");
         }
       }
     }

@@ -203,6 +203,18 @@ TEST(Training, ACheckpointIsNeverWrittenWithANonFiniteValue) {
   EXPECT_FALSE(std::filesystem::exists(fresh.run_dir + "/checkpoint.safetensors"));
 }
 
+// A run folder moved away while the run went on: its missing checkpoint is not called "not
+// written yet".
+TEST(Training, AMissingCheckpointSaysWhetherItsFolderIsGone) {
+  const std::string dir = temp_dir("folder_gone");
+  std::filesystem::create_directories(dir);
+  EXPECT_EQ(train::no_checkpoint_at(dir + "/checkpoint.safetensors"), "No checkpoint was written yet");
+  EXPECT_EQ(train::last_good_checkpoint(dir + "/checkpoint.safetensors"), "No checkpoint was written yet");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(train::no_checkpoint_at(dir + "/checkpoint.safetensors"),
+            "The run folder " + dir + " is gone (moved or removed while the run went on), its checkpoints with it");
+}
+
 TEST(Training, ResumeAndEvaluationRefuseACheckpointHoldingNan) {
   data::TaskData task = counting_task(200, 20, 13);
   train::TrainConfig c = tiny_config(nn::Mechanism::full, temp_dir("nan_ckpt"));
