@@ -624,7 +624,9 @@ void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup
           ? "-"
           : fmt::format("{}x{}/{}x{}{}", cuda::flash_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, true),
                         cuda::flash_backward_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, false),
-                        cuda::flash_backward_runs_fused(kernel, d) ? "f" : "");
+                        !cuda::flash_backward_runs_fused(kernel, d)                  ? ""
+                        : cuda::flash_backward() == cuda::FlashBackward::fused_atomic ? "a"
+                                                                                       : "f");
   std::vector<double> tf, tb;
   for (int64_t r = 0; r < warmup + repeats; ++r) {
     const double f =
@@ -643,8 +645,8 @@ void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup
                 {"head_width", x.d},
                 {"heads", x.H},
                 {"tiles", tiles},
-                {"backward", kernel == cuda::FlashKernel::fma     ? "fma"
-                             : cuda::flash_backward_runs_fused(kernel, d) ? "fused"
+                {"backward", kernel == cuda::FlashKernel::fma          ? "fma"
+                             : cuda::flash_backward_runs_fused(kernel, d) ? cuda::flash_backward_name(cuda::flash_backward())
                                                                           : "split"},
                 {"forward_ms", f},
                 {"backward_ms", b},
@@ -736,8 +738,9 @@ cli::Args bench_args() {
       .option("warp-rows", "0", "flash: rows per warp of the forward and the backward, a list of 16, 32 (0: the defaults)")
       .option("flash-backward", "",
               "flash, train, attention: the tensor-core backward, split (a dQ kernel and a dK/dV kernel) | fused "
-              "(one kernel, dQ added in turn); flash takes a list (default: the engine's; the tiles column ends in "
-              "f where fused ran)")
+              "(one kernel, dQ added in turn) | fused-atomic (one kernel, dQ added by atomic adds, not bit-identical "
+              "from run to run); flash takes a list (default: the engine's; the tiles column ends in f where fused "
+              "ran, a where fused-atomic ran)")
       .option("task", "text", "train: task preset")
       .option("length", "", "train: sequence length (default: the preset's)")
       .option("batch-size", "", "train: batch size (default: the preset's)")

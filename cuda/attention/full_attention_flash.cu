@@ -538,13 +538,17 @@ FlashKernel parse_flash_kernel(const std::string& name) {
 }
 
 const char* flash_backward_name(FlashBackward backward) {
-  return backward == FlashBackward::fused ? "fused" : "split";
+  switch (backward) {
+    case FlashBackward::fused: return "fused";
+    case FlashBackward::fused_atomic: return "fused-atomic";
+    default: return "split";
+  }
 }
 
 FlashBackward parse_flash_backward(const std::string& name) {
-  for (FlashBackward b : {FlashBackward::split, FlashBackward::fused})
+  for (FlashBackward b : {FlashBackward::split, FlashBackward::fused, FlashBackward::fused_atomic})
     if (name == flash_backward_name(b)) return b;
-  throw UsageError(fmt::format("flash backward '{}' is not one of split, fused", name));
+  throw UsageError(fmt::format("flash backward '{}' is not one of split, fused, fused-atomic", name));
 }
 
 namespace {

@@ -71,16 +71,19 @@ void set_flash_warp_rows(int rows);
 void set_flash_grid_y_limit(int64_t limit);
 // The tensor-core backward: `split`, two kernels (dQ, then dK and dV, each forming the scores and
 // dP: 7 tile products), or `fused`, one (dK and dV, with dQ's partials added in turn: 5 products,
-// the same sums at every run). `cast bench flash --flash-backward split,fused` times both; the
-// engine runs split, which measured 1.6 to 3.6 times faster on an H100 (bench/RESULTS.md).
-enum class FlashBackward : uint8_t { split, fused };
+// the same sums at every run), or `fused_atomic`, the same kernel adding dQ's partials by atomic
+// adds (FlashAttention-2's way: no waits, but dq's last bits may change from run to run).
+// `cast bench flash --flash-backward split,fused,fused-atomic` times them; the engine runs split,
+// which measured 1.6 to 3.6 times faster than fused on an H100 (bench/RESULTS.md).
+enum class FlashBackward : uint8_t { split, fused, fused_atomic };
 void set_flash_backward(FlashBackward backward);
 FlashBackward flash_backward();
 const char* flash_backward_name(FlashBackward backward);
-// Whether the fused kernel runs for this kernel at head width d (fused set, and the tile it would
-// take compiled and within shared memory; else the split pair runs).
+// Whether the fused kernel runs for this kernel at head width d (fused or fused_atomic set, and the
+// tile it would take compiled and within shared memory; else the split pair runs).
 bool flash_backward_runs_fused(FlashKernel kernel, int d);
-FlashBackward parse_flash_backward(const std::string& name);  // "split" or "fused"; a UsageError otherwise
+// "split", "fused" or "fused-atomic"; a UsageError otherwise
+FlashBackward parse_flash_backward(const std::string& name);
 int flash_warp_rows(FlashKernel kernel, int d);
 int flash_backward_warp_rows(FlashKernel kernel, int d);
 }  // namespace cast::cuda

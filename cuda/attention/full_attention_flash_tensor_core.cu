@@ -596,8 +596,9 @@ __global__ void __launch_bounds__(kBlock)
 
 // The fused backward's dQ for query tile `tile`: once the block's dS is whole in shared memory,
 // each warp's pieces of dS·K over the block's keys, added to dq when the block's turn comes (the
-// caller passes the turn on after its barrier). Every thread's stores are fenced before that.
-template <class M, class T, int kPerWarp>
+// caller passes the turn on after its barrier; every thread's stores are fenced before that), or
+// with Atomic at once by atomic adds, in whatever order the blocks reach them.
+template <class M, class T, int kPerWarp, bool Atomic>
 __device__ __forceinline__ void add_dq_tile(float* dq, int* turns, const SharedArray<typename M::Elem>& smem,
                                             int ds_base, int ds_stride, int k_base, int tile, int width,
                                             const TcShape& s) {
@@ -623,8 +624,10 @@ __device__ __forceinline__ void add_dq_tile(float* dq, int* turns, const SharedA
       M::mma_long(part[p][1], a, bk[1]);
     }
   }
-  if (threadIdx.x == 0) wait_turn(turns + static_cast<int64_t>(bh) * tiles + tile, static_cast<int>(blockIdx.x));
-  __syncthreads();
+  if constexpr (!Atomic) {
+    if (threadIdx.x == 0) wait_turn(turns + static_cast<int64_t>(bh) * tiles + tile, static_cast<int>(blockIdx.x));
+    __syncthreads();
+  }
   float* dq_tile = dq + (static_cast<int64_t>(bh) * s.M + i0 + dq_row0) * s.d;
 #pragma unroll
   for (int p = 0; p < kPerWarp; ++p)
@@ -633,13 +636,18 @@ __device__ __forceinline__ void add_dq_tile(float* dq, int* turns, const SharedA
       const int row = g + 8 * (i % 4 / 2), col = dq_col0 + 16 * p + 8 * (i / 4) + 2 * t + i % 2;
       if (i0 + dq_row0 + row < s.M && col < s.d) {
         float* at = dq_tile + static_cast<int64_t>(row) * s.d + col;
-        store_coherent(at, load_coherent(at) + part[p][i / 4][i % 4]);
+        if constexpr (Atomic) atomicAdd(at, part[p][i / 4][i % 4]);
+        else store_coherent(at, load_coherent(at) + part[p][i / 4][i % 4]);
       }
     }
-  __threadfence();  // this block's sums are seen by the GPU before its turn passes on
+  if constexpr (!Atomic) __threadfence();  // this block's sums are seen by the GPU before its turn passes on
 }
 
 // ---------------------------------------------------------------- dK, dV (and dQ)
+// What the dK/dV kernel does with dQ: nothing (the split pair's dQ kernel forms it), add its
+// partials in turn (the same sums at every run), or add them by atomic adds.
+enum class DqAdd : int { none, in_turn, atomic };
+
 // Owned: K and V (16·MI key rows per warp); streamed: Q and dO. Scores are formed transposed
 // (keys × queries) so that Pᵀ and dSᵀ are already the A operands of dV += Pᵀ dO and dK += dSᵀ Q.
 //
@@ -650,13 +658,16 @@ __device__ __forceinline__ void add_dq_tile(float* dq, int* turns, const SharedA
 // dq in turn, block x after block x − 1 of the same batch-head (a flag per query tile counts the
 // turns), so the sum is the same at every run, with no atomics' order. On an H100 that measured
 // 1.6 to 3.6 times slower than the pair at BF16 and TF32 (a wait, two barriers, an L2 round trip
-// and a fence per query tile; bench/RESULTS.md): not the default.
-template <class M, class T, bool AddDq>
+// and a fence per query tile; bench/RESULTS.md): not the default. DqAdd::atomic adds the partials
+// with atomic adds instead, as FlashAttention-2 does: no block waits, but the order of the sums,
+// and so dq's last bits, may differ from run to run (`--flash-backward fused-atomic`, opt-in).
+template <class M, class T, DqAdd kDq>
 __global__ void __launch_bounds__(kBlock)
     flash_tc_dkdv_kernel(float* dk, float* dv, float* dq, int* turns, const typename M::Elem* dout,
                          const typename M::Elem* q, const typename M::Elem* k, const typename M::Elem* v,
                          const float* mask, const float* lse, const float* delta, TcShape s) {
   using E = typename M::Elem;
+  constexpr bool AddDq = kDq != DqAdd::none;
   constexpr int D = T::D, BQ = T::kStream, NT = BQ / 8, MI = T::MI, stride = T::kStride, BK = T::kOwnedRows;
   constexpr int k_base = 0, v_base = T::kOwned, qg_base = 2 * T::kOwned, ds_base = qg_base + 4 * T::kStreamed;
   constexpr int ds_stride = T::kDsStride;  // dS: BQ rows (queries) of BK keys
@@ -780,9 +791,10 @@ __global__ void __launch_bounds__(kBlock)
       for (int f = lane; f < BQ * T::kWarpRows; f += 32)
         smem[ds_base + f / T::kWarpRows * ds_stride + row0 + f % T::kWarpRows] = M::elem(0.f);
     }
-    if constexpr (AddDq) add_dq_tile<M, T, kPerWarp>(dq, turns, smem, ds_base, ds_stride, k_base, tile, width, s);
-    __syncthreads();  // this stage (and dS) is read no more: the next iteration's copy may fill it
     if constexpr (AddDq)
+      add_dq_tile<M, T, kPerWarp, kDq == DqAdd::atomic>(dq, turns, smem, ds_base, ds_stride, k_base, tile, width, s);
+    __syncthreads();  // this stage (and dS) is read no more: the next iteration's copy may fill it
+    if constexpr (kDq == DqAdd::in_turn)
       if (threadIdx.x == 0) pass_turn(turns + static_cast<int64_t>(bh) * tiles + tile, static_cast<int>(blockIdx.x) + 1);
   }
   const float one[2] = {1.f, 1.f};
@@ -885,10 +897,12 @@ constexpr bool two_fit_backward(FlashKernel kernel, int D, int rows) {
 }
 
 // Which backward tiles the fused kernel (dK/dV with dQ's pieces besides) takes without spilling
-// (ptxas, sm_90): TF32 at width 32 with 32 rows per warp and 64 streamed rows spills 4 bytes;
-// there the split pair runs.
-constexpr bool fused_fits(FlashKernel kernel, int D, int rows, int warp_tiles) {
-  return !(kernel == FlashKernel::tf32 && D == 32 && rows == 64 && warp_tiles == 2);
+// (ptxas, sm_90): TF32 at width 32 with 32 rows per warp and 64 streamed rows spills 4 bytes, and
+// so does BF16's atomic variant at width 32 with 32 rows per warp and 32 streamed rows; there the
+// split pair runs.
+constexpr bool fused_fits(FlashKernel kernel, int D, int rows, int warp_tiles, bool atomic) {
+  return !(kernel == FlashKernel::tf32 && D == 32 && rows == 64 && warp_tiles == 2) &&
+         !(atomic && kernel == FlashKernel::bf16 && D == 32 && rows == 32 && warp_tiles == 2);
 }
 
 // The most streamed rows a kernel's registers take without spilling (ptxas, sm_90): the split
@@ -1042,15 +1056,17 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
       const auto launch = [&](auto warp_tiles) {
         using T = TcTile<M, D, BS, decltype(warp_tiles)::value>;
         const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
-        const size_t fused_bytes = T::elements(2, true) * sizeof(typename M::Elem);
+        [[maybe_unused]] const size_t fused_bytes = T::elements(2, true) * sizeof(typename M::Elem);
         static_assert(T::elements(2, true) * sizeof(typename M::Elem) ==
                       tile_shared_bytes(kernel_of<M>(), D, BS, T::MI, 2, true));
         // the one decision, which the benchmarks' labels read too
-        constexpr bool fits = fused_fits(kernel_of<M>(), D, BS, T::MI);
+        constexpr bool fits = fused_fits(kernel_of<M>(), D, BS, T::MI, false),
+                       atomic_fits = fused_fits(kernel_of<M>(), D, BS, T::MI, true);
         const bool fused = dq && (dk || dv) && flash_backward_runs_fused(kernel_of<M>(), s.d);
+        const bool in_turn = fused && g_backward == FlashBackward::fused;
         const int64_t tiles = (s.M + BS - 1) / BS;
         // a flag per (batch-head, query tile): whose turn it is to add to that tile of dq
-        const Tensor turns = fused ? Tensor::zeros({BH * tiles}, DType::i32, Device::cuda) : Tensor();
+        const Tensor turns = in_turn ? Tensor::zeros({BH * tiles}, DType::i32, Device::cuda) : Tensor();
         for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
           const int64_t qo = first * s.M * s.width, ko = first * s.N * s.width, ro = first * s.M;
           const float* mc = m ? m + first / s.heads * s.N : nullptr;
@@ -1061,15 +1077,21 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
                       ke + ko, ve + ko, mc, lse.data<float>() + ro, delta.data<float>() + ro, s);
           };
           if constexpr (fits) {  // not compiled where it would spill
-            if (fused)
-              return launch_dkdv(flash_tc_dkdv_kernel<M, T, true>, fused_bytes, dq->data<float>() + first * s.M * s.d,
+            if (in_turn)
+              return launch_dkdv(flash_tc_dkdv_kernel<M, T, DqAdd::in_turn>, fused_bytes,
+                                 dq->data<float>() + first * s.M * s.d,
                                  const_cast<int*>(turns.data<int32_t>()) + first * tiles);
+          }
+          if constexpr (atomic_fits) {
+            if (fused && !in_turn)
+              return launch_dkdv(flash_tc_dkdv_kernel<M, T, DqAdd::atomic>, fused_bytes,
+                                 dq->data<float>() + first * s.M * s.d, nullptr);
           }
           if (dq)
             launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, count, T::kOwnedRows), bytes,
                       dq->data<float>() + first * s.M * s.d, ge + qo, qe + qo, ke + ko, ve + ko, mc,
                       lse.data<float>() + ro, delta.data<float>() + ro, s);
-          if (dk || dv) launch_dkdv(flash_tc_dkdv_kernel<M, T, false>, bytes, nullptr, nullptr);
+          if (dk || dv) launch_dkdv(flash_tc_dkdv_kernel<M, T, DqAdd::none>, bytes, nullptr, nullptr);
         });
       };
       if constexpr (two_fit_backward(kernel_of<M>(), D, BS)) {
@@ -1130,10 +1152,11 @@ int flash_backward_warp_rows(FlashKernel kernel, int d) {
 }
 
 bool flash_backward_runs_fused(FlashKernel kernel, int d) {
-  if (kernel == FlashKernel::fma || g_backward != FlashBackward::fused) return false;
+  if (kernel == FlashKernel::fma || g_backward == FlashBackward::split) return false;
   const int D = width_bound(d), rows = stream_rows(kernel, D, false), BS = rows == 128 ? 64 : rows;
   const int warp_tiles = flash_backward_warp_rows(kernel, d) / kRowsPerWarp;
-  return fused_fits(kernel, D, BS, warp_tiles) && tile_shared_bytes(kernel, D, BS, warp_tiles, 2, true) <= shared_limit();
+  return fused_fits(kernel, D, BS, warp_tiles, g_backward == FlashBackward::fused_atomic) &&
+         tile_shared_bytes(kernel, D, BS, warp_tiles, 2, true) <= shared_limit();
 }
 
 int flash_stream_rows(FlashKernel kernel, int d, bool forward) {
@@ -1145,7 +1168,7 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
   const auto add = [&](auto math, const char* math_name) {
     using M = decltype(math);
     constexpr FlashKernel kernel = kernel_of<M>();
-    // `flag`: the dK/dV kernel's AddDq ("" for the kernels without one)
+    // `flag`: the dK/dV kernel's DqAdd ("" for the kernels without one)
     const auto push = [&](const char* name, int D, int rows, int warp_tiles, int owned_tiles, bool with_ds = false,
                           const char* flag = "") {
       shapes.push_back({fmt::format("{}<{}, TcTile<{}, {}, {}, {}>{}>", name, math_name, math_name, D, rows,
@@ -1165,8 +1188,12 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
         for (int warp_tiles : {1, 2}) {
           if (warp_tiles == 2 && !two_fit_backward(kernel, D, rows)) continue;
           push("flash_tc_dq_kernel", D, rows, warp_tiles, 2);
-          push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, false, ", false");
-          if (fused_fits(kernel, D, rows, warp_tiles)) push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, true, ", true");
+          // the DqAdd argument as the demangled kernel name spells it
+          push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, false, ", (DqAdd)0");
+          if (fused_fits(kernel, D, rows, warp_tiles, false))
+            push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, true, ", (DqAdd)1");
+          if (fused_fits(kernel, D, rows, warp_tiles, true))
+            push("flash_tc_dkdv_kernel", D, rows, warp_tiles, 2, true, ", (DqAdd)2");
         }
       }
     }
