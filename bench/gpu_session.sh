@@ -23,8 +23,8 @@
 # summary.md.
 # tensor_core: the flash kernels' TFLOPS per kind of product (`cast bench flash`, with each
 # kernel's error against f64; at the default tiles, or at every tile shape with --sweep-tiles;
-# the tensor-core backward split and fused), the Text-preset step at every precision for every
-# mechanism (at tf32 and bf16 with the other backward too, and at bf16 with --recompute),
+# the tensor-core backward split, fused and fused-atomic), the Text-preset step at every precision for every
+# mechanism (at tf32 and bf16 with fused-atomic too, and at bf16 with --recompute),
 # PyTorch's at the same precisions, and the SASS's tensor-core instructions. parity: the default
 # task trained at fp32 and bf16 from three seeds each (`cast compare`).
 #
@@ -250,8 +250,10 @@ tests_stage() {
     set -f  # the filters' '*' are gtest's, not the shell's
     for filter in $(echo "$REAL_FILTERS" | tr ':' ' '); do
       [ "$filter" = "Emulation.*" ] && continue  # the emulated build's own tests: none on a GPU build
-      "$tests" --gtest_list_tests --gtest_filter="$filter" | grep -q "^  " ||
-        { echo "the pattern $filter matches no test" >> "$note"; return 1; }
+      # the listing read whole first: grep -q leaving early could end the lister by SIGPIPE
+      local listed
+      listed=$("$tests" --gtest_list_tests --gtest_filter="$filter")
+      grep -q "^  " <<< "$listed" || { echo "the pattern $filter matches no test" >> "$note"; return 1; }
     done
   fi
   "$tests" --gtest_filter="$GPU_FILTER" > "$TESTS_LOG" 2>&1
@@ -353,7 +355,7 @@ tensor_core_stage() {
   for p in ${precisions//,/ }; do
     "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
       --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-$p.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
-    # the tensor-core precisions again with the other backward (the fused kernel, or the split pair)
+    # the tensor-core precisions again with the other backward ($other_backward)
     [ "$p" = fp32 ] && continue
     "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
       --flash-backward "$other_backward" --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" \

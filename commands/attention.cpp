@@ -152,13 +152,14 @@ int command_attention(const std::vector<std::string>& argv) {
   const auto every = mechanism_rows(panels, block, approximation, head, offset);
   // finite weights whose forward overflows (a diverged run's) give weights that are no numbers:
   // refused, not drawn as blank panels with a NaN "moved" figure
+  const char* drawn[] = {"full", "clustered", "iclustered"};  // mechanism_rows' order
   for (size_t mi = 0; mi < every.size(); ++mi)
     for (const auto& row : every[mi])
       for (double w : row)
         CAST_CHECK(std::isfinite(w),
-                   "checkpoint {}: {}'s attention weights of layer {}, head {} on test example {} are not finite "
-                   "numbers (the model's forward overflows there); nothing drawn",
-                   args.str("checkpoint"), panels.mechanisms[mi], layer, head, index);
+                   "checkpoint {}: the attention weights of layer {}, head {} on test example {} ({} attention) are "
+                   "not finite numbers (the model's forward overflows there); nothing drawn",
+                   args.str("checkpoint"), layer, head, index, drawn[mi]);
   const int64_t side = run.task.image_side / m.patch;
   panels.columns = run.task.image_side > 0 ? side : 32;
   panels.title =

@@ -273,8 +273,6 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   cli::read_attention_options(args, {cli::AttentionOption::clusters, cli::AttentionOption::cluster_size}, sizes);
   const int64_t clusters = sizes.clusters, cluster_size = sizes.cluster_size;
   JsonLines json_out(args.str("json"), args.is_set("overwrite"));
-  fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
-             device_label(device), B, D, H, repeats, warmup, precision_note());
   auto layer_config = [&](const Variant& v, int64_t N) {
     nn::AttentionConfig c = v.config;
     c.dim = D;
@@ -293,6 +291,8 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
                             fmt::format("{} attention at N {} (batch {}, D {})", v.name, N, B, D),
                             "lower --lengths or --batch");
     }
+  fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
+             device_label(device), B, D, H, repeats, warmup, precision_note());
   for (const Variant& v : mechanisms)
     for (int64_t N : ns) cli::note_cluster_size_against(layer_config(v, N), N, fmt::format("--lengths {}", N));
   fmt::print("{:<12} {:>6} {:>12} {:>16} {:>12} {:>14}\n", "mechanism", "N", "forward ms", "fwd+bwd ms", "peak MiB",
@@ -808,7 +808,7 @@ int command_bench(const std::vector<std::string>& argv) {
     g_fp32_flash = kernel;
   }
   if (args.is_set("flash-backward") && what != "flash") {
-    const std::string backward = args.choice("flash-backward", {"split", "fused"});
+    const std::string backward = args.choice("flash-backward", {"split", "fused", "fused-atomic"});
     CAST_CHECK_USAGE(args.str("device") == "cuda", "--flash-backward {} chooses the GPU's backward: give --device cuda",
                      backward);
 #ifdef CAST_WITH_CUDA

@@ -265,7 +265,6 @@ int command_layer(const std::vector<std::string>& argv) {
   train::use_precision(args.str("precision"), device);
 
   const TensorFile file = read_safetensors(args.str("in"), "--in");
-  note_narrowed(file, dtype);
   const Tensor& x_raw = file.get("x");
   CAST_CHECK(x_raw.ndim() == 3, "{}: tensor 'x' must be (B, N, D), got shape {}", file.source,
              shape_str(x_raw.shape()));
@@ -278,6 +277,13 @@ int command_layer(const std::vector<std::string>& argv) {
                    "--seed draws the LSH planes and k-means of --attention clustered and iclustered, not of {}",
                    nn::mechanism_name(config.mechanism));
   config.dim = D;
+  // x's width and the weights' must agree before any flag is blamed for either
+  if (file.tensors.count("wq")) {
+    const Tensor& wq = file.get("wq");
+    CAST_CHECK(wq.ndim() == 2 && wq.dim(0) == D && wq.dim(1) == D,
+               "{}: tensor 'x' has width D = {} (shape {}), but 'wq' has shape {}, not [{}, {}]", file.source, D,
+               shape_str(x_raw.shape()), shape_str(wq.shape()), D, D);
+  }
   CAST_CHECK_USAGE(D % config.heads == 0, "--heads {} must divide the model dim D = {}", config.heads, D);
   if (config.mechanism == nn::Mechanism::cast && config.clusters <= 0) config.clusters = nn::default_clusters(N);
   CAST_CHECK_USAGE(config.mechanism == nn::Mechanism::full || config.clusters <= N,
@@ -285,7 +291,6 @@ int command_layer(const std::vector<std::string>& argv) {
   CAST_CHECK_USAGE(!args.is_set("topk") || config.topk <= N,
                    "--topk {} is more than the {} tokens of x in {}", config.topk, N, file.source);
   config.fused = !args.is_set("reference");
-  cli::note_cluster_size_against(config, N, fmt::format("x in {}", file.source));
   ops::set_cpu_gemm(args.is_set("reference") ? ops::CpuGemm::loops : ops::CpuGemm::blas);
 
   train::require_memory(
@@ -307,6 +312,9 @@ int command_layer(const std::vector<std::string>& argv) {
   write_safetensors(args.str("out"), out,
                     {{"attention", nn::mechanism_name(config.mechanism)}, {"made_by", "cast layer"}}, "--out");
   if (trace) trace->write_file();
+  // notes after the work, which may still have been refused: an error stays one line
+  note_narrowed(file, dtype);
+  cli::note_cluster_size_against(config, N, fmt::format("x in {}", file.source));
   note_overflow(out, file, dtype, D);
   fmt::print("cast layer: {} B={} N={} D={} H={}{} -> {}\n", nn::mechanism_name(config.mechanism), B, N, D, H,
              config.mechanism == nn::Mechanism::cast ? fmt::format(" C={}", C) : std::string(), args.str("out"));

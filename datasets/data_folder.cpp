@@ -84,11 +84,18 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
                    "data folder {0} holds files that cast did not generate; not writing into it (cast data --out {0} "
                    "--overwrite replaces them, or choose another folder)",
                    dir);
+  // each output where its folder exists (one in a folder still to be made is checked as it is
+  // written): before the lock file is made, so that a refusal leaves the folder as it was, and
+  // again once it is held
+  const auto check_outputs = [&] {
+    for (const std::string& out : outputs)
+      if (fs::is_directory(fs::path(out).parent_path(), ec)) files::output_target(out, "data file", files::Link::refuse);
+  };
+  check_outputs();
   files::make_writable_folder(dir, "data folder");
   // one writer at a time: never a folder a training or another cast data is using
   files::FolderLock lock(dir, "data folder");
-  for (const std::string& out : outputs)  // one in a folder still to be made is checked as it is written
-    if (fs::is_directory(fs::path(out).parent_path(), ec)) files::output_target(out, "data file", files::Link::refuse);
+  check_outputs();
   files::write_atomic(dir + "/" + kDataUnfinishedMark,
                       "cast data is writing this data set, or was stopped before it finished: run it again\n",
                       "data folder mark", files::Link::refuse);

@@ -166,7 +166,7 @@ outcome "train | head -c 1" "$problem"
 code=$? problem=""
 [ $code -eq 1 ] || problem="exit $code, not 1"
 grep -q "file too large" "$WORK/fsz.err" || problem="$problem; no 'file too large' line: $(cat "$WORK/fsz.err")"
-! compgen -G "$WORK/capped/*.tmp" > /dev/null || problem="$problem; a temporary file was left"
+! compgen -G "$WORK/capped/*.tmp" > /dev/null && ! compgen -G "$WORK/capped/.*.tmp" > /dev/null || problem="$problem; a temporary file was left"
 outcome "train under ulimit -f" "$problem"
 # The limit reached before the first checkpoint: no resume from a checkpoint that does not exist,
 # and no torn metrics line (the file ends with a whole one).

@@ -259,37 +259,78 @@ std::string json_message(const std::exception& e) {
   return shown;
 }
 
+namespace {
+// The SAX pass of parse_json_checking_keys: each open object's keys, the depth; no value is built.
+class KeyChecker final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit KeyChecker(JsonKeys& found) : found_(found) {}
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    open_.emplace_back();
+    return enter();
+  }
+  bool key(string_t& name) override {
+    if (!open_.back().insert(name).second && found_.duplicate.empty())
+      found_.duplicate = name, found_.duplicate_depth = depth_;
+    return true;
+  }
+  bool end_object() override {
+    open_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override { return enter(); }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    syntax_error = true;
+    return false;
+  }
+  bool syntax_error = false;
+
+ private:
+  bool enter() {
+    if (++depth_ > kMaxJsonDepth) found_.too_deep = true;
+    return !found_.too_deep;  // stops the pass: nothing deeper is walked
+  }
+  JsonKeys& found_;
+  std::vector<std::set<std::string>> open_;
+  int depth_ = 0;
+};
+}  // namespace
+
+nlohmann::json parse_json_checking_keys(const char* begin, const char* end, JsonKeys& keys) {
+  KeyChecker checker(keys);
+  nlohmann::json::sax_parse(begin, end, &checker);
+  if (keys.too_deep || (!checker.syntax_error && !keys.duplicate.empty())) return nullptr;
+  return nlohmann::json::parse(begin, end);  // a syntax error throws here, with the parser's message
+}
+
 nlohmann::json parse_json(const std::string& text, const std::string& where) {
   // The parser keeps the last of two equal keys without a word: {"steps": 2, "steps": 3000}
-  // would train 3000 steps. The keys of each object are collected as they are parsed.
+  // would train 3000 steps. The keys of each object are checked before the value is built.
   using json = nlohmann::json;
   // a NUL byte ends the text for some readers and not for others: no JSON file of ours has one
   const size_t nul = text.find('\0');
   CAST_CHECK(nul == std::string::npos, "{}: a NUL byte at offset {}: not a JSON text", where, nul);
   CAST_CHECK(text.find_first_not_of(" \t\r\n") != std::string::npos, "{}: empty, not a JSON text", where);
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  bool too_deep = false;
-  auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > kMaxJsonDepth) {  // not kept: the parser drops what the callback refuses
-      too_deep = true;
-      return false;
-    }
-    if (event == json::parse_event_t::object_start) open_objects.emplace_back();
-    else if (event == json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
-    else if (event == json::parse_event_t::key && !open_objects.empty() &&
-             !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
+  JsonKeys keys;
   json j;
   try {
-    j = json::parse(text, on_event);
+    j = parse_json_checking_keys(text.data(), text.data() + text.size(), keys);
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: not valid JSON: {}", where, json_message(e)));
   }
-  CAST_CHECK(!too_deep, "{}: a value nested more than {} levels deep", where, kMaxJsonDepth);
-  CAST_CHECK(duplicate.empty(), "{}: the key '{}' is given twice", where, duplicate);
+  CAST_CHECK(!keys.too_deep, "{}: a value nested more than {} levels deep", where, kMaxJsonDepth);
+  CAST_CHECK(keys.duplicate.empty(), "{}: the key '{}' is given twice", where, keys.duplicate);
   return j;
 }
 
@@ -331,7 +372,7 @@ static void check_folder_takes_files(const std::string& folder, const std::strin
 // stay: no output replaces or appends to it, even as root, whom the bits do not stop.
 static void check_not_read_only(const std::string& path, const struct stat& st, const std::string& what) {
   CAST_CHECK_USAGE(!S_ISREG(st.st_mode) || (st.st_mode & 0222) != 0,
-                   "{} {}: is read-only (mode {:04o}); not replacing a file made read-only (make it writable, or "
+                   "{} {}: is read-only (mode {:04o}); not writing to a file made read-only (make it writable, or "
                    "write elsewhere)",
                    what, path, st.st_mode & 07777);
 }
@@ -395,8 +436,6 @@ void check_may_replace(const std::string& path, const std::string& what, const s
     if (exists(folder_of(path))) output_target(path, what, Link::follow_once);
     return;
   }
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) check_not_read_only(path, st, what);
   const std::string head = head_of(path, what);
   if (head.empty() || head.find(mark) != std::string::npos) return;
   throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it ({})", what, path, kind, remedy));
@@ -408,6 +447,13 @@ void check_may_replace(const std::string& path, const std::string& what, const s
 // left: neither is ours to delete, so the next free name is taken. `tmp` receives the name.
 // A name the file system takes but whose temporary name it does not (a name of 252 to 255 bytes)
 // is written through a short one in the same folder, ".cast-<pid>.tmp".
+// A file written in place of `old` keeps its permission bits (not setuid, setgid or sticky), and,
+// written by root, its owner: a user's private 0600 file stays private and stays the user's.
+static void keep_mode_and_owner(int fd, const struct stat& old) {
+  if (::geteuid() == 0) (void)!::fchown(fd, old.st_uid, old.st_gid);
+  ::fchmod(fd, old.st_mode & 0777);
+}
+
 static Fd create_exclusive(const std::string& stem, std::string& tmp, const std::string& what,
                            const std::string& path) {
   std::string base = stem;
@@ -484,7 +530,7 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
   try {  // on any failure the temporary file goes and the old file stays as it was
     // the replacement keeps the old file's mode (a private 0600 stays private)
     struct stat old {};
-    if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode)) ::fchmod(fd.get(), old.st_mode & 07777);
+    if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode)) keep_mode_and_owner(fd.get(), old);
     write_all(fd.get(), bytes, what, path);
     CAST_CHECK(flush == Flush::with_folder || ::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path,
                reason(errno));
@@ -652,14 +698,16 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
 AppendFile::AppendFile(const std::string& path, bool truncate, const std::string& what) : path_(path), what_(what) {
   check_folder_takes_files(folder_of(path), what, path);
   struct stat old {};
-  if (::lstat(path.c_str(), &old) == 0) check_not_read_only(path, old, what);
-  const bool fresh = truncate && ::lstat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
+  const bool there = ::lstat(path.c_str(), &old) == 0;
+  if (there) check_not_read_only(path, old, what);
+  const bool fresh = truncate && there && S_ISREG(old.st_mode);
   // A new file replaces an old regular file by unlinking it, never by emptying it: the old
   // inode may have other names (a hard link) whose content must survive.
   if (fresh) CAST_CHECK(::unlink(path.c_str()) == 0, "{} {}: cannot replace it: {}", what, path, reason(errno));
   // O_NOFOLLOW: a planted link is refused; O_NONBLOCK: a FIFO with no reader fails, never waits
   const int flags = truncate ? O_EXCL : O_APPEND;
   fd_ = Fd(::open(path.c_str(), O_WRONLY | O_CREAT | flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644));
+  if (fd_.get() >= 0 && fresh) keep_mode_and_owner(fd_.get(), old);  // the new file in the old one's place
   if (fd_.get() < 0) {
     const int err = errno;
     struct stat st {};

@@ -71,7 +71,8 @@ class Fd {
 // Opens an input: a regular file (links followed), opened without blocking (a FIFO that slipped
 // in between the check and the open is refused too). The descriptor is blocking again on return.
 Fd open_input(const std::string& path, const std::string& what);
-// The whole of a regular file, refused before reading when larger than `max_bytes`.
+// The whole of a regular file, read to its end; refused when larger than `max_bytes` (before
+// reading where its size is known, else once the bytes read pass it).
 constexpr uint64_t kDefaultMaxBytes = uint64_t{1} << 32;
 std::string read_file(const std::string& path, const std::string& what, uint64_t max_bytes = kDefaultMaxBytes);
 // Calls fn(line, number) for each line of a regular file (without its '\n'; numbers from 1), read
@@ -85,6 +86,20 @@ nlohmann::json read_json(const std::string& path, const std::string& what);
 // or copying one a hundred thousand levels deep would overflow the stack.
 constexpr int kMaxJsonDepth = 32;
 nlohmann::json parse_json(const std::string& text, const std::string& where);
+// What parse_json_checking_keys found besides the value: the first key given twice in one object
+// (with its depth, 1 for the outermost object's keys), and nesting past kMaxJsonDepth.
+struct JsonKeys {
+  std::string duplicate;
+  int duplicate_depth = 0;
+  bool too_deep = false;
+};
+// The JSON text [begin, end) parsed, after one SAX pass that checks its keys and depth (the
+// parser itself keeps the last of two equal keys without a word). Both passes take linear time:
+// the parser's callback interface walks an object's members each time one of them ends, which is
+// quadratic in the members (a safetensors header of 40 000 tensors took 37 s). Where `keys`
+// reports a problem nothing is parsed and the value is null; a syntax error throws the parser's
+// exception.
+nlohmann::json parse_json_checking_keys(const char* begin, const char* end, JsonKeys& keys);
 // A JSON value for an error line: at most 60 characters of it, "..." where it was cut.
 std::string json_excerpt(const nlohmann::json& value);
 // The JSON library's message without its "[json.exception.parse_error.101] " prefix.

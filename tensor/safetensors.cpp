@@ -53,35 +53,21 @@ const Tensor& TensorFile::get(const std::string& name, DType dtype, const Shape&
 
 namespace {
 
-// The header as JSON. nlohmann keeps the last of two equal keys without a word, so the parser's
-// callback sees every key of every object first: a tensor name, or a key of the metadata or of
-// a tensor's entry, given twice is refused, not silently dropped.
+// The header as JSON. nlohmann keeps the last of two equal keys without a word, so every key of
+// every object is checked first: a tensor name, or a key of the metadata or of a tensor's entry,
+// given twice is refused, not silently dropped.
 json parse_header(const char* text, size_t size, const std::string& source) {
-  std::vector<std::set<std::string>> keys;  // of each object open at the moment
-  std::string duplicate;
-  int duplicate_depth = 0;
-  bool too_deep = false;
-  auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > files::kMaxJsonDepth) {  // dropped, and refused below
-      too_deep = true;
-      return false;
-    }
-    if (event == json::parse_event_t::object_start) keys.emplace_back();
-    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-        duplicate.empty())
-      duplicate = parsed.get<std::string>(), duplicate_depth = depth;
-    return true;
-  };
+  files::JsonKeys keys;
   json header;
   try {
-    header = json::parse(text, text + size, on_event);
+    header = files::parse_json_checking_keys(text, text + size, keys);
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: corrupt safetensors header: {}", source, files::json_message(e)));
   }
-  CAST_CHECK(!too_deep, "{}: corrupt safetensors header: a value nested more than {} levels deep", source,
+  CAST_CHECK(!keys.too_deep, "{}: corrupt safetensors header: a value nested more than {} levels deep", source,
              files::kMaxJsonDepth);
-  CAST_CHECK(duplicate.empty() || duplicate_depth != 1 || duplicate == "__metadata__",
+  const std::string& duplicate = keys.duplicate;
+  CAST_CHECK(duplicate.empty() || keys.duplicate_depth != 1 || duplicate == "__metadata__",
              "{}: tensor name '{}' appears twice in the header", source, duplicate);
   CAST_CHECK(duplicate.empty(), "{}: corrupt safetensors header: key '{}' appears twice in one of its objects", source,
              duplicate);

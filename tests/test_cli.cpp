@@ -629,6 +629,13 @@ TEST(Cli, NotesSayWhatRunsOtherwiseThanAsked) {
                               ": every CAST cluster holds every token (a size above 7 runs as 7)"),
             std::string::npos)
       << narrowed.out;
+  CliRun single = run("layer --in " + layer_in + " --out " + (dir / "s.safetensors").string() +
+                      " --attention cast --heads 2 --clusters 3 --cluster-size 9 --clustering satopk");
+  ASSERT_EQ(single.code, 0) << single.err;
+  EXPECT_NE(single.out.find("note: cluster size 9 is more than the 7 tokens of x in " + layer_in +
+                            " (a size above 7 runs as 7)"),
+            std::string::npos)
+      << single.out;
   CliRun wide = run("layer --in " + layer_in + " --out " + (dir / "o.safetensors").string() +
                     " --overwrite --attention cast --heads 2 --clusters 3 --cluster-size 3 --dtype f64");
   ASSERT_EQ(wide.code, 0) << wide.err;
@@ -676,7 +683,7 @@ TEST(Cli, AttentionRefusesWeightsThatAreNoNumbers) {
   CliRun r = run("attention --checkpoint " + ckpt + " --out " + svg + " --clusters 4 --topk 4");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_EQ(lines(r.err), 1) << r.err;
-  EXPECT_NE(r.err.find("attention weights of layer 1, head 1 on test example 0 are not finite numbers"),
+  EXPECT_NE(r.err.find("the attention weights of layer 1, head 1 on test example 0 (full attention) are not finite"),
             std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(svg));
@@ -695,6 +702,92 @@ TEST(Cli, ARecordedDataFolderIsNamedAsTheCheckpointsNotAsTyped) {
   EXPECT_NE(r.err.find("is the one checkpoint " + ckpt + " recorded; give --data to read another"), std::string::npos)
       << r.err;
   EXPECT_EQ(run("eval --checkpoint " + ckpt + " --data " + (dir / "moved").string()).code, 0);
+  fs::remove_all(dir);
+}
+
+// ---------------------------------------------------------------- the thirteenth attack (issue 41)
+// A run refused before it starts leaves what it found as it was: no lock file in a folder of the
+// user's, no new folder for a resume whose checkpoint is refused.
+TEST(Cli, ARefusedRunLeavesNoTrace) {
+  const fs::path dir = lifecycle_dir("no_trace");
+  const fs::path mine = dir / "mine";
+  fs::create_directories(mine);
+  { std::ofstream(mine / "metrics.jsonl") << "my own notes\n"; }
+  CliRun own = run(tiny_train(dir, "mine", 2));
+  EXPECT_EQ(own.code, 2) << own.err;
+  EXPECT_FALSE(fs::exists(mine / ".cast.lock")) << "a refused run left its lock file";
+  EXPECT_EQ(slurp((mine / "metrics.jsonl").string()), "my own notes\n");
+  ASSERT_EQ(run(tiny_train(dir, "base", 2)).code, 0);
+  const std::string ckpt = (dir / "base" / "checkpoint.safetensors").string();
+  cast::TensorFile f = cast::read_safetensors(ckpt);
+  f.tensors.rbegin()->second.data<float>()[0] = std::nanf("");
+  cast::write_safetensors(ckpt, f.tensors, f.metadata);
+  CliRun nan = run("train --resume " + ckpt + " --run " + (dir / "branch").string() + " --steps 4");
+  EXPECT_EQ(nan.code, 1) << nan.err;
+  EXPECT_FALSE(fs::exists(dir / "branch")) << "a resume refused for its checkpoint made the new folder";
+  EXPECT_EQ(nan.out.find("cast train:"), std::string::npos) << "the run's header came before its error: " << nan.out;
+  // cast data, refused for a link where a data file goes (--overwrite or not)
+  const fs::path data = dir / "linked";
+  fs::create_directories(data);
+  { std::ofstream(dir / "elsewhere.tsv") << "mine\n"; }
+  fs::create_symlink(dir / "elsewhere.tsv", data / "basic_train.tsv");
+  CliRun linked = run("data listops-short --count 40 --overwrite --out " + data.string());
+  EXPECT_EQ(linked.code, 2) << linked.err;
+  EXPECT_FALSE(fs::exists(data / ".cast.lock")) << "a refused cast data left its lock file";
+  EXPECT_EQ(slurp((dir / "elsewhere.tsv").string()), "mine\n");
+  fs::remove_all(dir);
+}
+
+// A checkpoint's model settings hold nothing the model does not read.
+TEST(Cli, AModelSettingNoModelReadsIsRefused) {
+  const fs::path dir = lifecycle_dir("model_key");
+  ASSERT_EQ(run(tiny_train(dir, "base", 2)).code, 0);
+  const std::string ckpt = (dir / "base" / "checkpoint.safetensors").string();
+  cast::TensorFile f = cast::read_safetensors(ckpt);
+  nlohmann::json model = nlohmann::json::parse(f.metadata.at("model"));
+  model["zzz"] = 1;
+  f.metadata["model"] = model.dump();
+  cast::write_safetensors(ckpt, f.tensors, f.metadata);
+  CliRun r = run("eval --checkpoint " + ckpt);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("'zzz' is no setting of a model"), std::string::npos) << r.err;
+  model.erase("zzz");
+  model["attention"]["zzz"] = 1;
+  f.metadata["model"] = model.dump();
+  cast::write_safetensors(ckpt, f.tensors, f.metadata);
+  CliRun group = run("eval --checkpoint " + ckpt);
+  EXPECT_NE(group.err.find("'attention' holds 'zzz', no setting of attention"), std::string::npos) << group.err;
+  fs::remove_all(dir);
+}
+
+TEST(Cli, ADoubleDashIsNoValue) {
+  const fs::path dir = lifecycle_dir("double_dash");
+  CliRun run_dash = run("train --run -- --steps 1 --data " + (dir / "listops").string());
+  EXPECT_EQ(run_dash.code, 2) << run_dash.err;
+  EXPECT_NE(run_dash.err.find("--run needs a value, and -- is an option"), std::string::npos) << run_dash.err;
+  EXPECT_FALSE(fs::exists("--"));
+  fs::remove_all(dir);
+}
+
+// cast layer: an error is one line (no note about a pass that never ran), and x's width against
+// the weights' is blamed on them, not on --heads.
+TEST(Cli, LayerErrorsAreOneLineAndBlameTheTensors) {
+  const fs::path dir = lifecycle_dir("layer_errors");
+  const std::string in = std::string(CAST_TEST_DATA_DIR) + "/layer_cast.safetensors";
+  CliRun heads = run("layer --in " + in + " --out " + (dir / "o.safetensors").string() + " --attention cast --heads 3");
+  EXPECT_EQ(heads.code, 2) << heads.err;
+  EXPECT_EQ(lines(heads.err), 1) << heads.err;
+  EXPECT_EQ(heads.out, "") << heads.out;
+  cast::TensorFile f = cast::read_safetensors(std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors");
+  f.tensors["x"] = cast::Tensor::zeros({2, 8, 7}, cast::DType::f64);
+  const std::string wrong = (dir / "wrong.safetensors").string();
+  cast::write_safetensors(wrong, f.tensors, f.metadata);
+  CliRun width = run("layer --in " + wrong + " --out " + (dir / "o.safetensors").string() + " --attention full --heads 2");
+  EXPECT_EQ(width.code, 1) << width.err;
+  EXPECT_NE(width.err.find("tensor 'x' has width D = 7 (shape [2, 8, 7]), but 'wq' has shape [8, 8], not [7, 7]"),
+            std::string::npos)
+      << width.err;
   fs::remove_all(dir);
 }
 

@@ -942,7 +942,7 @@ TEST(CliAttack, OutputsNeverGoIntoTheDataAndFlagsNoMechanismReadsAreRefused) {
            {"layer --in " + layer_in + " --out " + d + "/o.st --attention full --heads 2 --seed 3",
             "--seed draws the LSH planes and k-means of --attention clustered and iclustered, not of full"},
            {"bench attention --device cpu --lengths 16 --dim 16 --heads 2 --mechanisms full --clusters 4",
-            "--clusters is an option of --mechanisms cast and clustered and iclustered, not of full"},
+            "--clusters is an option of --mechanisms cast-topk, cast-satopk and clustered and iclustered, not of full"},
            {"train --data " + data + " --run " + d + "/t --attention iclustered --topk 1000" + kTiny,
             "setting 'topk' is 1000: more than the"},
            {"train --data " + data + " --run " + d + "/w --weight-decay 1e3" + kTiny,

@@ -298,9 +298,10 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
   try {
     run.task = load_task(run.checkpoint.config, false);
   } catch (const Error& e) {
-    if (!data_dir.empty()) throw;  // the folder the user gave is named as given
-    // the folder the checkpoint recorded, which the user did not type: said whose it is
+    // the folder the user gave is named as given; the folder the checkpoint recorded, which the
+    // user did not type, is said to be the checkpoint's
     const std::string folder = data_folder(run.checkpoint.config);
+    if (!data_dir.empty() || folder.empty()) throw;
     const std::string why = fmt::format(
         "{} (the data folder {} is the one checkpoint {} recorded{}; give --data to read another)", e.what(), folder,
         path, std::filesystem::path(folder).is_relative() ? ", relative to the folder its run was started in" : "");

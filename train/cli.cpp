@@ -85,7 +85,8 @@ bool Args::parse(const std::vector<std::string>& argv) {
       CAST_USAGE_CHECK(i + 1 < argv.size(), "--{} needs a value", name);
       value = argv[++i];
       // `--out --seed 3`: the value was forgotten, not a folder named --seed
-      CAST_USAGE_CHECK(!(value.rfind("--", 0) == 0 && specs_.count(value.substr(2, value.find('=') - 2))),
+      // (and `--run --`: "--" alone, which no command takes, is no value either)
+      CAST_USAGE_CHECK(!(value.rfind("--", 0) == 0 && (value == "--" || specs_.count(value.substr(2, value.find('=') - 2)))),
                        "--{} needs a value, and {} is an option (for a value that starts with --, write --{}={})", name,
                        value, name, value);
     }

@@ -196,32 +196,26 @@ void check_new_run_files(const TrainConfig& c) {
                    c.run_dir);
 }
 
-RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
-  // a run among the data it reads: a later cast data there would replace the data under it
-  files::check_not_inside(c.run_dir, "run folder", data_folder(c), "data folder");
-  // nor among another data set's files, at any depth: cast data there would replace the run's
-  const std::string set = data_set_around(c.run_dir);
-  CAST_CHECK_USAGE(set.empty(), "run folder {}: is inside the data set {}, whose files only cast data writes: choose "
-                   "another --run", c.run_dir, set);
-  check_not_in_a_comparison(c.run_dir);
-  files::make_writable_folder(c.run_dir, "run folder");
-  RunFolder folder;
-  folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed
+namespace {
+
+// Every check of the run's files that may refuse the run, and (act) what the run then removes:
+// true where the run resumes in its checkpoint's own folder.
+bool check_run_files(const TrainConfig& c, const std::string& resume_from, int64_t resume_step, bool act) {
   for (const char* name :
        {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg", "/metrics.jsonl"})
     files::output_target(c.run_dir + name, "run file", files::Link::refuse);  // a FIFO or link there: refused now
   const std::string checkpoint = c.run_dir + "/checkpoint.safetensors";
   // Resuming into the checkpoint's own folder continues that run; any other folder is a new
   // home, under the same rule as a new run's.
-  folder.in_place = !resume_from.empty() && files::same_file(folder_of(resume_from), c.run_dir);
-  if (folder.in_place) {
+  const bool in_place = !resume_from.empty() && files::same_file(folder_of(resume_from), c.run_dir);
+  if (in_place) {
     // --overwrite replaces a run; resuming in place keeps it: the two together name no one action
     CAST_CHECK_USAGE(!c.overwrite,
                      "--overwrite with --resume {}: resuming into the checkpoint's own folder continues that run and "
                      "replaces none of it; drop --overwrite, or start a new run there with --overwrite and no --resume",
                      resume_from);
     check_resume_goes_forward(c, resume_from, resume_step);
-    return folder;
+    return true;
   }
   // a finished run copied elsewhere with no step to train would only be evaluated again
   const std::string source = folder_of(resume_from);
@@ -236,13 +230,35 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
                      c.run_dir, checkpoint, checkpoint);
     // the old run's files, never to be mistaken for the new one's (a new run that fails before
     // its first checkpoint must not point at the old run's as its own)
-    for (const char* stale : {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg"})
-      std::filesystem::remove(c.run_dir + stale);
-    return folder;
+    if (act)
+      for (const char* stale : {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg"})
+        std::filesystem::remove(c.run_dir + stale);
+    return false;
   }
   check_new_run_files(c);
   // --overwrite said so: a best checkpoint no run here wrote is not left beside the new run's files
-  if (c.overwrite) std::filesystem::remove(c.run_dir + "/best.safetensors");
+  if (act && c.overwrite) std::filesystem::remove(c.run_dir + "/best.safetensors");
+  return false;
+}
+
+}  // namespace
+
+RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
+  // a run among the data it reads: a later cast data there would replace the data under it
+  files::check_not_inside(c.run_dir, "run folder", data_folder(c), "data folder");
+  // nor among another data set's files, at any depth: cast data there would replace the run's
+  const std::string set = data_set_around(c.run_dir);
+  CAST_CHECK_USAGE(set.empty(), "run folder {}: is inside the data set {}, whose files only cast data writes: choose "
+                   "another --run", c.run_dir, set);
+  check_not_in_a_comparison(c.run_dir);
+  files::check_output_folder(c.run_dir, "run folder");
+  // what would refuse the run is checked before the folder is made or locked, so that a refusal
+  // leaves it as it was (no lock file in a user's folder), and again once it is held
+  if (files::exists(c.run_dir)) check_run_files(c, resume_from, resume_step, /*act=*/false);
+  files::make_writable_folder(c.run_dir, "run folder");
+  RunFolder folder;
+  folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed
+  folder.in_place = check_run_files(c, resume_from, resume_step, /*act=*/true);
   return folder;
 }
 

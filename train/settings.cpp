@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "tensor/files.h"
 #include "tensor/text.h"
@@ -615,13 +616,21 @@ nn::ModelConfig model_from_json(const json& j) {
     const int64_t seed = stored_integer(j, "seed");
     if (seed < 0) throw Error(fmt::format("model config: 'seed' is {}", seed));
     m.seed = static_cast<uint64_t>(seed);
+    // every key is one this reads (or read under an older spelling): an edited or foreign field
+    // is refused, not ignored
+    std::set<std::string> top = {"vocab", "classes", "dual", "seed", "attention"}, group_keys;
     for (const Setting& s : settings()) {
       if (s.home == Home::run) continue;
       const json& group = s.home == Home::attention ? j.at("attention") : j;
+      (s.home == Home::attention ? group_keys : top).insert({model_key(s), s.old.key ? s.old.key : model_key(s)});
       const json v = stored_value(group, s);
       if (s.kind == Kind::integer) s.set(c, json(stored_integer(json{{s.name, v}}, s.name)));
       else set_from_json(c, s, v);
     }
+    for (const auto& [key, value] : j.items())
+      CAST_CHECK(top.count(key), "model config: '{}' is no setting of a model", key);
+    for (const auto& [key, value] : j.at("attention").items())
+      CAST_CHECK(group_keys.count(key), "model config: 'attention' holds '{}', no setting of attention", key);
   } catch (const json::exception& e) {
     throw Error(fmt::format("model config: a field is missing or of the wrong type ({})", files::json_message(e)));
   }

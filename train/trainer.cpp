@@ -303,6 +303,9 @@ RunCost cost_now(const Run& run) {
 
 // After a failed write: which checkpoint the run continues from, and how; or that it starts again.
 std::string how_to_continue(const Run& run) {
+  if (!files::exists(run.checkpoint) && !files::exists(run.c.run_dir))  // moved away: the same command finds nothing
+    return no_checkpoint_at(run.checkpoint) +
+           ": resume from its checkpoint where the folder is now (cast train --resume <there>/checkpoint.safetensors)";
   if (!files::exists(run.checkpoint))
     return run.c.resume_command.empty()
                ? no_checkpoint_at(run.checkpoint) + ": run the same command again"
@@ -314,10 +317,22 @@ std::string how_to_continue(const Run& run) {
 
 // Every checkpoint is checked finite before it is written: an update that overflowed stops
 // the run here, and the file on disk stays the last good one.
+// What a second Ctrl-C (the process stopped at once) leaves to continue from: the checkpoint,
+// once one is written; before that, the same command again.
+void note_for_a_second_signal(const Run& run) {
+  if (files::exists(run.checkpoint))
+    set_second_signal_note(
+        fmt::format(": the last checkpoint written ({}) is whole; resume with: {}", run.checkpoint, resume_with(run)));
+  else
+    set_second_signal_note(fmt::format(": no checkpoint was written yet; run the same command again{}",
+                                       run.c.resume_command.empty() ? "" : " (" + run.c.resume_command + ")"));
+}
+
 void save(const Run& run, const std::string& path) {
   try {
     save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window,
                     run.data);
+    if (path == run.checkpoint) note_for_a_second_signal(run);
   } catch (const NonFiniteCheckpoint& e) {
     throw Error(fmt::format("step {}: the update made a parameter or moment non-finite ({}); training stopped. {}",
                             run.step, e.what(), last_good_checkpoint(run.checkpoint)));
@@ -603,6 +618,9 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   choose_compute(run);
   if (run.c.run_dir.empty()) run.c.run_dir = default_run_dir(run.c);
   check_task_fits(run);  // before the folder is touched
+  // the checkpoint read whole (a non-finite value, another model: refused) before the folder is
+  // made or locked, or the run's header printed
+  build_model(run, resume_from);
   RunFolder folder = prepare_run_folder(run.c, resume_from, run.start_step);  // before any step is spent
   run.folder_lock = std::move(folder.lock);
   if (run.c.on_start) run.c.on_start(run.c, run.device);
@@ -611,9 +629,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   if (!quiet) note_batch_over_set(run.c, static_cast<int64_t>(run.task.train.size()));
   const bool in_place = folder.in_place;
   run.checkpoint = run.c.run_dir + "/checkpoint.safetensors";
-  set_second_signal_note(fmt::format(": the last checkpoint written ({}, if any) is whole; resume with: {}",
-                                     run.checkpoint, resume_with(run)));
-  build_model(run, resume_from);
+  note_for_a_second_signal(run);
 
   run.terminal = !quiet && isatty(STDOUT_FILENO);
   if (run.start_step > 0) continue_run_files(resume_from, run.start_step, run.c.run_dir, in_place);
