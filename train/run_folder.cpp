@@ -251,10 +251,16 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   CAST_CHECK_USAGE(set.empty(), "run folder {}: is inside the data set {}, whose files only cast data writes: choose "
                    "another --run", c.run_dir, set);
   check_not_in_a_comparison(c.run_dir);
-  files::check_output_folder(c.run_dir, "run folder");
-  // what would refuse the run is checked before the folder is made or locked, so that a refusal
-  // leaves it as it was (no lock file in a user's folder), and again once it is held
-  if (files::exists(c.run_dir)) check_run_files(c, resume_from, resume_step, /*act=*/false);
+  // What would refuse the run is checked before the folder is made or locked, so that a refusal
+  // leaves it as it was (no lock file in a user's folder), and again once it is held. First what
+  // the folder is: one that takes no files, or one another cast process holds, is said as such
+  // rather than as its files (the probe of a free lock takes it and lets it go).
+  if (files::exists(c.run_dir)) {
+    files::make_writable_folder(c.run_dir, "run folder");
+    if (files::exists(c.run_dir + "/.cast.lock") && !files::held_here(c.run_dir))
+      files::FolderLock probe(c.run_dir, "run folder");
+    check_run_files(c, resume_from, resume_step, /*act=*/false);
+  }
   files::make_writable_folder(c.run_dir, "run folder");
   RunFolder folder;
   folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed
