@@ -121,6 +121,23 @@ void check_option_read_by(const std::string& option, const std::vector<nn::Mecha
   }
 }
 
+void note_unread_config_options(const nlohmann::json& file, const std::vector<nn::Mechanism>& mechanisms,
+                                const std::string& config) {
+  if (!file.is_object()) return;
+  for (const auto& [option, readers_of] : option_readers()) {
+    if (!file.contains(option)) continue;
+    bool read = false;
+    for (nn::Mechanism m : mechanisms)
+      read = read || std::find(readers_of.begin(), readers_of.end(), m) != readers_of.end();
+    if (read) continue;
+    std::vector<std::string> names, given;
+    for (nn::Mechanism m : readers_of) names.push_back(nn::mechanism_name(m));
+    for (nn::Mechanism m : mechanisms) given.push_back(nn::mechanism_name(m));
+    fmt::print("note: {}: '{}' is an option of attention {}; it changes nothing for {}\n", config, option,
+               fmt::join(names, " and "), fmt::join(given, ", "));
+  }
+}
+
 void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms,
                                  const char* selector) {
   for (const auto& [option, readers_of] : option_readers())

@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "train/cli.h"
 #include "nn/attention.h"
 
@@ -45,6 +47,11 @@ void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechani
 // option none of `mechanisms` reads is refused; any other option passes.
 void check_option_read_by(const std::string& option, const std::vector<nn::Mechanism>& mechanisms,
                           const std::string& given_as = "", const char* selector = "--attention");
+
+// The keys of a settings file that are options of mechanisms none of `mechanisms` reads, said in
+// one note line each. Not refused, as such flags are: one file may serve several mechanisms.
+void note_unread_config_options(const nlohmann::json& file, const std::vector<nn::Mechanism>& mechanisms,
+                                const std::string& config);
 
 // CAST's cluster size against the `tokens` of `of_what` ("the longest sequence"): a size above
 // them runs as their count, and with Top-K a size at least their count puts every token in every

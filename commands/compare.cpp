@@ -163,6 +163,7 @@ int command_compare(const std::vector<std::string>& argv) {
                      config);
   }
   check_config_settings(spec.task, spec.settings, config);
+  const json config_file = spec.settings;  // the file's own keys, before the flags join them
   const json flags = train::settings_from_flags(args);
   for (auto& [k, v] : flags.items()) spec.settings[k] = v;
   spec.settings.erase("attention");
@@ -174,6 +175,14 @@ int command_compare(const std::vector<std::string>& argv) {
     if (!attention_from_file) throw;
     throw UsageError(fmt::format("{}: setting 'attention': {}", config, e.what()));
   }
+  // a key of --config that none of the compared mechanisms reads: said (one file may serve several)
+  std::vector<nn::Mechanism> mechanisms;
+  for (const auto& [name, settings] : spec.variants) {
+    const json& chosen = settings.contains("attention") ? settings["attention"] : spec.settings.value("attention", json());
+    mechanisms.push_back(chosen.is_string() ? usage_mechanism(chosen.get<std::string>())
+                                            : train::preset(spec.task).model.attention.mechanism);
+  }
+  cli::note_unread_config_options(config_file, mechanisms, config);
   spec.seeds = seeds_of(args.str("seeds"));
   spec.out_dir = args.is_set("out") ? args.str("out") : default_out;
   spec.overwrite = args.is_set("overwrite");

@@ -112,6 +112,11 @@ int command_train(const std::vector<std::string>& argv) {
     config.trace = &*trace;
   }
   cli::check_options_of_mechanisms(args, {config.model.attention.mechanism});
+  // --config's keys that the run's mechanism does not read: said, not refused (one file may serve
+  // several mechanisms)
+  if (args.str("resume").empty() && !args.str("config").empty())
+    cli::note_unread_config_options(train::read_settings_file(args.str("config")), {config.model.attention.mechanism},
+                                    args.str("config"));
   config.on_start = [](const train::TrainConfig& c, Device device) {
     fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}{}\n",
                c.task, nn::mechanism_name(c.model.attention.mechanism), c.model.layers, c.model.dim, c.model.heads,

@@ -791,6 +791,57 @@ TEST(Cli, LayerErrorsAreOneLineAndBlameTheTensors) {
   fs::remove_all(dir);
 }
 
+// ---------------------------------------------------------------- the fourteenth attack (issue 41)
+// A mechanism's option in --config that the run's mechanism does not read is said in a note (a
+// file may serve several mechanisms, so it is not refused as the same flag is), on train and on
+// compare over every mechanism it compares.
+TEST(Cli, ConfigOptionsNoMechanismReadsAreNoted) {
+  const fs::path dir = lifecycle_dir("config_options");
+  const std::string cfg = (dir / "mech.json").string();
+  { std::ofstream(cfg) << R"({"attention": "full", "clustering": "satopk"})"; }
+  CliRun train = run(tiny_train(dir, "t", 2) + " --config " + cfg);
+  EXPECT_EQ(train.code, 0) << train.err;
+  EXPECT_NE(train.out.find("note: " + cfg + ": 'clustering' is an option of attention cast; it changes nothing for full"),
+            std::string::npos)
+      << train.out;
+  const std::string only = (dir / "only.json").string();
+  { std::ofstream(only) << R"({"topk": 5, "clustering": "satopk"})"; }
+  CliRun compare = run("compare --data " + (dir / "listops").string() + " --out " + (dir / "c").string() +
+                       " --attention full,cast --config " + only +
+                       " --steps 1 --dim 8 --heads 2 --layers 1 --mlp-dim 8 --eval-limit 4 --batch 4");
+  EXPECT_EQ(compare.code, 0) << compare.err;
+  EXPECT_NE(compare.out.find("note: " + only + ": 'topk' is an option of attention iclustered; it changes nothing for full, cast"),
+            std::string::npos)
+      << compare.out;
+  EXPECT_EQ(compare.out.find("'clustering' is an option"), std::string::npos) << "cast reads it: " << compare.out;
+  fs::remove_all(dir);
+}
+
+// A checkpoint without a required field names the file once; a file of the user's named
+// checkpoint.safetensors is not called a run to resume.
+TEST(Cli, CheckpointMessagesNameTheFileOnceAndGiveAdviceThatWorks) {
+  const fs::path dir = lifecycle_dir("ckpt_messages");
+  ASSERT_EQ(run(tiny_train(dir, "base", 2)).code, 0);
+  const std::string ckpt = (dir / "base" / "checkpoint.safetensors").string();
+  cast::TensorFile f = cast::read_safetensors(ckpt);
+  f.metadata.erase("step");
+  const std::string no_step = (dir / "no_step.safetensors").string();
+  cast::write_safetensors(no_step, f.tensors, f.metadata);
+  CliRun eval = run("eval --checkpoint " + no_step);
+  EXPECT_EQ(eval.code, 1) << eval.err;
+  EXPECT_NE(eval.err.find(no_step + ": not a cast checkpoint (no 'step' metadata)"), std::string::npos) << eval.err;
+  EXPECT_EQ(eval.err.find(no_step), eval.err.rfind(no_step)) << "the path is given twice: " << eval.err;
+  fs::create_directories(dir / "mine");
+  { std::ofstream(dir / "mine" / "checkpoint.safetensors") << "my notes\n"; }
+  CliRun mine = run(tiny_train(dir, "mine", 2));
+  EXPECT_EQ(mine.code, 2) << mine.err;
+  EXPECT_NE(mine.err.find("which cannot be read as a cast checkpoint; not replacing it"), std::string::npos)
+      << mine.err;
+  EXPECT_EQ(mine.err.find("--resume"), std::string::npos) << mine.err;
+  EXPECT_EQ(slurp((dir / "mine" / "checkpoint.safetensors").string()), "my notes\n");
+  fs::remove_all(dir);
+}
+
 TEST(Cli, ResumingACopyInAReadOnlyFolderFailsBeforeTrainingAndTouchesNothing) {
   const fs::path dir = lifecycle_dir("resume_read_only");
   ASSERT_EQ(run(tiny_train(dir, "base", 4)).code, 0);

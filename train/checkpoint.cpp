@@ -162,7 +162,8 @@ Checkpoint read_checkpoint_header(const std::string& path) {
     return it->second;
   };
   CAST_CHECK(get("format") == kFormat, "{}: unsupported checkpoint format '{}'", path, get("format"));
-  for (const char* key : {"train", "model"}) get(key);  // missing: said once, not as corrupt metadata
+  // missing: said once, not inside a "corrupt metadata" message
+  for (const char* key : {"train", "model", "step", "rng_offset", "best_val"}) get(key);
   Checkpoint ck;
   try {
     json train = files::parse_json(get("train"), "'train' metadata");

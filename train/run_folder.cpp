@@ -5,6 +5,7 @@
 
 #include "datasets/data.h"
 #include "tensor/files.h"
+#include "train/checkpoint.h"
 #include "train/tasks.h"
 
 namespace cast::train {
@@ -224,6 +225,19 @@ bool check_run_files(const TrainConfig& c, const std::string& resume_from, int64
                    "--checkpoint {}, or train on into --run {} with a larger --steps",
                    source, resume_step, c.steps, resume_from, c.run_dir);
   if (std::filesystem::exists(checkpoint)) {
+    if (!c.overwrite) {
+      // advice to resume holds for a cast checkpoint only, not a file of the user's of that name
+      bool readable = true;
+      try {
+        read_checkpoint_header(checkpoint);
+      } catch (const Error&) {
+        readable = false;
+      }
+      CAST_CHECK_USAGE(readable,
+                       "run folder {}: holds {}, which cannot be read as a cast checkpoint; not replacing it (move it "
+                       "away or choose another --run; --overwrite replaces it)",
+                       c.run_dir, checkpoint);
+    }
     CAST_CHECK_USAGE(c.overwrite,
                      "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
                      "--run, or pass --overwrite to replace it",
