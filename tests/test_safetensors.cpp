@@ -171,9 +171,10 @@ TEST(SafeTensors, DuplicateNamesAndOverlappingRangesAreRefused) {
 }
 
 // A header of very many entries parses in time linear in its size: the JSON parser's callback
-// interface walked the header's members each time one ended (40 000 empty tensors took 37 s,
-// 200 000 ran past a minute). 200 000 entries parse in well under a second now; the bound only
-// tells a hang from a parse.
+// interface walked the header's members each time one ended (40 000 empty tensors took 37 s, so
+// 200 000 would take about 15 minutes). 200 000 entries parse in under a second now (8.6 s for
+// the whole test in a loaded CI, 37 s in its emulated build); the bound, far above either, only
+// tells a hang from a parse, and says nothing of speed.
 TEST(SafeTensors, AHeaderOfManyEntriesIsNoHang) {
   std::string header = "{";
   for (int i = 0; i < 200000; ++i)
@@ -185,7 +186,7 @@ TEST(SafeTensors, AHeaderOfManyEntriesIsNoHang) {
   const auto t0 = std::chrono::steady_clock::now();
   const TensorFile f = parse_safetensors(bytes.data(), bytes.size(), "many.safetensors");
   EXPECT_EQ(f.tensors.size(), 200000u);
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 300.0);
   // the key checks still run: a name given twice among them is refused
   const std::string twice = "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
                             "\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}";
