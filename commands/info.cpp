@@ -62,7 +62,7 @@ int command_info(const std::vector<std::string>& argv) {
   args.example("cast info --kernels");
   if (!args.parse(argv)) return 0;
   CAST_CHECK_USAGE(!(args.is_set("fast-paths") && args.is_set("kernels")),
-                   "info: --fast-paths and --kernels print different tables; give one of them");
+                   "--fast-paths and --kernels print different tables; give one of them");
   if (args.is_set("fast-paths")) {
     print_fast_paths();
     return 0;

@@ -842,6 +842,32 @@ TEST(Cli, CheckpointMessagesNameTheFileOnceAndGiveAdviceThatWorks) {
   fs::remove_all(dir);
 }
 
+// ---------------------------------------------------------------- the fifteenth attack (issue 41)
+// Metrics records a stopped run wrote after its checkpoint are dropped on resume, as documented,
+// and a note says so; a settings value of the wrong type says which type is expected.
+TEST(Cli, DroppedRecordsAndWrongTypesAreSaid) {
+  const fs::path dir = lifecycle_dir("dropped");
+  ASSERT_EQ(run(tiny_train(dir, "base", 3)).code, 0);
+  const std::string metrics = (dir / "base" / "metrics.jsonl").string();
+  {  // what a process killed at step 5 would have appended after the checkpoint of step 3
+    std::ofstream more(metrics, std::ios::app);
+    more << R"({"step": 4, "split": "train", "loss": 2.0, "accuracy": 0.0})" << '\n'
+         << R"({"step": 5, "split": "train", "loss": 2.0, "accuracy": 0.0})" << '\n';
+  }
+  CliRun r = run("train --resume " + (dir / "base" / "checkpoint.safetensors").string() + " --steps 6");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("note: 2 metrics records after step 3 (the checkpoint's) are left out"), std::string::npos)
+      << r.out;
+  const std::string cfg = (dir / "bad.json").string();
+  { std::ofstream(cfg) << R"({"recompute": "yes"})"; }
+  CliRun wrong = run(tiny_train(dir, "w", 2) + " --config " + cfg);
+  EXPECT_EQ(wrong.code, 2) << wrong.err;
+  EXPECT_NE(wrong.err.find("setting 'recompute' has the wrong type: \"yes\", where true or false is expected"),
+            std::string::npos)
+      << wrong.err;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, ResumingACopyInAReadOnlyFolderFailsBeforeTrainingAndTouchesNothing) {
   const fs::path dir = lifecycle_dir("resume_read_only");
   ASSERT_EQ(run(tiny_train(dir, "base", 4)).code, 0);

@@ -71,6 +71,8 @@ void check_same_run(const std::string& checkpoint, const TrainConfig& started_wi
   json was, is;
   std::string key = first_difference(stored, asked, was, is);
   if (key.empty()) key = first_difference(asked, stored, is, was);  // a key only the stored run has
+  // the model's mechanism is stored as "mechanism": named as the setting (and flag) 'attention'
+  if (key == "model / mechanism" || key == "mechanism") key = "attention";
   throw UsageError(fmt::format("{}: this run was started with setting '{}' = {}, but this comparison asks for {}; use "
                                "another --out, or the settings it was started with",
                                checkpoint, key, files::json_excerpt(was), files::json_excerpt(is)));

@@ -285,12 +285,13 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
 namespace {
 
 // Writes to `out` the lines of the metrics file `path` of steps up to `last_step` (atomically;
-// `out` may be `path`). No file at `path`: `out` starts empty.
-void keep_metrics_until(const std::string& path, int64_t last_step, const std::string& out) {
+// `out` may be `path`); returns how many records after it were left out. No file at `path`:
+// `out` starts empty.
+int64_t keep_metrics_until(const std::string& path, int64_t last_step, const std::string& out) {
   const std::string text = files::exists(path) ? files::read_file(path, "metrics file") : std::string();
   std::istringstream in(text);
   std::string kept, line;
-  int64_t number = 0;
+  int64_t number = 0, dropped = 0;
   while (std::getline(in, line)) {
     ++number;
     if (line.empty()) continue;  // a blank line holds nothing to keep
@@ -306,8 +307,10 @@ void keep_metrics_until(const std::string& path, int64_t last_step, const std::s
                    ? "resuming rewrites the file and would drop that line: fix it, or copy it elsewhere and remove it"
                    : fmt::format("the new run's {} starts from its records: remove or fix that line", out));
     if (record && j["step"].get<int64_t>() <= last_step) kept += line + '\n';
+    else if (record) ++dropped;
   }
   files::write_atomic(out, kept, "metrics file", files::Link::refuse);
+  return dropped;
 }
 
 // A run resumed into a new folder takes its best checkpoint along, so that --eval-best there
@@ -321,9 +324,10 @@ void copy_best(const std::string& checkpoint, const std::string& run_dir) {
 
 }  // namespace
 
-void continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place) {
-  keep_metrics_until(folder_of(resume_from) + "/metrics.jsonl", step, run_dir + "/metrics.jsonl");
+int64_t continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place) {
+  const int64_t dropped = keep_metrics_until(folder_of(resume_from) + "/metrics.jsonl", step, run_dir + "/metrics.jsonl");
   if (!in_place) copy_best(resume_from, run_dir);
+  return dropped;
 }
 
 void write_summary(const std::string& run_dir, json summary) {

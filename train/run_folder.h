@@ -53,7 +53,8 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
 // A resumed run continues the metrics of its checkpoint's step: lines an interrupted process
 // wrote after that step are dropped, so no step appears twice. In a new folder it starts from
 // the checkpoint's folder's lines and best checkpoint, which are read, never written.
-void continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place);
+// Returns how many metrics records after the checkpoint's step were left out.
+int64_t continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place);
 
 // The mark in every summary.json a run writes ("made_by": "cast train").
 constexpr const char* kSummaryMark = "\"made_by\": \"cast train\"";

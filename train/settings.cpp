@@ -465,7 +465,12 @@ void apply_overrides(TrainConfig& c, const json& j) {
     try {
       set_from_json(c, *s, value);
     } catch (const json::exception&) {
-      throw UsageError(fmt::format("setting '{}' has the wrong type: {}", key, files::json_excerpt(value)));
+      const char* expected = s->kind == Kind::integer  ? "a whole number"
+                             : s->kind == Kind::number ? "a number"
+                             : s->kind == Kind::flag   ? "true or false"
+                                                       : "a string";
+      throw UsageError(fmt::format("setting '{}' has the wrong type: {}, where {} is expected", key,
+                                   files::json_excerpt(value), expected));
     }
   }
   validate(c);

@@ -632,7 +632,14 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   note_for_a_second_signal(run);
 
   run.terminal = !quiet && isatty(STDOUT_FILENO);
-  if (run.start_step > 0) continue_run_files(resume_from, run.start_step, run.c.run_dir, in_place);
+  if (run.start_step > 0) {
+    // records a stopped (or killed) run wrote after its checkpoint: dropped, as documented, and said
+    const int64_t dropped = continue_run_files(resume_from, run.start_step, run.c.run_dir, in_place);
+    if (dropped > 0 && !quiet)
+      fmt::print("note: {} metrics record{} after step {} (the checkpoint's) {} left out; the run goes on from its "
+                 "checkpoint\n",
+                 dropped, dropped == 1 ? "" : "s", run.start_step, dropped == 1 ? "is" : "are");
+  }
   run.metrics.emplace(run.c.run_dir + "/metrics.jsonl", run.start_step == 0, "metrics file");
   run.t0 = Clock::now();
   reset_peak_memory(run.device);
