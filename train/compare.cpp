@@ -465,8 +465,9 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       std::fflush(stdout);
     }
     // A resumed run's checkpoint holds these very settings (checked above).
+    const TrainConfig& this_run = config;  // a structured binding, which clang 14 cannot capture
     const TrainResult r = run_naming_it(progress, run.dir, [&] {
-      return run_training_or_stop(spec, config, started ? checkpoint : "", stop_after, quiet);
+      return run_training_or_stop(spec, this_run, started ? checkpoint : "", stop_after, quiet);
     });
     run.resumed = started;
     run.steps_this_process = static_cast<int64_t>(r.losses.size());
