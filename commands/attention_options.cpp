@@ -99,43 +99,42 @@ static const std::vector<std::pair<const char*, std::vector<nn::Mechanism>>>& op
   return readers;
 }
 
+namespace {
+// Whether any of `mechanisms` is among an option's `readers`.
+bool read_by_any(const std::vector<nn::Mechanism>& readers, const std::vector<nn::Mechanism>& mechanisms) {
+  for (nn::Mechanism m : mechanisms)
+    if (std::find(readers.begin(), readers.end(), m) != readers.end()) return true;
+  return false;
+}
+
+// The mechanisms as `selector` spells them, joined by `between` (bench's --mechanisms names
+// CAST's two clusterings).
+std::string spelled(const std::vector<nn::Mechanism>& mechanisms, const char* selector, const char* between) {
+  std::vector<std::string> names;
+  for (nn::Mechanism m : mechanisms)
+    names.push_back(std::string(selector) == "--mechanisms" && m == nn::Mechanism::cast ? "cast-topk, cast-satopk"
+                                                                                         : nn::mechanism_name(m));
+  return fmt::format("{}", fmt::join(names, between));
+}
+}  // namespace
+
 void check_option_read_by(const std::string& option, const std::vector<nn::Mechanism>& mechanisms,
                           const std::string& given_as, const char* selector) {
   for (const auto& [name, readers_of] : option_readers()) {
-    if (option != name) continue;
-    bool read = false;
-    for (nn::Mechanism m : mechanisms)
-      read = read || std::find(readers_of.begin(), readers_of.end(), m) != readers_of.end();
-    if (read) return;
-    // each mechanism as `selector` spells it (bench's --mechanisms names CAST's two clusterings)
-    const auto spelled = [&](nn::Mechanism m) -> std::string {
-      return std::string(selector) == "--mechanisms" && m == nn::Mechanism::cast ? "cast-topk, cast-satopk"
-                                                                                 : nn::mechanism_name(m);
-    };
-    std::vector<std::string> names, given;
-    for (nn::Mechanism m : readers_of) names.push_back(spelled(m));
-    for (nn::Mechanism m : mechanisms) given.push_back(spelled(m));
+    if (option != name || read_by_any(readers_of, mechanisms)) continue;
     const std::string prefix = given_as.empty() ? "" : given_as + ": ";
     throw UsageError(fmt::format("{}--{} is an option of {} {}, not of {}", prefix, option, selector,
-                                 fmt::join(names, " and "), fmt::join(given, ", ")));
+                                 spelled(readers_of, selector, " and "), spelled(mechanisms, selector, ", ")));
   }
 }
 
 void note_unread_config_options(const nlohmann::json& file, const std::vector<nn::Mechanism>& mechanisms,
                                 const std::string& config) {
   if (!file.is_object()) return;
-  for (const auto& [option, readers_of] : option_readers()) {
-    if (!file.contains(option)) continue;
-    bool read = false;
-    for (nn::Mechanism m : mechanisms)
-      read = read || std::find(readers_of.begin(), readers_of.end(), m) != readers_of.end();
-    if (read) continue;
-    std::vector<std::string> names, given;
-    for (nn::Mechanism m : readers_of) names.push_back(nn::mechanism_name(m));
-    for (nn::Mechanism m : mechanisms) given.push_back(nn::mechanism_name(m));
-    fmt::print("note: {}: '{}' is an option of attention {}; it changes nothing for {}\n", config, option,
-               fmt::join(names, " and "), fmt::join(given, ", "));
-  }
+  for (const auto& [option, readers_of] : option_readers())
+    if (file.contains(option) && !read_by_any(readers_of, mechanisms))
+      fmt::print("note: {}: '{}' is an option of attention {}; it changes nothing for {}\n", config, option,
+                 spelled(readers_of, "", " and "), spelled(mechanisms, "", ", "));
 }
 
 void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechanism>& mechanisms,

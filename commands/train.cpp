@@ -83,6 +83,7 @@ int command_train(const std::vector<std::string>& argv) {
   if (!args.parse(argv)) return 0;
 
   train::TrainConfig config;
+  json file = json::object();  // --config's settings of a new run (a resume reads them as changes)
   if (!args.str("resume").empty()) {
     // A config file's settings, then the flags': each applied, or refused by name.
     json changes = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
@@ -95,7 +96,7 @@ int command_train(const std::vector<std::string>& argv) {
     if (args.is_set("task")) changes["task"] = args.str("task");
     config = train::resume_config(args.str("resume"), changes);
   } else {
-    const json file = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
+    file = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
     config = train::preset(train::task_of(args.str("task"), args.is_set("task"), file, args.str("config")));
     if (!args.str("config").empty()) train::apply_settings_file(config, args.str("config"));
     train::apply_overrides(config, train::settings_from_flags(args));
@@ -114,9 +115,7 @@ int command_train(const std::vector<std::string>& argv) {
   cli::check_options_of_mechanisms(args, {config.model.attention.mechanism});
   // --config's keys that the run's mechanism does not read: said, not refused (one file may serve
   // several mechanisms)
-  if (args.str("resume").empty() && !args.str("config").empty())
-    cli::note_unread_config_options(train::read_settings_file(args.str("config")), {config.model.attention.mechanism},
-                                    args.str("config"));
+  cli::note_unread_config_options(file, {config.model.attention.mechanism}, args.str("config"));
   config.on_start = [](const train::TrainConfig& c, Device device) {
     fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}{}\n",
                c.task, nn::mechanism_name(c.model.attention.mechanism), c.model.layers, c.model.dim, c.model.heads,

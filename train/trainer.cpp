@@ -301,22 +301,23 @@ RunCost cost_now(const Run& run) {
   return cost;
 }
 
+// Where the run has no checkpoint yet: the command that starts it again (the comparison's own).
+std::string run_again(const Run& run) {
+  return run.c.resume_command.empty() ? "run the same command again"
+                                      : "run the same command again (" + run.c.resume_command + ")";
+}
+
 // After a failed write: which checkpoint the run continues from, and how; or that it starts again.
 std::string how_to_continue(const Run& run) {
   if (!files::exists(run.checkpoint) && !files::exists(run.c.run_dir))  // moved away: the same command finds nothing
     return no_checkpoint_at(run.checkpoint) +
            ": resume from its checkpoint where the folder is now (cast train --resume <there>/checkpoint.safetensors)";
-  if (!files::exists(run.checkpoint))
-    return run.c.resume_command.empty()
-               ? no_checkpoint_at(run.checkpoint) + ": run the same command again"
-               : no_checkpoint_at(run.checkpoint) + ": run the same command again (" + run.c.resume_command + ")";
+  if (!files::exists(run.checkpoint)) return no_checkpoint_at(run.checkpoint) + ": " + run_again(run);
   bool usable = false;
   const std::string last = last_good_checkpoint(run.checkpoint, &usable);
   return usable ? last + "; resume with: " + resume_with(run) : last;  // else none is left to resume from
 }
 
-// Every checkpoint is checked finite before it is written: an update that overflowed stops
-// the run here, and the file on disk stays the last good one.
 // What a second Ctrl-C (the process stopped at once) leaves to continue from: the checkpoint,
 // once one is written; before that, the same command again.
 void note_for_a_second_signal(const Run& run) {
@@ -324,9 +325,11 @@ void note_for_a_second_signal(const Run& run) {
     set_second_signal_note(
         fmt::format(": the last checkpoint written ({}) is whole; resume with: {}", run.checkpoint, resume_with(run)));
   else
-    set_second_signal_note(fmt::format(": no checkpoint was written yet; run the same command again{}",
-                                       run.c.resume_command.empty() ? "" : " (" + run.c.resume_command + ")"));
+    set_second_signal_note(": no checkpoint was written yet; " + run_again(run));
 }
+
+// Every checkpoint is checked finite before it is written: an update that overflowed stops
+// the run here, and the file on disk stays the last good one.
 
 void save(const Run& run, const std::string& path) {
   try {
