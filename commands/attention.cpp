@@ -144,10 +144,14 @@ int command_attention(const std::vector<std::string>& argv) {
   train::AttentionPanels panels;
   panels.queries = queries;
   // more clusters than tokens fill nothing and cost minutes (C 65536 on 49 tokens)
-  CAST_CHECK_USAGE(approximation.clusters <= N, "--clusters {} is more than the {} tokens of the input",
-                   approximation.clusters, N);
-  CAST_CHECK_USAGE(!args.is_set("topk") || approximation.topk <= N, "--topk {} is more than the {} tokens of the input",
-                   approximation.topk, N);
+  // the attention sees the class token too: its count is the bound, and is said as such
+  const std::string seen = offset ? fmt::format("{} tokens the attention sees (the input's {} and the class token)",
+                                                N, tokens)
+                                  : fmt::format("{} tokens of the input", N);
+  CAST_CHECK_USAGE(approximation.clusters <= N, "--clusters {} is more than the {}", approximation.clusters, seen);
+  CAST_CHECK_USAGE(!args.is_set("topk") || approximation.topk <= N, "--topk {} is more than the {}", approximation.topk,
+                   seen);
+  const int64_t given_clusters = approximation.clusters;
   approximation.clusters = approximation.clusters > 0 ? approximation.clusters : nn::default_clusters(N);
   const auto every = mechanism_rows(panels, block, approximation, head, offset);
   // finite weights whose forward overflows (a diverged run's) give weights that are no numbers:
@@ -174,6 +178,7 @@ int command_attention(const std::vector<std::string>& argv) {
       "queries\n",
       layer, head, index, tokens);
   print_moved_weight(panels, every, tokens);
+  cli::note_default_clusters_against(nn::Mechanism::clustered, given_clusters, N, "the attention's input");
   fmt::print("-> {}\n", args.str("out"));
   return 0;
 }

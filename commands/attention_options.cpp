@@ -157,4 +157,14 @@ void note_cluster_size_against(const nn::AttentionConfig& config, int64_t tokens
       size, tokens, of_what, capped, tokens);
 }
 
+void note_default_clusters_against(nn::Mechanism mechanism, int64_t given_clusters, int64_t tokens,
+                                   std::string_view of_what) {
+  if (mechanism == nn::Mechanism::full || given_clusters > 0 || tokens <= 0) return;
+  const int64_t rounded = nn::default_clusters_unheld(tokens);
+  if (rounded <= tokens) return;
+  fmt::print("note: {} has {} token{}, fewer than the default {} clusters: the cluster count is {} (give --clusters "
+             "to choose)\n",
+             of_what, tokens, tokens == 1 ? "" : "s", rounded, tokens);
+}
+
 }  // namespace cast::cli

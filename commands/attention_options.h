@@ -59,4 +59,10 @@ void note_unread_config_options(const nlohmann::json& file, const std::vector<nn
 // Either is said in one note line before the work, which is valid, so that nothing is silent.
 void note_cluster_size_against(const nn::AttentionConfig& config, int64_t tokens, std::string_view of_what);
 
+// The default cluster count (⌈√N⌉ rounded up to a multiple of 8) held at the `tokens` of `of_what`
+// because they are fewer: said in one note line when `given_clusters` is 0 (the default) and
+// `mechanism` clusters, so that a count the user never chose is not silent.
+void note_default_clusters_against(nn::Mechanism mechanism, int64_t given_clusters, int64_t tokens,
+                                   std::string_view of_what);
+
 }  // namespace cast::cli

@@ -294,7 +294,10 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
              device_label(device), B, D, H, repeats, warmup, precision_note());
   for (const Variant& v : mechanisms)
-    for (int64_t N : ns) cli::note_cluster_size_against(layer_config(v, N), N, fmt::format("--lengths {}", N));
+    for (int64_t N : ns) {
+      cli::note_cluster_size_against(layer_config(v, N), N, fmt::format("--lengths {}", N));
+      cli::note_default_clusters_against(v.config.mechanism, clusters, N, fmt::format("--lengths {}", N));
+    }
   fmt::print("{:<12} {:>6} {:>12} {:>16} {:>12} {:>14}\n", "mechanism", "N", "forward ms", "fwd+bwd ms", "peak MiB",
              "estimate MiB");
   for (const Variant& v : mechanisms) {

@@ -66,11 +66,13 @@ cli::Args layer_args() {
 }
 
 // A float tensor from the file, checked for its shape, converted to the compute dtype and device.
-Tensor load_float(const TensorFile& f, const std::string& name, const Shape& shape, DType dtype, Device device) {
+// `why`: the settings the shape follows from, said where it differs ("" for x's width alone).
+Tensor load_float(const TensorFile& f, const std::string& name, const Shape& shape, DType dtype, Device device,
+                  const std::string& why = "") {
   const Tensor& t = f.get(name);
   CAST_CHECK(is_float(t.dtype()), "{}: tensor '{}' must be F32 or F64, got {}", f.source, name, dtype_name(t.dtype()));
-  CAST_CHECK(t.shape() == shape, "{}: tensor '{}' must have shape {}, got {}", f.source, name, shape_str(shape),
-             shape_str(t.shape()));
+  CAST_CHECK(t.shape() == shape, "{}: tensor '{}' must have shape {}, got {}{}", f.source, name, shape_str(shape),
+             shape_str(t.shape()), why.empty() ? std::string() : fmt::format(" ({})", why));
   return t.to(dtype).to(device);
 }
 
@@ -78,15 +80,25 @@ Tensor load_float(const TensorFile& f, const std::string& name, const Shape& sha
 void load_weights(nn::Attention& layer, const TensorFile& file, const nn::AttentionConfig& config, DType dtype,
                   Device device) {
   const int64_t D = config.dim, H = config.heads, d = D / H, C = config.clusters;
-  std::map<std::string, Shape> weight_shapes = {{"wq", {D, D}}, {"wk", {D, D}}, {"wv", {D, D}}, {"wo", {D, D}}};
+  struct Expected {
+    Shape shape;
+    std::string why;
+  };
+  std::map<std::string, Expected> weights = {{"wq", {{D, D}, ""}}, {"wk", {{D, D}, ""}}, {"wv", {{D, D}, ""}},
+                                             {"wo", {{D, D}, ""}}};
   if (config.mechanism == nn::Mechanism::cast) {
+    // CAST's own weights follow the clustering's settings: the message names them
     const bool shared = config.shared_clustering;
-    weight_shapes["surrogates"] = shared ? Shape{C, D} : Shape{H, C, d};
-    weight_shapes["gate_w"] = shared ? Shape{D, 1} : Shape{D, H};
-    weight_shapes["gate_b"] = shared ? Shape{1} : Shape{H};
+    const std::string heads = shared ? "--cast-heads shared: one clustering for every head"
+                                     : fmt::format("--cast-heads per-head: --heads {}", H);
+    weights["surrogates"] = {shared ? Shape{C, D} : Shape{H, C, d},
+                             fmt::format("--clusters {}; {}{}", C, heads, shared ? "" : fmt::format(" of width {}", d))};
+    weights["gate_w"] = {shared ? Shape{D, 1} : Shape{D, H}, heads};
+    weights["gate_b"] = {shared ? Shape{1} : Shape{H}, heads};
   }
-  for (const auto& [name, shape] : weight_shapes)
-    layer.parameters()[name] = load_float(file, name, shape, dtype, device).set_requires_grad();
+  for (const auto& [name, expected] : weights)
+    layer.parameters()[name] =
+        load_float(file, name, expected.shape, dtype, device, expected.why).set_requires_grad();
 }
 
 // F64 inputs computed in f32 lose their precision: said in a note, not silently.
@@ -285,6 +297,7 @@ int command_layer(const std::vector<std::string>& argv) {
                shape_str(x_raw.shape()), shape_str(wq.shape()), D, D);
   }
   CAST_CHECK_USAGE(D % config.heads == 0, "--heads {} must divide the model dim D = {}", config.heads, D);
+  const int64_t given_clusters = config.clusters;
   if (config.mechanism == nn::Mechanism::cast && config.clusters <= 0) config.clusters = nn::default_clusters(N);
   CAST_CHECK_USAGE(config.mechanism == nn::Mechanism::full || config.clusters <= N,
                    "--clusters {} is more than the {} tokens of x in {}", config.clusters, N, file.source);
@@ -315,6 +328,7 @@ int command_layer(const std::vector<std::string>& argv) {
   // notes after the work, which may still have been refused: an error stays one line
   note_narrowed(file, dtype);
   cli::note_cluster_size_against(config, N, fmt::format("x in {}", file.source));
+  cli::note_default_clusters_against(config.mechanism, given_clusters, N, fmt::format("x in {}", file.source));
   note_overflow(out, file, dtype, D);
   fmt::print("cast layer: {} B={} N={} D={} H={}{} -> {}\n", nn::mechanism_name(config.mechanism), B, N, D, H,
              config.mechanism == nn::Mechanism::cast ? fmt::format(" C={}", C) : std::string(), args.str("out"));

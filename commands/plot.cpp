@@ -19,6 +19,27 @@
 
 namespace cast {
 
+namespace {
+// A comparison folder (cast compare's --out) holds runs, not metrics: the refusal names them.
+void check_not_a_comparison(const std::string& folder) {
+  if (files::exists(folder + "/metrics.jsonl")) return;
+  std::vector<std::string> held, figures;
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string();
+    if (files::exists(entry.path().string() + "/metrics.jsonl")) held.push_back(entry.path().string());
+    if (name.rfind("comparison", 0) == 0 && entry.path().extension() == ".svg") figures.push_back(name);
+  }
+  if (held.empty()) return;  // no metrics here or below: read_curves says so
+  std::sort(held.begin(), held.end());
+  std::sort(figures.begin(), figures.end());
+  throw UsageError(fmt::format("{} holds runs, not a run's metrics: plot them with `cast plot {}`{}", folder,
+                               fmt::join(held, " "),
+                               figures.empty() ? std::string()
+                                               : fmt::format(" (their comparison's figure is {}/{})", folder,
+                                                             figures.front())));
+}
+}  // namespace
+
 using json = nlohmann::json;
 
 int command_plot(const std::vector<std::string>& argv) {
@@ -76,6 +97,7 @@ int command_plot(const std::vector<std::string>& argv) {
     lock.emplace(out_folder.empty() ? "." : out_folder, "run folder");
   std::vector<train::Curves> curves;
   for (const std::string& r : runs) {
+    check_not_a_comparison(r);
     curves.push_back(train::read_curves(r));
     CAST_CHECK(!curves.back().steps.empty() || !curves.back().val_steps.empty(),
                "run folder {}: its metrics.jsonl holds no step yet: nothing to plot", r);

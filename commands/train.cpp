@@ -120,8 +120,10 @@ int command_train(const std::vector<std::string>& argv) {
     fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}{}\n",
                c.task, nn::mechanism_name(c.model.attention.mechanism), c.model.layers, c.model.dim, c.model.heads,
                c.steps, c.batch, device_name(device), c.recompute ? ", each block recomputed in its backward" : "");
-    cli::note_cluster_size_against(c.model.attention, c.model.tokens() + (c.model.cls_pooling ? 1 : 0),
-                                   "the longest sequence");
+    const int64_t tokens = c.model.tokens() + (c.model.cls_pooling ? 1 : 0);
+    cli::note_cluster_size_against(c.model.attention, tokens, "the longest sequence");
+    cli::note_default_clusters_against(c.model.attention.mechanism, c.model.attention.clusters, tokens,
+                                       "the longest sequence");
   };
   try {
     train::run_training(config, args.str("resume"));

@@ -31,9 +31,13 @@ const char* mechanism_name(Mechanism m) {
   throw Error(fmt::format("attention: no mechanism {}", static_cast<int>(m)));
 }
 
+int64_t default_clusters_unheld(int64_t n) {
+  const int64_t c = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(std::max<int64_t>(n, 1)))));
+  return (c + 7) / 8 * 8;
+}
+
 int64_t default_clusters(int64_t n) {
-  int64_t c = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(std::max<int64_t>(n, 1)))));
-  return std::min((c + 7) / 8 * 8, std::max<int64_t>(n, 1));  // never more clusters than tokens (N < 8)
+  return std::min(default_clusters_unheld(n), std::max<int64_t>(n, 1));  // never more clusters than tokens (N < 8)
 }
 
 std::vector<ops::Step> fast_path_steps(const AttentionConfig& c, Device device) {

@@ -51,7 +51,8 @@ struct AttentionLimits {
 
 Mechanism parse_mechanism(const std::string& name);
 const char* mechanism_name(Mechanism m);
-int64_t default_clusters(int64_t n);  // ⌈√N⌉ rounded up to a multiple of 8, at most N
+int64_t default_clusters(int64_t n);         // ⌈√N⌉ rounded up to a multiple of 8, at most N
+int64_t default_clusters_unheld(int64_t n);  // the same before "at most N"
 // The steps with fast paths (ops/attention/fast_paths.h) that a layer of this config runs, in order, and the
 // implementation each takes on `device` for f32 inputs: a fast path's name, or the step's name
 // followed by " (reference)", then the one-node head projections when fast paths are on

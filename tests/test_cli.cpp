@@ -868,6 +868,93 @@ TEST(Cli, DroppedRecordsAndWrongTypesAreSaid) {
   fs::remove_all(dir);
 }
 
+// ---------------------------------------------------------------- the fifteenth attack's leftovers
+// A cluster count the user never chose, held at a short sequence's token count, is said; CAST's
+// weights of the wrong shape name the settings their shape follows from.
+TEST(Cli, ADefaultClusterCountHeldAtTheTokensIsSaid) {
+  const fs::path dir = lifecycle_dir("held_clusters");
+  const std::string clustered = fmt::format(
+      "train --data {} --attention clustered --dim 16 --heads 2 --layers 1 --mlp-dim 16 --batch 8 --steps 1 "
+      "--eval-limit 8 --device cpu --max-len 5 --run ",
+      (dir / "listops").string());
+  CliRun r = run(clustered + (dir / "short").string());
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("note: the longest sequence has 6 tokens, fewer than the default 8 clusters: the cluster count "
+                       "is 6 (give --clusters to choose)"),
+            std::string::npos)
+      << r.out;
+  CliRun chosen = run(clustered + (dir / "chosen").string() + " --clusters 4");
+  EXPECT_EQ(chosen.code, 0) << chosen.err;
+  EXPECT_EQ(chosen.out.find("fewer than the default"), std::string::npos) << chosen.out;
+  const std::string in = std::string(CAST_TEST_DATA_DIR) + "/layer_cast.safetensors";  // N 7, C 3
+  CliRun layer = run("layer --in " + in + " --out " + (dir / "o.st").string() + " --attention clustered --heads 2");
+  EXPECT_EQ(layer.code, 0) << layer.err;
+  EXPECT_NE(layer.out.find("has 7 tokens, fewer than the default 8 clusters: the cluster count is 7"),
+            std::string::npos)
+      << layer.out;
+  CliRun shape = run("layer --in " + in + " --out " + (dir / "o2.st").string() + " --attention cast --heads 2 "
+                     "--clusters 4");
+  EXPECT_EQ(shape.code, 1) << shape.err;
+  EXPECT_NE(shape.err.find("tensor 'surrogates' must have shape [2, 4, 4], got [2, 3, 4] (--clusters 4; --cast-heads "
+                           "per-head: --heads 2 of width 4)"),
+            std::string::npos)
+      << shape.err;
+  fs::remove_all(dir);
+}
+
+// --eval-best kept from a checkpoint is said to be the checkpoint's when it is refused, with the
+// way to turn it off; a best checkpoint removed is not blamed on validations that never ran; a
+// resume whose recorded data folder is gone says whose folder it is, as eval does.
+TEST(Cli, WhatAResumeKeepsFromItsCheckpointIsSaidAsTheCheckpoints) {
+  const fs::path dir = lifecycle_dir("kept_flags");
+  ASSERT_EQ(run(tiny_train(dir, "base", 2) + " --eval-best --eval-every 1").code, 0);
+  const std::string ckpt = (dir / "base" / "checkpoint.safetensors").string();
+  CliRun kept = run("train --resume " + ckpt + " --steps 3 --eval-every 0");
+  EXPECT_EQ(kept.code, 2) << kept.err;
+  EXPECT_NE(kept.err.find("('eval-best' is kept from checkpoint " + ckpt +
+                          "; a --config file holding {\"eval-best\": false} turns it off)"),
+            std::string::npos)
+      << kept.err;
+  const std::string off = (dir / "off.json").string();
+  { std::ofstream(off) << R"({"eval-best": false})"; }
+  CliRun turned_off = run("train --resume " + ckpt + " --steps 3 --eval-every 0 --config " + off);
+  EXPECT_EQ(turned_off.code, 0) << turned_off.err;
+  fs::remove(dir / "base" / "best.safetensors");
+  CliRun gone = run("train --resume " + ckpt + " --steps 4 --eval-best --eval-every 10");
+  EXPECT_EQ(gone.code, 0) << gone.err;
+  EXPECT_NE(gone.out.find("holds no best.safetensors (the one the validation of accuracy"), std::string::npos)
+      << gone.out;
+  EXPECT_EQ(gone.out.find("no validation wrote one"), std::string::npos) << gone.out;
+  fs::rename(dir / "listops", dir / "moved");
+  CliRun moved = run("train --resume " + ckpt + " --steps 5");
+  EXPECT_EQ(moved.code, 1) << moved.err;
+  EXPECT_NE(moved.err.find("is the one checkpoint " + ckpt + " recorded; give --data to read another"),
+            std::string::npos)
+      << moved.err;
+  fs::remove_all(dir);
+}
+
+// A comparison reads its data folder as a folder, however spelled, and cast plot given the
+// comparison's folder names the runs in it.
+TEST(Cli, AComparisonKnowsItsDataFolderByAnySpelling) {
+  const fs::path dir = lifecycle_dir("cmp_spelling");
+  const std::string tiny = " --attention full --dim 16 --heads 2 --layers 1 --mlp-dim 16 --batch 8 --steps 1 "
+                           "--eval-limit 8 --device cpu --out " + (dir / "cmp").string();
+  ASSERT_EQ(run("compare --data " + (dir / "listops").string() + tiny).code, 0);
+  for (const std::string& spelling : {(dir / "listops" / ".").string(), (dir / "." / "listops").string()}) {
+    CliRun again = run("compare --data " + spelling + tiny);
+    EXPECT_EQ(again.code, 0) << spelling << ": " << again.err;
+    EXPECT_NE(again.out.find("finished earlier"), std::string::npos) << spelling << ": " << again.out;
+  }
+  CliRun plot = run("plot " + (dir / "cmp").string());
+  EXPECT_EQ(plot.code, 2) << plot.err;
+  EXPECT_NE(plot.err.find("holds runs, not a run's metrics: plot them with `cast plot " +
+                          (dir / "cmp" / "full-seed1").string() + "`"),
+            std::string::npos)
+      << plot.err;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, ResumingACopyInAReadOnlyFolderFailsBeforeTrainingAndTouchesNothing) {
   const fs::path dir = lifecycle_dir("resume_read_only");
   ASSERT_EQ(run(tiny_train(dir, "base", 4)).code, 0);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <sstream>
+#include <regex>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -518,6 +519,14 @@ TEST(CliSettings, MeaninglessOrOutOfRangeValuesAreRefusedByName) {
   const CliRun clusters = run("attention --checkpoint " + ckpt + " --clusters 65536 --out " + run_dir + "/a.svg");
   EXPECT_EQ(clusters.code, 2) << clusters.err;
   EXPECT_NE(clusters.err.find("--clusters 65536 is more than the"), std::string::npos) << clusters.err;
+  // the bound counts the class token, and says so: the input's tokens are those --queries counts
+  const CliRun queries = run("attention --checkpoint " + ckpt + " --queries 65536 --out " + run_dir + "/a.svg");
+  std::smatch counted;
+  ASSERT_TRUE(std::regex_search(queries.err, counted, std::regex("outside the input's ([0-9]+) tokens"))) << queries.err;
+  EXPECT_NE(clusters.err.find(fmt::format("tokens the attention sees (the input's {} and the class token)",
+                                          counted[1].str())),
+            std::string::npos)
+      << clusters.err;
   // a file given where a run folder belongs is named as such, a usage error as every path of the
   // wrong kind is (tenth attack, K10: a FIFO was exit 2 for --config and 1 elsewhere)
   const CliRun plot = run("plot " + ckpt);

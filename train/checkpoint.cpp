@@ -286,6 +286,14 @@ std::string other_set_note(const Checkpoint& ck, const std::string& now, const s
                      now);
 }
 
+void throw_from_recorded_data_folder(const Error& e, const std::string& folder, const std::string& path) {
+  const std::string why = fmt::format(
+      "{} (the data folder {} is the one checkpoint {} recorded{}; give --data to read another)", e.what(), folder, path,
+      std::filesystem::path(folder).is_relative() ? ", relative to the folder its run was started in" : "");
+  if (dynamic_cast<const UsageError*>(&e)) throw UsageError(why);
+  throw Error(why);
+}
+
 TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device) {
   TrainedRun run;
   run.checkpoint = read_checkpoint_header(path);
@@ -299,15 +307,10 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
   try {
     run.task = load_task(run.checkpoint.config, false);
   } catch (const Error& e) {
-    // the folder the user gave is named as given; the folder the checkpoint recorded, which the
-    // user did not type, is said to be the checkpoint's
+    // the folder the user gave is named as given
     const std::string folder = data_folder(run.checkpoint.config);
     if (!data_dir.empty() || folder.empty()) throw;
-    const std::string why = fmt::format(
-        "{} (the data folder {} is the one checkpoint {} recorded{}; give --data to read another)", e.what(), folder,
-        path, std::filesystem::path(folder).is_relative() ? ", relative to the folder its run was started in" : "");
-    if (dynamic_cast<const UsageError*>(&e)) throw UsageError(why);
-    throw Error(why);
+    throw_from_recorded_data_folder(e, folder, path);
   }
   run.data_note = other_set_note(run.checkpoint, data::fingerprint(run.task), data_folder(run.checkpoint.config));
   const nn::ModelConfig& m = run.checkpoint.config.model;  // images of another size: said as train says it

@@ -81,6 +81,9 @@ struct TrainedRun {
 // folder regenerated since, another set by the same relative name); "" where they agree or the
 // checkpoint recorded none.
 std::string other_set_note(const Checkpoint& ck, const std::string& now, const std::string& folder);
+// `e`, an error reading `folder`, the data folder checkpoint `path` recorded (which the user did
+// not type), thrown again as the same kind of error saying whose folder it is.
+[[noreturn]] void throw_from_recorded_data_folder(const Error& e, const std::string& folder, const std::string& path);
 // data_dir empty: the folder the run used.
 TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device);
 // Refuses an output of a command on a trained run (its settings, `trained`) that would go inside

@@ -41,9 +41,16 @@ TrainConfig run_config(const CompareSpec& spec, const json& variant, uint64_t se
 // continued in its own folder may also differ in --recompute, which changes how it computes, not
 // what (bit for bit), as a resume may; a finished run taken for another variant may not, since
 // `--vary recompute` compares exactly that run's time and memory.
+// The data folder is compared as the folder it names, however spelled ("D", "./D", its absolute
+// path, or the task's default folder left unsaid).
 json comparable(const TrainConfig& c, bool with_recompute) {
   json j = all_settings_json(c);
   j.erase("run");
+  if (const std::string data = data_folder(c); !data.empty()) {
+    std::error_code failed;
+    const std::filesystem::path resolved = std::filesystem::weakly_canonical(std::filesystem::absolute(data), failed);
+    j["data"] = failed ? data : resolved.string();
+  }
   if (!with_recompute) j.erase("recompute");
   return j;
 }

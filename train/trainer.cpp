@@ -198,9 +198,17 @@ void check_run_settings(const Run& run, const std::string& resume_from) {
   const TrainConfig& c = run.c;
   CAST_CHECK_USAGE(c.steps >= run.start_step, "setting 'steps' is {}: the checkpoint {} is already at step {}", c.steps,
                    resume_from, run.start_step);
-  CAST_CHECK_USAGE(!c.eval_best || c.eval_every > 0,
-                   "setting 'eval-best' needs 'eval-every' above 0: the best checkpoint is chosen at the validations "
-                   "during training");
+  if (c.eval_best && c.eval_every <= 0) {
+    // a resumed run keeps the flag from its checkpoint, where the user may not have typed it
+    const bool kept = !resume_from.empty() && read_checkpoint_header(resume_from).config.eval_best;
+    throw UsageError(fmt::format(
+        "setting 'eval-best' needs 'eval-every' above 0: the best checkpoint is chosen at the validations during "
+        "training{}",
+        kept ? fmt::format(" ('eval-best' is kept from checkpoint {}; a --config file holding {{\"eval-best\": false}} "
+                           "turns it off)",
+                           resume_from)
+             : ""));
+  }
 }
 
 // A GPU run resumed on the CPU keeps its checkpoint's precision: the refusal says how to change it.
@@ -533,10 +541,11 @@ void finish(Run& run, TrainResult& result) {
   // training there is none, and the final model is evaluated and named as such.
   const std::string best = c.run_dir + "/best.safetensors";
   const bool evaluate_best = c.eval_best && std::filesystem::exists(best);
-  if (c.eval_best && !evaluate_best && !run.quiet)
-    fmt::print("note: --eval-best, but {} holds no best.safetensors (no validation wrote one): the final model is "
-               "evaluated\n",
-               c.run_dir);
+  if (c.eval_best && !evaluate_best && !run.quiet)  // a best validation accuracy: one was written, and is gone
+    fmt::print("note: --eval-best, but {} holds no best.safetensors ({}): the final model is evaluated\n", c.run_dir,
+               run.best_val >= 0 ? fmt::format("the one the validation of accuracy {:.1f}% wrote has been removed",
+                                               100 * run.best_val)
+                                 : std::string("no validation wrote one"));
   int64_t evaluated_step = run.step;
   if (evaluate_best) {  // a best from after the run's last step is another run's
     const int64_t best_step = read_checkpoint_header(best).step;
@@ -608,7 +617,15 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
   if (c.precision != "fp32")
     use_precision(c.precision, resolve_device(c.device, true), "setting 'precision'",
                   resume_from.empty() ? "" : kResumedPrecisionHint);
-  const data::TaskData task = load_task(c, may_generate);
+  data::TaskData task;
+  try {
+    task = load_task(c, may_generate);
+  } catch (const Error& e) {
+    // a resumed run's folder as its checkpoint recorded it, not as the user gave it with --data
+    if (resume_from.empty() || c.data_dir.empty() || c.data_dir != read_checkpoint_header(resume_from).config.data_dir)
+      throw;
+    throw_from_recorded_data_folder(e, c.data_dir, resume_from);
+  }
   return train_on(c, task, resume_from, stop_after, quiet);
 }
 
