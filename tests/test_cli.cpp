@@ -443,6 +443,43 @@ TEST(Cli, SigtermExits143AndOneSignalDeliveredTwiceStopsOnce) {
   fs::remove_all(dir);
 }
 
+// A second Ctrl-C, well after the first, stops at once (the user will not wait for the step),
+// and its line names the checkpoint that is whole and how to resume from it. The steps are slow
+// (seconds) so that the second signal comes while one is under way.
+TEST(Cli, ASecondCtrlCStopsAtOnceAndNamesTheWholeCheckpoint) {
+  const fs::path dir = lifecycle_dir("second_signal");
+  const std::string metrics = (dir / "slow" / "metrics.jsonl").string();
+  const std::string err = (dir / "err").string();
+  const std::string args = fmt::format(
+      "train --data {} --run {} --attention full --dim 256 --heads 4 --layers 4 --mlp-dim 1024 --batch 128 --steps 100 "
+      "--log-every 1 --checkpoint-every 1 --eval-limit 8 --device cpu",
+      (dir / "listops").string(), (dir / "slow").string());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    signal(SIGINT, SIG_DFL);
+    const std::string cmd = "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err + " < /dev/null";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int waited = 0; waited < 120000 && lines_in(metrics) < 1; waited += 2) usleep(2000);
+  kill(pid, SIGINT);
+  usleep(800000);  // past the half second within which a signal is the first one again
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string said = slurp(err);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "status " << status << ": " << said;
+  const std::string ckpt = (dir / "slow" / "checkpoint.safetensors").string();
+  EXPECT_NE(said.find("cast: stopped at once by a second SIGINT: the last checkpoint written (" + ckpt +
+                      ") is whole; resume with: cast train --resume " + ckpt),
+            std::string::npos)
+      << said;
+  EXPECT_NO_THROW(cast::read_safetensors(ckpt));
+  for (const auto& entry : fs::directory_iterator(dir / "slow"))
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
+  fs::remove_all(dir);
+}
+
 TEST(Cli, CompareStopsOnCtrlCAndTheSameCommandResumesIt) {
   const fs::path dir = lifecycle_dir("compare_sigint");
   const std::string out = (dir / "cmp").string();
