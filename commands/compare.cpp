@@ -21,7 +21,11 @@ nn::Mechanism usage_mechanism(const std::string& name) {
   try {
     return nn::parse_mechanism(name);
   } catch (const Error& e) {
-    throw UsageError(fmt::format("--attention: {}", e.what()));
+    std::string said = e.what();
+    if (said.rfind("attention: ", 0) == 0) said.erase(0, 11);  // the option names it
+    const bool spaced = name.find(' ') != std::string::npos;
+    throw UsageError(fmt::format("--attention: {}{}", said,
+                                 spaced ? "; a space beside a comma is part of the name: list them as full,cast" : ""));
   }
 }
 
@@ -68,6 +72,7 @@ void add_variants(const cli::Args& args, const std::string& attention, train::Co
   const size_t eq = vary.find('=');
   CAST_CHECK_USAGE(eq != std::string::npos && eq > 0, "--vary expects SETTING=V1,V2,..., got '{}'", vary);
   const std::string key = vary.substr(0, eq);
+  CAST_CHECK_USAGE(eq + 1 < vary.size(), "--vary {}: no values after '=': give them as {}=V1,V2,...", key, key);
   CAST_CHECK_USAGE(key != "attention" && key != "seed" && key != "run",
                    "--vary {}: use --attention, --seeds or --out for that", key);
   // cast train's flags that are no settings of a run: one comparison is of one task and its own files
@@ -112,7 +117,7 @@ void check_config_settings(const std::string& task, json settings, const std::st
   settings.erase("attention");  // the mechanisms to compare, checked as variants
   train::TrainConfig probe = train::preset(task);
   try {
-    train::apply_overrides(probe, settings);
+    train::apply_overrides(probe, settings, train::Check::each);  // relations: with the flags and variants
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("config file {}: {}", config, e.what()));
   }
@@ -138,29 +143,48 @@ std::vector<uint64_t> seeds_of(const std::string& list) {
 
 }  // namespace
 
+static int compare_with(const cli::Args& args, const std::vector<std::string>& argv, const json& file);
+
 int command_compare(const std::vector<std::string>& argv) {
   cli::Args args = compare_args();
   if (!args.parse(argv)) return 0;
 
+  const json file = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
+  CAST_CHECK_USAGE(file.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+  try {
+    return compare_with(args, argv, file);
+  } catch (const UsageError& e) {  // a value the file gave, refused wherever it was checked, names the file
+    const std::string said = train::naming_settings_file(e.what(), file, train::settings_from_flags(args),
+                                                         args.str("config"));
+    if (said == e.what()) throw;
+    throw UsageError(said);
+  }
+}
+
+// The command once its flags are parsed and `file`, its --config's settings, read.
+static int compare_with(const cli::Args& args, const std::vector<std::string>& argv, const json& file) {
   train::CompareSpec spec;
-  if (!args.str("config").empty()) spec.settings = train::read_settings_file(args.str("config"));
-  CAST_CHECK_USAGE(spec.settings.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+  spec.settings = file;
   spec.task = train::task_of(args.str("task"), args.is_set("task"), spec.settings, args.str("config"));
   train::preset(spec.task);  // an unknown task fails here, before any folder is made
   // --config's keys: each applied to every run, or refused naming the file
   const std::string config = args.str("config");
   for (const char* own : {"run", "seed"})
     CAST_CHECK_USAGE(!spec.settings.contains(own),
-                     "{}: setting '{}' is cast compare's to choose for each run: use --out and --seeds instead", config,
+                     "config file {}: setting '{}' is cast compare's to choose for each run: use --out and --seeds "
+                     "instead",
+                     config,
                      own);
   std::string attention = args.str("attention");  // the flag, else the file's mechanisms
   const bool attention_from_file = attention.empty() && spec.settings.contains("attention");
   if (attention_from_file) {
     CAST_CHECK_USAGE(spec.settings["attention"].is_string(),
-                     "{}: setting 'attention' is a mechanism or a comma-separated list of them", config);
+                     "config file {}: setting 'attention' is {}, where a string is expected: a mechanism or a "
+                     "comma-separated list of them (\"full,cast\")",
+                     config, files::json_excerpt(spec.settings["attention"]));
     attention = spec.settings["attention"].get<std::string>();
-    CAST_CHECK_USAGE(!attention.empty(), "{}: setting 'attention' is empty: name a mechanism or a list of them",
-                     config);
+    CAST_CHECK_USAGE(!attention.empty(),
+                     "config file {}: setting 'attention' is empty: name a mechanism or a list of them", config);
   }
   check_config_settings(spec.task, spec.settings, config);
   const json config_file = spec.settings;  // the file's own keys, before the flags join them
@@ -173,7 +197,9 @@ int command_compare(const std::vector<std::string>& argv) {
     add_variants(args, attention, spec);
   } catch (const UsageError& e) {  // the file's mechanisms: the message names the file
     if (!attention_from_file) throw;
-    throw UsageError(fmt::format("{}: setting 'attention': {}", config, e.what()));
+    std::string said = e.what();  // the file's value, not the flag, is what was read
+    if (said.rfind("--attention: ", 0) == 0) said.erase(0, 13);
+    throw UsageError(fmt::format("config file {}: setting 'attention': {}", config, said));
   }
   // a key of --config that none of the compared mechanisms reads: said (one file may serve several)
   std::vector<nn::Mechanism> mechanisms;
@@ -185,6 +211,7 @@ int command_compare(const std::vector<std::string>& argv) {
   cli::note_unread_config_options(config_file, mechanisms, config);
   spec.seeds = seeds_of(args.str("seeds"));
   spec.out_dir = args.is_set("out") ? args.str("out") : default_out;
+  while (spec.out_dir.size() > 1 && spec.out_dir.back() == '/') spec.out_dir.pop_back();  // "CO/" names "CO/run"
   spec.overwrite = args.is_set("overwrite");
   for (const char* stem : {"results", "comparison"})  // the settings file is an input: never replaced
     for (const char* ext : {".md", ".json", ".svg"})

@@ -101,6 +101,13 @@ void load_weights(nn::Attention& layer, const TensorFile& file, const nn::Attent
         load_float(file, name, expected.shape, dtype, device, expected.why).set_requires_grad();
 }
 
+// The first few of `names` for a note, "a, b, c, d, ...": a file may hold thousands.
+std::string first_names(const std::vector<std::string>& names) {
+  const size_t shown = std::min<size_t>(names.size(), 4);
+  return fmt::format("{}{}", fmt::join(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                     shown < names.size() ? ", ..." : "");
+}
+
 // F64 inputs computed in f32 lose their precision: said in a note, not silently.
 void note_narrowed(const TensorFile& file, DType dtype) {
   if (dtype != DType::f32) return;
@@ -108,9 +115,10 @@ void note_narrowed(const TensorFile& file, DType dtype) {
   for (const auto& [name, t] : file.tensors)
     if (t.dtype() == DType::f64 && !name.starts_with("expected.")) names.push_back(name);
   if (!names.empty())
-    fmt::print("note: {} holds F64 tensors ({}), computed in f32 (--dtype f32); give --dtype f64 to keep their "
+    fmt::print("note: {} holds {} F64 tensor{} ({}), computed in f32 (--dtype f32); give --dtype f64 to keep {} "
                "precision\n",
-               file.source, fmt::join(names, ", "));
+               file.source, names.size(), names.size() == 1 ? "" : "s", first_names(names),
+               names.size() == 1 ? "its" : "their");
 }
 
 // Values the format could not hold (a finite x near 1e30 overflows f32 in the scores) are
@@ -217,12 +225,9 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
                file.source, name, lower(name));
     unread.push_back(name);
   }
-  if (!unread.empty()) {
-    const size_t shown = std::min<size_t>(unread.size(), 4);
-    fmt::print("note: {} holds {} tensor{} cast layer does not read: {}{}\n", file.source, unread.size(),
-               unread.size() == 1 ? "" : "s", fmt::join(unread.begin(), unread.begin() + shown, ", "),
-               shown < unread.size() ? ", ..." : "");
-  }
+  if (!unread.empty())
+    fmt::print("note: {} holds {} tensor{} cast layer does not read: {}\n", file.source, unread.size(),
+               unread.size() == 1 ? "" : "s", first_names(unread));
   const Tensor& x_raw = file.get("x");
   const int64_t B = x_raw.dim(0), N = x_raw.dim(1), D = x_raw.dim(2);
   CAST_CHECK(B > 0 && N > 0, "{}: tensor 'x' has shape {}: a layer needs at least one sequence of one token",

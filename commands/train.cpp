@@ -60,6 +60,8 @@ static void keep_trace_of_a_stopped_run(const train::Trace& trace) {
   }
 }
 
+static int train_with(const cli::Args& args, const json& file);
+
 int command_train(const std::vector<std::string>& argv) {
   cli::Args args("train",
                  "Train a Transformer on an LRA task. With no options: generate short ListOps if missing and train a "
@@ -81,13 +83,25 @@ int command_train(const std::vector<std::string>& argv) {
       .example("cast train --resume runs/listops-short-cast/checkpoint.safetensors --steps 2400")
       .example("cast train --steps 1 --trace                   (the tape of one step)");
   if (!args.parse(argv)) return 0;
+  // --config's settings: of a new run, or a resume's changes
+  const json file = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
+  CAST_CHECK_USAGE(file.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+  try {
+    return train_with(args, file);
+  } catch (const UsageError& e) {  // a value the file gave, refused wherever it was checked, names the file
+    const std::string said = train::naming_settings_file(e.what(), file, train::settings_from_flags(args),
+                                                         args.str("config"));
+    if (said == e.what()) throw;
+    throw UsageError(said);
+  }
+}
 
+// The command once its flags are parsed and `file`, its --config's settings, read.
+static int train_with(const cli::Args& args, const json& file) {
   train::TrainConfig config;
-  json file = json::object();  // --config's settings of a new run (a resume reads them as changes)
   if (!args.str("resume").empty()) {
     // A config file's settings, then the flags': each applied, or refused by name.
-    json changes = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
-    CAST_CHECK_USAGE(changes.is_object(), "{}: a settings file holds one JSON object", args.str("config"));
+    json changes = file;
     for (const auto& [key, value] : changes.items())  // a bad key named with its file, as a new run names it
       CAST_CHECK_USAGE(key == "task" || train::find_setting(key) != nullptr, "config file {}: unknown setting '{}'",
                        args.str("config"), key);
@@ -96,10 +110,9 @@ int command_train(const std::vector<std::string>& argv) {
     if (args.is_set("task")) changes["task"] = args.str("task");
     config = train::resume_config(args.str("resume"), changes);
   } else {
-    file = args.str("config").empty() ? json::object() : train::read_settings_file(args.str("config"));
     config = train::preset(train::task_of(args.str("task"), args.is_set("task"), file, args.str("config")));
-    if (!args.str("config").empty()) train::apply_settings_file(config, args.str("config"));
-    train::apply_overrides(config, train::settings_from_flags(args));
+    if (!args.str("config").empty()) train::apply_settings_file(config, file, args.str("config"));
+    train::apply_overrides(config, train::settings_from_flags(args));  // then every relation is checked
   }
   config.overwrite = args.is_set("overwrite");
   check_config_is_no_run_file(config, args.str("config"));

@@ -24,9 +24,13 @@ void check_argument(const char* kernel_name, int argument, const Arg& arg) {
 }
 #endif
 
+// Appends the kernel's name to the launch log a test set (set_launch_log, cuda/runtime.h).
+void record_launch(const char* name);
+
 template <class... Params, class... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
                    Args&&... args) {
+  record_launch(name);
 #if defined(CAST_CUDA_EMULATION)
   int argument = 0;  // every pointer argument must be one the device can reach
   (check_argument<Params>(name, argument++, args), ...);

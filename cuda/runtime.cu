@@ -164,6 +164,16 @@ void synchronize() {
   report_failed_checks();
 }
 
+namespace {
+std::vector<std::string>* g_launch_log = nullptr;  // one test at a time sets it
+}  // namespace
+
+void set_launch_log(std::vector<std::string>* log) { g_launch_log = log; }
+
+void record_launch(const char* name) {
+  if (g_launch_log) g_launch_log->push_back(name);
+}
+
 double time_ms(const std::function<void()>& fn) {
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));

@@ -32,5 +32,8 @@ std::vector<DeviceInfo> devices();  // empty when there is no usable GPU
 void synchronize();
 // Milliseconds `fn` takes on the GPU, between two CUDA events on the default stream.
 double time_ms(const std::function<void()>& fn);
+// Where set (by a test; nullptr: off), every kernel launch appends its kernel's name to `log`:
+// which variant a dispatch chose is then checked on the GPU and in the emulation alike.
+void set_launch_log(std::vector<std::string>* log);
 
 }  // namespace cast::cuda

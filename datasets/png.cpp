@@ -17,6 +17,25 @@ namespace {
 }
 void on_warning(png_structp, png_const_charp) {}
 
+// What a read has to say: where, for errors; libpng's warnings, of which "Too much image data"
+// and "Extra compressed data" (an image stream longer than its header's size, inflated and
+// thrown away) make the file a bad one.
+struct ReadState {
+  std::string where;
+  std::string too_much;
+};
+[[noreturn]] void on_read_error(png_structp png, png_const_charp message) {
+  auto* state = static_cast<ReadState*>(png_get_error_ptr(png));
+  throw Error(fmt::format("{}: PNG error: {}", state->where, message));
+}
+void on_read_warning(png_structp png, png_const_charp message) {
+  auto* state = static_cast<ReadState*>(png_get_error_ptr(png));
+  const std::string said = message;
+  if (state->too_much.empty() &&
+      (said.find("Too much image data") != std::string::npos || said.find("Extra compressed data") != std::string::npos))
+    state->too_much = said;
+}
+
 // libpng reads from and writes to memory here: the file itself goes through files:: (a regular
 // file checked before it is read; written atomically, never through a planted link).
 struct Reader {
@@ -69,8 +88,9 @@ Image read_gray(const std::string& path) {
   const std::string bytes = files::read_file(path, "PNG file", uint64_t{1} << 28);
   CAST_CHECK(bytes.size() >= 8 && !png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8),
              "PNG file {}: not a PNG file", path);
-  std::string where = "PNG file " + path;
-  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &where, on_error, on_warning);
+  ReadState state{"PNG file " + path, ""};
+  const std::string& where = state.where;
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &state, on_read_error, on_read_warning);
   png_infop info = png_create_info_struct(png);
   Reader reader{&bytes, 8};
   Image image;
@@ -101,6 +121,9 @@ Image read_gray(const std::string& path) {
     for (int pass = 0; pass < passes; ++pass)
       for (int y = 0; y < image.height; ++y)
         png_read_row(png, image.pixels.data() + static_cast<size_t>(y) * image.width, nullptr);
+    png_read_end(png, nullptr);  // the rest of the image stream: more than the header's size is refused
+    CAST_CHECK(state.too_much.empty(), "{}: its image data is more than its header's {} x {} pixels ({})", where,
+               image.width, image.height, state.too_much);
   } catch (...) {
     png_destroy_read_struct(&png, &info, nullptr);
     throw;

@@ -292,6 +292,33 @@ TEST(Png, AHugeHeaderIsRefusedBeforeAllocating) {
   }
 }
 
+// An image stream longer than the header's size (sixteenth attack: a 32 x 32 header over 200 MB
+// of zeros was read, the rest inflated and thrown away, with no word) is refused; the same image
+// with a stream of exactly its size reads.
+TEST(Png, ImageDataBeyondTheHeadersSizeIsRefused) {
+  const std::string dir = fresh_dir("png_too_much");
+  auto chunk = [](const std::string& type, const std::string& body) {
+    const std::string typed = type + body;
+    const uLong crc = crc32(0, reinterpret_cast<const Bytef*>(typed.data()), static_cast<uInt>(typed.size()));
+    return be32(static_cast<uint32_t>(body.size())) + typed + be32(static_cast<uint32_t>(crc));
+  };
+  const std::string signature = "\x89PNG\r\n\x1a\n", ihdr = be32(2) + be32(2) + std::string{8, 0, 0, 0, 0};
+  const auto png_of = [&](const std::string& rows) {
+    std::string packed(compressBound(static_cast<uLong>(rows.size())), '\0');
+    uLongf size = static_cast<uLongf>(packed.size());
+    EXPECT_EQ(compress(reinterpret_cast<Bytef*>(packed.data()), &size, reinterpret_cast<const Bytef*>(rows.data()),
+                       static_cast<uLong>(rows.size())),
+              Z_OK);
+    packed.resize(size);
+    return signature + chunk("IHDR", ihdr) + chunk("IDAT", packed) + chunk("IEND", "");
+  };
+  const std::string rows = std::string{0, 10, 20} + std::string{0, 30, 40};  // each row: filter 0, two pixels
+  write_text(dir + "/exact.png", png_of(rows));
+  EXPECT_EQ(png::read_gray(dir + "/exact.png").pixels, (std::vector<uint8_t>{10, 20, 30, 40}));
+  write_text(dir + "/long.png", png_of(rows + std::string(100000, '\0')));
+  EXPECT_CAST_ERROR(png::read_gray(dir + "/long.png"), "long.png: its image data is more than its header's 2 x 2 pixels");
+}
+
 // ---------------------------------------------------------------- Pathfinder
 TEST(Pathfinder, GeneratesTheReleaseLayoutAndLoadsIt) {
   const std::string dir = fresh_dir("pathfinder");

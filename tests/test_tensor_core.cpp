@@ -9,6 +9,7 @@
 // bits (BF16 8, TF32 11): a product's relative error is below 2u, and the attention outputs and
 // gradients, sums of such products through a softmax, are held to 8u in norm (BF16 3.1e-2, TF32
 // 3.9e-3). The split TF32 kernel (tf32x3) and the FMA kernel are held to 2e-5, FP32's.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -17,6 +18,7 @@
 #include "tests/device_compare.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/attention/full_attention_flash.h"
+#include "cuda/runtime.h"
 #include "cuda/tensor_core_check.h"
 #endif
 
@@ -240,6 +242,44 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchTheF64Reference) {
                   backward != cuda::FlashBackward::split && kernel.kernel != cuda::FlashKernel::fma)
             << cuda::flash_kernel_name(kernel.kernel) << " at d " << d;
       expect_kernels_match_reference(B, M, N, d, {std::begin(kAllKernels), std::end(kAllKernels)});
+    }
+  }
+}
+
+// The kernels each backward launches, by name: split runs the dQ kernel and the dK, dV kernel
+// that leaves dQ alone; fused one dK, dV kernel whose blocks add dQ in turn; fused-atomic one
+// whose blocks add it by atomic adds. Checked on every tensor-core kernel at a width where all
+// three fit, so a dispatch that fell back to another variant (or a label that named the wrong
+// one) fails here, not only in a benchmark's timing.
+TEST(CudaVsCpuTensorCore, EachBackwardLaunchesItsOwnKernels) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 1, H = 2, M = 40, N = 70, d = 64;
+  const Tensor q = Tensor::normal({B, H, M, d}, 41, 0).to(Device::cuda), k = Tensor::normal({B, H, N, d}, 42, 0).to(Device::cuda),
+               v = Tensor::normal({B, H, N, d}, 43, 0).to(Device::cuda), g = Tensor::normal({B, H, M, d}, 44, 0).to(Device::cuda),
+               mask = Tensor::full({B, N}, 1.0, DType::f32, Device::cuda);
+  struct Logging {  // the log is switched off however the test ends
+    std::vector<std::string> names;
+    Logging() { cuda::set_launch_log(&names); }
+    ~Logging() { cuda::set_launch_log(nullptr); }
+    int64_t count(const std::string& name) const { return std::count(names.begin(), names.end(), name); }
+  };
+  for (cuda::FlashBackward backward : kBackwards) {
+    WithBackward with(backward);
+    for (const KernelTolerance& kernel : {kAllKernels[1], kAllKernels[2], kAllKernels[3]}) {
+      const std::string what =
+          fmt::format("{}, {}", cuda::flash_backward_name(backward), cuda::flash_kernel_name(kernel.kernel));
+      Tensor out = Tensor::empty(q.shape(), DType::f32, Device::cuda), lse = Tensor::empty({B, H, M}, DType::f32, Device::cuda);
+      cuda::flash_attention_forward(out, lse, q, k, v, mask, kernel.kernel);
+      Tensor dq = Tensor::zeros(q.shape(), DType::f32, Device::cuda), dk = Tensor::zeros(k.shape(), DType::f32, Device::cuda),
+             dv = Tensor::zeros(v.shape(), DType::f32, Device::cuda);
+      Logging log;
+      cuda::flash_attention_backward(&dq, &dk, &dv, g, q, k, v, mask, out, lse, kernel.kernel);
+      const bool split = backward == cuda::FlashBackward::split;
+      EXPECT_EQ(log.count("flash_tc_dq_kernel"), split ? 1 : 0) << what;
+      EXPECT_EQ(log.count("flash_tc_dkdv_kernel<none>"), split ? 1 : 0) << what;
+      EXPECT_EQ(log.count("flash_tc_dkdv_kernel<in_turn>"), backward == cuda::FlashBackward::fused ? 1 : 0) << what;
+      EXPECT_EQ(log.count("flash_tc_dkdv_kernel<atomic>"), backward == cuda::FlashBackward::fused_atomic ? 1 : 0)
+          << what;
     }
   }
 }

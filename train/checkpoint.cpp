@@ -15,6 +15,10 @@ namespace cast::train {
 using json = nlohmann::json;
 
 static const char* kFormat = "cast-checkpoint-1";
+// Every key of a checkpoint's metadata (save_checkpoint writes them; 'data' where the set is known).
+static const std::set<std::string> kMetadataKeys = {
+    "format",      "model",       "train",        "step",       "rng_offset", "clustering_draws",
+    "best_val",    "wall_seconds", "step_seconds", "peak_bytes", "log_window", "data"};
 
 // ---------------------------------------------------------------- finite values
 std::string non_finite_in(const std::map<std::string, Tensor>& tensors) {
@@ -164,6 +168,10 @@ Checkpoint read_checkpoint_header(const std::string& path) {
   CAST_CHECK(get("format") == kFormat, "{}: unsupported checkpoint format '{}'", path, get("format"));
   // missing: said once, not inside a "corrupt metadata" message
   for (const char* key : {"train", "model", "step", "rng_offset", "best_val"}) get(key);
+  // a key cast train never writes would be dropped by the next checkpoint without a word
+  for (const auto& [key, value] : f.metadata)
+    CAST_CHECK(kMetadataKeys.count(key), "{}: metadata key {} is none that cast train writes ({})", path,
+               files::json_excerpt(json(key)), fmt::join(kMetadataKeys, ", "));
   Checkpoint ck;
   try {
     json train = files::parse_json(get("train"), "'train' metadata");
@@ -177,6 +185,8 @@ Checkpoint read_checkpoint_header(const std::string& path) {
       train["precision"] = train.at("tf32") == json(true) && !on_cpu ? "tf32" : "fp32";
       train.erase("tf32");
     }
+    const std::string control = control_character_in(train);  // it would break every message naming it
+    CAST_CHECK(control.empty(), "'train' metadata: {}", control);
     ck.config.task = train.at("task").get<std::string>();
     apply_overrides(ck.config, train);
     ck.config.model = model_from_json(files::parse_json(get("model"), "'model' metadata"));
@@ -374,7 +384,7 @@ TrainConfig resume_config(const std::string& checkpoint, const json& changes) {
   // The folder stored inside is where the run was trained: this file may be a copy of it,
   // and that run is not to be touched.
   c.run_dir = std::filesystem::path(checkpoint).parent_path().string();
-  if (c.run_dir.empty()) c.run_dir = ".";
+  if (c.run_dir.empty()) c.run_dir.assign(1, '.');  // gcc 12 -Wrestrict misreads a literal here
   std::string changeable;
   for (const Setting& s : settings())
     if (s.resumable) changeable += (changeable.empty() ? "" : ", ") + s.name;
@@ -385,7 +395,7 @@ TrainConfig resume_config(const std::string& checkpoint, const json& changes) {
       continue;
     }
     TrainConfig changed = c;
-    apply_overrides(changed, json{{key, value}});           // an unknown setting is refused here
+    apply_overrides(changed, json{{key, value}}, Check::each);  // an unknown setting is refused here
     if (key == "seed" && changed.seed == c.seed) continue;  // the run's own seed (a preset run's model used 0)
     if (find_setting(key)->resumable) {
       c = changed;
@@ -396,6 +406,7 @@ TrainConfig resume_config(const std::string& checkpoint, const json& changes) {
                       key, checkpoint, setting_value(c, key), setting_value(changed, key), changeable));
     }
   }
+  validate(c);  // the settings against each other, once every change is in
   CAST_CHECK_USAGE(!changes.contains("steps") || c.steps > ck.step,
                    "setting 'steps' is {}: a resumed run must end after its checkpoint's step {} ({})", c.steps,
                    ck.step, checkpoint);

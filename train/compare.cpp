@@ -31,8 +31,8 @@ namespace {
 
 TrainConfig run_config(const CompareSpec& spec, const json& variant, uint64_t seed) {
   TrainConfig c = preset(spec.task);
-  apply_overrides(c, spec.settings);
-  apply_overrides(c, variant);
+  apply_overrides(c, spec.settings, Check::each);  // the relations are checked with the variant's settings in
+  apply_overrides(c, variant, Check::each);
   apply_overrides(c, {{"seed", seed}});  // the data order, the initialisation and dropout
   return c;
 }
@@ -365,7 +365,12 @@ std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spe
       r.variant = label;
       r.seed = seed;
       r.dir = spec.out_dir + "/" + compare_run_name(label, seed);
-      TrainConfig c = run_config(spec, settings, seed);
+      TrainConfig c;
+      try {
+        c = run_config(spec, settings, seed);
+      } catch (const UsageError& e) {  // the variant's settings against the shared ones: named
+        throw UsageError(fmt::format("variant {}: {}", label, e.what()));
+      }
       c.run_dir = r.dir;
       // what can be told before any run starts: two variants in one folder, more clusters than
       // the longest sequence's tokens, a data folder that is not there

@@ -456,7 +456,7 @@ TrainConfig preset(const std::string& task) {
 }
 
 // ---------------------------------------------------------------- reading and checking
-void apply_overrides(TrainConfig& c, const json& j) {
+void apply_overrides(TrainConfig& c, const json& j, Check check) {
   CAST_CHECK(j.is_object(), "config: expected a JSON object");
   for (auto& [key, value] : j.items()) {
     if (key == "task") continue;  // chosen before the preset
@@ -473,12 +473,13 @@ void apply_overrides(TrainConfig& c, const json& j) {
                                    files::json_excerpt(value), expected));
     }
   }
-  validate(c);
+  if (check == Check::all) validate(c);
+  else validate_each(c);
 }
 
 // Every setting within its range, checked where settings enter (flags, a JSON file, a
 // checkpoint): one line naming the setting, its value and what it accepts.
-void validate(const TrainConfig& c) {
+void validate_each(const TrainConfig& c) {
   auto in_range = [](const std::string& name, int64_t v, int64_t lo, int64_t hi) {
     if (v < lo || v > hi) throw UsageError(fmt::format("setting '{}' is {}: it must be in [{}, {}]", name, v, lo, hi));
   };
@@ -500,6 +501,10 @@ void validate(const TrainConfig& c) {
       throw UsageError(
           fmt::format("setting '{}' is {}: it must be a {} number", s.name, v, zero_ok ? "non-negative" : "positive"));
   }
+}
+
+void validate(const TrainConfig& c) {
+  validate_each(c);
   const nn::ModelConfig& m = c.model;
   if (m.patch > 1) {
     const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(m.max_len))));
@@ -683,20 +688,26 @@ json read_settings_file(const std::string& path) {
   for (const char* folder : {"run", "data"})  // "" would mean the default folder, and data generated there
     CAST_CHECK_USAGE(!(j.contains(folder) && j[folder] == json("")),
                      "config file {}: setting '{}' is empty (leave it out for the default folder)", path, folder);
-  // "\u0000" would end a name or path where the system reads it, a newline or an escape break the
-  // messages that repeat it: refused here as in a flag's value
-  for (const auto& [key, value] : j.items()) {
+  const std::string control = control_character_in(j);
+  CAST_CHECK_USAGE(control.empty(), "config file {}: {}", path, control);
+  return j;
+}
+
+// "\u0000" would end a name or path where the system reads it, a newline or an escape break the
+// messages that repeat it: refused wherever settings are read, as in a flag's value
+std::string control_character_in(const json& settings) {
+  for (const auto& [key, value] : settings.items()) {
     if (!value.is_string()) continue;
     const std::string v = value.get<std::string>();
     for (size_t i = 0; i < v.size(); ++i) {
       const auto c = static_cast<unsigned char>(v[i]);
-      CAST_CHECK_USAGE(!text::is_control(c), "config file {}: setting '{}' holds the control character \\u{:04X}", path,
-                       key, c);
-      CAST_CHECK_USAGE(!text::is_c1_control(v, i), "config file {}: setting '{}' holds the control character \\u{:04X}",
-                       path, key, static_cast<unsigned char>(v[i + 1]));
+      if (text::is_control(c)) return fmt::format("setting '{}' holds the control character \\u{:04X}", key, c);
+      if (text::is_c1_control(v, i))
+        return fmt::format("setting '{}' holds the control character \\u{:04X}", key,
+                           static_cast<unsigned char>(v[i + 1]));
     }
   }
-  return j;
+  return "";
 }
 
 std::string task_of(const std::string& task_flag, bool flag_given, const json& settings, const std::string& path) {
@@ -709,13 +720,27 @@ std::string task_of(const std::string& task_flag, bool flag_given, const json& s
   return task;
 }
 
-void apply_settings_file(TrainConfig& c, const std::string& path) {
-  const json settings = read_settings_file(path);
+void apply_settings_file(TrainConfig& c, const json& settings, const std::string& path) {
   try {
-    apply_overrides(c, settings);
+    apply_overrides(c, settings, Check::each);
   } catch (const UsageError& e) {  // the setting's message, with the file it came from
     throw UsageError(fmt::format("config file {}: {}", path, e.what()));
   }
+}
+
+std::string naming_settings_file(const std::string& message, const json& file, const json& flags,
+                                 const std::string& path) {
+  if (path.empty() || !file.is_object() || message.rfind("config file ", 0) == 0) return message;
+  for (size_t at = message.find("setting '"); at != std::string::npos; at = message.find("setting '", at + 1)) {
+    const size_t from = at + 9, to = message.find('\'', from);
+    if (to == std::string::npos) break;
+    const std::string key = message.substr(from, to - from);
+    if (!file.contains(key) || (flags.is_object() && flags.contains(key))) continue;
+    // at the message's start, or after a prefix ending ": " (a variant's, a run's)
+    if (at != 0 && message.compare(at - 2, 2, ": ") != 0) continue;
+    return message.substr(0, at) + fmt::format("config file {}: ", path) + message.substr(at);
+  }
+  return message;
 }
 
 }  // namespace cast::train

@@ -87,11 +87,22 @@ const Setting* find_setting(const std::string& name);
 
 // The reference settings of a task (LRA.md), or the small CPU presets.
 TrainConfig preset(const std::string& task);
+// What apply_overrides checks after setting: every value in its range and the settings against
+// each other (`all`), or each value alone (`each`: more settings, the flags, still to come).
+enum class Check { all, each };
 // Sets the settings named in `j` (keys are the settings' names; "task" is skipped: it chose the
-// preset). Then validate(c).
-void apply_overrides(TrainConfig& c, const nlohmann::json& j);
+// preset). Then validate(c), or validate_each(c).
+void apply_overrides(TrainConfig& c, const nlohmann::json& j, Check check = Check::all);
 // Every setting within its range; a UsageError naming the setting, its value and the range.
+void validate_each(const TrainConfig& c);
+// validate_each, then the settings against each other ('dim' a multiple of 'heads', ...).
 void validate(const TrainConfig& c);
+// `message`, a usage error's, with "config file <path>: " before the first "setting 'K'" it
+// names where K is a key of `file` that `flags` do not give again: a value the user put in a file
+// is blamed on the file, wherever the error is found (a relation checked once the flags are in,
+// a bound the data sets).
+std::string naming_settings_file(const std::string& message, const nlohmann::json& file, const nlohmann::json& flags,
+                                 const std::string& path);
 // A setting's value in `c`, as its flag would spell it (the inverse of setting_from_text).
 std::string setting_value(const TrainConfig& c, const std::string& name);
 // One setting's value from text ("--vary lr=1e-3,3e-3", a flag's value), typed as the setting is.
@@ -119,6 +130,11 @@ nlohmann::json read_settings_file(const std::string& path);
 // two tasks are refused); a file's task is never ignored.
 std::string task_of(const std::string& task_flag, bool flag_given, const nlohmann::json& settings,
                     const std::string& path);
-void apply_settings_file(TrainConfig& c, const std::string& path);
+// The file's settings onto `c`, each value checked (a bad one named with the file); the
+// relations between settings are checked once the flags are in too.
+void apply_settings_file(TrainConfig& c, const nlohmann::json& settings, const std::string& path);
+// The first string setting of `settings` holding a control character, said as "setting 'K' holds
+// the control character \uXXXX"; "" where none does.
+std::string control_character_in(const nlohmann::json& settings);
 
 }  // namespace cast::train

@@ -1070,28 +1070,33 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
         for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
           const int64_t qo = first * s.M * s.width, ko = first * s.N * s.width, ro = first * s.M;
           const float* mc = m ? m + first / s.heads * s.N : nullptr;
-          const auto launch_dkdv = [&](auto kernel, size_t kernel_bytes, float* dq_or_null, int* turns_or_null) {
-            launch_tc("flash_tc_dkdv_kernel", kernel, grid_for(s.N, count, T::kOwnedRows), kernel_bytes,
+          const auto launch_dkdv = [&](const char* name, auto kernel, size_t kernel_bytes, float* dq_or_null,
+                                       int* turns_or_null) {
+            launch_tc(name, kernel, grid_for(s.N, count, T::kOwnedRows), kernel_bytes,
                       dk ? dk->data<float>() + first * s.N * s.d : nullptr,
                       dv ? dv->data<float>() + first * s.N * s.d : nullptr, dq_or_null, turns_or_null, ge + qo, qe + qo,
                       ke + ko, ve + ko, mc, lse.data<float>() + ro, delta.data<float>() + ro, s);
           };
           if constexpr (fits) {  // not compiled where it would spill
             if (in_turn)
-              return launch_dkdv(flash_tc_dkdv_kernel<M, T, DqAdd::in_turn>, fused_bytes,
+              return launch_dkdv("flash_tc_dkdv_kernel<in_turn>", flash_tc_dkdv_kernel<M, T, DqAdd::in_turn>,
+                                 fused_bytes,
                                  dq->data<float>() + first * s.M * s.d,
                                  const_cast<int*>(turns.data<int32_t>()) + first * tiles);
           }
           if constexpr (atomic_fits) {
             if (fused && !in_turn)
-              return launch_dkdv(flash_tc_dkdv_kernel<M, T, DqAdd::atomic>, fused_bytes,
+              return launch_dkdv("flash_tc_dkdv_kernel<atomic>", flash_tc_dkdv_kernel<M, T, DqAdd::atomic>,
+                                 fused_bytes,
                                  dq->data<float>() + first * s.M * s.d, nullptr);
           }
           if (dq)
             launch_tc("flash_tc_dq_kernel", flash_tc_dq_kernel<M, T>, grid_for(s.M, count, T::kOwnedRows), bytes,
                       dq->data<float>() + first * s.M * s.d, ge + qo, qe + qo, ke + ko, ve + ko, mc,
                       lse.data<float>() + ro, delta.data<float>() + ro, s);
-          if (dk || dv) launch_dkdv(flash_tc_dkdv_kernel<M, T, DqAdd::none>, bytes, nullptr, nullptr);
+          if (dk || dv)
+            launch_dkdv("flash_tc_dkdv_kernel<none>", flash_tc_dkdv_kernel<M, T, DqAdd::none>, bytes, nullptr,
+                        nullptr);
         });
       };
       if constexpr (two_fit_backward(kernel_of<M>(), D, BS)) {
