@@ -154,10 +154,7 @@ int command_compare(const std::vector<std::string>& argv) {
   try {
     return compare_with(args, argv, file);
   } catch (const UsageError& e) {  // a value the file gave, refused wherever it was checked, names the file
-    const std::string said = train::naming_settings_file(e.what(), file, train::settings_from_flags(args),
-                                                         args.str("config"));
-    if (said == e.what()) throw;
-    throw UsageError(said);
+    train::rethrow_naming_settings_file(e, file, train::settings_from_flags(args), args.str("config"));
   }
 }
 

@@ -89,10 +89,7 @@ int command_train(const std::vector<std::string>& argv) {
   try {
     return train_with(args, file);
   } catch (const UsageError& e) {  // a value the file gave, refused wherever it was checked, names the file
-    const std::string said = train::naming_settings_file(e.what(), file, train::settings_from_flags(args),
-                                                         args.str("config"));
-    if (said == e.what()) throw;
-    throw UsageError(said);
+    train::rethrow_naming_settings_file(e, file, train::settings_from_flags(args), args.str("config"));
   }
 }
 

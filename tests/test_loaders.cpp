@@ -272,20 +272,22 @@ TEST(FashionMnist, TheDebianPackageLoads) {
 }
 
 // ---------------------------------------------------------------- PNG
+// A PNG chunk: its length, type, body and CRC.
+static std::string png_chunk(const std::string& type, const std::string& body) {
+  const std::string typed = type + body;
+  const uLong crc = crc32(0, reinterpret_cast<const Bytef*>(typed.data()), static_cast<uInt>(typed.size()));
+  return be32(static_cast<uint32_t>(body.size())) + typed + be32(static_cast<uint32_t>(crc));
+}
+
 // A PNG whose header claims a huge image is refused before its rows are allocated.
 TEST(Png, AHugeHeaderIsRefusedBeforeAllocating) {
   const std::string dir = fresh_dir("png_huge");
-  auto chunk = [](const std::string& type, const std::string& body) {
-    const std::string typed = type + body;
-    const uLong crc = crc32(0, reinterpret_cast<const Bytef*>(typed.data()), static_cast<uInt>(typed.size()));
-    return be32(static_cast<uint32_t>(body.size())) + typed + be32(static_cast<uint32_t>(crc));
-  };
   const std::string signature = "\x89PNG\r\n\x1a\n";
   for (auto [w, h] : {std::pair<uint32_t, uint32_t>{100000, 100000}, {5000, 1}, {1, 4097}}) {
     const std::string ihdr = be32(w) + be32(h) + std::string{8, 0, 0, 0, 0};  // 8-bit gray
     // the header is read up to the first data chunk; the check fires there, before any row
-    write_text(dir + "/huge.png",
-               signature + chunk("IHDR", ihdr) + chunk("IDAT", "\x78\x9c\x03\x00\x00\x00\x00\x01") + chunk("IEND", ""));
+    write_text(dir + "/huge.png", signature + png_chunk("IHDR", ihdr) +
+                                      png_chunk("IDAT", "\x78\x9c\x03\x00\x00\x00\x00\x01") + png_chunk("IEND", ""));
     EXPECT_CAST_ERROR(png::read_gray(dir + "/huge.png"), fmt::format("huge.png: the image is {} x {} pixels; at most "
                                                                      "4096 x 4096",
                                                                      w, h));
@@ -297,11 +299,6 @@ TEST(Png, AHugeHeaderIsRefusedBeforeAllocating) {
 // with a stream of exactly its size reads.
 TEST(Png, ImageDataBeyondTheHeadersSizeIsRefused) {
   const std::string dir = fresh_dir("png_too_much");
-  auto chunk = [](const std::string& type, const std::string& body) {
-    const std::string typed = type + body;
-    const uLong crc = crc32(0, reinterpret_cast<const Bytef*>(typed.data()), static_cast<uInt>(typed.size()));
-    return be32(static_cast<uint32_t>(body.size())) + typed + be32(static_cast<uint32_t>(crc));
-  };
   const std::string signature = "\x89PNG\r\n\x1a\n", ihdr = be32(2) + be32(2) + std::string{8, 0, 0, 0, 0};
   const auto png_of = [&](const std::string& rows) {
     std::string packed(compressBound(static_cast<uLong>(rows.size())), '\0');
@@ -310,7 +307,7 @@ TEST(Png, ImageDataBeyondTheHeadersSizeIsRefused) {
                        static_cast<uLong>(rows.size())),
               Z_OK);
     packed.resize(size);
-    return signature + chunk("IHDR", ihdr) + chunk("IDAT", packed) + chunk("IEND", "");
+    return signature + png_chunk("IHDR", ihdr) + png_chunk("IDAT", packed) + png_chunk("IEND", "");
   };
   const std::string rows = std::string{0, 10, 20} + std::string{0, 30, 40};  // each row: filter 0, two pixels
   write_text(dir + "/exact.png", png_of(rows));

@@ -47,8 +47,9 @@ json comparable(const TrainConfig& c, bool with_recompute) {
   json j = all_settings_json(c);
   j.erase("run");
   if (const std::string data = data_folder(c); !data.empty()) {
-    std::error_code failed;
-    const std::filesystem::path resolved = std::filesystem::weakly_canonical(std::filesystem::absolute(data), failed);
+    std::error_code failed;  // a working folder that is gone: compared as spelled
+    std::filesystem::path resolved = std::filesystem::absolute(data, failed);
+    if (!failed) resolved = std::filesystem::weakly_canonical(resolved, failed);
     j["data"] = failed ? data : resolved.string();
   }
   if (!with_recompute) j.erase("recompute");

@@ -737,10 +737,16 @@ std::string naming_settings_file(const std::string& message, const json& file, c
     const std::string key = message.substr(from, to - from);
     if (!file.contains(key) || (flags.is_object() && flags.contains(key))) continue;
     // at the message's start, or after a prefix ending ": " (a variant's, a run's)
-    if (at != 0 && message.compare(at - 2, 2, ": ") != 0) continue;
+    if (at != 0 && (at < 2 || message.compare(at - 2, 2, ": ") != 0)) continue;
     return message.substr(0, at) + fmt::format("config file {}: ", path) + message.substr(at);
   }
   return message;
+}
+
+void rethrow_naming_settings_file(const UsageError& e, const json& file, const json& flags, const std::string& path) {
+  const std::string said = naming_settings_file(e.what(), file, flags, path);
+  if (said == e.what()) throw;
+  throw UsageError(said);
 }
 
 }  // namespace cast::train

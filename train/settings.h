@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nn/transformer.h"
+#include "tensor/error.h"
 #include "train/cli.h"
 
 namespace cast::train {
@@ -103,6 +104,10 @@ void validate(const TrainConfig& c);
 // a bound the data sets).
 std::string naming_settings_file(const std::string& message, const nlohmann::json& file, const nlohmann::json& flags,
                                  const std::string& path);
+// Called in a catch of `e`: throws it again, named with the file by naming_settings_file where
+// that changes it.
+[[noreturn]] void rethrow_naming_settings_file(const UsageError& e, const nlohmann::json& file,
+                                               const nlohmann::json& flags, const std::string& path);
 // A setting's value in `c`, as its flag would spell it (the inverse of setting_from_text).
 std::string setting_value(const TrainConfig& c, const std::string& name);
 // One setting's value from text ("--vary lr=1e-3,3e-3", a flag's value), typed as the setting is.
