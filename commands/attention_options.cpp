@@ -144,17 +144,21 @@ void check_options_of_mechanisms(const Args& args, const std::vector<nn::Mechani
 }
 
 void note_cluster_size_against(const nn::AttentionConfig& config, int64_t tokens, std::string_view of_what) {
-  const int64_t size = config.cluster_size;
-  if (config.mechanism != nn::Mechanism::cast || size <= 0 || size < tokens) return;
+  if (config.mechanism != nn::Mechanism::cast || tokens <= 0) return;
+  // the default size is the default cluster count's: on a short sequence it reaches every token too
+  const bool given = config.cluster_size > 0;
+  const int64_t size = given ? config.cluster_size : nn::default_clusters(tokens);
+  if (size < tokens) return;
+  const std::string named = given ? fmt::format("cluster size {}", size) : fmt::format("the default cluster size, {},", size);
   const std::string capped = size > tokens ? fmt::format(" (a size above {} runs as {})", tokens, tokens) : "";
   if (config.single_assignment) {
-    if (size > tokens) fmt::print("note: cluster size {} is more than the {} tokens of {}{}\n", size, tokens, of_what, capped);
+    if (size > tokens) fmt::print("note: {} is more than the {} tokens of {}{}\n", named, tokens, of_what, capped);
     return;
   }
-  fmt::print(
-      "note: cluster size {} >= the {} tokens of {}: every CAST cluster holds every token{}, which is full attention "
-      "(the gate and surrogates learn nothing); give --cluster-size below {}\n",
-      size, tokens, of_what, capped, tokens);
+  fmt::print("note: {} >= the {} tokens of {}: every CAST cluster holds every token{}, which is full attention (the "
+             "gate, the surrogates and CAST's options change nothing){}\n",
+             named, tokens, of_what, capped,
+             tokens > 1 ? fmt::format("; give --cluster-size below {}", tokens) : std::string());
 }
 
 void note_default_clusters_against(nn::Mechanism mechanism, int64_t given_clusters, int64_t tokens,
@@ -165,6 +169,12 @@ void note_default_clusters_against(nn::Mechanism mechanism, int64_t given_cluste
   fmt::print("note: {} has {} token{}, fewer than the default {} clusters: the cluster count is {} (give --clusters "
              "to choose)\n",
              of_what, tokens, tokens == 1 ? "" : "s", rounded, tokens);
+}
+
+void note_cluster_counts_for(const nn::ModelConfig& model) {
+  const int64_t tokens = model.tokens() + (model.cls_pooling ? 1 : 0);
+  note_cluster_size_against(model.attention, tokens, "the longest sequence");
+  note_default_clusters_against(model.attention.mechanism, model.attention.clusters, tokens, "the longest sequence");
 }
 
 }  // namespace cast::cli

@@ -10,6 +10,7 @@
 
 #include "train/cli.h"
 #include "nn/attention.h"
+#include "nn/transformer.h"
 
 namespace cast::cli {
 
@@ -53,9 +54,10 @@ void check_option_read_by(const std::string& option, const std::vector<nn::Mecha
 void note_unread_config_options(const nlohmann::json& file, const std::vector<nn::Mechanism>& mechanisms,
                                 const std::string& config);
 
-// CAST's cluster size against the `tokens` of `of_what` ("the longest sequence"): a size above
-// them runs as their count, and with Top-K a size at least their count puts every token in every
-// cluster, which is full attention whose gate and surrogates learn nothing (docs/attention.md).
+// CAST's cluster size (given, or the default) against the `tokens` of `of_what` ("the longest
+// sequence"): a size above them runs as their count, and with Top-K a size at least their count
+// puts every token in every cluster, which is full attention whose gate and surrogates learn
+// nothing (docs/attention.md).
 // Either is said in one note line before the work, which is valid, so that nothing is silent.
 void note_cluster_size_against(const nn::AttentionConfig& config, int64_t tokens, std::string_view of_what);
 
@@ -64,5 +66,8 @@ void note_cluster_size_against(const nn::AttentionConfig& config, int64_t tokens
 // `mechanism` clusters, so that a count the user never chose is not silent.
 void note_default_clusters_against(nn::Mechanism mechanism, int64_t given_clusters, int64_t tokens,
                                    std::string_view of_what);
+
+// Both notes above for a model's longest sequence (its tokens and the class token).
+void note_cluster_counts_for(const nn::ModelConfig& model);
 
 }  // namespace cast::cli

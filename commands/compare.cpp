@@ -214,6 +214,8 @@ static int compare_with(const cli::Args& args, const std::vector<std::string>& a
     for (const char* ext : {".md", ".json", ".svg"})
       files::check_not_an_input(spec.out_dir + "/" + stem + (spec.name.empty() ? "" : "-" + spec.name) + ext,
                                 "comparison output", {args.str("config")});
+  // a run's notes on its clusters against the sequence, as cast train says them
+  spec.on_start = [](const train::TrainConfig& c, Device) { cli::note_cluster_counts_for(c.model); };
   spec.command = "cast compare";
   for (const std::string& a : argv) {
     spec.command += ' ';

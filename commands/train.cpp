@@ -130,10 +130,7 @@ static int train_with(const cli::Args& args, const json& file) {
     fmt::print("cast train: task {}, attention {}, {} layers, D {}, {} heads, {} steps of batch {}, device {}{}\n",
                c.task, nn::mechanism_name(c.model.attention.mechanism), c.model.layers, c.model.dim, c.model.heads,
                c.steps, c.batch, device_name(device), c.recompute ? ", each block recomputed in its backward" : "");
-    const int64_t tokens = c.model.tokens() + (c.model.cls_pooling ? 1 : 0);
-    cli::note_cluster_size_against(c.model.attention, tokens, "the longest sequence");
-    cli::note_default_clusters_against(c.model.attention.mechanism, c.model.attention.clusters, tokens,
-                                       "the longest sequence");
+    cli::note_cluster_counts_for(c.model);
   };
   try {
     train::run_training(config, args.str("resume"));

@@ -26,7 +26,7 @@ struct ReadState {
 };
 [[noreturn]] void on_read_error(png_structp png, png_const_charp message) {
   auto* state = static_cast<ReadState*>(png_get_error_ptr(png));
-  throw Error(fmt::format("{}: PNG error: {}", state->where, message));
+  throw Error(fmt::format("{}: a damaged or unsupported PNG image (the decoder says: {})", state->where, message));
 }
 void on_read_warning(png_structp png, png_const_charp message) {
   auto* state = static_cast<ReadState*>(png_get_error_ptr(png));

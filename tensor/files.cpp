@@ -623,6 +623,13 @@ bool held_here(const std::string& folder) {
   return g_held.contains(key);
 }
 
+std::string FolderLock::path_now() const {
+  if (dir_.get() < 0) return "";
+  std::error_code failed;
+  const std::filesystem::path now = std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(dir_.get()), failed);
+  return failed ? "" : now.string();
+}
+
 FolderLock::FolderLock(FolderLock&& other) noexcept
     : fd_(std::move(other.fd_)), dir_(std::move(other.dir_)), held_(std::exchange(other.held_, std::string())) {}
 

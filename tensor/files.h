@@ -153,6 +153,9 @@ class FolderLock {
   FolderLock(FolderLock&& other) noexcept;
   FolderLock& operator=(FolderLock&& other) noexcept;
   ~FolderLock();
+  // Where the held folder is now (it may have been moved while held): its absolute path, or ""
+  // where that cannot be told (not held, or not on Linux's /proc).
+  std::string path_now() const;
 
  private:
   void forget();  // leaves held_here()'s list

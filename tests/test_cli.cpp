@@ -480,6 +480,39 @@ TEST(Cli, ASecondCtrlCStopsAtOnceAndNamesTheWholeCheckpoint) {
   fs::remove_all(dir);
 }
 
+// A run folder moved while its run goes on (seventeenth attack): the run stops at its next
+// checkpoint and names where the folder is now, with the resume that works from there.
+TEST(Cli, ARunFolderMovedDuringItsRunIsFoundWhereItWent) {
+  const fs::path dir = lifecycle_dir("moved_run");
+  const std::string err = (dir / "err").string();
+  std::string args = tiny_train(dir, "first", 100000);
+  args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err + " < /dev/null";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int waited = 0; waited < 60000 && lines_in((dir / "first" / "metrics.jsonl").string()) < 3; waited += 2)
+    usleep(2000);
+  if (lines_in((dir / "first" / "metrics.jsonl").string()) < 3) {  // it never got going: said, not waited on
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    FAIL() << "the run did not start: " << slurp(err);
+  }
+  fs::rename(dir / "first", dir / "second");
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string said = slurp(err), now = fs::canonical(dir / "second").string();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << ": " << said;
+  EXPECT_NE(said.find("the folder is now " + now + "; resume with: cast train --resume " + now +
+                      "/checkpoint.safetensors"),
+            std::string::npos)
+      << said;
+  EXPECT_NO_THROW(cast::read_safetensors(now + "/checkpoint.safetensors"));  // whole, where the line says
+  fs::remove_all(dir);
+}
+
 TEST(Cli, CompareStopsOnCtrlCAndTheSameCommandResumesIt) {
   const fs::path dir = lifecycle_dir("compare_sigint");
   const std::string out = (dir / "cmp").string();
@@ -924,6 +957,16 @@ TEST(Cli, ADefaultClusterCountHeldAtTheTokensIsSaid) {
       << r.out;
   CliRun chosen = run(clustered + (dir / "chosen").string() + " --clusters 4");
   EXPECT_EQ(chosen.code, 0) << chosen.err;
+  // CAST's default cluster size is the default count: held at the tokens, it is full attention
+  // (seventeenth attack: only a size given with --cluster-size was said to be)
+  std::string cast_short = clustered;
+  cast_short.replace(cast_short.find("clustered"), 9, "cast");
+  CliRun cast_run = run(cast_short + (dir / "cast").string());
+  EXPECT_EQ(cast_run.code, 0) << cast_run.err;
+  EXPECT_NE(cast_run.out.find("note: the default cluster size, 6, >= the 6 tokens of the longest sequence: every CAST "
+                              "cluster holds every token, which is full attention"),
+            std::string::npos)
+      << cast_run.out;
   EXPECT_EQ(chosen.out.find("fewer than the default"), std::string::npos) << chosen.out;
   const std::string in = std::string(CAST_TEST_DATA_DIR) + "/layer_cast.safetensors";  // N 7, C 3
   CliRun layer = run("layer --in " + in + " --out " + (dir / "o.st").string() + " --attention clustered --heads 2");
@@ -985,6 +1028,20 @@ TEST(Cli, AComparisonKnowsItsDataFolderByAnySpelling) {
     EXPECT_EQ(again.code, 0) << spelling << ": " << again.err;
     EXPECT_NE(again.out.find("finished earlier"), std::string::npos) << spelling << ": " << again.out;
   }
+  // a relative data folder recorded from another working folder: the same set, so the same run
+  const std::string opts = " --attention full --dim 16 --heads 2 --layers 1 --mlp-dim 16 --batch 8 --steps 1 "
+                           "--eval-limit 8 --device cpu";
+  fs::create_directories(dir / "sub");
+  const std::string out = (dir / "sub_out").string();
+  ASSERT_EQ(std::system(fmt::format("cd {} && {} compare --data listops --out rel{} > /dev/null 2>&1", dir.string(),
+                                    CAST_BINARY, opts)
+                            .c_str()),
+            0);
+  const int from_sub = std::system(fmt::format("cd {}/sub && {} compare --data ../listops --out ../rel{} > {} 2>&1",
+                                               dir.string(), CAST_BINARY, opts, out)
+                                       .c_str());
+  EXPECT_EQ(from_sub, 0) << slurp(out);
+  EXPECT_NE(slurp(out).find("finished earlier"), std::string::npos) << slurp(out);
   CliRun plot = run("plot " + (dir / "cmp").string());
   EXPECT_EQ(plot.code, 2) << plot.err;
   EXPECT_NE(plot.err.find("holds runs, not a run's metrics: plot them with `cast plot " +
@@ -1028,6 +1085,8 @@ TEST(Cli, ConfigValuesAreCheckedWithTheFlagsAndBlamedOnTheFile) {
            {"compare --config " + listed + cmp,
             "config file " + listed + ": setting 'attention' is [\"full\",\"cast\"], where a string is expected"},
            {"compare --vary lr=" + cmp, "--vary lr: no values after '='"},
+           {"compare --attention cast --vary clusters=1,100" + cmp,
+            "variant clusters=100: setting 'clusters' is 100: more than the"},
            {"compare --attention 'full, cast'" + cmp,
             "--attention: unknown mechanism ' cast' (full, cast, clustered, iclustered); a space beside a comma"},
        }) {
@@ -1037,6 +1096,10 @@ TEST(Cli, ConfigValuesAreCheckedWithTheFlagsAndBlamedOnTheFile) {
     EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
   }
   EXPECT_FALSE(fs::exists(dir / "cmp"));
+  // a comparison's run says what cast train says of its clusters against the sequence
+  const CliRun noted = run("compare --attention cast --cluster-size 100" + cmp);
+  EXPECT_EQ(noted.code, 0) << noted.err;
+  EXPECT_NE(noted.out.find("note: cluster size 100 >= the"), std::string::npos) << noted.out;
   fs::remove_all(dir);
 }
 
@@ -1058,7 +1121,14 @@ TEST(Cli, CheckpointMetadataHoldsOnlyWhatCastTrainWrites) {
   control.metadata["train"] = train.dump();
   const std::string with_control = (dir / "control.safetensors").string();
   cast::write_safetensors(with_control, control.tensors, control.metadata);
+  cast::TensorFile one_class = f;
+  nlohmann::json model = nlohmann::json::parse(one_class.metadata.at("model"));
+  model["classes"] = 1;
+  one_class.metadata["model"] = model.dump();
+  const std::string with_one_class = (dir / "one_class.safetensors").string();
+  cast::write_safetensors(with_one_class, one_class.tensors, one_class.metadata);
   for (const auto& [path, message] : std::vector<std::pair<std::string, std::string>>{
+           {with_one_class, "corrupt checkpoint metadata: setting 'classes' is 1: it must be in [2, 1048576]"},
            {with_extra, "metadata key \"bogus\" is none that cast train writes"},
            {with_control, "'train' metadata: setting 'data' holds the control character \\u000A"}}) {
     for (const std::string& args : {"eval --checkpoint " + path, "train --resume " + path + " --steps 4"}) {
@@ -1068,6 +1138,22 @@ TEST(Cli, CheckpointMetadataHoldsOnlyWhatCastTrainWrites) {
       EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
     }
   }
+  // a run of the task's default data folder records none: said so where that folder is missing
+  cast::TensorFile by_default = f;
+  train = nlohmann::json::parse(by_default.metadata.at("train"));
+  train["data"] = "";
+  by_default.metadata["train"] = train.dump();
+  const std::string default_ckpt = (dir / "default.safetensors").string(), said = (dir / "said").string();
+  cast::write_safetensors(default_ckpt, by_default.tensors, by_default.metadata);
+  fs::create_directories(dir / "empty");
+  const int status = std::system(
+      fmt::format("cd {}/empty && {} eval --checkpoint {} > /dev/null 2> {}", dir.string(), CAST_BINARY, default_ckpt, said)
+          .c_str());
+  EXPECT_NE(status, 0);
+  EXPECT_NE(slurp(said).find("checkpoint " + default_ckpt + " recorded no data folder: its run read the task's "
+                             "default, data/listops-short"),
+            std::string::npos)
+      << slurp(said);
   fs::remove_all(dir);
 }
 

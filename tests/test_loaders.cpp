@@ -314,6 +314,11 @@ TEST(Png, ImageDataBeyondTheHeadersSizeIsRefused) {
   EXPECT_EQ(png::read_gray(dir + "/exact.png").pixels, (std::vector<uint8_t>{10, 20, 30, 40}));
   write_text(dir + "/long.png", png_of(rows + std::string(100000, '\0')));
   EXPECT_CAST_ERROR(png::read_gray(dir + "/long.png"), "long.png: its image data is more than its header's 2 x 2 pixels");
+  // a damaged file is said to be one, the decoder's reason after it (a CRC that does not match)
+  std::string damaged = png_of(rows);
+  damaged[damaged.size() - 13] ^= 1;  // the IDAT chunk's CRC, before the 12 bytes of IEND
+  write_text(dir + "/damaged.png", damaged);
+  EXPECT_CAST_ERROR(png::read_gray(dir + "/damaged.png"), "damaged.png: a damaged or unsupported PNG image (the decoder says:");
 }
 
 // ---------------------------------------------------------------- Pathfinder

@@ -296,10 +296,17 @@ std::string other_set_note(const Checkpoint& ck, const std::string& now, const s
                      now);
 }
 
-void throw_from_recorded_data_folder(const Error& e, const std::string& folder, const std::string& path) {
-  const std::string why = fmt::format(
-      "{} (the data folder {} is the one checkpoint {} recorded{}; give --data to read another)", e.what(), folder, path,
-      std::filesystem::path(folder).is_relative() ? ", relative to the folder its run was started in" : "");
+void throw_from_recorded_data_folder(const Error& e, const std::string& folder, const std::string& path,
+                                     bool task_default) {
+  const std::string relative =
+      std::filesystem::path(folder).is_relative() ? ", relative to the folder its run was started in" : "";
+  const std::string why =
+      task_default ? fmt::format("{} (checkpoint {} recorded no data folder: its run read the task's default, {}{}; "
+                                 "give --data to read another)",
+                                 e.what(), path, folder, relative)
+                   : fmt::format("{} (the data folder {} is the one checkpoint {} recorded{}; give --data to read "
+                                 "another)",
+                                 e.what(), folder, path, relative);
   if (dynamic_cast<const UsageError*>(&e)) throw UsageError(why);
   throw Error(why);
 }
@@ -320,7 +327,7 @@ TrainedRun open_trained_run(const std::string& path, const std::string& data_dir
     // the folder the user gave is named as given
     const std::string folder = data_folder(run.checkpoint.config);
     if (!data_dir.empty() || folder.empty()) throw;
-    throw_from_recorded_data_folder(e, folder, path);
+    throw_from_recorded_data_folder(e, folder, path, run.checkpoint.config.data_dir.empty());
   }
   run.data_note = other_set_note(run.checkpoint, data::fingerprint(run.task), data_folder(run.checkpoint.config));
   const nn::ModelConfig& m = run.checkpoint.config.model;  // images of another size: said as train says it

@@ -82,8 +82,10 @@ struct TrainedRun {
 // checkpoint recorded none.
 std::string other_set_note(const Checkpoint& ck, const std::string& now, const std::string& folder);
 // `e`, an error reading `folder`, the data folder checkpoint `path` recorded (which the user did
-// not type), thrown again as the same kind of error saying whose folder it is.
-[[noreturn]] void throw_from_recorded_data_folder(const Error& e, const std::string& folder, const std::string& path);
+// not type; `task_default`: it recorded none, and `folder` is the task's default), thrown again as
+// the same kind of error saying whose folder it is.
+[[noreturn]] void throw_from_recorded_data_folder(const Error& e, const std::string& folder, const std::string& path,
+                                                  bool task_default = false);
 // data_dir empty: the folder the run used.
 TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device);
 // Refuses an output of a command on a trained run (its settings, `trained`) that would go inside

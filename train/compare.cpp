@@ -72,9 +72,13 @@ std::string first_difference(const json& stored, const json& asked, json& was, j
   return "";
 }
 
-// A run folder left by an earlier invocation must hold the run this invocation asks for.
-void check_same_run(const std::string& checkpoint, const TrainConfig& started_with, const TrainConfig& wanted) {
-  const json stored = comparable(started_with, false), asked = comparable(wanted, false);
+// A run folder left by an earlier invocation must hold the run this invocation asks for. Where
+// its checkpoint has the fingerprint of the set it trained on, the data is that set, compared by
+// SameData, not by the folder's path: a relative path was recorded from the folder the
+// comparison was started in, which need not be this one.
+void check_same_run(const std::string& checkpoint, const Checkpoint& started, const TrainConfig& wanted) {
+  json stored = comparable(started.config, false), asked = comparable(wanted, false);
+  if (!started.data.empty()) stored.erase("data"), asked.erase("data");
   if (stored == asked) return;
   json was, is;
   std::string key = first_difference(stored, asked, was, is);
@@ -367,18 +371,20 @@ std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spe
       r.seed = seed;
       r.dir = spec.out_dir + "/" + compare_run_name(label, seed);
       TrainConfig c;
-      try {
+      try {  // the variant's settings against the shared ones and the sequence: named
         c = run_config(spec, settings, seed);
-      } catch (const UsageError& e) {  // the variant's settings against the shared ones: named
+        check_clusters_fit(c.model, c.model.max_len);
+      } catch (const UsageError& e) {
+        if (spec.variants.size() == 1) throw;  // one run's settings: nothing to tell apart
         throw UsageError(fmt::format("variant {}: {}", label, e.what()));
       }
       c.run_dir = r.dir;
+      c.on_start = spec.on_start;
       // what can be told before any run starts: two variants in one folder, more clusters than
       // the longest sequence's tokens, a data folder that is not there
       for (const auto& [planned, other] : plan)
         CAST_CHECK_USAGE(planned.dir != r.dir, "--vary: the variants '{}' and '{}' would share the run folder {}",
                          planned.variant, r.variant, r.dir);
-      check_clusters_fit(c.model, c.model.max_len);
       // what each run's start would refuse, refused before the first run trains
       CAST_CHECK_USAGE(!c.eval_best || c.eval_every > 0,
                        "variant {}: setting 'eval-best' needs 'eval-every' above 0: the best checkpoint is chosen at "
@@ -463,7 +469,7 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
     Checkpoint stored;  // what an earlier invocation left, read once
     if (started) {
       stored = read_checkpoint_header(checkpoint);
-      check_same_run(checkpoint, stored.config, config);
+      check_same_run(checkpoint, stored, config);
       same_data.check(checkpoint, stored, config);
     }
     if (started && std::filesystem::exists(summary)) {

@@ -4,10 +4,13 @@
 // one results table (Markdown and JSON) and one comparison figure. Invoked again, it skips
 // finished runs and resumes unfinished ones from their checkpoints.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "train/settings.h"
 
 namespace cast::train {
 
@@ -23,6 +26,8 @@ struct CompareSpec {
   // several comparisons (mechanisms; each ablation) share one folder and its runs.
   std::string name;
   bool overwrite = false;  // replace results and figures in out_dir that cast compare did not write
+  // Each run's TrainConfig::on_start (its notes, as cast train prints them): set by the command.
+  std::function<void(const TrainConfig&, Device)> on_start;
 };
 
 struct CompareRun {

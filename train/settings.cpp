@@ -485,7 +485,7 @@ void validate_each(const TrainConfig& c) {
   };
   // the task's sizes, stored in a checkpoint, are input too: checked before any allocation
   in_range("vocab", c.model.vocab, 1, 1 << 24);
-  in_range("classes", c.model.classes, 1, 1 << 20);
+  in_range("classes", c.model.classes, 2, 1 << 20);  // a classifier of one class learns nothing
   for (const Setting& s : settings()) {
     if (s.kind == Kind::integer && s.name != "seed") in_range(s.name, s.get(c).get<int64_t>(), s.lo, s.hi);
     if (s.kind != Kind::number) continue;

@@ -317,9 +317,14 @@ std::string run_again(const Run& run) {
 
 // After a failed write: which checkpoint the run continues from, and how; or that it starts again.
 std::string how_to_continue(const Run& run) {
-  if (!files::exists(run.checkpoint) && !files::exists(run.c.run_dir))  // moved away: the same command finds nothing
+  if (!files::exists(run.checkpoint) && !files::exists(run.c.run_dir)) {  // moved away: the same command finds nothing
+    const std::string now = run.folder_lock.path_now();  // the held folder, wherever it went
+    if (!now.empty() && files::exists(now + "/checkpoint.safetensors"))
+      return fmt::format("{}: the folder is now {}; resume with: cast train --resume {}/checkpoint.safetensors",
+                         no_checkpoint_at(run.checkpoint), now, now);
     return no_checkpoint_at(run.checkpoint) +
            ": resume from its checkpoint where the folder is now (cast train --resume <there>/checkpoint.safetensors)";
+  }
   if (!files::exists(run.checkpoint)) return no_checkpoint_at(run.checkpoint) + ": " + run_again(run);
   bool usable = false;
   const std::string last = last_good_checkpoint(run.checkpoint, &usable);
@@ -605,6 +610,9 @@ void finish(Run& run, TrainResult& result) {
                result.test.loss, 100 * result.majority);
   else fmt::print("  test accuracy: no examples\n");
   fmt::print("  run folder {}: checkpoint.safetensors, metrics.jsonl, curves.svg, summary.json\n", c.run_dir);
+  // moved while the run went on: its files are where the folder went
+  if (const std::string now = run.folder_lock.path_now(); !now.empty() && !files::same_path(now, c.run_dir))
+    fmt::print("note: the run folder was moved while the run went on: it is now {}\n", now);
 }
 
 }  // namespace
@@ -622,9 +630,8 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
     task = load_task(c, may_generate);
   } catch (const Error& e) {
     // a resumed run's folder as its checkpoint recorded it, not as the user gave it with --data
-    if (resume_from.empty() || c.data_dir.empty() || c.data_dir != read_checkpoint_header(resume_from).config.data_dir)
-      throw;
-    throw_from_recorded_data_folder(e, c.data_dir, resume_from);
+    if (resume_from.empty() || c.data_dir != read_checkpoint_header(resume_from).config.data_dir) throw;
+    throw_from_recorded_data_folder(e, data_folder(c), resume_from, c.data_dir.empty());
   }
   return train_on(c, task, resume_from, stop_after, quiet);
 }
