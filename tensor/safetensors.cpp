@@ -75,14 +75,20 @@ json parse_header(const char* text, size_t size, const std::string& source) {
   return header;
 }
 
-// Tensors own disjoint byte ranges: two tensors sharing bytes is a corrupt (or crafted) file.
+// Tensors own disjoint byte ranges that leave no hole (the format's rule): two tensors sharing
+// bytes, or bytes no tensor holds, make a corrupt (or crafted) file.
 void check_disjoint(std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges, const std::string& source) {
   std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i)
-    CAST_CHECK(std::get<0>(ranges[i]) >= std::get<1>(ranges[i - 1]),
-               "{}: tensors '{}' and '{}' overlap in the data section ([{}, {}) and [{}, {}))", source,
-               std::get<2>(ranges[i - 1]), std::get<2>(ranges[i]), std::get<0>(ranges[i - 1]),
-               std::get<1>(ranges[i - 1]), std::get<0>(ranges[i]), std::get<1>(ranges[i]));
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const uint64_t before = i == 0 ? 0 : std::get<1>(ranges[i - 1]);
+    if (i > 0)
+      CAST_CHECK(std::get<0>(ranges[i]) >= before,
+                 "{}: tensors '{}' and '{}' overlap in the data section ([{}, {}) and [{}, {}))", source,
+                 std::get<2>(ranges[i - 1]), std::get<2>(ranges[i]), std::get<0>(ranges[i - 1]),
+                 std::get<1>(ranges[i - 1]), std::get<0>(ranges[i]), std::get<1>(ranges[i]));
+    CAST_CHECK(std::get<0>(ranges[i]) == before, "{}: the data bytes [{}, {}) before tensor '{}' belong to no tensor",
+               source, before, std::get<0>(ranges[i]), std::get<2>(ranges[i]));
+  }
 }
 
 // A header entry's shape: an array of dimensions, each in [0, 2^40).

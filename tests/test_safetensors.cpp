@@ -161,6 +161,16 @@ TEST(SafeTensors, DuplicateNamesAndOverlappingRangesAreRefused) {
                                                         12),
                                       "f"),
                     "f: tensors 'a' and 'b' overlap in the data section");
+  // bytes no tensor holds, between tensors or before the first: a hole the format does not allow
+  // (seventeenth attack: a gap was read while bytes after the last tensor were refused)
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                                        R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                                                        12),
+                                      "f"),
+                    "f: the data bytes [4, 8) before tensor 'b' belong to no tensor");
+  EXPECT_CAST_ERROR(parse_safetensors(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+                                      "f"),
+                    "f: the data bytes [0, 4) before tensor 'a' belong to no tensor");
   // a name inside a tensor entry or the metadata is no tensor name: only the top level counts
   const TensorFile ok = parse_safetensors(
       safetensors_bytes(R"({"__metadata__":{"a":"x"},"a":{"dtype":"F32","shape":[1],)"
