@@ -175,6 +175,11 @@ void note_cluster_counts_for(const nn::ModelConfig& model) {
   const int64_t tokens = model.tokens() + (model.cls_pooling ? 1 : 0);
   note_cluster_size_against(model.attention, tokens, "the longest sequence");
   note_default_clusters_against(model.attention.mechanism, model.attention.clusters, tokens, "the longest sequence");
+  // a top-k above the tokens is refused where given, so one here is the default's
+  if (model.attention.mechanism == nn::Mechanism::iclustered && model.attention.topk > tokens)
+    fmt::print("note: the top-k, {}, is more than the {} tokens of the longest sequence: every key is a top key, "
+               "held at {} (give --topk to choose)\n",
+               model.attention.topk, tokens, tokens);
 }
 
 }  // namespace cast::cli

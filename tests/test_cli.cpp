@@ -510,6 +510,30 @@ TEST(Cli, ARunFolderMovedDuringItsRunIsFoundWhereItWent) {
             std::string::npos)
       << said;
   EXPECT_NO_THROW(cast::read_safetensors(now + "/checkpoint.safetensors"));  // whole, where the line says
+  // a comparison's folder moved: the advice is the comparison, from where its folder went
+  std::string compare = "compare --out " + (dir / "cmp").string() + args.substr(args.find(" --data"));
+  compare.replace(compare.find(" --run "), 7 + (dir / "first").string().size(), "");
+  const pid_t cmp_pid = fork();
+  if (cmp_pid == 0) {
+    const std::string cmd = "exec " + std::string(CAST_BINARY) + " " + compare + " > /dev/null 2> " + err + " < /dev/null";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int waited = 0; waited < 60000 && lines_in((dir / "cmp" / "full-seed1" / "metrics.jsonl").string()) < 3;
+       waited += 2)
+    usleep(2000);
+  if (lines_in((dir / "cmp" / "full-seed1" / "metrics.jsonl").string()) < 3) {
+    kill(cmp_pid, SIGKILL);
+    waitpid(cmp_pid, nullptr, 0);
+    FAIL() << "the comparison did not start: " << slurp(err);
+  }
+  fs::rename(dir / "cmp", dir / "cmp2");
+  waitpid(cmp_pid, &status, 0);
+  const std::string cmp_said = slurp(err), cmp_now = fs::canonical(dir / "cmp2").string();
+  EXPECT_NE(cmp_said.find("the folder is now " + cmp_now + "/full-seed1; run the comparison again with --out " +
+                          cmp_now + " (cast compare"),
+            std::string::npos)
+      << cmp_said;
   fs::remove_all(dir);
 }
 
@@ -961,6 +985,15 @@ TEST(Cli, ADefaultClusterCountHeldAtTheTokensIsSaid) {
   // (seventeenth attack: only a size given with --cluster-size was said to be)
   std::string cast_short = clustered;
   cast_short.replace(cast_short.find("clustered"), 9, "cast");
+  // improved clustered attention's default top-k above the tokens: held there, and said
+  std::string improved = clustered;
+  improved.replace(improved.find("clustered"), 9, "iclustered");
+  CliRun improved_run = run(improved + (dir / "improved").string());
+  EXPECT_EQ(improved_run.code, 0) << improved_run.err;
+  EXPECT_NE(improved_run.out.find("note: the top-k, 32, is more than the 6 tokens of the longest sequence: every key is "
+                                  "a top key, held at 6"),
+            std::string::npos)
+      << improved_run.out;
   CliRun cast_run = run(cast_short + (dir / "cast").string());
   EXPECT_EQ(cast_run.code, 0) << cast_run.err;
   EXPECT_NE(cast_run.out.find("note: the default cluster size, 6, >= the 6 tokens of the longest sequence: every CAST "
@@ -1127,7 +1160,12 @@ TEST(Cli, CheckpointMetadataHoldsOnlyWhatCastTrainWrites) {
   one_class.metadata["model"] = model.dump();
   const std::string with_one_class = (dir / "one_class.safetensors").string();
   cast::write_safetensors(with_one_class, one_class.tensors, one_class.metadata);
+  cast::TensorFile window = f;  // each sum finite, together more than the run's steps held
+  window.metadata["log_window"] = "1e308,1e308,1e308,1e308";
+  const std::string with_window = (dir / "window.safetensors").string();
+  cast::write_safetensors(with_window, window.tensors, window.metadata);
   for (const auto& [path, message] : std::vector<std::pair<std::string, std::string>>{
+           {with_window, "'log_window' is '1e308,1e308,1e308,1e308': its examples are more than the 16 of 2 steps"},
            {with_one_class, "corrupt checkpoint metadata: setting 'classes' is 1: it must be in [2, 1048576]"},
            {with_extra, "metadata key \"bogus\" is none that cast train writes"},
            {with_control, "'train' metadata: setting 'data' holds the control character \\u000A"}}) {

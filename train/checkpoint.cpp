@@ -219,7 +219,16 @@ Checkpoint read_checkpoint_header(const std::string& path) {
     }
     CAST_CHECK(ck.step >= 0 && ck.step <= ck.config.steps, "'step' is {}, outside [0, {}] (the run's steps)", ck.step,
                ck.config.steps);
-    if (f.metadata.count("log_window")) ck.window = log_window_of(get("log_window"));
+    if (f.metadata.count("log_window")) {
+      ck.window = log_window_of(get("log_window"));
+      // sums of the steps since the last progress line: no more examples than the run's steps
+      // held, and a loss (cross-entropy) of no sign below 0
+      const double most = static_cast<double>(ck.step) * static_cast<double>(ck.config.batch);
+      CAST_CHECK(ck.window.examples <= most && ck.window.loss >= 0,
+                 "'log_window' is '{}': its examples are more than the {} of {} steps of batch {}, or its loss is "
+                 "negative",
+                 get("log_window"), most, ck.step, ck.config.batch);
+    }
     if (f.metadata.count("data")) ck.data = get("data");
   } catch (const std::exception& e) {
     throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, files::json_message(e)));
@@ -299,7 +308,9 @@ std::string other_set_note(const Checkpoint& ck, const std::string& now, const s
 void throw_from_recorded_data_folder(const Error& e, const std::string& folder, const std::string& path,
                                      bool task_default) {
   const std::string relative =
-      std::filesystem::path(folder).is_relative() ? ", relative to the folder its run was started in" : "";
+      std::filesystem::path(folder).is_relative()
+          ? ", relative to the folder its run was started in, or last resumed in with --data"
+          : "";
   const std::string why =
       task_default ? fmt::format("{} (checkpoint {} recorded no data folder: its run read the task's default, {}{}; "
                                  "give --data to read another)",

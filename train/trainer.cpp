@@ -319,9 +319,14 @@ std::string run_again(const Run& run) {
 std::string how_to_continue(const Run& run) {
   if (!files::exists(run.checkpoint) && !files::exists(run.c.run_dir)) {  // moved away: the same command finds nothing
     const std::string now = run.folder_lock.path_now();  // the held folder, wherever it went
-    if (!now.empty() && files::exists(now + "/checkpoint.safetensors"))
+    if (!now.empty() && files::exists(now + "/checkpoint.safetensors")) {
+      if (!run.c.resume_command.empty())  // a comparison's run: the comparison goes on, from where its folder went
+        return fmt::format("{}: the folder is now {}; run the comparison again with --out {} ({})",
+                           no_checkpoint_at(run.checkpoint), now, std::filesystem::path(now).parent_path().string(),
+                           run.c.resume_command);
       return fmt::format("{}: the folder is now {}; resume with: cast train --resume {}/checkpoint.safetensors",
                          no_checkpoint_at(run.checkpoint), now, now);
+    }
     return no_checkpoint_at(run.checkpoint) +
            ": resume from its checkpoint where the folder is now (cast train --resume <there>/checkpoint.safetensors)";
   }
