@@ -332,14 +332,9 @@ std::string tiny_train(const fs::path& dir, const std::string& run_name, int ste
 
 int lines_in(const std::string& path) { return lines(slurp(path)); }
 
-// Starts `cast <args>` (after `shell_prefix`, shell commands run first), and for each (n,
-// signal) of `plan` waits until its run's metrics have n lines and sends the signal; returns the
-// exit status and what it wrote to stderr (status −2: it ended before a signal was due).
-CliRun interrupt(const std::string& args, const std::string& metrics, const std::vector<std::pair<int, int>>& plan,
-                 const std::string& shell_prefix = "") {
-  static int calls = 0;
-  const std::string err =
-      (fs::temp_directory_path() / fmt::format("cast_cli_signal_{}_{}", getpid(), calls++)).string();
+// Starts `cast <args>` in the background (after `shell_prefix`, shell commands run first), its
+// stderr into `err`; returns its pid.
+pid_t start_cast(const std::string& args, const std::string& err, const std::string& shell_prefix = "") {
   const pid_t pid = fork();
   if (pid == 0) {
     // as from a terminal, whatever started the tests: a background job of a script starts
@@ -352,6 +347,24 @@ CliRun interrupt(const std::string& args, const std::string& metrics, const std:
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
+  return pid;
+}
+
+// Waits (at most two minutes) until `metrics` has `count` lines: false where it never does.
+bool wait_for_lines(const std::string& metrics, int count) {
+  for (int waited = 0; waited < 120000 && lines_in(metrics) < count; waited += 2) usleep(2000);
+  return lines_in(metrics) >= count;
+}
+
+// Starts `cast <args>` (after `shell_prefix`), and for each (n, signal) of `plan` waits until
+// its run's metrics have n lines and sends the signal; returns the exit status and what it wrote
+// to stderr (status −2: it ended before a signal was due).
+CliRun interrupt(const std::string& args, const std::string& metrics, const std::vector<std::pair<int, int>>& plan,
+                 const std::string& shell_prefix = "") {
+  static int calls = 0;
+  const std::string err =
+      (fs::temp_directory_path() / fmt::format("cast_cli_signal_{}_{}", getpid(), calls++)).string();
+  const pid_t pid = start_cast(args, err, shell_prefix);
   int status = 0;
   for (auto [after, signal] : plan) {
     for (int waited = 0; waited < 60000 && lines_in(metrics) < after; waited += 2) {
@@ -454,14 +467,8 @@ TEST(Cli, ASecondCtrlCStopsAtOnceAndNamesTheWholeCheckpoint) {
       "train --data {} --run {} --attention full --dim 256 --heads 4 --layers 4 --mlp-dim 1024 --batch 128 --steps 100 "
       "--log-every 1 --checkpoint-every 1 --eval-limit 8 --device cpu",
       (dir / "listops").string(), (dir / "slow").string());
-  const pid_t pid = fork();
-  if (pid == 0) {
-    signal(SIGINT, SIG_DFL);
-    const std::string cmd = "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err + " < /dev/null";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  for (int waited = 0; waited < 120000 && lines_in(metrics) < 1; waited += 2) usleep(2000);
+  const pid_t pid = start_cast(args, err);
+  wait_for_lines(metrics, 1);
   kill(pid, SIGINT);
   usleep(800000);  // past the half second within which a signal is the first one again
   kill(pid, SIGINT);
@@ -487,15 +494,8 @@ TEST(Cli, ARunFolderMovedDuringItsRunIsFoundWhereItWent) {
   const std::string err = (dir / "err").string();
   std::string args = tiny_train(dir, "first", 100000);
   args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const std::string cmd = "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err + " < /dev/null";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  for (int waited = 0; waited < 60000 && lines_in((dir / "first" / "metrics.jsonl").string()) < 3; waited += 2)
-    usleep(2000);
-  if (lines_in((dir / "first" / "metrics.jsonl").string()) < 3) {  // it never got going: said, not waited on
+  const pid_t pid = start_cast(args, err);
+  if (!wait_for_lines((dir / "first" / "metrics.jsonl").string(), 3)) {  // it never got going: said, not waited on
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
     FAIL() << "the run did not start: " << slurp(err);
@@ -513,16 +513,8 @@ TEST(Cli, ARunFolderMovedDuringItsRunIsFoundWhereItWent) {
   // a comparison's folder moved: the advice is the comparison, from where its folder went
   std::string compare = "compare --out " + (dir / "cmp").string() + args.substr(args.find(" --data"));
   compare.replace(compare.find(" --run "), 7 + (dir / "first").string().size(), "");
-  const pid_t cmp_pid = fork();
-  if (cmp_pid == 0) {
-    const std::string cmd = "exec " + std::string(CAST_BINARY) + " " + compare + " > /dev/null 2> " + err + " < /dev/null";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  for (int waited = 0; waited < 60000 && lines_in((dir / "cmp" / "full-seed1" / "metrics.jsonl").string()) < 3;
-       waited += 2)
-    usleep(2000);
-  if (lines_in((dir / "cmp" / "full-seed1" / "metrics.jsonl").string()) < 3) {
+  const pid_t cmp_pid = start_cast(compare, err);
+  if (!wait_for_lines((dir / "cmp" / "full-seed1" / "metrics.jsonl").string(), 3)) {
     kill(cmp_pid, SIGKILL);
     waitpid(cmp_pid, nullptr, 0);
     FAIL() << "the comparison did not start: " << slurp(err);

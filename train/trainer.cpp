@@ -348,7 +348,6 @@ void note_for_a_second_signal(const Run& run) {
 
 // Every checkpoint is checked finite before it is written: an update that overflowed stops
 // the run here, and the file on disk stays the last good one.
-
 void save(const Run& run, const std::string& path) {
   try {
     save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window,
