@@ -259,7 +259,8 @@ int command_eval(const std::vector<std::string>& argv) {
                               args.str("data"));
     train::check_figure_output(figure, "figure", args.str("checkpoint"), args.is_set("overwrite"));
   }
-  const Device device = train::resolve_device(args.str("device"), true);
+  // eval computes a tf32 or bf16 checkpoint in fp32 on the CPU by itself: no resume advice here
+  const Device device = train::resolve_device(args.str("device"));
   if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
   if (!run.data_note.empty()) fmt::print("{}\n", run.data_note);

@@ -563,9 +563,24 @@ static std::string existing_ancestor(const std::string& path) {
   }
 }
 
+namespace {
+// "a/../b" with no folder a: the system climbs out of no missing folder, and making a only to
+// climb out of it would leave an empty folder behind
+void check_no_climb_out_of_missing(const std::string& folder, const std::string& what) {
+  fs::path so_far;
+  for (const fs::path& part : fs::path(folder)) {
+    if (part == ".." && !so_far.empty() && !exists(so_far.string()))
+      throw UsageError(fmt::format("{} {}: '{}' does not exist, so the '..' after it leads nowhere; give the path "
+                                   "without them",
+                                   what, folder, so_far.string()));
+    so_far /= part;
+  }
+}
+}  // namespace
+
 void check_output_folder(const std::string& folder, const std::string& what) {
   struct stat link {};
-  if (::lstat(folder.c_str(), &link) != 0) return;  // nothing there: it will be made
+  if (::lstat(folder.c_str(), &link) != 0) return check_no_climb_out_of_missing(folder, what);  // it will be made
   struct stat st {};
   if (::stat(folder.c_str(), &st) != 0) {
     const int err = errno;
@@ -583,6 +598,7 @@ void check_output_folder(const std::string& folder, const std::string& what) {
   CAST_CHECK_USAGE(::stat("/", &root) != 0 || st.st_dev != root.st_dev || st.st_ino != root.st_ino,
                    "{} {}: is the root folder of the file system; give a folder of its own", what, folder);
 }
+
 
 void make_writable_folder(const std::string& folder, const std::string& what) {
   check_output_folder(folder, what);  // a FIFO, a file or a link loop is refused by name

@@ -1095,7 +1095,8 @@ TEST(CliAttack, ALayerFileWithCastWeightsUnderAnotherMechanismSaysTheyAreUnread)
 
 // Advice that works (sixth attack): a compare run's foreign file is not answered with an
 // --overwrite compare cannot pass on; --overwrite leaves no foreign best checkpoint beside a new
-// run; the missing-GPU line names the precision a GPU run kept.
+// run; the missing-GPU line of eval advises the CPU (eval computes a GPU run's checkpoint in fp32
+// there by itself), not what a resume would need.
 TEST(CliAttack, AdviceOnForeignRunFilesAndMissingGpusWorks) {
   const std::string d = fresh_dir("advice"), data = trained_run() + "/data";
   fs::create_directories(d + "/cmp/full-seed1");
@@ -1112,7 +1113,8 @@ TEST(CliAttack, AdviceOnForeignRunFilesAndMissingGpusWorks) {
   if (!cast::device_memory::cuda_available()) {
     const CliRun gpu = run("eval --checkpoint " + d + "/r/checkpoint.safetensors --device cuda --eval-limit 2");
     EXPECT_EQ(gpu.code, 1) << gpu.err;
-    EXPECT_NE(gpu.err.find("add --precision fp32 to a tf32 or bf16 one"), std::string::npos) << gpu.err;
+    EXPECT_NE(gpu.err.find("pass --device cpu"), std::string::npos) << gpu.err;
+    EXPECT_EQ(gpu.err.find("resumed"), std::string::npos) << gpu.err;  // eval resumes nothing
   }
 }
 

@@ -206,6 +206,19 @@ TEST(Files, TheWriteProbeNeverFollowsALink) {
   EXPECT_TRUE(fs::is_empty(d + "/run/new/deeper"));
 }
 
+// A '..' out of a folder that does not exist (the eighteenth attack's --run nonexist/../R) was made
+// by creating that folder first, and left it behind empty; through one that exists it is a path.
+TEST(Files, NoFolderIsMadeOnlyToClimbOutOfIt) {
+  const std::string d = fresh_dir("climb");
+  EXPECT_CAST_ERROR(files::make_writable_folder(d + "/nonexist/../run", "run folder"),
+                    "nonexist' does not exist, so the '..' after it leads nowhere");
+  EXPECT_FALSE(fs::exists(d + "/nonexist"));
+  EXPECT_FALSE(fs::exists(d + "/run"));
+  fs::create_directory(d + "/there");
+  files::make_writable_folder(d + "/there/../run", "run folder");
+  EXPECT_TRUE(fs::is_directory(d + "/run"));
+}
+
 TEST(Files, AppendsNeverFollowALinkNorBlockOnAFifo) {
   const std::string d = fresh_dir("append");
   put(d + "/victim", "keep me");

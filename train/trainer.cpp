@@ -629,6 +629,8 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
   if (c.precision != "fp32")
     use_precision(c.precision, resolve_device(c.device, true), "setting 'precision'",
                   resume_from.empty() ? "" : kResumedPrecisionHint);
+  // what the run folder's path is (a file, a '..' out of nothing) is said before data is made
+  if (!c.run_dir.empty()) files::check_output_folder(c.run_dir, "run folder");
   data::TaskData task;
   try {
     task = load_task(c, may_generate);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "tensor/device_memory.h"
 #include "tensor/files.h"
 #include "tensor/philox.h"
 #include "tensor/safetensors.h"
@@ -149,6 +150,20 @@ TEST(Training, CheckpointRoundTripAndMismatch) {
   wider.dim = 16;
   nn::Transformer different(wider);
   EXPECT_CAST_ERROR(train::load_checkpoint(path, different, nullptr, nullptr), "'dim' is 32 in the checkpoint but 16");
+}
+
+// The missing-GPU line advises what works for who asked: a resume keeps its checkpoint's device
+// and precision, so it is told to add --precision fp32; --device cuda named by hand is not.
+TEST(Training, AMissingGpuIsAdvisedByWhoAskedForIt) {
+  if (device_memory::cuda_available()) GTEST_SKIP() << "a GPU is here: --device cuda is not refused";
+  EXPECT_CAST_ERROR(train::resolve_device("cuda", true), "add --precision fp32 to a tf32 or bf16 one");
+  try {
+    train::resolve_device("cuda");
+    ADD_FAILURE() << "--device cuda was accepted with no GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pass --device cpu"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("resumed"), std::string::npos) << e.what();
+  }
 }
 
 // Settings whose next update overflows f32: the largest float as the learning rate, and a
