@@ -77,7 +77,10 @@ int command_clusters(const std::vector<std::string>& argv) {
                    args.str("checkpoint"), task.name);
   CAST_CHECK_USAGE(index < static_cast<int64_t>(task.test.size()), "--index {} outside the {} test examples", index,
                    task.test.size());
-  const int64_t changes = args.integer("changes", 0, static_cast<int64_t>(task.test.size()));
+  const int64_t changes = args.integer("changes", 0, INT64_MAX);
+  CAST_CHECK_USAGE(changes <= static_cast<int64_t>(task.test.size()),
+                   "--changes {} is more than the {} test examples to compare (0 turns it off)", changes,
+                   task.test.size());
   // the same settings and seed build the weights the training started from
   std::optional<nn::Transformer> initial;
   if (changes > 0 || args.is_set("initial")) initial.emplace(ck.config.model, DType::f32, Device::cpu);

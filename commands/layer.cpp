@@ -241,6 +241,9 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
       CAST_CHECK(m == 0.0 || m == 1.0, "{}: tensor 'mask' holds {}: a mask is 1 (a token) or 0 (padding)", file.source,
                  m);
   }
+  // An assignment is refused where a CAST weight is only noted: the weights of one layer file
+  // serve every mechanism (as a checkpoint's do when eval swaps it), but an assignment decides
+  // the clusters, and a result computed without it would answer another question.
   if (file.has("assignment")) {
     CAST_CHECK_USAGE(config.mechanism == nn::Mechanism::clustered || config.mechanism == nn::Mechanism::iclustered,
                "{}: tensor 'assignment' is only used by --attention clustered|iclustered", file.source);

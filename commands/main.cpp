@@ -22,6 +22,7 @@
 
 #include "cpu/runtime.h"
 #include "tensor/error.h"
+#include "tensor/files.h"
 #include "commands/commands.h"
 #include "train/stop.h"
 
@@ -30,12 +31,27 @@ static void usage() {
   for (const auto& c : cast::commands()) std::printf("  %-10s %s\n", c.name, c.summary);
 }
 
-// A standard stream closed at start (`cast train ... >&-`) is opened on /dev/null, so that no
-// file this command opens takes descriptor 0, 1 or 2 and receives the console's lines.
+// A standard stream closed at start (`cast train ... >&-`) is opened again, so that no file this
+// command opens takes descriptor 0, 1 or 2 and receives the console's lines: standard input and
+// error on /dev/null, standard output on /dev/full, where every write fails as it would have on
+// the closed descriptor. What the command prints is its result (eval's accuracies), so its loss
+// is an error, as with `> /dev/full`, and said as a closed output.
+// (The mark survives the restart with the CPU runtime's settings in this variable.)
 static void reopen_closed_standard_streams() {
+  constexpr const char* kClosedMark = "CAST_STDOUT_CLOSED_AT_START";
+  if (const char* mark = std::getenv(kClosedMark)) {  // set by this process before its restart
+    if (std::string_view(mark) == "1") cast::files::note_standard_output_closed_at_start();
+    unsetenv(kClosedMark);  // not for the processes this one starts
+  }
   for (int fd = 0; fd <= 2; ++fd) {
     if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
-    const int opened = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);  // the lowest free descriptor: fd
+    int opened = -1;
+    if (fd == 1) opened = open("/dev/full", O_WRONLY);  // the lowest free descriptor: fd
+    if (opened < 0) opened = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (opened == 1) {
+      cast::files::note_standard_output_closed_at_start();
+      setenv(kClosedMark, "1", 1);
+    }
     if (opened > 2) close(opened);
   }
 }
@@ -44,7 +60,8 @@ static void reopen_closed_standard_streams() {
 // (`cast eval ... > /dev/full`) is an error, not a success with the results lost.
 static int check_standard_output(const std::string& name, int code) {
   if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return code;
-  std::fprintf(stderr, "cast %s: error: cannot write to standard output (%s)\n", name.c_str(), std::strerror(errno));
+  std::fprintf(stderr, "cast %s: error: cannot write to standard output (%s)\n", name.c_str(),
+               cast::files::standard_output_failure(errno).c_str());
   return code == 0 ? 1 : code;
 }
 
@@ -134,7 +151,8 @@ int main(int argc, char** argv) {
     usage();
     const int code = argc < 2 ? 2 : 0;
     if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return code;
-    std::fprintf(stderr, "cast: error: cannot write to standard output (%s)\n", std::strerror(errno));
+    std::fprintf(stderr, "cast: error: cannot write to standard output (%s)\n",
+                 cast::files::standard_output_failure(errno).c_str());
     return code == 0 ? 1 : code;
   }
   const std::string name = argv[1];
@@ -176,7 +194,7 @@ int main(int argc, char** argv) {
       // file written without a name
       if (std::string(e.what()).find("cannot write to file") != std::string::npos)
         std::fprintf(stderr, "cast %s: error: cannot write to standard output (%s)\n", name.c_str(),
-                     e.code().message().c_str());
+                     cast::files::standard_output_failure(e.code().value()).c_str());
       else std::fprintf(stderr, "cast %s: unexpected error: %s\n", name.c_str(), e.what());
       return 1;
     } catch (const std::exception& e) {

@@ -3,6 +3,8 @@
 // segments ("paddles") that turn by small angles, plus two round markers: on the two ends of
 // one snake (label 1) or on ends of different snakes (label 0). Drawn at twice the size and
 // averaged 2×2 down, which antialiases the strokes.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -229,6 +231,18 @@ static std::string image_inside(const std::string& dir, const std::string& subdi
   return path;
 }
 
+// The release's metadata files are text lines under a .npy name; a real NumPy array saved there
+// (np.save) would be read as lines of binary and refused for a field far from the cause.
+static void check_not_numpy_binary(const std::string& path) {
+  files::Fd fd = files::open_input(path, "Pathfinder metadata");
+  char head[6] = {};
+  const ssize_t got = ::read(fd.get(), head, sizeof head);
+  CAST_CHECK(got != 6 || std::string_view(head, 6) != "\x93NUMPY",
+             "Pathfinder metadata {}: is a NumPy binary array (np.save); cast reads the release's metadata, text lines "
+             "of 'folder file index label' under a .npy name",
+             path);
+}
+
 TaskData load_pathfinder(const std::string& dir) {
   check_data_finished(dir);
   files::require_folder(dir, "Pathfinder data folder");
@@ -250,7 +264,8 @@ TaskData load_pathfinder(const std::string& dir) {
   int side = 0;
   std::string first;  // where the first image, which set the side, was named
   std::map<std::string, std::string> named;  // each image's path, and where it was first named
-  for (const std::string& f : files)
+  for (const std::string& f : files) {
+    check_not_numpy_binary(f);
     for_each_line(f, "pathfinder metadata", [&](const std::string& line, const std::string& where) {
       std::istringstream fields(line);
       std::vector<std::string> cols;
@@ -275,6 +290,7 @@ TaskData load_pathfinder(const std::string& dir) {
       e.tokens.assign(img.pixels.begin(), img.pixels.end());
       all.push_back(std::move(e));
     });
+  }
   CAST_CHECK(all.size() >= 3, "{}: fewer than 3 images", dir);
   TaskData t;
   t.name = side > 32 ? "pathx" : "pathfinder";

@@ -185,10 +185,13 @@ code=$? problem=""
 [ "$(grep -c 'file too large' "$WORK/bench_fsz.err")" -eq 1 ] || problem="$problem; not one 'file too large' line: $(cat "$WORK/bench_fsz.err")"
 grep -q "failed" "$WORK/bench_fsz.out" && problem="$problem; it went on to the next rows: $(cat "$WORK/bench_fsz.out")"
 outcome "bench --json under ulimit -f" "$problem"
-# Standard output closed at start: the console's lines never land in a data file.
+# Standard output closed at start: the console's lines never land in a data file, and their loss
+# is an error said as such, after the checkpoint is saved.
 "$C" train --data base/data --run "$WORK/closed" $SMALL >&- 2> "$WORK/closed.err"
 code=$? problem=""
-[ $code -eq 0 ] || problem="exit $code: $(cat "$WORK/closed.err")"
+[ $code -eq 1 ] || problem="exit $code, not 1: $(cat "$WORK/closed.err")"
+grep -q "it was closed when cast started): checkpoint" "$WORK/closed.err" || problem="$problem; said: $(cat "$WORK/closed.err")"
+[ -f "$WORK/closed/checkpoint.safetensors" ] || problem="$problem; no checkpoint"
 grep -qv '^{' "$WORK/closed/metrics.jsonl" && problem="$problem; metrics.jsonl holds a console line"
 outcome "train >&-" "$problem"
 

@@ -26,6 +26,16 @@ namespace cast::files {
 
 namespace fs = std::filesystem;
 
+namespace {
+bool g_standard_output_closed = false;
+}
+
+void note_standard_output_closed_at_start() { g_standard_output_closed = true; }
+
+std::string standard_output_failure(int err) {
+  return g_standard_output_closed ? "it was closed when cast started" : reason(err);
+}
+
 std::string reason(int err) {
   switch (err) {
     case ENOENT: return "no such file or folder";

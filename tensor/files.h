@@ -25,6 +25,12 @@ enum class Link { follow_once, refuse };
 // A readable description of errno for messages ("permission denied", "no such file or folder").
 std::string reason(int err);
 
+// Why a write to standard output failed: reason(err), or, where it was closed when the command
+// started (and reopened on /dev/full so that its writes fail as a closed one's would, and no file
+// takes descriptor 1), that.
+void note_standard_output_closed_at_start();
+std::string standard_output_failure(int err);
+
 // True when both paths name existing files that are one file (same device and inode; links
 // followed), whatever their spelling.
 bool same_file(const std::string& a, const std::string& b);

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <utility>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <set>
 #include <vector>
 #include <tuple>
@@ -91,6 +93,11 @@ void check_disjoint(std::vector<std::tuple<uint64_t, uint64_t, std::string>> ran
   }
 }
 
+void check_no_tail(uint64_t data_size, uint64_t used, const std::string& source) {
+  CAST_CHECK(data_size <= used, "{}: {} bytes follow the last tensor's data, which no tensor of its header holds", source,
+             data_size - used);
+}
+
 // A header entry's shape: an array of dimensions, each in [0, 2^40).
 Shape entry_shape(const json& js, const std::string& source, const std::string& name) {
   CAST_CHECK(js.is_array(), "{}: tensor '{}': shape is not an array", source, name);
@@ -161,8 +168,7 @@ TensorFile parse_safetensors(const char* bytes, size_t size, const std::string& 
   // past the last tensor are another file's appended, or a write gone wrong
   uint64_t used = 0;
   for (const auto& [begin, end, name] : ranges) used = std::max(used, end);
-  CAST_CHECK(data_size <= used, "{}: {} bytes follow the last tensor's data, which no tensor of its header holds", source,
-             data_size - used);
+  check_no_tail(data_size, used, source);
   for (auto& [name, entry] : header.items()) {  // copied only once every entry is known good
     if (name == "__metadata__") continue;
     const uint64_t begin = entry["data_offsets"][0].get<uint64_t>(), end = entry["data_offsets"][1].get<uint64_t>();
@@ -178,7 +184,40 @@ TensorFile parse_safetensors(const std::vector<char>& bytes, const std::string& 
   return parse_safetensors(bytes.data(), bytes.size(), source);
 }
 
+namespace {
+// A file longer than its header's tensors (gigabytes appended, or a checkpoint padded with
+// truncate) is refused from its header alone, before the whole file is read into memory. What
+// else is wrong with the header, the whole file's parse says.
+void check_no_tail_before_reading(const std::string& path, const std::string& what) {
+  files::Fd fd = files::open_input(path, what);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  unsigned char prefix[8];
+  if (size < 8 || ::pread(fd.get(), prefix, 8, 0) != 8) return;
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | prefix[i];
+  if (header_len > size - 8 || header_len > (uint64_t{1} << 28)) return;
+  std::string text(header_len, '\0');
+  if (::pread(fd.get(), text.data(), header_len, 8) != static_cast<ssize_t>(header_len)) return;
+  json header;
+  try {
+    header = parse_header(text.data(), header_len, path);
+  } catch (const Error&) {
+    return;
+  }
+  uint64_t used = 0;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__" || !entry.is_object() || !entry.contains("data_offsets")) continue;
+    const json& off = entry["data_offsets"];
+    if (off.is_array() && off.size() == 2 && off[1].is_number_unsigned()) used = std::max(used, off[1].get<uint64_t>());
+  }
+  check_no_tail(size - 8 - header_len, used, path);
+}
+}  // namespace
+
 TensorFile read_safetensors(const std::string& path, const std::string& what) {
+  check_no_tail_before_reading(path, what);
   // A regular file of known size, read once: a device such as /dev/zero never ends, and its
   // bytes would be read until memory ran out.
   const std::string bytes = files::read_file(path, what, uint64_t{1} << 40);

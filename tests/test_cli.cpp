@@ -221,7 +221,9 @@ TEST(Cli, TrainReadsAJsonConfigAndRejectsAWrongOne) {
 
 // Standard streams as a careless caller leaves them. stdout on a full device: the command fails
 // with one line instead of exiting 0 with its output lost. stdout closed: a run's files never
-// take descriptor 1, so the console's lines do not end up in metrics.jsonl.
+// take descriptor 1, so the console's lines do not end up in metrics.jsonl; and the lines lost
+// are an error said as a closed output (nineteenth attack: eval's accuracies went to /dev/null,
+// exit 0), the run's checkpoint kept.
 TEST(Cli, StandardStreamsFullOrClosed) {
   const auto dir = fs::temp_directory_path() / ("cast_cli_streams_" + std::to_string(getpid()));
   fs::remove_all(dir);
@@ -241,13 +243,26 @@ TEST(Cli, StandardStreamsFullOrClosed) {
                             "--log-every 1 --device cpu --data " +
                             data + " --run " + run_dir + " >&- 2> " + err;
   const int status = std::system(train.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  EXPECT_TRUE(fs::exists(run_dir + "/summary.json"));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+  const auto said = [&] {
+    std::ifstream in(err);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_NE(said().find("cannot write to standard output after step"), std::string::npos) << said();
+  EXPECT_NE(said().find("(it was closed when cast started): checkpoint"), std::string::npos) << said();
+  EXPECT_TRUE(fs::exists(run_dir + "/checkpoint.safetensors"));
   std::ifstream metrics(run_dir + "/metrics.jsonl");
   int lines = 0;
   for (std::string line; std::getline(metrics, line); ++lines)
     EXPECT_TRUE(nlohmann::json::accept(line)) << "not a JSON line in metrics.jsonl: " << line;
-  EXPECT_GE(lines, 3);
+  EXPECT_GE(lines, 1);
+  const int eval = std::system((std::string(CAST_BINARY) + " eval --eval-limit 4 --checkpoint " + run_dir +
+                                "/checkpoint.safetensors >&- 2> " + err)
+                                   .c_str());
+  EXPECT_TRUE(WIFEXITED(eval) && WEXITSTATUS(eval) == 1);
+  EXPECT_NE(said().find("cast eval: error: cannot write to standard output (it was closed when cast started)"),
+            std::string::npos)
+      << said();
   // a comparison whose standard output fails says to run the comparison again, not to resume its
   // one run alone, which would leave the others untrained (ninth attack, J5)
   if (fs::exists("/dev/full")) {

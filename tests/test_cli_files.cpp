@@ -1361,3 +1361,58 @@ TEST(CliAttack, ACompareFolderThatIsNoFolderIsAUsageError) {
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
   }
 }
+
+// --changes counts test images: its bound is said as that count, not as a range that reads like
+// a fraction ("[0, 1]" on a set of one test image, nineteenth attack).
+TEST(CliAttack, TheChangesBoundIsSaidAsTheTestImages) {
+  const std::string d = fresh_dir("changes_bound");
+  ASSERT_EQ(run("data pathfinder --count 10 --out " + d + "/pf").code, 0);
+  const CliRun trained = run("train --task pathfinder --data " + d + "/pf --run " + d + "/r --eval-limit 2" + kTiny);
+  ASSERT_EQ(trained.code, 0) << trained.err;
+  const CliRun r = run("clusters --checkpoint " + d + "/r/checkpoint.safetensors --out " + d + "/c.svg --changes 50");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--changes 50 is more than the"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("test examples to compare (0 turns it off)"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(d + "/c.svg"));
+}
+
+// A finished cosine run resumed for more steps jumps from learning rate 0 back up the new
+// schedule: said, since its curves and summary.json show the new schedule alone (nineteenth
+// attack). A constant schedule does not depend on the run's length: nothing to say.
+TEST(CliAttack, AResumeThatChangesTheScheduleSaysSo) {
+  const std::string d = fresh_dir("longer_schedule"), data = trained_run() + "/data";
+  const std::string tiny = " --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu --eval-limit 4 --warmup 1";
+  ASSERT_EQ(run("train --data " + data + " --run " + d + "/cos --steps 4" + tiny).code, 0);
+  const CliRun longer = run("train --resume " + d + "/cos/checkpoint.safetensors --steps 8");
+  EXPECT_EQ(longer.code, 0) << longer.err;
+  EXPECT_NE(longer.out.find("note: the cosine schedule now spans 8 steps, not the checkpoint's 4: the learning rate at "
+                            "step 4 is"),
+            std::string::npos)
+      << longer.out;
+  EXPECT_NE(longer.out.find("under it, 0 under the old one"), std::string::npos) << longer.out;
+  ASSERT_EQ(run("train --data " + data + " --run " + d + "/flat --steps 4 --schedule constant" + tiny).code, 0);
+  const CliRun flat = run("train --resume " + d + "/flat/checkpoint.safetensors --steps 8");
+  EXPECT_EQ(flat.code, 0) << flat.err;
+  EXPECT_EQ(flat.out.find("schedule now spans"), std::string::npos) << flat.out;
+}
+
+// Temporary files a killed write left in a run folder are said with their size when the run is
+// next taken up (nineteenth attack: 141 MB of them stayed through resumes and --overwrite without
+// a word); they are the user's to delete, since a file of such a name may be their own.
+TEST(CliAttack, TemporariesAKilledWriteLeftAreSaid) {
+  const std::string d = fresh_dir("left_temporaries"), data = trained_run() + "/data";
+  ASSERT_EQ(run("train --data " + data + " --run " + d + "/r --eval-limit 4" + kTiny).code, 0);
+  put(d + "/r/checkpoint.safetensors.tmp", std::string(1000, 'x'));
+  put(d + "/r/best.safetensors.3.tmp", "partial");
+  put(d + "/r/notes.tmp", "mine");                // no run file's temporary
+  put(d + "/r/metrics.jsonl.x.tmp", "mine too");  // nor this
+  const CliRun again = run("train --resume " + d + "/r/checkpoint.safetensors --steps 3");
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.out.find("holds best.safetensors.3.tmp (7 B), checkpoint.safetensors.tmp (1000 B), left by a write "
+                           "that was cut short"),
+            std::string::npos)
+      << again.out;
+  EXPECT_EQ(again.out.find("notes.tmp"), std::string::npos) << again.out;
+  EXPECT_EQ(again.out.find("metrics.jsonl.x.tmp"), std::string::npos) << again.out;
+  EXPECT_EQ(slurp(d + "/r/checkpoint.safetensors.tmp"), std::string(1000, 'x'));
+}

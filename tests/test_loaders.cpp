@@ -377,6 +377,10 @@ TEST(Pathfinder, BrokenMetadataAndImages) {
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:2: label '7'");
   write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png\n");
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:1: expected at least 4 fields");
+  // a NumPy array saved under the name (nineteenth attack: "label 'False,' is not 0 or 1")
+  write_text(dir + "/metadata/0.npy", std::string("\x93NUMPY\x01\x00v\x00{'descr': '<U20', 'fortran_order': False, "
+                                                  "'shape': (2, 4), }\n"));
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy: is a NumPy binary array (np.save)");
   write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png 0 1\nimgs/0 missing.png 1 0\nimgs/0 sample_2.png 2 0\n");
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "missing.png: no such file or folder");
   write_text(dir + "/imgs/0/sample_1.png", "not a png");

@@ -205,3 +205,18 @@ TEST(SafeTensors, AHeaderOfManyEntriesIsNoHang) {
   dup += twice;
   EXPECT_CAST_ERROR(parse_safetensors(dup.data(), dup.size(), "dup.safetensors"), "tensor name 'a' appears twice");
 }
+
+// A file whose header holds a few bytes of tensors but which goes on for gigabytes (appended, or
+// padded with truncate) is refused from its header, before it is read: the nineteenth attack's
+// 4 GiB tail took 15 s and 4 GB of memory to refuse, and one larger than the memory was said as
+// "more than this machine's memory", not as the broken file it is. A sparse tail of 512 GiB,
+// larger than any machine this runs on, is thus refused by what is wrong with it.
+TEST(SafeTensors, ATailBeyondTheTensorsIsRefusedBeforeTheFileIsRead) {
+  const std::string path = temp_path("tail.safetensors");
+  write_safetensors(path, {{"x", Tensor::zeros({2, 7, 8})}}, {});
+  const auto size = std::filesystem::file_size(path);
+  if (::truncate(path.c_str(), static_cast<off_t>(size + (uint64_t{512} << 30))) != 0)
+    GTEST_SKIP() << "this file system holds no sparse file of 512 GiB";
+  EXPECT_CAST_ERROR(read_safetensors(path), "549755813888 bytes follow the last tensor's data");
+  std::filesystem::remove(path);
+}

@@ -1,11 +1,13 @@
 #include "train/run_folder.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 
 #include "datasets/data.h"
 #include "tensor/files.h"
 #include "train/checkpoint.h"
+#include "train/trace.h"  // human_bytes
 #include "train/tasks.h"
 
 namespace cast::train {
@@ -199,12 +201,41 @@ void check_new_run_files(const TrainConfig& c) {
 
 namespace {
 
+// The files a run writes in its folder, each through a temporary <name>.tmp or <name>.N.tmp.
+constexpr const char* kRunFileNames[] = {"checkpoint.safetensors", "best.safetensors", "summary.json", "curves.svg",
+                                         "metrics.jsonl"};
+
+// Temporary files an interrupted write left (SIGKILL, a power cut) are said, with their size. No
+// cast process writes them now (this one holds the folder), but a file of such a name may be the
+// user's own, which cast never removes: they are left to the user to delete.
+std::string left_temporaries_note(const std::string& run_dir) {
+  std::vector<std::string> left;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    for (const char* file : kRunFileNames) {
+      const std::string stem = std::string(file) + ".";
+      if (name.compare(0, stem.size(), stem) != 0) continue;
+      const std::string rest = name.substr(stem.size());  // "tmp" or "N.tmp"
+      const size_t digits = rest.find_first_not_of("0123456789");
+      const bool temporary = rest == "tmp" || (digits > 0 && digits != std::string::npos && rest.substr(digits) == ".tmp");
+      std::error_code size_ec;
+      if (temporary && entry.is_regular_file(size_ec))
+        left.push_back(fmt::format("{} ({})", name, human_bytes(entry.file_size(size_ec))));
+    }
+  }
+  if (left.empty()) return "";
+  std::sort(left.begin(), left.end());
+  return fmt::format("note: run folder {} holds {}, left by a write that was cut short (the process killed); no cast "
+                     "process writes {} now: delete {} to free the space",
+                     run_dir, fmt::join(left, ", "), left.size() == 1 ? "it" : "them", left.size() == 1 ? "it" : "them");
+}
+
 // Every check of the run's files that may refuse the run, and (act) what the run then removes:
 // true where the run resumes in its checkpoint's own folder.
 bool check_run_files(const TrainConfig& c, const std::string& resume_from, int64_t resume_step, bool act) {
-  for (const char* name :
-       {"/checkpoint.safetensors", "/best.safetensors", "/summary.json", "/curves.svg", "/metrics.jsonl"})
-    files::output_target(c.run_dir + name, "run file", files::Link::refuse);  // a FIFO or link there: refused now
+  for (const char* name : kRunFileNames)  // a FIFO or link there: refused now
+    files::output_target(c.run_dir + "/" + name, "run file", files::Link::refuse);
   const std::string checkpoint = c.run_dir + "/checkpoint.safetensors";
   // Resuming into the checkpoint's own folder continues that run; any other folder is a new
   // home, under the same rule as a new run's.
@@ -279,6 +310,7 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   RunFolder folder;
   folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed
   folder.in_place = check_run_files(c, resume_from, resume_step, /*act=*/true);
+  folder.note = left_temporaries_note(c.run_dir);
   return folder;
 }
 

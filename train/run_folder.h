@@ -47,6 +47,7 @@ void check_figure_output(const std::string& out, const std::string& option, cons
 struct RunFolder {
   bool in_place = false;   // resuming into the checkpoint's own folder
   files::FolderLock lock;  // this process's hold on the folder, for the whole run
+  std::string note;        // temporary files an interrupted write left there, or ""
 };
 RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step);
 

@@ -182,6 +182,18 @@ std::string resume_with(const Run& run) {
   return run.c.resume_command.empty() ? "cast train --resume " + shell_quote(run.checkpoint) : run.c.resume_command;
 }
 
+// A resumed run given other --steps runs the rest of a new schedule: cosine's rate at the
+// checkpoint's step moves with the run's length (a finished run resumed for more steps starts
+// again near --lr), while its curves and summary.json show the new schedule alone. Said.
+void note_changed_schedule(const TrainConfig& before, const TrainConfig& now, int64_t step) {
+  if (before.steps == now.steps || step == 0) return;
+  const double was = learning_rate(before, step), is = learning_rate(now, step);
+  if (std::abs(is - was) <= 1e-3 * std::max(now.lr, 1e-300)) return;
+  fmt::print("note: the {} schedule now spans {} steps, not the checkpoint's {}: the learning rate at step {} is {:.3g} "
+             "under it, {:.3g} under the old one, and goes on from there\n",
+             now.schedule, now.steps, before.steps, step, is, was);
+}
+
 void read_resume_point(Run& run, const std::string& resume_from) {
   if (resume_from.empty()) return;
   const Checkpoint ck = read_checkpoint_header(resume_from);  // a different model is refused by load_checkpoint
@@ -192,6 +204,7 @@ void read_resume_point(Run& run, const std::string& resume_from) {
   run.window.untimed_tokens = ck.window.tokens;
   const std::string note = other_set_note(ck, run.data, data_folder(run.c));
   if (!note.empty() && !run.quiet) fmt::print("{}\n", note);
+  if (!run.quiet) note_changed_schedule(ck.config, run.c, ck.step);
 }
 
 void check_run_settings(const Run& run, const std::string& resume_from) {
@@ -508,7 +521,7 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
       save(run, run.checkpoint);
       throw Error(fmt::format("cannot write to standard output during step {} ({}): checkpoint {} written at step {}; "
                               "resume with: {}",
-                              step, e.code().message(), run.checkpoint, run.step, resume_with(run)));
+                              step, files::standard_output_failure(e.code().value()), run.checkpoint, run.step, resume_with(run)));
     }
     // The host reads the steps' statistics (one copy) before it logs, evaluates or saves, and
     // always on the host, where reading costs nothing.
@@ -530,7 +543,7 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
       throw Error(
           fmt::format("cannot write to standard output after step {} ({}): checkpoint {} written; resume "
                       "with: {}",
-                      step, e.code().message(), run.checkpoint, resume_with(run)));
+                      step, files::standard_output_failure(e.code().value()), run.checkpoint, resume_with(run)));
     }
     if (save_step || stop) save(run, run.checkpoint);
     if (stop) {
@@ -656,6 +669,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   build_model(run, resume_from);
   RunFolder folder = prepare_run_folder(run.c, resume_from, run.start_step);  // before any step is spent
   run.folder_lock = std::move(folder.lock);
+  if (!quiet && !folder.note.empty()) fmt::print("{}\n", folder.note);
   if (run.c.on_start) run.c.on_start(run.c, run.device);
   if (!quiet) note_cut_examples(run.task, run.c.model.max_len);
   if (!quiet && run.start_step == 0) note_schedule(run.c);
