@@ -256,6 +256,25 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
                      ? fmt::format("ids are -1 (no cluster) or 0 to {} (--clusters {})", config.clusters - 1,
                                    config.clusters)
                      : std::string("ids are -1 (no cluster) or a cluster's, 0 or more"));
+    // -1 is a padding token's: a real token given it attends to nothing, and its output and
+    // gradients are zero, which a file of all -1 showed without a word (twentieth attack)
+    const std::vector<double> mask = in.mask.defined() ? in.mask.to_double_vector() : std::vector<double>();
+    const int64_t H = config.heads;
+    int64_t unclustered = 0, real = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < N; ++i) {
+        if (!mask.empty() && mask[static_cast<size_t>(b * N + i)] == 0.0) continue;
+        ++real;
+        for (int64_t h = 0; h < H; ++h)
+          if (assignment.data<int32_t>()[(b * H + h) * N + i] == -1) {
+            ++unclustered;
+            break;
+          }
+      }
+    if (unclustered > 0)
+      fmt::print("note: {}: tensor 'assignment' puts {} of the {} real tokens (mask 1{}) in no cluster (-1) in at "
+                 "least one head: a token attends to nothing in such a head, and its output there is zero\n",
+                 file.source, unclustered, real, mask.empty() ? ", as no mask is given" : "");
     in.assignment = assignment.to(device);
   }
   return in;

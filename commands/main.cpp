@@ -2,6 +2,7 @@
 // 0 success, 1 an error (one line on stderr), 2 a usage error, 128 + N a run stopped by signal N
 // (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP) after saving its checkpoint.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -80,6 +81,53 @@ static void hold_stop_signals(bool hold) {
 // The earliest our code runs: before main and the other static initialisers of this binary.
 __attribute__((constructor(101))) static void hold_stop_signals_from_the_start() { hold_stop_signals(true); }
 
+// OpenBLAS reserves its buffers as the program loads, before main; where an address-space limit
+// (ulimit -v, about 0.8 to 1 GB here) refuses them, the release this project links (Debian 12's)
+// retries for ever at full CPU, saying nothing (later releases fail instead). That happens
+// before any constructor of ours, but after the executable's pre-initialisation functions: so,
+// under such a limit only, one of those sets an alarm that main cancels first thing, and an
+// alarm that rings says why cast could not start. A normal start under a limit takes half a
+// second here.
+constexpr unsigned kLibraryStartSeconds = 15;
+static bool g_start_alarm_set = false;
+
+static char g_start_timeout_text[320];  // made before the alarm is set: the handler only writes it
+
+static void library_start_timed_out(int) {
+  const ssize_t written = write(STDERR_FILENO, g_start_timeout_text, std::strlen(g_start_timeout_text));
+  (void)written;
+  _exit(1);
+}
+
+static void time_library_start(int, char**, char**) {
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  std::snprintf(g_start_timeout_text, sizeof g_start_timeout_text,
+                "cast: error: the libraries did not finish loading in %u s: OpenBLAS cannot reserve its buffers under "
+                "the address-space limit of %llu MiB (ulimit -v %llu); raise the limit\n",
+                kLibraryStartSeconds, static_cast<unsigned long long>(limit.rlim_cur >> 20),
+                static_cast<unsigned long long>(limit.rlim_cur >> 10));
+  struct sigaction ring {};
+  ring.sa_handler = library_start_timed_out;
+  sigaction(SIGALRM, &ring, nullptr);
+  const unsigned pending = alarm(kLibraryStartSeconds);
+  if (pending != 0) {  // an alarm of the caller's, inherited across exec: left as it was
+    alarm(pending);
+    signal(SIGALRM, SIG_DFL);
+    return;
+  }
+  g_start_alarm_set = true;
+}
+__attribute__((section(".preinit_array"), used)) static void (*const time_library_start_entry)(int, char**, char**) =
+    time_library_start;
+
+static void library_start_done() {
+  if (!g_start_alarm_set) return;
+  alarm(0);
+  signal(SIGALRM, SIG_DFL);
+  g_start_alarm_set = false;
+}
+
 // The OpenMP settings cast itself reads or sets, checked before the runtime's own use of them:
 // OMP_NUM_THREADS beyond what a process may start (100000) kills the runtime inside its first
 // parallel region, by signal; a value the runtime cannot read it ignores after a warning of its
@@ -137,6 +185,7 @@ static bool openmp_settings_are_sane() {
 }
 
 int main(int argc, char** argv) {
+  library_start_done();
   cast::ops::restore_stderr_after_restart();
   reopen_closed_standard_streams();
   // A reader gone (`cast train | head -1`) or a file-size limit (ulimit -f) fails the write that

@@ -55,6 +55,10 @@ void for_each_line(const std::string& path, const std::string& what,
   }
   files::for_each_line(path, "data file", [&](std::string& line, int64_t number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    // a NUL byte cuts a name or a token short wherever it is passed on (a Pathfinder image's path
+    // was read up to it, and blamed on the folder left): no text line of a data set holds one
+    const size_t nul = line.find('\0');
+    CAST_CHECK(nul == std::string::npos, "{}:{}: a NUL byte at column {}: not a line of text", path, number, nul + 1);
     if (!line.empty()) fn(line, fmt::format("{}:{}", path, number));
   });
 }

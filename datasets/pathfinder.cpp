@@ -185,6 +185,8 @@ static void remove_other_metadata(const std::string& folder) {
 // is written: one flush for the set instead of two per image.
 void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite,
                          const StopCheck& stop_check) {
+  // a file where a folder of the set goes is refused before the set is claimed (marked unfinished)
+  for (const char* folder : {"/imgs", "/imgs/0", "/metadata"}) files::check_output_folder(dir + folder, "Pathfinder folder");
   const files::FolderLock lock = claim_data_folder(dir, overwrite, {dir + "/metadata/0.npy"}, "Pathfinder");
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
   remove_stale_images(dir + "/imgs/0", -1);  // a stopped run's temporary files

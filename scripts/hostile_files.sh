@@ -195,5 +195,17 @@ grep -q "it was closed when cast started): checkpoint" "$WORK/closed.err" || pro
 grep -qv '^{' "$WORK/closed/metrics.jsonl" && problem="$problem; metrics.jsonl holds a console line"
 outcome "train >&-" "$problem"
 
+# Under an address-space limit that refuses OpenBLAS its buffers as the program loads, the library
+# retried for ever before main (twentieth attack): cast must end by itself, with its
+# line where it cannot start (a limit below the libraries' own size is the loader's exit 127).
+for limit in 700000 850000 1000000 1150000 1300000; do
+  (ulimit -v $limit; timeout 60 "$C" info > /dev/null 2> "$WORK/limit.err")
+  code=$? problem=""
+  [ $code -eq 124 ] && problem="still running after 60 s"
+  [ $code -eq 1 ] && ! grep -q "address-space limit of" "$WORK/limit.err" && problem="exit 1: $(cat "$WORK/limit.err")"
+  case $code in 0|1|124|127) ;; *) problem="exit $code: $(cat "$WORK/limit.err")" ;; esac
+  outcome "info under ulimit -v $limit" "$problem"
+done
+
 echo "$cases cases, $failures failed"
 [ $failures -eq 0 ]

@@ -1416,3 +1416,31 @@ TEST(CliAttack, TemporariesAKilledWriteLeftAreSaid) {
   EXPECT_EQ(again.out.find("metrics.jsonl.x.tmp"), std::string::npos) << again.out;
   EXPECT_EQ(slurp(d + "/r/checkpoint.safetensors.tmp"), std::string(1000, 'x'));
 }
+
+// An assignment of -1 (a padding token's) for real tokens gives them zero outputs: said, naming
+// how many, where a file of all -1 ran silently (twentieth attack). Padding given -1 is no news.
+TEST(CliAttack, RealTokensInNoClusterAreNoted) {
+  const std::string d = fresh_dir("no_cluster");
+  std::map<std::string, Tensor> t = {{"x", Tensor::uniform({1, 4, 4}, 1, 0)}, {"dout", Tensor::uniform({1, 4, 4}, 2, 0)},
+                                     {"wq", Tensor::uniform({4, 4}, 3, 0)},   {"wk", Tensor::uniform({4, 4}, 4, 0)},
+                                     {"wv", Tensor::uniform({4, 4}, 5, 0)},   {"wo", Tensor::uniform({4, 4}, 6, 0)},
+                                     {"assignment", Tensor::full({1, 2, 4}, -1, DType::i32)}};
+  write_safetensors(d + "/none.safetensors", t);
+  const std::string options = " --attention clustered --heads 2 --clusters 3";
+  const CliRun none = run("layer --in " + d + "/none.safetensors --out " + d + "/o1.safetensors" + options);
+  EXPECT_EQ(none.code, 0) << none.err;
+  EXPECT_NE(none.out.find("tensor 'assignment' puts 4 of the 4 real tokens (mask 1, as no mask is given) in no "
+                          "cluster (-1)"),
+            std::string::npos)
+      << none.out;
+  // the last token padding: its -1 is said by no note
+  t["mask"] = Tensor::from_vector(std::vector<float>{1, 1, 1, 0}, {1, 4});
+  std::vector<int32_t> ids = {0, 1, 2, -1, 0, 1, 2, -1};
+  Tensor assignment = Tensor::zeros({1, 2, 4}, DType::i32);
+  std::copy(ids.begin(), ids.end(), assignment.data<int32_t>());
+  t["assignment"] = assignment;
+  write_safetensors(d + "/padded.safetensors", t);
+  const CliRun padded = run("layer --in " + d + "/padded.safetensors --out " + d + "/o2.safetensors" + options);
+  EXPECT_EQ(padded.code, 0) << padded.err;
+  EXPECT_EQ(padded.out.find("no cluster"), std::string::npos) << padded.out;
+}

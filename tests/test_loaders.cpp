@@ -122,6 +122,8 @@ TEST(ListOps, BrokenFilesNameFileAndLine) {
   EXPECT_CAST_ERROR(with_train("Source\tTarget\n[MAX 1 2 ]\n"), "basic_train.tsv:2: expected 2 tab-separated columns");
   EXPECT_CAST_ERROR(with_train("Source\tTarget\n[MAX 1 2 ]\t2\textra\n"), "basic_train.tsv:2: expected 2");
   EXPECT_CAST_ERROR(with_train("Source\tTarget\n[MAX 1 x ]\t2\n"), "basic_train.tsv:2: unknown ListOps token 'x'");
+  EXPECT_CAST_ERROR(with_train(std::string("Source\tTarget\n[MAX 1") + '\0' + " 2 ]\t2\n"),
+                    "basic_train.tsv:2: a NUL byte at column 7");
   with_train("Source\tTarget\n[MAX 1 2 ]\t2\n");
   fs::remove(dir + "/basic_test.tsv");
   EXPECT_CAST_ERROR(data::load_listops(dir, 100), "basic_test.tsv: no such file or folder");
@@ -368,6 +370,20 @@ TEST(Pathfinder, PathXGeneratesWithEverySeed) {
   EXPECT_LT(ones, total);
 }
 
+// A file where the set's metadata folder goes is refused before the set is claimed: the folder
+// was marked unfinished and an image folder made first (twentieth attack).
+TEST(Pathfinder, AFileWhereAFolderGoesIsRefusedBeforeAnythingIsMade) {
+  const std::string dir = fresh_dir("pathfinder_file_for_folder");
+  write_text(dir + "/metadata", "my notes\n");
+  data::PathfinderSpec spec;
+  spec.count = 4;
+  EXPECT_CAST_ERROR(data::generate_pathfinder(dir, spec, 6, true), "metadata: is a file, not a folder");
+  EXPECT_FALSE(fs::exists(dir + "/" + data::kDataUnfinishedMark));
+  EXPECT_FALSE(fs::exists(dir + "/imgs"));
+  std::ifstream notes(dir + "/metadata");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(notes)), std::istreambuf_iterator<char>()), "my notes\n");
+}
+
 TEST(Pathfinder, BrokenMetadataAndImages) {
   const std::string dir = fresh_dir("pathfinder_bad");
   data::PathfinderSpec spec;
@@ -377,6 +393,9 @@ TEST(Pathfinder, BrokenMetadataAndImages) {
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:2: label '7'");
   write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png\n");
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:1: expected at least 4 fields");
+  // a NUL byte in a path (twentieth attack: the path was cut there, and the folder left blamed)
+  write_text(dir + "/metadata/0.npy", std::string("imgs/0 sample_0.png 0 1\nimgs/0") + '\0' + "/sample_1.png 1 0\n");
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:2: a NUL byte at column 7: not a line of text");
   // a NumPy array saved under the name (nineteenth attack: "label 'False,' is not 0 or 1")
   write_text(dir + "/metadata/0.npy", std::string("\x93NUMPY\x01\x00v\x00{'descr': '<U20', 'fortran_order': False, "
                                                   "'shape': (2, 4), }\n"));

@@ -508,11 +508,14 @@ void validate(const TrainConfig& c) {
   const nn::ModelConfig& m = c.model;
   if (m.patch > 1) {
     const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(m.max_len))));
-    if (side * side != m.max_len || side % m.patch != 0)
-      throw UsageError(
-          fmt::format("setting 'patch' is {}: patches are for image tasks, whose 'max-len' ({}) is the pixels "
-                      "of a square image with a side that is a multiple of it",
-                      m.patch, m.max_len));
+    if (side * side != m.max_len)
+      throw UsageError(fmt::format("setting 'patch' is {}: patches are for image tasks, whose 'max-len' is the "
+                                   "pixels of a square image, and {} is no square",
+                                   m.patch, m.max_len));
+    if (side % m.patch != 0)
+      throw UsageError(fmt::format("setting 'patch' is {}: it must divide the image's side, {} pixels ('max-len' {} "
+                                   "is {} x {})",
+                                   m.patch, side, m.max_len, side, side));
   }
   if (m.dim % m.heads != 0)
     throw UsageError(fmt::format("setting 'dim' is {}: it must be a multiple of 'heads' ({})", m.dim, m.heads));

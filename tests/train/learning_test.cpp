@@ -95,9 +95,12 @@ TEST(PatchEmbedding, AModelOfPatchTokensLearnsWhichQuadrantIsBright) {
 
 TEST(PatchEmbedding, PatchesNeedASquareImageOfWholePatches) {
   train::TrainConfig c = train::preset("fashion-mnist");
-  EXPECT_CAST_ERROR(
-      train::apply_overrides(c, nlohmann::json{{"patch", 3}}),
-      "setting 'patch' is 3: patches are for image tasks, whose 'max-len' (784) is the pixels of a square image");
+  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json{{"patch", 3}}),
+                    "setting 'patch' is 3: it must divide the image's side, 28 pixels ('max-len' 784 is 28 x 28)");
+  train::TrainConfig oblong = train::preset("fashion-mnist");
+  EXPECT_CAST_ERROR(train::apply_overrides(oblong, nlohmann::json{{"patch", 4}, {"max-len", 700}}),
+                    "setting 'patch' is 4: patches are for image tasks, whose 'max-len' is the pixels of a square "
+                    "image, and 700 is no square");
   EXPECT_NO_THROW(train::apply_overrides(c, nlohmann::json{{"patch", 4}}));
   EXPECT_EQ(c.model.tokens(), 49);
   // a task that is not an image: refused before training, by name
