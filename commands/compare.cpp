@@ -129,10 +129,14 @@ std::vector<uint64_t> seeds_of(const std::string& list) {
   for (const std::string& seed : cli::comma_list("seeds", list)) {
     size_t used = 0;
     int64_t s = -1;
+    bool out_of_range = false;
     try {
       s = std::stoll(seed, &used);
+    } catch (const std::out_of_range&) {
+      out_of_range = true;
     } catch (const std::exception&) {
     }
+    CAST_CHECK_USAGE(!out_of_range, "--seeds: {} is out of range (seeds are 0 to 9223372036854775807)", seed);
     CAST_CHECK_USAGE(used == seed.size() && s >= 0, "--seeds: '{}' is not a seed (a whole number, 0 or more)", seed);
     CAST_CHECK_USAGE(std::find(seeds.begin(), seeds.end(), static_cast<uint64_t>(s)) == seeds.end(),
                      "--seeds: seed {} is listed twice ('{}')", s, list);

@@ -250,12 +250,13 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
     const Tensor& assignment = file.get("assignment", DType::i32, {B, config.heads, N});
     for (const int32_t a :
          std::vector<int32_t>(assignment.data<int32_t>(), assignment.data<int32_t>() + assignment.numel()))
-      CAST_CHECK(a >= -1 && (config.clusters <= 0 || a < config.clusters), "{}: tensor 'assignment' holds {}: {}",
+      CAST_CHECK(a >= -1 && a < (config.clusters > 0 ? config.clusters : N), "{}: tensor 'assignment' holds {}: {}",
                  file.source, a,
                  config.clusters > 0
                      ? fmt::format("ids are -1 (no cluster) or 0 to {} (--clusters {})", config.clusters - 1,
                                    config.clusters)
-                     : std::string("ids are -1 (no cluster) or a cluster's, 0 or more"));
+                     : fmt::format("ids are -1 (no cluster) or 0 to {} (its {} tokens fill at most {} clusters)", N - 1,
+                                   N, N));
     // -1 is a padding token's: a real token given it attends to nothing, and its output and
     // gradients are zero, which a file of all -1 showed without a word (twentieth attack)
     const std::vector<double> mask = in.mask.defined() ? in.mask.to_double_vector() : std::vector<double>();

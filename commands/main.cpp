@@ -211,8 +211,16 @@ int main(int argc, char** argv) {
     // Ctrl-C, SIGTERM or SIGHUP while training: the current step is finished and saved first.
     // `cast eval`: the evaluation stops between batches (nothing is written, so nothing to save).
     // `cast data`: the generator stops between examples and says the set is unfinished.
-    if (name == "train" || name == "compare" || name == "eval" || name == "data") cast::train::install_stop_handlers();
-    else cast::train::install_exit_handlers();  // nothing to save: a write in progress leaves no temporary file
+    if (name == "train" || name == "compare" || name == "eval" || name == "data") {
+      cast::train::install_stop_handlers();
+      cast::train::set_first_signal_note(
+          name == "eval"   ? ": stopping after the batch in progress; send it again to stop at once"
+          : name == "data" ? ": stopping after the example in progress; send it again to stop at once"
+                           : ": stopping once the step (or evaluation batch) in progress is done and saved; send it "
+                             "again to stop at once");
+    } else {
+      cast::train::install_exit_handlers();  // nothing to save: a write in progress leaves no temporary file
+    }  // nothing to save: a write in progress leaves no temporary file
     hold_stop_signals(false);  // a signal that came meanwhile arrives now
     try {
       return check_standard_output(name, c.run(args));
@@ -236,7 +244,12 @@ int main(int argc, char** argv) {
                    name.c_str());
       return 1;
     } catch (const std::filesystem::filesystem_error& e) {
-      std::fprintf(stderr, "cast %s: error: %s: %s\n", name.c_str(), e.path1().c_str(), e.code().message().c_str());
+      // what() is "filesystem error: cannot create directories: <reason> [path]": the operation
+      // is said with the path, not the reason alone
+      std::string what = e.what();
+      if (what.rfind("filesystem error: ", 0) == 0) what.erase(0, std::strlen("filesystem error: "));
+      if (const size_t bracket = what.find(" ["); bracket != std::string::npos) what.erase(bracket);
+      std::fprintf(stderr, "cast %s: error: %s: %s\n", name.c_str(), e.path1().c_str(), what.c_str());
       return 1;
     } catch (const std::system_error& e) {
       // fmt's print to the console fails with "cannot write to file": standard output is the one

@@ -63,9 +63,12 @@ constexpr const char* kDataFolderMark = ".made-by-cast";
 constexpr const char* kDataUnfinishedMark = ".cast-data-unfinished";
 // Takes `dir` for one generator: refuses it (before anything in it changes) when it holds files
 // cast did not generate and `overwrite` is off, or when one of `outputs` (in a folder that
-// exists) cannot be written there; then locks it and marks it unfinished.
+// exists) cannot be written there; then locks it. The generator marks it unfinished
+// (mark_data_unfinished) just before its first data file changes: a generator stopped while it
+// draws its examples in memory leaves the set as it was, usable.
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
                                     const std::string& kind);
+void mark_data_unfinished(const std::string& dir);
 void mark_data_folder(const std::string& dir, const std::string& kind);
 // The kind of set a folder's mark names ("ListOps", "Pathfinder"); "" for a mark that names none
 // (sets made before marks named their kind) or no mark.

@@ -96,10 +96,13 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
   // one writer at a time: never a folder a training or another cast data is using
   files::FolderLock lock(dir, "data folder");
   check_outputs();
+  return lock;
+}
+
+void mark_data_unfinished(const std::string& dir) {
   files::write_atomic(dir + "/" + kDataUnfinishedMark,
                       "cast data is writing this data set, or was stopped before it finished: run it again\n",
                       "data folder mark", files::Link::refuse);
-  return lock;
 }
 
 void mark_data_folder(const std::string& dir, const std::string& kind) {

@@ -188,6 +188,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
   // a file where a folder of the set goes is refused before the set is claimed (marked unfinished)
   for (const char* folder : {"/imgs", "/imgs/0", "/metadata"}) files::check_output_folder(dir + folder, "Pathfinder folder");
   const files::FolderLock lock = claim_data_folder(dir, overwrite, {dir + "/metadata/0.npy"}, "Pathfinder");
+  mark_data_unfinished(dir);  // images are written as they are drawn
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
   remove_stale_images(dir + "/imgs/0", -1);  // a stopped run's temporary files
   files::make_writable_folder(dir + "/metadata", "Pathfinder folder");

@@ -101,6 +101,7 @@ TEST(Cli, SettingsOutOfRangeAreUsageErrorsBeforeAnyWork) {
       {"bench gemm --fp32-flash fma", "--fp32-flash is an option of cast bench"},
       {"data listops --seed -3", "--seed is -3"},
       {"compare --seeds 1,x", "--seeds: 'x' is not a seed"},
+      {"compare --seeds 99999999999999999999", "--seeds: 99999999999999999999 is out of range"},
       {"compare --seeds 1,,2", "--seeds: '1,,2' has an empty item"},
       {"compare --attention full,full", "--attention: 'full' is listed twice"},
       {"compare --attention full,bogus", "unknown mechanism 'bogus'"},
@@ -427,7 +428,14 @@ TEST(Cli, CtrlCSavesACheckpointSaysHowToResumeAndTheResumedRunIsBitIdentical) {
   const CliRun stopped =
       interrupt(tiny_train(dir, "stopped", 600), (dir / "stopped" / "metrics.jsonl").string(), {{3, SIGINT}});
   ASSERT_EQ(stopped.code, 130) << stopped.err;
-  EXPECT_EQ(lines(stopped.err), 1) << stopped.err;
+  // the signal heard at once (twenty-first attack: a step of 50 s went on without a word), then
+  // the stop's own line
+  EXPECT_EQ(lines(stopped.err), 2) << stopped.err;
+  EXPECT_EQ(stopped.err.rfind("cast: SIGINT: stopping once the step (or evaluation batch) in progress is done and "
+                              "saved; send it again to stop at once\n",
+                              0),
+            0u)
+      << stopped.err;
   const std::string resume = "cast train --resume " + ckpt;
   EXPECT_NE(stopped.err.find("stopped by SIGINT after step "), std::string::npos) << stopped.err;
   EXPECT_NE(stopped.err.find("checkpoint " + ckpt + " written; resume with: " + resume + "\n"), std::string::npos)
@@ -554,7 +562,7 @@ TEST(Cli, CompareStopsOnCtrlCAndTheSameCommandResumesIt) {
       (dir / "listops").string(), out);
   const CliRun stopped = interrupt(args, out + "/full-seed1/metrics.jsonl", {{3, SIGINT}});
   ASSERT_EQ(stopped.code, 130) << stopped.err;
-  EXPECT_EQ(lines(stopped.err), 1) << stopped.err;
+  EXPECT_EQ(lines(stopped.err), 2) << stopped.err;  // the signal heard, then the stop
   EXPECT_NE(stopped.err.find("resume with: cast " + args + "\n"), std::string::npos) << stopped.err;
   EXPECT_TRUE(fs::exists(out + "/full-seed1/checkpoint.safetensors"));
   EXPECT_FALSE(fs::exists(out + "/results.md"));
@@ -568,11 +576,39 @@ TEST(Cli, CastDataStopsOnCtrlCAndSaysTheSetIsUnfinished) {
   const CliRun stopped = interrupt("data pathfinder --count 1000000 --out " + out,
                                    out + "/" + cast::data::kDataUnfinishedMark, {{1, SIGINT}});
   ASSERT_EQ(stopped.code, 130) << stopped.err;
-  EXPECT_EQ(lines(stopped.err), 1) << stopped.err;
+  EXPECT_EQ(lines(stopped.err), 2) << stopped.err;
+  EXPECT_NE(stopped.err.find("cast: SIGINT: stopping after the example in progress"), std::string::npos) << stopped.err;
   EXPECT_NE(stopped.err.find("cast data: stopped by SIGINT: data folder " + out + " is unfinished"), std::string::npos)
       << stopped.err;
   EXPECT_TRUE(fs::exists(out + "/" + cast::data::kDataUnfinishedMark));
   EXPECT_FALSE(fs::exists(out + "/metadata/0.npy"));
+  fs::remove_all(dir);
+}
+
+// A rerun of cast data stopped while it draws its examples leaves the set it would replace whole
+// and usable (twenty-first attack: it was marked unfinished from the start, so training refused
+// a set whose files had not changed).
+TEST(Cli, CastDataStoppedBeforeWritingLeavesTheSetUsable) {
+  const fs::path dir = lifecycle_dir("data_sigint_early");
+  const std::string out = (dir / "ls").string();
+  ASSERT_EQ(run("data listops --count 200 --out " + out).code, 0);
+  const std::string rows = slurp(out + "/basic_train.tsv");
+  // the signal comes once the rerun holds the folder (its pid in the lock file), while it draws
+  // 100 000 release-length examples (a minute)
+  const std::string err = (dir / "err").string();
+  const pid_t pid = start_cast("data listops --count 100000 --out " + out, err);
+  for (int waited = 0; waited < 60000 && slurp(out + "/.cast.lock") != std::to_string(pid); waited += 2) usleep(2000);
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const CliRun stopped{WIFEXITED(status) ? WEXITSTATUS(status) : -1, "", slurp(err)};
+  ASSERT_EQ(stopped.code, 130) << stopped.err;
+  EXPECT_NE(stopped.err.find("stopped by SIGINT before any file of the set was written: data folder " + out +
+                             " holds what it held before"),
+            std::string::npos)
+      << stopped.err;
+  EXPECT_FALSE(fs::exists(out + "/" + cast::data::kDataUnfinishedMark));
+  EXPECT_EQ(slurp(out + "/basic_train.tsv"), rows);
   fs::remove_all(dir);
 }
 

@@ -1444,3 +1444,24 @@ TEST(CliAttack, RealTokensInNoClusterAreNoted) {
   EXPECT_EQ(padded.code, 0) << padded.err;
   EXPECT_EQ(padded.out.find("no cluster"), std::string::npos) << padded.out;
 }
+
+// A cluster id beyond what the tokens can fill, with no --clusters, is said with the file and the
+// tensor, as it is with --clusters (twenty-first attack: "attention: assignment names cluster 99").
+TEST(CliAttack, AnAssignmentBeyondTheTokensNamesTheFile) {
+  const std::string d = fresh_dir("assignment_bound");
+  Tensor assignment = Tensor::zeros({1, 2, 4}, DType::i32);
+  assignment.data<int32_t>()[3] = 99;
+  write_safetensors(d + "/far.safetensors",
+                    {{"x", Tensor::uniform({1, 4, 4}, 1, 0)}, {"dout", Tensor::uniform({1, 4, 4}, 2, 0)},
+                     {"wq", Tensor::uniform({4, 4}, 3, 0)}, {"wk", Tensor::uniform({4, 4}, 4, 0)},
+                     {"wv", Tensor::uniform({4, 4}, 5, 0)}, {"wo", Tensor::uniform({4, 4}, 6, 0)},
+                     {"assignment", assignment}});
+  const CliRun r = run("layer --in " + d + "/far.safetensors --out " + d + "/o.safetensors --attention clustered "
+                       "--heads 2");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find(d + "/far.safetensors: tensor 'assignment' holds 99: ids are -1 (no cluster) or 0 to 3 (its 4 "
+                           "tokens fill at most 4 clusters)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(d + "/o.safetensors"));
+}

@@ -67,9 +67,11 @@ TEST(ListOps, GeneratorWritesTheReleaseLayoutAndLabelsMatch) {
   }
 }
 
-// A generator stopped part-way (cast data on Ctrl-C) leaves its folder marked unfinished, which
-// every reader refuses; an output it cannot write is refused before the mark, so a set whose
-// regeneration was refused stays readable.
+// A generator stopped part-way (cast data on Ctrl-C) once its files began to change leaves its
+// folder marked unfinished, which every reader refuses; one stopped while it drew its examples
+// in memory leaves the set as it was, readable (twenty-first attack: the mark was made at the
+// start, so an interrupted identical rerun made a whole set unusable). An output it cannot write
+// is refused before the mark, so a set whose regeneration was refused stays readable.
 TEST(ListOps, AStoppedGeneratorLeavesTheSetUnfinishedAndARefusedOneLeavesItWhole) {
   const std::string dir = fresh_dir("listops_stopped");
   data::ListOpsSpec spec = data::ListOpsSpec::short_cpu();
@@ -80,6 +82,13 @@ TEST(ListOps, AStoppedGeneratorLeavesTheSetUnfinishedAndARefusedOneLeavesItWhole
   struct Stop {};
   EXPECT_THROW(data::generate_listops(dir, spec, 4, false, [&] { if (++checks == 2) throw Stop{}; }), Stop);
   EXPECT_EQ(checks, 2);
+  EXPECT_FALSE(fs::exists(dir + "/" + data::kDataUnfinishedMark));  // still drawing: nothing written
+  EXPECT_EQ(data::load_listops(dir, 48).train.size(), 600u);
+  EXPECT_EQ(slurp(dir + "/basic_train.tsv"), train_rows);
+  // stopped between its files: half new, marked
+  EXPECT_THROW(data::generate_listops(dir, spec, 4, false,
+                                      [&] { if (fs::exists(dir + "/" + data::kDataUnfinishedMark)) throw Stop{}; }),
+               Stop);
   EXPECT_TRUE(fs::exists(dir + "/" + data::kDataUnfinishedMark));
   EXPECT_CAST_ERROR(data::load_listops(dir, 48), "did not finish");
   data::generate_listops(dir, spec, 3);  // the rerun completes it

@@ -41,6 +41,8 @@ std::atomic<int> g_polls_signal{0};
 // read by the handler only while g_note_ready says it is whole.
 char g_second_note[4096] = "";
 std::atomic<bool> g_note_ready{false};
+char g_first_note[512] = "";
+std::atomic<bool> g_first_note_ready{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 
 // Writes text to standard error from a signal handler (write and strlen are async-signal-safe).
@@ -96,6 +98,13 @@ extern "C" void on_stop_signal(int signal) {
   if (signal == SIGHUP) quiet_standard_output();  // the terminal is gone: progress lines go nowhere
   g_first_ns.store(now_ns());
   g_stop.store(signal);
+  if (g_first_note_ready.load()) {  // heard at once: a step may take a minute to finish
+    const char* name = known_signal_name(signal);
+    say("cast: ");
+    say(name ? name : "signal");
+    say(g_first_note);
+    say("\n");
+  }
 }
 }  // namespace
 
@@ -105,6 +114,14 @@ void set_second_signal_note(const std::string& note) {
   std::memcpy(g_second_note, note.data(), n);
   g_second_note[n] = '\0';
   g_note_ready.store(true);
+}
+
+void set_first_signal_note(const std::string& note) {
+  g_first_note_ready.store(false);
+  const size_t n = std::min(note.size(), sizeof(g_first_note) - 1);
+  std::memcpy(g_first_note, note.data(), n);
+  g_first_note[n] = '\0';
+  g_first_note_ready.store(true);
 }
 
 namespace {

@@ -24,6 +24,9 @@ void clear_stop();
 // What a second signal's line says after "cast: stopped at once by a second SIGINT" (for a run:
 // which checkpoint stays and how to resume); set before the work starts.
 void set_second_signal_note(const std::string& note);
+// What the first signal's line says at once after "cast: SIGTERM: " (what the command does
+// before it stops), so that a stop that waits for a long step is seen to have been heard.
+void set_first_signal_note(const std::string& note);
 
 // "SIGINT", "SIGTERM", "SIGHUP", or "signal N".
 std::string signal_name(int signal);

@@ -371,6 +371,11 @@ void save(const Run& run, const std::string& path) {
                             run.step, e.what(), last_good_checkpoint(run.checkpoint)));
   } catch (const Error& e) {  // a full disk, a file-size limit: the file it would have replaced is whole
     throw Error(fmt::format("{}. {}", e.what(), how_to_continue(run)));
+  } catch (const std::bad_alloc&) {  // the file is laid out whole in memory before it is written
+    throw Error(fmt::format("checkpoint {}: out of memory while laying it out for writing (a memory limit such as "
+                            "ulimit -v, or the machine's memory, is below the model's state and its copy); nothing "
+                            "was written. {}",
+                            path, how_to_continue(run)));
   }
 }
 
