@@ -374,7 +374,7 @@ void save(const Run& run, const std::string& path) {
   } catch (const std::bad_alloc&) {  // the file is laid out whole in memory before it is written
     throw Error(fmt::format("checkpoint {}: out of memory while laying it out for writing (a memory limit such as "
                             "ulimit -v, or the machine's memory, is below the model's state and its copy); nothing "
-                            "was written. {}",
+                            "was written: raise the limit or free memory first. {}",
                             path, how_to_continue(run)));
   }
 }
