@@ -797,6 +797,10 @@ int command_bench(const std::vector<std::string>& argv) {
     for (const std::string& option : options)
       CAST_CHECK_USAGE(!args.is_set(option) || reads.at(what).count(option),
                        "--{} is an option of cast bench {}, not of cast bench {}", option, other, what);
+  // the gemm benchmark measures the CPU's BLAS alone: a --device cuda ran there without a word
+  CAST_CHECK_USAGE(what != "gemm" || !args.is_set("device") || args.str("device") != "cuda",
+                   "--device cuda: cast bench gemm measures the CPU's BLAS (cast bench flash measures the GPU's "
+                   "kernels)");
   ops::set_tile_gemm(args.choice("tile-gemm", {"kernel", "blas"}) == "blas" ? ops::TileGemm::blas
                                                                             : ops::TileGemm::kernel);
   if (args.is_set("fp32-flash")) {

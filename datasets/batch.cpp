@@ -1,5 +1,6 @@
 // Batching and simple statistics over examples.
 #include <algorithm>
+#include <filesystem>
 #include <sstream>
 #include <map>
 
@@ -51,6 +52,11 @@ void for_each_line(const std::string& path, const std::string& what,
   try {
     files::require_file(path, "data file");
   } catch (const Error& e) {  // a missing file: say how to make it
+    // unless a cast data is making it now (it draws its examples before it writes a file): then
+    // the folder's holder is named, as the advice to generate it would be refused by its lock
+    const std::string folder = std::filesystem::path(path).parent_path().string();
+    if (!folder.empty() && files::exists(folder + "/.cast.lock") && !files::held_here(folder))
+      files::FolderLock probe(folder, "data folder");
     throw Error(fmt::format("{} ({})", e.what(), what));
   }
   files::for_each_line(path, "data file", [&](std::string& line, int64_t number) {

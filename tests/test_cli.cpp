@@ -102,6 +102,7 @@ TEST(Cli, SettingsOutOfRangeAreUsageErrorsBeforeAnyWork) {
       {"data listops --seed -3", "--seed is -3"},
       {"compare --seeds 1,x", "--seeds: 'x' is not a seed"},
       {"compare --seeds 99999999999999999999", "--seeds: 99999999999999999999 is out of range"},
+      {"bench gemm --device cuda", "--device cuda: cast bench gemm measures the CPU's BLAS"},
       {"compare --seeds 1,,2", "--seeds: '1,,2' has an empty item"},
       {"compare --attention full,full", "--attention: 'full' is listed twice"},
       {"compare --attention full,bogus", "unknown mechanism 'bogus'"},
@@ -609,6 +610,25 @@ TEST(Cli, CastDataStoppedBeforeWritingLeavesTheSetUsable) {
       << stopped.err;
   EXPECT_FALSE(fs::exists(out + "/" + cast::data::kDataUnfinishedMark));
   EXPECT_EQ(slurp(out + "/basic_train.tsv"), rows);
+  fs::remove_all(dir);
+}
+
+// Training on a folder a cast data is still making (drawing its examples, no file written yet)
+// names the writer, where it advised generating the set (twenty-second attack), which the
+// writer's lock would refuse.
+TEST(Cli, TrainingOnASetBeingMadeNamesItsWriter) {
+  const fs::path dir = lifecycle_dir("data_being_made");
+  const std::string out = (dir / "ls").string(), err = (dir / "err").string();
+  const pid_t pid = start_cast("data listops --count 100000 --out " + out, err);
+  for (int waited = 0; waited < 60000 && slurp(out + "/.cast.lock") != std::to_string(pid); waited += 2) usleep(2000);
+  const CliRun train = run("train --task listops --data " + out + " --steps 1 --batch 2 --dim 8 --heads 2 --mlp-dim 8 "
+                           "--layers 1 --device cpu --run " + (dir / "r").string());
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_NE(train.code, 0);
+  EXPECT_NE(train.err.find("is in use by another cast process (pid " + std::to_string(pid)), std::string::npos)
+      << train.err;
   fs::remove_all(dir);
 }
 

@@ -1390,6 +1390,11 @@ TEST(CliAttack, AResumeThatChangesTheScheduleSaysSo) {
             std::string::npos)
       << longer.out;
   EXPECT_NE(longer.out.find("under it, 0 under the old one"), std::string::npos) << longer.out;
+  // a resume refused (into another run's folder) says nothing of a schedule it never runs
+  ASSERT_EQ(run("train --data " + data + " --run " + d + "/taken --steps 4" + tiny).code, 0);
+  const CliRun into_other = run("train --resume " + d + "/cos/checkpoint.safetensors --steps 12 --run " + d + "/taken");
+  EXPECT_EQ(into_other.code, 2) << into_other.err;
+  EXPECT_EQ(into_other.out.find("schedule now spans"), std::string::npos) << into_other.out;
   ASSERT_EQ(run("train --data " + data + " --run " + d + "/flat --steps 4 --schedule constant" + tiny).code, 0);
   const CliRun flat = run("train --resume " + d + "/flat/checkpoint.safetensors --steps 8");
   EXPECT_EQ(flat.code, 0) << flat.err;

@@ -161,6 +161,7 @@ struct Run {
   bool quiet = false, terminal = false;
   Device device = Device::cpu;
   std::string checkpoint;  // the run folder's checkpoint.safetensors
+  std::string schedule_note;  // said once the run is accepted, not before a refusal
   // Where this process starts: step 0, or a checkpoint's step, best validation and cost.
   int64_t start_step = 0, step = 0;
   double best_val = -1;
@@ -185,13 +186,13 @@ std::string resume_with(const Run& run) {
 // A resumed run given other --steps runs the rest of a new schedule: cosine's rate at the
 // checkpoint's step moves with the run's length (a finished run resumed for more steps starts
 // again near --lr), while its curves and summary.json show the new schedule alone. Said.
-void note_changed_schedule(const TrainConfig& before, const TrainConfig& now, int64_t step) {
-  if (before.steps == now.steps || step == 0) return;
+std::string changed_schedule_note(const TrainConfig& before, const TrainConfig& now, int64_t step) {
+  if (before.steps == now.steps || step == 0) return "";
   const double was = learning_rate(before, step), is = learning_rate(now, step);
-  if (std::abs(is - was) <= 1e-3 * std::max(now.lr, 1e-300)) return;
-  fmt::print("note: the {} schedule now spans {} steps, not the checkpoint's {}: the learning rate at step {} is {:.3g} "
-             "under it, {:.3g} under the old one, and goes on from there\n",
-             now.schedule, now.steps, before.steps, step, is, was);
+  if (std::abs(is - was) <= 1e-3 * std::max(now.lr, 1e-300)) return "";
+  return fmt::format("note: the {} schedule now spans {} steps, not the checkpoint's {}: the learning rate at step {} "
+                     "is {:.3g} under it, {:.3g} under the old one, and goes on from there",
+                     now.schedule, now.steps, before.steps, step, is, was);
 }
 
 void read_resume_point(Run& run, const std::string& resume_from) {
@@ -204,7 +205,7 @@ void read_resume_point(Run& run, const std::string& resume_from) {
   run.window.untimed_tokens = ck.window.tokens;
   const std::string note = other_set_note(ck, run.data, data_folder(run.c));
   if (!note.empty() && !run.quiet) fmt::print("{}\n", note);
-  if (!run.quiet) note_changed_schedule(ck.config, run.c, ck.step);
+  run.schedule_note = changed_schedule_note(ck.config, run.c, ck.step);
 }
 
 void check_run_settings(const Run& run, const std::string& resume_from) {
@@ -675,6 +676,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   RunFolder folder = prepare_run_folder(run.c, resume_from, run.start_step);  // before any step is spent
   run.folder_lock = std::move(folder.lock);
   if (!quiet && !folder.note.empty()) fmt::print("{}\n", folder.note);
+  if (!quiet && !run.schedule_note.empty()) fmt::print("{}\n", run.schedule_note);
   if (run.c.on_start) run.c.on_start(run.c, run.device);
   if (!quiet) note_cut_examples(run.task, run.c.model.max_len);
   if (!quiet && run.start_step == 0) note_schedule(run.c);
