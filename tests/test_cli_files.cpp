@@ -1422,14 +1422,19 @@ TEST(CliAttack, TemporariesAKilledWriteLeftAreSaid) {
   EXPECT_EQ(slurp(d + "/r/checkpoint.safetensors.tmp"), std::string(1000, 'x'));
 }
 
+// A cast layer input of one sequence of 4 tokens of width 4 for 2 heads, with `assignment`.
+static std::map<std::string, Tensor> clustered_layer_inputs(const Tensor& assignment) {
+  return {{"x", Tensor::uniform({1, 4, 4}, 1, 0)}, {"dout", Tensor::uniform({1, 4, 4}, 2, 0)},
+          {"wq", Tensor::uniform({4, 4}, 3, 0)},   {"wk", Tensor::uniform({4, 4}, 4, 0)},
+          {"wv", Tensor::uniform({4, 4}, 5, 0)},   {"wo", Tensor::uniform({4, 4}, 6, 0)},
+          {"assignment", assignment}};
+}
+
 // An assignment of -1 (a padding token's) for real tokens gives them zero outputs: said, naming
 // how many, where a file of all -1 ran silently (twentieth attack). Padding given -1 is no news.
 TEST(CliAttack, RealTokensInNoClusterAreNoted) {
   const std::string d = fresh_dir("no_cluster");
-  std::map<std::string, Tensor> t = {{"x", Tensor::uniform({1, 4, 4}, 1, 0)}, {"dout", Tensor::uniform({1, 4, 4}, 2, 0)},
-                                     {"wq", Tensor::uniform({4, 4}, 3, 0)},   {"wk", Tensor::uniform({4, 4}, 4, 0)},
-                                     {"wv", Tensor::uniform({4, 4}, 5, 0)},   {"wo", Tensor::uniform({4, 4}, 6, 0)},
-                                     {"assignment", Tensor::full({1, 2, 4}, -1, DType::i32)}};
+  std::map<std::string, Tensor> t = clustered_layer_inputs(Tensor::full({1, 2, 4}, -1, DType::i32));
   write_safetensors(d + "/none.safetensors", t);
   const std::string options = " --attention clustered --heads 2 --clusters 3";
   const CliRun none = run("layer --in " + d + "/none.safetensors --out " + d + "/o1.safetensors" + options);
@@ -1456,11 +1461,7 @@ TEST(CliAttack, AnAssignmentBeyondTheTokensNamesTheFile) {
   const std::string d = fresh_dir("assignment_bound");
   Tensor assignment = Tensor::zeros({1, 2, 4}, DType::i32);
   assignment.data<int32_t>()[3] = 99;
-  write_safetensors(d + "/far.safetensors",
-                    {{"x", Tensor::uniform({1, 4, 4}, 1, 0)}, {"dout", Tensor::uniform({1, 4, 4}, 2, 0)},
-                     {"wq", Tensor::uniform({4, 4}, 3, 0)}, {"wk", Tensor::uniform({4, 4}, 4, 0)},
-                     {"wv", Tensor::uniform({4, 4}, 5, 0)}, {"wo", Tensor::uniform({4, 4}, 6, 0)},
-                     {"assignment", assignment}});
+  write_safetensors(d + "/far.safetensors", clustered_layer_inputs(assignment));
   const CliRun r = run("layer --in " + d + "/far.safetensors --out " + d + "/o.safetensors --attention clustered "
                        "--heads 2");
   EXPECT_EQ(r.code, 1) << r.err;
