@@ -367,6 +367,12 @@ pid_t start_cast(const std::string& args, const std::string& err, const std::str
   return pid;
 }
 
+// Waits (at most a minute) until `pid` holds `folder` (its pid in the folder's lock file).
+void wait_for_holder(const std::string& folder, pid_t pid) {
+  for (int waited = 0; waited < 60000 && slurp(folder + "/.cast.lock") != std::to_string(pid); waited += 2)
+    usleep(2000);
+}
+
 // Waits (at most two minutes) until `metrics` has `count` lines: false where it never does.
 bool wait_for_lines(const std::string& metrics, int count) {
   for (int waited = 0; waited < 120000 && lines_in(metrics) < count; waited += 2) usleep(2000);
@@ -598,7 +604,7 @@ TEST(Cli, CastDataStoppedBeforeWritingLeavesTheSetUsable) {
   // 100 000 release-length examples (a minute)
   const std::string err = (dir / "err").string();
   const pid_t pid = start_cast("data listops --count 100000 --out " + out, err);
-  for (int waited = 0; waited < 60000 && slurp(out + "/.cast.lock") != std::to_string(pid); waited += 2) usleep(2000);
+  wait_for_holder(out, pid);
   kill(pid, SIGINT);
   int status = 0;
   waitpid(pid, &status, 0);
@@ -620,7 +626,7 @@ TEST(Cli, TrainingOnASetBeingMadeNamesItsWriter) {
   const fs::path dir = lifecycle_dir("data_being_made");
   const std::string out = (dir / "ls").string(), err = (dir / "err").string();
   const pid_t pid = start_cast("data listops --count 100000 --out " + out, err);
-  for (int waited = 0; waited < 60000 && slurp(out + "/.cast.lock") != std::to_string(pid); waited += 2) usleep(2000);
+  wait_for_holder(out, pid);
   const CliRun train = run("train --task listops --data " + out + " --steps 1 --batch 2 --dim 8 --heads 2 --mlp-dim 8 "
                            "--layers 1 --device cpu --run " + (dir / "r").string());
   kill(pid, SIGTERM);
