@@ -40,7 +40,7 @@ int command_data(const std::vector<std::string>& argv) {
       .option("max-length", "0", "ListOps: longest expression in tokens (0: 2000 as in LRA, short 48)")
       .option("min-length", "0", "ListOps: shortest expression (0: a quarter of --max-length, as LRA's 500 of 2000)")
       .option("seed", "1", "seed")
-      .flag("overwrite", "replace a data set in --out that cast did not generate")
+      .flag("overwrite", "replace a data set in --out that cast did not generate, or generated with other settings")
       .usage("cast data <task> [options]   (or --task <task>)")
       .example("cast data listops")
       .example("cast data listops --max-length 512 --count 20000 --out data/listops-512")
@@ -83,7 +83,13 @@ int command_data(const std::vector<std::string>& argv) {
     if (count > 0) spec.count = count;
     data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out));
   }
+  // The set is whole from here: a second signal now loses nothing, and a first one that came
+  // during its last writes stopped nothing (the exit says the set was written, not stopped).
+  train::set_second_signal_note(fmt::format(": data folder {} was already complete", out));
   fmt::print("cast data: wrote {} into {}\n", task, out);
+  if (const int signal = train::stop_signal(); signal != 0)
+    fmt::print(stderr, "cast data: {} came while the set's last files were written; it was finished, not stopped\n",
+               train::signal_name(signal));
   return 0;
 }
 

@@ -66,13 +66,19 @@ constexpr const char* kDataUnfinishedMark = ".cast-data-unfinished";
 // exists) cannot be written there; then locks it. The generator marks it unfinished
 // (mark_data_unfinished) just before its first data file changes: a generator stopped while it
 // draws its examples in memory leaves the set as it was, usable.
+// A finished set made with other `settings` (the generator's words for what decides its examples,
+// kept in the mark) is replaced only with `overwrite`: the runs trained on it would find other
+// data under the same name (their checkpoints keep its fingerprint).
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
-                                    const std::string& kind);
+                                    const std::string& kind, const std::string& settings);
 void mark_data_unfinished(const std::string& dir);
-void mark_data_folder(const std::string& dir, const std::string& kind);
+void mark_data_folder(const std::string& dir, const std::string& kind, const std::string& settings);
 // The kind of set a folder's mark names ("ListOps", "Pathfinder"); "" for a mark that names none
 // (sets made before marks named their kind) or no mark.
 std::string marked_kind(const std::string& dir);
+// The settings a folder's mark records; "" for a mark that records none (sets made before marks
+// kept them) or no mark.
+std::string marked_settings(const std::string& dir);
 // Advice for a data folder that lacks its set: "generate it with `cast data ... --out DIR`" where
 // cast data may write into DIR, else the same command into a folder of its own, saying what DIR
 // holds (a run's files, or files cast data did not make). `commands(out)` names the commands.

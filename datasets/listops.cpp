@@ -118,9 +118,13 @@ int evaluate_listops(const std::string& source, const std::string& where) {
 
 void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite,
                       const StopCheck& stop_check) {
+  const std::string settings =
+      fmt::format("{} training, {} validation and {} test examples, depth at most {}, at most {} arguments, lengths "
+                  "{} to {}, seed {}",
+                  spec.train, spec.val, spec.test, spec.max_depth, spec.max_args, spec.min_length, spec.max_length, seed);
   const files::FolderLock lock =
       claim_data_folder(dir, overwrite, {dir + "/basic_train.tsv", dir + "/basic_val.tsv", dir + "/basic_test.tsv"},
-                        "ListOps");
+                        "ListOps", settings);
   Stream rng{seed};
   std::set<std::string> seen;
   std::vector<std::pair<std::string, int>> rows;
@@ -152,7 +156,7 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
   if (stop_check) stop_check();
   write_split(dir + "/basic_val.tsv", part(spec.train, spec.val));
   write_split(dir + "/basic_test.tsv", part(spec.train + spec.val, spec.test));
-  mark_data_folder(dir, "ListOps");
+  mark_data_folder(dir, "ListOps", settings);
 }
 
 static std::vector<Example> read_listops_tsv(const std::string& path, int64_t max_len) {

@@ -187,7 +187,10 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
                          const StopCheck& stop_check) {
   // a file where a folder of the set goes is refused before the set is claimed (marked unfinished)
   for (const char* folder : {"/imgs", "/imgs/0", "/metadata"}) files::check_output_folder(dir + folder, "Pathfinder folder");
-  const files::FolderLock lock = claim_data_folder(dir, overwrite, {dir + "/metadata/0.npy"}, "Pathfinder");
+  const std::string settings = fmt::format("{} images of {} × {}, snakes of {} paddles, {} distractors, seed {}",
+                                           spec.count, spec.side, spec.side, spec.contour_length, spec.distractors,
+                                           seed);
+  const files::FolderLock lock = claim_data_folder(dir, overwrite, {dir + "/metadata/0.npy"}, "Pathfinder", settings);
   mark_data_unfinished(dir);  // images are written as they are drawn
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
   remove_stale_images(dir + "/imgs/0", -1);  // a stopped run's temporary files
@@ -213,7 +216,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
   files::write_atomic(dir + "/metadata/0.npy", meta.str(), "Pathfinder metadata", files::Link::refuse);
   remove_stale_images(dir + "/imgs/0", spec.count);
   remove_other_metadata(dir + "/metadata");
-  mark_data_folder(dir, "Pathfinder");
+  mark_data_folder(dir, "Pathfinder", settings);
 }
 
 // The image a metadata line names, which must lie inside the data folder: a relative path with no

@@ -601,9 +601,9 @@ TEST(Cli, CastDataStoppedBeforeWritingLeavesTheSetUsable) {
   ASSERT_EQ(run("data listops --count 200 --out " + out).code, 0);
   const std::string rows = slurp(out + "/basic_train.tsv");
   // the signal comes once the rerun holds the folder (its pid in the lock file), while it draws
-  // 100 000 release-length examples (a minute)
+  // 100 000 release-length examples (a minute); other settings: --overwrite lets it replace the set
   const std::string err = (dir / "err").string();
-  const pid_t pid = start_cast("data listops --count 100000 --out " + out, err);
+  const pid_t pid = start_cast("data listops --count 100000 --overwrite --out " + out, err);
   wait_for_holder(out, pid);
   kill(pid, SIGINT);
   int status = 0;

@@ -1212,7 +1212,12 @@ TEST(CliAttack, ACheckpointReadWithAnotherSetSaysSo) {
   const CliRun same = run("eval --checkpoint " + ckpt + " --eval-limit 4");
   EXPECT_EQ(same.code, 0) << same.err;
   EXPECT_EQ(same.out.find("note: data folder"), std::string::npos) << same.out;
-  ASSERT_EQ(run("data listops-short --count 80 --out " + d + "/data").code, 0);
+  // another set under the run's data: refused unless said (the run would find other examples)
+  const CliRun refused = run("data listops-short --count 80 --out " + d + "/data");
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_NE(refused.err.find("holds a ListOps set cast data made with other settings (60 training"), std::string::npos)
+      << refused.err;
+  ASSERT_EQ(run("data listops-short --count 80 --overwrite --out " + d + "/data").code, 0);
   for (const std::string& args : {"eval --checkpoint " + ckpt + " --eval-limit 4",
                                   "train --resume " + ckpt + " --steps 3"}) {
     const CliRun other = run(args);

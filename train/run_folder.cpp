@@ -367,4 +367,19 @@ void write_summary(const std::string& run_dir, json summary) {
   files::write_atomic(run_dir + "/summary.json", summary.dump(2) + "\n", "run summary", files::Link::refuse);
 }
 
+void remove_passed_summary(const std::string& run_dir, int64_t step) {
+  const std::string summary = run_dir + "/summary.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(std::filesystem::symlink_status(summary, ec))) return;
+  int64_t finished_at = -1;
+  try {
+    const std::string text = files::read_file(summary, "run summary");
+    if (text.find(kSummaryMark) == std::string::npos) return;  // not a run's: never cast's to remove
+    finished_at = json::parse(text).value("steps", int64_t{-1});
+  } catch (const std::exception&) {
+    return;  // unreadable: left as it is
+  }
+  if (finished_at >= 0 && finished_at < step) std::filesystem::remove(summary, ec);
+}
+
 }  // namespace cast::train

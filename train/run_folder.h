@@ -61,5 +61,9 @@ int64_t continue_run_files(const std::string& resume_from, int64_t step, const s
 constexpr const char* kSummaryMark = "\"made_by\": \"cast train\"";
 // summary.json: the run's result, atomically, with its mark.
 void write_summary(const std::string& run_dir, nlohmann::json summary);
+// A finished run resumed for more steps: once a checkpoint past its end is written, the old
+// summary.json describes a run the folder no longer holds, and is removed (a run with no summary
+// is one still under way). Only a cast run's summary of an earlier step goes.
+void remove_passed_summary(const std::string& run_dir, int64_t step);
 
 }  // namespace cast::train

@@ -366,7 +366,10 @@ void save(const Run& run, const std::string& path) {
   try {
     save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window,
                     run.data);
-    if (path == run.checkpoint) note_for_a_second_signal(run);
+    if (path == run.checkpoint) {
+      note_for_a_second_signal(run);
+      remove_passed_summary(run.c.run_dir, run.step);
+    }
   } catch (const NonFiniteCheckpoint& e) {
     throw Error(fmt::format("step {}: the update made a parameter or moment non-finite ({}); training stopped. {}",
                             run.step, e.what(), last_good_checkpoint(run.checkpoint)));

@@ -23,6 +23,7 @@
 #include "figures/cluster_changes.h"
 #include "figures/clusters_figure.h"
 #include "train/memory_estimate.h"
+#include "train/run_folder.h"
 #include "train/stop.h"
 #include "train/trainer.h"
 #include "tests/train/train_test_util.h"
@@ -721,6 +722,30 @@ TEST(Training, AFinishedRunResumedWithoutNewStepsIsRefusedWithTheCommandThatEval
   EXPECT_FALSE(std::filesystem::exists(c.run_dir + "/checkpoint.safetensors"));
   c.steps = 8;  // with more steps it is a branch that trains on
   EXPECT_NO_THROW(train::train_on(c, task, ckpt, 0, true));
+}
+
+// A finished run resumed in place for more steps and stopped on the way keeps no summary of the
+// step it has passed (twenty-second attack: summary.json said step 6 beside a checkpoint of step
+// 7); a run that stops before its first new checkpoint keeps it, and the finished run again
+// writes its own.
+TEST(Training, AFinishedRunResumedForMoreStepsDropsItsSummaryOncePastIt) {
+  data::TaskData task = counting_task(200, 20, 18);
+  const std::string ckpt = six_step_run(task, "finished_more");
+  const std::string run_dir = std::filesystem::path(ckpt).parent_path().string();
+  const std::string summary = run_dir + "/summary.json";
+  ASSERT_TRUE(std::filesystem::exists(summary));
+  train::TrainConfig c = tiny_config(nn::Mechanism::full, run_dir);
+  c.steps = 9;
+  c.checkpoint_every = 0;
+  const train::Interrupted stop = stopped_by(SIGINT, [&] { train::train_on(c, task, ckpt, 0, true); });
+  EXPECT_EQ(train::read_checkpoint_header(ckpt).step, 7);
+  EXPECT_FALSE(std::filesystem::exists(summary)) << stop.what();
+  EXPECT_NO_THROW(train::train_on(c, task, ckpt, 0, true));
+  EXPECT_EQ(nlohmann::json::parse(bytes_of(summary)).at("steps").get<int64_t>(), 9);
+  // a summary.json that no cast run wrote is never removed
+  std::ofstream(summary, std::ios::trunc) << "{\"steps\": 1}\n";
+  train::remove_passed_summary(run_dir, 12);
+  EXPECT_EQ(bytes_of(summary), "{\"steps\": 1}\n");
 }
 
 // A stop request during an evaluation ends it between batches.
