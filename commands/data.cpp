@@ -38,7 +38,9 @@ int command_data(const std::vector<std::string>& argv) {
               "training examples for ListOps (0: 96000, short 6000); images for pathfinder/pathx "
               "(0: 2000)")
       .option("max-length", "0", "ListOps: longest expression in tokens (0: 2000 as in LRA, short 48)")
-      .option("min-length", "0", "ListOps: shortest expression (0: a quarter of --max-length, as LRA's 500 of 2000)")
+      .option("min-length", "0",
+              "ListOps: shortest expression (0: the task's, 500 for listops and 6 for listops-short; with "
+              "--max-length, a quarter of it, as LRA's 500 of 2000)")
       .option("seed", "1", "seed")
       .flag("overwrite", "replace a data set in --out that cast did not generate, or generated with other settings")
       .usage("cast data <task> [options]   (or --task <task>)")
@@ -49,7 +51,12 @@ int command_data(const std::vector<std::string>& argv) {
   std::vector<std::string> rest = argv;
   if (!rest.empty() && rest[0].rfind("--", 0) != 0) rest.insert(rest.begin(), "--task");  // `cast data listops`
   if (!args.parse(rest)) return 0;
+  CAST_CHECK_USAGE(!args.str("task").empty(),
+                   "no task given: cast data <task> [options], the task one of listops, listops-short, pathfinder, pathx");
   const std::string task = args.choice("task", {"listops", "listops-short", "pathfinder", "pathx"});
+  // the command itself, which a refusal advises again with --overwrite
+  std::string rerun = "cast data";
+  for (const std::string& word : argv) rerun += " " + train::shell_quote(word);
   const bool listops = task == "listops" || task == "listops-short";
   const int64_t max_count = listops ? 10'000'000 : 1'000'000;  // a bound on what a disk and a run can take
   const int64_t seed = args.integer("seed", 0, INT64_MAX), count = args.integer("count", 0, max_count);
@@ -70,7 +77,7 @@ int command_data(const std::vector<std::string>& argv) {
                      "ListOps keeps lengths strictly between the shortest ({}) and the longest ({}): none are; give "
                      "--min-length at least 1 and --max-length at least 2 above it",
                      spec.min_length, spec.max_length);
-    data::generate_listops(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out));
+    data::generate_listops(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out), rerun);
   } else {
     if (out.empty()) out = train::find_task(task).data_dir;
     data::PathfinderSpec spec =
@@ -81,7 +88,8 @@ int command_data(const std::vector<std::string>& argv) {
                      "give each split one",
                      count, task);
     if (count > 0) spec.count = count;
-    data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out));
+    data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out),
+                              rerun);
   }
   // The set is whole from here: a second signal now loses nothing, and a first one that came
   // during its last writes stopped nothing (the exit says the set was written, not stopped).

@@ -1,4 +1,5 @@
 #pragma once
+#include "tensor/matrix_layout.h"
 #include "tensor/precision.h"
 #include "tensor/tensor.h"
 
@@ -9,4 +10,9 @@ namespace cast::cuda {
 // FP32), always with FP32 accumulation and FP32 results.
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha, double beta,
           int64_t batch, int64_t m, int64_t n, int64_t k, Precision precision);
+// The same over matrices laid out inside the tensors (tensor/matrix_layout.h), checked by the
+// caller (ops::gemm_laid_out) to stay inside them: one strided batched cuBLAS call.
+void gemm_laid_out(Tensor& c, const MatrixLayout& lc, const Tensor& a, const MatrixLayout& la, const Tensor& b,
+                   const MatrixLayout& lb, bool trans_a, bool trans_b, double alpha, double beta, int64_t batch,
+                   int64_t m, int64_t n, int64_t k, Precision precision);
 }  // namespace cast::cuda

@@ -69,8 +69,9 @@ constexpr const char* kDataUnfinishedMark = ".cast-data-unfinished";
 // A finished set made with other `settings` (the generator's words for what decides its examples,
 // kept in the mark) is replaced only with `overwrite`: the runs trained on it would find other
 // data under the same name (their checkpoints keep its fingerprint).
+// `rerun` is the command that asked (its refusals advise it with --overwrite); "" for none.
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
-                                    const std::string& kind, const std::string& settings);
+                                    const std::string& kind, const std::string& settings, const std::string& rerun);
 void mark_data_unfinished(const std::string& dir);
 void mark_data_folder(const std::string& dir, const std::string& kind, const std::string& settings);
 // The kind of set a folder's mark names ("ListOps", "Pathfinder"); "" for a mark that names none
@@ -92,7 +93,7 @@ using StopCheck = std::function<void()>;
 
 // Writes basic_{train,val,test}.tsv (header Source\tTarget) into `dir`.
 void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite = false,
-                      const StopCheck& stop_check = {});
+                      const StopCheck& stop_check = {}, const std::string& rerun = "");
 // Reads the release layout; tokens: drop ( ), `]` is its own token, split on whitespace.
 TaskData load_listops(const std::string& dir, int64_t max_len);
 std::vector<int32_t> tokenize_listops(const std::string& source, const std::string& where);
@@ -127,7 +128,7 @@ struct PathfinderSpec {
 };
 // Writes <dir>/imgs/0/sample_<i>.png and <dir>/metadata/0.npy (text lines: subdir file idx label).
 void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite = false,
-                         const StopCheck& stop_check = {});
+                         const StopCheck& stop_check = {}, const std::string& rerun = "");
 // Reads every metadata/*.npy of `dir`; splits 80/10/10 in file order.
 TaskData load_pathfinder(const std::string& dir);
 

@@ -57,6 +57,22 @@ bool cast_data_may_write(const std::string& dir) {
   return !ec;
 }
 
+// The first file under a marked set's folder (its marks and lock aside) changed after the set was
+// made, relative to dir, or "": a hand edit of a whole set, which a regeneration would undo.
+std::string changed_since_made(const std::string& dir) {
+  const std::string mark = dir + "/" + kDataFolderMark;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == kDataFolderMark || name == kDataUnfinishedMark || name == ".cast.lock") continue;
+    std::error_code kind_ec;
+    if (it->is_regular_file(kind_ec) && files::modified_after(it->path().string(), mark))
+      return fs::relative(it->path(), dir, kind_ec).string();
+  }
+  return "";
+}
+
 // The first file of a run's or a comparison's in dir, or "".
 std::string run_file_in(const std::string& dir) {
   std::error_code ec;
@@ -79,7 +95,10 @@ std::string generate_hint(const std::string& dir, const std::function<std::strin
 }
 
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
-                                    const std::string& kind, const std::string& settings) {
+                                    const std::string& kind, const std::string& settings, const std::string& rerun) {
+  // the advice of a refusal: the same command, told that it may replace
+  const std::string replace = rerun.empty() ? std::string("the same cast data with --overwrite replaces")
+                                            : fmt::format("`{} --overwrite` replaces", rerun);
   std::error_code ec;
   // a link to nowhere or a loop would read as a missing folder, then fail as one: say what it is
   files::check_output_folder(dir, "data folder");
@@ -98,17 +117,22 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
                    "choose another folder",
                    dir, there, kind);
   CAST_CHECK_USAGE(overwrite || ours,  // refused before the lock file is made: nothing in it changes
-                   "data folder {0} holds files that cast did not generate; not writing into it (cast data --out {0} "
-                   "--overwrite replaces them, or choose another folder)",
-                   dir);
+                   "data folder {} holds files that cast did not generate; not writing into it ({} them, or choose "
+                   "another folder)",
+                   dir, replace);
   // a whole set of other settings: the runs trained on it would meet other examples under its
   // name. A set marked unfinished is no whole set (its rerun, of any settings, completes a set).
   const std::string made_with = existed && !fs::exists(dir + "/" + kDataUnfinishedMark, ec) ? marked_settings(dir) : "";
   CAST_CHECK_USAGE(overwrite || made_with.empty() || made_with == settings,
-                   "data folder {0}: holds a {1} set cast data made with other settings ({2}), not these ({3}); the "
-                   "runs trained on it would find other examples there: choose another folder, or pass --overwrite "
-                   "to replace it",
-                   dir, kind, made_with, settings);
+                   "data folder {}: holds a {} set cast data made with other settings ({}), not these ({}); the "
+                   "runs trained on it would find other examples there: choose another folder ({} it)",
+                   dir, kind, made_with, settings, replace);
+  // a whole set whose files were changed by hand after cast data made it: the changes are the user's
+  const std::string changed = !overwrite && !made_with.empty() ? changed_since_made(dir) : "";
+  CAST_CHECK_USAGE(changed.empty(),
+                   "data folder {}: {} was changed after cast data made the set (it is newer than {}, edited or "
+                   "copied in); not replacing it ({} it, or choose another folder)",
+                   dir, changed, kDataFolderMark, replace);
   // each output where its folder exists (one in a folder still to be made is checked as it is
   // written): before the lock file is made, so that a refusal leaves the folder as it was, and
   // again once it is held

@@ -117,14 +117,14 @@ int evaluate_listops(const std::string& source, const std::string& where) {
 }
 
 void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t seed, bool overwrite,
-                      const StopCheck& stop_check) {
+                      const StopCheck& stop_check, const std::string& rerun) {
   const std::string settings =
       fmt::format("{} training, {} validation and {} test examples, depth at most {}, at most {} arguments, lengths "
                   "{} to {}, seed {}",
                   spec.train, spec.val, spec.test, spec.max_depth, spec.max_args, spec.min_length, spec.max_length, seed);
   const files::FolderLock lock =
       claim_data_folder(dir, overwrite, {dir + "/basic_train.tsv", dir + "/basic_val.tsv", dir + "/basic_test.tsv"},
-                        "ListOps", settings);
+                        "ListOps", settings, rerun);
   Stream rng{seed};
   std::set<std::string> seen;
   std::vector<std::pair<std::string, int>> rows;

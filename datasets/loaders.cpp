@@ -109,9 +109,9 @@ TaskData load_aan(const std::string& dir, int64_t max_len) {
 static std::vector<Example> read_cifar_batch(const std::string& path) {
   const std::string bytes = read_all(path, "CIFAR-10 batch");
   constexpr size_t kRecord = 1 + 3072;
-  CAST_CHECK(!bytes.empty() && bytes.size() % kRecord == 0,
-             "{}: {} bytes is not a whole number of {}-byte CIFAR-10 records (truncated?)", path, bytes.size(),
-             kRecord);
+  CAST_CHECK(!bytes.empty(), "{}: is empty, where a CIFAR-10 batch holds {}-byte records", path, kRecord);
+  CAST_CHECK(bytes.size() % kRecord == 0, "{}: {} bytes is not a whole number of {}-byte CIFAR-10 records (truncated?)",
+             path, bytes.size(), kRecord);
   std::vector<Example> out;
   for (size_t r = 0; r < bytes.size() / kRecord; ++r) {
     const auto* p = reinterpret_cast<const unsigned char*>(bytes.data() + r * kRecord);

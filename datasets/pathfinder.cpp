@@ -184,13 +184,13 @@ static void remove_other_metadata(const std::string& folder) {
 // on any thread count) and reach the disk together before the metadata, which completes the set,
 // is written: one flush for the set instead of two per image.
 void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite,
-                         const StopCheck& stop_check) {
+                         const StopCheck& stop_check, const std::string& rerun) {
   // a file where a folder of the set goes is refused before the set is claimed (marked unfinished)
   for (const char* folder : {"/imgs", "/imgs/0", "/metadata"}) files::check_output_folder(dir + folder, "Pathfinder folder");
   const std::string settings = fmt::format("{} images of {} × {}, snakes of {} paddles, {} distractors, seed {}",
                                            spec.count, spec.side, spec.side, spec.contour_length, spec.distractors,
                                            seed);
-  const files::FolderLock lock = claim_data_folder(dir, overwrite, {dir + "/metadata/0.npy"}, "Pathfinder", settings);
+  const files::FolderLock lock = claim_data_folder(dir, overwrite, {dir + "/metadata/0.npy"}, "Pathfinder", settings, rerun);
   mark_data_unfinished(dir);  // images are written as they are drawn
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
   remove_stale_images(dir + "/imgs/0", -1);  // a stopped run's temporary files

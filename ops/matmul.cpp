@@ -88,15 +88,18 @@ template void gemm_loops<float>(float*, const float*, const float*, bool, bool, 
 template void gemm_loops<double>(double*, const double*, const double*, bool, bool, double, double, const GemmShape&);
 
 // ---------------------------------------------------------------- CPU BLAS kernel
+// One row-major product with the rows of each operand ld apart (packed when ld = 0).
 static void blas_call(float* c, const float* a, const float* b, bool ta, bool tb, float alpha, float beta, int m, int n,
-                      int k) {
+                      int k, int lda = 0, int ldb = 0, int ldc = 0) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-              std::max(1, ta ? m : k), b, std::max(1, tb ? k : n), beta, c, std::max(1, n));
+              lda ? lda : std::max(1, ta ? m : k), b, ldb ? ldb : std::max(1, tb ? k : n), beta, c,
+              ldc ? ldc : std::max(1, n));
 }
 static void blas_call(double* c, const double* a, const double* b, bool ta, bool tb, double alpha, double beta, int m,
-                      int n, int k) {
+                      int n, int k, int lda = 0, int ldb = 0, int ldc = 0) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-              std::max(1, ta ? m : k), b, std::max(1, tb ? k : n), beta, c, std::max(1, n));
+              lda ? lda : std::max(1, ta ? m : k), b, ldb ? ldb : std::max(1, tb ? k : n), beta, c,
+              ldc ? ldc : std::max(1, n));
 }
 
 template <class T>
@@ -155,6 +158,66 @@ void gemm_sum_over_batch(Tensor& c, const Tensor& a, const Tensor& b, bool ta, b
     const Tensor ai = a.slice0(i), bi = b.slice0(i);
     gemm(c, ai, bi, ta, tb, alpha, 1.0, matmul_shape(ai, bi, ta, tb));
   }
+}
+
+// ---------------------------------------------------------------- laid-out products
+namespace {
+
+// A layout of `batch` matrices of rows × cols stays inside t's elements.
+void check_layout(const char* name, const Tensor& t, const MatrixLayout& l, int64_t batch, int64_t rows,
+                  int64_t cols) {
+  CAST_CHECK(l.offset >= 0 && l.stride >= 0 && l.ld >= std::max<int64_t>(1, cols) && l.ld <= INT32_MAX,
+             "matmul: {} laid out with offset {}, rows {} apart and matrices {} apart cannot hold rows of {}", name,
+             l.offset, l.ld, l.stride, cols);
+  if (batch == 0 || rows == 0 || cols == 0) return;
+  const int64_t last = l.offset + (batch - 1) * l.stride + (rows - 1) * l.ld + cols - 1;
+  CAST_CHECK(last < t.numel(), "matmul: {} laid out with offset {}, rows {} apart and matrices {} apart reaches "
+             "element {} of {}, which has {}", name, l.offset, l.ld, l.stride, last, t.describe(), t.numel());
+}
+
+template <class T>
+void gemm_laid_out_cpu(T* c, const MatrixLayout& lc, const T* a, const MatrixLayout& la, const T* b,
+                       const MatrixLayout& lb, bool ta, bool tb, T alpha, T beta, const GemmShape& s) {
+  if (s.k == 0) {  // no products: c = beta c, row by row (a BLAS would be handed an empty inner size)
+    for (int64_t bi = 0; bi < s.batch; ++bi)
+      for (int64_t r = 0; r < s.m; ++r) {
+        T* row = c + lc.offset + bi * lc.stride + r * lc.ld;
+        for (int64_t j = 0; j < s.n; ++j) row[j] = beta == T(0) ? T(0) : beta * row[j];
+      }
+    return;
+  }
+  const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
+  for (int64_t bi = 0; bi < s.batch; ++bi)  // each product threaded by the BLAS
+    blas_call(c + lc.offset + bi * lc.stride, a + la.offset + bi * la.stride, b + lb.offset + bi * lb.stride, ta, tb,
+              alpha, beta, m, n, k, static_cast<int>(la.ld), static_cast<int>(lb.ld), static_cast<int>(lc.ld));
+}
+
+}  // namespace
+
+void gemm_laid_out(Tensor& c, const MatrixLayout& lc, const Tensor& a, const MatrixLayout& la, const Tensor& b,
+                   const MatrixLayout& lb, bool ta, bool tb, double alpha, double beta, const GemmShape& s) {
+  check_float("matmul", c, "c");
+  check_same_dtype("matmul", a, c);
+  check_same_dtype("matmul", b, c);
+  check_same_device("matmul", a, c);
+  check_same_device("matmul", b, c);
+  CAST_CHECK(s.batch >= 0 && s.m >= 0 && s.n >= 0 && s.k >= 0 && s.m <= INT32_MAX && s.n <= INT32_MAX &&
+                 s.k <= INT32_MAX,
+             "matmul: a laid-out product of {} × {} × {} (batch {}) is beyond the BLAS's int sizes", s.m, s.n, s.k,
+             s.batch);
+  check_layout("a", a, la, s.batch, ta ? s.k : s.m, ta ? s.m : s.k);
+  check_layout("b", b, lb, s.batch, tb ? s.n : s.k, tb ? s.k : s.n);
+  check_layout("c", c, lc, s.batch, s.m, s.n);
+  // the products run side by side: two of them writing one element would race
+  CAST_CHECK(s.batch <= 1 || s.m == 0 || lc.stride >= s.m * lc.ld,
+             "matmul: the results laid out {} apart overlap (each spans {} rows {} apart)", lc.stride, s.m, lc.ld);
+  if (s.batch == 0 || s.m == 0 || s.n == 0) return;
+  CAST_ON_CUDA(c, cuda::gemm_laid_out(c, lc, a, la, b, lb, ta, tb, alpha, beta, s.batch, s.m, s.n, s.k,
+                                      current_precision()));
+  CAST_DISPATCH_FLOAT(c.dtype(), "matmul", [&] {
+    gemm_laid_out_cpu<T>(c.data<T>(), lc, a.data<T>(), la, b.data<T>(), lb, ta, tb, static_cast<T>(alpha),
+                         static_cast<T>(beta), s);
+  });
 }
 
 // ---------------------------------------------------------------- shapes

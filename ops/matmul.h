@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/gemm_tile.h"
+#include "tensor/matrix_layout.h"
 #include "tensor/tensor.h"
 
 namespace cast::ops {
@@ -19,6 +20,13 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_
           const GemmShape& shape);
 
 GemmShape matmul_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+
+// c = alpha op(a) op(b) + beta c over shape.batch products whose matrices lie in the tensors as
+// their layouts say (tensor/matrix_layout.h): op(a) (m, k), op(b) (k, n), c (m, n) of each. Every
+// layout is checked to stay inside its tensor, and c's matrices not to overlap one another.
+void gemm_laid_out(Tensor& c, const MatrixLayout& lc, const Tensor& a, const MatrixLayout& la, const Tensor& b,
+                   const MatrixLayout& lb, bool trans_a, bool trans_b, double alpha, double beta,
+                   const GemmShape& shape);
 
 // c += alpha Σ_i op(a_i) op(b_i) over the leading dim i of a and b; c has the shape of one term.
 // The gradient of an operand a whole batch shares (CAST's surrogates). The CPU adds the terms

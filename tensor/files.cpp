@@ -74,6 +74,14 @@ bool exists(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0;
 }
 
+bool modified_after(const std::string& path, const std::string& reference, double slack_seconds) {
+  struct stat sp {
+  }, sr{};
+  if (::stat(path.c_str(), &sp) != 0 || ::stat(reference.c_str(), &sr) != 0) return false;
+  const auto seconds = [](const struct timespec& t) { return static_cast<double>(t.tv_sec) + t.tv_nsec * 1e-9; };
+  return seconds(sp.st_mtim) > seconds(sr.st_mtim) + slack_seconds;
+}
+
 bool same_file(const std::string& a, const std::string& b) {
   struct stat sa {
   }, sb{};

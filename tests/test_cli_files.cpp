@@ -1228,6 +1228,29 @@ TEST(CliAttack, ACheckpointReadWithAnotherSetSaysSo) {
   }
 }
 
+// cast data's refusals advise the command that was given, with --overwrite, and that advice works
+// (twenty-third attack: "cast data --out X --overwrite" had no task, and was refused again).
+TEST(CliAttack, CastDataAdvisesItsOwnCommandWithOverwrite) {
+  const std::string d = fresh_dir("data_advice");
+  fs::create_directories(d + "/X");
+  put(d + "/X/notes.txt", "mine\n");
+  const std::string command = "data listops-short --count 40 --out " + d + "/X";
+  const CliRun refused = run(command);
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_NE(refused.err.find("holds files that cast did not generate; not writing into it (`cast " + command +
+                             " --overwrite` replaces them"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_EQ(run(command + " --overwrite").code, 0);
+  const CliRun other = run("data listops-short --count 50 --out " + d + "/X");
+  EXPECT_NE(other.err.find("(`cast data listops-short --count 50 --out " + d + "/X --overwrite` replaces it)"),
+            std::string::npos)
+      << other.err;
+  const CliRun none = run("data --out " + d + "/X --overwrite");
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.err.find("no task given: cast data <task> [options]"), std::string::npos) << none.err;
+}
+
 // The eighth attack: runs, comparisons and data sets keep to their own folders, and a comparison
 // refuses what its later runs would refuse before its first run trains.
 TEST(CliAttack, RunsComparisonsAndDataSetsKeepToTheirOwnFolders) {

@@ -3,6 +3,7 @@
 // a folder holding a run with other settings is refused.
 #include <unistd.h>  // getpid: the plain and the emulated test process run side by side
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tensor/files.h"
 #include "tests/test_util.h"
 #include "train/compare.h"
 #include "train/stop.h"
@@ -235,6 +237,28 @@ TEST(Compare, ARunOfAnotherDataSetIsRefused) {
   EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
                     out + "/full-seed1/checkpoint.safetensors: this run trained on another set than data folder " + data);
   EXPECT_FALSE(fs::exists(out + "/full-seed2"));
+}
+
+// A results.md or figure changed by hand after the comparison wrote them (its results.json,
+// written last, is older) is the user's: the same comparison again refuses to replace it unless
+// told (twenty-third attack: notes added to results.md were lost on a rerun).
+TEST(Compare, ResultsChangedByHandAreNotReplacedWithoutOverwrite) {
+  const std::string data = fresh_dir("data_hand"), out = fresh_dir("hand_edited");
+  train::CompareSpec spec = tiny_spec(data, out);
+  spec.variants.resize(1);
+  spec.seeds = {1};
+  ASSERT_TRUE(train::run_comparison(spec, 0, true).complete);
+  EXPECT_FALSE(files::modified_after(out + "/results.md", out + "/results.json", 0.0));  // the json is the newest
+  EXPECT_FALSE(files::modified_after(out + "/comparison.svg", out + "/results.json", 0.0));
+  ASSERT_TRUE(train::run_comparison(spec, 0, true).complete);  // untouched: rewritten
+  std::ofstream(out + "/results.md", std::ios::app) << "MY NOTES\n";
+  fs::last_write_time(out + "/results.md", fs::last_write_time(out + "/results.json") + std::chrono::seconds(10));
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
+                    "comparison output " + out + "/results.md: was changed after cast compare wrote it");
+  EXPECT_NE(slurp(out + "/results.md").find("MY NOTES"), std::string::npos);
+  spec.overwrite = true;
+  ASSERT_TRUE(train::run_comparison(spec, 0, true).complete);
+  EXPECT_EQ(slurp(out + "/results.md").find("MY NOTES"), std::string::npos);
 }
 
 // `--vary recompute` compares exactly the runs' time and memory: each value trains its own run

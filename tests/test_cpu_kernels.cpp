@@ -212,3 +212,96 @@ TEST(NaNInputs, PropagateThroughSoftmaxAndTheFusedAttention) {
   Tensor masked = ops::softmax(Tensor::from_vector<float>({1, 2, 3}, {1, 3}), Tensor::zeros({1, 3}));
   for (double x : masked.to_double_vector()) EXPECT_EQ(x, 0.0);
 }
+
+// ---------------------------------------------------------------- laid-out products
+namespace {
+
+struct LaidOutCase {
+  ops::GemmShape s;
+  bool ta, tb;
+  MatrixLayout la, lb, lc;
+  int64_t a_size, b_size, c_size;
+};
+
+// c[i] = alpha op(a[i]) op(b[i]) + beta c[i] element by element, each operand read where its
+// layout says; every element of c outside its matrices keeps its value.
+std::vector<double> laid_out_reference(const LaidOutCase& t, const std::vector<double>& a,
+                                       const std::vector<double>& b, std::vector<double> c, double alpha,
+                                       double beta) {
+  const auto& s = t.s;
+  for (int64_t i = 0; i < s.batch; ++i)
+    for (int64_t r = 0; r < s.m; ++r)
+      for (int64_t j = 0; j < s.n; ++j) {
+        double sum = 0;
+        for (int64_t p = 0; p < s.k; ++p) {
+          const double av = a[t.la.offset + i * t.la.stride + (t.ta ? p * t.la.ld + r : r * t.la.ld + p)];
+          const double bv = b[t.lb.offset + i * t.lb.stride + (t.tb ? j * t.lb.ld + p : p * t.lb.ld + j)];
+          sum += av * bv;
+        }
+        double& out = c[t.lc.offset + i * t.lc.stride + r * t.lc.ld + j];
+        out = alpha * sum + beta * out;
+      }
+  return c;
+}
+
+// The layouts of the attention layer's projections and some that are not: heads of (B, H, N, d)
+// with a weight's columns shared by the batch, a weight's rows, transposes, a lone matrix.
+std::vector<LaidOutCase> laid_out_cases() {
+  const int64_t B = 3, H = 2, N = 5, d = 3, D = 4;
+  return {
+      // y[:, h] = x w[:, h cols]: c heads, a batch rows, b columns (stride 0)
+      {{B, N, d, D}, false, false, {0, D, N * D}, {1 * d, H * d, 0}, {1 * N * d, d, H * N * d}, B * N * D, D * H * d,
+       B * H * N * d},
+      // dx += dy[:, h] w[:, h cols]ᵀ
+      {{B, N, D, d}, false, true, {0, d, H * N * d}, {d, H * d, 0}, {0, D, N * D}, B * H * N * d, D * H * d,
+       B * N * D},
+      // terms of dw[:, h] = x[b]ᵀ dy[b, h]
+      {{B, D, d, N}, true, false, {0, D, N * D}, {N * d, d, H * N * d}, {d, H * d, D * H * d}, B * N * D,
+       B * H * N * d, B * D * H * d},
+      // both transposed, a lone matrix at an offset
+      {{1, 4, 3, 2}, true, true, {5, 6, 0}, {2, 3, 0}, {7, 5, 0}, 5 + 2 * 6, 2 + 3 * 3, 7 + 4 * 5},
+  };
+}
+
+void check_laid_out(const LaidOutCase& t, DType dt, Device device, double tol) {
+  const Tensor a = Tensor::uniform({t.a_size}, 1, 0, -1.0, 1.0, dt), b = Tensor::uniform({t.b_size}, 2, 0, -1.0, 1.0, dt);
+  const Tensor c0 = Tensor::uniform({t.c_size}, 3, 0, -1.0, 1.0, dt);
+  for (double beta : {0.0, 1.0, 0.5}) {
+    SCOPED_TRACE(fmt::format("m {} n {} k {} ta {} tb {} beta {} {}", t.s.m, t.s.n, t.s.k, t.ta, t.tb, beta,
+                             device == Device::cpu ? "cpu" : "cuda"));
+    Tensor c = c0.to(device).clone();
+    ops::gemm_laid_out(c, t.lc, a.to(device), t.la, b.to(device), t.lb, t.ta, t.tb, 0.75, beta, t.s);
+    const std::vector<double> want = laid_out_reference(t, a.to_double_vector(), b.to_double_vector(),
+                                                        c0.to_double_vector(), 0.75, beta);
+    const std::vector<double> got = c.to(Device::cpu).to_double_vector();
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << "element " << i;
+  }
+}
+
+}  // namespace
+
+TEST(LaidOutGemm, MatchesElementByElementProducts) {
+  for (const LaidOutCase& t : laid_out_cases()) {
+    check_laid_out(t, DType::f64, Device::cpu, 1e-12);
+    check_laid_out(t, DType::f32, Device::cpu, 1e-5);
+  }
+}
+
+TEST(LaidOutGemm, MatchesElementByElementProductsOnCuda) {
+  SKIP_WITHOUT_GPU();
+  for (const LaidOutCase& t : laid_out_cases()) check_laid_out(t, DType::f32, Device::cuda, 1e-5);
+}
+
+// A layout that would reach past its tensor, or results that overlap, are refused before any
+// product runs.
+TEST(LaidOutGemm, LayoutsOutsideTheirTensorsAreRefused) {
+  Tensor a = Tensor::zeros({12}), b = Tensor::zeros({12}), c = Tensor::zeros({12});
+  const ops::GemmShape s{2, 2, 2, 2};
+  EXPECT_CAST_ERROR(ops::gemm_laid_out(c, {0, 2, 4}, a, {0, 2, 9}, b, {0, 2, 4}, false, false, 1.0, 0.0, s),
+                    "matmul: a laid out with offset 0, rows 2 apart and matrices 9 apart reaches element 12");
+  EXPECT_CAST_ERROR(ops::gemm_laid_out(c, {0, 2, 4}, a, {0, 2, 4}, b, {0, 1, 4}, false, false, 1.0, 0.0, s),
+                    "cannot hold rows of 2");
+  EXPECT_CAST_ERROR(ops::gemm_laid_out(c, {0, 2, 2}, a, {0, 2, 4}, b, {0, 2, 4}, false, false, 1.0, 0.0, s),
+                    "the results laid out 2 apart overlap");
+  EXPECT_NO_THROW(ops::gemm_laid_out(c, {0, 2, 4}, a, {0, 2, 4}, b, {0, 2, 0}, false, false, 1.0, 0.0, s));
+}

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -15,6 +16,7 @@
 #include "commands/commands.h"
 #include "datasets/data.h"
 #include "datasets/png.h"
+#include "tensor/files.h"
 #include "train/stop.h"
 #include "train/tasks.h"
 #include "train/trainer.h"
@@ -144,6 +146,28 @@ TEST(ListOps, ASetOfOtherSettingsIsReplacedOnlyWithOverwrite) {
   EXPECT_EQ(data::load_listops(dir, 48).train.size(), 80u);
 }
 
+// A whole set whose files were changed by hand after cast data made it (newer than its mark) is
+// not replaced by a regeneration, even of the same settings, unless told (twenty-third attack:
+// a hand-added example was undone with exit 0).
+TEST(ListOps, ASetChangedByHandIsNotRegeneratedWithoutOverwrite) {
+  const std::string dir = fresh_dir("listops_hand_edited");
+  data::ListOpsSpec spec = data::ListOpsSpec::short_cpu();
+  spec.train = 40, spec.val = 10, spec.test = 10;
+  data::generate_listops(dir, spec, 3);
+  data::generate_listops(dir, spec, 3);  // untouched: made again
+  const std::string mark = dir + "/" + data::kDataFolderMark;
+  for (const char* name : {"basic_train.tsv", "basic_val.tsv", "basic_test.tsv"})
+    EXPECT_FALSE(files::modified_after(dir + "/" + name, mark, 0.0)) << name;
+  write_text(dir + "/basic_val.tsv", slurp(dir + "/basic_val.tsv") + "( [MAX 1 2 ] )\t2\n");
+  fs::last_write_time(dir + "/basic_val.tsv", fs::last_write_time(mark) + std::chrono::seconds(10));
+  const std::string edited = slurp(dir + "/basic_val.tsv");
+  EXPECT_CAST_ERROR(data::generate_listops(dir, spec, 3),
+                    fmt::format("data folder {}: basic_val.tsv was changed after cast data made the set", dir));
+  EXPECT_EQ(slurp(dir + "/basic_val.tsv"), edited);
+  data::generate_listops(dir, spec, 3, true);
+  EXPECT_NE(slurp(dir + "/basic_val.tsv"), edited);
+}
+
 // A Ctrl-C that cast data first sees after the set's last file is written stops nothing: the set
 // is whole, the command succeeds and says the signal came too late (twenty-second attack: the
 // set was complete and `wrote` printed, yet the exit read as a stop). The signal is answered at
@@ -265,6 +289,8 @@ TEST(Cifar, GrayscalePixelsAndTruncation) {
   for (double m : b.mask.to_double_vector()) EXPECT_EQ(m, 1.0);
   write_text(dir + "/data_batch_3.bin", batch.substr(0, 5000));
   EXPECT_CAST_ERROR(data::load_cifar10(dir), "data_batch_3.bin: 5000 bytes is not a whole number");
+  write_text(dir + "/data_batch_3.bin", "");  // no records: said so, not as a fraction of one
+  EXPECT_CAST_ERROR(data::load_cifar10(dir), "data_batch_3.bin: is empty, where a CIFAR-10 batch holds 3073-byte");
   std::string bad = record;
   bad[0] = 12;
   write_text(dir + "/data_batch_3.bin", bad);

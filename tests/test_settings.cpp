@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -12,6 +13,7 @@
 #include "tensor/safetensors.h"
 #include "test_util.h"
 #include "train/cli.h"
+#include "train/settings.h"
 #include "train/trainer.h"
 
 using namespace cast;
@@ -240,4 +242,22 @@ TEST(Settings, OldConfigKeysAreRefusedByName) {
   EXPECT_CAST_ERROR(train::apply_overrides(c, json{{"mix_query", true}}), "unknown setting 'mix_query'");
   EXPECT_CAST_ERROR(train::apply_overrides(c, json{{"attention", "sparse"}}),
                     "setting 'attention' is 'sparse': it must be one of full | cast | clustered | iclustered");
+}
+
+// A stored model setting of the wrong type names the field and its value (twenty-third attack:
+// "a field is missing or of the wrong type (type must be string, but is number)", no field).
+TEST(Settings, AStoredModelFieldOfTheWrongTypeIsNamed) {
+  const nlohmann::json good = train::model_json(nn::ModelConfig{});
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& message) {
+    nlohmann::json j = good;
+    edit(j);
+    EXPECT_CAST_ERROR(train::model_from_json(j), message);
+  };
+  refused([](nlohmann::json& j) { j["pooling"] = 3; }, "model config: 'pooling' is 3, where a string is expected");
+  refused([](nlohmann::json& j) { j["dropout"] = "0.1"; }, "model config: 'dropout' is \"0.1\", where a number is expected");
+  refused([](nlohmann::json& j) { j["attention"]["mechanism"] = nlohmann::json::array({"cast"}); },
+          "model config: 'mechanism' is [\"cast\"], where a string is expected");
+  refused([](nlohmann::json& j) { j.erase("dual"); }, "model config: 'dual' is missing");
+  refused([](nlohmann::json& j) { j["dual"] = 1; }, "model config: 'dual' is 1, where a boolean is expected");
+  EXPECT_NO_THROW(train::model_from_json(good));
 }

@@ -168,6 +168,13 @@ Checkpoint read_checkpoint_header(const std::string& path) {
   CAST_CHECK(get("format") == kFormat, "{}: unsupported checkpoint format '{}'", path, get("format"));
   // missing: said once, not inside a "corrupt metadata" message
   for (const char* key : {"train", "model", "step", "rng_offset", "best_val"}) get(key);
+  // the run's cost is written whole or (before it was kept) not at all
+  const size_t cost_keys = f.metadata.count("wall_seconds") + f.metadata.count("step_seconds") +
+                           f.metadata.count("peak_bytes");
+  CAST_CHECK(cost_keys == 0 || cost_keys == 3,
+             "{}: corrupt checkpoint metadata: 'wall_seconds', 'step_seconds' and 'peak_bytes' are kept together, "
+             "but it holds {} of them",
+             path, cost_keys);
   // a key cast train never writes would be dropped by the next checkpoint without a word
   for (const auto& [key, value] : f.metadata)
     CAST_CHECK(kMetadataKeys.count(key), "{}: metadata key {} is none that cast train writes ({})", path,

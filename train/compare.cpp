@@ -300,8 +300,8 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
   const json results = {{"made_by", "cast compare"},  // the mark: what a later comparison may replace
                         {"task", spec.task},         {"seeds", spec.seeds}, {"settings", spec.settings},
                         {"command", spec.command},   {"variants", variants}};
-  files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".json"), results.dump(2) + "\n",
-                      "comparison results", files::Link::refuse);
+  // results.json last: the newest of the three, so that a results.md or figure changed by hand
+  // afterwards is told from one this comparison wrote (check_outputs_may_be_replaced)
   files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".md"), md, "comparison results",
                       files::Link::refuse);
   std::vector<std::string> labels;
@@ -310,6 +310,8 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
                   fmt::format("{}: {} ({} seed{})", spec.task, fmt::join(labels, ", "), spec.seeds.size(),
                               spec.seeds.size() == 1 ? "" : "s"),
                   figure, files::Link::refuse);
+  files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".json"), results.dump(2) + "\n",
+                      "comparison results", files::Link::refuse);
 }
 
 // results.md, results.json and comparison.svg replace only what an earlier comparison wrote
@@ -322,6 +324,13 @@ void check_outputs_may_be_replaced(const CompareSpec& spec) {
                            "\"made_by\": \"cast compare\"", spec.overwrite);
   files::check_may_replace(spec.out_dir + "/" + output_name(spec, "comparison", ".svg"), "comparison output",
                            "a figure drawn by cast", files::kFigureMark, spec.overwrite);
+  // a comparison's own results.md or figure, changed by hand after it wrote its results.json last
+  const std::string mark = spec.out_dir + "/" + js;
+  for (const std::string& name : {md, output_name(spec, "comparison", ".svg")})
+    CAST_CHECK_USAGE(spec.overwrite || !files::modified_after(spec.out_dir + "/" + name, mark),
+                     "comparison output {}/{}: was changed after cast compare wrote it (it is newer than {}); not "
+                     "replacing it (pass --overwrite to replace it, or choose another --out)",
+                     spec.out_dir, name, mark);
   // written without following a link, at the end: a link there is refused now, before any run
   if (files::exists(spec.out_dir))
     for (const std::string& name : {md, js, output_name(spec, "comparison", ".svg")})

@@ -622,9 +622,13 @@ nn::ModelConfig model_from_json(const json& j) {
              "model config: not an object with an 'attention' object");
   TrainConfig c;
   nn::ModelConfig& m = c.model;
+  // the field being read and its object: a library error of a wrong type names it
+  std::string field = "dual";
+  const json* holder = &j;
   try {
     m.vocab = stored_integer(j, "vocab");
     m.classes = stored_integer(j, "classes");
+    CAST_CHECK(j.contains("dual"), "model config: 'dual' is missing");
     m.dual = j.at("dual").get<bool>();
     const int64_t seed = stored_integer(j, "seed");
     if (seed < 0) throw Error(fmt::format("model config: 'seed' is {}", seed));
@@ -635,6 +639,8 @@ nn::ModelConfig model_from_json(const json& j) {
     for (const Setting& s : settings()) {
       if (s.home == Home::run) continue;
       const json& group = s.home == Home::attention ? j.at("attention") : j;
+      field = model_key(s), holder = &group;
+      if (!group.contains(field) && s.old.key && group.contains(s.old.key)) field = s.old.key;  // an older spelling
       (s.home == Home::attention ? group_keys : top).insert({model_key(s), s.old.key ? s.old.key : model_key(s)});
       const json v = stored_value(group, s);
       if (s.kind == Kind::integer) s.set(c, json(stored_integer(json{{s.name, v}}, s.name)));
@@ -645,7 +651,13 @@ nn::ModelConfig model_from_json(const json& j) {
     for (const auto& [key, value] : j.at("attention").items())
       CAST_CHECK(group_keys.count(key), "model config: 'attention' holds '{}', no setting of attention", key);
   } catch (const json::exception& e) {
-    throw Error(fmt::format("model config: a field is missing or of the wrong type ({})", files::json_message(e)));
+    // "type must be string, but is number": the kind the field must have
+    const std::string message = files::json_message(e), must = "type must be ";
+    const size_t at = message.find(must), comma = message.find(',', at);
+    const std::string wanted = at == std::string::npos ? message : message.substr(at + must.size(), comma - at - must.size());
+    if (!holder->contains(field)) throw Error(fmt::format("model config: '{}' is missing", field));
+    throw Error(fmt::format("model config: '{}' is {}, where a {} is expected", field,
+                            files::json_excerpt(holder->at(field)), wanted));
   }
   return m;
 }

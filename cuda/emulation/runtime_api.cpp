@@ -313,11 +313,17 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           cublasGemmAlgo_t) {
   if (a_type != CUDA_R_32F || b_type != CUDA_R_32F || c_type != CUDA_R_32F) return CUBLAS_STATUS_INVALID_VALUE;
   const int a_cols = transa == CUBLAS_OP_N ? k : m, b_cols = transb == CUBLAS_OP_N ? n : k;
+  const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
   if (batch < 0 || a_cols < 0 || b_cols < 0) return CUBLAS_STATUS_INVALID_VALUE;
-  // the operands as the tensor cores take them: a rounded copy of each (column-major, lda × cols)
-  const auto rounded = [&](const void* x, int ld, int cols, long long stride) {
+  // the operands as the tensor cores take them: a rounded copy of each (column-major, rows × cols
+  // with columns ld apart), no element past the last one cuBLAS reads: a matrix that is a slice
+  // of a wider one (a head's columns of a weight) may end before its last column's ld does
+  const auto rounded = [&](const void* x, int ld, int rows, int cols, long long stride) {
     const auto* src = static_cast<const float*>(x);
-    const long long n_elements = batch == 0 ? 0 : stride * (batch - 1) + static_cast<long long>(ld) * cols;
+    const long long n_elements =
+        batch == 0 || rows == 0 || cols == 0
+            ? 0
+            : stride * (batch - 1) + static_cast<long long>(ld) * (cols - 1) + rows;
     std::vector<float> copy(src, src + std::max(0LL, n_elements));
     for (float& v : copy) {
       if (compute == CUBLAS_COMPUTE_32F_FAST_TF32) v = cast::cuda::tc::tf32_value(cast::cuda::tc::to_tf32(v));
@@ -328,7 +334,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
     }
     return copy;
   };
-  const std::vector<float> ra = rounded(a, lda, a_cols, stride_a), rb = rounded(b, ldb, b_cols, stride_b);
+  const std::vector<float> ra = rounded(a, lda, a_rows, a_cols, stride_a), rb = rounded(b, ldb, b_rows, b_cols, stride_b);
   return cublasSgemmStridedBatched(handle, transa, transb, m, n, k, static_cast<const float*>(alpha), ra.data(), lda,
                                    stride_a, rb.data(), ldb, stride_b, static_cast<const float*>(beta),
                                    static_cast<float*>(c), ldc, stride_c, batch);

@@ -1,10 +1,12 @@
 #include "ops/attention/head_projections.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
+#include "ops/elementwise.h"
 #include "ops/layout.h"
 #include "ops/matmul.h"
 
@@ -50,6 +52,81 @@ void to_heads(Tensor& heads, const Tensor& rows, bool accumulate) {
   permute_forward(heads, rows.view({B, N, H, d}), kSplit, accumulate);
 }
 
+// ---- CUDA: the heads in place. Each product reads or writes head h of every batch row where it
+// lies in (B, H, N, d) (N rows d apart, batch rows H·N·d apart) and head h's d columns or rows of
+// the weight, one strided batched product per head: no permuted copy and no permute kernel. A
+// weight's gradient sums over the batch rows, so each head's batch of products writes its own
+// term (B, ·, ·) and one column sum adds them: B · D · H·d floats (8 MiB for the Text preset),
+// where the token-major copy it replaces held B · N · H·d.
+
+// Head h of heads (B, H, N, d), as B matrices (N, d).
+MatrixLayout head_of(const Tensor& heads, int64_t h) {
+  const int64_t H = heads.dim(1), N = heads.dim(2), d = heads.dim(3);
+  return {h * N * d, d, H * N * d};
+}
+// Each batch row of x (B, rows, cols), as B matrices.
+MatrixLayout batch_rows(const Tensor& x) { return {0, x.dim(2), x.dim(1) * x.dim(2)}; }
+// Columns [c0, c0 + n) of a 2-D w, the same matrix for every batch row.
+MatrixLayout columns_of(const Tensor& w, int64_t c0) { return {c0, w.dim(1), 0}; }
+// Rows [r0, …) of a 2-D w, the same matrix for every batch row.
+MatrixLayout rows_of(const Tensor& w, int64_t r0) { return {r0 * w.dim(1), w.dim(1), 0}; }
+
+// w's gradient (beta 0: written, 1: added) from per-batch terms (B, w's shape) filled by `fill`.
+void sum_terms_into(Tensor& dw, bool fresh, int64_t batch, const std::function<void(Tensor& terms)>& fill) {
+  Tensor terms = like({batch, dw.dim(0), dw.dim(1)}, dw);
+  fill(terms);
+  const Tensor sum = sum_to_shape(terms, dw.shape());
+  if (fresh) dw.copy_from(sum);
+  else add_into(dw, sum);
+}
+
+// y (B, H, N, d) = x (B, N, D) w (D, H·d), head by head.
+void project_heads_in_place(Tensor& y, const Tensor& x, const Tensor& w) {
+  const int64_t B = y.dim(0), H = y.dim(1), N = y.dim(2), d = y.dim(3), D = x.dim(2);
+  for (int64_t h = 0; h < H; ++h)
+    gemm_laid_out(y, head_of(y, h), x, batch_rows(x), w, columns_of(w, h * d), false, false, 1.0, 0.0, {B, N, d, D});
+}
+
+// dx (B, N, D) (+)= Σ_h dy[:, h] w[:, h]ᵀ, and dw[:, h] (+)= Σ_b x[b]ᵀ dy[b, h].
+void project_heads_backward_in_place(Tensor* dx, bool dx_fresh, Tensor* dw, bool dw_fresh, const Tensor& dy,
+                                     const Tensor& x, const Tensor& w) {
+  const int64_t B = dy.dim(0), H = dy.dim(1), N = dy.dim(2), d = dy.dim(3), D = x.dim(2);
+  if (dx)
+    for (int64_t h = 0; h < H; ++h)
+      gemm_laid_out(*dx, batch_rows(x), dy, head_of(dy, h), w, columns_of(w, h * d), false, true, 1.0,
+                    dx_fresh && h == 0 ? 0.0 : 1.0, {B, N, D, d});
+  if (dw)
+    sum_terms_into(*dw, dw_fresh, B, [&](Tensor& terms) {
+      for (int64_t h = 0; h < H; ++h)
+        gemm_laid_out(terms, {h * d, H * d, D * H * d}, x, batch_rows(x), dy, head_of(dy, h), true, false, 1.0, 0.0,
+                      {B, D, d, N});
+    });
+}
+
+// out (B, N, E) = Σ_h heads[:, h] w[h·d : (h+1)·d, :], head by head.
+void merge_heads_project_in_place(Tensor& out, const Tensor& heads, const Tensor& w) {
+  const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3), E = w.dim(1);
+  for (int64_t h = 0; h < H; ++h)
+    gemm_laid_out(out, batch_rows(out), heads, head_of(heads, h), w, rows_of(w, h * d), false, false, 1.0,
+                  h == 0 ? 0.0 : 1.0, {B, N, E, d});
+}
+
+// dheads[:, h] (+)= dout w[h rows]ᵀ, and dw[h rows] (+)= Σ_b heads[b, h]ᵀ dout[b].
+void merge_heads_backward_in_place(Tensor* dheads, bool dheads_fresh, Tensor* dw, bool dw_fresh, const Tensor& dout,
+                                   const Tensor& heads, const Tensor& w) {
+  const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3), E = w.dim(1);
+  if (dheads)
+    for (int64_t h = 0; h < H; ++h)
+      gemm_laid_out(*dheads, head_of(heads, h), dout, batch_rows(dout), w, rows_of(w, h * d), false, true, 1.0,
+                    dheads_fresh ? 0.0 : 1.0, {B, N, d, E});
+  if (dw)
+    sum_terms_into(*dw, dw_fresh, B, [&](Tensor& terms) {
+      for (int64_t h = 0; h < H; ++h)
+        gemm_laid_out(terms, {h * d * E, E, H * d * E}, heads, head_of(heads, h), dout, batch_rows(dout), true, false,
+                      1.0, 0.0, {B, d, E, N});
+    });
+}
+
 struct ProjectHeadsNode final : autograd::Node {
   Tensor x, w;  // inputs (B, N, D), (D, H·d)
   const char* name() const override { return "project_heads"; }
@@ -57,11 +134,18 @@ struct ProjectHeadsNode final : autograd::Node {
     visit.input("x", x);
     visit.input("w", w);
   }
-  // The gradient dY is needed token-major, (B·N, H·d). This backward runs while the gradients of
-  // all three projections are alive (the layer's peak), so the CPU lays dY out a chunk of rows at
-  // a time rather than as a second whole copy; CUDA permutes it whole.
+  // The CPU needs the gradient dY token-major, (B·N, H·d). This backward runs while the gradients
+  // of all three projections are alive (the layer's peak), so it lays dY out a chunk of rows at a
+  // time rather than as a second whole copy. CUDA reads dY in place, head by head.
   void backward() override {
     const Tensor& dheads = outputs[0].grad();  // (B, H, N, d)
+    if (dheads.is_cuda()) {
+      bool x_fresh = false, w_fresh = false;
+      Tensor dx = x.requires_grad() ? x.grad_buffer(&x_fresh) : Tensor();
+      Tensor dw = w.requires_grad() ? w.grad_buffer(&w_fresh) : Tensor();
+      return project_heads_backward_in_place(dx.defined() ? &dx : nullptr, x_fresh, dw.defined() ? &dw : nullptr,
+                                             w_fresh, dheads, x, w);
+    }
     const int64_t rows = x.dim(0) * x.dim(1), width = w.dim(1);
     const Tensor x2 = x.view({rows, x.dim(2)});
     const bool on_cpu = dheads.device() == Device::cpu;
@@ -93,6 +177,13 @@ struct MergeHeadsProjectNode final : autograd::Node {
   }
   void backward() override {
     const Tensor& dout = outputs[0].grad();  // (B, N, E)
+    if (dout.is_cuda()) {
+      bool heads_fresh = false, w_fresh = false;
+      Tensor dh = heads.requires_grad() ? heads.grad_buffer(&heads_fresh) : Tensor();
+      Tensor dw = w.requires_grad() ? w.grad_buffer(&w_fresh) : Tensor();
+      return merge_heads_backward_in_place(dh.defined() ? &dh : nullptr, heads_fresh, dw.defined() ? &dw : nullptr,
+                                           w_fresh, dout, heads, w);
+    }
     const Tensor dout2 = dout.view({dout.dim(0) * dout.dim(1), dout.dim(2)});
     bool fresh = false;
     if (w.requires_grad()) {  // dW = Xᵀ dO, the heads in token-major order again
@@ -125,10 +216,14 @@ Tensor project_heads(const Tensor& x, const Tensor& w, int64_t heads) {
   CAST_CHECK(heads > 0 && w.dim(0) == x.dim(2) && w.dim(1) % heads == 0,
              "{}: w {} must be [{}, a multiple of the {} heads]", op, w.describe(), x.dim(2), heads);
   const int64_t B = x.dim(0), N = x.dim(1), d = w.dim(1) / heads;
-  Tensor y = like({B * N, w.dim(1)}, x);  // the product, a temporary
-  product(y, x.view({B * N, x.dim(2)}), w, false, false, 0.0);
   Tensor out = like({B, heads, N, d}, x);
-  to_heads(out, y, /*accumulate=*/false);
+  if (x.is_cuda()) {
+    project_heads_in_place(out, x, w);
+  } else {
+    Tensor y = like({B * N, w.dim(1)}, x);  // the product, a temporary
+    product(y, x.view({B * N, x.dim(2)}), w, false, false, 0.0);
+    to_heads(out, y, /*accumulate=*/false);
+  }
   if (autograd::needs_grad({&x, &w})) {
     auto node = std::make_unique<ProjectHeadsNode>();
     node->x = x, node->w = w;
@@ -144,8 +239,12 @@ Tensor merge_heads_project(const Tensor& heads, const Tensor& w) {
   const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3);
   CAST_CHECK(w.dim(0) == H * d, "{}: w {} must have {} rows (heads {} × width {})", op, w.describe(), H * d, H, d);
   Tensor out = like({B, N, w.dim(1)}, heads);
-  Tensor out2 = out.view({B * N, w.dim(1)});
-  product(out2, tokens_major(heads), w, false, false, 0.0);
+  if (heads.is_cuda()) {
+    merge_heads_project_in_place(out, heads, w);
+  } else {
+    Tensor out2 = out.view({B * N, w.dim(1)});
+    product(out2, tokens_major(heads), w, false, false, 0.0);
+  }
   if (autograd::needs_grad({&heads, &w})) {
     auto node = std::make_unique<MergeHeadsProjectNode>();
     node->heads = heads, node->w = w;

@@ -7,6 +7,8 @@
 // every projection. Here the same product and permute run inside one op, whose product is a
 // temporary: the tape keeps the heads only, and the backward permutes the gradient back (and,
 // for the output projection, the heads again) instead of keeping them in the other layout.
+// On CUDA no permuted copy is made at all: each product reads and writes one head where it lies
+// in (B, H, N, d), one strided batched product per head (ops::gemm_laid_out).
 #include <cstdint>
 
 #include "tensor/tensor.h"

@@ -96,3 +96,38 @@ TEST(HeadProjections, NoTokensGiveAZeroWeightGradient) {
   autograd::backward(out, Tensor::zeros(out.shape()));
   for (double v : w.grad().to_double_vector()) EXPECT_EQ(v, 0.0);
 }
+
+// CUDA reads and writes the heads in place (one strided product per head, a weight's gradient
+// through per-batch terms); the CPU through token-major rows. Both against each other on the same
+// inputs, with odd sizes, every input's gradient prefilled.
+TEST(CudaVsCpuHeadProjections, HeadsInPlaceAgreeWithTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (auto [B, N, D, H, d] :
+       std::vector<std::array<int64_t, 5>>{{1, 1, 1, 1, 1}, {2, 7, 12, 3, 4}, {3, 33, 16, 2, 9}, {2, 5, 6, 4, 64}}) {
+    SCOPED_TRACE(fmt::format("B{} N{} D{} H{} d{}", B, N, D, H, d));
+    expect_devices_agree([H](const Inputs& x) { return ops::project_heads(x[0], x[1], H); },
+                         Inputs{Tensor::uniform({B, N, D}, 31, 0, -1.0, 1.0).set_requires_grad(),
+                                Tensor::uniform({D, H * d}, 32, 0, -1.0, 1.0).set_requires_grad()});
+    expect_devices_agree([](const Inputs& x) { return ops::merge_heads_project(x[0], x[1]); },
+                         Inputs{Tensor::uniform({B, H, N, d}, 33, 0, -1.0, 1.0).set_requires_grad(),
+                                Tensor::uniform({H * d, D}, 34, 0, -1.0, 1.0).set_requires_grad()});
+  }
+}
+
+// First gradients on CUDA (no gradient before, buffers poisoned): each is written whole, a
+// weight's from all of its per-batch terms, not added to what its buffer held.
+TEST(CudaVsCpuHeadProjections, FirstGradientsAreWrittenWhole) {
+  SKIP_WITHOUT_GPU();
+  std::vector<Tensor> grads[2];
+  for (int r = 0; r < 2; ++r) {
+    const Device device = r == 0 ? Device::cpu : Device::cuda;
+    Tensor x = Tensor::uniform({3, 4, 5}, 41, 0, -1.0, 1.0).to(device).set_requires_grad();
+    Tensor w = Tensor::uniform({5, 6}, 42, 0, -1.0, 1.0).to(device).set_requires_grad();
+    Tensor wo = Tensor::uniform({6, 7}, 43, 0, -1.0, 1.0).to(device).set_requires_grad();
+    Tensor out = ops::merge_heads_project(ops::project_heads(x, w, 2), wo);
+    autograd::backward(out, Tensor::uniform(out.shape(), 44, 0, -1.0, 1.0).to(device));
+    for (const Tensor* t : {&x, &w, &wo}) grads[r].push_back(t->grad().to(Device::cpu));
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    expect_close_per_element(grads[1][i], grads[0][i], 1e-5, 1e-6, fmt::format("first gradient of input {}", i));
+}

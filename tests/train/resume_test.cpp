@@ -339,6 +339,15 @@ TEST(Training, CheckpointMetadataIsParsedStrictly) {
   // an accuracy, or -1 before the first validation
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("best_val", "7.5")), "'best_val' is 7.5");
   EXPECT_NO_THROW(train::read_checkpoint_header(with("best_val", "-1")));
+  // the run's cost is kept whole: one of its three keys missing is said once, with the path once
+  // (twenty-third attack: "X: corrupt checkpoint metadata: X: not a cast checkpoint (no 'peak_bytes'…")
+  auto meta = f.metadata;
+  meta.erase("peak_bytes");
+  const std::string partial_cost = c.run_dir + "/partial_cost.safetensors";
+  write_safetensors(partial_cost, f.tensors, meta);
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(partial_cost),
+                    partial_cost + ": corrupt checkpoint metadata: 'wall_seconds', 'step_seconds' and 'peak_bytes' are "
+                                   "kept together, but it holds 2 of them");
   // a tensor that is not the model's was ignored, then dropped from the next checkpoint
   auto tensors = f.tensors;
   tensors["notes/extra"] = Tensor::zeros({2});
