@@ -54,9 +54,17 @@ int command_data(const std::vector<std::string>& argv) {
   CAST_CHECK_USAGE(!args.str("task").empty(),
                    "no task given: cast data <task> [options], the task one of listops, listops-short, pathfinder, pathx");
   const std::string task = args.choice("task", {"listops", "listops-short", "pathfinder", "pathx"});
-  // the command itself, which a refusal advises again with --overwrite
+  // the command itself without its --out and --overwrite: a refusal advises it again with both, and
+  // the set's mark keeps it for the advice to a reader that finds files missing
   std::string rerun = "cast data";
-  for (const std::string& word : argv) rerun += " " + train::shell_quote(word);
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--overwrite" || argv[i].rfind("--out=", 0) == 0) continue;
+    if (argv[i] == "--out") {
+      ++i;
+      continue;
+    }
+    rerun += " " + train::shell_quote(argv[i]);
+  }
   const bool listops = task == "listops" || task == "listops-short";
   const int64_t max_count = listops ? 10'000'000 : 1'000'000;  // a bound on what a disk and a run can take
   const int64_t seed = args.integer("seed", 0, INT64_MAX), count = args.integer("count", 0, max_count);

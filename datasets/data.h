@@ -69,11 +69,13 @@ constexpr const char* kDataUnfinishedMark = ".cast-data-unfinished";
 // A finished set made with other `settings` (the generator's words for what decides its examples,
 // kept in the mark) is replaced only with `overwrite`: the runs trained on it would find other
 // data under the same name (their checkpoints keep its fingerprint).
-// `rerun` is the command that asked (its refusals advise it with --overwrite); "" for none.
+// `rerun` is the command that asked, without its --out and --overwrite (its refusals advise it
+// with both; the mark keeps it, so that advice for a set missing files repeats it); "" for none.
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
                                     const std::string& kind, const std::string& settings, const std::string& rerun);
 void mark_data_unfinished(const std::string& dir);
-void mark_data_folder(const std::string& dir, const std::string& kind, const std::string& settings);
+void mark_data_folder(const std::string& dir, const std::string& kind, const std::string& settings,
+                      const std::string& rerun);
 // The kind of set a folder's mark names ("ListOps", "Pathfinder"); "" for a mark that names none
 // (sets made before marks named their kind) or no mark.
 std::string marked_kind(const std::string& dir);

@@ -156,7 +156,7 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
   if (stop_check) stop_check();
   write_split(dir + "/basic_val.tsv", part(spec.train, spec.val));
   write_split(dir + "/basic_test.tsv", part(spec.train + spec.val, spec.test));
-  mark_data_folder(dir, "ListOps", settings);
+  mark_data_folder(dir, "ListOps", settings, rerun);
 }
 
 static std::vector<Example> read_listops_tsv(const std::string& path, int64_t max_len) {

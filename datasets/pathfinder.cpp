@@ -216,7 +216,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
   files::write_atomic(dir + "/metadata/0.npy", meta.str(), "Pathfinder metadata", files::Link::refuse);
   remove_stale_images(dir + "/imgs/0", spec.count);
   remove_other_metadata(dir + "/metadata");
-  mark_data_folder(dir, "Pathfinder", settings);
+  mark_data_folder(dir, "Pathfinder", settings, rerun);
 }
 
 // The image a metadata line names, which must lie inside the data folder: a relative path with no
@@ -273,6 +273,9 @@ TaskData load_pathfinder(const std::string& dir) {
   for (const std::string& f : files) {
     check_not_numpy_binary(f);
     for_each_line(f, "pathfinder metadata", [&](const std::string& line, const std::string& where) {
+      // an editor's byte-order mark would become part of the first image's folder name
+      CAST_CHECK(line.rfind("\xEF\xBB\xBF", 0) != 0, "{}: starts with a byte-order mark (U+FEFF): save the file "
+                 "without one", where);
       std::istringstream fields(line);
       std::vector<std::string> cols;
       for (std::string w; fields >> w;) cols.push_back(w);
@@ -284,6 +287,7 @@ TaskData load_pathfinder(const std::string& dir) {
       const auto [earlier, fresh] = named.emplace(fs::path(image).lexically_normal().string(), where);
       CAST_CHECK(fresh, "{}: image {} is named again (first at {}): each image belongs to one split", where,
                  (fs::path(cols[0]) / cols[1]).string(), earlier->second);
+      CAST_CHECK(files::exists(image), "{}: names image {}, which does not exist", where, image);
       png::Image img = png::read_gray(image);
       CAST_CHECK(img.width == img.height, "{}: image {}x{} is not square", where, img.width, img.height);
       if (side == 0) side = img.width, first = where + " (" + cols[1] + ")";

@@ -632,6 +632,11 @@ void make_writable_folder(const std::string& folder, const std::string& what) {
   Fd fd = create_exclusive(folder + "/.write_test", probe, what, folder);
   try {
     write_all(fd.get(), "ok", what, folder);
+  } catch (const Error& e) {  // a full disk: nothing of the folder's own has changed yet
+    ::unlink(probe.c_str());
+    throw Error(fmt::format("{} {}: takes no new file (a test write of 2 bytes failed: {}); nothing in it was "
+                            "changed",
+                            what, folder, std::string(e.what()).substr(std::string(e.what()).rfind(": ") + 2)));
   } catch (...) {
     ::unlink(probe.c_str());
     throw;

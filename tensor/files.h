@@ -53,10 +53,11 @@ void require_folder(const std::string& path, const std::string& what);
 // `path` exists (links followed) and is a regular file; no bytes are read.
 void require_file(const std::string& path, const std::string& what);
 bool exists(const std::string& path);  // anything there, a dangling link included
-// Whether the file at `path` was modified more than `slack_seconds` after `reference` was: a cast
-// output changed by hand (or copied in) after the file that marks its set complete was written.
+// Whether the file at `path` was modified later than `slack_seconds` after `reference` was: a cast
+// output changed by hand (or copied in) after the file that marks its set complete was written
+// (which is written last, so an untouched output is never the newer).
 // False where either cannot be read.
-bool modified_after(const std::string& path, const std::string& reference, double slack_seconds = 2.0);
+bool modified_after(const std::string& path, const std::string& reference, double slack_seconds = 0.0);
 
 // An open file descriptor, closed when it goes out of scope.
 class Fd {

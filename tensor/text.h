@@ -62,4 +62,15 @@ inline bool is_c1_control(const std::string& s, size_t i) {
          static_cast<unsigned char>(s[i + 1]) <= 0x9F;
 }
 
+// A word as a shell reads it back: as it is when it holds only characters no shell treats
+// specially, else in single quotes (a quote inside as '\''). Advice a user pastes names paths so.
+inline std::string shell_word(const std::string& word) {
+  const bool safe = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                            "0123456789-_./=,:+@%") == std::string::npos;
+  if (safe) return word;
+  std::string quoted = "'";
+  for (char ch : word) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return quoted + "'";
+}
+
 }  // namespace cast::text

@@ -1242,6 +1242,13 @@ TEST(CliAttack, CastDataAdvisesItsOwnCommandWithOverwrite) {
             std::string::npos)
       << refused.err;
   EXPECT_EQ(run(command + " --overwrite").code, 0);
+  // a split gone: the advice is the command that made the set (its mark keeps it), and it works
+  fs::remove(d + "/X/basic_val.tsv");
+  const CliRun missing = run("train --task listops-short --data " + d + "/X --run " + d + "/r" + kTiny);
+  const std::string again = "cast data listops-short --count 40 --out " + d + "/X";
+  EXPECT_NE(missing.err.find("generate it again with `" + again + "`"), std::string::npos) << missing.err;
+  EXPECT_EQ(run(again.substr(5)).code, 0);
+  EXPECT_TRUE(fs::exists(d + "/X/basic_val.tsv"));
   const CliRun other = run("data listops-short --count 50 --out " + d + "/X");
   EXPECT_NE(other.err.find("(`cast data listops-short --count 50 --out " + d + "/X --overwrite` replaces it)"),
             std::string::npos)

@@ -510,7 +510,10 @@ TEST(Pathfinder, BrokenMetadataAndImages) {
                                                   "'shape': (2, 4), }\n"));
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy: is a NumPy binary array (np.save)");
   write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png 0 1\nimgs/0 missing.png 1 0\nimgs/0 sample_2.png 2 0\n");
-  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "missing.png: no such file or folder");
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:2: names image " + dir + "/imgs/0/missing.png, which does not exist");
+  // a byte-order mark (twenty-fourth attack: said as a missing PNG whose folder began with it)
+  write_text(dir + "/metadata/0.npy", "\xEF\xBB\xBFimgs/0 sample_0.png 0 1\nimgs/0 sample_2.png 2 0\n");
+  EXPECT_CAST_ERROR(data::load_pathfinder(dir), "0.npy:1: starts with a byte-order mark (U+FEFF)");
   write_text(dir + "/imgs/0/sample_1.png", "not a png");
   write_text(dir + "/metadata/0.npy", "imgs/0 sample_0.png 0 1\nimgs/0 sample_1.png 1 0\nimgs/0 sample_2.png 2 0\n");
   EXPECT_CAST_ERROR(data::load_pathfinder(dir), "sample_1.png: not a PNG file");

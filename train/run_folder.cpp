@@ -8,6 +8,7 @@
 #include "tensor/files.h"
 #include "train/checkpoint.h"
 #include "train/trace.h"  // human_bytes
+#include "train/stop.h"  // shell_quote
 #include "train/tasks.h"
 
 namespace cast::train {
@@ -143,7 +144,7 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
   CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on with a larger --steps",
-                   c.run_dir, resume_step, c.steps, newest);
+                   c.run_dir, resume_step, c.steps, shell_quote(newest));
 }
 
 }  // namespace
@@ -246,6 +247,12 @@ bool check_run_files(const TrainConfig& c, const std::string& resume_from, int64
                      "--overwrite with --resume {}: resuming into the checkpoint's own folder continues that run and "
                      "replaces none of it; drop --overwrite, or start a new run there with --overwrite and no --resume",
                      resume_from);
+    // the files the resumed run writes there are a run's (a fresh run refuses a user's of those names too)
+    const char* remedy = "move it away: the run writes its own there";
+    files::check_may_replace(c.run_dir + "/summary.json", "run file", "a cast run's summary", kSummaryMark, false,
+                             remedy);
+    files::check_may_replace(c.run_dir + "/curves.svg", "run file", "a figure drawn by cast", files::kFigureMark,
+                             false, remedy);
     check_resume_goes_forward(c, resume_from, resume_step);
     return true;
   }
@@ -254,7 +261,7 @@ bool check_run_files(const TrainConfig& c, const std::string& resume_from, int64
   CAST_CHECK_USAGE(resume_from.empty() || resume_step < c.steps || !files::exists(source + "/summary.json"),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on into --run {} with a larger --steps",
-                   source, resume_step, c.steps, resume_from, c.run_dir);
+                   source, resume_step, c.steps, shell_quote(resume_from), shell_quote(c.run_dir));
   if (std::filesystem::exists(checkpoint)) {
     if (!c.overwrite) {
       // advice to resume holds for a cast checkpoint only, not a file of the user's of that name
@@ -272,7 +279,7 @@ bool check_run_files(const TrainConfig& c, const std::string& resume_from, int64
     CAST_CHECK_USAGE(c.overwrite,
                      "run folder {} already holds a run ({}): continue it with --resume {}, choose another "
                      "--run, or pass --overwrite to replace it",
-                     c.run_dir, checkpoint, checkpoint);
+                     c.run_dir, checkpoint, shell_quote(checkpoint));
     // the old run's files, never to be mistaken for the new one's (a new run that fails before
     // its first checkpoint must not point at the old run's as its own)
     if (act)

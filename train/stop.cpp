@@ -11,6 +11,7 @@
 #include <ctime>
 
 #include "tensor/files.h"
+#include "tensor/text.h"
 
 namespace cast::train {
 
@@ -177,14 +178,6 @@ std::string signal_name(int signal) {
   return name ? name : fmt::format("signal {}", signal);
 }
 
-std::string shell_quote(const std::string& word) {
-  const bool safe = !word.empty() && word.find_first_not_of(
-                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                         "0123456789-_./=,:+@%") == std::string::npos;
-  if (safe) return word;
-  std::string quoted = "'";
-  for (char ch : word) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return quoted + "'";
-}
+std::string shell_quote(const std::string& word) { return text::shell_word(word); }
 
 }  // namespace cast::train

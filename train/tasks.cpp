@@ -4,7 +4,6 @@
 
 #include "tensor/error.h"
 #include "train/settings.h"
-#include "train/stop.h"
 
 namespace cast::train {
 
@@ -74,7 +73,7 @@ data::TaskData load_task(const TrainConfig& c, bool generate_if_missing) {
   if (t == "listops-short" && generate_if_missing && !std::filesystem::exists(dir + "/basic_train.tsv")) {
     fmt::print("generating short ListOps into {}\n", dir);
     data::generate_listops(dir, data::ListOpsSpec::short_cpu(), 1, false, {},
-                           "cast data listops-short --out " + shell_quote(dir));
+                           "cast data listops-short");
   }
   data::TaskData loaded = load_task_data(t, dir, max_len);
   loaded.name = t;  // messages name the task the user chose (listops-short, not the loader's listops)

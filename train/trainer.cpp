@@ -338,8 +338,8 @@ std::string how_to_continue(const Run& run) {
         return fmt::format("{}: the folder is now {}; run the comparison again with --out {} ({})",
                            no_checkpoint_at(run.checkpoint), now, std::filesystem::path(now).parent_path().string(),
                            run.c.resume_command);
-      return fmt::format("{}: the folder is now {}; resume with: cast train --resume {}/checkpoint.safetensors",
-                         no_checkpoint_at(run.checkpoint), now, now);
+      return fmt::format("{}: the folder is now {}; resume with: cast train --resume {}",
+                         no_checkpoint_at(run.checkpoint), now, shell_quote(now + "/checkpoint.safetensors"));
     }
     return no_checkpoint_at(run.checkpoint) +
            ": resume from its checkpoint where the folder is now (cast train --resume <there>/checkpoint.safetensors)";

@@ -71,6 +71,16 @@ MatrixLayout columns_of(const Tensor& w, int64_t c0) { return {c0, w.dim(1), 0};
 // Rows [r0, …) of a 2-D w, the same matrix for every batch row.
 MatrixLayout rows_of(const Tensor& w, int64_t r0) { return {r0 * w.dim(1), w.dim(1), 0}; }
 
+// An input's gradient buffer for a backward (none where the input needs none), and whether it is
+// fresh: written by the first product into it (beta 0), not added to what it held.
+struct GradientOf {
+  explicit GradientOf(Tensor& input) {
+    if (input.requires_grad()) buffer = input.grad_buffer(&fresh);
+  }
+  Tensor buffer;
+  bool fresh = false;
+};
+
 // w's gradient (beta 0: written, 1: added) from per-batch terms (B, w's shape) filled by `fill`.
 void sum_terms_into(Tensor& dw, bool fresh, int64_t batch, const std::function<void(Tensor& terms)>& fill) {
   Tensor terms = like({batch, dw.dim(0), dw.dim(1)}, dw);
@@ -88,15 +98,15 @@ void project_heads_in_place(Tensor& y, const Tensor& x, const Tensor& w) {
 }
 
 // dx (B, N, D) (+)= Σ_h dy[:, h] w[:, h]ᵀ, and dw[:, h] (+)= Σ_b x[b]ᵀ dy[b, h].
-void project_heads_backward_in_place(Tensor* dx, bool dx_fresh, Tensor* dw, bool dw_fresh, const Tensor& dy,
-                                     const Tensor& x, const Tensor& w) {
+void project_heads_backward_in_place(GradientOf& dx, GradientOf& dw, const Tensor& dy, const Tensor& x,
+                                     const Tensor& w) {
   const int64_t B = dy.dim(0), H = dy.dim(1), N = dy.dim(2), d = dy.dim(3), D = x.dim(2);
-  if (dx)
+  if (dx.buffer.defined())
     for (int64_t h = 0; h < H; ++h)
-      gemm_laid_out(*dx, batch_rows(x), dy, head_of(dy, h), w, columns_of(w, h * d), false, true, 1.0,
-                    dx_fresh && h == 0 ? 0.0 : 1.0, {B, N, D, d});
-  if (dw)
-    sum_terms_into(*dw, dw_fresh, B, [&](Tensor& terms) {
+      gemm_laid_out(dx.buffer, batch_rows(x), dy, head_of(dy, h), w, columns_of(w, h * d), false, true, 1.0,
+                    dx.fresh && h == 0 ? 0.0 : 1.0, {B, N, D, d});
+  if (dw.buffer.defined())
+    sum_terms_into(dw.buffer, dw.fresh, B, [&](Tensor& terms) {
       for (int64_t h = 0; h < H; ++h)
         gemm_laid_out(terms, {h * d, H * d, D * H * d}, x, batch_rows(x), dy, head_of(dy, h), true, false, 1.0, 0.0,
                       {B, D, d, N});
@@ -112,15 +122,15 @@ void merge_heads_project_in_place(Tensor& out, const Tensor& heads, const Tensor
 }
 
 // dheads[:, h] (+)= dout w[h rows]ᵀ, and dw[h rows] (+)= Σ_b heads[b, h]ᵀ dout[b].
-void merge_heads_backward_in_place(Tensor* dheads, bool dheads_fresh, Tensor* dw, bool dw_fresh, const Tensor& dout,
-                                   const Tensor& heads, const Tensor& w) {
+void merge_heads_backward_in_place(GradientOf& dheads, GradientOf& dw, const Tensor& dout, const Tensor& heads,
+                                   const Tensor& w) {
   const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3), E = w.dim(1);
-  if (dheads)
+  if (dheads.buffer.defined())
     for (int64_t h = 0; h < H; ++h)
-      gemm_laid_out(*dheads, head_of(heads, h), dout, batch_rows(dout), w, rows_of(w, h * d), false, true, 1.0,
-                    dheads_fresh ? 0.0 : 1.0, {B, N, d, E});
-  if (dw)
-    sum_terms_into(*dw, dw_fresh, B, [&](Tensor& terms) {
+      gemm_laid_out(dheads.buffer, head_of(heads, h), dout, batch_rows(dout), w, rows_of(w, h * d), false, true, 1.0,
+                    dheads.fresh ? 0.0 : 1.0, {B, N, d, E});
+  if (dw.buffer.defined())
+    sum_terms_into(dw.buffer, dw.fresh, B, [&](Tensor& terms) {
       for (int64_t h = 0; h < H; ++h)
         gemm_laid_out(terms, {h * d * E, E, H * d * E}, heads, head_of(heads, h), dout, batch_rows(dout), true, false,
                       1.0, 0.0, {B, d, E, N});
@@ -140,11 +150,8 @@ struct ProjectHeadsNode final : autograd::Node {
   void backward() override {
     const Tensor& dheads = outputs[0].grad();  // (B, H, N, d)
     if (dheads.is_cuda()) {
-      bool x_fresh = false, w_fresh = false;
-      Tensor dx = x.requires_grad() ? x.grad_buffer(&x_fresh) : Tensor();
-      Tensor dw = w.requires_grad() ? w.grad_buffer(&w_fresh) : Tensor();
-      return project_heads_backward_in_place(dx.defined() ? &dx : nullptr, x_fresh, dw.defined() ? &dw : nullptr,
-                                             w_fresh, dheads, x, w);
+      GradientOf dx(x), dw(w);
+      return project_heads_backward_in_place(dx, dw, dheads, x, w);
     }
     const int64_t rows = x.dim(0) * x.dim(1), width = w.dim(1);
     const Tensor x2 = x.view({rows, x.dim(2)});
@@ -178,11 +185,8 @@ struct MergeHeadsProjectNode final : autograd::Node {
   void backward() override {
     const Tensor& dout = outputs[0].grad();  // (B, N, E)
     if (dout.is_cuda()) {
-      bool heads_fresh = false, w_fresh = false;
-      Tensor dh = heads.requires_grad() ? heads.grad_buffer(&heads_fresh) : Tensor();
-      Tensor dw = w.requires_grad() ? w.grad_buffer(&w_fresh) : Tensor();
-      return merge_heads_backward_in_place(dh.defined() ? &dh : nullptr, heads_fresh, dw.defined() ? &dw : nullptr,
-                                           w_fresh, dout, heads, w);
+      GradientOf dh(heads), dw(w);
+      return merge_heads_backward_in_place(dh, dw, dout, heads, w);
     }
     const Tensor dout2 = dout.view({dout.dim(0) * dout.dim(1), dout.dim(2)});
     bool fresh = false;

@@ -755,6 +755,12 @@ TEST(Training, AFinishedRunResumedForMoreStepsDropsItsSummaryOncePastIt) {
   std::ofstream(summary, std::ios::trunc) << "{\"steps\": 1}\n";
   train::remove_passed_summary(run_dir, 12);
   EXPECT_EQ(bytes_of(summary), "{\"steps\": 1}\n");
+  // nor replaced by the run resumed there (twenty-fourth attack: a fresh run refused it, a resume
+  // wrote over it)
+  c.steps = 12;
+  EXPECT_CAST_ERROR(train::train_on(c, task, ckpt, 0, true),
+                    "run file " + summary + ": exists and is not a cast run's summary");
+  EXPECT_EQ(bytes_of(summary), "{\"steps\": 1}\n");
 }
 
 // A stop request during an evaluation ends it between batches.
