@@ -25,10 +25,6 @@ std::string mark_text(const std::string& dir) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The rest of the mark's line that starts with `line` ("\nsettings: "), or "".
 std::string marked_line(const std::string& dir, std::string_view line) {
   const std::string text = mark_text(dir);

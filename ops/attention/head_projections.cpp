@@ -107,6 +107,7 @@ void project_heads_backward_in_place(GradientOf& dx, GradientOf& dw, const Tenso
                     dx.fresh && h == 0 ? 0.0 : 1.0, {B, N, D, d});
   if (dw.buffer.defined())
     sum_terms_into(dw.buffer, dw.fresh, B, [&](Tensor& terms) {
+      if (N == 0) return terms.fill_zero();  // sums of no products (cuBLAS writes nothing for them)
       for (int64_t h = 0; h < H; ++h)
         gemm_laid_out(terms, {h * d, H * d, D * H * d}, x, batch_rows(x), dy, head_of(dy, h), true, false, 1.0, 0.0,
                       {B, D, d, N});
@@ -131,6 +132,7 @@ void merge_heads_backward_in_place(GradientOf& dheads, GradientOf& dw, const Ten
                     dheads.fresh ? 0.0 : 1.0, {B, N, d, E});
   if (dw.buffer.defined())
     sum_terms_into(dw.buffer, dw.fresh, B, [&](Tensor& terms) {
+      if (N == 0) return terms.fill_zero();  // sums of no products (cuBLAS writes nothing for them)
       for (int64_t h = 0; h < H; ++h)
         gemm_laid_out(terms, {h * d * E, E, H * d * E}, heads, head_of(heads, h), dout, batch_rows(dout), true, false,
                       1.0, 0.0, {B, d, E, N});
@@ -155,9 +157,8 @@ struct ProjectHeadsNode final : autograd::Node {
     }
     const int64_t rows = x.dim(0) * x.dim(1), width = w.dim(1);
     const Tensor x2 = x.view({rows, x.dim(2)});
-    const bool on_cpu = dheads.device() == Device::cpu;
-    const int64_t chunk = on_cpu ? std::min(rows, std::max(kMinChunkRows, kChunkElements / width)) : rows;
-    Tensor buffer = on_cpu ? like({chunk, width}, dheads) : tokens_major(dheads);
+    const int64_t chunk = std::min(rows, std::max(kMinChunkRows, kChunkElements / width));
+    Tensor buffer = like({chunk, width}, dheads);
     bool x_fresh = false, w_fresh = false;  // a first gradient is written by the product, not added to zeros
     Tensor dx = x.requires_grad() ? x.grad_buffer(&x_fresh).view(x2.shape()) : Tensor();
     Tensor dw = w.requires_grad() ? w.grad_buffer(&w_fresh) : Tensor();
@@ -165,7 +166,7 @@ struct ProjectHeadsNode final : autograd::Node {
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t n = std::min(chunk, rows - r0);
       Tensor dy = buffer.narrow0(0, n);  // token-major rows [r0, r0 + n)
-      if (on_cpu) gather_token_rows(dy, dheads, r0);
+      gather_token_rows(dy, dheads, r0);
       if (dx.defined()) {
         Tensor dx_rows = dx.narrow0(r0, n);
         product(dx_rows, dy, w, false, true, x_fresh ? 0.0 : 1.0);  // dX = dY Wᵀ

@@ -114,6 +114,18 @@ TEST(CudaVsCpuHeadProjections, HeadsInPlaceAgreeWithTheCpu) {
   }
 }
 
+// No tokens on CUDA: each weight's first gradient is zeros (a sum of no products), as on the CPU.
+TEST(CudaVsCpuHeadProjections, NoTokensGiveZeroWeightGradients) {
+  SKIP_WITHOUT_GPU();
+  Tensor x = Tensor::zeros({2, 0, 3}).to(Device::cuda).set_requires_grad();
+  Tensor w = Tensor::uniform({3, 4}, 5, 0, -1.0, 1.0, DType::f32).to(Device::cuda).set_requires_grad();
+  Tensor wo = Tensor::uniform({4, 3}, 6, 0, -1.0, 1.0, DType::f32).to(Device::cuda).set_requires_grad();
+  Tensor out = ops::merge_heads_project(ops::project_heads(x, w, 2), wo);
+  autograd::backward(out, Tensor::zeros(out.shape()).to(Device::cuda));
+  for (const Tensor* t : {&w, &wo})
+    for (double v : t->grad().to(Device::cpu).to_double_vector()) EXPECT_EQ(v, 0.0);
+}
+
 // First gradients on CUDA (no gradient before, buffers poisoned): each is written whole, a
 // weight's from all of its per-batch terms, not added to what its buffer held.
 TEST(CudaVsCpuHeadProjections, FirstGradientsAreWrittenWhole) {
