@@ -351,7 +351,10 @@ int command_layer(const std::vector<std::string>& argv) {
 
   const std::map<std::string, Tensor> out = outputs(layer, result, in.x, dtype, device);
   write_safetensors(args.str("out"), out,
-                    {{"attention", nn::mechanism_name(config.mechanism)}, {"made_by", "cast layer"}}, "--out");
+                    {{"attention", nn::mechanism_name(config.mechanism)},
+                     {"made_by", "cast layer"},
+                     {"digest", std::string(files::kDigestSlot)}},  // that nobody changed the file since
+                    "--out");
   if (trace) trace->write_file();
   // notes after the work, which may still have been refused: an error stays one line
   note_narrowed(file, dtype);

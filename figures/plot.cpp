@@ -17,13 +17,15 @@
 namespace cast::train {
 
 std::string svg_open(int width, int height, bool crisp) {
-  // the mark: what another cast figure may replace (files::check_may_replace)
+  // the mark: what another cast figure may replace (files::check_may_replace); the digest: that
+  // nobody changed it since
   return fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" )"
                      R"(font-family="DejaVu Sans, Arial, sans-serif"{2}>)"
-                     "\n{3}\n"
+                     "\n{3}\n<!-- {4} -->\n"
                      R"(<rect width="100%" height="100%" fill="white"/>)"
                      "\n",
-                     width, height, crisp ? R"( shape-rendering="crispEdges")" : "", files::kFigureMark);
+                     width, height, crisp ? R"( shape-rendering="crispEdges")" : "", files::kFigureMark,
+                     files::kDigestSlot);
 }
 
 // Text for an SVG (XML 1.0): the five markup characters escaped, and a control character or a

@@ -455,8 +455,49 @@ void check_may_replace(const std::string& path, const std::string& what, const s
     return;
   }
   const std::string head = head_of(path, what);
-  if (head.empty() || head.find(mark) != std::string::npos) return;
-  throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it ({})", what, path, kind, remedy));
+  if (head.empty()) return;
+  if (head.find(mark) == std::string::npos)
+    throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it ({})", what, path, kind, remedy));
+  if (head.find(kDigestTag) == std::string::npos) return;
+  const std::string target = output_target(path, what, Link::follow_once);
+  CAST_CHECK_USAGE(digest_matches(read_file(target, what)),
+                   "{} {}: is {}, changed since cast wrote it (its digest no longer matches); not replacing it ({})",
+                   what, path, kind, remedy);
+}
+
+// The digest's 16 hex digits in `bytes` (at `at`) read as '0': FNV-1a over the three pieces.
+static uint64_t content_digest(std::string_view bytes, size_t at) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto add = [&h](std::string_view piece) {
+    for (const char c : piece) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  };
+  add(bytes.substr(0, at));
+  add("0000000000000000");
+  add(bytes.substr(at + 16));
+  return h;
+}
+
+// Where a digest's 16 digits start among the first 4 KiB of `bytes`, or npos.
+static size_t digest_digits(std::string_view bytes) {
+  const size_t tag = bytes.substr(0, 4096).find(kDigestTag);
+  if (tag == std::string_view::npos || tag + kDigestTag.size() + 16 > bytes.size()) return std::string_view::npos;
+  return tag + kDigestTag.size();
+}
+
+std::string with_digest(std::string_view bytes) {
+  std::string out(bytes);
+  const size_t at = digest_digits(bytes);
+  if (at != std::string_view::npos) {
+    const std::string digits = fmt::format("{:016x}", content_digest(bytes, at));
+    out.replace(at, 16, digits);
+  }
+  return out;
+}
+
+bool digest_matches(std::string_view bytes) {
+  const size_t at = digest_digits(bytes);
+  if (at == std::string_view::npos) return bytes.substr(0, 4096).find(kDigestTag) == std::string_view::npos;
+  return bytes.substr(at, 16) == fmt::format("{:016x}", content_digest(bytes, at));
 }
 
 // Creates a temporary file for writing beside `stem` ("<stem>.tmp", else "<stem>.1.tmp", ...):
@@ -549,7 +590,10 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
     // the replacement keeps the old file's mode (a private 0600 stays private)
     struct stat old {};
     if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode)) keep_mode_and_owner(fd.get(), old);
-    write_all(fd.get(), bytes, what, path);
+    if (digest_digits(bytes) == std::string_view::npos)
+      write_all(fd.get(), bytes, what, path);
+    else
+      write_all(fd.get(), with_digest(bytes), what, path);
     CAST_CHECK(flush == Flush::with_folder || ::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path,
                reason(errno));
     CAST_CHECK(::close(fd.release()) == 0, "{} {}: close failed: {}", what, path, reason(errno));

@@ -121,14 +121,26 @@ std::string json_message(const std::exception& e);
 std::string output_target(const std::string& path, const std::string& what, Link link);
 // The rule for every output that exists already (docs/training.md, "What a command replaces"):
 // it is replaced only when the same kind of cast output made it, recognised by `mark` among its
-// first 4 KiB, or when the user said so (`overwrite`, the command's --overwrite). Else a usage
-// error naming the option, the file, what it is not, and --overwrite. A missing or empty file
-// passes.
+// first 4 KiB, and nobody changed it since (its digest, where it has one, matches), or when the
+// user said so (`overwrite`, the command's --overwrite). Else a usage error naming the option, the
+// file, what it is not or that it was changed, and --overwrite. A missing or empty file passes.
 void check_may_replace(const std::string& path, const std::string& what, const std::string& kind, std::string_view mark,
                        bool overwrite,
                        std::string_view remedy = "pass --overwrite to replace it, or choose another path");
 // The mark of every figure the engine draws (figures/plot.cpp puts it in each SVG).
 constexpr std::string_view kFigureMark = "<!-- drawn by cast -->";
+
+// A cast output's content digest, which tells it from a copy changed by hand: kDigestTag and 16
+// hex digits, the 64-bit FNV-1a hash of the whole file read with those 16 digits as '0'. A writer
+// places kDigestSlot once among an output's first 4 KiB; write_atomic fills it. check_may_replace
+// refuses a marked output whose digest no longer matches (one without a digest, made before cast
+// wrote them, is judged by its mark alone).
+constexpr std::string_view kDigestTag = "cast-digest-";
+constexpr std::string_view kDigestSlot = "cast-digest-0000000000000000";
+// `bytes` with their digest slot, if any among the first 4 KiB, filled in.
+std::string with_digest(std::string_view bytes);
+// Whether `bytes` hold no digest among their first 4 KiB, or one that matches them.
+bool digest_matches(std::string_view bytes);
 
 // When a written file reaches the disk: `now` (flushed with its folder before write_atomic
 // returns), or `with_folder`: a file among thousands of one data set, flushed together by
@@ -137,7 +149,7 @@ enum class Flush { now, with_folder };
 
 // Writes `bytes` to `path` atomically: a temporary file beside it (`<target>.tmp`, or the next
 // free `<target>.N.tmp`: created exclusively, no link followed, nothing there removed), flush,
-// rename, flush of the folder.
+// rename, flush of the folder. A digest slot among the first 4 KiB is filled (with_digest).
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what,
                   Link link = Link::follow_once, Flush flush = Flush::now);
 // Removes the temporary files write_atomic is writing, on any thread: for a process about to end

@@ -250,6 +250,14 @@ TEST(CliFiles, ASummaryIsValidatedByKeyWhenAComparisonReadsIt) {
   refused("attention", "cast", "'attention' is \"cast\", not full");
   refused("colour", "blue", "'colour' is no key of a summary cast train writes");
   refused("steps", 3, "'steps' is 3, not a whole number from 0 to 2");
+  // a value changed within its range: the digest tells (twenty-fourth attack); a summary without
+  // a digest (written before them) is read
+  put(summary, written.dump());
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
+                    "run summary " + summary + ": was changed since cast train wrote it (its digest no longer matches)");
+  written.erase("digest");
+  put(summary, written.dump());
+  EXPECT_TRUE(train::run_comparison(spec, 0, true).complete);
 }
 
 TEST(CliFiles, MetricsLinesAreValidatedByKey) {
@@ -380,6 +388,40 @@ TEST(CliFiles, AnOutputReplacesOnlyAFileOfItsOwnKind) {
   EXPECT_EQ(run("plot " + run_dir + " --out " + d + "/fig.svg").code, 0);
   const CliRun again = run("plot " + run_dir + " --out " + d + "/fig.svg");
   EXPECT_EQ(again.code, 0) << again.err;
+}
+
+// Each single-file output, written again, replaces its own unchanged file; changed by hand, it
+// is kept (its digest no longer matches) unless --overwrite says otherwise (twenty-fourth attack:
+// an edited figure, trace, bench rows or layer output was replaced silently).
+TEST(CliFiles, AnOutputChangedByHandIsNotReplacedByItsOwnKind) {
+  const std::string run_dir = copy_run("changed_by_hand");
+  const std::string d = fs::path(run_dir).parent_path().string();
+  const std::string layer = "layer --in " + std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors --attention " +
+                            "full --heads 2 --out " + d + "/layer.safetensors";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plot " + run_dir + " --out " + d + "/fig.svg", d + "/fig.svg"},
+      {"bench attention --lengths 8 --repeats 1 --warmup 0 --mechanisms full --json " + d + "/rows.jsonl",
+       d + "/rows.jsonl"},
+      {layer, d + "/layer.safetensors"},
+      {layer + "2 --trace " + d + "/trace.jsonl", d + "/trace.jsonl"},
+      {"plot " + run_dir, run_dir + "/curves.svg"}};
+  for (const auto& [args, file] : cases) {
+    ASSERT_EQ(run(args).code, 0) << args;
+    const CliRun again = run(args);
+    ASSERT_EQ(again.code, 0) << args << ": " << again.err;
+    std::string edited = slurp(file);
+    ASSERT_GT(edited.size(), 8u) << file;
+    edited[edited.size() - 3] ^= 1;  // the last number of a row, a tensor's last byte, a figure's end tag
+    put(file, edited);
+    const CliRun refused = run(args);
+    EXPECT_EQ(refused.code, 2) << args << ": " << refused.err;
+    EXPECT_NE(refused.err.find("changed since cast wrote it (its digest no longer matches)"), std::string::npos)
+        << args << ": " << refused.err;
+    EXPECT_EQ(slurp(file), edited) << args;
+    const CliRun overwritten = run(args + " --overwrite");
+    EXPECT_EQ(overwritten.code, 0) << args << ": " << overwritten.err;
+    EXPECT_NE(slurp(file), edited) << args;
+  }
 }
 
 TEST(CliFiles, TrainNeverWritesOverItsOwnConfigFile) {

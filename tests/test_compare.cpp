@@ -161,7 +161,7 @@ TEST(Compare, InterruptedComparisonResumesAndItsTableMatchesTheRuns) {
 TEST(Compare, AFolderHoldingARunWithOtherSettingsIsRefused) {
   const std::string data = fresh_dir("data2"), out = fresh_dir("other");
   train::CompareSpec spec = tiny_spec(data, out);
-  spec.variants.resize(1);
+  spec.variants.erase(spec.variants.begin());  // CAST: it reads the clustering settings
   spec.seeds = {1};
   ASSERT_FALSE(train::run_comparison(spec, 5, true).complete);  // leaves full-seed1 unfinished
   spec.settings["dim"] = 24;
@@ -172,11 +172,11 @@ TEST(Compare, AFolderHoldingARunWithOtherSettingsIsRefused) {
   spec.settings["lr"] = 0.5;
   EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true), "this run was started with setting 'lr'");
   spec.settings.erase("lr");
-  // an attention option is named itself, with both values (tenth attack, K1)
-  spec.settings["cluster-size"] = 3;
+  // an attention option the mechanism reads is named itself, with both values (tenth attack, K1)
+  spec.settings["clusters"] = 16;
   EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
-                    "this run was started with setting 'cluster-size' = 0, but this comparison asks for 3");
-  spec.settings.erase("cluster-size");
+                    "this run was started with setting 'clusters' = 0, but this comparison asks for 16");
+  spec.settings.erase("clusters");
   // --recompute computes the same run: the comparison goes on with it (tenth attack, K2)
   spec.settings["recompute"] = true;
   EXPECT_TRUE(train::run_comparison(spec, 0, true).complete);
@@ -254,11 +254,58 @@ TEST(Compare, ResultsChangedByHandAreNotReplacedWithoutOverwrite) {
   std::ofstream(out + "/results.md", std::ios::app) << "MY NOTES\n";
   fs::last_write_time(out + "/results.md", fs::last_write_time(out + "/results.json") + std::chrono::seconds(10));
   EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
-                    "comparison output " + out + "/results.md: was changed after cast compare wrote it");
+                    "comparison output " + out + "/results.md: is the results of cast compare, changed since cast "
+                    "wrote it");
   EXPECT_NE(slurp(out + "/results.md").find("MY NOTES"), std::string::npos);
   spec.overwrite = true;
   ASSERT_TRUE(train::run_comparison(spec, 0, true).complete);
   EXPECT_EQ(slurp(out + "/results.md").find("MY NOTES"), std::string::npos);
+  // a results.md from before digests, changed after results.json: told by its time
+  spec.overwrite = false;
+  std::string md = slurp(out + "/results.md");
+  md.erase(md.find("<!-- cast-digest-"), md.find("-->\n") + 4 - md.find("<!-- cast-digest-"));
+  std::ofstream(out + "/results.md", std::ios::binary | std::ios::trunc) << md << "MY NOTES\n";
+  fs::last_write_time(out + "/results.md", fs::last_write_time(out + "/results.json") + std::chrono::seconds(10));
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
+                    "comparison output " + out + "/results.md: was changed after cast compare wrote it");
+  fs::remove(out + "/results.md");
+  // results.json itself edited, so the newest of the three: its digest no longer matches
+  // (twenty-fourth attack)
+  std::string results = slurp(out + "/results.json");
+  results.replace(results.find("\"task\""), 6, "\"Task\"");
+  std::ofstream(out + "/results.json", std::ios::binary | std::ios::trunc) << results;
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
+                    "comparison output " + out + "/results.json: is the results of cast compare, changed since cast "
+                    "wrote it");
+  EXPECT_EQ(slurp(out + "/results.json"), results);
+}
+
+// Full attention reads no clustering setting: its finished run serves a comparison with other
+// --clusters or --topk, and its unfinished one goes on (twenty-fourth attack: refused as a run
+// "started with setting 'clusters' = 0").
+TEST(Compare, AFullAttentionRunServesAnyClusteringSetting) {
+  const std::string data = fresh_dir("data_full_any"), out = fresh_dir("full_any");
+  train::CompareSpec spec = tiny_spec(data, out);
+  spec.variants.resize(1);
+  spec.seeds = {1};
+  ASSERT_TRUE(train::run_comparison(spec, 0, true).complete);
+  const std::string finished = slurp(out + "/full-seed1/checkpoint.safetensors");
+  spec.settings["clusters"] = 16, spec.settings["topk"] = 4, spec.settings["cluster-size"] = 3;
+  spec.seeds = {1, 2};
+  ASSERT_FALSE(train::run_comparison(spec, 5, true).complete);  // full-seed1 taken, full-seed2 stopped
+  EXPECT_EQ(slurp(out + "/full-seed1/checkpoint.safetensors"), finished);  // not trained again
+  spec.settings["clusters"] = 24;
+  const train::CompareResult result = train::run_comparison(spec, 0, true);
+  ASSERT_TRUE(result.complete);
+  ASSERT_EQ(result.runs.size(), 2u);
+  EXPECT_TRUE(result.runs[1].resumed);
+  EXPECT_EQ(result.runs[1].steps_this_process, 12 - 5);
+  EXPECT_EQ(slurp(out + "/full-seed1/checkpoint.safetensors"), finished);
+  EXPECT_FALSE(train::mechanism_reads(nn::Mechanism::full, "clusters"));
+  EXPECT_TRUE(train::mechanism_reads(nn::Mechanism::iclustered, "topk"));
+  EXPECT_FALSE(train::mechanism_reads(nn::Mechanism::clustered, "topk"));
+  EXPECT_TRUE(train::mechanism_reads(nn::Mechanism::cast, "surrogates"));
+  EXPECT_TRUE(train::mechanism_reads(nn::Mechanism::full, "attention"));
 }
 
 // `--vary recompute` compares exactly the runs' time and memory: each value trains its own run

@@ -355,3 +355,38 @@ TEST(Files, TheRootFolderIsNoOutputFolder) {
   EXPECT_CAST_ERROR(files::make_writable_folder("/", "comparison folder"), "is the root folder");
   EXPECT_CAST_ERROR(files::check_output_folder("/.", "run folder"), "is the root folder");
 }
+
+// A cast output carries a digest of itself (files::kDigestSlot, filled by write_atomic): one
+// changed by hand after cast wrote it is told from one it wrote, and is not replaced by the same
+// kind of output without --overwrite (twenty-fourth attack: a figure, a trace, a cast bench
+// --json or a cast layer --out file edited by hand was replaced silently).
+TEST(Files, ADigestTellsACastOutputFromOneChangedByHand) {
+  const std::string d = fresh_dir("digest"), out = d + "/fig.svg";
+  const std::string text = "<svg>\n<!-- made by me -->\n<!-- " + std::string(files::kDigestSlot) + " -->\n</svg>\n";
+  files::write_atomic(out, text, "figure");
+  const std::string written = slurp(out);
+  ASSERT_EQ(written.size(), text.size());
+  EXPECT_EQ(written.find(files::kDigestSlot), std::string::npos);  // filled in
+  EXPECT_TRUE(files::digest_matches(written));
+  EXPECT_EQ(files::with_digest(written), written);  // the filled digest is that of the text with its slot
+  EXPECT_EQ(files::with_digest(text), written);
+  files::check_may_replace(out, "--out", "a figure", "made by me", false);  // unchanged: replaced
+  // one byte changed anywhere, the digest itself included, is seen
+  for (const size_t at : {size_t{1}, written.find(files::kDigestTag) + files::kDigestTag.size() + 3,
+                          written.size() - 3}) {
+    std::string edited = written;
+    edited[at] = edited[at] == 'x' ? 'y' : 'x';
+    EXPECT_FALSE(files::digest_matches(edited)) << at;
+    put(out, edited);
+    EXPECT_CAST_ERROR(files::check_may_replace(out, "--out", "a figure", "made by me", false),
+                      "--out " + out + ": is a figure, changed since cast wrote it (its digest no longer matches)");
+    files::check_may_replace(out, "--out", "a figure", "made by me", true);  // --overwrite
+  }
+  // a digest cut short is no match; a marked output without a digest (older) is judged by its mark
+  put(out, "<svg><!-- made by me --><!-- cast-digest-12ab");
+  EXPECT_CAST_ERROR(files::check_may_replace(out, "--out", "a figure", "made by me", false), "changed since cast");
+  put(out, "<svg><!-- made by me --></svg>\n");
+  files::check_may_replace(out, "--out", "a figure", "made by me", false);
+  EXPECT_TRUE(files::digest_matches("no digest here"));
+  fs::remove_all(d);
+}

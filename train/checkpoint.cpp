@@ -273,10 +273,12 @@ void load_checkpoint(const std::string& path, nn::Transformer& model, std::vecto
   // tensor is checked, not only those this load uses.
   const std::string damage = non_finite_in(f.tensors);
   CAST_CHECK(damage.empty(), "{}: {}: the checkpoint holds non-finite values and cannot be used", path, damage);
-  // Compared as parsed values, not as text: a reformatted but equal config is the same model.
+  // Compared as parsed values, not as text: a reformatted but equal config is the same model; a
+  // setting its mechanism does not read (full attention's --clusters) makes no other model.
   CAST_CHECK(f.metadata.count("model"), "checkpoint {}: not a cast checkpoint (no 'model' metadata)", path);
-  const json theirs = model_json(model_from_json(files::parse_json(f.metadata.at("model"), path + ": model config")));
-  const json mine = model_json(model.config());
+  const json theirs =
+      used_model_json(model_from_json(files::parse_json(f.metadata.at("model"), path + ": model config")));
+  const json mine = used_model_json(model.config());
   if (theirs != mine)
     throw Error(fmt::format("{}: checkpoint does not match the model: {}", path, first_difference(theirs, mine, "")));
   nn::ParamList params = model.parameters();

@@ -37,14 +37,15 @@ TrainConfig run_config(const CompareSpec& spec, const json& variant, uint64_t se
   return c;
 }
 
-// The run's settings as stored, without the folder (a comparison folder may be moved). A run
+// The run's settings as stored, without the folder (a comparison folder may be moved) and the
+// attention settings its mechanism does not read (full attention's run serves any --clusters). A run
 // continued in its own folder may also differ in --recompute, which changes how it computes, not
 // what (bit for bit), as a resume may; a finished run taken for another variant may not, since
 // `--vary recompute` compares exactly that run's time and memory.
 // The data folder is compared as the folder it names, however spelled ("D", "./D", its absolute
 // path, or the task's default folder left unsaid).
 json comparable(const TrainConfig& c, bool with_recompute) {
-  json j = all_settings_json(c);
+  json j = used_settings_json(c);
   j.erase("run");
   if (const std::string data = data_folder(c); !data.empty()) {
     std::error_code failed;  // a working folder that is gone: compared as spelled
@@ -140,7 +141,7 @@ json read_summary(const std::string& path, const TrainConfig& config) {
   const std::set<std::string> keys = {"task",          "attention",     "steps",         "seconds",
                                       "step_seconds",  "peak_bytes",    "device",        "val_accuracy",
                                       "test_accuracy", "val_examples",  "test_examples", "majority_rate",
-                                      "evaluated",     "evaluated_step", "made_by"};
+                                      "evaluated",     "evaluated_step", "made_by",       "digest"};
   for (const auto& [key, value] : j.items())
     CAST_CHECK(keys.count(key), "run summary {}: '{}' is no key of a summary cast train writes ({})", path,
                visible(key), fix);
@@ -159,6 +160,10 @@ json read_summary(const std::string& path, const TrainConfig& config) {
   whole("evaluated_step", 0, j["steps"].get<int64_t>(), false);
   whole("val_examples", 0, INT64_MAX, false);
   whole("test_examples", 0, INT64_MAX, false);
+  // values edited within their ranges would make a wrong table: the digest tells (summaries
+  // written before digests have none)
+  CAST_CHECK(files::digest_matches(files::read_file(path, "run summary")),
+             "run summary {}: was changed since cast train wrote it (its digest no longer matches) ({})", path, fix);
   return j;
 }
 
@@ -228,7 +233,7 @@ std::string output_name(const CompareSpec& spec, const std::string& stem, const 
 
 // results.md down to its table of variants' header row.
 std::string results_heading(const CompareSpec& spec) {
-  std::string md = fmt::format("# Comparison: {}\n\n", spec.task);
+  std::string md = fmt::format("# Comparison: {}\n\n<!-- {} -->\n\n", spec.task, files::kDigestSlot);
   if (!spec.command.empty()) md += fmt::format("Command: `{}`\n\n", spec.command);
   md += fmt::format(
       "Test and validation accuracy: mean ± sample standard deviation over seeds ({}). Wall time is "
@@ -298,6 +303,7 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
   md += fmt::format("\n![validation accuracy and training loss of every variant]({})\n",
                     output_name(spec, "comparison", ".svg"));
   const json results = {{"made_by", "cast compare"},  // the mark: what a later comparison may replace
+                        {"digest", files::kDigestSlot},  // that nobody changed it since
                         {"task", spec.task},         {"seeds", spec.seeds}, {"settings", spec.settings},
                         {"command", spec.command},   {"variants", variants}};
   // results.json last: the newest of the three, so that a results.md or figure changed by hand

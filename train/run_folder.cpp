@@ -370,7 +370,8 @@ int64_t continue_run_files(const std::string& resume_from, int64_t step, const s
 }
 
 void write_summary(const std::string& run_dir, json summary) {
-  summary["made_by"] = "cast train";  // kSummaryMark: what a later run may replace
+  summary["made_by"] = "cast train";         // kSummaryMark: what a later run may replace
+  summary["digest"] = files::kDigestSlot;  // that nobody changed it since
   files::write_atomic(run_dir + "/summary.json", summary.dump(2) + "\n", "run summary", files::Link::refuse);
 }
 
@@ -381,7 +382,8 @@ void remove_passed_summary(const std::string& run_dir, int64_t step) {
   int64_t finished_at = -1;
   try {
     const std::string text = files::read_file(summary, "run summary");
-    if (text.find(kSummaryMark) == std::string::npos) return;  // not a run's: never cast's to remove
+    // not a run's, or changed by hand since: never cast's to remove
+    if (text.find(kSummaryMark) == std::string::npos || !files::digest_matches(text)) return;
     finished_at = json::parse(text).value("steps", int64_t{-1});
   } catch (const std::exception&) {
     return;  // unreadable: left as it is

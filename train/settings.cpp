@@ -668,6 +668,30 @@ json all_settings_json(const TrainConfig& c) {
   return j;
 }
 
+bool mechanism_reads(nn::Mechanism mechanism, const std::string& name) {
+  using M = nn::Mechanism;
+  if (name == "clusters") return mechanism != M::full;
+  if (name == "topk") return mechanism == M::iclustered;
+  if (name == "bits" || name == "iterations") return mechanism == M::clustered || mechanism == M::iclustered;
+  for (const char* cast_only : {"cluster-size", "clustering", "f", "summaries", "mix", "cast-heads", "surrogates"})
+    if (name == cast_only) return mechanism == M::cast;
+  return true;  // the mechanism itself
+}
+
+json used_model_json(const nn::ModelConfig& m) {
+  json j = model_json(m);
+  for (const Setting& s : settings())
+    if (s.home == Home::attention && !mechanism_reads(m.attention.mechanism, s.name))
+      j["attention"].erase(model_key(s));
+  return j;
+}
+
+json used_settings_json(const TrainConfig& c) {
+  json j = all_settings_json(c);
+  j["model"] = used_model_json(c.model);
+  return j;
+}
+
 // ---------------------------------------------------------------- flags and files
 void declare_setting_flags(cli::Args& args, const std::vector<std::string>& except) {
   for (const Setting& s : settings()) {

@@ -123,6 +123,14 @@ nlohmann::json model_json(const nn::ModelConfig& m);
 nn::ModelConfig model_from_json(const nlohmann::json& j);
 // Every setting of a run: run_settings_json with the model's under "model" (for comparing runs).
 nlohmann::json all_settings_json(const TrainConfig& c);
+// Whether the attention `mechanism` reads the attention setting `name` (its flag: "clusters",
+// "topk", ...): full attention reads no clustering setting, the clustered ones no CAST setting.
+bool mechanism_reads(nn::Mechanism mechanism, const std::string& name);
+// model_json and all_settings_json without the attention settings the mechanism does not read:
+// two runs of full attention that differ only in --clusters are the same run, and a checkpoint of
+// one resumes as the other.
+nlohmann::json used_model_json(const nn::ModelConfig& m);
+nlohmann::json used_settings_json(const TrainConfig& c);
 
 // The settings as options of a command (`cast train`, `cast compare`), each help line naming
 // each task's default; and the ones given on the command line, as a config file spells them.

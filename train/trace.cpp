@@ -272,7 +272,10 @@ TraceTotals Trace::end_pass() {
                     row["backward_ms"].get<double>(), human_bytes(row["new_bytes"].get<size_t>())));
   in_pass_ = false;
   if (!json_path_.empty()) {  // a finished pass is kept as its lines: as much memory as the file takes
-    for (const json& e : events_) file_text_ += e.dump() + "\n";
+    for (json& e : events_) {
+      if (file_text_.empty()) e["digest"] = files::kDigestSlot;  // that nobody changed the file since
+      file_text_ += e.dump() + "\n";
+    }
     events_.clear();
   } else if (print_) {
     events_.clear();  // printed: a long `cast train --trace` keeps nothing
