@@ -263,12 +263,17 @@ MetricsLine parse_metrics_line(const std::string& line, const std::string& where
 }  // namespace
 
 Curves read_curves(const std::string& run_dir) {
-  Curves c;
-  c.label = std::filesystem::path(run_dir).filename().string();
-  if (c.label.empty()) c.label = std::filesystem::path(run_dir).parent_path().filename().string();
+  std::string label = std::filesystem::path(run_dir).filename().string();
+  if (label.empty()) label = std::filesystem::path(run_dir).parent_path().filename().string();
   files::require_folder(run_dir, "run folder");
   const std::string path = run_dir + "/metrics.jsonl";
-  std::istringstream in(files::read_file(path, "metrics file"));
+  return curves_of_metrics(files::read_file(path, "metrics file"), path, label);
+}
+
+Curves curves_of_metrics(const std::string& text, const std::string& path, const std::string& label) {
+  Curves c;
+  c.label = label;
+  std::istringstream in(text);
   int line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;

@@ -20,6 +20,8 @@ struct Curves {
 // Reads a run folder's metrics.jsonl (train and val lines); the label is the folder's name. Each
 // line is checked whole: a step, a split, a finite loss and an accuracy in [0, 1].
 Curves read_curves(const std::string& run_dir);
+// The same from the text of a metrics file at `path` (named in its errors by line).
+Curves curves_of_metrics(const std::string& text, const std::string& path, const std::string& label);
 
 // One run: loss, and accuracy with training and validation lines.
 // `link`: files::Link::refuse for a file the engine names itself in a run folder.

@@ -465,16 +465,32 @@ void check_may_replace(const std::string& path, const std::string& what, const s
                    what, path, kind, remedy);
 }
 
+void Fnv1a::add(std::string_view bytes) {
+  uint64_t h = value;
+  for (const char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  value = h;
+}
+
+uint64_t file_fnv1a(const std::string& path, const std::string& what) {
+  Fd fd = open_input(path, what);
+  Fnv1a h;
+  std::string chunk(size_t{1} << 20, '\0');
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    CAST_CHECK(n >= 0, "{} {}: read failed: {}", what, path, reason(errno));
+    if (n == 0) return h.value;
+    h.add(std::string_view(chunk.data(), static_cast<size_t>(n)));
+  }
+}
+
 // The digest's 16 hex digits in `bytes` (at `at`) read as '0': FNV-1a over the three pieces.
 static uint64_t content_digest(std::string_view bytes, size_t at) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto add = [&h](std::string_view piece) {
-    for (const char c : piece) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-  };
-  add(bytes.substr(0, at));
-  add("0000000000000000");
-  add(bytes.substr(at + 16));
-  return h;
+  Fnv1a h;
+  h.add(bytes.substr(0, at));
+  h.add("0000000000000000");
+  h.add(bytes.substr(at + 16));
+  return h.value;
 }
 
 // Where a digest's 16 digits start among the first 4 KiB of `bytes`, or npos.

@@ -137,6 +137,12 @@ constexpr std::string_view kFigureMark = "<!-- drawn by cast -->";
 // wrote them, is judged by its mark alone).
 constexpr std::string_view kDigestTag = "cast-digest-";
 constexpr std::string_view kDigestSlot = "cast-digest-0000000000000000";
+// The 64-bit FNV-1a hash, fed in pieces; and a file's, read 1 MiB at a time.
+struct Fnv1a {
+  uint64_t value = 0xcbf29ce484222325ull;
+  void add(std::string_view bytes);
+};
+uint64_t file_fnv1a(const std::string& path, const std::string& what);
 // `bytes` with their digest slot, if any among the first 4 KiB, filled in.
 std::string with_digest(std::string_view bytes);
 // Whether `bytes` hold no digest among their first 4 KiB, or one that matches them.

@@ -314,12 +314,19 @@ TEST(CliFiles, AReformattedButEqualModelConfigIsAcceptedAndADifferenceNamed) {
   write_safetensors(ckpt, f.tensors, f.metadata);
   CliRun r = run("eval --checkpoint " + ckpt + " --data " + trained_run() + "/data");
   EXPECT_EQ(r.code, 0) << r.err;
-  // the model config names the differing field; the train config keeps its own (checked) copy
+  // a setting full attention does not read makes no other model
   model["attention"]["topk"] = 7;
   f.metadata["model"] = model.dump();
   write_safetensors(ckpt, f.tensors, f.metadata);
   train::TrainConfig c = train::read_checkpoint_header(ckpt).config;
   c.model.attention.topk = 32;
+  nn::Transformer same(c.model, DType::f32, Device::cpu);
+  train::load_checkpoint(ckpt, same, nullptr, nullptr);
+  // the model config names the differing field; the train config keeps its own (checked) copy
+  c.model.attention.mechanism = nn::Mechanism::iclustered;
+  model["attention"]["mechanism"] = "iclustered";
+  f.metadata["model"] = model.dump();
+  write_safetensors(ckpt, f.tensors, f.metadata);
   nn::Transformer other(c.model, DType::f32, Device::cpu);
   EXPECT_CAST_ERROR(train::load_checkpoint(ckpt, other, nullptr, nullptr),
                     "'attention.topk' is 7 in the checkpoint but 32");
@@ -1547,4 +1554,47 @@ TEST(CliAttack, AnAssignmentBeyondTheTokensNamesTheFile) {
             std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(d + "/o.safetensors"));
+}
+
+// The twenty-fifth attack's resumes, one case each: a finished run's summary.json edited by hand
+// is kept (the resume is refused); a metrics line the run's figure would refuse at its end is
+// refused before any step (it left a finished run without its summary); and the advice after a
+// failed checkpoint write of a run resumed for more steps repeats them.
+TEST(CliAttack, AResumeKeepsEditsChecksItsMetricsFirstAndAdvisesItsSteps) {
+  const std::string edited = copy_run("edited_summary");
+  std::string summary = slurp(edited + "/summary.json");
+  summary.insert(summary.find('{') + 1, "\n  \"my_note\": \"baseline for the paper\",");
+  put(edited + "/summary.json", summary);
+  const CliRun kept = run("train --resume " + edited + "/checkpoint.safetensors --steps 5");
+  EXPECT_EQ(kept.code, 2) << kept.err;
+  EXPECT_NE(kept.err.find("summary.json: is a cast run's summary, changed since cast wrote it"), std::string::npos)
+      << kept.err;
+  EXPECT_EQ(slurp(edited + "/summary.json"), summary);
+
+  for (const std::string line : {R"({"step":2,"split":"note","text":"lr looked low"})", R"({"step":2})",
+                                 R"({"step":2,"split":"val","accuracy":2,"loss":1})"}) {
+    const std::string noted = copy_run("noted_metrics");
+    const std::string ckpt = slurp(noted + "/checkpoint.safetensors");
+    std::ofstream(noted + "/metrics.jsonl", std::ios::app) << line << "\n";
+    const CliRun r = run("train --resume " + noted + "/checkpoint.safetensors --steps 5");
+    EXPECT_EQ(r.code, 2) << line << ": " << r.err;
+    EXPECT_NE(r.err.find("metrics.jsonl:"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("the resumed run would fail on it at its end: fix or remove that line"), std::string::npos)
+        << r.err;
+    EXPECT_EQ(slurp(noted + "/checkpoint.safetensors"), ckpt) << line;  // no step was spent
+    EXPECT_TRUE(fs::exists(noted + "/summary.json")) << line;
+  }
+
+  const std::string limited = copy_run("size_limited");
+  const std::string ckpt = limited + "/checkpoint.safetensors", err = limited + "/../err";
+  const auto limit_kib = fs::file_size(ckpt) / 2 / 1024;  // below a checkpoint, above the metrics
+  ASSERT_GT(limit_kib, 2u);
+  const std::string cmd = "bash -c 'ulimit -f " + std::to_string(limit_kib) + "; timeout 60 " +
+                          std::string(CAST_BINARY) + " train --resume " + ckpt + " --steps 5 --checkpoint-every 1' > " +
+                          "/dev/null 2> " + err;
+  EXPECT_EQ(std::system(cmd.c_str()) >> 8, 1) << slurp(err);
+  EXPECT_NE(slurp(err).find("resume with: cast train --resume " + ckpt + " --steps 5"), std::string::npos)
+      << slurp(err);
+  const CliRun advised = run("train --resume " + ckpt + " --steps 5");  // the advice, followed
+  EXPECT_EQ(advised.code, 0) << advised.err;
 }

@@ -166,6 +166,24 @@ TEST(ListOps, ASetChangedByHandIsNotRegeneratedWithoutOverwrite) {
   EXPECT_EQ(slurp(dir + "/basic_val.tsv"), edited);
   data::generate_listops(dir, spec, 3, true);
   EXPECT_NE(slurp(dir + "/basic_val.tsv"), edited);
+  // the contents tell, not the time (twenty-fifth attack: a file copied in with cp -p, older than
+  // the mark, was replaced): an edit dated before the mark is seen, a touch alone is not an edit
+  EXPECT_NE(slurp(mark).find("\ncontents: "), std::string::npos);
+  fs::last_write_time(dir + "/basic_train.tsv", fs::last_write_time(mark) + std::chrono::seconds(10));
+  data::generate_listops(dir, spec, 3);
+  write_text(dir + "/basic_val.tsv", edited);
+  fs::last_write_time(dir + "/basic_val.tsv", fs::last_write_time(mark) - std::chrono::hours(24 * 365));
+  EXPECT_CAST_ERROR(data::generate_listops(dir, spec, 3),
+                    fmt::format("data folder {}: its files differ from those cast data made (their digest in {} no "
+                                "longer matches",
+                                dir, data::kDataFolderMark));
+  EXPECT_EQ(slurp(dir + "/basic_val.tsv"), edited);
+  write_text(dir + "/notes.txt", "mine\n");  // a file added
+  fs::last_write_time(dir + "/notes.txt", fs::last_write_time(mark) - std::chrono::hours(1));
+  data::generate_listops(dir, spec, 3, true);
+  EXPECT_NE(slurp(dir + "/basic_val.tsv"), edited);
+  fs::remove(dir + "/notes.txt");  // kept by --overwrite, so one of the set's files: now missing
+  EXPECT_CAST_ERROR(data::generate_listops(dir, spec, 3), "its files differ from those cast data made");
 }
 
 // A Ctrl-C that cast data first sees after the set's last file is written stops nothing: the set

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "datasets/data.h"
+#include "figures/plot.h"
 #include "tensor/files.h"
 #include "train/checkpoint.h"
 #include "train/trace.h"  // human_bytes
@@ -347,6 +348,15 @@ int64_t keep_metrics_until(const std::string& path, int64_t last_step, const std
                    : fmt::format("the new run's {} starts from its records: remove or fix that line", out));
     if (record && j["step"].get<int64_t>() <= last_step) kept += line + '\n';
     else if (record) ++dropped;
+  }
+  // the run's figure reads every line again at its end: a line it would refuse (a record of
+  // another split, a value out of range, a step out of order) is refused now, before any step
+  const bool cut_short = !text.empty() && text.back() != '\n';
+  try {
+    curves_of_metrics(cut_short ? text.substr(0, text.rfind('\n') + 1) : text, path, "");
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("{}; the resumed run would fail on it at its end: fix or remove that line",
+                                 e.what()));
   }
   files::write_atomic(out, kept, "metrics file", files::Link::refuse);
   return dropped;

@@ -161,6 +161,7 @@ struct Run {
   bool quiet = false, terminal = false;
   Device device = Device::cpu;
   std::string checkpoint;  // the run folder's checkpoint.safetensors
+  int64_t checkpoint_steps = -1;  // the --steps its config holds: the resumed one's, then this run's
   std::string schedule_note;  // said once the run is accepted, not before a refusal
   // Where this process starts: step 0, or a checkpoint's step, best validation and cost.
   int64_t start_step = 0, step = 0;
@@ -180,7 +181,11 @@ struct Run {
 
 // The command that continues the run: the comparison's own, or a resume from its checkpoint.
 std::string resume_with(const Run& run) {
-  return run.c.resume_command.empty() ? "cast train --resume " + shell_quote(run.checkpoint) : run.c.resume_command;
+  if (!run.c.resume_command.empty()) return run.c.resume_command;
+  // a checkpoint of a run now resumed for more steps still holds its own: they are said again
+  const bool other_steps = run.checkpoint_steps >= 0 && run.checkpoint_steps != run.c.steps;
+  return "cast train --resume " + shell_quote(run.checkpoint) +
+         (other_steps ? fmt::format(" --steps {}", run.c.steps) : "");
 }
 
 // A resumed run given other --steps runs the rest of a new schedule: cosine's rate at the
@@ -199,6 +204,7 @@ void read_resume_point(Run& run, const std::string& resume_from) {
   if (resume_from.empty()) return;
   const Checkpoint ck = read_checkpoint_header(resume_from);  // a different model is refused by load_checkpoint
   run.start_step = run.step = ck.step;
+  run.checkpoint_steps = ck.config.steps;
   run.best_val = ck.best_val;
   run.earlier = ck.cost;
   static_cast<LogWindow&>(run.window) = ck.window;
@@ -362,11 +368,12 @@ void note_for_a_second_signal(const Run& run) {
 
 // Every checkpoint is checked finite before it is written: an update that overflowed stops
 // the run here, and the file on disk stays the last good one.
-void save(const Run& run, const std::string& path) {
+void save(Run& run, const std::string& path) {
   try {
     save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window,
                     run.data);
     if (path == run.checkpoint) {
+      run.checkpoint_steps = run.c.steps;
       note_for_a_second_signal(run);
       remove_passed_summary(run.c.run_dir, run.step);
     }
