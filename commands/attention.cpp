@@ -172,7 +172,7 @@ int command_attention(const std::vector<std::string>& argv) {
       "{}; a panel's shade: the key's weight over the largest of its row; red: the query; "
       "{}.",
       args.str("checkpoint"), run.task.image_side > 0 ? "keys laid out as the image's patches" : "keys in rows of 32");
-  files::write_atomic(args.str("out"), train::attention_svg(panels), "--out");
+  files::write_stamped(args.str("out"), train::attention_svg(panels), "--out");
   fmt::print(
       "cast attention: layer {}, head {}, test example {}: weight moved from full attention, mean over the {} "
       "queries\n",

@@ -143,7 +143,7 @@ class JsonLines {
     if (text_.empty()) row["digest"] = files::kDigestSlot;  // that nobody changed it since
     text_ += row.dump() + '\n';
     try {
-      files::write_atomic(path_, text_, "--json");
+      files::write_stamped(path_, text_, "--json");
     } catch (const Error&) {
       unwritable_ = true;
       throw;

@@ -93,7 +93,7 @@ int command_clusters(const std::vector<std::string>& argv) {
   train::ClustersFigure figure{task.test[index].tokens, static_cast<int>(task.image_side), scale, index,
                                args.str("checkpoint") + (args.is_set("initial") ? " as initialised" : "")};
   const std::string svg = train::clusters_svg(model, figure);
-  files::write_atomic(args.str("out"), svg, "--out");
+  files::write_stamped(args.str("out"), svg, "--out");
   const int64_t clusters = model.blocks().empty() ? 0 : model.blocks()[0]->last.clusters.dim(2);
   fmt::print("cast clusters: {} layers x {} heads of {} clusters -> {}\n", model.blocks().size(), ck.config.model.heads,
              clusters, args.str("out"));

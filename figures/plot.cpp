@@ -305,7 +305,7 @@ void plot_run(const std::string& svg_path, const std::string& title, const Curve
   std::vector<Series> left = {{"training loss", run.steps, run.loss, train, false}};
   std::vector<Series> right = {{"training accuracy", run.steps, run.accuracy, train, false},
                                {"validation accuracy", run.val_steps, run.val_accuracy, val, true}};
-  files::write_atomic(svg_path, figure(title, left, right, "Training loss", "Accuracy"), "figure", link);
+  files::write_stamped(svg_path, figure(title, left, right, "Training loss", "Accuracy"), "figure", link);
 }
 
 void plot_comparison(const std::string& svg_path, const std::string& title, const std::vector<Curves>& runs,
@@ -317,7 +317,7 @@ void plot_comparison(const std::string& svg_path, const std::string& title, cons
     left.push_back({runs[i].label, runs[i].steps, runs[i].loss, hex(rgb), false});
     right.push_back({runs[i].label, runs[i].val_steps, runs[i].val_accuracy, hex(rgb), false});
   }
-  files::write_atomic(svg_path, figure(title, left, right, "Training loss", "Validation accuracy", true), "figure",
+  files::write_stamped(svg_path, figure(title, left, right, "Training loss", "Validation accuracy", true), "figure",
                       link);
 }
 
@@ -334,7 +334,7 @@ void plot_lines(const std::string& svg_path, const std::string& title, const std
   const int width = 640, height = 440;
   std::string svg = svg_open(width, height);
   panel(svg, 80, 60, 520, 310, title, "accuracy", series, true, true, x_label);
-  files::write_atomic(svg_path, svg + "</svg>\n", "figure");
+  files::write_stamped(svg_path, svg + "</svg>\n", "figure");
 }
 
 }  // namespace cast::train

@@ -458,7 +458,6 @@ void check_may_replace(const std::string& path, const std::string& what, const s
   if (head.empty()) return;
   if (head.find(mark) == std::string::npos)
     throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it ({})", what, path, kind, remedy));
-  if (head.find(kDigestTag) == std::string::npos) return;
   const std::string target = output_target(path, what, Link::follow_once);
   CAST_CHECK_USAGE(digest_matches(read_file(target, what)),
                    "{} {}: is {}, changed since cast wrote it (its digest no longer matches); not replacing it ({})",
@@ -474,7 +473,7 @@ void Fnv1a::add(std::string_view bytes) {
 uint64_t file_fnv1a(const std::string& path, const std::string& what) {
   Fd fd = open_input(path, what);
   Fnv1a h;
-  std::string chunk(size_t{1} << 20, '\0');
+  thread_local std::vector<char> chunk(size_t{1} << 20);  // one buffer for the many files of a set
   for (;;) {
     const ssize_t n = ::read(fd.get(), chunk.data(), chunk.size());
     if (n < 0 && errno == EINTR) continue;
@@ -484,7 +483,7 @@ uint64_t file_fnv1a(const std::string& path, const std::string& what) {
   }
 }
 
-// The digest's 16 hex digits in `bytes` (at `at`) read as '0': FNV-1a over the three pieces.
+// The hash of `bytes` with the 16 digits at `at` read as '0': FNV-1a over the three pieces.
 static uint64_t content_digest(std::string_view bytes, size_t at) {
   Fnv1a h;
   h.add(bytes.substr(0, at));
@@ -493,27 +492,26 @@ static uint64_t content_digest(std::string_view bytes, size_t at) {
   return h.value;
 }
 
-// Where a digest's 16 digits start among the first 4 KiB of `bytes`, or npos.
-static size_t digest_digits(std::string_view bytes) {
-  const size_t tag = bytes.substr(0, 4096).find(kDigestTag);
-  if (tag == std::string_view::npos || tag + kDigestTag.size() + 16 > bytes.size()) return std::string_view::npos;
-  return tag + kDigestTag.size();
-}
-
 std::string with_digest(std::string_view bytes) {
   std::string out(bytes);
-  const size_t at = digest_digits(bytes);
-  if (at != std::string_view::npos) {
-    const std::string digits = fmt::format("{:016x}", content_digest(bytes, at));
-    out.replace(at, 16, digits);
+  const size_t slot = bytes.find(kDigestSlot);
+  if (slot != std::string_view::npos) {
+    const size_t at = slot + kDigestTag.size();
+    out.replace(at, 16, fmt::format("{:016x}", content_digest(bytes, at)));
   }
   return out;
 }
 
 bool digest_matches(std::string_view bytes) {
-  const size_t at = digest_digits(bytes);
-  if (at == std::string_view::npos) return bytes.substr(0, 4096).find(kDigestTag) == std::string_view::npos;
-  return bytes.substr(at, 16) == fmt::format("{:016x}", content_digest(bytes, at));
+  size_t tag = bytes.find(kDigestTag);
+  if (tag == std::string_view::npos) return true;
+  // every tag is tried: one in a path or a command may come before the digest itself
+  for (; tag != std::string_view::npos; tag = bytes.find(kDigestTag, tag + 1)) {
+    const size_t at = tag + kDigestTag.size();
+    if (at + 16 <= bytes.size() && bytes.substr(at, 16) == fmt::format("{:016x}", content_digest(bytes, at)))
+      return true;
+  }
+  return false;
 }
 
 // Creates a temporary file for writing beside `stem` ("<stem>.tmp", else "<stem>.1.tmp", ...):
@@ -606,10 +604,7 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
     // the replacement keeps the old file's mode (a private 0600 stays private)
     struct stat old {};
     if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode)) keep_mode_and_owner(fd.get(), old);
-    if (digest_digits(bytes) == std::string_view::npos)
-      write_all(fd.get(), bytes, what, path);
-    else
-      write_all(fd.get(), with_digest(bytes), what, path);
+    write_all(fd.get(), bytes, what, path);
     CAST_CHECK(flush == Flush::with_folder || ::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path,
                reason(errno));
     CAST_CHECK(::close(fd.release()) == 0, "{} {}: close failed: {}", what, path, reason(errno));
@@ -622,6 +617,10 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
   if (flush == Flush::with_folder) return;
   Fd dir(::open(folder_of(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() >= 0) ::fsync(dir.get());  // the rename itself reaches the disk
+}
+
+void write_stamped(const std::string& path, std::string_view bytes, const std::string& what, Link link) {
+  write_atomic(path, with_digest(bytes), what, link);
 }
 
 void flush_file_system(const std::string& folder, const std::string& what) {

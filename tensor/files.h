@@ -132,9 +132,9 @@ constexpr std::string_view kFigureMark = "<!-- drawn by cast -->";
 
 // A cast output's content digest, which tells it from a copy changed by hand: kDigestTag and 16
 // hex digits, the 64-bit FNV-1a hash of the whole file read with those 16 digits as '0'. A writer
-// places kDigestSlot once among an output's first 4 KiB; write_atomic fills it. check_may_replace
-// refuses a marked output whose digest no longer matches (one without a digest, made before cast
-// wrote them, is judged by its mark alone).
+// places kDigestSlot in an output and writes it with write_stamped, which fills it.
+// check_may_replace refuses a marked output whose digest no longer matches (one without a digest,
+// made before cast wrote them, is judged by its mark alone).
 constexpr std::string_view kDigestTag = "cast-digest-";
 constexpr std::string_view kDigestSlot = "cast-digest-0000000000000000";
 // The 64-bit FNV-1a hash, fed in pieces; and a file's, read 1 MiB at a time.
@@ -143,9 +143,10 @@ struct Fnv1a {
   void add(std::string_view bytes);
 };
 uint64_t file_fnv1a(const std::string& path, const std::string& what);
-// `bytes` with their digest slot, if any among the first 4 KiB, filled in.
+// `bytes` with their first digest slot (kDigestSlot exactly: a tag followed by other text, in a
+// path or a command, is left alone) filled in.
 std::string with_digest(std::string_view bytes);
-// Whether `bytes` hold no digest among their first 4 KiB, or one that matches them.
+// Whether `bytes` hold no digest tag, or one whose digits match them.
 bool digest_matches(std::string_view bytes);
 
 // When a written file reaches the disk: `now` (flushed with its folder before write_atomic
@@ -155,9 +156,12 @@ enum class Flush { now, with_folder };
 
 // Writes `bytes` to `path` atomically: a temporary file beside it (`<target>.tmp`, or the next
 // free `<target>.N.tmp`: created exclusively, no link followed, nothing there removed), flush,
-// rename, flush of the folder. A digest slot among the first 4 KiB is filled (with_digest).
+// rename, flush of the folder.
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what,
                   Link link = Link::follow_once, Flush flush = Flush::now);
+// write_atomic of an output that carries kDigestSlot, filled in first (with_digest).
+void write_stamped(const std::string& path, std::string_view bytes, const std::string& what,
+                   Link link = Link::follow_once);
 // Removes the temporary files write_atomic is writing, on any thread: for a process about to end
 // at once (a second Ctrl-C), which would leave them behind. Async-signal-safe.
 void remove_temporaries_now();

@@ -252,7 +252,11 @@ std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& ten
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata, const std::string& what, files::Link link) {
   const std::vector<char> bytes = serialize_safetensors(tensors, metadata);
-  files::write_atomic(path, std::string_view(bytes.data(), bytes.size()), what, link);
+  const std::string_view view(bytes.data(), bytes.size());
+  // an output that asked for a digest (a metadata "digest" of files::kDigestSlot) gets it filled
+  const auto digest = metadata.find("digest");
+  if (digest != metadata.end() && digest->second == files::kDigestSlot) files::write_stamped(path, view, what, link);
+  else files::write_atomic(path, view, what, link);
 }
 
 }  // namespace cast

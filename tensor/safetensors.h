@@ -29,7 +29,8 @@ TensorFile parse_safetensors(const std::vector<char>& bytes, const std::string& 
 TensorFile read_safetensors(const std::string& path, const std::string& what = "safetensors file");
 std::vector<char> serialize_safetensors(const std::map<std::string, Tensor>& tensors,
                                         const std::map<std::string, std::string>& metadata = {});
-// Writes atomically (files::write_atomic), so a crash never leaves a half-written file.
+// Writes atomically (files::write_atomic), so a crash never leaves a half-written file. A metadata
+// "digest" of files::kDigestSlot is filled with the file's digest (files::write_stamped).
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {}, const std::string& what = "output file",
                        files::Link link = files::Link::follow_once);

@@ -301,6 +301,11 @@ TEST(Compare, AFullAttentionRunServesAnyClusteringSetting) {
   EXPECT_TRUE(result.runs[1].resumed);
   EXPECT_EQ(result.runs[1].steps_this_process, 12 - 5);
   EXPECT_EQ(slurp(out + "/full-seed1/checkpoint.safetensors"), finished);
+  // another mechanism under the same label is named as such, not by a setting only one reads
+  spec.variants = {{"full", {{"attention", "clustered"}}}};
+  EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
+                    "this run was started with setting 'attention' = \"full\", but this comparison asks for "
+                    "\"clustered\"");
   EXPECT_FALSE(train::mechanism_reads(nn::Mechanism::full, "clusters"));
   EXPECT_TRUE(train::mechanism_reads(nn::Mechanism::iclustered, "topk"));
   EXPECT_FALSE(train::mechanism_reads(nn::Mechanism::clustered, "topk"));

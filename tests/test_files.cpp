@@ -356,14 +356,14 @@ TEST(Files, TheRootFolderIsNoOutputFolder) {
   EXPECT_CAST_ERROR(files::check_output_folder("/.", "run folder"), "is the root folder");
 }
 
-// A cast output carries a digest of itself (files::kDigestSlot, filled by write_atomic): one
+// A cast output carries a digest of itself (files::kDigestSlot, filled by write_stamped): one
 // changed by hand after cast wrote it is told from one it wrote, and is not replaced by the same
 // kind of output without --overwrite (twenty-fourth attack: a figure, a trace, a cast bench
 // --json or a cast layer --out file edited by hand was replaced silently).
 TEST(Files, ADigestTellsACastOutputFromOneChangedByHand) {
   const std::string d = fresh_dir("digest"), out = d + "/fig.svg";
   const std::string text = "<svg>\n<!-- made by me -->\n<!-- " + std::string(files::kDigestSlot) + " -->\n</svg>\n";
-  files::write_atomic(out, text, "figure");
+  files::write_stamped(out, text, "figure");
   const std::string written = slurp(out);
   ASSERT_EQ(written.size(), text.size());
   EXPECT_EQ(written.find(files::kDigestSlot), std::string::npos);  // filled in
@@ -388,5 +388,16 @@ TEST(Files, ADigestTellsACastOutputFromOneChangedByHand) {
   put(out, "<svg><!-- made by me --></svg>\n");
   files::check_may_replace(out, "--out", "a figure", "made by me", false);
   EXPECT_TRUE(files::digest_matches("no digest here"));
+  // a tag in a path or a command before the slot is left as it is, and the digest still found
+  const std::string named = "{\"command\": \"cast plot --out /tmp/cast-digest-0123456789abcdef/x.svg\", \"digest\": \"" +
+                            std::string(files::kDigestSlot) + "\"}";
+  const std::string stamped = files::with_digest(named);
+  EXPECT_EQ(stamped.substr(0, 60), named.substr(0, 60));
+  EXPECT_EQ(stamped.find(files::kDigestSlot), std::string::npos);
+  EXPECT_TRUE(files::digest_matches(stamped));
+  EXPECT_FALSE(files::digest_matches(stamped.substr(0, stamped.size() - 1) + "]"));
+  // write_atomic writes what it is given: a slot is filled only when asked
+  files::write_atomic(out, text, "figure");
+  EXPECT_EQ(slurp(out), text);
   fs::remove_all(d);
 }

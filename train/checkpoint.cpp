@@ -245,6 +245,10 @@ Checkpoint read_checkpoint_header(const std::string& path) {
 
 // The first field (nested ones as 'attention.clusters') where two model configs differ.
 static std::string first_difference(const json& theirs, const json& mine, const std::string& prefix) {
+  // another mechanism first: the settings each reads differ with it
+  if (prefix.empty() && theirs.contains("attention") && mine.contains("attention") &&
+      theirs["attention"].value("mechanism", json()) != mine["attention"].value("mechanism", json()))
+    return first_difference(theirs["attention"], json{{"mechanism", mine["attention"]["mechanism"]}}, "attention.");
   for (auto& [k, val] : mine.items()) {
     const bool has = theirs.contains(k);
     if (has && theirs[k].is_object() && val.is_object() && theirs[k] != val)
@@ -424,9 +428,10 @@ TrainConfig resume_config(const std::string& checkpoint, const json& changes) {
     TrainConfig changed = c;
     apply_overrides(changed, json{{key, value}}, Check::each);  // an unknown setting is refused here
     if (key == "seed" && changed.seed == c.seed) continue;  // the run's own seed (a preset run's model used 0)
-    if (find_setting(key)->resumable) {
+    // a setting the mechanism does not read (full attention's --clusters) changes no run
+    if (find_setting(key)->resumable || used_settings_json(changed) == used_settings_json(c)) {
       c = changed;
-    } else if (all_settings_json(changed) != all_settings_json(c)) {
+    } else {
       throw UsageError(
           fmt::format("setting '{}' cannot change when resuming: {} was trained with {}, not {}; only {} "
                       "may change (start a new run for other settings)",

@@ -82,7 +82,11 @@ void check_same_run(const std::string& checkpoint, const Checkpoint& started, co
   if (!started.data.empty()) stored.erase("data"), asked.erase("data");
   if (stored == asked) return;
   json was, is;
-  std::string key = first_difference(stored, asked, was, is);
+  // another mechanism first: the settings each reads differ with it
+  const json stored_mechanism = stored["model"]["attention"]["mechanism"],
+             asked_mechanism = asked["model"]["attention"]["mechanism"];
+  std::string key = stored_mechanism != asked_mechanism ? "attention" : first_difference(stored, asked, was, is);
+  if (key == "attention") was = stored_mechanism, is = asked_mechanism;
   if (key.empty()) key = first_difference(asked, stored, is, was);  // a key only the stored run has
   // the model's mechanism is stored as "mechanism": named as the setting (and flag) 'attention'
   if (key == "model / mechanism" || key == "mechanism") key = "attention";
@@ -308,7 +312,7 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
                         {"command", spec.command},   {"variants", variants}};
   // results.json last: the newest of the three, so that a results.md or figure changed by hand
   // afterwards is told from one this comparison wrote (check_outputs_may_be_replaced)
-  files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".md"), md, "comparison results",
+  files::write_stamped(spec.out_dir + "/" + output_name(spec, "results", ".md"), md, "comparison results",
                       files::Link::refuse);
   std::vector<std::string> labels;
   for (const auto& v : spec.variants) labels.push_back(v.first);
@@ -316,7 +320,7 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
                   fmt::format("{}: {} ({} seed{})", spec.task, fmt::join(labels, ", "), spec.seeds.size(),
                               spec.seeds.size() == 1 ? "" : "s"),
                   figure, files::Link::refuse);
-  files::write_atomic(spec.out_dir + "/" + output_name(spec, "results", ".json"), results.dump(2) + "\n",
+  files::write_stamped(spec.out_dir + "/" + output_name(spec, "results", ".json"), results.dump(2) + "\n",
                       "comparison results", files::Link::refuse);
 }
 

@@ -330,11 +330,14 @@ namespace {
 int64_t keep_metrics_until(const std::string& path, int64_t last_step, const std::string& out) {
   const std::string text = files::exists(path) ? files::read_file(path, "metrics file") : std::string();
   std::istringstream in(text);
-  std::string kept, line;
+  std::string kept, checked, line;  // checked: the kept lines in their places, the others blank
   int64_t number = 0, dropped = 0;
   while (std::getline(in, line)) {
     ++number;
-    if (line.empty()) continue;  // a blank line holds nothing to keep
+    if (line.empty()) {  // a blank line holds nothing to keep
+      checked += '\n';
+      continue;
+    }
     const json j = json::parse(line, nullptr, false);
     const bool record = j.is_object() && j.contains("step") && j["step"].is_number_integer();
     // a last line cut short (no newline: the run was killed while writing it) is left behind;
@@ -346,14 +349,15 @@ int64_t keep_metrics_until(const std::string& path, int64_t last_step, const std
                files::same_path(path, out)
                    ? "resuming rewrites the file and would drop that line: fix it, or copy it elsewhere and remove it"
                    : fmt::format("the new run's {} starts from its records: remove or fix that line", out));
-    if (record && j["step"].get<int64_t>() <= last_step) kept += line + '\n';
+    const bool keep = record && j["step"].get<int64_t>() <= last_step;
+    if (keep) kept += line + '\n';
     else if (record) ++dropped;
+    checked += (keep ? line : "") + '\n';
   }
   // the run's figure reads every line again at its end: a line it would refuse (a record of
   // another split, a value out of range, a step out of order) is refused now, before any step
-  const bool cut_short = !text.empty() && text.back() != '\n';
   try {
-    curves_of_metrics(cut_short ? text.substr(0, text.rfind('\n') + 1) : text, path, "");
+    curves_of_metrics(checked, path, "");
   } catch (const Error& e) {
     throw UsageError(fmt::format("{}; the resumed run would fail on it at its end: fix or remove that line",
                                  e.what()));
@@ -382,7 +386,7 @@ int64_t continue_run_files(const std::string& resume_from, int64_t step, const s
 void write_summary(const std::string& run_dir, json summary) {
   summary["made_by"] = "cast train";         // kSummaryMark: what a later run may replace
   summary["digest"] = files::kDigestSlot;  // that nobody changed it since
-  files::write_atomic(run_dir + "/summary.json", summary.dump(2) + "\n", "run summary", files::Link::refuse);
+  files::write_stamped(run_dir + "/summary.json", summary.dump(2) + "\n", "run summary", files::Link::refuse);
 }
 
 void remove_passed_summary(const std::string& run_dir, int64_t step) {

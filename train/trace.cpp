@@ -324,7 +324,7 @@ json Trace::where_the_time_went() const {
 }
 
 void Trace::write_file() const {
-  if (!json_path_.empty()) files::write_atomic(json_path_, file_text_, "--trace");
+  if (!json_path_.empty()) files::write_stamped(json_path_, file_text_, "--trace");
 }
 
 }  // namespace cast::train
