@@ -93,8 +93,15 @@ int command_plot(const std::vector<std::string>& argv) {
   // a figure goes into a run folder only while no other cast process (a training) owns it
   std::optional<files::FolderLock> lock;
   const std::string out_folder = std::filesystem::path(out).parent_path().string();
-  if (files::exists((out_folder.empty() ? "." : out_folder) + "/.cast.lock"))
-    lock.emplace(out_folder.empty() ? "." : out_folder, "run folder");
+  if (files::exists((out_folder.empty() ? "." : out_folder) + "/.cast.lock")) {
+    try {
+      lock.emplace(out_folder.empty() ? "." : out_folder, "run folder");
+    } catch (const Error& e) {  // a run still training: its figure can be drawn elsewhere meanwhile
+      if (args.str("out").empty() && std::string(e.what()).find("is in use") != std::string::npos)
+        throw Error(fmt::format("{} (or draw its figure now elsewhere with --out FILE.svg)", e.what()));
+      throw;
+    }
+  }
   std::vector<train::Curves> curves;
   for (const std::string& r : runs) {
     check_not_a_comparison(r);

@@ -92,7 +92,8 @@ std::string contents_digest(const std::string& dir) {
 
 // What changed in a marked set's folder since cast data made it, or "": a hand edit of a whole
 // set, which a regeneration would undo. The digest of its files where the mark holds one (a file
-// copied in with its old time is seen), else their times.
+// copied in with its old time is seen); a mark without one (an older cast data's) cannot rule a
+// change out, and says so after naming a file newer than itself, if any.
 std::string changed_since_made(const std::string& dir) {
   const std::string mark = dir + "/" + kDataFolderMark, made = marked_line(dir, kContentsLine);
   if (!made.empty() && made == contents_digest(dir)) return "";
@@ -100,7 +101,10 @@ std::string changed_since_made(const std::string& dir) {
     if (files::modified_after(dir + "/" + name, mark))
       return fmt::format("{} was changed after cast data made the set (it is newer than {}, edited or copied in)",
                          name, kDataFolderMark);
-  if (made.empty()) return "";
+  if (made.empty())
+    return fmt::format("its mark {} holds no digest of its files (an older cast data made it), so a change by hand "
+                       "cannot be ruled out",
+                       kDataFolderMark);
   return fmt::format("its files differ from those cast data made (their digest in {} no longer matches: a file "
                      "edited, replaced, added or removed)",
                      kDataFolderMark);
@@ -126,7 +130,10 @@ std::string generate_hint(const std::string& dir, const std::function<std::strin
                        dir, commands("FOLDER"));
   // a set cast data made: the command that made it, which its settings would accept
   const std::string made_by = marked_line(dir, kCommandLine);
-  if (!made_by.empty()) return fmt::format("generate it again with `{} --out {}`", made_by, text::shell_word(dir));
+  // a set missing a file no longer matches its digest: only --overwrite regenerates it
+  if (!made_by.empty())
+    return fmt::format("generate it again with `{} --out {} --overwrite` (which replaces the set's files)", made_by,
+                       text::shell_word(dir));
   return "generate it with " + commands(dir);
 }
 
@@ -165,7 +172,8 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
                    "runs trained on it would find other examples there: choose another folder ({} it)",
                    dir, kind, made_with, settings, replace);
   // a whole set whose files were changed by hand after cast data made it: the changes are the user's
-  const std::string changed = !overwrite && !made_with.empty() ? changed_since_made(dir) : "";
+  const bool whole = existed && fs::exists(dir + "/" + kDataFolderMark, ec) && !fs::exists(dir + "/" + kDataUnfinishedMark, ec);
+  const std::string changed = !overwrite && whole ? changed_since_made(dir) : "";
   CAST_CHECK_USAGE(changed.empty(), "data folder {}: {}; not replacing it ({} it, or choose another folder)", dir,
                    changed, replace);
   // each output where its folder exists (one in a folder still to be made is checked as it is

@@ -448,7 +448,7 @@ static std::string head_of(const std::string& path, const std::string& what) {
 }
 
 void check_may_replace(const std::string& path, const std::string& what, const std::string& kind, std::string_view mark,
-                       bool overwrite, std::string_view remedy) {
+                       bool overwrite, std::string_view remedy, Digest digest) {
   // where it goes is checked now when its folder exists (a read-only folder, a FIFO): no work first
   if (overwrite || !exists(path)) {
     if (exists(folder_of(path))) output_target(path, what, Link::follow_once);
@@ -458,8 +458,13 @@ void check_may_replace(const std::string& path, const std::string& what, const s
   if (head.empty()) return;
   if (head.find(mark) == std::string::npos)
     throw UsageError(fmt::format("{} {}: exists and is not {}; not replacing it ({})", what, path, kind, remedy));
-  const std::string target = output_target(path, what, Link::follow_once);
-  CAST_CHECK_USAGE(digest_matches(read_file(target, what)),
+  if (digest == Digest::none) return;
+  const std::string target = output_target(path, what, Link::follow_once), text = read_file(target, what);
+  CAST_CHECK_USAGE(text.find(kDigestTag) != std::string::npos,
+                   "{} {}: is {} without its digest (written by a cast before digests, or the digest was removed), "
+                   "so a change by hand cannot be ruled out; not replacing it ({})",
+                   what, path, kind, remedy);
+  CAST_CHECK_USAGE(digest_matches(text),
                    "{} {}: is {}, changed since cast wrote it (its digest no longer matches); not replacing it ({})",
                    what, path, kind, remedy);
 }

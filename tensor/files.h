@@ -124,17 +124,21 @@ std::string output_target(const std::string& path, const std::string& what, Link
 // first 4 KiB, and nobody changed it since (its digest, where it has one, matches), or when the
 // user said so (`overwrite`, the command's --overwrite). Else a usage error naming the option, the
 // file, what it is not or that it was changed, and --overwrite. A missing or empty file passes.
+// Whether an output of a kind carries a digest (every kind but a run's metrics.jsonl, which grows
+// by appends): one of such a kind without it (cast wrote it before digests, or it was removed)
+// may have been changed, and is refused as one that was.
+enum class Digest { required, none };
 void check_may_replace(const std::string& path, const std::string& what, const std::string& kind, std::string_view mark,
                        bool overwrite,
-                       std::string_view remedy = "pass --overwrite to replace it, or choose another path");
+                       std::string_view remedy = "pass --overwrite to replace it, or choose another path",
+                       Digest digest = Digest::required);
 // The mark of every figure the engine draws (figures/plot.cpp puts it in each SVG).
 constexpr std::string_view kFigureMark = "<!-- drawn by cast -->";
 
 // A cast output's content digest, which tells it from a copy changed by hand: kDigestTag and 16
 // hex digits, the 64-bit FNV-1a hash of the whole file read with those 16 digits as '0'. A writer
 // places kDigestSlot in an output and writes it with write_stamped, which fills it.
-// check_may_replace refuses a marked output whose digest no longer matches (one without a digest,
-// made before cast wrote them, is judged by its mark alone).
+// check_may_replace refuses a marked output whose digest no longer matches, or that has none.
 constexpr std::string_view kDigestTag = "cast-digest-";
 constexpr std::string_view kDigestSlot = "cast-digest-0000000000000000";
 // The 64-bit FNV-1a hash, fed in pieces; and a file's, read 1 MiB at a time.

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tensor/safetensors.h"
+#include "tests/folder_holder.h"
 #include "tests/test_util.h"
 #include "train/compare.h"
 #include "train/trainer.h"
@@ -1294,7 +1295,7 @@ TEST(CliAttack, CastDataAdvisesItsOwnCommandWithOverwrite) {
   // a split gone: the advice is the command that made the set (its mark keeps it), and it works
   fs::remove(d + "/X/basic_val.tsv");
   const CliRun missing = run("train --task listops-short --data " + d + "/X --run " + d + "/r" + kTiny);
-  const std::string again = "cast data listops-short --count 40 --out " + d + "/X";
+  const std::string again = "cast data listops-short --count 40 --out " + d + "/X --overwrite";
   EXPECT_NE(missing.err.find("generate it again with `" + again + "`"), std::string::npos) << missing.err;
   EXPECT_EQ(run(again.substr(5)).code, 0);
   EXPECT_TRUE(fs::exists(d + "/X/basic_val.tsv"));
@@ -1597,4 +1598,52 @@ TEST(CliAttack, AResumeKeepsEditsChecksItsMetricsFirstAndAdvisesItsSteps) {
       << slurp(err);
   const CliRun advised = run("train --resume " + ckpt + " --steps 5");  // the advice, followed
   EXPECT_EQ(advised.code, 0) << advised.err;
+}
+
+// The twenty-sixth attack's, one case each: a summary whose digest was cut out, and a last
+// metrics line without its newline that is whole (no record cut short), are kept by a resume
+// (refused); a comparison inside a data set is refused before its first run; plotting a run still
+// training says that --out draws it elsewhere.
+TEST(CliAttack, NoDigestNoCutLineAComparisonInADataSetAndAPlotOfARunningRun) {
+  const std::string stripped = copy_run("stripped_summary");
+  nlohmann::json summary = nlohmann::json::parse(slurp(stripped + "/summary.json"));
+  summary.erase("digest");
+  summary["note"] = "mine";
+  put(stripped + "/summary.json", summary.dump(2));
+  const CliRun kept = run("train --resume " + stripped + "/checkpoint.safetensors --steps 5");
+  EXPECT_EQ(kept.code, 2) << kept.err;
+  EXPECT_NE(kept.err.find("is a cast run's summary without its digest"), std::string::npos) << kept.err;
+  EXPECT_EQ(slurp(stripped + "/summary.json"), summary.dump(2));
+
+  for (const std::string tail : {R"({"note":"mine"})", "my note"}) {
+    const std::string noted = copy_run("uncut_last_line");
+    fs::remove(noted + "/summary.json");  // the run's only obstacle is the line
+    std::ofstream(noted + "/metrics.jsonl", std::ios::app) << tail;
+    const CliRun r = run("train --resume " + noted + "/checkpoint.safetensors --steps 5");
+    EXPECT_EQ(r.code, 1) << tail << ": " << r.err;
+    EXPECT_NE(r.err.find("is not a metrics record"), std::string::npos) << r.err;
+    EXPECT_NE(slurp(noted + "/metrics.jsonl").find(tail), std::string::npos) << tail;
+  }
+  const std::string cut = copy_run("cut_last_line");  // a record cut short is still left behind
+  fs::remove(cut + "/summary.json");
+  std::ofstream(cut + "/metrics.jsonl", std::ios::app) << R"({"step":3,"split":"tr)";
+  const CliRun resumed = run("train --resume " + cut + "/checkpoint.safetensors --steps 5");
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+
+  const std::string d = fresh_dir("compare_in_data");
+  fs::copy(trained_run() + "/data", d + "/set", fs::copy_options::recursive);
+  const CliRun inside = run("compare --data " + trained_run() + "/data --out " + d + "/set/cmp --attention full" + kTiny);
+  EXPECT_EQ(inside.code, 2) << inside.err;
+  EXPECT_NE(inside.err.find("comparison folder " + d + "/set/cmp: is inside the data set " + d +
+                            "/set, whose files only cast data writes: choose another --out"),
+            std::string::npos)
+      << inside.err;
+  EXPECT_EQ(inside.out.find("steps"), std::string::npos) << inside.out;  // no run began
+
+  const std::string running = copy_run("plot_running");
+  const cast::testing::FolderHeldElsewhere training(running, "run folder");
+  const CliRun plot = run("plot " + running);
+  EXPECT_EQ(plot.code, 1) << plot.err;
+  EXPECT_NE(plot.err.find("or draw its figure now elsewhere with --out FILE.svg"), std::string::npos) << plot.err;
+  EXPECT_EQ(run("plot " + running + " --out " + d + "/now.svg").code, 0);
 }

@@ -239,8 +239,8 @@ TEST(Compare, ARunOfAnotherDataSetIsRefused) {
   EXPECT_FALSE(fs::exists(out + "/full-seed2"));
 }
 
-// A results.md or figure changed by hand after the comparison wrote them (its results.json,
-// written last, is older) is the user's: the same comparison again refuses to replace it unless
+// A results.md, figure or results.json changed by hand after the comparison wrote them (their
+// digests no longer match) is the user's: the same comparison again refuses to replace it unless
 // told (twenty-third attack: notes added to results.md were lost on a rerun).
 TEST(Compare, ResultsChangedByHandAreNotReplacedWithoutOverwrite) {
   const std::string data = fresh_dir("data_hand"), out = fresh_dir("hand_edited");
@@ -260,14 +260,16 @@ TEST(Compare, ResultsChangedByHandAreNotReplacedWithoutOverwrite) {
   spec.overwrite = true;
   ASSERT_TRUE(train::run_comparison(spec, 0, true).complete);
   EXPECT_EQ(slurp(out + "/results.md").find("MY NOTES"), std::string::npos);
-  // a results.md from before digests, changed after results.json: told by its time
+  // a results.md without its digest (an older cast's, or the digest cut out) may have been
+  // changed: refused (twenty-sixth attack); one only touched is not changed
   spec.overwrite = false;
+  fs::last_write_time(out + "/results.md", fs::last_write_time(out + "/results.json") + std::chrono::seconds(10));
+  ASSERT_TRUE(train::run_comparison(spec, 0, true).complete);
   std::string md = slurp(out + "/results.md");
   md.erase(md.find("<!-- cast-digest-"), md.find("-->\n") + 4 - md.find("<!-- cast-digest-"));
   std::ofstream(out + "/results.md", std::ios::binary | std::ios::trunc) << md << "MY NOTES\n";
-  fs::last_write_time(out + "/results.md", fs::last_write_time(out + "/results.json") + std::chrono::seconds(10));
   EXPECT_CAST_ERROR(train::run_comparison(spec, 0, true),
-                    "comparison output " + out + "/results.md: was changed after cast compare wrote it");
+                    "comparison output " + out + "/results.md: is the results of cast compare without its digest");
   fs::remove(out + "/results.md");
   // results.json itself edited, so the newest of the three: its digest no longer matches
   // (twenty-fourth attack)

@@ -382,11 +382,15 @@ TEST(Files, ADigestTellsACastOutputFromOneChangedByHand) {
                       "--out " + out + ": is a figure, changed since cast wrote it (its digest no longer matches)");
     files::check_may_replace(out, "--out", "a figure", "made by me", true);  // --overwrite
   }
-  // a digest cut short is no match; a marked output without a digest (older) is judged by its mark
+  // a digest cut short is no match; a marked output without a digest (an older cast's, or one
+  // whose digest was cut out) may have been changed, unless its kind has none
   put(out, "<svg><!-- made by me --><!-- cast-digest-12ab");
   EXPECT_CAST_ERROR(files::check_may_replace(out, "--out", "a figure", "made by me", false), "changed since cast");
   put(out, "<svg><!-- made by me --></svg>\n");
-  files::check_may_replace(out, "--out", "a figure", "made by me", false);
+  EXPECT_CAST_ERROR(files::check_may_replace(out, "--out", "a figure", "made by me", false),
+                    "--out " + out + ": is a figure without its digest (written by a cast before digests, or the "
+                    "digest was removed)");
+  files::check_may_replace(out, "--out", "a figure", "made by me", false, "", files::Digest::none);
   EXPECT_TRUE(files::digest_matches("no digest here"));
   // a tag in a path or a command before the slot is left as it is, and the digest still found
   const std::string named = "{\"command\": \"cast plot --out /tmp/cast-digest-0123456789abcdef/x.svg\", \"digest\": \"" +

@@ -310,8 +310,6 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
                         {"digest", files::kDigestSlot},  // that nobody changed it since
                         {"task", spec.task},         {"seeds", spec.seeds}, {"settings", spec.settings},
                         {"command", spec.command},   {"variants", variants}};
-  // results.json last: the newest of the three, so that a results.md or figure changed by hand
-  // afterwards is told from one this comparison wrote (check_outputs_may_be_replaced)
   files::write_stamped(spec.out_dir + "/" + output_name(spec, "results", ".md"), md, "comparison results",
                       files::Link::refuse);
   std::vector<std::string> labels;
@@ -324,8 +322,9 @@ void write_results(const CompareSpec& spec, const std::vector<CompareRun>& runs)
                       "comparison results", files::Link::refuse);
 }
 
-// results.md, results.json and comparison.svg replace only what an earlier comparison wrote
-// (or anything, with --overwrite): checked before the first step is spent.
+// results.md, results.json and comparison.svg replace only what an earlier comparison wrote and
+// nobody changed since, by their digests (or anything, with --overwrite): checked before the first
+// step is spent.
 void check_outputs_may_be_replaced(const CompareSpec& spec) {
   const std::string md = output_name(spec, "results", ".md"), js = output_name(spec, "results", ".json");
   files::check_may_replace(spec.out_dir + "/" + md, "comparison output", "the results of cast compare",
@@ -334,13 +333,6 @@ void check_outputs_may_be_replaced(const CompareSpec& spec) {
                            "\"made_by\": \"cast compare\"", spec.overwrite);
   files::check_may_replace(spec.out_dir + "/" + output_name(spec, "comparison", ".svg"), "comparison output",
                            "a figure drawn by cast", files::kFigureMark, spec.overwrite);
-  // a comparison's own results.md or figure, changed by hand after it wrote its results.json last
-  const std::string mark = spec.out_dir + "/" + js;
-  for (const std::string& name : {md, output_name(spec, "comparison", ".svg")})
-    CAST_CHECK_USAGE(spec.overwrite || !files::modified_after(spec.out_dir + "/" + name, mark),
-                     "comparison output {}/{}: was changed after cast compare wrote it (it is newer than {}); not "
-                     "replacing it (pass --overwrite to replace it, or choose another --out)",
-                     spec.out_dir, name, mark);
   // written without following a link, at the end: a link there is refused now, before any run
   if (files::exists(spec.out_dir))
     for (const std::string& name : {md, js, output_name(spec, "comparison", ".svg")})
@@ -465,6 +457,7 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       !spec.settings.contains("run") && !spec.settings.contains("seed"),
       "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
   files::check_output_folder(spec.out_dir, "comparison folder");  // a file, FIFO or dangling link: said as such
+  check_not_in_a_data_set(spec.out_dir, "comparison folder", "--out");  // before its first run, not inside it
   // a run's folder is the run's: a comparison there would take its place as a run folder
   for (const char* theirs : {"/checkpoint.safetensors", "/summary.json"})
     CAST_CHECK_USAGE(!files::exists(spec.out_dir + theirs) || files::exists(spec.out_dir + "/results.json"),

@@ -66,6 +66,12 @@ std::string data_set_around(const std::string& folder) {
 
 }  // namespace
 
+void check_not_in_a_data_set(const std::string& folder, const std::string& what, const std::string& option) {
+  const std::string set = data_set_around(folder);
+  CAST_CHECK_USAGE(set.empty(), "{} {}: is inside the data set {}, whose files only cast data writes: choose another {}",
+                   what, folder, set, option);
+}
+
 void check_user_output(const std::string& out, const std::string& option, const std::string& kind,
                        std::string_view mark, bool overwrite, const std::string& owner, std::string_view remedy) {
   // the checks hold for the file written, a link's target too
@@ -187,7 +193,7 @@ void check_new_run_files(const TrainConfig& c) {
                    "here wrote it; not replacing it ({})",
                    c.run_dir, remedy);
   files::check_may_replace(c.run_dir + "/metrics.jsonl", "run file", "a cast run's metrics", "\"split\":", c.overwrite,
-                           remedy);
+                           remedy, files::Digest::none);
   files::check_may_replace(c.run_dir + "/summary.json", "run file", "a cast run's summary", kSummaryMark, c.overwrite,
                            remedy);
   files::check_may_replace(c.run_dir + "/curves.svg", "run file", "a figure drawn by cast", files::kFigureMark,
@@ -300,9 +306,7 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   // a run among the data it reads: a later cast data there would replace the data under it
   files::check_not_inside(c.run_dir, "run folder", data_folder(c), "data folder");
   // nor among another data set's files, at any depth: cast data there would replace the run's
-  const std::string set = data_set_around(c.run_dir);
-  CAST_CHECK_USAGE(set.empty(), "run folder {}: is inside the data set {}, whose files only cast data writes: choose "
-                   "another --run", c.run_dir, set);
+  check_not_in_a_data_set(c.run_dir, "run folder", "--run");
   check_not_in_a_comparison(c.run_dir);
   // What would refuse the run is checked before the folder is made or locked, so that a refusal
   // leaves it as it was (no lock file in a user's folder), and again once it is held. First what
@@ -342,7 +346,8 @@ int64_t keep_metrics_until(const std::string& path, int64_t last_step, const std
     const bool record = j.is_object() && j.contains("step") && j["step"].is_number_integer();
     // a last line cut short (no newline: the run was killed while writing it) is left behind;
     // any other line that is not a record would be lost by the rewrite, so it is refused
-    const bool cut_short = in.eof() && !text.empty() && text.back() != '\n';
+    // (a prefix of a record: an object begun and not ended; a whole one, or text, is no cut)
+    const bool cut_short = in.eof() && !text.empty() && text.back() != '\n' && line[0] == '{' && j.is_discarded();
     // in place the file is rewritten, and the line would be lost; into a new folder it is copied
     CAST_CHECK(record || cut_short,
                "{} line {} is not a metrics record (a JSON object with an integer \"step\"); {}", path, number,
@@ -397,7 +402,9 @@ void remove_passed_summary(const std::string& run_dir, int64_t step) {
   try {
     const std::string text = files::read_file(summary, "run summary");
     // not a run's, or changed by hand since: never cast's to remove
-    if (text.find(kSummaryMark) == std::string::npos || !files::digest_matches(text)) return;
+    if (text.find(kSummaryMark) == std::string::npos || text.find(files::kDigestTag) == std::string::npos ||
+        !files::digest_matches(text))
+      return;
     finished_at = json::parse(text).value("steps", int64_t{-1});
   } catch (const std::exception&) {
     return;  // unreadable: left as it is

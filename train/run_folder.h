@@ -13,6 +13,10 @@
 
 namespace cast::train {
 
+// A run's or a comparison's folder never lies in a data set, at any depth (cast data there
+// would replace its files): `what` ("run folder") and the `option` that names it in the refusal.
+void check_not_in_a_data_set(const std::string& folder, const std::string& what, const std::string& option);
+
 // A new run's folder that holds no run: the files it would write may replace only what a cast
 // run left there, or anything with --overwrite (read only: prepare_run_folder, and cast compare
 // for every run before its first).
