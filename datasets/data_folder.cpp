@@ -71,7 +71,8 @@ std::vector<std::string> set_files(const std::string& dir) {
     const std::string name = it->path().filename().string();
     if (name == kDataFolderMark || name == kDataUnfinishedMark || name == ".cast.lock") continue;
     std::error_code kind_ec;
-    if (it->is_regular_file(kind_ec)) names.push_back(fs::relative(it->path(), dir, kind_ec).string());
+    // named as it lies in the folder (a link is not resolved: a name outside the set would mislead)
+    if (it->is_regular_file(kind_ec)) names.push_back(it->path().lexically_relative(dir).string());
   }
   std::sort(names.begin(), names.end());
   return names;

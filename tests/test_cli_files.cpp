@@ -144,10 +144,10 @@ TEST(CliFiles, PlantedLinksInARunFolderAreNeverFollowed) {
   // cast data's temporary files: the same
   const std::string data_dir = base + "/data";
   fs::create_directories(data_dir);
-  put(data_dir + "/" + data::kDataFolderMark, "");  // a folder cast data made: it may write there
+  put(data_dir + "/" + data::kDataFolderMark, "");  // a folder cast data made, before digests: replaced when told
   put(victim, "precious");
   fs::create_symlink(victim, data_dir + "/basic_train.tsv.tmp");
-  const CliRun r = run("data listops-short --count 10 --out " + data_dir);
+  const CliRun r = run("data listops-short --count 10 --out " + data_dir + " --overwrite");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(slurp(victim), "precious");
   EXPECT_TRUE(fs::is_symlink(data_dir + "/basic_train.tsv.tmp"));
@@ -993,7 +993,7 @@ TEST(CliAttack, OutputsNeverGoIntoTheDataAndFlagsNoMechanismReadsAreRefused) {
   const std::string layer_in = std::string(CAST_TEST_DATA_DIR) + "/layer_full.safetensors";
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"train --data " + data + " --run " + data + kTiny, "run folder " + data + " is inside the data folder"},
-           {"compare --data " + data + " --out " + data + " --attention full" + kTiny, "is inside the data folder"},
+           {"compare --data " + data + " --out " + data + " --attention full" + kTiny, "is inside the data set"},
            {"compare --data " + data + " --out " + d + "/c --attention full,cast --topk 3" + kTiny,
             "--topk is an option of --attention iclustered, not of full, cast"},
            {"layer --in " + layer_in + " --out " + d + "/o.st --attention full --heads 2 --clusters 3",
@@ -1208,7 +1208,10 @@ TEST(CliAttack, ComparisonsAndPathfinderSetsKeepTheirOwnFolders) {
   fs::copy(trained_run() + "/data", data, fs::copy_options::recursive);
   const CliRun inside = run("compare --data " + data + " --out " + data + "/cmp --attention full" + kTiny);
   EXPECT_EQ(inside.code, 2) << inside.err;
-  EXPECT_NE(inside.err.find("is inside the data folder"), std::string::npos) << inside.err;
+  EXPECT_NE(inside.err.find("is inside the data set " + data + ", whose files only cast data writes: choose another "
+                            "--out"),
+            std::string::npos)
+      << inside.err;
   EXPECT_FALSE(fs::exists(data + "/cmp"));
   ASSERT_EQ(run("compare --data " + data + " --out " + d + "/cmp --attention full" + kTiny).code, 0);
   const CliRun as_run = run("train --data " + data + " --run " + d + "/cmp --attention full" + kTiny);
