@@ -167,13 +167,14 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
                    dir, replace);
   // a whole set of other settings: the runs trained on it would meet other examples under its
   // name. A set marked unfinished is no whole set (its rerun, of any settings, completes a set).
-  const std::string made_with = existed && !fs::exists(dir + "/" + kDataUnfinishedMark, ec) ? marked_settings(dir) : "";
+  const bool finished = existed && !fs::exists(dir + "/" + kDataUnfinishedMark, ec);
+  const std::string made_with = finished ? marked_settings(dir) : "";
   CAST_CHECK_USAGE(overwrite || made_with.empty() || made_with == settings,
                    "data folder {}: holds a {} set cast data made with other settings ({}), not these ({}); the "
                    "runs trained on it would find other examples there: choose another folder ({} it)",
                    dir, kind, made_with, settings, replace);
   // a whole set whose files were changed by hand after cast data made it: the changes are the user's
-  const bool whole = existed && fs::exists(dir + "/" + kDataFolderMark, ec) && !fs::exists(dir + "/" + kDataUnfinishedMark, ec);
+  const bool whole = finished && fs::exists(dir + "/" + kDataFolderMark, ec);
   const std::string changed = !overwrite && whole ? changed_since_made(dir) : "";
   CAST_CHECK_USAGE(changed.empty(), "data folder {}: {}; not replacing it ({} it, or choose another folder)", dir,
                    changed, replace);

@@ -68,8 +68,9 @@ std::string data_set_around(const std::string& folder) {
 
 void check_not_in_a_data_set(const std::string& folder, const std::string& what, const std::string& option) {
   const std::string set = data_set_around(folder);
-  CAST_CHECK_USAGE(set.empty(), "{} {}: is inside the data set {}, whose files only cast data writes: choose another {}",
-                   what, folder, set, option);
+  CAST_CHECK_USAGE(set.empty(),
+                   "{} {}: is inside the data set {}, whose files only cast data writes: choose another {}", what,
+                   folder, set, option);
 }
 
 void check_user_output(const std::string& out, const std::string& option, const std::string& kind,
