@@ -127,6 +127,7 @@ if [ $dry = 1 ]; then
   build_dir="$dry_build" cast="$dry_build/cast_emu" tests="$dry_build/cast_emu_tests"
   lengths=64 text_length=8 text_batch=1 repeats=1 warmup=0 steps=2 train_batch=2 rounds=1 eval_limit=4
   train_mechanisms=full profile_mechanisms=full profile_precisions=bf16 flash_lengths=64 flash_widths=32 flash_tokens=128 flash_check=24 flash_rows=0 flash_warp=0 precisions=bf16
+  split_tile_length=64 split_tile_widths=32
   parity_steps=2 parity_seeds=1 data_count=200 paper_lengths=8 paper_batch=1 paper_mechanisms=cast-topk
   # An LRA run shrunk to a few tiny steps on a few tokens (images in 4 x 4 patches), on data
   # made as small: the same calls as the real run.
@@ -151,6 +152,7 @@ else
   flash_lengths=1024,4096,16384 flash_widths=32,64,128
   flash_tokens=65536 flash_check=1024 flash_rows=0 flash_warp=0 precisions=fp32,tf32,bf16 parity_steps=1200 parity_seeds=1,2,3
   [ $sweep_tiles = 1 ] && flash_rows=32,64 flash_warp=16,32  # every tile shape, not only the defaults
+  split_tile_length=4096 split_tile_widths=32,64
   paper_lengths=1024,2048,3072,4096 paper_batch=32 paper_mechanisms=full,cast-topk,clustered,iclustered
   data_count=0  # cast data's default
   lra_tiny="" lra_listops_data="" lra_pathfinder_count=200000 lra_reserve=60
@@ -352,6 +354,11 @@ tensor_core_stage() {
   "$cast" bench flash --device cuda --lengths "$flash_lengths" --head-widths "$flash_widths" --tokens "$flash_tokens" \
     --check-length "$flash_check" --stream-rows "$flash_rows" --warp-rows "$flash_warp" --flash-backward split,fused,fused-atomic \
     --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash.jsonl" > "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
+  # every tile of the split TF32 kernel, the candidate for --precision fp32 (its pair rows fit
+  # tiles its earlier operands did not), with either backward
+  "$cast" bench flash --device cuda --kernels tf32x3 --lengths "$split_tile_length" --head-widths "$split_tile_widths" \
+    --tokens "$flash_tokens" --check-length 0 --stream-rows 32,64 --warp-rows 16,32 --flash-backward split,fused-atomic \
+    --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash-split-tiles.jsonl" >> "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
   for p in ${precisions//,/ }; do
     "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
       --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-$p.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
@@ -367,7 +374,7 @@ tensor_core_stage() {
   # the fp32 step with the split-TF32 flash kernel, the candidate for --precision fp32
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision fp32 \
     --fp32-flash tf32x3 --mechanisms full --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-fp32-tf32x3.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
-  cat "$scratch/flash.jsonl" "$scratch"/train-*.jsonl >> "$BENCH"
+  cat "$scratch/flash.jsonl" "$scratch/flash-split-tiles.jsonl" "$scratch"/train-*.jsonl >> "$BENCH"
   local args=(--device cuda --cast "$cast" --rounds 1 --repeats "$repeats" --lengths "$flash_lengths"
               --work sdpa,text-step --text-length "$text_length" --text-batch "$text_batch")
   [ $dry = 1 ] && args+=(--dry-run)
@@ -462,7 +469,7 @@ export -f probe kit build test_counts tests_stage sanitizer sanitizer_stage benc
   tensor_core_stage paper_stage parity_stage lra_stage
 export lra lra_with_stages lra_config lra_mechanism lra_seeds lra_precision lra_tiny lra_listops_data lra_pathfinder_count lra_reserve \
   LRA_MD LRA_JSON LRA_FIGURE LRA_RUNS LRA_CLUSTERS
-export other_backward profile_mechanisms profile_precisions flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds data_count \
+export split_tile_length split_tile_widths other_backward profile_mechanisms profile_precisions flash_lengths flash_widths flash_tokens flash_check flash_rows flash_warp precisions parity_steps parity_seeds data_count \
   paper_lengths paper_batch paper_mechanisms
 export REAL_FILTERS eval_limit train_mechanisms cast tests build_dir lengths text_length text_batch repeats warmup steps train_batch rounds dry out scratch root \
   GPU_FILTER MEMCHECK_FILTER RACE_FILTER SUMMARY BUILD_LOG TESTS_LOG SAN_LOG BENCH TORCH METRICS CURVES

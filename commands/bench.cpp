@@ -696,8 +696,8 @@ int bench_flash(const cli::Args& args) {
           for (cuda::FlashKernel kernel : kernels) {
             const bool first = rows == all_rows.front() && warp_rows == all_warp_rows.front();
             if (kernel == cuda::FlashKernel::fma && !first) continue;  // no tensor-core tiles
-            if (kernel == cuda::FlashKernel::tf32x3 && warp_rows == 32 && all_warp_rows.size() > 1)
-              continue;  // runs 16
+            // where another kernel takes the operands (tf32x3 beyond width 64: fma), its own row times it
+            if (cuda::flash_kernel_that_runs(kernel, x.q, x.k, x.v, x.g) != kernel) continue;
             cuda::set_flash_stream_rows(static_cast<int>(rows));
             cuda::set_flash_warp_rows(static_cast<int>(warp_rows));
             for (cuda::FlashBackward backward : backwards) {

@@ -581,6 +581,7 @@ FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Te
       return !t.defined() || reinterpret_cast<uintptr_t>(t.data<float>()) % 16 == 0;
     };
     if (q.dim(3) % 4 != 0 || !aligned(q) || !aligned(k) || !aligned(v) || !aligned(dout)) return FlashKernel::fma;
+    if (kernel == FlashKernel::tf32x3 && q.dim(3) > 64) return FlashKernel::fma;  // its pair rows' shared memory
   }
   return kernel;
 }

@@ -26,7 +26,7 @@ void set_fp32_flash_kernel(FlashKernel kernel);  // fma or tf32x3
 
 // Full attention without an M×N matrix (ops/attention/full_attention_flash.h): q (B, H, M, d), k and v
 // (B, H, N, d), mask (B, N) f32 or undefined; d at most 128. The TF32 kernels need d % 4 == 0
-// and 16-byte aligned rows; where they do not hold, the FMA kernels run instead.
+// and 16-byte aligned rows, and tf32x3 d ≤ 64; where they do not hold, the FMA kernels run instead.
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& mask, FlashKernel kernel = FlashKernel::fma);
 // Adds into each given gradient (dq, dk, dv may be null). `kernel` as the forward's.
@@ -62,8 +62,8 @@ void set_flash_stream_rows(int rows);
 int flash_stream_rows(FlashKernel kernel, int d, bool forward);
 // Rows per warp of the forward and the backward: 16 (a block owns 64 rows) or 32 (128 rows, each
 // fragment read from shared memory feeding two products; not where the registers would spill:
-// tf32x3, 128-row streamed tiles, and in the backward width 128 and width 64 with 64 streamed
-// rows); 0 each kernel's defaults. `cast bench flash --warp-rows`; flash_warp_rows and
+// 128-row streamed tiles, and in the backward width 128, width 64 with 64 streamed rows, and
+// tf32x3 beyond width 32); 0 each kernel's defaults. `cast bench flash --warp-rows`; flash_warp_rows and
 // flash_backward_warp_rows: the rows that run.
 void set_flash_warp_rows(int rows);
 // The most batch-heads one launch of a flash kernel covers (a grid's y extent, 65535 on a GPU):

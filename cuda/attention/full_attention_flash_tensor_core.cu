@@ -6,7 +6,10 @@
 //   Tf32x3Math  each FP32 operand split into a TF32 high part and a TF32 remainder, three
 //               m16n8k8 products (hi·hi + hi·lo + lo·hi): FP32 accuracy on the tensor cores
 //               (measured below the FMA kernel's error), as PyTorch's FP32 attention kernels do;
-//               `--precision fp32` keeps the FMA kernel, which measured faster (bench/RESULTS.md)
+//               `--fp32-flash tf32x3` chooses it at `--precision fp32`. Its operands are split once,
+//               into copies whose rows hold the high parts and then the remainders ("pair rows"),
+//               so that the kernels load both parts by ldmatrix and convert nothing; only the
+//               products' own operands (P and dS, from accumulators) are split in registers
 // Softmax statistics, the scale, the masked-row and NaN rules (math/softmax_rule.h) stay FP32.
 //
 // A block is 4 warps; each warp owns 16 rows of the block's tile, or 32 where that fits the
@@ -19,8 +22,9 @@
 //
 // BF16 reads its operands from BF16 copies made by to_bf16_rows (rows padded to a multiple of 8
 // elements, so that any head width moves in 16-byte chunks); TF32 reads the FP32 tensors
-// directly and needs d % 4 == 0 and 16-byte aligned rows (the dispatcher falls back to the FMA
-// kernels otherwise).
+// directly, the split kernel its pair-row copies (to_tf32_pairs); both need d % 4 == 0 and
+// 16-byte aligned rows (the dispatcher falls back to the FMA kernels otherwise), and the split
+// kernel d ≤ 64 (its pair rows at width 128 outgrow shared memory).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -61,6 +65,7 @@ __device__ __forceinline__ float bits_as_float(uint32_t u) {
 struct Bf16Math {
   using Elem = uint16_t;
   static constexpr int kChunk = 8, kK = 16;
+  static constexpr int kPlanes = 1;  // a row of an operand: its d elements
   struct A {
     uint32_t r[4];
   };
@@ -78,7 +83,7 @@ struct Bf16Math {
   __device__ static int a_column(int k) { return k; }
   // The A operand of k-step kk (columns 16kk .. 16kk + 15) from two 16×8 accumulator tiles:
   // C's (g, 2t..2t+1) pairs are exactly A's, packed.
-  template <int NT>
+  template <bool Finite, int NT>
   __device__ static A a_from_c(const float (&c)[NT][4], int kk) {
     const float* lo = c[2 * kk];
     const float* hi = c[2 * kk + 1];
@@ -86,6 +91,7 @@ struct Bf16Math {
              tc::pack_bf16(hi[2], hi[3])}};
   }
   // B[k][n] = T[k0 + k][n0 + n] for two n-tiles (n0 and n0 + 8), T row-major: ldmatrix .trans.
+  template <int D>
   __device__ static void b_trans(B (&b)[2], const SharedArray<Elem>& s, int base, int stride, int k0, int n0,
                                  int lane) {
     uint32_t r[4];
@@ -93,6 +99,15 @@ struct Bf16Math {
     b[0] = {{r[0], r[1]}}, b[1] = {{r[2], r[3]}};
   }
 };
+
+// x as a TF32 high part and a TF32 remainder, hi + lo = x to about 2^-22 relative. An infinity is
+// its high part alone (inf − inf would be NaN); a finite x whose rounding overflows to infinity
+// keeps its truncated high part, so that the remainder stays finite; NaN stays NaN in both.
+__device__ __forceinline__ void split_tf32(uint32_t& hi, uint32_t& lo, float x) {
+  hi = tc::to_tf32(x);
+  if (is_infinite(bits_as_float(hi)) && !is_infinite(x)) hi = __float_as_uint(x) & 0xffffe000u;
+  lo = is_infinite(x) ? 0u : tc::to_tf32(x - bits_as_float(hi));
+}
 
 // TF32 accumulators become an A operand through a permutation of k: register a0 of lane (g, t)
 // takes C's column 2t and a2 its column 2t + 1, so A's k = t is the tile's column 2t and k = t + 4
@@ -103,6 +118,9 @@ struct Tf32MathT {
   using Elem = float;
   static constexpr int kChunk = 4, kK = 8;
   static constexpr int kParts = Split ? 2 : 1;  // high part, then the remainder
+  // A row of an operand in shared memory (and in the split kernel's copies): its d elements, or
+  // the d high parts and then the d remainders (pair rows, already split).
+  static constexpr int kPlanes = kParts;
   struct A {
     uint32_t r[kParts][4];
   };
@@ -110,13 +128,8 @@ struct Tf32MathT {
     uint32_t r[kParts][2];
   };
   __device__ static void split(uint32_t (&parts)[kParts], float x) {
-    parts[0] = tc::to_tf32(x);
-    if constexpr (Split) {
-      // An infinity is its high part alone (inf − inf would be NaN); a finite x whose rounding
-      // overflows to infinity keeps its truncated high part, so that the remainder stays finite.
-      if (is_infinite(bits_as_float(parts[0])) && !is_infinite(x)) parts[0] = __float_as_uint(x) & 0xffffe000u;
-      parts[kParts - 1] = is_infinite(x) ? 0u : tc::to_tf32(x - bits_as_float(parts[0]));
-    }
+    if constexpr (Split) split_tf32(parts[0], parts[1], x);
+    else parts[0] = tc::to_tf32(x);
   }
   __device__ static A a_of(float x0, float x1, float x2, float x3) {
     A a;
@@ -138,10 +151,18 @@ struct Tf32MathT {
     for (int p = 0; p < kParts; ++p) b.r[p][0] = p0[p], b.r[p][1] = p1[p];
     return b;
   }
+  // Raw FP32 registers as operands (rounded, or split).
   __device__ static A a_raw(const uint32_t (&r)[4]) {
     return a_of(bits_as_float(r[0]), bits_as_float(r[1]), bits_as_float(r[2]), bits_as_float(r[3]));
   }
   __device__ static B b_raw(uint32_t r0, uint32_t r1) { return b_of(bits_as_float(r0), bits_as_float(r1)); }
+  // Operands from pair rows: the parts as they were split, with nothing to convert.
+  __device__ static A a_parts(const uint32_t (&hi)[4], const uint32_t (&lo)[4]) {
+    return {{{hi[0], hi[1], hi[2], hi[3]}, {lo[0], lo[1], lo[2], lo[3]}}};
+  }
+  __device__ static B b_parts(uint32_t hi0, uint32_t hi1, uint32_t lo0, uint32_t lo1) {
+    return {{{hi0, hi1}, {lo0, lo1}}};
+  }
   __device__ static void mma(float (&d)[4], const A& a, const B& b) {
     if constexpr (Split) {  // the small terms first
       tc::mma_tf32(d, a.r[1], b.r[0]);
@@ -166,35 +187,73 @@ struct Tf32MathT {
       mma(d, a, b);
     }
   }
-  // The FP32-accuracy kernel keeps the accurate exp2; the others take the one-instruction one,
-  // whose error (about 2^-22) their operands' rounding dwarfs.
-  __device__ static float exp2(float x) {
-    if constexpr (Split) return exp2f(x);
-    else return tc::ex2_approx(x);
-  }
+  // The one-instruction 2^x (relative error about 2^-22, a few FP32 ulps; exp2f's is 2 ulps but
+  // several instructions per score, in the split kernel a large share of its issue slots beside
+  // the products). The errors of P's elements are independent and average out in P·V; the
+  // kernel's error against f64 is measured beside the FMA kernel's (`cast bench flash
+  // --check-length`, bench/RESULTS.md).
+  __device__ static float exp2(float x) { return tc::ex2_approx(x); }
   __device__ static Elem elem(float x) { return x; }  // split or rounded where it is loaded
   // b_trans pairs B's rows 2t and 2t + 1 with A's k = t and t + 4 (the permutation above), so an
   // A operand stored for load_a holds column 2t of each 8 at t and column 2t + 1 at t + 4.
   __device__ static int a_column(int k) { return k / 8 * 8 + k % 2 * 4 + k % 8 / 2; }
-  template <int NT>
+  // Finite: the weights are never infinite (P, at most 1, or NaN), so the split needs none of
+  // split_tf32's care for infinities: two conversions and a subtraction.
+  template <bool Finite, int NT>
   __device__ static A a_from_c(const float (&c)[NT][4], int kk) {
-    return a_of(c[kk][0], c[kk][2], c[kk][1], c[kk][3]);
+    if constexpr (Split && Finite) {
+      A a;
+      const float x[4] = {c[kk][0], c[kk][2], c[kk][1], c[kk][3]};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        a.r[0][i] = tc::to_tf32(x[i]);
+        a.r[1][i] = tc::to_tf32(x[i] - bits_as_float(a.r[0][i]));
+      }
+      return a;
+    } else {
+      return a_of(c[kk][0], c[kk][2], c[kk][1], c[kk][3]);
+    }
   }
+  // (pair rows: each part from its plane, D elements apart)
+  template <int D>
   __device__ static void b_trans(B (&b)[2], const SharedArray<Elem>& s, int base, int stride, int k0, int n0,
                                  int lane) {
     const int g = lane / 4, t = lane % 4;
     const int row = base + (k0 + 2 * t) * stride + n0 + g;
-    b[0] = b_of(s[row], s[row + stride]);
-    b[1] = b_of(s[row + 8], s[row + stride + 8]);
+    if constexpr (Split) {
+      const auto bits = [&](int at) { return __float_as_uint(s[at]); };
+      b[0] = b_parts(bits(row), bits(row + stride), bits(row + D), bits(row + stride + D));
+      b[1] = b_parts(bits(row + 8), bits(row + stride + 8), bits(row + D + 8), bits(row + stride + D + 8));
+    } else {
+      b[0] = b_of(s[row], s[row + stride]);
+      b[1] = b_of(s[row + 8], s[row + stride + 8]);
+    }
   }
 };
 using Tf32Math = Tf32MathT<false>;
 using Tf32x3Math = Tf32MathT<true>;
 
-// The A fragment of rows row0 .. row0 + 15, columns k0 .. k0 + kK − 1 of a row-major tile.
-template <class M>
+// The A fragment of rows row0 .. row0 + 15, columns k0 .. k0 + kK − 1 of a row-major tile of
+// operand rows (pair rows in the split kernel: each part by its own ldmatrix, D elements apart).
+template <class M, int D>
 __device__ __forceinline__ typename M::A load_a(const SharedArray<typename M::Elem>& s, int base, int stride, int row0,
                                                 int k0, int lane) {
+  const int at = base + (row0 + lane % 8 + 8 * (lane / 8 % 2)) * stride + k0 + M::kChunk * (lane / 16);
+  uint32_t r[4];
+  tc::ldmatrix_x4(r, s, at);
+  if constexpr (M::kPlanes == 2) {
+    uint32_t lo[4];
+    tc::ldmatrix_x4(lo, s, at + D);
+    return M::a_parts(r, lo);
+  } else {
+    return M::a_raw(r);
+  }
+}
+
+// The same from a tile of raw values (the fused backward's dS): rounded, or split, as loaded.
+template <class M>
+__device__ __forceinline__ typename M::A load_a_raw(const SharedArray<typename M::Elem>& s, int base, int stride,
+                                                    int row0, int k0, int lane) {
   uint32_t r[4];
   tc::ldmatrix_x4(r, s, base + (row0 + lane % 8 + 8 * (lane / 8 % 2)) * stride + k0 + M::kChunk * (lane / 16));
   return M::a_raw(r);
@@ -202,13 +261,21 @@ __device__ __forceinline__ typename M::A load_a(const SharedArray<typename M::El
 
 // The B fragments of two n-tiles, B[k][n] = T[n0 + n][k0 + k] (T's rows are B's columns: keys in
 // S = Q Kᵀ).
-template <class M>
+template <class M, int D>
 __device__ __forceinline__ void load_b_rows(typename M::B (&b)[2], const SharedArray<typename M::Elem>& s, int base,
                                             int stride, int n0, int k0, int lane) {
+  const int at = base + (n0 + 8 * (lane / 16) + lane % 8) * stride + k0 + M::kChunk * (lane / 8 % 2);
   uint32_t r[4];
-  tc::ldmatrix_x4(r, s, base + (n0 + 8 * (lane / 16) + lane % 8) * stride + k0 + M::kChunk * (lane / 8 % 2));
-  b[0] = M::b_raw(r[0], r[1]);
-  b[1] = M::b_raw(r[2], r[3]);
+  tc::ldmatrix_x4(r, s, at);
+  if constexpr (M::kPlanes == 2) {
+    uint32_t lo[4];
+    tc::ldmatrix_x4(lo, s, at + D);
+    b[0] = M::b_parts(r[0], r[1], lo[0], lo[1]);
+    b[1] = M::b_parts(r[2], r[3], lo[2], lo[3]);
+  } else {
+    b[0] = M::b_raw(r[0], r[1]);
+    b[1] = M::b_raw(r[2], r[3]);
+  }
 }
 
 // acc[mi][nt] = X(rows row0 + 16mi .., all columns) · Y(rows 8nt ..)ᵀ: a warp's 16MI × 8NT block
@@ -227,11 +294,11 @@ __device__ __forceinline__ void product_xyt(float (&acc)[MI][NT][4], const Share
     if (k0 >= width) break;
     typename M::A a[MI];
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi) a[mi] = load_a<M>(s, x_base, stride, row0 + 16 * mi, k0, lane);
+    for (int mi = 0; mi < MI; ++mi) a[mi] = load_a<M, D>(s, x_base, stride, row0 + 16 * mi, k0, lane);
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       typename M::B b[2];
-      load_b_rows<M>(b, s, y_base, stride, 16 * np, k0, lane);
+      load_b_rows<M, D>(b, s, y_base, stride, 16 * np, k0, lane);
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         M::mma(acc[mi][2 * np], a[mi], b[0]);
@@ -241,10 +308,10 @@ __device__ __forceinline__ void product_xyt(float (&acc)[MI][NT][4], const Share
   }
 }
 
-// out[mi][dt] += W · Z: W the warp's 16MI × 8NT weights in accumulator layout (P or dS), Z a
-// row-major tile of 8NT rows and D columns in shared memory; columns past `width` are skipped.
-// `out` is a long running sum (M::mma_long).
-template <class M, int D, int MI, int NT>
+// out[mi][dt] += W · Z: W the warp's 16MI × 8NT weights in accumulator layout (P or dS; Finite:
+// never infinite, as P), Z a row-major tile of 8NT rows and D columns in shared memory; columns
+// past `width` are skipped. `out` is a long running sum (M::mma_long).
+template <class M, int D, int MI, int NT, bool Finite>
 __device__ __forceinline__ void product_wz(float (&out)[MI][D / 8][4], const float (&w)[MI][NT][4],
                                            const SharedArray<typename M::Elem>& s, int z_base, int stride, int width,
                                            int lane) {
@@ -253,12 +320,12 @@ __device__ __forceinline__ void product_wz(float (&out)[MI][D / 8][4], const flo
   for (int kk = 0; kk < steps; ++kk) {
     typename M::A a[MI];
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi) a[mi] = M::a_from_c(w[mi], kk);
+    for (int mi = 0; mi < MI; ++mi) a[mi] = M::template a_from_c<Finite>(w[mi], kk);
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       if (16 * dp >= width) break;
       typename M::B b[2];
-      M::b_trans(b, s, z_base, stride, kk * M::kK, 16 * dp, lane);
+      M::template b_trans<D>(b, s, z_base, stride, kk * M::kK, 16 * dp, lane);
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         M::mma_long(out[mi][2 * dp], a[mi], b[0]);
@@ -269,10 +336,11 @@ __device__ __forceinline__ void product_wz(float (&out)[MI][D / 8][4], const flo
 }
 
 // ---------------------------------------------------------------- tiles and copies
-// The shape of one call: operands are rows of `width` elements (d, or d rounded up to 8 for the
-// BF16 copies), of which the first d are real.
+// The shape of one call: operands are rows of `row` elements, a plane of `width` elements (d,
+// or d rounded up to 8 for the BF16 copies, of which the first d are real) or the split kernel's
+// two planes.
 struct TcShape {
-  int heads, M, N, d, width;
+  int heads, M, N, d, width, row;
   float scale;
 };
 
@@ -283,7 +351,8 @@ struct TcTile {
   static constexpr int kStream = BS;                   // rows of each streamed tile
   static constexpr int kWarpRows = kRowsPerWarp * MI;  // rows of the owned tile per warp
   static constexpr int kOwnedRows = kWarps * kWarpRows;
-  static constexpr int kStride = D + M::kChunk;  // a 16-byte pad: ldmatrix's 8 rows hit distinct banks
+  // a row's planes and a 16-byte pad: ldmatrix's 8 rows hit distinct banks
+  static constexpr int kStride = M::kPlanes * D + M::kChunk;
   static constexpr int kOwned = kOwnedRows * kStride, kStreamed = kStream * kStride;
   // the fused backward's dS: a streamed tile's rows (queries) of the block's keys, padded as the tiles
   static constexpr int kDsStride = kOwnedRows + M::kChunk, kDs = kStream * kDsStride;
@@ -297,35 +366,38 @@ struct TcTile {
 // the benchmarks' labels, the launch report); static_asserts at each launch hold the two equal.
 constexpr size_t tile_shared_bytes(FlashKernel kernel, int D, int rows, int warp_tiles, int owned_tiles,
                                    bool with_ds = false) {
-  const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, chunk = 16 / elem, stride = D + chunk;
+  const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, chunk = 16 / elem,
+               stride = (kernel == FlashKernel::tf32x3 ? 2 : 1) * D + chunk;
   const size_t owned_rows = static_cast<size_t>(kWarps) * kRowsPerWarp * warp_tiles;
   return ((owned_tiles * owned_rows + 4 * static_cast<size_t>(rows)) * stride +
           (with_ds ? rows * (owned_rows + chunk) : 0)) * elem;
 }
 
-// cp.async of `valid` rows of a (rows × width) operand from src into a tile of `rows` padded
-// rows at `base`; zeros past `valid` rows and past the row's width.
+// cp.async of `valid` rows of an operand (rows of M::kPlanes planes of `width` elements) from src
+// into a tile of `rows` padded rows at `base`, each plane D elements wide; zeros past `valid` rows
+// and past each plane's width.
 template <class M, int D>
 __device__ __forceinline__ void copy_rows(const SharedArray<typename M::Elem>& s, int base, int stride,
                                           const typename M::Elem* src, int valid, int rows, int width) {
-  constexpr int chunks = D / M::kChunk;
+  constexpr int plane_chunks = D / M::kChunk, chunks = M::kPlanes * plane_chunks, row = M::kPlanes * D;
   static_assert(kBlock % chunks == 0, "a thread copies the same chunk of every (kBlock / chunks)-th row");
   if (valid == rows && width == D && rows * chunks % kBlock == 0) {
     // A whole tile (nearly every one): no bounds, and each thread's offsets are fixed but for
     // the row step, which unrolls into the instructions' immediates.
     const int r0 = threadIdx.x / chunks, c = threadIdx.x % chunks * M::kChunk;
-    const typename M::Elem* from = src + static_cast<int64_t>(r0) * D + c;
+    const typename M::Elem* from = src + static_cast<int64_t>(r0) * row + c;
     const int to = base + r0 * stride + c;
 #pragma unroll 4
     for (int i = 0; i < rows * chunks / kBlock; ++i)
-      tc::cp_async16(s, to + i * (kBlock / chunks) * stride, from + static_cast<int64_t>(i) * (kBlock / chunks) * D,
+      tc::cp_async16(s, to + i * (kBlock / chunks) * stride, from + static_cast<int64_t>(i) * (kBlock / chunks) * row,
                      true);
     return;
   }
   for (int f = threadIdx.x; f < rows * chunks; f += blockDim.x) {
-    const int r = f / chunks, c = (f % chunks) * M::kChunk;
+    const int r = f / chunks, plane = f % chunks / plane_chunks, c = f % plane_chunks * M::kChunk;
     const bool real = r < valid && c < width;
-    tc::cp_async16(s, base + r * stride + c, real ? src + static_cast<int64_t>(r) * width + c : src, real);
+    tc::cp_async16(s, base + r * stride + plane * D + c,
+                   real ? src + static_cast<int64_t>(r) * M::kPlanes * width + plane * width + c : src, real);
   }
 }
 
@@ -361,15 +433,16 @@ __device__ __forceinline__ KeyBits<NT> key_bits(const float* mask, int b, int j0
 // one FFMA and one exp2 per score.
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// cp.async of streamed tile `tile` of two operands x and y (rows × width each, `rows` in all) into
-// its stage: x at base + 2·(tile % 2)·kStreamed, y after it.
+// cp.async of streamed tile `tile` of two operands x and y (`rows` rows of TcShape::row elements
+// each) into its stage: x at base + 2·(tile % 2)·kStreamed, y after it.
 template <class M, class T>
 __device__ __forceinline__ void copy_stage(const SharedArray<typename M::Elem>& s, int base, const typename M::Elem* x,
-                                           const typename M::Elem* y, int tile, int rows, int width) {
+                                           const typename M::Elem* y, int tile, int rows, const TcShape& shape) {
   const int r0 = tile * T::kStream, valid = min_of(rows - r0, T::kStream);
   const int st = base + 2 * (tile % 2) * T::kStreamed;
-  copy_rows<M, T::D>(s, st, T::kStride, x + static_cast<int64_t>(r0) * width, valid, T::kStream, width);
-  copy_rows<M, T::D>(s, st + T::kStreamed, T::kStride, y + static_cast<int64_t>(r0) * width, valid, T::kStream, width);
+  const int64_t at = static_cast<int64_t>(r0) * shape.row;
+  copy_rows<M, T::D>(s, st, T::kStride, x + at, valid, T::kStream, shape.width);
+  copy_rows<M, T::D>(s, st + T::kStreamed, T::kStride, y + at, valid, T::kStream, shape.width);
 }
 
 // Row max and sum over the four lanes (t = 0..3) that share a row of an accumulator.
@@ -459,12 +532,12 @@ __global__ void __launch_bounds__(kBlock)
   const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * BM;
   const int q_rows = min_of(s.M - i0, BM);
   const bool live = row0 < q_rows;
-  const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.width;
+  const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.row;
   const int tiles = (s.N + BN - 1) / BN, width = (s.width + M::kK - 1) / M::kK * M::kK;
   const float c = s.scale * kLog2e;
 
-  copy_rows<M, D>(smem, q_base, stride, q + (static_cast<int64_t>(bh) * s.M + i0) * s.width, q_rows, BM, s.width);
-  const auto copy_keys = [&](int tile) { copy_stage<M, T>(smem, kv_base, k + k_off, v + k_off, tile, s.N, s.width); };
+  copy_rows<M, D>(smem, q_base, stride, q + (static_cast<int64_t>(bh) * s.M + i0) * s.row, q_rows, BM, s.width);
+  const auto copy_keys = [&](int tile) { copy_stage<M, T>(smem, kv_base, k + k_off, v + k_off, tile, s.N, s); };
   copy_keys(0);
   tc::cp_async_commit();
 
@@ -488,7 +561,7 @@ __global__ void __launch_bounds__(kBlock)
       product_xyt<M, D, MI, NT>(sc, smem, q_base, st, stride, row0, width, lane);
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) online_softmax<M, NT, D>(sc[mi], m[mi], l[mi], o[mi], keys, c, t);
-      product_wz<M, D, MI, NT>(o, sc, smem, st + T::kStreamed, stride, s.d, lane);
+      product_wz<M, D, MI, NT, true>(o, sc, smem, st + T::kStreamed, stride, s.d, lane);
     }
     __syncthreads();  // this stage is read no more: the next iteration's copy may fill it
   }
@@ -522,13 +595,13 @@ __global__ void __launch_bounds__(kBlock)
   const int bh = blockIdx.y, b = bh / s.heads, i0 = blockIdx.x * BM;
   const int q_rows = min_of(s.M - i0, BM);
   const bool live = row0 < q_rows;
-  const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.width,
-                q_off = (static_cast<int64_t>(bh) * s.M + i0) * s.width;
+  const int64_t k_off = static_cast<int64_t>(bh) * s.N * s.row,
+                q_off = (static_cast<int64_t>(bh) * s.M + i0) * s.row;
   const int tiles = (s.N + BN - 1) / BN, width = (s.width + M::kK - 1) / M::kK * M::kK;
 
   copy_rows<M, D>(smem, q_base, stride, q + q_off, q_rows, BM, s.width);
   copy_rows<M, D>(smem, g_base, stride, dout + q_off, q_rows, BM, s.width);
-  const auto copy_keys = [&](int tile) { copy_stage<M, T>(smem, kv_base, k + k_off, v + k_off, tile, s.N, s.width); };
+  const auto copy_keys = [&](int tile) { copy_stage<M, T>(smem, kv_base, k + k_off, v + k_off, tile, s.N, s); };
   copy_keys(0);
   tc::cp_async_commit();
 
@@ -584,7 +657,7 @@ __global__ void __launch_bounds__(kBlock)
               sc[mi][nt][i] = is_real ? softmax_rule::score_gradient(p, dp[mi][nt][i], Dl[mi][r]) * s.scale : 0.f;
             }
       }
-      product_wz<M, D, MI, NT>(acc, sc, smem, st, stride, s.d, lane);
+      product_wz<M, D, MI, NT, false>(acc, sc, smem, st, stride, s.d, lane);
     }
     __syncthreads();
   }
@@ -614,12 +687,12 @@ __device__ __forceinline__ void add_dq_tile(float* dq, int* turns, const SharedA
     for (int i = 0; i < 8; ++i) part[p][i / 4][i % 4] = 0.f;
 #pragma unroll
   for (int k0 = 0; k0 < BK; k0 += M::kK) {
-    const typename M::A a = load_a<M>(smem, ds_base, ds_stride, dq_row0, k0, lane);
+    const typename M::A a = load_a_raw<M>(smem, ds_base, ds_stride, dq_row0, k0, lane);
 #pragma unroll
     for (int p = 0; p < kPerWarp; ++p) {
       if (dq_col0 + 16 * p >= width) break;
       typename M::B bk[2];
-      M::b_trans(bk, smem, k_base, T::kStride, k0, dq_col0 + 16 * p, lane);
+      M::template b_trans<D>(bk, smem, k_base, T::kStride, k0, dq_col0 + 16 * p, lane);
       M::mma_long(part[p][0], a, bk[0]);
       M::mma_long(part[p][1], a, bk[1]);
     }
@@ -679,14 +752,14 @@ __global__ void __launch_bounds__(kBlock)
   const int bh = blockIdx.y, b = bh / s.heads, j0 = blockIdx.x * BK;
   const int k_rows = min_of(s.N - j0, BK);
   const bool live = row0 < k_rows;
-  const int64_t k_off = (static_cast<int64_t>(bh) * s.N + j0) * s.width,
-                q_off = static_cast<int64_t>(bh) * s.M * s.width;
+  const int64_t k_off = (static_cast<int64_t>(bh) * s.N + j0) * s.row,
+                q_off = static_cast<int64_t>(bh) * s.M * s.row;
   const int tiles = (s.M + BQ - 1) / BQ, width = (s.width + M::kK - 1) / M::kK * M::kK;
 
   copy_rows<M, D>(smem, k_base, stride, k + k_off, k_rows, BK, s.width);
   copy_rows<M, D>(smem, v_base, stride, v + k_off, k_rows, BK, s.width);
   const auto copy_queries = [&](int tile) {
-    copy_stage<M, T>(smem, qg_base, q + q_off, dout + q_off, tile, s.M, s.width);
+    copy_stage<M, T>(smem, qg_base, q + q_off, dout + q_off, tile, s.M, s);
   };
   copy_queries(0);
   tc::cp_async_commit();
@@ -785,8 +858,8 @@ __global__ void __launch_bounds__(kBlock)
             for (int i = 0; i < 4; ++i)
               smem[ds_base + (8 * nt + 2 * t + i % 2) * ds_stride + M::a_column(row0 + 16 * mi + g + 8 * (i / 2))] =
                   M::elem(dpt[mi][nt][i]);
-      product_wz<M, D, MI, NT>(dv_acc, st_, smem, st + T::kStreamed, stride, s.d, lane);
-      product_wz<M, D, MI, NT>(dk_acc, dpt, smem, st, stride, s.d, lane);
+      product_wz<M, D, MI, NT, true>(dv_acc, st_, smem, st + T::kStreamed, stride, s.d, lane);
+      product_wz<M, D, MI, NT, false>(dk_acc, dpt, smem, st, stride, s.d, lane);
     } else if constexpr (AddDq) {  // keys past the last: their dS is 0
       for (int f = lane; f < BQ * T::kWarpRows; f += 32)
         smem[ds_base + f / T::kWarpRows * ds_stride + row0 + f % T::kWarpRows] = M::elem(0.f);
@@ -827,6 +900,19 @@ __global__ void to_bf16_flat_kernel(uint4* dst, const float4* src, int64_t eight
   }
 }
 
+// ---------------------------------------------------------------- the split kernel's pair rows
+// dst: rows × 2d, each row the d high parts of src's row and then its d remainders (split_tf32).
+__global__ void to_tf32_pairs_kernel(float* dst, const float* src, int64_t rows, int d) {
+  CAST_KERNEL_LOOP(i, rows * d) {
+    const int64_t r = i / d;
+    const int c = static_cast<int>(i % d);
+    uint32_t hi, lo;
+    split_tf32(hi, lo, src[i]);
+    dst[2 * r * d + c] = bits_as_float(hi);
+    dst[2 * r * d + d + c] = bits_as_float(lo);
+  }
+}
+
 // ---------------------------------------------------------------- host side
 // Tile shapes. A block owns 64 rows (128 at 32 rows per warp) and streams tiles of 32, 64 or 128
 // rows (128 in the forward at widths up to 64 only: the backward's two score tiles of 128 columns
@@ -854,7 +940,9 @@ DefaultTiles default_tiles(FlashKernel kernel, int D) {
   const int w = D == 32 ? 0 : D == 64 ? 1 : 2;
   static const DefaultTiles bf16[3] = {{16, 64, 64, 32}, {32, 32, 32, 32}, {32, 64, 64, 16}};
   static const DefaultTiles tf32[3] = {{32, 32, 32, 16}, {32, 64, 32, 32}, {16, 32, 64, 16}};
-  static const DefaultTiles tf32x3[3] = {{16, 64, 32, 16}, {16, 32, 32, 16}, {16, 32, 32, 16}};
+  // the split kernel's pair rows (not yet timed on a GPU: the tiles the old kernel's registers
+  // allowed, and 64 streamed rows in the backward at width 32, which now fit)
+  static const DefaultTiles tf32x3[3] = {{16, 64, 64, 16}, {16, 32, 32, 16}, {16, 32, 32, 16}};
   return kernel == FlashKernel::bf16 ? bf16[w] : kernel == FlashKernel::tf32 ? tf32[w] : tf32x3[w];
 }
 
@@ -883,32 +971,34 @@ size_t shared_limit() {
 }
 
 // Which forward tiles keep twice the accumulators (32 rows per warp) in registers: ptxas spills
-// with the split TF32 operands, with 128-row streamed tiles, and with TF32 at width 128.
+// with 128-row streamed tiles, and with TF32 at width 128.
 constexpr bool two_fit(FlashKernel kernel, int D, int rows) {
-  return kernel != FlashKernel::tf32x3 && kernel != FlashKernel::fma && rows <= 64 &&
-         !(kernel == FlashKernel::tf32 && D == 128);
+  return kernel != FlashKernel::fma && rows <= 64 && !(kernel == FlashKernel::tf32 && D == 128);
 }
 
 // Which backward tiles keep 32 rows per warp (two score tiles and two gradient accumulators each)
 // in registers without spilling (ptxas, sm_90: dK/dV takes 236 registers at width 64 and 32
 // streamed rows, and spills at 64).
 constexpr bool two_fit_backward(FlashKernel kernel, int D, int rows) {
+  if (kernel == FlashKernel::tf32x3) return D == 32 && rows == 32;
   return (kernel == FlashKernel::bf16 || kernel == FlashKernel::tf32) && (D == 32 ? rows <= 64 : D == 64 && rows == 32);
 }
 
 // Which backward tiles the fused kernel (dK/dV with dQ's pieces besides) takes without spilling
 // (ptxas, sm_90): TF32 at width 32 with 32 rows per warp and 64 streamed rows spills 4 bytes, and
-// so does BF16's atomic variant at width 32 with 32 rows per warp and 32 streamed rows; there the
-// split pair runs.
+// so do BF16's atomic variant at width 32 with 32 rows per warp and 32 streamed rows and the split
+// TF32 kernel's at width 32 with 16 rows per warp and 32 streamed rows; there the split pair runs.
 constexpr bool fused_fits(FlashKernel kernel, int D, int rows, int warp_tiles, bool atomic) {
   return !(kernel == FlashKernel::tf32 && D == 32 && rows == 64 && warp_tiles == 2) &&
-         !(atomic && kernel == FlashKernel::bf16 && D == 32 && rows == 32 && warp_tiles == 2);
+         !(atomic && kernel == FlashKernel::bf16 && D == 32 && rows == 32 && warp_tiles == 2) &&
+         !(atomic && kernel == FlashKernel::tf32x3 && D == 32 && rows == 32 && warp_tiles == 1);
 }
 
 // The most streamed rows a kernel's registers take without spilling (ptxas, sm_90): the split
 // TF32 operands hold twice the registers, and its backward two score tiles of them.
 constexpr int max_stream_rows(FlashKernel kernel, int D, bool forward) {
-  return kernel != FlashKernel::tf32x3 ? 128 : forward && D == 32 ? 128 : 32;
+  if (kernel != FlashKernel::tf32x3) return 128;
+  return forward ? (D == 32 ? 128 : 64) : (D == 32 ? 64 : 32);
 }
 
 int stream_rows(FlashKernel kernel, int D, bool forward) {
@@ -951,11 +1041,20 @@ void with_stream_rows(Fn&& fn) {
 // The compiled head-width bound of d: 32, 64 or 128 (with_width's choice).
 int width_bound(int d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
 
-template <class Fn>
+// The split kernel's pair rows at width 128 outgrow shared memory (the backward's tiles would
+// take 266 KiB): it is not compiled there, and the dispatch runs the FMA kernel instead
+// (flash_kernel_that_runs).
+template <class M, class Fn>
 void with_width(int d, Fn&& fn) {
-  if (d <= 32) fn(std::integral_constant<int, 32>{});
-  else if (d <= 64) fn(std::integral_constant<int, 64>{});
-  else fn(std::integral_constant<int, 128>{});
+  if (d <= 32) {
+    fn(std::integral_constant<int, 32>{});
+  } else if constexpr (M::kPlanes == 2) {
+    CAST_CHECK(d <= 64, "flash attention: the split TF32 kernel takes head widths up to 64, not {}", d);
+    fn(std::integral_constant<int, 64>{});
+  } else {
+    if (d <= 64) fn(std::integral_constant<int, 64>{});
+    else fn(std::integral_constant<int, 128>{});
+  }
 }
 
 template <class... Params, class... Args>
@@ -970,12 +1069,21 @@ dim3 grid_for(int rows, int64_t batch_heads, int block_rows) {
   return dim3(static_cast<unsigned>((rows + block_rows - 1) / block_rows), static_cast<unsigned>(batch_heads));
 }
 
-// The operand tensors of one call in the kernel's element type: BF16 copies, or the FP32 tensors.
+// The operand tensors of one call in the kernel's element type: BF16 copies, the FP32 tensors,
+// or the split kernel's pair rows.
 template <class M>
 struct Operands {
-  std::vector<Tensor> copies;  // BF16 copies, kept alive for the launch
+  std::vector<Tensor> copies;  // copies, kept alive for the launch
   const typename M::Elem* of(const Tensor& x, int width) {
-    if constexpr (std::is_same_v<typename M::Elem, float>) {
+    if constexpr (M::kPlanes == 2) {
+      const int64_t rows = x.numel() / x.dim(-1);
+      Tensor c = Tensor::empty({rows, 2 * static_cast<int64_t>(width)}, DType::f32, Device::cuda);
+      CAST_LAUNCH(to_tf32_pairs_kernel, blocks_for(rows * width), kThreads, 0, c.data<float>(), x.data<float>(), rows,
+                  width);
+      CUDA_CHECK_LAUNCH();
+      copies.push_back(c);
+      return c.data<float>();
+    } else if constexpr (std::is_same_v<typename M::Elem, float>) {
       (void)width;
       return x.data<float>();
     } else {
@@ -1006,6 +1114,7 @@ TcShape tc_shape(const Tensor& q, const Tensor& k) {
                  static_cast<int>(k.dim(2)),
                  d,
                  width,
+                 M::kPlanes * width,
                  1.f / std::sqrt(static_cast<float>(d))};
 }
 
@@ -1015,7 +1124,7 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
   const int64_t BH = q.dim(0) * q.dim(1);
   Operands<M> ops;
   const auto *qe = ops.of(q, s.width), *ke = ops.of(k, s.width), *ve = ops.of(v, s.width);
-  with_width(s.d, [&](auto w) {
+  with_width<M>(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
     with_stream_rows<M, D, true>([&](auto rows) {
       const auto launch = [&](auto warp_tiles) {
@@ -1023,7 +1132,7 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
         static_assert(T::elements(1) * sizeof(typename M::Elem) ==
                       tile_shared_bytes(kernel_of<M>(), D, T::kStream, T::MI, 1));
         for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
-          const int64_t qo = first * s.M * s.width, ko = first * s.N * s.width;
+          const int64_t qo = first * s.M * s.row, ko = first * s.N * s.row;
           launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, count, T::kOwnedRows),
                     T::elements(1) * sizeof(typename M::Elem), out.data<float>() + first * s.M * s.d,
                     lse.data<float>() + first * s.M, qe + qo, ke + ko, ve + ko,
@@ -1049,7 +1158,7 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
   const auto *qe = ops.of(q, s.width), *ke = ops.of(k, s.width), *ve = ops.of(v, s.width);
   const auto* ge = ops.of(dout, s.width);
   const float* m = mask.defined() ? mask.data<float>() : nullptr;
-  with_width(s.d, [&](auto w) {
+  with_width<M>(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
     with_stream_rows<M, D, false>([&](auto rows) {
       constexpr int BS = decltype(rows)::value == 128 ? 64 : decltype(rows)::value;
@@ -1068,7 +1177,7 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
         // a flag per (batch-head, query tile): whose turn it is to add to that tile of dq
         const Tensor turns = in_turn ? Tensor::zeros({BH * tiles}, DType::i32, Device::cuda) : Tensor();
         for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
-          const int64_t qo = first * s.M * s.width, ko = first * s.N * s.width, ro = first * s.M;
+          const int64_t qo = first * s.M * s.row, ko = first * s.N * s.row, ro = first * s.M;
           const float* mc = m ? m + first / s.heads * s.N : nullptr;
           const auto launch_dkdv = [&](const char* name, auto kernel, size_t kernel_bytes, float* dq_or_null,
                                        int* turns_or_null) {
@@ -1158,6 +1267,7 @@ int flash_backward_warp_rows(FlashKernel kernel, int d) {
 
 bool flash_backward_runs_fused(FlashKernel kernel, int d) {
   if (kernel == FlashKernel::fma || g_backward == FlashBackward::split) return false;
+  if (kernel == FlashKernel::tf32x3 && d > 64) return false;  // the FMA kernels run (with_width)
   const int D = width_bound(d), rows = stream_rows(kernel, D, false), BS = rows == 128 ? 64 : rows;
   const int warp_tiles = flash_backward_warp_rows(kernel, d) / kRowsPerWarp;
   return fused_fits(kernel, D, BS, warp_tiles, g_backward == FlashBackward::fused_atomic) &&
@@ -1182,6 +1292,7 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
     };
     // every tile the dispatch compiles (with_stream_rows, two_fit, two_fit_backward)
     for (int D : {32, 64, 128}) {
+      if (M::kPlanes == 2 && D > 64) continue;  // with_width
       for (int rows : {32, 64, 128}) {
         const int most_f = max_stream_rows(kernel, D, true);
         if (rows > most_f || (rows == 128 && D > 64)) continue;
