@@ -354,10 +354,10 @@ tensor_core_stage() {
   "$cast" bench flash --device cuda --lengths "$flash_lengths" --head-widths "$flash_widths" --tokens "$flash_tokens" \
     --check-length "$flash_check" --stream-rows "$flash_rows" --warp-rows "$flash_warp" --flash-backward split,fused,fused-atomic \
     --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash.jsonl" > "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
-  # every tile of the split TF32 kernel, the candidate for --precision fp32 (its pair rows fit
-  # tiles its earlier operands did not), with either backward
+  # every tile of the split TF32 kernel, the engine's at --precision fp32 (its pair rows fit tiles
+  # its earlier operands did not), with one buffer of streamed tiles or two, and either backward
   "$cast" bench flash --device cuda --kernels tf32x3 --lengths "$split_tile_length" --head-widths "$split_tile_widths" \
-    --tokens "$flash_tokens" --check-length 0 --stream-rows 32,64 --warp-rows 16,32 --flash-backward split,fused-atomic \
+    --tokens "$flash_tokens" --check-length 0 --stream-rows 32,64 --warp-rows 16,32 --copy-stages 1,2 --flash-backward split,fused-atomic \
     --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash-split-tiles.jsonl" >> "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
   for p in ${precisions//,/ }; do
     "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision "$p" \
@@ -371,9 +371,9 @@ tensor_core_stage() {
   # the bf16 step with every block recomputed in its backward (--recompute): its memory and time
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision bf16 --recompute \
     --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-bf16-recompute.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
-  # the fp32 step with the split-TF32 flash kernel, the candidate for --precision fp32
+  # the fp32 step with the FMA flash kernel, the engine's choice for --precision fp32 before the split TF32 one
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision fp32 \
-    --fp32-flash tf32x3 --mechanisms full --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-fp32-tf32x3.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
+    --fp32-flash fma --mechanisms full --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-fp32-fma.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
   cat "$scratch/flash.jsonl" "$scratch/flash-split-tiles.jsonl" "$scratch"/train-*.jsonl >> "$BENCH"
   local args=(--device cuda --cast "$cast" --rounds 1 --repeats "$repeats" --lengths "$flash_lengths"
               --work sdpa,text-step --text-length "$text_length" --text-batch "$text_batch")

@@ -169,7 +169,7 @@ std::string device_label(Device device) {
   return "cpu";
 }
 
-std::string g_fp32_flash = "fma";  // --fp32-flash
+std::string g_fp32_flash = "tf32x3";  // --fp32-flash
 
 std::string g_flash_backward;     // --flash-backward, where given
 
@@ -185,7 +185,7 @@ std::string precision_note() {
   const std::string backward = g_flash_backward.empty() ? "" : fmt::format(", flash backward {}", g_flash_backward);
   if (current_precision() != Precision::fp32)
     return fmt::format(", precision {}{}", precision_name(current_precision()), backward);
-  return (g_fp32_flash == "fma" ? "" : fmt::format(", precision fp32 with flash kernel {}", g_fp32_flash)) + backward;
+  return (g_fp32_flash == "tf32x3" ? "" : fmt::format(", precision fp32 with flash kernel {}", g_fp32_flash)) + backward;
 }
 
 struct LayerTimes {
@@ -630,7 +630,8 @@ void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup
                         cuda::flash_backward_warp_rows(kernel, d), cuda::flash_stream_rows(kernel, d, false),
                         !cuda::flash_backward_runs_fused(kernel, d)                  ? ""
                         : cuda::flash_backward() == cuda::FlashBackward::fused_atomic ? "a"
-                                                                                       : "f");
+                                                                                       : "f") +
+          (cuda::flash_copy_stages(kernel, d, true) == 1 ? " s1" : "");
   std::vector<double> tf, tb;
   for (int64_t r = 0; r < warmup + repeats; ++r) {
     const double f =
@@ -680,6 +681,7 @@ int bench_flash(const cli::Args& args) {
       device_label(device), tokens, repeats, warmup);
   const std::vector<int64_t> all_rows = cli::comma_integers("stream-rows", args.str("stream-rows"), 0, 128);
   const std::vector<int64_t> all_warp_rows = cli::comma_integers("warp-rows", args.str("warp-rows"), 0, 32);
+  const std::vector<int64_t> all_stages = cli::comma_integers("copy-stages", args.str("copy-stages"), 0, 2);
   std::vector<cuda::FlashBackward> backwards;
   std::stringstream backward_names(args.str("flash-backward").empty() ? cuda::flash_backward_name(cuda::flash_backward())
                                                                       : args.str("flash-backward"));
@@ -691,15 +693,20 @@ int bench_flash(const cli::Args& args) {
     for (int64_t d : widths) {
       const int64_t H = std::max<int64_t>(1, tokens / N);
       FlashTensors x(H, N, d);
+      for (int64_t stages : all_stages)
       for (int64_t warp_rows : all_warp_rows)
         for (int64_t rows : all_rows)
           for (cuda::FlashKernel kernel : kernels) {
-            const bool first = rows == all_rows.front() && warp_rows == all_warp_rows.front();
+            const bool first = rows == all_rows.front() && warp_rows == all_warp_rows.front() &&
+                               stages == all_stages.front();
             if (kernel == cuda::FlashKernel::fma && !first) continue;  // no tensor-core tiles
+            // the buffers are the split kernel's choice alone: the others run their one tile once
+            if (kernel != cuda::FlashKernel::tf32x3 && stages != all_stages.front()) continue;
             // where another kernel takes the operands (tf32x3 beyond width 64: fma), its own row times it
             if (cuda::flash_kernel_that_runs(kernel, x.q, x.k, x.v, x.g) != kernel) continue;
             cuda::set_flash_stream_rows(static_cast<int>(rows));
             cuda::set_flash_warp_rows(static_cast<int>(warp_rows));
+            cuda::set_flash_copy_stages(static_cast<int>(stages));
             for (cuda::FlashBackward backward : backwards) {
               if (kernel == cuda::FlashKernel::fma && backward != backwards.front()) continue;  // one backward
               cuda::set_flash_backward(backward);
@@ -709,6 +716,7 @@ int bench_flash(const cli::Args& args) {
           }
       cuda::set_flash_stream_rows(0);
       cuda::set_flash_warp_rows(0);
+      cuda::set_flash_copy_stages(0);
     }
   return 0;
 #else
@@ -740,6 +748,9 @@ cli::Args bench_args() {
               "table's tiles column shows what ran: rows per warp x streamed rows, of the forward / of the "
               "backward")
       .option("warp-rows", "0", "flash: rows per warp of the forward and the backward, a list of 16, 32 (0: the defaults)")
+      .option("copy-stages", "0",
+              "flash: the split TF32 kernel's buffers of streamed tiles, a list of 1, 2 (0: the defaults; the "
+              "tiles column ends in s1 where one ran)")
       .option("flash-backward", "",
               "flash, train, attention: the tensor-core backward, split (a dQ kernel and a dK/dV kernel) | fused "
               "(one kernel, dQ added in turn) | fused-atomic (one kernel, dQ added by atomic adds, not bit-identical "
@@ -756,9 +767,9 @@ cli::Args bench_args() {
       .flag("recompute", "train: each block keeps only its input and runs again in the backward (cast train --recompute)")
       .option("precision", "fp32",
               "products on the GPU: fp32 | tf32 | bf16 (tensor/precision.h; the CPU runs fp32 only)")
-      .option("fp32-flash", "fma",
-              "train, attention: the GPU's flash kernel at --precision fp32: fma (the FP32 units, the engine's "
-              "choice) | tf32x3 (split TF32 on the tensor cores), to time one against the other")
+      .option("fp32-flash", "tf32x3",
+              "train, attention: the GPU's flash kernel at --precision fp32: tf32x3 (split TF32 on the tensor "
+              "cores, the engine's choice) | fma (the FP32 units), to time one against the other")
       .option("tile-gemm", "kernel",
               "the fused CPU kernels' tile products: kernel (register-blocked, cpu/gemm_tile.cpp) | blas")
       .optional_value("trace", "FILE",
@@ -792,7 +803,8 @@ int command_bench(const std::vector<std::string>& argv) {
        {"lengths", "batch", "dim", "heads", "clusters", "cluster-size", "mechanisms", "fp32-flash", "flash-backward"}},
       {"train", {"task", "length", "batch-size", "mechanisms", "fp32-flash", "recompute", "flash-backward"}},
       {"flash",
-       {"lengths", "kernels", "head-widths", "tokens", "check-length", "stream-rows", "warp-rows", "flash-backward"}},
+       {"lengths", "kernels", "head-widths", "tokens", "check-length", "stream-rows", "warp-rows", "copy-stages",
+        "flash-backward"}},
       {"gemm", {}}};
   for (const auto& [other, options] : reads)
     for (const std::string& option : options)

@@ -4,6 +4,7 @@
 // read on a log step (one copy), sends only its batch (and clustered attention's LSH planes),
 // and makes no cudaMalloc call, for batches padded to other lengths and of other sizes too; a
 // model of image patches turns its pixels into numbers on the device.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -215,10 +216,20 @@ TEST_P(CudaTrainingSteps, OneStepEqualsTheCpuStep) {
     ASSERT_EQ(cpu->grad().defined(), gpu.grad().defined()) << name;
     if (cpu->grad().defined()) expect_close_per_element(gpu.grad(), cpu->grad(), 1e-4, 1e-6, name + " gradient");
   }
+  // After AdamW, each parameter's values within 1e-5 (ATTENTION.md's fp32 tolerance). A parameter
+  // that starts at zero (a gate's bias) is, after the first step, its change alone,
+  // −lr·g/(|g| + eps), which carries its gradient's relative error: it is held to the gradients'
+  // 1e-4 (at 1e-5 it failed on an H200, 1.5e-5, with its gradient within 1e-4).
+  std::vector<bool> starts_at_zero;
+  for (const auto& param : sides[0].params) {
+    const std::vector<double> values = param.second->to_double_vector();
+    starts_at_zero.push_back(std::all_of(values.begin(), values.end(), [](double x) { return x == 0.0; }));
+  }
   for (Side& side : sides) side.step->update(train::AdamWStep{1e-3, 0.9, 0.98, 1e-2, 0.0, 1}, 0.01, 0.5);
   for (size_t p = 0; p < sides[0].params.size(); ++p) {
     const auto& [name, cpu] = sides[0].params[p];
-    expect_close_per_element(*sides[1].params[p].second, *cpu, 1e-5, 1e-6, name + " after AdamW");
+    expect_close_per_element(*sides[1].params[p].second, *cpu, starts_at_zero[p] ? 1e-4 : 1e-5, 1e-6,
+                             name + " after AdamW");
   }
 }
 

@@ -306,6 +306,31 @@ TEST(CudaVsCpuTensorCore, FlashKernelsMatchAtEveryStreamedTile) {
   cuda::set_flash_warp_rows(0);
 }
 
+// The split kernel with one buffer of streamed tiles (each tile's copy waited for before it is
+// multiplied) at every tile, as the benchmarks may choose it (cast bench flash --copy-stages).
+TEST(CudaVsCpuTensorCore, SplitKernelMatchesWithOneBufferOfStreamedTiles) {
+  SKIP_WITHOUT_GPU();
+  struct Stages {  // put back however the test ends
+    Stages() { cuda::set_flash_copy_stages(1); }
+    ~Stages() {
+      cuda::set_flash_copy_stages(0);
+      cuda::set_flash_stream_rows(0);
+      cuda::set_flash_warp_rows(0);
+    }
+  } stages;
+  for (cuda::FlashBackward backward : kBackwards)
+    for (int warp_rows : {16, 32})
+      for (int rows : {32, 64}) {
+        WithBackward with(backward);
+        SCOPED_TRACE(fmt::format("{}, {} rows per warp, {} streamed", cuda::flash_backward_name(backward), warp_rows, rows));
+        cuda::set_flash_stream_rows(rows);
+        cuda::set_flash_warp_rows(warp_rows);
+        ASSERT_EQ(cuda::flash_copy_stages(cuda::FlashKernel::tf32x3, 64, false), 1);
+        expect_kernels_match_reference(2, 150, 150, 64, {kAllKernels[1]});
+        expect_kernels_match_reference(3, 140, 75, 32, {kAllKernels[1]});
+      }
+}
+
 // More batch-heads than one launch takes (65535 on a GPU; CAST's clusters at batch 256 are
 // 65536): the kernels run in several launches of whole batch rows, each a smaller batch with
 // its rows of the mask. The limit is lowered to 3 here: a launch takes one batch row of 2 heads,

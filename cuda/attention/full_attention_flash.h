@@ -19,9 +19,11 @@ const char* flash_kernel_name(FlashKernel kernel);
 FlashKernel parse_flash_kernel(const std::string& name);
 // The kernel a precision runs: fp32 → kFp32FlashKernel, tf32 → tf32, bf16 → bf16.
 FlashKernel flash_kernel_for(Precision precision);
-// What `--precision fp32` runs by default (bench/RESULTS.md gives the measured errors behind the
-// choice); `cast bench --fp32-flash` sets another for one benchmark, so that both can be timed.
-constexpr FlashKernel kFp32FlashKernel = FlashKernel::fma;
+// What `--precision fp32` runs by default: the split TF32 kernel, which on an H200 measured below
+// the FMA kernel's error against f64 on every output and gradient and faster at every length and
+// width up to 64 (bench/RESULTS.md; beyond 64, and where d % 4 ≠ 0, the FMA kernel runs).
+// `cast bench --fp32-flash fma` sets the other for one benchmark, so that both can be timed.
+constexpr FlashKernel kFp32FlashKernel = FlashKernel::tf32x3;
 void set_fp32_flash_kernel(FlashKernel kernel);  // fma or tf32x3
 
 // Full attention without an M×N matrix (ops/attention/full_attention_flash.h): q (B, H, M, d), k and v
@@ -66,6 +68,11 @@ int flash_stream_rows(FlashKernel kernel, int d, bool forward);
 // tf32x3 beyond width 32); 0 each kernel's defaults. `cast bench flash --warp-rows`; flash_warp_rows and
 // flash_backward_warp_rows: the rows that run.
 void set_flash_warp_rows(int rows);
+// The buffers of the split kernel's streamed tiles: 2 (the copy of the next tile runs while one
+// is multiplied) or 1 (half the shared memory: more blocks on an SM); 0 the defaults. `cast bench
+// flash --copy-stages`; flash_copy_stages: what runs (2 for every other kernel).
+void set_flash_copy_stages(int stages);
+int flash_copy_stages(FlashKernel kernel, int d, bool forward);
 // The most batch-heads one launch of a flash kernel covers (a grid's y extent, 65535 on a GPU):
 // more go in several launches. Tests lower it, so that small shapes run several launches.
 void set_flash_grid_y_limit(int64_t limit);

@@ -6,7 +6,7 @@
 //   Tf32x3Math  each FP32 operand split into a TF32 high part and a TF32 remainder, three
 //               m16n8k8 products (hi·hi + hi·lo + lo·hi): FP32 accuracy on the tensor cores
 //               (measured below the FMA kernel's error), as PyTorch's FP32 attention kernels do;
-//               `--fp32-flash tf32x3` chooses it at `--precision fp32`. Its operands are split once,
+//               `--precision fp32` runs it (below the FMA kernel's error, and faster). Its operands are split once,
 //               into copies whose rows hold the high parts and then the remainders ("pair rows"),
 //               so that the kernels load both parts by ldmatrix and convert nothing; only the
 //               products' own operands (P and dS, from accumulators) are split in registers
@@ -344,10 +344,12 @@ struct TcShape {
   float scale;
 };
 
-// A block's tiles: it owns 64·MI rows (16·MI per warp) and streams tiles of BS rows.
-template <class M, int D_, int BS, int MI_ = 1>
+// A block's tiles: it owns 64·MI rows (16·MI per warp) and streams tiles of BS rows, in Stages
+// buffers: two, the copy of tile j + 1 running while tile j is multiplied, or one, the copy
+// waited for before each tile (half the shared memory, so that more blocks share an SM).
+template <class M, int D_, int BS, int MI_ = 1, int Stages = 2>
 struct TcTile {
-  static constexpr int D = D_, MI = MI_;
+  static constexpr int D = D_, MI = MI_, kStages = Stages;
   static constexpr int kStream = BS;                   // rows of each streamed tile
   static constexpr int kWarpRows = kRowsPerWarp * MI;  // rows of the owned tile per warp
   static constexpr int kOwnedRows = kWarps * kWarpRows;
@@ -356,20 +358,20 @@ struct TcTile {
   static constexpr int kOwned = kOwnedRows * kStride, kStreamed = kStream * kStride;
   // the fused backward's dS: a streamed tile's rows (queries) of the block's keys, padded as the tiles
   static constexpr int kDsStride = kOwnedRows + M::kChunk, kDs = kStream * kDsStride;
-  // elements of shared memory: the owned tile(s), two stages of the two streamed tiles, and dS
+  // elements of shared memory: the owned tile(s), the stages of the two streamed tiles, and dS
   static constexpr int elements(int owned_tiles, bool with_ds = false) {
-    return owned_tiles * kOwned + 4 * kStreamed + (with_ds ? kDs : 0);
+    return owned_tiles * kOwned + 2 * kStages * kStreamed + (with_ds ? kDs : 0);
   }
 };
 
 // TcTile::elements in bytes, for a kernel and tile chosen at run time (the dispatch's limits,
 // the benchmarks' labels, the launch report); static_asserts at each launch hold the two equal.
 constexpr size_t tile_shared_bytes(FlashKernel kernel, int D, int rows, int warp_tiles, int owned_tiles,
-                                   bool with_ds = false) {
+                                   bool with_ds = false, int stages = 2) {
   const size_t elem = kernel == FlashKernel::bf16 ? 2 : 4, chunk = 16 / elem,
                stride = (kernel == FlashKernel::tf32x3 ? 2 : 1) * D + chunk;
   const size_t owned_rows = static_cast<size_t>(kWarps) * kRowsPerWarp * warp_tiles;
-  return ((owned_tiles * owned_rows + 4 * static_cast<size_t>(rows)) * stride +
+  return ((owned_tiles * owned_rows + 2 * static_cast<size_t>(stages) * rows) * stride +
           (with_ds ? rows * (owned_rows + chunk) : 0)) * elem;
 }
 
@@ -434,15 +436,37 @@ __device__ __forceinline__ KeyBits<NT> key_bits(const float* mask, int b, int j0
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // cp.async of streamed tile `tile` of two operands x and y (`rows` rows of TcShape::row elements
-// each) into its stage: x at base + 2·(tile % 2)·kStreamed, y after it.
+// each) into its stage: x at base + 2·(tile % kStages)·kStreamed, y after it.
 template <class M, class T>
 __device__ __forceinline__ void copy_stage(const SharedArray<typename M::Elem>& s, int base, const typename M::Elem* x,
                                            const typename M::Elem* y, int tile, int rows, const TcShape& shape) {
   const int r0 = tile * T::kStream, valid = min_of(rows - r0, T::kStream);
-  const int st = base + 2 * (tile % 2) * T::kStreamed;
+  const int st = base + 2 * (tile % T::kStages) * T::kStreamed;
   const int64_t at = static_cast<int64_t>(r0) * shape.row;
   copy_rows<M, T::D>(s, st, T::kStride, x + at, valid, T::kStream, shape.width);
   copy_rows<M, T::D>(s, st + T::kStreamed, T::kStride, y + at, valid, T::kStream, shape.width);
+}
+
+// The copy of the next streamed tile at the top of the loop over tiles (tile 0 was copied before
+// it): with two stages tile + 1, into the stage tile − 1 left; with one, tile itself, into the
+// stage the last iteration's closing barrier freed. Then wait_stage: tile's copy complete and seen.
+template <class T, class Copy>
+__device__ __forceinline__ void copy_next_stage(int tile, int tiles, const Copy& copy) {
+  if constexpr (T::kStages == 2) {
+    if (tile + 1 < tiles) copy(tile + 1);
+  } else if (tile > 0) {
+    copy(tile);
+  }
+  tc::cp_async_commit();
+}
+template <class T>
+__device__ __forceinline__ void wait_stage() {
+  tc::cp_async_wait<T::kStages - 1>();
+  __syncthreads();
+}
+template <class T>
+__device__ __forceinline__ int stage_of(int base, int tile) {
+  return base + 2 * (tile % T::kStages) * T::kStreamed;
 }
 
 // Row max and sum over the four lanes (t = 0..3) that share a row of an accumulator.
@@ -550,12 +574,10 @@ __global__ void __launch_bounds__(kBlock)
   }
 
   for (int tile = 0; tile < tiles; ++tile) {
-    if (tile + 1 < tiles) copy_keys(tile + 1);
-    tc::cp_async_commit();
-    const int j0 = tile * BN, st = kv_base + 2 * (tile % 2) * T::kStreamed;
+    copy_next_stage<T>(tile, tiles, copy_keys);
+    const int j0 = tile * BN, st = stage_of<T>(kv_base, tile);
     const KeyBits<NT> keys = key_bits<NT>(mask, b, j0, s.N, lane);
-    tc::cp_async_wait<1>();
-    __syncthreads();
+    wait_stage<T>();
     if (live) {
       float sc[MI][NT][4];
       product_xyt<M, D, MI, NT>(sc, smem, q_base, st, stride, row0, width, lane);
@@ -621,12 +643,10 @@ __global__ void __launch_bounds__(kBlock)
   }
 
   for (int tile = 0; tile < tiles; ++tile) {
-    if (tile + 1 < tiles) copy_keys(tile + 1);
-    tc::cp_async_commit();
-    const int j0 = tile * BN, st = kv_base + 2 * (tile % 2) * T::kStreamed;
+    copy_next_stage<T>(tile, tiles, copy_keys);
+    const int j0 = tile * BN, st = stage_of<T>(kv_base, tile);
     const KeyBits<NT> keys = key_bits<NT>(mask, b, j0, s.N, lane);
-    tc::cp_async_wait<1>();
-    __syncthreads();
+    wait_stage<T>();
     if (live) {
       float sc[MI][NT][4], dp[MI][NT][4];
       product_xyt<M, D, MI, NT>(sc, smem, q_base, st, stride, row0, width, lane);
@@ -742,7 +762,8 @@ __global__ void __launch_bounds__(kBlock)
   using E = typename M::Elem;
   constexpr bool AddDq = kDq != DqAdd::none;
   constexpr int D = T::D, BQ = T::kStream, NT = BQ / 8, MI = T::MI, stride = T::kStride, BK = T::kOwnedRows;
-  constexpr int k_base = 0, v_base = T::kOwned, qg_base = 2 * T::kOwned, ds_base = qg_base + 4 * T::kStreamed;
+  constexpr int k_base = 0, v_base = T::kOwned, qg_base = 2 * T::kOwned,
+                ds_base = qg_base + 2 * T::kStages * T::kStreamed;
   constexpr int ds_stride = T::kDsStride;  // dS: BQ rows (queries) of BK keys
   // dQ's pieces of 16 rows × 16 columns: the warps split them, each keeping one row band
   constexpr int kPieces = (BQ / 16) * (D / 16), kPerWarp = kPieces / kWarps;
@@ -788,9 +809,8 @@ __global__ void __launch_bounds__(kBlock)
       for (int i = 0; i < 4; ++i) dk_acc[mi][dt][i] = dv_acc[mi][dt][i] = 0.f;
 
   for (int tile = 0; tile < tiles; ++tile) {
-    if (tile + 1 < tiles) copy_queries(tile + 1);
-    tc::cp_async_commit();
-    const int i0 = tile * BQ, st = qg_base + 2 * (tile % 2) * T::kStreamed;
+    copy_next_stage<T>(tile, tiles, copy_queries);
+    const int i0 = tile * BQ, st = stage_of<T>(qg_base, tile);
     float Li[NT][2], Di[NT][2];  // the log-sum-exp (base 2) and Δ of this thread's query columns
     const bool queries_all = i0 + BQ <= s.M;
     if (queries_all && pairs) {  // columns 2t and 2t + 1 side by side: one 8-byte load each
@@ -813,8 +833,7 @@ __global__ void __launch_bounds__(kBlock)
         }
     }
     const bool all_real = keys_all && queries_all;
-    tc::cp_async_wait<1>();
-    __syncthreads();
+    wait_stage<T>();
     if (live) {
       float st_[MI][NT][4], dpt[MI][NT][4];  // scores and dP, transposed: keys × queries
       product_xyt<M, D, MI, NT>(st_, smem, k_base, st, stride, row0, width, lane);
@@ -921,6 +940,7 @@ __global__ void to_tf32_pairs_kernel(float* dst, const float* src, int64_t rows,
 // set_flash_stream_rows and set_flash_warp_rows override them for the benchmarks.
 int g_stream_rows = 0;
 int g_warp_rows = 0;  // rows per warp of the forward and the backward: 0 the defaults, 16 or 32
+int g_copy_stages = 0;  // the split kernel's streamed buffers: 0 the defaults, 1 or 2
 FlashBackward g_backward = FlashBackward::split;
 
 // Each kernel's fastest tiles over N 1024, 4096 and 16384 (the least total time of the three):
@@ -940,10 +960,26 @@ DefaultTiles default_tiles(FlashKernel kernel, int D) {
   const int w = D == 32 ? 0 : D == 64 ? 1 : 2;
   static const DefaultTiles bf16[3] = {{16, 64, 64, 32}, {32, 32, 32, 32}, {32, 64, 64, 16}};
   static const DefaultTiles tf32[3] = {{32, 32, 32, 16}, {32, 64, 32, 32}, {16, 32, 64, 16}};
-  // the split kernel's pair rows (not yet timed on a GPU: the tiles the old kernel's registers
-  // allowed, and 64 streamed rows in the backward at width 32, which now fit)
-  static const DefaultTiles tf32x3[3] = {{16, 64, 64, 16}, {16, 32, 32, 16}, {16, 32, 32, 16}};
+  // the split kernel's pair rows: the fastest of every tile at N 4096 on an H200
+  // (bench/gpu_runs/2026-11-28-h200-split-tf32.md; width 128 runs the FMA kernel)
+  static const DefaultTiles tf32x3[3] = {{32, 64, 32, 32}, {32, 64, 32, 16}, {16, 32, 32, 16}};
   return kernel == FlashKernel::bf16 ? bf16[w] : kernel == FlashKernel::tf32 ? tf32[w] : tf32x3[w];
+}
+
+// The streamed tiles' buffers (TcTile's Stages): two for every kernel but the split one, whose pair
+// rows take twice the shared memory, so that one buffer lets twice the blocks share an SM.
+int copy_stages(FlashKernel kernel, int D, bool forward) {
+  (void)D, (void)forward;
+  if (kernel != FlashKernel::tf32x3) return 2;
+  return g_copy_stages ? g_copy_stages : 2;
+}
+
+template <class M, class Fn>
+void with_copy_stages(int D, bool forward, Fn&& fn) {
+  if constexpr (M::kPlanes == 2) {
+    if (copy_stages(FlashKernel::tf32x3, D, forward) == 1) return fn(std::integral_constant<int, 1>{});
+  }
+  fn(std::integral_constant<int, 2>{});
 }
 
 int default_stream_rows(FlashKernel kernel, int D, bool forward) {
@@ -1010,7 +1046,8 @@ int stream_rows(FlashKernel kernel, int D, bool forward) {
   // the rows per warp that will run at these streamed rows (the wanted ones where they fit)
   const int warp_rows = forward ? (two_fit(kernel, D, rows) ? forward_warp_rows(kernel, D) : 16)
                                 : (two_fit_backward(kernel, D, rows) ? backward_warp_rows_wanted(kernel, D) : 16);
-  const size_t bytes = tile_shared_bytes(kernel, D, rows, warp_rows / kRowsPerWarp, forward ? 1 : 2);
+  const size_t bytes =
+      tile_shared_bytes(kernel, D, rows, warp_rows / kRowsPerWarp, forward ? 1 : 2, false, copy_stages(kernel, D, forward));
   return bytes > shared_limit() ? 32 : rows;
 }
 
@@ -1127,10 +1164,10 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
   with_width<M>(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
     with_stream_rows<M, D, true>([&](auto rows) {
-      const auto launch = [&](auto warp_tiles) {
-        using T = TcTile<M, D, decltype(rows)::value, decltype(warp_tiles)::value>;
+      const auto launch_tile = [&](auto warp_tiles, auto stages) {
+        using T = TcTile<M, D, decltype(rows)::value, decltype(warp_tiles)::value, decltype(stages)::value>;
         static_assert(T::elements(1) * sizeof(typename M::Elem) ==
-                      tile_shared_bytes(kernel_of<M>(), D, T::kStream, T::MI, 1));
+                      tile_shared_bytes(kernel_of<M>(), D, T::kStream, T::MI, 1, false, T::kStages));
         for_grid_y_chunks(BH, s.heads, [&](int64_t first, int64_t count) {
           const int64_t qo = first * s.M * s.row, ko = first * s.N * s.row;
           launch_tc("flash_tc_forward_kernel", flash_tc_forward_kernel<M, T>, grid_for(s.M, count, T::kOwnedRows),
@@ -1138,6 +1175,9 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
                     lse.data<float>() + first * s.M, qe + qo, ke + ko, ve + ko,
                     mask.defined() ? mask.data<float>() + first / s.heads * s.N : nullptr, s);
         });
+      };
+      const auto launch = [&](auto warp_tiles) {
+        with_copy_stages<M>(D, true, [&](auto stages) { launch_tile(warp_tiles, stages); });
       };
       constexpr int BN = decltype(rows)::value;
       if constexpr (two_fit(kernel_of<M>(), D, BN)) {
@@ -1162,12 +1202,12 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
     constexpr int D = decltype(w)::value;
     with_stream_rows<M, D, false>([&](auto rows) {
       constexpr int BS = decltype(rows)::value == 128 ? 64 : decltype(rows)::value;
-      const auto launch = [&](auto warp_tiles) {
-        using T = TcTile<M, D, BS, decltype(warp_tiles)::value>;
+      const auto launch_tile = [&](auto warp_tiles, auto stages) {
+        using T = TcTile<M, D, BS, decltype(warp_tiles)::value, decltype(stages)::value>;
         const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
         [[maybe_unused]] const size_t fused_bytes = T::elements(2, true) * sizeof(typename M::Elem);
         static_assert(T::elements(2, true) * sizeof(typename M::Elem) ==
-                      tile_shared_bytes(kernel_of<M>(), D, BS, T::MI, 2, true));
+                      tile_shared_bytes(kernel_of<M>(), D, BS, T::MI, 2, true, T::kStages));
         // the one decision, which the benchmarks' labels read too
         constexpr bool fits = fused_fits(kernel_of<M>(), D, BS, T::MI, false),
                        atomic_fits = fused_fits(kernel_of<M>(), D, BS, T::MI, true);
@@ -1207,6 +1247,9 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
             launch_dkdv("flash_tc_dkdv_kernel<none>", flash_tc_dkdv_kernel<M, T, DqAdd::none>, bytes, nullptr,
                         nullptr);
         });
+      };
+      const auto launch = [&](auto warp_tiles) {
+        with_copy_stages<M>(D, false, [&](auto stages) { launch_tile(warp_tiles, stages); });
       };
       if constexpr (two_fit_backward(kernel_of<M>(), D, BS)) {
         if (backward_warp_rows_wanted(kernel_of<M>(), D) == 32) return launch(std::integral_constant<int, 2>{});
@@ -1252,6 +1295,14 @@ void set_flash_warp_rows(int rows) {
   g_warp_rows = rows;
 }
 
+void set_flash_copy_stages(int stages) {
+  CAST_CHECK(stages == 0 || stages == 1 || stages == 2,
+             "flash attention: {} buffers of streamed tiles (0: the defaults, or 1, 2)", stages);
+  g_copy_stages = stages;
+}
+
+int flash_copy_stages(FlashKernel kernel, int d, bool forward) { return copy_stages(kernel, width_bound(d), forward); }
+
 void set_flash_backward(FlashBackward backward) { g_backward = backward; }
 FlashBackward flash_backward() { return g_backward; }
 
@@ -1271,7 +1322,7 @@ bool flash_backward_runs_fused(FlashKernel kernel, int d) {
   const int D = width_bound(d), rows = stream_rows(kernel, D, false), BS = rows == 128 ? 64 : rows;
   const int warp_tiles = flash_backward_warp_rows(kernel, d) / kRowsPerWarp;
   return fused_fits(kernel, D, BS, warp_tiles, g_backward == FlashBackward::fused_atomic) &&
-         tile_shared_bytes(kernel, D, BS, warp_tiles, 2, true) <= shared_limit();
+         tile_shared_bytes(kernel, D, BS, warp_tiles, 2, true, copy_stages(kernel, D, false)) <= shared_limit();
 }
 
 int flash_stream_rows(FlashKernel kernel, int d, bool forward) {
@@ -1286,9 +1337,12 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
     // `flag`: the dK/dV kernel's DqAdd ("" for the kernels without one)
     const auto push = [&](const char* name, int D, int rows, int warp_tiles, int owned_tiles, bool with_ds = false,
                           const char* flag = "") {
-      shapes.push_back({fmt::format("{}<{}, TcTile<{}, {}, {}, {}>{}>", name, math_name, math_name, D, rows,
-                                    warp_tiles, flag),
-                        kBlock, tile_shared_bytes(kernel, D, rows, warp_tiles, owned_tiles, with_ds)});
+      for (int stages : {1, 2}) {
+        if (stages == 1 && M::kPlanes == 1) continue;  // with_copy_stages
+        shapes.push_back({fmt::format("{}<{}, TcTile<{}, {}, {}, {}, {}>{}>", name, math_name, math_name, D, rows,
+                                      warp_tiles, stages, flag),
+                          kBlock, tile_shared_bytes(kernel, D, rows, warp_tiles, owned_tiles, with_ds, stages)});
+      }
     };
     // every tile the dispatch compiles (with_stream_rows, two_fit, two_fit_backward)
     for (int D : {32, 64, 128}) {
