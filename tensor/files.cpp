@@ -519,6 +519,26 @@ bool digest_matches(std::string_view bytes) {
   return false;
 }
 
+std::string set_aside_if_changed(const std::string& path, std::string_view mark) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec))) return "";
+  const std::string text = read_file(path, "output");
+  if (text.find(mark) != std::string::npos && text.find(kDigestTag) != std::string::npos && digest_matches(text))
+    return "";
+  for (int n = 1;; ++n) {
+    const std::string kept = n == 1 ? path + ".kept" : fmt::format("{}.kept-{}", path, n);
+    if (::link(path.c_str(), kept.c_str()) == 0) {  // fails where the name is taken: nothing replaced
+      if (::unlink(path.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(kept.c_str());
+        throw Error(fmt::format("{}: cannot move it aside to {}: {}", path, kept, reason(err)));
+      }
+      return kept;
+    }
+    if (errno != EEXIST) throw Error(fmt::format("{}: cannot move it aside to {}: {}", path, kept, reason(errno)));
+  }
+}
+
 // Creates a temporary file for writing beside `stem` ("<stem>.tmp", else "<stem>.1.tmp", ...):
 // exclusively, without following a link, and without removing anything already there. A file
 // of that name may be a user's own (an input named like our temporary file) or one a crash

@@ -153,6 +153,14 @@ std::string with_digest(std::string_view bytes);
 // Whether `bytes` hold no digest tag, or one whose digits match them.
 bool digest_matches(std::string_view bytes);
 
+// Before a command writes an output of its own folder again (a run's summary.json and curves.svg
+// at its end): a regular file there that is not cast's unchanged output of that kind (`mark`
+// missing, or its digest missing or not matching: changed by hand while the command ran) is moved
+// aside, not replaced, to `<path>.kept` (or `.kept-2`, `.kept-3`, ...; never over a file), and
+// that name is returned for the command's note. "" where nothing was moved: no file there, or
+// anything but a regular file (the write's own rules refuse those), or cast's unchanged output.
+std::string set_aside_if_changed(const std::string& path, std::string_view mark);
+
 // When a written file reaches the disk: `now` (flushed with its folder before write_atomic
 // returns), or `with_folder`: a file among thousands of one data set, flushed together by
 // flush_file_system before the file that completes the set is written.

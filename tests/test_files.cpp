@@ -356,6 +356,35 @@ TEST(Files, TheRootFolderIsNoOutputFolder) {
   EXPECT_CAST_ERROR(files::check_output_folder("/.", "run folder"), "is the root folder");
 }
 
+// A run's own output changed by hand while the run went on (its summary.json or curves.svg, which
+// the run writes again at its end) is moved aside to a free name, not replaced; cast's unchanged
+// output, a missing file and anything but a regular file stay where they are (issue 41's attack:
+// an edited summary.json was overwritten at the run's end).
+TEST(Files, AnOutputChangedWhileACommandRanIsSetAsideNotReplaced) {
+  const std::string d = fresh_dir("aside"), out = d + "/summary.json";
+  EXPECT_EQ(files::set_aside_if_changed(out, "made by me"), "");  // nothing there
+  files::write_stamped(out, "{\"made_by\": \"made by me\", \"digest\": \"" + std::string(files::kDigestSlot) + "\"}\n",
+                       "summary");
+  const std::string ours = slurp(out);
+  EXPECT_EQ(files::set_aside_if_changed(out, "made by me"), "");  // unchanged: the write may replace it
+  EXPECT_EQ(slurp(out), ours);
+  std::string edited = ours;
+  edited[2] = 'M';
+  put(d + "/summary.json.kept", "the user's own file of that name");
+  for (const std::string& expected : {out + ".kept-2", out + ".kept-3"}) {
+    put(out, edited);
+    EXPECT_EQ(files::set_aside_if_changed(out, "made by me"), expected);
+    EXPECT_FALSE(files::exists(out));
+    EXPECT_EQ(slurp(expected), edited);
+  }
+  EXPECT_EQ(slurp(d + "/summary.json.kept"), "the user's own file of that name");  // never written over
+  put(out, "{\"made_by\": \"made by me\"}\n");  // marked, without its digest: may have been changed
+  EXPECT_EQ(files::set_aside_if_changed(out, "made by me"), out + ".kept-4");
+  std::filesystem::create_directory(out);  // a folder: the write's own rules refuse it
+  EXPECT_EQ(files::set_aside_if_changed(out, "made by me"), "");
+  EXPECT_TRUE(std::filesystem::is_directory(out));
+}
+
 // A cast output carries a digest of itself (files::kDigestSlot, filled by write_stamped): one
 // changed by hand after cast wrote it is told from one it wrote, and is not replaced by the same
 // kind of output without --overwrite (twenty-fourth attack: a figure, a trace, a cast bench

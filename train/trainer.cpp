@@ -614,6 +614,15 @@ void finish(Run& run, TrainResult& result) {
     stopped(run, e.signal(), fmt::format("during the final evaluation, after the last step ({})", run.step));
   }
   result.majority = result.test.majority;
+  // a figure or summary changed by hand while the run went on is kept, not replaced (one there
+  // at the start was refused then, or --overwrite said it may go)
+  std::vector<std::string> kept;
+  if (!c.overwrite)
+    for (const auto& [name, mark] : {std::pair<const char*, std::string_view>{"curves.svg", files::kFigureMark},
+                                     {"summary.json", kSummaryMark}})
+      if (const std::string aside = files::set_aside_if_changed(c.run_dir + "/" + name, mark); !aside.empty())
+        kept.push_back(fmt::format("note: run folder {}: {} was changed while the run went on; it is kept as {}",
+                                   c.run_dir, name, aside));
   plot_run(c.run_dir + "/curves.svg", run_title(c), read_curves(c.run_dir), files::Link::refuse);
   const RunCost cost = cost_now(run);
   const int64_t step = run.step;
@@ -631,6 +640,7 @@ void finish(Run& run, TrainResult& result) {
                             {"majority_rate", result.majority},
                             {"evaluated", evaluate_best ? "best" : "final"},
                             {"evaluated_step", evaluated_step}});
+  for (const std::string& note : kept) fmt::print(stderr, "{}\n", note);
   if (run.quiet) return;
   if (evaluate_best)
     fmt::print("done in {}: best model (step {} of {})\n", format_duration(cost.wall_seconds), evaluated_step, step);
