@@ -355,7 +355,8 @@ tensor_core_stage() {
     --check-length "$flash_check" --stream-rows "$flash_rows" --warp-rows "$flash_warp" --flash-backward split,fused,fused-atomic \
     --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash.jsonl" > "$tc" 2>&1 || { cat "$tc" >&2; return 1; }
   # every tile of the split TF32 kernel, the engine's at --precision fp32 (its pair rows fit tiles
-  # its earlier operands did not), with one buffer of streamed tiles or two, and either backward
+  # its earlier operands did not), with one buffer of streamed tiles or two (its backward at width
+  # 64), and either backward
   "$cast" bench flash --device cuda --kernels tf32x3 --lengths "$split_tile_length" --head-widths "$split_tile_widths" \
     --tokens "$flash_tokens" --check-length 0 --stream-rows 32,64 --warp-rows 16,32 --copy-stages 1,2 --flash-backward split,fused-atomic \
     --warmup "$warmup" --repeats "$repeats" --json "$scratch/flash-split-tiles.jsonl" >> "$tc" 2>&1 || { cat "$tc" >&2; return 1; }

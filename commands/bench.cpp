@@ -543,7 +543,7 @@ int bench_gemm(const cli::Args& args) {
 
 // `cast bench flash`: the flash kernels of cuda/attention/full_attention_flash.h, each kind of product (fma,
 // tf32x3, tf32, bf16) at each length and head width: forward and backward time and TFLOPS, and
-// each kernel's error against the CPU's f64 flash attention (one head of --check-length rows,
+// each kernel's error against the CPU's f64 flash attention (one head of --check-length rows at each width,
 // a quarter of the keys padding).
 #ifdef CAST_WITH_CUDA
 // ‖x − ref‖ / ‖ref‖ over all elements, x from the GPU, ref f64 on the CPU.
@@ -578,6 +578,8 @@ void flash_errors(const std::vector<cuda::FlashKernel>& kernels, int64_t N, int6
   fmt::print("error against f64 (N {}, d {}, a quarter of the keys padding): |x - ref| / |ref|\n", N, d);
   fmt::print("{:<8} {:>10} {:>10} {:>10} {:>10}\n", "kernel", "out", "dq", "dk", "dv");
   for (cuda::FlashKernel kernel : kernels) {
+    // where another kernel takes these operands (tf32x3 beyond width 64: fma), its own row measures it
+    if (cuda::flash_kernel_that_runs(kernel, qc, kc, vc, gc) != kernel) continue;
     Tensor out = Tensor::empty(shape, DType::f32, Device::cuda),
            lse = Tensor::empty({1, 1, N}, DType::f32, Device::cuda);
     cuda::flash_attention_forward(out, lse, qc, kc, vc, mc, kernel);
@@ -631,7 +633,7 @@ void time_flash_kernel(FlashTensors& x, cuda::FlashKernel kernel, int64_t warmup
                         !cuda::flash_backward_runs_fused(kernel, d)                  ? ""
                         : cuda::flash_backward() == cuda::FlashBackward::fused_atomic ? "a"
                                                                                        : "f") +
-          (cuda::flash_copy_stages(kernel, d, true) == 1 ? " s1" : "");
+          (cuda::flash_copy_stages(kernel, d, false) == 1 ? " s1" : "");
   std::vector<double> tf, tb;
   for (int64_t r = 0; r < warmup + repeats; ++r) {
     const double f =
@@ -674,7 +676,8 @@ int bench_flash(const cli::Args& args) {
   const int64_t warmup = bounded(args, "warmup", 0, 100000), repeats = bounded(args, "repeats", 1, 100000);
   JsonLines json_out(args.str("json"), args.is_set("overwrite"));
   const int64_t check = bounded(args, "check-length", 0, 1 << 16);
-  if (check > 0) flash_errors(kernels, check, widths.front(), json_out);
+  if (check > 0)
+    for (int64_t d : widths) flash_errors(kernels, check, d, json_out);
   fmt::print(
       "flash kernels on {}: batch 1, heads = max(1, {} / N), median of {} after {} warm-up; TFLOPS counts "
       "4 N^2 d per head forward, 10 N^2 d backward (FlashAttention-2's count)\n",
@@ -703,7 +706,13 @@ int bench_flash(const cli::Args& args) {
             // the buffers are the split kernel's choice alone: the others run their one tile once
             if (kernel != cuda::FlashKernel::tf32x3 && stages != all_stages.front()) continue;
             // where another kernel takes the operands (tf32x3 beyond width 64: fma), its own row times it
-            if (cuda::flash_kernel_that_runs(kernel, x.q, x.k, x.v, x.g) != kernel) continue;
+            if (const cuda::FlashKernel runs = cuda::flash_kernel_that_runs(kernel, x.q, x.k, x.v, x.g);
+                runs != kernel) {
+              if (first)
+                fmt::print("{:<8} {:>6} {:>4}: runs {} (its tiles need what this GPU or width lacks)\n",
+                           cuda::flash_kernel_name(kernel), N, d, cuda::flash_kernel_name(runs));
+              continue;
+            }
             cuda::set_flash_stream_rows(static_cast<int>(rows));
             cuda::set_flash_warp_rows(static_cast<int>(warp_rows));
             cuda::set_flash_copy_stages(static_cast<int>(stages));
@@ -749,8 +758,8 @@ cli::Args bench_args() {
               "backward")
       .option("warp-rows", "0", "flash: rows per warp of the forward and the backward, a list of 16, 32 (0: the defaults)")
       .option("copy-stages", "0",
-              "flash: the split TF32 kernel's buffers of streamed tiles, a list of 1, 2 (0: the defaults; the "
-              "tiles column ends in s1 where one ran)")
+              "flash: the split TF32 kernel's buffers of streamed tiles in its backward at width 64, a list of 1, "
+              "2 (0: the defaults; the tiles column ends in s1 where one ran)")
       .option("flash-backward", "",
               "flash, train, attention: the tensor-core backward, split (a dQ kernel and a dK/dV kernel) | fused "
               "(one kernel, dQ added in turn) | fused-atomic (one kernel, dQ added by atomic adds, not bit-identical "

@@ -583,6 +583,8 @@ FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Te
     if (q.dim(3) % 4 != 0 || !aligned(q) || !aligned(k) || !aligned(v) || !aligned(dout)) return FlashKernel::fma;
     if (kernel == FlashKernel::tf32x3 && q.dim(3) > 64) return FlashKernel::fma;  // its pair rows' shared memory
   }
+  // tiles this GPU's shared memory cannot hold (the split kernel's at width 64 on sm_86 and sm_89)
+  if (kernel != FlashKernel::fma && !flash_tc_fits(kernel, static_cast<int>(q.dim(3)))) return FlashKernel::fma;
   return kernel;
 }
 

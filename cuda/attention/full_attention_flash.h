@@ -19,9 +19,10 @@ const char* flash_kernel_name(FlashKernel kernel);
 FlashKernel parse_flash_kernel(const std::string& name);
 // The kernel a precision runs: fp32 → kFp32FlashKernel, tf32 → tf32, bf16 → bf16.
 FlashKernel flash_kernel_for(Precision precision);
-// What `--precision fp32` runs by default: the split TF32 kernel, which on an H200 measured below
-// the FMA kernel's error against f64 on every output and gradient and faster at every length and
-// width up to 64 (bench/RESULTS.md; beyond 64, and where d % 4 ≠ 0, the FMA kernel runs).
+// What `--precision fp32` runs by default: the split TF32 kernel, which measured below the FMA
+// kernel's error against f64 on every output and gradient (on an H200 at width 32; in the
+// emulation, with every sum apart, at widths 32 and 64) and faster at every length and width up
+// to 64 (bench/RESULTS.md; beyond 64, and where d % 4 ≠ 0, the FMA kernel runs).
 // `cast bench --fp32-flash fma` sets the other for one benchmark, so that both can be timed.
 constexpr FlashKernel kFp32FlashKernel = FlashKernel::tf32x3;
 void set_fp32_flash_kernel(FlashKernel kernel);  // fma or tf32x3
@@ -36,7 +37,7 @@ void flash_attention_backward(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& 
                               const Tensor& v, const Tensor& mask, const Tensor& out, const Tensor& lse,
                               FlashKernel kernel = FlashKernel::fma);
 // The kernel that runs for these operands (and the backward's dout): `kernel`, or fma where a
-// TF32 kernel cannot take them.
+// TF32 kernel cannot take them or the kernel's tiles do not fit the GPU's shared memory.
 FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& dout = Tensor());
 
@@ -65,14 +66,20 @@ int flash_stream_rows(FlashKernel kernel, int d, bool forward);
 // Rows per warp of the forward and the backward: 16 (a block owns 64 rows) or 32 (128 rows, each
 // fragment read from shared memory feeding two products; not where the registers would spill:
 // 128-row streamed tiles, and in the backward width 128, width 64 with 64 streamed rows, and
-// tf32x3 beyond width 32); 0 each kernel's defaults. `cast bench flash --warp-rows`; flash_warp_rows and
+// tf32x3 at width 64, or at width 32 with 64 streamed rows); 0 each kernel's defaults. `cast bench flash --warp-rows`; flash_warp_rows and
 // flash_backward_warp_rows: the rows that run.
 void set_flash_warp_rows(int rows);
-// The buffers of the split kernel's streamed tiles: 2 (the copy of the next tile runs while one
-// is multiplied) or 1 (half the shared memory: more blocks on an SM); 0 the defaults. `cast bench
+// The buffers of the split kernel's streamed tiles in its backward at width 64: 2 (the copy of the
+// next tile runs while one is multiplied) or 1 (the streamed tiles' shared memory halved: 132 →
+// 99 KiB, two blocks on an SM instead of one); 0 the defaults. Every other tile keeps 2. `cast bench
 // flash --copy-stages`; flash_copy_stages: what runs (2 for every other kernel).
 void set_flash_copy_stages(int stages);
 int flash_copy_stages(FlashKernel kernel, int d, bool forward);
+// Whether the tiles a tensor-core kernel would run at head width d, forward and backward, fit this
+// GPU's shared memory per block (else flash_kernel_that_runs gives fma). Tests lower the limit
+// with set_flash_shared_limit (0: the device's).
+bool flash_tc_fits(FlashKernel kernel, int d);
+void set_flash_shared_limit(size_t bytes);
 // The most batch-heads one launch of a flash kernel covers (a grid's y extent, 65535 on a GPU):
 // more go in several launches. Tests lower it, so that small shapes run several launches.
 void set_flash_grid_y_limit(int64_t limit);

@@ -14,9 +14,10 @@
 //
 // A block is 4 warps; each warp owns 16 rows of the block's tile, or 32 where that fits the
 // registers and measured faster (query rows in the forward and in dQ, key rows in dK/dV), and
-// keeps its accumulators in the mma's C layout, two rows per thread (g and g + 8). The streamed side (keys and values, or queries and output
-// gradients) arrives in shared memory by cp.async, two stages deep: the copy of tile j + 1 runs
-// while tile j is multiplied. Fragments of row-major operands come by ldmatrix; the scores'
+// keeps its accumulators in the mma's C layout, two rows per thread (g and g + 8). The streamed
+// side (keys and values, or queries and output gradients) arrives in shared memory by cp.async,
+// two stages deep: the copy of tile j + 1 runs while tile j is multiplied (the split kernel may
+// take one buffer instead, TcTile's Stages). Fragments of row-major operands come by ldmatrix; the scores'
 // accumulators become the A operand of the next product in registers (P V, dS K, Pᵀ dO, dSᵀ Q),
 // with no trip through shared memory.
 //
@@ -170,13 +171,14 @@ struct Tf32MathT {
     }
     tc::mma_tf32(d, a.r[0], b.r[0]);
   }
-  // A k-step of a long running sum (P V over every key, dQ, dK, dV). The tensor core adds its
-  // accumulator input with the low bits cut off, so a sum carried through it loses up to an ulp
-  // at every k-step, always towards zero: over 1024 keys that measured ten times the error of
-  // FP32 FMAs. The split kernel sums each k-step's three products from zero and adds them to d
-  // with an FP32 add, rounded to nearest: then it measured below the FMA kernel's error, at 5%
-  // of its speed or less (bench/RESULTS.md). The other kernels, whose operands' rounding dwarfs
-  // the cut, carry the sum.
+  // A k-step of a running sum (every product of the split kernel: the scores and dP over the head
+  // width too, P V over every key, dQ, dK, dV). The tensor core adds its accumulator input with
+  // the low bits cut off, so a sum carried through it loses up to an ulp at every k-step, always
+  // towards zero: over 1024 keys that measured ten times the error of FP32 FMAs. The split kernel
+  // sums each k-step's three products from zero and adds them to d with an FP32 add, rounded to
+  // nearest. With the scores' sums carried (8 k-steps at width 64), the emulation measured 1.6
+  // times the FMA kernel's error at width 64; summed apart, half of it at widths 32 and 64
+  // (bench/RESULTS.md). The other kernels, whose operands' rounding dwarfs the cut, carry the sum.
   __device__ static void mma_long(float (&d)[4], const A& a, const B& b) {
     if constexpr (Split) {
       float part[4] = {0.f, 0.f, 0.f, 0.f};
@@ -281,7 +283,7 @@ __device__ __forceinline__ void load_b_rows(typename M::B (&b)[2], const SharedA
 // acc[mi][nt] = X(rows row0 + 16mi .., all columns) · Y(rows 8nt ..)ᵀ: a warp's 16MI × 8NT block
 // of scores, S = X Yᵀ with X and Y both row-major in shared memory. Each B fragment (Y's rows)
 // feeds MI products. Columns past `width` (the head width rounded up to the k-step) are zeros
-// and skipped.
+// and skipped. Each k-step by M::mma_long (the split kernel sums it apart).
 template <class M, int D, int MI, int NT>
 __device__ __forceinline__ void product_xyt(float (&acc)[MI][NT][4], const SharedArray<typename M::Elem>& s, int x_base,
                                             int y_base, int stride, int row0, int width, int lane) {
@@ -301,8 +303,8 @@ __device__ __forceinline__ void product_xyt(float (&acc)[MI][NT][4], const Share
       load_b_rows<M, D>(b, s, y_base, stride, 16 * np, k0, lane);
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
-        M::mma(acc[mi][2 * np], a[mi], b[0]);
-        M::mma(acc[mi][2 * np + 1], a[mi], b[1]);
+        M::mma_long(acc[mi][2 * np], a[mi], b[0]);
+        M::mma_long(acc[mi][2 * np + 1], a[mi], b[1]);
       }
     }
   }
@@ -944,8 +946,9 @@ int g_copy_stages = 0;  // the split kernel's streamed buffers: 0 the defaults, 
 FlashBackward g_backward = FlashBackward::split;
 
 // Each kernel's fastest tiles over N 1024, 4096 and 16384 (the least total time of the three):
-// BF16 and TF32 from the H100 run bench/gpu_runs/2026-11-26-h100-tensor-core-5.md, the split
-// TF32 kernel from the H200 run bench/gpu_runs/2026-11-26-h200-tensor-core-2.md.
+// BF16 and TF32 from the H100 run bench/gpu_runs/2026-11-26-h100-tensor-core-5.md; the split
+// TF32 kernel's (pair rows) the fastest at N 4096 alone, from the H200 run
+// bench/gpu_runs/2026-11-28-h200-split-tf32.md.
 // The backward's 32 rows per warp (and with them 32 streamed rows at width 64, where 64 would
 // spill), where each fragment read from shared memory feeds two products instead of one: on an
 // H100 (bench/gpu_runs/2026-11-27-h100-backward-rows.md against -profile-and-recompute.md) the
@@ -966,18 +969,25 @@ DefaultTiles default_tiles(FlashKernel kernel, int D) {
   return kernel == FlashKernel::bf16 ? bf16[w] : kernel == FlashKernel::tf32 ? tf32[w] : tf32x3[w];
 }
 
-// The streamed tiles' buffers (TcTile's Stages): two for every kernel but the split one, whose pair
-// rows take twice the shared memory, so that one buffer lets twice the blocks share an SM.
+// The streamed tiles' buffers (TcTile's Stages): two for every kernel; the split kernel's backward
+// at width 64, whose pair rows take 132 KiB with two, may take one, which halves the streamed
+// tiles' part (99 KiB: two blocks on an SM instead of one). Unmeasured on a GPU: the default stays
+// two.
+// One buffer only in the split kernel's backward at width 64, the tiles that hold one block per
+// SM with two (132 KiB); elsewhere ptxas spilled the one-buffer kernels' registers.
+constexpr bool one_stage_compiled(FlashKernel kernel, int D, bool forward) {
+  return kernel == FlashKernel::tf32x3 && !forward && D == 64;
+}
+
 int copy_stages(FlashKernel kernel, int D, bool forward) {
-  (void)D, (void)forward;
-  if (kernel != FlashKernel::tf32x3) return 2;
+  if (!one_stage_compiled(kernel, D, forward)) return 2;
   return g_copy_stages ? g_copy_stages : 2;
 }
 
-template <class M, class Fn>
-void with_copy_stages(int D, bool forward, Fn&& fn) {
-  if constexpr (M::kPlanes == 2) {
-    if (copy_stages(FlashKernel::tf32x3, D, forward) == 1) return fn(std::integral_constant<int, 1>{});
+template <class M, int D, bool Forward, class Fn>
+void with_copy_stages(Fn&& fn) {
+  if constexpr (M::kPlanes == 2 && one_stage_compiled(FlashKernel::tf32x3, D, Forward)) {
+    if (copy_stages(FlashKernel::tf32x3, D, Forward) == 1) return fn(std::integral_constant<int, 1>{});
   }
   fn(std::integral_constant<int, 2>{});
 }
@@ -997,19 +1007,28 @@ int backward_warp_rows_wanted(FlashKernel kernel, int D) {
 
 // The most dynamic shared memory a block of this GPU may opt in to (227 KiB on sm_90, 163 KiB
 // on sm_80).
+size_t g_shared_limit = 0;  // set_flash_shared_limit: 0 the device's
+
 size_t shared_limit() {
   static const size_t limit = [] {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return size_t{48 * 1024};
     return static_cast<size_t>(prop.sharedMemPerBlockOptin);
   }();
-  return limit;
+  return g_shared_limit ? g_shared_limit : limit;
 }
 
 // Which forward tiles keep twice the accumulators (32 rows per warp) in registers: ptxas spills
 // with 128-row streamed tiles, and with TF32 at width 128.
 constexpr bool two_fit(FlashKernel kernel, int D, int rows) {
   return kernel != FlashKernel::fma && rows <= 64 && !(kernel == FlashKernel::tf32 && D == 128);
+}
+
+// Which forward tiles keep 16 rows per warp without spilling: not the split kernel's at width 64
+// with 32 streamed rows (ptxas gave it 96 registers and spilled 4 bytes), which runs 32 rows per
+// warp there.
+constexpr bool one_fits(FlashKernel kernel, int D, int rows) {
+  return !(kernel == FlashKernel::tf32x3 && D == 64 && rows == 32);
 }
 
 // Which backward tiles keep 32 rows per warp (two score tiles and two gradient accumulators each)
@@ -1079,7 +1098,7 @@ void with_stream_rows(Fn&& fn) {
 int width_bound(int d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
 
 // The split kernel's pair rows at width 128 outgrow shared memory (the backward's tiles would
-// take 266 KiB): it is not compiled there, and the dispatch runs the FMA kernel instead
+// take 260 KiB): it is not compiled there, and the dispatch runs the FMA kernel instead
 // (flash_kernel_that_runs).
 template <class M, class Fn>
 void with_width(int d, Fn&& fn) {
@@ -1107,27 +1126,43 @@ dim3 grid_for(int rows, int64_t batch_heads, int block_rows) {
 }
 
 // The operand tensors of one call in the kernel's element type: BF16 copies, the FP32 tensors,
-// or the split kernel's pair rows.
+// or the split kernel's pair rows. The copies of a call share one block of device memory, so a
+// call asks the caching allocator for one block, not one per operand (a step with other shapes
+// after the warm-up then finds a cached block as it did before the copies).
 template <class M>
 struct Operands {
-  std::vector<Tensor> copies;  // copies, kept alive for the launch
-  const typename M::Elem* of(const Tensor& x, int width) {
-    if constexpr (M::kPlanes == 2) {
-      const int64_t rows = x.numel() / x.dim(-1);
-      Tensor c = Tensor::empty({rows, 2 * static_cast<int64_t>(width)}, DType::f32, Device::cuda);
-      CAST_LAUNCH(to_tf32_pairs_kernel, blocks_for(rows * width), kThreads, 0, c.data<float>(), x.data<float>(), rows,
-                  width);
-      CUDA_CHECK_LAUNCH();
-      copies.push_back(c);
-      return c.data<float>();
-    } else if constexpr (std::is_same_v<typename M::Elem, float>) {
+  using Elem = typename M::Elem;
+  Tensor copies;                  // every copy, kept alive for the launches
+  std::vector<const Elem*> data;  // each operand's, in the order given
+
+  Operands(std::initializer_list<const Tensor*> xs, int width) {
+    if constexpr (std::is_same_v<Elem, float> && M::kPlanes == 1) {
       (void)width;
-      return x.data<float>();
+      for (const Tensor* x : xs) data.push_back(x->data<float>());
     } else {
-      const int64_t rows = x.numel() / x.dim(-1), n = rows * width;
-      Tensor c = Tensor::empty({(n + 1) / 2}, DType::i32, Device::cuda);  // BF16 pairs in 32-bit words
-      auto* dst = reinterpret_cast<uint16_t*>(c.data<int32_t>());
-      const float* src = x.data<float>();
+      // each copy rows × kPlanes·width elements: a multiple of 16 bytes (width % 4 == 0 in FP32,
+      // % 8 == 0 in BF16), so every copy starts 16-byte aligned
+      int64_t total = 0;
+      for (const Tensor* x : xs) total += x->numel() / x->dim(-1) * M::kPlanes * width;
+      copies = std::is_same_v<Elem, float> ? Tensor::empty({total}, DType::f32, Device::cuda)
+                                           : Tensor::empty({(total + 1) / 2}, DType::i32, Device::cuda);
+      Elem* base = reinterpret_cast<Elem*>(copies.raw_data());
+      for (const Tensor* x : xs) {
+        const int64_t rows = x->numel() / x->dim(-1);
+        data.push_back(copy(base, *x, rows, width));
+        base += rows * M::kPlanes * width;
+      }
+    }
+  }
+  const Elem* operator[](size_t i) const { return data[i]; }
+
+ private:
+  static const Elem* copy(Elem* dst, const Tensor& x, int64_t rows, int width) {
+    const float* src = x.data<float>();
+    if constexpr (M::kPlanes == 2) {
+      CAST_LAUNCH(to_tf32_pairs_kernel, blocks_for(rows * width), kThreads, 0, dst, src, rows, width);
+    } else {
+      const int64_t n = rows * width;
       if (width == x.dim(-1) && width % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
           reinterpret_cast<uintptr_t>(dst) % 16 == 0)
         CAST_LAUNCH(to_bf16_flat_kernel, blocks_for(n / 8), kThreads, 0, reinterpret_cast<uint4*>(dst),
@@ -1135,10 +1170,9 @@ struct Operands {
       else
         CAST_LAUNCH(to_bf16_rows_kernel, blocks_for(n), kThreads, 0, dst, src, rows, static_cast<int>(x.dim(-1)),
                     width);
-      CUDA_CHECK_LAUNCH();
-      copies.push_back(c);
-      return dst;
     }
+    CUDA_CHECK_LAUNCH();
+    return dst;
   }
 };
 
@@ -1159,8 +1193,8 @@ template <class M>
 void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
   const TcShape s = tc_shape<M>(q, k);
   const int64_t BH = q.dim(0) * q.dim(1);
-  Operands<M> ops;
-  const auto *qe = ops.of(q, s.width), *ke = ops.of(k, s.width), *ve = ops.of(v, s.width);
+  const Operands<M> ops({&q, &k, &v}, s.width);
+  const auto *qe = ops[0], *ke = ops[1], *ve = ops[2];
   with_width<M>(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
     with_stream_rows<M, D, true>([&](auto rows) {
@@ -1177,14 +1211,14 @@ void forward_with(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
         });
       };
       const auto launch = [&](auto warp_tiles) {
-        with_copy_stages<M>(D, true, [&](auto stages) { launch_tile(warp_tiles, stages); });
+        with_copy_stages<M, D, true>([&](auto stages) { launch_tile(warp_tiles, stages); });
       };
       constexpr int BN = decltype(rows)::value;
       if constexpr (two_fit(kernel_of<M>(), D, BN)) {
-        if (forward_warp_rows(kernel_of<M>(), D) == 32)
+        if (forward_warp_rows(kernel_of<M>(), D) == 32 || !one_fits(kernel_of<M>(), D, BN))
           return launch(std::integral_constant<int, 2>{});
       }
-      launch(std::integral_constant<int, 1>{});
+      if constexpr (one_fits(kernel_of<M>(), D, BN)) launch(std::integral_constant<int, 1>{});
     });
   });
 }
@@ -1194,9 +1228,8 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
                    const Tensor& v, const Tensor& mask, const Tensor& lse, const Tensor& delta) {
   const TcShape s = tc_shape<M>(q, k);
   const int64_t BH = q.dim(0) * q.dim(1);
-  Operands<M> ops;
-  const auto *qe = ops.of(q, s.width), *ke = ops.of(k, s.width), *ve = ops.of(v, s.width);
-  const auto* ge = ops.of(dout, s.width);
+  const Operands<M> ops({&q, &k, &v, &dout}, s.width);
+  const auto *qe = ops[0], *ke = ops[1], *ve = ops[2], *ge = ops[3];
   const float* m = mask.defined() ? mask.data<float>() : nullptr;
   with_width<M>(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
@@ -1249,7 +1282,7 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
         });
       };
       const auto launch = [&](auto warp_tiles) {
-        with_copy_stages<M>(D, false, [&](auto stages) { launch_tile(warp_tiles, stages); });
+        with_copy_stages<M, D, false>([&](auto stages) { launch_tile(warp_tiles, stages); });
       };
       if constexpr (two_fit_backward(kernel_of<M>(), D, BS)) {
         if (backward_warp_rows_wanted(kernel_of<M>(), D) == 32) return launch(std::integral_constant<int, 2>{});
@@ -1307,14 +1340,32 @@ void set_flash_backward(FlashBackward backward) { g_backward = backward; }
 FlashBackward flash_backward() { return g_backward; }
 
 int flash_warp_rows(FlashKernel kernel, int d) {
-  const int D = width_bound(d);
-  return two_fit(kernel, D, stream_rows(kernel, D, true)) ? forward_warp_rows(kernel, D) : 16;
+  const int D = width_bound(d), rows = stream_rows(kernel, D, true);
+  if (!one_fits(kernel, D, rows)) return 32;
+  return two_fit(kernel, D, rows) ? forward_warp_rows(kernel, D) : 16;
 }
 
 int flash_backward_warp_rows(FlashKernel kernel, int d) {
   const int D = width_bound(d);
   return two_fit_backward(kernel, D, stream_rows(kernel, D, false)) ? backward_warp_rows_wanted(kernel, D) : 16;
 }
+
+// The shared memory of the tiles that would run, forward and backward, within the device's: not
+// on every GPU at every width (the split kernel's pair rows at width 64 take 132 KiB where
+// sm_86 and sm_89 give a block 99 KiB), and then the FMA kernel runs (flash_kernel_that_runs).
+bool flash_tc_fits(FlashKernel kernel, int d) {
+  if (kernel == FlashKernel::fma) return true;
+  if (kernel == FlashKernel::tf32x3 && d > 64) return false;  // not compiled (with_width)
+  const int D = width_bound(d), forward_rows = stream_rows(kernel, D, true), backward = stream_rows(kernel, D, false);
+  const size_t forward_bytes = tile_shared_bytes(kernel, D, forward_rows, flash_warp_rows(kernel, d) / kRowsPerWarp, 1,
+                                                 false, copy_stages(kernel, D, true));
+  const size_t backward_bytes =
+      tile_shared_bytes(kernel, D, backward == 128 ? 64 : backward, flash_backward_warp_rows(kernel, d) / kRowsPerWarp,
+                        2, flash_backward_runs_fused(kernel, d), copy_stages(kernel, D, false));
+  return forward_bytes <= shared_limit() && backward_bytes <= shared_limit();
+}
+
+void set_flash_shared_limit(size_t bytes) { g_shared_limit = bytes; }
 
 bool flash_backward_runs_fused(FlashKernel kernel, int d) {
   if (kernel == FlashKernel::fma || g_backward == FlashBackward::split) return false;
@@ -1338,7 +1389,7 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
     const auto push = [&](const char* name, int D, int rows, int warp_tiles, int owned_tiles, bool with_ds = false,
                           const char* flag = "") {
       for (int stages : {1, 2}) {
-        if (stages == 1 && M::kPlanes == 1) continue;  // with_copy_stages
+        if (stages == 1 && !one_stage_compiled(kernel, D, owned_tiles == 1)) continue;  // with_copy_stages
         shapes.push_back({fmt::format("{}<{}, TcTile<{}, {}, {}, {}, {}>{}>", name, math_name, math_name, D, rows,
                                       warp_tiles, stages, flag),
                           kBlock, tile_shared_bytes(kernel, D, rows, warp_tiles, owned_tiles, with_ds, stages)});
@@ -1350,7 +1401,7 @@ std::vector<KernelLaunchShape> flash_tc_launch_shapes() {
       for (int rows : {32, 64, 128}) {
         const int most_f = max_stream_rows(kernel, D, true);
         if (rows > most_f || (rows == 128 && D > 64)) continue;
-        push("flash_tc_forward_kernel", D, rows, 1, 1);
+        if (one_fits(kernel, D, rows)) push("flash_tc_forward_kernel", D, rows, 1, 1);
         if (two_fit(kernel, D, rows)) push("flash_tc_forward_kernel", D, rows, 2, 1);
       }
       for (int rows : {32, 64}) {
