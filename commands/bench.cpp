@@ -676,12 +676,7 @@ int bench_flash(const cli::Args& args) {
   const int64_t warmup = bounded(args, "warmup", 0, 100000), repeats = bounded(args, "repeats", 1, 100000);
   JsonLines json_out(args.str("json"), args.is_set("overwrite"));
   const int64_t check = bounded(args, "check-length", 0, 1 << 16);
-  if (check > 0)
-    for (int64_t d : widths) flash_errors(kernels, check, d, json_out);
-  fmt::print(
-      "flash kernels on {}: batch 1, heads = max(1, {} / N), median of {} after {} warm-up; TFLOPS counts "
-      "4 N^2 d per head forward, 10 N^2 d backward (FlashAttention-2's count)\n",
-      device_label(device), tokens, repeats, warmup);
+  // every list read before the error check and the table: a bad value stops the command before its work
   const std::vector<int64_t> all_rows = cli::comma_integers("stream-rows", args.str("stream-rows"), 0, 128);
   const std::vector<int64_t> all_warp_rows = cli::comma_integers("warp-rows", args.str("warp-rows"), 0, 32);
   const std::vector<int64_t> all_stages = cli::comma_integers("copy-stages", args.str("copy-stages"), 0, 2);
@@ -690,6 +685,12 @@ int bench_flash(const cli::Args& args) {
                                                                       : args.str("flash-backward"));
   for (std::string name; std::getline(backward_names, name, ',');) backwards.push_back(cuda::parse_flash_backward(name));
   const cuda::FlashBackward engine_backward = cuda::flash_backward();
+  if (check > 0)
+    for (int64_t d : widths) flash_errors(kernels, check, d, json_out);
+  fmt::print(
+      "flash kernels on {}: batch 1, heads = max(1, {} / N), median of {} after {} warm-up; TFLOPS counts "
+      "4 N^2 d per head forward, 10 N^2 d backward (FlashAttention-2's count)\n",
+      device_label(device), tokens, repeats, warmup);
   fmt::print("{:<8} {:>6} {:>4} {:>6} {:>11} {:>11} {:>11} {:>11} {:>11}\n", "kernel", "N", "d", "heads", "tiles",
              "fwd ms", "fwd TFLOPS", "bwd ms", "bwd TFLOPS");
   for (int64_t N : ns)

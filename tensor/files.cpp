@@ -519,12 +519,15 @@ bool digest_matches(std::string_view bytes) {
   return false;
 }
 
+bool is_unchanged_cast_output(std::string_view text, std::string_view mark) {
+  return text.find(mark) != std::string_view::npos && text.find(kDigestTag) != std::string_view::npos &&
+         digest_matches(text);
+}
+
 std::string set_aside_if_changed(const std::string& path, std::string_view mark) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec))) return "";
-  const std::string text = read_file(path, "output");
-  if (text.find(mark) != std::string::npos && text.find(kDigestTag) != std::string::npos && digest_matches(text))
-    return "";
+  if (is_unchanged_cast_output(read_file(path, "output"), mark)) return "";
   for (int n = 1;; ++n) {
     const std::string kept = n == 1 ? path + ".kept" : fmt::format("{}.kept-{}", path, n);
     if (::link(path.c_str(), kept.c_str()) == 0) {  // fails where the name is taken: nothing replaced

@@ -152,6 +152,9 @@ uint64_t file_fnv1a(const std::string& path, const std::string& what);
 std::string with_digest(std::string_view bytes);
 // Whether `bytes` hold no digest tag, or one whose digits match them.
 bool digest_matches(std::string_view bytes);
+// Whether `text` is cast's output of the kind `mark` names, unchanged since cast wrote it: the
+// mark, a digest, and the digest matching (what a command may replace or remove of its own).
+bool is_unchanged_cast_output(std::string_view text, std::string_view mark);
 
 // Before a command writes an output of its own folder again (a run's summary.json and curves.svg
 // at its end): a regular file there that is not cast's unchanged output of that kind (`mark`

@@ -403,9 +403,7 @@ void remove_passed_summary(const std::string& run_dir, int64_t step) {
   try {
     const std::string text = files::read_file(summary, "run summary");
     // not a run's, or changed by hand since: never cast's to remove
-    if (text.find(kSummaryMark) == std::string::npos || text.find(files::kDigestTag) == std::string::npos ||
-        !files::digest_matches(text))
-      return;
+    if (!files::is_unchanged_cast_output(text, kSummaryMark)) return;
     finished_at = json::parse(text).value("steps", int64_t{-1});
   } catch (const std::exception&) {
     return;  // unreadable: left as it is

@@ -621,8 +621,9 @@ void finish(Run& run, TrainResult& result) {
     for (const auto& [name, mark] : {std::pair<const char*, std::string_view>{"curves.svg", files::kFigureMark},
                                      {"summary.json", kSummaryMark}})
       if (const std::string aside = files::set_aside_if_changed(c.run_dir + "/" + name, mark); !aside.empty())
-        kept.push_back(fmt::format("note: run folder {}: {} was changed while the run went on; it is kept as {}",
-                                   c.run_dir, name, aside));
+        kept.push_back(fmt::format(
+            "note: run folder {}: {} was written or changed by hand while the run went on; it is kept as {}",
+            c.run_dir, name, aside));
   plot_run(c.run_dir + "/curves.svg", run_title(c), read_curves(c.run_dir), files::Link::refuse);
   const RunCost cost = cost_now(run);
   const int64_t step = run.step;

@@ -581,9 +581,9 @@ FlashKernel flash_kernel_that_runs(FlashKernel kernel, const Tensor& q, const Te
       return !t.defined() || reinterpret_cast<uintptr_t>(t.data<float>()) % 16 == 0;
     };
     if (q.dim(3) % 4 != 0 || !aligned(q) || !aligned(k) || !aligned(v) || !aligned(dout)) return FlashKernel::fma;
-    if (kernel == FlashKernel::tf32x3 && q.dim(3) > 64) return FlashKernel::fma;  // its pair rows' shared memory
   }
-  // tiles this GPU's shared memory cannot hold (the split kernel's at width 64 on sm_86 and sm_89)
+  // tiles this GPU's shared memory cannot hold (the split kernel's beyond width 64 anywhere, at
+  // width 64 on sm_86 and sm_89)
   if (kernel != FlashKernel::fma && !flash_tc_fits(kernel, static_cast<int>(q.dim(3)))) return FlashKernel::fma;
   return kernel;
 }

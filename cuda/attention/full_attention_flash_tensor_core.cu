@@ -6,8 +6,9 @@
 //   Tf32x3Math  each FP32 operand split into a TF32 high part and a TF32 remainder, three
 //               m16n8k8 products (hi·hi + hi·lo + lo·hi): FP32 accuracy on the tensor cores
 //               (measured below the FMA kernel's error), as PyTorch's FP32 attention kernels do;
-//               `--precision fp32` runs it (below the FMA kernel's error, and faster). Its operands are split once,
-//               into copies whose rows hold the high parts and then the remainders ("pair rows"),
+//               `--precision fp32` runs it (below the FMA kernel's error, and faster). Its
+//               operands are split once, into copies whose rows hold the high parts and then the
+//               remainders ("pair rows"),
 //               so that the kernels load both parts by ldmatrix and convert nothing; only the
 //               products' own operands (P and dS, from accumulators) are split in registers
 // Softmax statistics, the scale, the masked-row and NaN rules (math/softmax_rule.h) stay FP32.
@@ -17,9 +18,9 @@
 // keeps its accumulators in the mma's C layout, two rows per thread (g and g + 8). The streamed
 // side (keys and values, or queries and output gradients) arrives in shared memory by cp.async,
 // two stages deep: the copy of tile j + 1 runs while tile j is multiplied (the split kernel may
-// take one buffer instead, TcTile's Stages). Fragments of row-major operands come by ldmatrix; the scores'
-// accumulators become the A operand of the next product in registers (P V, dS K, Pᵀ dO, dSᵀ Q),
-// with no trip through shared memory.
+// take one buffer instead, TcTile's Stages). Fragments of row-major operands come by ldmatrix;
+// the scores' accumulators become the A operand of the next product in registers (P V, dS K,
+// Pᵀ dO, dSᵀ Q), with no trip through shared memory.
 //
 // BF16 reads its operands from BF16 copies made by to_bf16_rows (rows padded to a multiple of 8
 // elements, so that any head width moves in 16-byte chunks); TF32 reads the FP32 tensors
@@ -235,12 +236,19 @@ struct Tf32MathT {
 using Tf32Math = Tf32MathT<false>;
 using Tf32x3Math = Tf32MathT<true>;
 
-// The A fragment of rows row0 .. row0 + 15, columns k0 .. k0 + kK − 1 of a row-major tile of
-// operand rows (pair rows in the split kernel: each part by its own ldmatrix, D elements apart).
+// The row this lane gives ldmatrix for the A fragment of rows row0 .. row0 + 15, columns
+// k0 .. k0 + kK − 1 of a row-major tile.
+template <class M>
+__device__ __forceinline__ int a_fragment_row(int base, int stride, int row0, int k0, int lane) {
+  return base + (row0 + lane % 8 + 8 * (lane / 8 % 2)) * stride + k0 + M::kChunk * (lane / 16);
+}
+
+// That A fragment from a tile of operand rows (pair rows in the split kernel: each part by its
+// own ldmatrix, D elements apart).
 template <class M, int D>
 __device__ __forceinline__ typename M::A load_a(const SharedArray<typename M::Elem>& s, int base, int stride, int row0,
                                                 int k0, int lane) {
-  const int at = base + (row0 + lane % 8 + 8 * (lane / 8 % 2)) * stride + k0 + M::kChunk * (lane / 16);
+  const int at = a_fragment_row<M>(base, stride, row0, k0, lane);
   uint32_t r[4];
   tc::ldmatrix_x4(r, s, at);
   if constexpr (M::kPlanes == 2) {
@@ -257,7 +265,7 @@ template <class M>
 __device__ __forceinline__ typename M::A load_a_raw(const SharedArray<typename M::Elem>& s, int base, int stride,
                                                     int row0, int k0, int lane) {
   uint32_t r[4];
-  tc::ldmatrix_x4(r, s, base + (row0 + lane % 8 + 8 * (lane / 8 % 2)) * stride + k0 + M::kChunk * (lane / 16));
+  tc::ldmatrix_x4(r, s, a_fragment_row<M>(base, stride, row0, k0, lane));
   return M::a_raw(r);
 }
 
@@ -348,7 +356,7 @@ struct TcShape {
 
 // A block's tiles: it owns 64·MI rows (16·MI per warp) and streams tiles of BS rows, in Stages
 // buffers: two, the copy of tile j + 1 running while tile j is multiplied, or one, the copy
-// waited for before each tile (half the shared memory, so that more blocks share an SM).
+// waited for before each tile (the streamed tiles' shared memory halved).
 template <class M, int D_, int BS, int MI_ = 1, int Stages = 2>
 struct TcTile {
   static constexpr int D = D_, MI = MI_, kStages = Stages;
@@ -437,13 +445,20 @@ __device__ __forceinline__ KeyBits<NT> key_bits(const float* mask, int b, int j0
 // one FFMA and one exp2 per score.
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
+// Where streamed tile `tile` sits: its stage's first operand at base + 2·(tile % kStages)·kStreamed,
+// the second after it.
+template <class T>
+__device__ __forceinline__ int stage_of(int base, int tile) {
+  return base + 2 * (tile % T::kStages) * T::kStreamed;
+}
+
 // cp.async of streamed tile `tile` of two operands x and y (`rows` rows of TcShape::row elements
-// each) into its stage: x at base + 2·(tile % kStages)·kStreamed, y after it.
+// each) into its stage (stage_of).
 template <class M, class T>
 __device__ __forceinline__ void copy_stage(const SharedArray<typename M::Elem>& s, int base, const typename M::Elem* x,
                                            const typename M::Elem* y, int tile, int rows, const TcShape& shape) {
   const int r0 = tile * T::kStream, valid = min_of(rows - r0, T::kStream);
-  const int st = base + 2 * (tile % T::kStages) * T::kStreamed;
+  const int st = stage_of<T>(base, tile);
   const int64_t at = static_cast<int64_t>(r0) * shape.row;
   copy_rows<M, T::D>(s, st, T::kStride, x + at, valid, T::kStream, shape.width);
   copy_rows<M, T::D>(s, st + T::kStreamed, T::kStride, y + at, valid, T::kStream, shape.width);
@@ -465,10 +480,6 @@ template <class T>
 __device__ __forceinline__ void wait_stage() {
   tc::cp_async_wait<T::kStages - 1>();
   __syncthreads();
-}
-template <class T>
-__device__ __forceinline__ int stage_of(int base, int tile) {
-  return base + 2 * (tile % T::kStages) * T::kStreamed;
 }
 
 // Row max and sum over the four lanes (t = 0..3) that share a row of an accumulator.
@@ -971,10 +982,8 @@ DefaultTiles default_tiles(FlashKernel kernel, int D) {
 
 // The streamed tiles' buffers (TcTile's Stages): two for every kernel; the split kernel's backward
 // at width 64, whose pair rows take 132 KiB with two, may take one, which halves the streamed
-// tiles' part (99 KiB: two blocks on an SM instead of one). Unmeasured on a GPU: the default stays
-// two.
-// One buffer only in the split kernel's backward at width 64, the tiles that hold one block per
-// SM with two (132 KiB); elsewhere ptxas spilled the one-buffer kernels' registers.
+// tiles' part (99 KiB: two blocks on an SM instead of one). Only there is one compiled: elsewhere
+// ptxas spilled the one-buffer kernels' registers. Unmeasured on a GPU: the default stays two.
 constexpr bool one_stage_compiled(FlashKernel kernel, int D, bool forward) {
   return kernel == FlashKernel::tf32x3 && !forward && D == 64;
 }
@@ -1005,10 +1014,10 @@ int backward_warp_rows_wanted(FlashKernel kernel, int D) {
   return g_warp_rows ? g_warp_rows : default_tiles(kernel, D).backward_warp_rows;
 }
 
-// The most dynamic shared memory a block of this GPU may opt in to (227 KiB on sm_90, 163 KiB
-// on sm_80).
 size_t g_shared_limit = 0;  // set_flash_shared_limit: 0 the device's
 
+// The most dynamic shared memory a block of this GPU may opt in to (227 KiB on sm_90, 163 KiB
+// on sm_80), or the tests' lower limit.
 size_t shared_limit() {
   static const size_t limit = [] {
     cudaDeviceProp prop{};
@@ -1055,6 +1064,10 @@ constexpr int max_stream_rows(FlashKernel kernel, int D, bool forward) {
   if (kernel != FlashKernel::tf32x3) return 128;
   return forward ? (D == 32 ? 128 : 64) : (D == 32 ? 64 : 32);
 }
+
+// The backward's streamed tile for the rows stream_rows chose: 128 rows are the forward's alone
+// (the backward's two score tiles of 128 columns would not fit the registers).
+constexpr int backward_tile_rows(int rows) { return rows == 128 ? 64 : rows; }
 
 int stream_rows(FlashKernel kernel, int D, bool forward) {
   if (max_stream_rows(kernel, D, forward) == 32) return 32;
@@ -1234,7 +1247,7 @@ void backward_with(Tensor* dq, Tensor* dk, Tensor* dv, const Tensor& dout, const
   with_width<M>(s.d, [&](auto w) {
     constexpr int D = decltype(w)::value;
     with_stream_rows<M, D, false>([&](auto rows) {
-      constexpr int BS = decltype(rows)::value == 128 ? 64 : decltype(rows)::value;
+      constexpr int BS = backward_tile_rows(decltype(rows)::value);
       const auto launch_tile = [&](auto warp_tiles, auto stages) {
         using T = TcTile<M, D, BS, decltype(warp_tiles)::value, decltype(stages)::value>;
         const size_t bytes = T::elements(2) * sizeof(typename M::Elem);
@@ -1356,12 +1369,13 @@ int flash_backward_warp_rows(FlashKernel kernel, int d) {
 bool flash_tc_fits(FlashKernel kernel, int d) {
   if (kernel == FlashKernel::fma) return true;
   if (kernel == FlashKernel::tf32x3 && d > 64) return false;  // not compiled (with_width)
-  const int D = width_bound(d), forward_rows = stream_rows(kernel, D, true), backward = stream_rows(kernel, D, false);
+  const int D = width_bound(d), forward_rows = stream_rows(kernel, D, true),
+            backward_rows = backward_tile_rows(stream_rows(kernel, D, false));
   const size_t forward_bytes = tile_shared_bytes(kernel, D, forward_rows, flash_warp_rows(kernel, d) / kRowsPerWarp, 1,
                                                  false, copy_stages(kernel, D, true));
   const size_t backward_bytes =
-      tile_shared_bytes(kernel, D, backward == 128 ? 64 : backward, flash_backward_warp_rows(kernel, d) / kRowsPerWarp,
-                        2, flash_backward_runs_fused(kernel, d), copy_stages(kernel, D, false));
+      tile_shared_bytes(kernel, D, backward_rows, flash_backward_warp_rows(kernel, d) / kRowsPerWarp, 2,
+                        flash_backward_runs_fused(kernel, d), copy_stages(kernel, D, false));
   return forward_bytes <= shared_limit() && backward_bytes <= shared_limit();
 }
 
@@ -1370,7 +1384,7 @@ void set_flash_shared_limit(size_t bytes) { g_shared_limit = bytes; }
 bool flash_backward_runs_fused(FlashKernel kernel, int d) {
   if (kernel == FlashKernel::fma || g_backward == FlashBackward::split) return false;
   if (kernel == FlashKernel::tf32x3 && d > 64) return false;  // the FMA kernels run (with_width)
-  const int D = width_bound(d), rows = stream_rows(kernel, D, false), BS = rows == 128 ? 64 : rows;
+  const int D = width_bound(d), BS = backward_tile_rows(stream_rows(kernel, D, false));
   const int warp_tiles = flash_backward_warp_rows(kernel, d) / kRowsPerWarp;
   return fused_fits(kernel, D, BS, warp_tiles, g_backward == FlashBackward::fused_atomic) &&
          tile_shared_bytes(kernel, D, BS, warp_tiles, 2, true, copy_stages(kernel, D, false)) <= shared_limit();
