@@ -10,6 +10,7 @@
 #include "autograd/tape.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
+#include "ops/convert.h"
 #include "ops/layout.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/matmul.h"
@@ -175,6 +176,15 @@ void check_layout(const char* name, const Tensor& t, const MatrixLayout& l, int6
              "element {} of {}, which has {}", name, l.offset, l.ld, l.stride, last, t.describe(), t.numel());
 }
 
+// An operand has c's dtype, or is BF16 for an FP32 c where the products take BF16 operands: on
+// CUDA at --precision bf16 (a BF16 copy made once for several products).
+void check_operand_dtype(const char* name, const Tensor& x, const Tensor& c) {
+  if (x.dtype() != DType::bf16) return check_same_dtype("matmul", x, c);
+  CAST_CHECK(c.dtype() == DType::f32 && c.is_cuda() && current_precision() == Precision::bf16,
+             "matmul: a BF16 operand {} ({}) is read only by products into f32 on CUDA at --precision bf16, not into "
+             "{} at {}", name, x.describe(), c.describe(), precision_name(current_precision()));
+}
+
 template <class T>
 void gemm_laid_out_cpu(T* c, const MatrixLayout& lc, const T* a, const MatrixLayout& la, const T* b,
                        const MatrixLayout& lb, bool ta, bool tb, T alpha, T beta, const GemmShape& s) {
@@ -197,8 +207,8 @@ void gemm_laid_out_cpu(T* c, const MatrixLayout& lc, const T* a, const MatrixLay
 void gemm_laid_out(Tensor& c, const MatrixLayout& lc, const Tensor& a, const MatrixLayout& la, const Tensor& b,
                    const MatrixLayout& lb, bool ta, bool tb, double alpha, double beta, const GemmShape& s) {
   check_float("matmul", c, "c");
-  check_same_dtype("matmul", a, c);
-  check_same_dtype("matmul", b, c);
+  check_operand_dtype("a", a, c);
+  check_operand_dtype("b", b, c);
   check_same_device("matmul", a, c);
   check_same_device("matmul", b, c);
   CAST_CHECK(s.batch >= 0 && s.m >= 0 && s.n >= 0 && s.k >= 0 && s.m <= INT32_MAX && s.n <= INT32_MAX &&
@@ -218,6 +228,13 @@ void gemm_laid_out(Tensor& c, const MatrixLayout& lc, const Tensor& a, const Mat
     gemm_laid_out_cpu<T>(c.data<T>(), lc, a.data<T>(), la, b.data<T>(), lb, ta, tb, static_cast<T>(alpha),
                          static_cast<T>(beta), s);
   });
+}
+
+Tensor as_product_operand(const Tensor& x) {
+  if (!x.is_cuda() || current_precision() != Precision::bf16 || x.dtype() != DType::f32) return x;
+  Tensor copy = Tensor::empty(x.shape(), DType::bf16, x.device());
+  convert_forward(copy, x);
+  return copy;
 }
 
 // ---------------------------------------------------------------- shapes

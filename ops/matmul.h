@@ -23,10 +23,16 @@ GemmShape matmul_shape(const Tensor& a, const Tensor& b, bool trans_a, bool tran
 
 // c = alpha op(a) op(b) + beta c over shape.batch products whose matrices lie in the tensors as
 // their layouts say (tensor/matrix_layout.h): op(a) (m, k), op(b) (k, n), c (m, n) of each. Every
-// layout is checked to stay inside its tensor, and c's matrices not to overlap one another.
+// layout is checked to stay inside its tensor, and c's matrices not to overlap one another. On
+// CUDA at --precision bf16, a and b may be BF16 tensors (an FP32 c): an operand several products
+// read is then rounded once (as_product_operand), not once per product.
 void gemm_laid_out(Tensor& c, const MatrixLayout& lc, const Tensor& a, const MatrixLayout& la, const Tensor& b,
                    const MatrixLayout& lb, bool trans_a, bool trans_b, double alpha, double beta,
                    const GemmShape& shape);
+
+// x as the products at the current precision read it on x's device: a BF16 copy on CUDA at
+// --precision bf16, x itself otherwise.
+Tensor as_product_operand(const Tensor& x);
 
 // c += alpha Σ_i op(a_i) op(b_i) over the leading dim i of a and b; c has the shape of one term.
 // The gradient of an operand a whole batch shares (CAST's surrogates). The CPU adds the terms

@@ -303,6 +303,9 @@ TEST(CudaVsCpu, WideRowsAndSeveralBlocks) {
 
 #include "cuda/rows.h"
 #include "cuda/runtime.h"
+#include "ops/convert.h"
+#include "ops/matmul.h"
+#include "tensor/precision.h"
 
 // On the device a range check neither allocates nor copies back: a failure is raised at the
 // host's next wait for the device, naming the op, a value found and the allowed range.
@@ -365,4 +368,59 @@ TEST(CudaVsCpu, FullFillsOnTheDevice) {
     EXPECT_EQ(filled[i].to_double_vector(), Tensor::full({5, 3}, -1.5, filled[i].dtype()).to_double_vector());
 }
 
+
+// At --precision bf16, cuBLAS is handed BF16 operands (our kernel rounds each FP32 operand to a
+// packed BF16 copy; a BF16 tensor is read as it lies) and sums in FP32. Against the CPU's FP32
+// product of the operands rounded to BF16 (tensor/bf16.h), on laid-out matrices: an offset, rows
+// wider than the matrix, a weight shared by every product (stride 0), each transpose. Only the
+// order of FP32 sums may differ: 1e-5 of the row of products' magnitude.
+TEST(CudaVsCpu, Bf16ProductsTakeBf16Operands) {
+  SKIP_WITHOUT_GPU();
+  const auto rounded = [](const Tensor& x) { return ops::convert(ops::convert(x, DType::bf16), DType::f32); };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(fmt::format("trans_a {} trans_b {}", ta, tb));
+      const int64_t batch = 3, m = 37, n = 19, k = 70;
+      // a: batch matrices in a wider tensor, rows 80 apart, 1 element in; b: one matrix for all
+      const Tensor a = rand32({batch, ta ? k : m, 80}, 71, -1.0, 1.0, false);
+      const Tensor b = rand32({tb ? n : k, tb ? k : n}, 72, -1.0, 1.0, false);
+      const MatrixLayout la{1, 80, a.dim(1) * 80}, lb{0, b.dim(1), 0}, lc{0, n, m * n};
+      const ops::GemmShape s{batch, m, n, k};
+      Tensor want = Tensor::empty({batch, m, n}, DType::f32, Device::cpu);
+      ops::gemm_laid_out(want, lc, rounded(a), la, rounded(b), lb, ta, tb, 1.0, 0.0, s);
+      PrecisionGuard bf16(Precision::bf16);
+      std::vector<std::string> launched;
+      cuda::set_launch_log(&launched);
+      Tensor got = Tensor::full({batch, m, n}, std::nan(""), DType::f32, Device::cuda);
+      ops::gemm_laid_out(got, lc, a.to(Device::cuda), la, b.to(Device::cuda), lb, ta, tb, 1.0, 0.0, s);
+      cuda::set_launch_log(nullptr);
+      EXPECT_EQ(std::count(launched.begin(), launched.end(), "to_bf16_matrices_kernel"), 2);
+      expect_close_per_element(got, want, 1e-5, 1e-5, "product of FP32 operands at bf16");
+      // a BF16 operand made once (ops::as_product_operand) is read as it lies: no copy of it
+      launched.clear();
+      cuda::set_launch_log(&launched);
+      const Tensor a16 = ops::as_product_operand(a.to(Device::cuda));
+      EXPECT_EQ(a16.dtype(), DType::bf16);
+      launched.clear();
+      Tensor got16 = Tensor::full({batch, m, n}, std::nan(""), DType::f32, Device::cuda);
+      ops::gemm_laid_out(got16, lc, a16, la, b.to(Device::cuda), lb, ta, tb, 1.0, 0.0, s);
+      cuda::set_launch_log(nullptr);
+      EXPECT_EQ(std::count(launched.begin(), launched.end(), "to_bf16_matrices_kernel"), 1);
+      expect_close_per_element(got16, want, 1e-5, 1e-5, "product of a BF16 operand");
+    }
+}
+
+// A BF16 operand is for products at --precision bf16 on CUDA only; anywhere else it is refused.
+TEST(CudaVsCpu, Bf16OperandsOutsideBf16ProductsAreRefused) {
+  SKIP_WITHOUT_GPU();
+  const Tensor a = ops::convert(rand32({4, 4}, 73, -1.0, 1.0, false).to(Device::cuda), DType::bf16);
+  const Tensor b = rand32({4, 4}, 74, -1.0, 1.0, false).to(Device::cuda);
+  Tensor c = Tensor::empty({4, 4}, DType::f32, Device::cuda);
+  EXPECT_CAST_ERROR(ops::gemm_laid_out(c, {0, 4, 16}, a, {0, 4, 16}, b, {0, 4, 16}, false, false, 1.0, 0.0, {1, 4, 4, 4}),
+                    "matmul: a BF16 operand a (");
+  EXPECT_CAST_ERROR(ops::gemm_laid_out(c, {0, 4, 16}, a, {0, 4, 16}, b, {0, 4, 16}, false, false, 1.0, 0.0, {1, 4, 4, 4}),
+                    "at fp32");
+  PrecisionGuard bf16(Precision::bf16);
+  EXPECT_EQ(ops::as_product_operand(b.to(Device::cpu)).dtype(), DType::f32);  // the CPU computes in FP32
+}
 #endif

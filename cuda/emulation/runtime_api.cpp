@@ -311,26 +311,33 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long stride_b, const void* beta, void* c, cudaDataType_t c_type,
                                           int ldc, long long stride_c, int batch, cublasComputeType_t compute,
                                           cublasGemmAlgo_t) {
-  if (a_type != CUDA_R_32F || b_type != CUDA_R_32F || c_type != CUDA_R_32F) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool bf16_operands = a_type == CUDA_R_16BF && b_type == CUDA_R_16BF && compute == CUBLAS_COMPUTE_32F;
+  const bool f32_operands = a_type == CUDA_R_32F && b_type == CUDA_R_32F &&
+                            (compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_FAST_TF32 ||
+                             compute == CUBLAS_COMPUTE_32F_FAST_16BF);
+  if (!(bf16_operands || f32_operands) || c_type != CUDA_R_32F) return CUBLAS_STATUS_INVALID_VALUE;
   const int a_cols = transa == CUBLAS_OP_N ? k : m, b_cols = transb == CUBLAS_OP_N ? n : k;
   const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
   if (batch < 0 || a_cols < 0 || b_cols < 0) return CUBLAS_STATUS_INVALID_VALUE;
-  // the operands as the tensor cores take them: a rounded copy of each (column-major, rows × cols
-  // with columns ld apart), no element past the last one cuBLAS reads: a matrix that is a slice
-  // of a wider one (a head's columns of a weight) may end before its last column's ld does
+  // the operands as the tensor cores take them: an FP32 copy of each (column-major, rows × cols
+  // with columns ld apart), rounded as the compute type says or widened from BF16, no element
+  // past the last one cuBLAS reads: a matrix that is a slice of a wider one (a head's columns of a
+  // weight) may end before its last column's ld does
   const auto rounded = [&](const void* x, int ld, int rows, int cols, long long stride) {
-    const auto* src = static_cast<const float*>(x);
     const long long n_elements =
         batch == 0 || rows == 0 || cols == 0
             ? 0
             : stride * (batch - 1) + static_cast<long long>(ld) * (cols - 1) + rows;
-    std::vector<float> copy(src, src + std::max(0LL, n_elements));
+    std::vector<float> copy(std::max(0LL, n_elements));
+    if (bf16_operands) {
+      const auto* src = static_cast<const uint16_t*>(x);
+      for (size_t i = 0; i < copy.size(); ++i) copy[i] = cast::bf16_value(src[i]);
+      return copy;
+    }
+    std::memcpy(copy.data(), x, copy.size() * sizeof(float));
     for (float& v : copy) {
       if (compute == CUBLAS_COMPUTE_32F_FAST_TF32) v = cast::cuda::tc::tf32_value(cast::cuda::tc::to_tf32(v));
-      else if (compute == CUBLAS_COMPUTE_32F_FAST_16BF) {
-        const uint32_t bits = uint32_t{cast::cuda::tc::to_bf16(v)} << 16;
-        std::memcpy(&v, &bits, 4);
-      }
+      else if (compute == CUBLAS_COMPUTE_32F_FAST_16BF) v = cast::bf16_value(cast::cuda::tc::to_bf16(v));
     }
     return copy;
   };

@@ -91,16 +91,18 @@ void sum_terms_into(Tensor& dw, bool fresh, int64_t batch, const std::function<v
 }
 
 // y (B, H, N, d) = x (B, N, D) w (D, H·d), head by head.
-void project_heads_in_place(Tensor& y, const Tensor& x, const Tensor& w) {
-  const int64_t B = y.dim(0), H = y.dim(1), N = y.dim(2), d = y.dim(3), D = x.dim(2);
+void project_heads_in_place(Tensor& y, const Tensor& x_in, const Tensor& w) {
+  const int64_t B = y.dim(0), H = y.dim(1), N = y.dim(2), d = y.dim(3), D = x_in.dim(2);
+  const Tensor x = as_product_operand(x_in);  // every head's product reads all of x
   for (int64_t h = 0; h < H; ++h)
     gemm_laid_out(y, head_of(y, h), x, batch_rows(x), w, columns_of(w, h * d), false, false, 1.0, 0.0, {B, N, d, D});
 }
 
 // dx (B, N, D) (+)= Σ_h dy[:, h] w[:, h]ᵀ, and dw[:, h] (+)= Σ_b x[b]ᵀ dy[b, h].
-void project_heads_backward_in_place(GradientOf& dx, GradientOf& dw, const Tensor& dy, const Tensor& x,
+void project_heads_backward_in_place(GradientOf& dx, GradientOf& dw, const Tensor& dy, const Tensor& x_in,
                                      const Tensor& w) {
-  const int64_t B = dy.dim(0), H = dy.dim(1), N = dy.dim(2), d = dy.dim(3), D = x.dim(2);
+  const int64_t B = dy.dim(0), H = dy.dim(1), N = dy.dim(2), d = dy.dim(3), D = x_in.dim(2);
+  const Tensor x = dw.buffer.defined() ? as_product_operand(x_in) : x_in;  // read by every head's term
   if (dx.buffer.defined())
     for (int64_t h = 0; h < H; ++h)
       gemm_laid_out(dx.buffer, batch_rows(x), dy, head_of(dy, h), w, columns_of(w, h * d), false, true, 1.0,
@@ -123,9 +125,10 @@ void merge_heads_project_in_place(Tensor& out, const Tensor& heads, const Tensor
 }
 
 // dheads[:, h] (+)= dout w[h rows]ᵀ, and dw[h rows] (+)= Σ_b heads[b, h]ᵀ dout[b].
-void merge_heads_backward_in_place(GradientOf& dheads, GradientOf& dw, const Tensor& dout, const Tensor& heads,
+void merge_heads_backward_in_place(GradientOf& dheads, GradientOf& dw, const Tensor& dout_in, const Tensor& heads,
                                    const Tensor& w) {
   const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3), E = w.dim(1);
+  const Tensor dout = as_product_operand(dout_in);  // every head's products read all of dout
   if (dheads.buffer.defined())
     for (int64_t h = 0; h < H; ++h)
       gemm_laid_out(dheads.buffer, head_of(heads, h), dout, batch_rows(dout), w, rows_of(w, h * d), false, true, 1.0,
