@@ -372,6 +372,9 @@ tensor_core_stage() {
   # the bf16 step with every block recomputed in its backward (--recompute): its memory and time
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision bf16 --recompute \
     --mechanisms "$train_mechanisms" --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-bf16-recompute.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
+  # the bf16 step with cuBLAS's FAST_16BF on FP32 operands, the engine's way before its BF16 copies
+  "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision bf16 \
+    --bf16-gemm fast16bf --mechanisms full --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-bf16-fast16bf.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
   # the fp32 step with the FMA flash kernel, the engine's choice for --precision fp32 before the split TF32 one
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision fp32 \
     --fp32-flash fma --mechanisms full --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-fp32-fma.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }

@@ -170,6 +170,7 @@ std::string device_label(Device device) {
 }
 
 std::string g_fp32_flash = "tf32x3";  // --fp32-flash
+std::string g_bf16_gemm = "copies";   // --bf16-gemm
 
 std::string g_flash_backward;     // --flash-backward, where given
 
@@ -184,7 +185,8 @@ std::string flash_backward_in_use() {
 std::string precision_note() {
   const std::string backward = g_flash_backward.empty() ? "" : fmt::format(", flash backward {}", g_flash_backward);
   if (current_precision() != Precision::fp32)
-    return fmt::format(", precision {}{}", precision_name(current_precision()), backward);
+    return fmt::format(", precision {}{}{}", precision_name(current_precision()),
+                       g_bf16_gemm == "copies" ? "" : fmt::format(" with cuBLAS {}", g_bf16_gemm), backward);
   return (g_fp32_flash == "tf32x3" ? "" : fmt::format(", precision fp32 with flash kernel {}", g_fp32_flash)) + backward;
 }
 
@@ -239,6 +241,7 @@ void report_attention_row(const Variant& v, const nn::AttentionConfig& c, const 
   json_out.add({{"mechanism", v.name},
                 {"precision", precision_name(current_precision())},
                 {"fp32_flash", g_fp32_flash},
+                {"bf16_gemm", g_bf16_gemm},
                 {"flash_backward", flash_backward_in_use()},
                 {"n", N},
                 {"batch", B},
@@ -404,6 +407,7 @@ void report_training_step(const Variant& v, const StepTimes& r, double estimate,
   json_out.add({{"mechanism", v.name},
                 {"precision", precision_name(current_precision())},
                 {"fp32_flash", g_fp32_flash},
+                {"bf16_gemm", g_bf16_gemm},
                 {"flash_backward", flash_backward_in_use()},
                 {"recompute", base.model.recompute},
                 {"task", base.task},
@@ -780,6 +784,10 @@ cli::Args bench_args() {
       .option("fp32-flash", "tf32x3",
               "train, attention: the GPU's flash kernel at --precision fp32: tf32x3 (split TF32 on the tensor "
               "cores, the engine's choice) | fma (the FP32 units), to time one against the other")
+      .option("bf16-gemm", "copies",
+              "train, attention: the GPU's matmuls at --precision bf16: copies (BF16 copies of the operands, "
+              "the engine's choice) | fast16bf (the FP32 operands with cuBLAS's FAST_16BF compute type), to time "
+              "one against the other")
       .option("tile-gemm", "kernel",
               "the fused CPU kernels' tile products: kernel (register-blocked, cpu/gemm_tile.cpp) | blas")
       .optional_value("trace", "FILE",
@@ -810,8 +818,9 @@ int command_bench(const std::vector<std::string>& argv) {
   // an option of another benchmark would be ignored without a word (`bench gemm --lengths 64`)
   const std::map<std::string, std::set<std::string>> reads = {
       {"attention",
-       {"lengths", "batch", "dim", "heads", "clusters", "cluster-size", "mechanisms", "fp32-flash", "flash-backward"}},
-      {"train", {"task", "length", "batch-size", "mechanisms", "fp32-flash", "recompute", "flash-backward"}},
+       {"lengths", "batch", "dim", "heads", "clusters", "cluster-size", "mechanisms", "fp32-flash", "bf16-gemm",
+        "flash-backward"}},
+      {"train", {"task", "length", "batch-size", "mechanisms", "fp32-flash", "bf16-gemm", "recompute", "flash-backward"}},
       {"flash",
        {"lengths", "kernels", "head-widths", "tokens", "check-length", "stream-rows", "warp-rows", "copy-stages",
         "flash-backward"}},
@@ -836,6 +845,15 @@ int command_bench(const std::vector<std::string>& argv) {
     cuda::set_fp32_flash_kernel(cuda::parse_flash_kernel(kernel));
 #endif
     g_fp32_flash = kernel;
+  }
+  if (args.is_set("bf16-gemm")) {
+    const std::string way = args.choice("bf16-gemm", {"copies", "fast16bf"});
+    CAST_CHECK_USAGE(args.str("precision") == "bf16" && args.str("device") == "cuda",
+                     "--bf16-gemm {} chooses how the GPU's matmuls take their operands at --precision bf16: give "
+                     "--device cuda --precision bf16",
+                     way);
+    set_bf16_gemm(way == "copies" ? Bf16Gemm::bf16_operands : Bf16Gemm::fast16bf);
+    g_bf16_gemm = way;
   }
   if (args.is_set("flash-backward") && what != "flash") {
     const std::string backward = args.choice("flash-backward", {"split", "fused", "fused-atomic"});

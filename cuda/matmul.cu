@@ -83,7 +83,7 @@ void gemm_laid_out(Tensor& c, const MatrixLayout& lc, const Tensor& a, const Mat
   const int lda = static_cast<int>(la.ld), ldb = static_cast<int>(lb.ld), ldc = static_cast<int>(lc.ld);
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   float* pc = fptr(c) + lc.offset;
-  if (precision == Precision::bf16) {
+  if (precision == Precision::bf16 && bf16_gemm() == Bf16Gemm::bf16_operands) {
     const Bf16Operands ops(a, la, ta ? k : m, ta ? m : k, b, lb, tb ? n : k, tb ? k : n, batch);
     const MatrixLayout &pla = ops.a.layout, &plb = ops.b.layout;
     CUBLAS_CHECK(cublasGemmStridedBatchedEx(
@@ -100,10 +100,12 @@ void gemm_laid_out(Tensor& c, const MatrixLayout& lc, const Tensor& a, const Mat
                                            &beta_f, pc, ldc, lc.stride, static_cast<int>(batch)));
     return;
   }
+  const cublasComputeType_t compute =
+      precision == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_FAST_16BF;
   CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
                                           &alpha_f, pb, CUDA_R_32F, ldb, lb.stride, pa, CUDA_R_32F, lda, la.stride,
-                                          &beta_f, pc, CUDA_R_32F, ldc, lc.stride, static_cast<int>(batch),
-                                          CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+                                          &beta_f, pc, CUDA_R_32F, ldc, lc.stride, static_cast<int>(batch), compute,
+                                          CUBLAS_GEMM_DEFAULT));
 }
 
 // Packed operands: each matrix right after the one before, its rows as long as the matrix is wide.

@@ -8,6 +8,7 @@ namespace cast {
 
 namespace {
 std::atomic<Precision> g_precision{Precision::fp32};
+std::atomic<Bf16Gemm> g_bf16_gemm{Bf16Gemm::bf16_operands};
 }
 
 const char* precision_name(Precision p) {
@@ -26,5 +27,8 @@ Precision parse_precision(std::string_view name) {
 
 Precision current_precision() { return g_precision.load(std::memory_order_relaxed); }
 void set_precision(Precision p) { g_precision.store(p, std::memory_order_relaxed); }
+
+Bf16Gemm bf16_gemm() { return g_bf16_gemm.load(std::memory_order_relaxed); }
+void set_bf16_gemm(Bf16Gemm way) { g_bf16_gemm.store(way, std::memory_order_relaxed); }
 
 }  // namespace cast

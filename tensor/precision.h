@@ -25,6 +25,13 @@ Precision parse_precision(std::string_view name);
 Precision current_precision();
 void set_precision(Precision p);
 
+// How the GPU's matmuls take their operands at bf16: as BF16 copies (the engine's choice), or as
+// the FP32 tensors with cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF, which an H200 ran on TF32 kernels.
+// `cast bench --bf16-gemm fast16bf` sets the other for one benchmark, so that both can be timed.
+enum class Bf16Gemm : uint8_t { bf16_operands, fast16bf };
+Bf16Gemm bf16_gemm();
+void set_bf16_gemm(Bf16Gemm way);
+
 // Sets the precision for a scope and restores the previous one at its end.
 class PrecisionGuard {
  public:

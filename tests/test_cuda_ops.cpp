@@ -407,6 +407,18 @@ TEST(CudaVsCpu, Bf16ProductsTakeBf16Operands) {
       cuda::set_launch_log(nullptr);
       EXPECT_EQ(std::count(launched.begin(), launched.end(), "to_bf16_matrices_kernel"), 1);
       expect_close_per_element(got16, want, 1e-5, 1e-5, "product of a BF16 operand");
+      // the other way, kept to be timed against (cast bench --bf16-gemm fast16bf): the FP32
+      // operands with FAST_16BF, no copy, the same rounding
+      set_bf16_gemm(Bf16Gemm::fast16bf);
+      launched.clear();
+      cuda::set_launch_log(&launched);
+      EXPECT_EQ(ops::as_product_operand(a.to(Device::cuda)).dtype(), DType::f32);
+      Tensor fast = Tensor::full({batch, m, n}, std::nan(""), DType::f32, Device::cuda);
+      ops::gemm_laid_out(fast, lc, a.to(Device::cuda), la, b.to(Device::cuda), lb, ta, tb, 1.0, 0.0, s);
+      cuda::set_launch_log(nullptr);
+      set_bf16_gemm(Bf16Gemm::bf16_operands);
+      EXPECT_EQ(std::count(launched.begin(), launched.end(), "to_bf16_matrices_kernel"), 0);
+      expect_close_per_element(fast, want, 1e-5, 1e-5, "product at FAST_16BF");
     }
 }
 
