@@ -148,6 +148,11 @@ void note_cluster_size_against(const nn::AttentionConfig& config, int64_t tokens
   // the default size is the default cluster count's: on a short sequence it reaches every token too
   const bool given = config.cluster_size > 0;
   const int64_t size = given ? config.cluster_size : nn::default_clusters(tokens);
+  const int64_t clusters = config.clusters > 0 ? config.clusters : nn::default_clusters(tokens);
+  if (clusters == 1 && size < tokens)  // a softmax (or normalised Laplace) over one cluster is 1 for every token
+    fmt::print("note: CAST with one cluster: every token's affinity to it is 1, so the cluster is chosen by position "
+               "(the first {} of the {} tokens of {}); give --clusters 2 or more\n",
+               size, tokens, of_what);
   if (size < tokens) return;
   const std::string named = given ? fmt::format("cluster size {}", size) : fmt::format("the default cluster size, {},", size);
   const std::string capped = size > tokens ? fmt::format(" (a size above {} runs as {})", tokens, tokens) : "";

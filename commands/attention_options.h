@@ -57,8 +57,9 @@ void note_unread_config_options(const nlohmann::json& file, const std::vector<nn
 // CAST's cluster size (given, or the default) against the `tokens` of `of_what` ("the longest
 // sequence"): a size above them runs as their count, and with Top-K a size at least their count
 // puts every token in every cluster, which is full attention whose gate and surrogates learn
-// nothing (docs/attention.md).
-// Either is said in one note line before the work, which is valid, so that nothing is silent.
+// nothing (docs/attention.md). One cluster of fewer than all tokens is chosen by position: every
+// token's affinity to the only cluster is 1.
+// Each is said in one note line before the work, which is valid, so that nothing is silent.
 void note_cluster_size_against(const nn::AttentionConfig& config, int64_t tokens, std::string_view of_what);
 
 // The default cluster count (⌈√N⌉ rounded up to a multiple of 8) held at the `tokens` of `of_what`

@@ -1,6 +1,10 @@
 // `cast data`: generates a task's files in the LRA release layout.
 #include "commands/commands.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "datasets/data.h"
 #include "tensor/files.h"
 #include "train/cli.h"
@@ -8,6 +12,42 @@
 #include "train/tasks.h"
 
 namespace cast {
+
+namespace {
+
+// The folders of `out` that do not exist yet, deepest first, and its lock file where there is
+// none: a cast data that is refused or stopped before any file of its set is written removes
+// them again, so that it leaves nothing behind (a refusal changes nothing; a stopped one holds what
+// it held before). A folder that holds anything else stays.
+class NewFolders {
+ public:
+  explicit NewFolders(const std::string& out) : lock_((std::filesystem::path(out) / ".cast.lock").string()) {
+    lock_existed_ = files::exists(lock_);
+    std::error_code ec;
+    std::filesystem::path p = std::filesystem::absolute(out, ec).lexically_normal();
+    for (; !ec && p.has_relative_path(); p = p.parent_path()) {
+      std::error_code missing;  // a path that is not there is an error here, and that is the answer
+      if (std::filesystem::exists(std::filesystem::symlink_status(p, missing))) break;
+      if (p.filename().empty()) continue;  // a trailing '/'
+      made_.push_back(p);
+    }
+  }
+  void remove_if_empty() const {
+    std::error_code ec;
+    // the lock file this command made, where none was before (it names this process)
+    if (!lock_existed_ && files::exists(lock_) && files::read_file(lock_, "lock file") == std::to_string(::getpid()))
+      std::filesystem::remove(lock_, ec);
+    for (const std::filesystem::path& p : made_)
+      if (!std::filesystem::remove(p, ec)) return;  // not empty (or not ours to remove): it and its parents stay
+  }
+
+ private:
+  std::string lock_;
+  bool lock_existed_ = false;
+  std::vector<std::filesystem::path> made_;
+};
+
+}  // namespace
 
 // Ctrl-C or SIGTERM stops the generator between examples; the folder keeps its unfinished mark
 // (every reader refuses it until a rerun completes it), and the line says what to run.
@@ -27,6 +67,35 @@ static data::StopCheck stop_check(const std::string& out) {
                                              "run the same cast data again to complete it",
                                              train::signal_name(signal), out));
   };
+}
+
+static void generate(const std::string& task, const std::string& out, int64_t count, int64_t max_length, int64_t min_length,
+              int64_t seed, bool overwrite, const std::string& rerun) {
+  const bool listops = task == "listops" || task == "listops-short";
+  if (listops) {
+    data::ListOpsSpec spec = task == "listops" ? data::ListOpsSpec::release() : data::ListOpsSpec::short_cpu();
+    if (count > 0) spec.train = count;
+    if (max_length > 0) {
+      spec.max_length = static_cast<int>(max_length);
+      spec.min_length = static_cast<int>(max_length / 4);
+    }
+    if (min_length > 0) spec.min_length = static_cast<int>(min_length);
+    CAST_CHECK_USAGE(spec.min_length >= 1 && spec.min_length + 1 < spec.max_length,
+                     "ListOps keeps lengths strictly between the shortest ({}) and the longest ({}): none are; give "
+                     "--min-length at least 1 and --max-length at least 2 above it",
+                     spec.min_length, spec.max_length);
+    data::generate_listops(out, spec, static_cast<uint64_t>(seed), overwrite, stop_check(out), rerun);
+  } else {
+    data::PathfinderSpec spec =
+        task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
+    // the readers split a set 80/10/10 into training, validation and test, each at least one image
+    CAST_CHECK_USAGE(count == 0 || count >= 10,
+                     "--count {}: a {} set is split 80/10/10 into training, validation and test; at least 10 images "
+                     "give each split one",
+                     count, task);
+    if (count > 0) spec.count = count;
+    data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed), overwrite, stop_check(out), rerun);
+  }
 }
 
 int command_data(const std::vector<std::string>& argv) {
@@ -72,32 +141,13 @@ int command_data(const std::vector<std::string>& argv) {
                    "--max-length and --min-length are ListOps options");
   const int64_t max_length = args.integer("max-length", 0, 100000), min_length = args.integer("min-length", 0, 100000);
   std::string out = args.str("out");
-  if (listops) {
-    if (out.empty()) out = train::find_task(task).data_dir;
-    data::ListOpsSpec spec = task == "listops" ? data::ListOpsSpec::release() : data::ListOpsSpec::short_cpu();
-    if (count > 0) spec.train = count;
-    if (max_length > 0) {
-      spec.max_length = static_cast<int>(max_length);
-      spec.min_length = static_cast<int>(max_length / 4);
-    }
-    if (min_length > 0) spec.min_length = static_cast<int>(min_length);
-    CAST_CHECK_USAGE(spec.min_length >= 1 && spec.min_length + 1 < spec.max_length,
-                     "ListOps keeps lengths strictly between the shortest ({}) and the longest ({}): none are; give "
-                     "--min-length at least 1 and --max-length at least 2 above it",
-                     spec.min_length, spec.max_length);
-    data::generate_listops(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out), rerun);
-  } else {
-    if (out.empty()) out = train::find_task(task).data_dir;
-    data::PathfinderSpec spec =
-        task == "pathx" ? data::PathfinderSpec::pathx128() : data::PathfinderSpec::pathfinder32();
-    // the readers split a set 80/10/10 into training, validation and test, each at least one image
-    CAST_CHECK_USAGE(count == 0 || count >= 10,
-                     "--count {}: a {} set is split 80/10/10 into training, validation and test; at least 10 images "
-                     "give each split one",
-                     count, task);
-    if (count > 0) spec.count = count;
-    data::generate_pathfinder(out, spec, static_cast<uint64_t>(seed), args.is_set("overwrite"), stop_check(out),
-                              rerun);
+  if (out.empty()) out = train::find_task(task).data_dir;
+  const NewFolders new_folders(out);
+  try {
+    generate(task, out, count, max_length, min_length, seed, args.is_set("overwrite"), rerun);
+  } catch (...) {
+    new_folders.remove_if_empty();
+    throw;
   }
   // The set is whole from here: a second signal now loses nothing, and a first one that came
   // during its last writes stopped nothing (the exit says the set was written, not stopped).

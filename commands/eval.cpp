@@ -85,6 +85,10 @@ void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& me
   nn::Transformer& trained = *run.model;
   const data::TaskData& task = run.task;
   const int64_t batch = trained_ck.config.batch;
+  // each row starts from the checkpoint's draws, as a single evaluation of it does (clustered
+  // attention's hashes follow the model's forward count, which the trained model's row advances)
+  const uint64_t start_offset = trained.rng_offset;
+  const std::vector<uint64_t> start_draws = trained.clustering_draws();
   // validation before test, as a single evaluation does: the LSH draws follow the forward count
   const auto trained_val = train::evaluate(trained, task, task.val, batch, limit, device);
   const auto trained_test = train::evaluate(trained, task, task.test, batch, limit, device);
@@ -114,6 +118,8 @@ void eval_sweep(const train::TrainedRun& run, const std::vector<std::string>& me
           nn::AttentionConfig a = base;
           a.mechanism = mechanism, a.clusters = c, a.topk = k;
           const auto swapped = train::with_attention(trained, a, device);
+          swapped->rng_offset = start_offset;
+          swapped->set_clustering_draws(start_draws);
           val = train::evaluate(*swapped, task, task.val, batch, limit, device);
           test = train::evaluate(*swapped, task, task.test, batch, limit, device);
           check_finite_loss(val, test, checkpoint, line.label);

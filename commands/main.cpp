@@ -195,6 +195,10 @@ int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);
   if (!openmp_settings_are_sane()) return 2;
   cast::ops::restart_with_cpu_runtime(argv);  // passive OpenMP waits, the BLAS kernels for this CPU
+  if (const std::string refusal = cast::ops::blas_core_refusal(); !refusal.empty()) {
+    std::fprintf(stderr, "cast: error: OPENBLAS_CORETYPE=%s: %s\n", std::getenv("OPENBLAS_CORETYPE"), refusal.c_str());
+    return 2;
+  }
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     hold_stop_signals(false);
     usage();

@@ -69,6 +69,9 @@ bool cores_free_for_threads() {
 
 }  // namespace
 
+// Set where OPENBLAS_CORETYPE is cast's own choice, not the user's.
+constexpr const char* kCoreSetByCast = "CAST_SET_OPENBLAS_CORETYPE";
+
 // The descriptor of the standard error a restart set aside.
 constexpr const char* kSavedStderr = "CAST_SAVED_STDERR";
 
@@ -87,6 +90,7 @@ void restart_with_cpu_runtime(char** argv) {
   const char* core = wanted_blas_core();
   if (std::getenv("OPENBLAS_CORETYPE") == nullptr && core && blas_core_is_weak(openblas_get_corename())) {
     setenv("OPENBLAS_CORETYPE", core, 1);
+    setenv(kCoreSetByCast, "1", 1);  // not the user's: a build that ignores it is no user's mistake
     changed = true;
   }
   if (!changed) return;
@@ -120,6 +124,17 @@ void restore_stderr_after_restart() {
 }
 
 std::string blas_core() { return openblas_get_corename(); }
+
+std::string blas_core_refusal() {
+  const char* asked = std::getenv("OPENBLAS_CORETYPE");
+  if (asked == nullptr || std::getenv(kCoreSetByCast) != nullptr) return "";
+  const std::string running = openblas_get_corename();
+  if (strcasecmp(asked, running.c_str()) == 0) return "";
+  return "OpenBLAS runs its " + running +
+         " kernels, not these (it knows no core of that name, or this build chooses its own); unset it, or name "
+         "a core it knows, such as " +
+         running;
+}
 
 std::string openmp_wait_policy() {
   const char* p = std::getenv("OMP_WAIT_POLICY");

@@ -26,6 +26,9 @@ void restore_stderr_after_restart();
 inline constexpr const char* kSpinCount = "10000";
 
 std::string blas_core();           // the OpenBLAS kernel set in use, e.g. "Cooperlake"
+// Where OPENBLAS_CORETYPE names a kernel set OpenBLAS did not take (a name it does not know,
+// which it ignores without a word): what runs instead, for one line; "" otherwise.
+std::string blas_core_refusal();
 std::string openmp_wait_policy();  // OMP_WAIT_POLICY as set, or "default", and GOMP_SPINCOUNT if set
 
 }  // namespace cast::ops

@@ -126,9 +126,23 @@ std::string generate_hint(const std::string& dir, const std::function<std::strin
     return fmt::format("{} holds a run's or a comparison's files, where cast data writes nothing: generate the data "
                        "with {} and give --data that folder",
                        dir, commands("FOLDER"));
-  if (!cast_data_may_write(dir))
+  if (!cast_data_may_write(dir)) {
+    // a folder above the sets cast data made (data/ for data/listops-short): the set is one below
+    std::error_code ec;
+    std::vector<std::string> sets;  // "the ListOps set data/listops-short"
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+      const std::string kind = entry.is_directory(ec) ? marked_kind(entry.path().string()) : "";
+      if (!kind.empty()) sets.push_back(fmt::format("the {} set {}", kind, entry.path().string()));
+    }
+    std::sort(sets.begin(), sets.end());
+    if (!sets.empty())
+      return fmt::format("{} is no data set but holds {} made by cast data, {}{}: give --data the set's own folder, "
+                         "or generate the data with {} and give --data that folder",
+                         dir, sets.size() == 1 ? "one" : fmt::format("{}", sets.size()),
+                         sets.size() == 1 ? "" : "such as ", sets.front(), commands("FOLDER"));
     return fmt::format("{} holds files cast data did not make: generate the data with {} and give --data that folder",
                        dir, commands("FOLDER"));
+  }
   // a set cast data made: the command that made it, which its settings would accept
   const std::string made_by = marked_line(dir, kCommandLine);
   // a set missing a file no longer matches its digest: only --overwrite regenerates it

@@ -130,22 +130,41 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
   std::vector<std::pair<std::string, int>> rows;
   const int64_t total = spec.train + spec.val + spec.test;
   int64_t attempts = 0, since_last = 0;
-  // Bounds that admit fewer distinct trees than asked for are found by the draws: none new for
-  // this many in a row (the full task's trees are long, so its whole budget below would take
-  // minutes), or the whole budget spent.
-  constexpr int64_t kStall = 200000;
+  // Bounds that admit fewer distinct trees than asked for are found by the draws:
+  //  - none new for kStall draws in a row (the full task's trees are long, so a bound on the
+  //    whole count would take minutes);
+  //  - or new ones coming so seldom that the rest would take more than kSlower times as many
+  //    draws as the whole set at the rate of its first sixteenth: near a space's last trees each
+  //    new one takes ever more draws, and a set a few per cent larger than the space would run on
+  //    for hours.
+  constexpr int64_t kStall = 200000, kWindow = int64_t{1} << 16, kSlower = 4;
+  const int64_t first_part = std::max<int64_t>(1, total / 16);
+  int64_t first_part_attempts = 0, window_new = 0;
+  const auto too_tight = [&] {
+    return UsageError(fmt::format("ListOps data {}: the length bounds ({}, {}: --min-length, --max-length) are too "
+                                  "tight to fill {} distinct examples; widen them or lower --count",
+                                  dir, spec.min_length, spec.max_length, total));
+  };
   while (static_cast<int64_t>(rows.size()) < total) {
     // bounds few trees fall within take many draws an example: a stop is honoured between draws
     if (stop_check && attempts % 4096 == 0) stop_check();
-    CAST_CHECK_USAGE(++attempts < total * 10000 && ++since_last < kStall,
-                     "ListOps data {}: the length bounds ({}, {}: --min-length, --max-length) are too tight to fill {} "
-                     "distinct examples; widen them or lower --count",
-                     dir, spec.min_length, spec.max_length, total);
+    if (++attempts >= total * 10000 || ++since_last >= kStall) throw too_tight();
+    if (attempts % kWindow == 0) {
+      const int64_t left = total - static_cast<int64_t>(rows.size());
+      // the draws the rest needs at this window's rate, against the whole set's at the first rate
+      if (first_part_attempts > 0 && window_new > 0 &&
+          static_cast<double>(left) * kWindow / window_new >
+              static_cast<double>(kSlower) * first_part_attempts * total / first_part)
+        throw too_tight();
+      window_new = 0;
+    }
     int length = 0;
     std::string tree = random_tree(rng, 0, spec, length);
     if (length <= spec.min_length || length >= spec.max_length || !seen.insert(tree).second) continue;
     since_last = 0;
+    ++window_new;
     rows.push_back({tree, evaluate_listops(tree)});
+    if (static_cast<int64_t>(rows.size()) == first_part) first_part_attempts = attempts;
     if (stop_check && rows.size() % 256 == 0) stop_check();
   }
   auto part = [&](int64_t begin, int64_t n) {

@@ -220,9 +220,11 @@ Checkpoint read_checkpoint_header(const std::string& path) {
       ck.cost.wall_seconds = whole("wall_seconds", [](const std::string& t, size_t* u) { return std::stod(t, u); });
       ck.cost.step_seconds = whole("step_seconds", [](const std::string& t, size_t* u) { return std::stod(t, u); });
       ck.cost.peak_bytes = whole("peak_bytes", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
-      CAST_CHECK(std::isfinite(ck.cost.wall_seconds) && ck.cost.wall_seconds >= 0 &&
-                     std::isfinite(ck.cost.step_seconds) && ck.cost.step_seconds >= 0 && ck.cost.peak_bytes >= 0,
-                 "'wall_seconds', 'step_seconds' or 'peak_bytes' is negative or not finite");
+      for (const auto& [key, value] : {std::pair<const char*, double>{"wall_seconds", ck.cost.wall_seconds},
+                                       {"step_seconds", ck.cost.step_seconds},
+                                       {"peak_bytes", static_cast<double>(ck.cost.peak_bytes)}})
+        CAST_CHECK(std::isfinite(value) && value >= 0, "'{}' is '{}': a cost is a finite number, not negative", key,
+                   get(key));
     }
     CAST_CHECK(ck.step >= 0 && ck.step <= ck.config.steps, "'step' is {}, outside [0, {}] (the run's steps)", ck.step,
                ck.config.steps);

@@ -68,9 +68,8 @@ std::string data_set_around(const std::string& folder) {
 
 void check_not_in_a_data_set(const std::string& folder, const std::string& what, const std::string& option) {
   const std::string set = data_set_around(folder);
-  CAST_CHECK_USAGE(set.empty(),
-                   "{} {}: is inside the data set {}, whose files only cast data writes: choose another {}", what,
-                   folder, set, option);
+  CAST_CHECK_USAGE(set.empty(), "{} {}: is {}the data set {}, whose files only cast data writes: choose another {}",
+                   what, folder, files::same_path(folder, set) ? "" : "inside ", set, option);
 }
 
 void check_user_output(const std::string& out, const std::string& option, const std::string& kind,
@@ -121,6 +120,38 @@ void check_figure_output(const std::string& out, const std::string& option, cons
 
 namespace {
 
+// The latest step of the records in a metrics file (-1: none, or no file); lines that are no
+// record are skipped here (the resume checks them as it copies the file).
+int64_t latest_record_step(const std::string& path) {
+  if (!files::exists(path)) return -1;
+  std::istringstream in(files::read_file(path, "metrics file"));
+  int64_t latest = -1;
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer())
+      latest = std::max(latest, j["step"].get<int64_t>());
+  }
+  return latest;
+}
+
+// A run writes a checkpoint every --checkpoint-every steps: its records reach past its newest
+// checkpoint by at most that many (a run killed before its next one). Records further on mean a
+// newer checkpoint was written and this older one put back in its place (a copy kept aside):
+// continuing from it would drop them. Where either the checkpoint's run or this one writes no
+// periodic checkpoints (0), the records cannot tell, and nothing is refused.
+void check_checkpoint_is_the_newest(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
+  const int64_t written_every = read_checkpoint_header(resume_from).config.checkpoint_every;
+  if (written_every <= 0 || c.checkpoint_every <= 0) return;
+  const int64_t reach = std::max(written_every, c.checkpoint_every);
+  const std::string metrics = c.run_dir + "/metrics.jsonl";
+  const int64_t latest = latest_record_step(metrics);
+  CAST_CHECK_USAGE(latest <= resume_step + reach,
+                   "--resume {} is of step {}, but run {} has records up to step {} ({}), more than --checkpoint-every "
+                   "({}) steps on: a newer checkpoint was written since and this older one put back, and continuing "
+                   "from it would drop those records; give --run with a new folder to train on from it",
+                   resume_from, resume_step, c.run_dir, latest, metrics, reach);
+}
+
 // A resume into the checkpoint's own folder continues the run from its newest checkpoint only;
 // a finished run there continues only with more steps.
 void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
@@ -149,6 +180,7 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
                      "with a new folder to train on from it",
                      resume_from, resume_step, c.run_dir, finished_at);
   }
+  check_checkpoint_is_the_newest(c, resume_from, resume_step);
   CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on with a larger --steps",

@@ -372,8 +372,14 @@ std::string joined(const std::vector<std::string>& words, const char* separator)
 }
 
 // An integer setting: a JSON integer that fits int64. A float such as 6.7e24 is refused here
-// (converting it to an integer is undefined behaviour; the fuzzer found it).
+// (converting it to an integer is undefined behaviour; the fuzzer found it). A whole number
+// beyond 64 bits is read by the JSON parser as a float: it is said to be out of range, which it
+// is, not to be no integer.
 json integer_value(const std::string& name, const json& v) {
+  if (v.is_number_float() && std::isfinite(v.get<double>()) && std::floor(v.get<double>()) == v.get<double>() &&
+      std::abs(v.get<double>()) >= 0x1p63)
+    throw UsageError(fmt::format("setting '{}' is {}: out of range (a whole number of at most {})", name,
+                                 files::json_excerpt(v), INT64_MAX));
   if (!v.is_number_integer())
     throw UsageError(fmt::format("setting '{}' is {}: it must be an integer", name, files::json_excerpt(v)));
   if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX})

@@ -339,6 +339,10 @@ TEST(Training, CheckpointMetadataIsParsedStrictly) {
   // an accuracy, or -1 before the first validation
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("best_val", "7.5")), "'best_val' is 7.5");
   EXPECT_NO_THROW(train::read_checkpoint_header(with("best_val", "-1")));
+  // a cost out of range names its own key (twenty-seventh attack: one line named all three)
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("peak_bytes", "-1")),
+                    "'peak_bytes' is '-1': a cost is a finite number, not negative");
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("step_seconds", "inf")), "'step_seconds' is 'inf'");
   // the run's cost is kept whole: one of its three keys missing is said once, with the path once
   // (twenty-third attack: "X: corrupt checkpoint metadata: X: not a cast checkpoint (no 'peak_bytes'…")
   auto meta = f.metadata;
@@ -362,7 +366,12 @@ TEST(Training, ConfigIntegersMustBeIntegers) {
   // found by the config fuzzer: a float for an integer setting converted with undefined behaviour
   train::TrainConfig c = train::preset("listops-short");
   EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"steps": 6.66667e+24})")),
-                    "setting 'steps' is 6.66667e+24: it must be an integer");
+                    "setting 'steps' is 6.66667e+24: out of range (a whole number of at most 9223372036854775807)");
+  // a whole number beyond 64 bits, which the JSON parser reads as a float: out of range, not "no integer"
+  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"steps": 3000000000000000000000})")),
+                    "setting 'steps' is 3e+21: out of range");
+  EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"steps": 2.5})")),
+                    "setting 'steps' is 2.5: it must be an integer");
   EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"seed": -3})")), "setting 'seed' is -3");
   EXPECT_CAST_ERROR(train::apply_overrides(c, nlohmann::json::parse(R"({"heads": 18446744073709551615})")),
                     "setting 'heads' is 18446744073709551615: out of range (at most 9223372036854775807)");
