@@ -22,6 +22,24 @@ __global__ void to_bf16_matrices_kernel(uint16_t* dst, const float* src, int64_t
   }
 }
 
+// The same eight elements a thread, where a row holds whole eights and every eight starts 16
+// bytes aligned (cols, ld and stride multiples of 8 and 4, src aligned): two 16-byte loads and one
+// 16-byte store, one division per eight (element by element, such copies ran at a third of the
+// memory's bandwidth on an H100).
+__global__ void to_bf16_matrices8_kernel(uint4* dst, const float* src, int64_t ld, int64_t stride, int64_t rows,
+                                         int64_t cols, int64_t eights) {
+  const int64_t row_eights = cols / 8;
+  CAST_KERNEL_LOOP(i, eights) {
+    const int64_t col = i % row_eights * 8, row = i / row_eights % rows, batch = i / row_eights / rows;
+    const float4* from = reinterpret_cast<const float4*>(src + batch * stride + row * ld + col);
+    const float4 a = from[0], b = from[1];
+    uint16_t h[8] = {bf16_bits_of(a.x), bf16_bits_of(a.y), bf16_bits_of(a.z), bf16_bits_of(a.w),
+                     bf16_bits_of(b.x), bf16_bits_of(b.y), bf16_bits_of(b.z), bf16_bits_of(b.w)};
+    dst[i] = make_uint4(h[0] | uint32_t{h[1]} << 16, h[2] | uint32_t{h[3]} << 16, h[4] | uint32_t{h[5]} << 16,
+                        h[6] | uint32_t{h[7]} << 16);
+  }
+}
+
 // One operand as cuBLAS takes it at BF16: its BF16 elements and their layout.
 struct Bf16Operand {
   const void* data;
@@ -56,8 +74,14 @@ struct Bf16Operands {
                              uint16_t* dst) {
     if (t.dtype() == DType::bf16) return {static_cast<const uint16_t*>(t.raw_data()) + l.offset, l};
     const int64_t batches = l.stride == 0 ? 1 : batch, n = batches * rows * cols;
-    CAST_LAUNCH(to_bf16_matrices_kernel, blocks_for(n), kThreads, 0, dst, fptr(t) + l.offset, l.ld, l.stride, rows,
-                cols, n);
+    const float* src = fptr(t) + l.offset;
+    const bool by_eights = cols % 8 == 0 && l.ld % 4 == 0 && l.stride % 4 == 0 &&
+                           reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+    if (by_eights)
+      CAST_LAUNCH(to_bf16_matrices8_kernel, blocks_for(n / 8), kThreads, 0, reinterpret_cast<uint4*>(dst), src, l.ld,
+                  l.stride, rows, cols, n / 8);
+    else
+      CAST_LAUNCH(to_bf16_matrices_kernel, blocks_for(n), kThreads, 0, dst, src, l.ld, l.stride, rows, cols, n);
     CUDA_CHECK_LAUNCH();
     return {dst, MatrixLayout{0, cols, l.stride == 0 ? 0 : rows * cols}};
   }

@@ -90,6 +90,16 @@ TEST(Bf16, EveryDeviceRoundsAsTheCpu) {
     EXPECT_LE(std::abs(bf16_value(cpu[i]) - xs[i]), 0x1p-8 * std::abs(xs[i])) << xs[i];
   for (Device device : devices_here())
     EXPECT_EQ(bits_of(ops::convert(x.to(device), DType::bf16)), cpu) << device_name(device);
+  // the special values, eight (CUDA converts eight a thread) and seven (one a thread) of them:
+  // infinities, NaN of both signs, a tie to even either way, beyond BF16's largest, a subnormal
+  const std::vector<float> special = {INFINITY, -INFINITY, NAN, -NAN, 1.00390625f, 1.01171875f, 3.4e38f, 1e-40f};
+  for (size_t n : {special.size(), special.size() - 1}) {
+    const Tensor s = Tensor::from_vector<float>(std::vector<float>(special.begin(), special.begin() + n),
+                                                {static_cast<int64_t>(n)});
+    const std::vector<uint16_t> want = bits_of(ops::convert(s, DType::bf16));
+    for (Device device : devices_here())
+      EXPECT_EQ(bits_of(ops::convert(s.to(device), DType::bf16)), want) << device_name(device) << " " << n;
+  }
 }
 
 // f32 → bf16 → f32 on the tape: the backward hands each input the output's gradient converted to

@@ -377,49 +377,60 @@ TEST(CudaVsCpu, FullFillsOnTheDevice) {
 TEST(CudaVsCpu, Bf16ProductsTakeBf16Operands) {
   SKIP_WITHOUT_GPU();
   const auto rounded = [](const Tensor& x) { return ops::convert(ops::convert(x, DType::bf16), DType::f32); };
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      SCOPED_TRACE(fmt::format("trans_a {} trans_b {}", ta, tb));
-      const int64_t batch = 3, m = 37, n = 19, k = 70;
-      // a: batch matrices in a wider tensor, rows 80 apart, 1 element in; b: one matrix for all
-      const Tensor a = rand32({batch, ta ? k : m, 80}, 71, -1.0, 1.0, false);
-      const Tensor b = rand32({tb ? n : k, tb ? k : n}, 72, -1.0, 1.0, false);
-      const MatrixLayout la{1, 80, a.dim(1) * 80}, lb{0, b.dim(1), 0}, lc{0, n, m * n};
-      const ops::GemmShape s{batch, m, n, k};
-      Tensor want = Tensor::empty({batch, m, n}, DType::f32, Device::cpu);
-      ops::gemm_laid_out(want, lc, rounded(a), la, rounded(b), lb, ta, tb, 1.0, 0.0, s);
-      PrecisionGuard bf16(Precision::bf16);
-      std::vector<std::string> launched;
-      cuda::set_launch_log(&launched);
-      Tensor got = Tensor::full({batch, m, n}, std::nan(""), DType::f32, Device::cuda);
-      ops::gemm_laid_out(got, lc, a.to(Device::cuda), la, b.to(Device::cuda), lb, ta, tb, 1.0, 0.0, s);
-      cuda::set_launch_log(nullptr);
-      EXPECT_EQ(std::count(launched.begin(), launched.end(), "to_bf16_matrices_kernel"), 2);
-      expect_close_per_element(got, want, 1e-5, 1e-5, "product of FP32 operands at bf16");
-      // a BF16 operand made once (ops::as_product_operand) is read as it lies: no copy of it
-      launched.clear();
-      cuda::set_launch_log(&launched);
-      const Tensor a16 = ops::as_product_operand(a.to(Device::cuda));
-      EXPECT_EQ(a16.dtype(), DType::bf16);
-      launched.clear();
-      Tensor got16 = Tensor::full({batch, m, n}, std::nan(""), DType::f32, Device::cuda);
-      ops::gemm_laid_out(got16, lc, a16, la, b.to(Device::cuda), lb, ta, tb, 1.0, 0.0, s);
-      cuda::set_launch_log(nullptr);
-      EXPECT_EQ(std::count(launched.begin(), launched.end(), "to_bf16_matrices_kernel"), 1);
-      expect_close_per_element(got16, want, 1e-5, 1e-5, "product of a BF16 operand");
-      // the other way, kept to be timed against (cast bench --bf16-gemm fast16bf): the FP32
-      // operands with FAST_16BF, no copy, the same rounding
-      set_bf16_gemm(Bf16Gemm::fast16bf);
-      launched.clear();
-      cuda::set_launch_log(&launched);
-      EXPECT_EQ(ops::as_product_operand(a.to(Device::cuda)).dtype(), DType::f32);
-      Tensor fast = Tensor::full({batch, m, n}, std::nan(""), DType::f32, Device::cuda);
-      ops::gemm_laid_out(fast, lc, a.to(Device::cuda), la, b.to(Device::cuda), lb, ta, tb, 1.0, 0.0, s);
-      cuda::set_launch_log(nullptr);
-      set_bf16_gemm(Bf16Gemm::bf16_operands);
-      EXPECT_EQ(std::count(launched.begin(), launched.end(), "to_bf16_matrices_kernel"), 0);
-      expect_close_per_element(fast, want, 1e-5, 1e-5, "product at FAST_16BF");
-    }
+  // the copies a product made, by kernel: element by element, or eight at a time
+  const auto copies = [](const std::vector<std::string>& launched, const char* kernel) {
+    return std::count(launched.begin(), launched.end(), kernel);
+  };
+  struct Shape3 {
+    int64_t m, n, k, offset;
+  };
+  // odd sizes one element in: element by element; whole eights 16-byte aligned: eight at a time
+  for (const Shape3 shape : {Shape3{37, 19, 70, 1}, Shape3{40, 24, 64, 8}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const auto [m, n, k, offset] = shape;
+        SCOPED_TRACE(fmt::format("m {} n {} k {} trans_a {} trans_b {}", m, n, k, ta, tb));
+        const bool eights = offset % 4 == 0;
+        const char* kernel = eights ? "to_bf16_matrices8_kernel" : "to_bf16_matrices_kernel";
+        const int64_t batch = 3;
+        // a: batch matrices in a wider tensor, rows 80 apart, `offset` elements in; b: one matrix for all
+        const Tensor a = rand32({batch, ta ? k : m, 80}, 71, -1.0, 1.0, false);
+        const Tensor b = rand32({tb ? n : k, tb ? k : n}, 72, -1.0, 1.0, false);
+        const MatrixLayout la{offset, 80, a.dim(1) * 80}, lb{0, b.dim(1), 0}, lc{0, n, m * n};
+        const ops::GemmShape s{batch, m, n, k};
+        Tensor want = Tensor::empty({batch, m, n}, DType::f32, Device::cpu);
+        ops::gemm_laid_out(want, lc, rounded(a), la, rounded(b), lb, ta, tb, 1.0, 0.0, s);
+        PrecisionGuard bf16(Precision::bf16);
+        std::vector<std::string> launched;
+        cuda::set_launch_log(&launched);
+        Tensor got = Tensor::full({batch, m, n}, std::nan(""), DType::f32, Device::cuda);
+        ops::gemm_laid_out(got, lc, a.to(Device::cuda), la, b.to(Device::cuda), lb, ta, tb, 1.0, 0.0, s);
+        cuda::set_launch_log(nullptr);
+        EXPECT_EQ(copies(launched, kernel), 2);
+        expect_close_per_element(got, want, 1e-5, 1e-5, "product of FP32 operands at bf16");
+        // a BF16 operand made once (ops::as_product_operand) is read as it lies: no copy of it
+        const Tensor a16 = ops::as_product_operand(a.to(Device::cuda));
+        EXPECT_EQ(a16.dtype(), DType::bf16);
+        launched.clear();
+        cuda::set_launch_log(&launched);
+        Tensor got16 = Tensor::full({batch, m, n}, std::nan(""), DType::f32, Device::cuda);
+        ops::gemm_laid_out(got16, lc, a16, la, b.to(Device::cuda), lb, ta, tb, 1.0, 0.0, s);
+        cuda::set_launch_log(nullptr);
+        EXPECT_EQ(copies(launched, kernel), 1);
+        expect_close_per_element(got16, want, 1e-5, 1e-5, "product of a BF16 operand");
+        // the other way, kept to be timed against (cast bench --bf16-gemm fast16bf): the FP32
+        // operands with FAST_16BF, no copy, the same rounding
+        set_bf16_gemm(Bf16Gemm::fast16bf);
+        launched.clear();
+        cuda::set_launch_log(&launched);
+        EXPECT_EQ(ops::as_product_operand(a.to(Device::cuda)).dtype(), DType::f32);
+        Tensor fast = Tensor::full({batch, m, n}, std::nan(""), DType::f32, Device::cuda);
+        ops::gemm_laid_out(fast, lc, a.to(Device::cuda), la, b.to(Device::cuda), lb, ta, tb, 1.0, 0.0, s);
+        cuda::set_launch_log(nullptr);
+        set_bf16_gemm(Bf16Gemm::bf16_operands);
+        EXPECT_EQ(copies(launched, "to_bf16_matrices_kernel") + copies(launched, "to_bf16_matrices8_kernel"), 0);
+        expect_close_per_element(fast, want, 1e-5, 1e-5, "product at FAST_16BF");
+      }
 }
 
 // A BF16 operand is for products at --precision bf16 on CUDA only; anywhere else it is refused.
