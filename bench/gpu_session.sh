@@ -375,6 +375,10 @@ tensor_core_stage() {
   # the bf16 step with cuBLAS's FAST_16BF on FP32 operands, the engine's way before its BF16 copies
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision bf16 \
     --bf16-gemm fast16bf --mechanisms full --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-bf16-fast16bf.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
+  # the bf16 step with the heads laid out by one product and a permute, as before they were
+  # folded into the projections (issue 38: the per-head products against the permutes)
+  "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision bf16 \
+    --head-projections permuted --mechanisms full --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-bf16-permuted.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }
   # the fp32 step with the FMA flash kernel, the engine's choice for --precision fp32 before the split TF32 one
   "$cast" bench train --task text --length "$text_length" --batch-size "$text_batch" --device cuda --precision fp32 \
     --fp32-flash fma --mechanisms full --warmup "$warmup" --repeats "$repeats" --json "$scratch/train-fp32-fma.jsonl" >> "$tc" 2>&1 || { tail -n 20 "$tc" >&2; return 1; }

@@ -22,6 +22,7 @@
 #include "ops/attention/full_attention_flash.h"
 #include "ops/ops.h"
 #include "tensor/files.h"
+#include "ops/attention/head_projections.h"
 #include "train/run_folder.h"
 #include "tensor/precision.h"
 #include "train/cli.h"
@@ -171,6 +172,7 @@ std::string device_label(Device device) {
 
 std::string g_fp32_flash = "tf32x3";  // --fp32-flash
 std::string g_bf16_gemm = "copies";   // --bf16-gemm
+std::string g_head_projections = "in-place";  // --head-projections
 
 std::string g_flash_backward;     // --flash-backward, where given
 
@@ -183,7 +185,9 @@ std::string flash_backward_in_use() {
 }
 
 std::string precision_note() {
-  const std::string backward = g_flash_backward.empty() ? "" : fmt::format(", flash backward {}", g_flash_backward);
+  const std::string backward =
+      (g_flash_backward.empty() ? "" : fmt::format(", flash backward {}", g_flash_backward)) +
+      (g_head_projections == "in-place" ? "" : fmt::format(", head projections {}", g_head_projections));
   if (current_precision() != Precision::fp32)
     return fmt::format(", precision {}{}{}", precision_name(current_precision()),
                        g_bf16_gemm == "copies" ? "" : fmt::format(" with cuBLAS {}", g_bf16_gemm), backward);
@@ -242,6 +246,7 @@ void report_attention_row(const Variant& v, const nn::AttentionConfig& c, const 
                 {"precision", precision_name(current_precision())},
                 {"fp32_flash", g_fp32_flash},
                 {"bf16_gemm", g_bf16_gemm},
+                {"head_projections", g_head_projections},
                 {"flash_backward", flash_backward_in_use()},
                 {"n", N},
                 {"batch", B},
@@ -408,6 +413,7 @@ void report_training_step(const Variant& v, const StepTimes& r, double estimate,
                 {"precision", precision_name(current_precision())},
                 {"fp32_flash", g_fp32_flash},
                 {"bf16_gemm", g_bf16_gemm},
+                {"head_projections", g_head_projections},
                 {"flash_backward", flash_backward_in_use()},
                 {"recompute", base.model.recompute},
                 {"task", base.task},
@@ -788,6 +794,10 @@ cli::Args bench_args() {
               "train, attention: the GPU's matmuls at --precision bf16: copies (BF16 copies of the operands, "
               "the engine's choice) | fast16bf (the FP32 operands with cuBLAS's FAST_16BF compute type), to time "
               "one against the other")
+      .option("head-projections", "in-place",
+              "train, attention: how the GPU lays out the heads: in-place (one strided product per head, the "
+              "engine's choice) | permuted (one product of all heads and a permute, as the CPU), to time one "
+              "against the other")
       .option("tile-gemm", "kernel",
               "the fused CPU kernels' tile products: kernel (register-blocked, cpu/gemm_tile.cpp) | blas")
       .optional_value("trace", "FILE",
@@ -819,8 +829,10 @@ int command_bench(const std::vector<std::string>& argv) {
   const std::map<std::string, std::set<std::string>> reads = {
       {"attention",
        {"lengths", "batch", "dim", "heads", "clusters", "cluster-size", "mechanisms", "fp32-flash", "bf16-gemm",
+        "head-projections", "flash-backward"}},
+      {"train",
+       {"task", "length", "batch-size", "mechanisms", "fp32-flash", "bf16-gemm", "head-projections", "recompute",
         "flash-backward"}},
-      {"train", {"task", "length", "batch-size", "mechanisms", "fp32-flash", "bf16-gemm", "recompute", "flash-backward"}},
       {"flash",
        {"lengths", "kernels", "head-widths", "tokens", "check-length", "stream-rows", "warp-rows", "copy-stages",
         "flash-backward"}},
@@ -854,6 +866,14 @@ int command_bench(const std::vector<std::string>& argv) {
                      way);
     set_bf16_gemm(way == "copies" ? Bf16Gemm::bf16_operands : Bf16Gemm::fast16bf);
     g_bf16_gemm = way;
+  }
+  if (args.is_set("head-projections")) {
+    const std::string way = args.choice("head-projections", {"in-place", "permuted"});
+    CAST_CHECK_USAGE(args.str("device") == "cuda",
+                     "--head-projections {} chooses how the GPU lays out the heads: give --device cuda", way);
+    ops::set_cuda_head_projections(way == "in-place" ? ops::HeadProjections::in_place
+                                                     : ops::HeadProjections::permuted);
+    g_head_projections = way;
   }
   if (args.is_set("flash-backward") && what != "flash") {
     const std::string backward = args.choice("flash-backward", {"split", "fused", "fused-atomic"});

@@ -102,6 +102,8 @@ TEST(Cli, SettingsOutOfRangeAreUsageErrorsBeforeAnyWork) {
       {"bench train --bf16-gemm fast16bf --device cuda", "--bf16-gemm fast16bf chooses how the GPU's matmuls take"},
       {"bench train --bf16-gemm fp16 --device cuda --precision bf16", "--bf16-gemm must be one of copies|fast16bf"},
       {"bench flash --bf16-gemm copies", "--bf16-gemm is an option of cast bench"},
+      {"bench train --head-projections permuted", "--head-projections permuted chooses how the GPU lays out the heads"},
+      {"bench flash --head-projections permuted --device cuda", "--head-projections is an option of cast bench"},
       {"data listops --seed -3", "--seed is -3"},
       {"compare --seeds 1,x", "--seeds: 'x' is not a seed"},
       {"compare --seeds 99999999999999999999", "--seeds: 99999999999999999999 is out of range"},

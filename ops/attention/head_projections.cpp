@@ -1,6 +1,7 @@
 #include "ops/attention/head_projections.h"
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <memory>
 
@@ -13,6 +14,10 @@
 namespace cast::ops {
 
 namespace {
+
+std::atomic<HeadProjections> g_cuda_way{HeadProjections::in_place};
+// Whether x's products run head by head in place: on CUDA, unless the permuted way is chosen.
+bool in_place(const Tensor& x) { return x.is_cuda() && g_cuda_way.load() == HeadProjections::in_place; }
 
 const std::vector<int> kSplit = {0, 2, 1, 3};  // (B, N, H, d) <-> (B, H, N, d), its own inverse
 
@@ -154,12 +159,26 @@ struct ProjectHeadsNode final : autograd::Node {
   // time rather than as a second whole copy. CUDA reads dY in place, head by head.
   void backward() override {
     const Tensor& dheads = outputs[0].grad();  // (B, H, N, d)
-    if (dheads.is_cuda()) {
+    if (in_place(dheads)) {
       GradientOf dx(x), dw(w);
       return project_heads_backward_in_place(dx, dw, dheads, x, w);
     }
     const int64_t rows = x.dim(0) * x.dim(1), width = w.dim(1);
     const Tensor x2 = x.view({rows, x.dim(2)});
+    if (dheads.is_cuda()) {  // permuted: the gradient token-major whole, then two products
+      bool x_fresh = false, w_fresh = false;
+      const Tensor dy = tokens_major(dheads);
+      if (x.requires_grad()) {
+        Tensor dx = x.grad_buffer(&x_fresh).view(x2.shape());
+        product(dx, dy, w, false, true, x_fresh ? 0.0 : 1.0);
+      }
+      if (w.requires_grad()) {
+        Tensor dw = w.grad_buffer(&w_fresh);
+        if (rows == 0 && w_fresh) dw.fill_zero();  // cuBLAS writes nothing for a sum of no products
+        else product(dw, x2, dy, true, false, w_fresh ? 0.0 : 1.0);
+      }
+      return;
+    }
     const int64_t chunk = std::min(rows, std::max(kMinChunkRows, kChunkElements / width));
     Tensor buffer = like({chunk, width}, dheads);
     bool x_fresh = false, w_fresh = false;  // a first gradient is written by the product, not added to zeros
@@ -188,7 +207,7 @@ struct MergeHeadsProjectNode final : autograd::Node {
   }
   void backward() override {
     const Tensor& dout = outputs[0].grad();  // (B, N, E)
-    if (dout.is_cuda()) {
+    if (in_place(dout)) {
       GradientOf dh(heads), dw(w);
       return merge_heads_backward_in_place(dh, dw, dout, heads, w);
     }
@@ -218,6 +237,9 @@ void check_operands(const char* op, const Tensor& in, const char* name, int ndim
 
 }  // namespace
 
+void set_cuda_head_projections(HeadProjections way) { g_cuda_way.store(way); }
+HeadProjections cuda_head_projections() { return g_cuda_way.load(); }
+
 Tensor project_heads(const Tensor& x, const Tensor& w, int64_t heads) {
   const char* op = "project_heads";
   check_operands(op, x, "x", 3, w);
@@ -225,7 +247,7 @@ Tensor project_heads(const Tensor& x, const Tensor& w, int64_t heads) {
              "{}: w {} must be [{}, a multiple of the {} heads]", op, w.describe(), x.dim(2), heads);
   const int64_t B = x.dim(0), N = x.dim(1), d = w.dim(1) / heads;
   Tensor out = like({B, heads, N, d}, x);
-  if (x.is_cuda()) {
+  if (in_place(x)) {
     project_heads_in_place(out, x, w);
   } else {
     Tensor y = like({B * N, w.dim(1)}, x);  // the product, a temporary
@@ -247,7 +269,7 @@ Tensor merge_heads_project(const Tensor& heads, const Tensor& w) {
   const int64_t B = heads.dim(0), H = heads.dim(1), N = heads.dim(2), d = heads.dim(3);
   CAST_CHECK(w.dim(0) == H * d, "{}: w {} must have {} rows (heads {} × width {})", op, w.describe(), H * d, H, d);
   Tensor out = like({B, N, w.dim(1)}, heads);
-  if (heads.is_cuda()) {
+  if (in_place(heads)) {
     merge_heads_project_in_place(out, heads, w);
   } else {
     Tensor out2 = out.view({B * N, w.dim(1)});

@@ -15,6 +15,13 @@
 
 namespace cast::ops {
 
+// How CUDA lays the heads out: in place (the engine's choice), or as the CPU does, one product
+// of all heads and a permute. `cast bench --head-projections permuted` sets the other for one
+// benchmark, so that the per-head products can be timed against the permutes they replace.
+enum class HeadProjections : uint8_t { in_place, permuted };
+void set_cuda_head_projections(HeadProjections way);
+HeadProjections cuda_head_projections();
+
 // x (B, N, D), w (D, H·d) -> (B, H, N, d): head h is x w[:, h·d : (h+1)·d]
 Tensor project_heads(const Tensor& x, const Tensor& w, int64_t heads);
 // heads (B, H, N, d), w (H·d, E) -> (B, N, E) = Σ_h heads[:, h] w[h·d : (h+1)·d, :]

@@ -102,28 +102,37 @@ TEST(HeadProjections, NoTokensGiveAZeroWeightGradient) {
 // inputs, with odd sizes, every input's gradient prefilled.
 TEST(CudaVsCpuHeadProjections, HeadsInPlaceAgreeWithTheCpu) {
   SKIP_WITHOUT_GPU();
-  for (auto [B, N, D, H, d] :
-       std::vector<std::array<int64_t, 5>>{{1, 1, 1, 1, 1}, {2, 7, 12, 3, 4}, {3, 33, 16, 2, 9}, {2, 5, 6, 4, 64}}) {
-    SCOPED_TRACE(fmt::format("B{} N{} D{} H{} d{}", B, N, D, H, d));
-    expect_devices_agree([H](const Inputs& x) { return ops::project_heads(x[0], x[1], H); },
-                         Inputs{Tensor::uniform({B, N, D}, 31, 0, -1.0, 1.0).set_requires_grad(),
-                                Tensor::uniform({D, H * d}, 32, 0, -1.0, 1.0).set_requires_grad()});
-    expect_devices_agree([](const Inputs& x) { return ops::merge_heads_project(x[0], x[1]); },
-                         Inputs{Tensor::uniform({B, H, N, d}, 33, 0, -1.0, 1.0).set_requires_grad(),
-                                Tensor::uniform({H * d, D}, 34, 0, -1.0, 1.0).set_requires_grad()});
-  }
+  // in place (the engine's), and permuted as on the CPU (cast bench --head-projections permuted)
+  for (ops::HeadProjections way : {ops::HeadProjections::in_place, ops::HeadProjections::permuted})
+    for (auto [B, N, D, H, d] :
+         std::vector<std::array<int64_t, 5>>{{1, 1, 1, 1, 1}, {2, 7, 12, 3, 4}, {3, 33, 16, 2, 9}, {2, 5, 6, 4, 64}}) {
+      ops::set_cuda_head_projections(way);
+      SCOPED_TRACE(fmt::format("B{} N{} D{} H{} d{} {}", B, N, D, H, d,
+                               way == ops::HeadProjections::in_place ? "in place" : "permuted"));
+      expect_devices_agree([H](const Inputs& x) { return ops::project_heads(x[0], x[1], H); },
+                           Inputs{Tensor::uniform({B, N, D}, 31, 0, -1.0, 1.0).set_requires_grad(),
+                                  Tensor::uniform({D, H * d}, 32, 0, -1.0, 1.0).set_requires_grad()});
+      expect_devices_agree([](const Inputs& x) { return ops::merge_heads_project(x[0], x[1]); },
+                           Inputs{Tensor::uniform({B, H, N, d}, 33, 0, -1.0, 1.0).set_requires_grad(),
+                                  Tensor::uniform({H * d, D}, 34, 0, -1.0, 1.0).set_requires_grad()});
+    }
+  ops::set_cuda_head_projections(ops::HeadProjections::in_place);
 }
 
 // No tokens on CUDA: each weight's first gradient is zeros (a sum of no products), as on the CPU.
 TEST(CudaVsCpuHeadProjections, NoTokensGiveZeroWeightGradients) {
   SKIP_WITHOUT_GPU();
-  Tensor x = Tensor::zeros({2, 0, 3}).to(Device::cuda).set_requires_grad();
-  Tensor w = Tensor::uniform({3, 4}, 5, 0, -1.0, 1.0, DType::f32).to(Device::cuda).set_requires_grad();
-  Tensor wo = Tensor::uniform({4, 3}, 6, 0, -1.0, 1.0, DType::f32).to(Device::cuda).set_requires_grad();
-  Tensor out = ops::merge_heads_project(ops::project_heads(x, w, 2), wo);
-  autograd::backward(out, Tensor::zeros(out.shape()).to(Device::cuda));
-  for (const Tensor* t : {&w, &wo})
-    for (double v : t->grad().to(Device::cpu).to_double_vector()) EXPECT_EQ(v, 0.0);
+  for (ops::HeadProjections way : {ops::HeadProjections::in_place, ops::HeadProjections::permuted}) {
+    ops::set_cuda_head_projections(way);
+    Tensor x = Tensor::zeros({2, 0, 3}).to(Device::cuda).set_requires_grad();
+    Tensor w = Tensor::uniform({3, 4}, 5, 0, -1.0, 1.0, DType::f32).to(Device::cuda).set_requires_grad();
+    Tensor wo = Tensor::uniform({4, 3}, 6, 0, -1.0, 1.0, DType::f32).to(Device::cuda).set_requires_grad();
+    Tensor out = ops::merge_heads_project(ops::project_heads(x, w, 2), wo);
+    autograd::backward(out, Tensor::zeros(out.shape()).to(Device::cuda));
+    for (const Tensor* t : {&w, &wo})
+      for (double v : t->grad().to(Device::cpu).to_double_vector()) EXPECT_EQ(v, 0.0);
+  }
+  ops::set_cuda_head_projections(ops::HeadProjections::in_place);
 }
 
 // First gradients on CUDA (no gradient before, buffers poisoned): each is written whole, a
