@@ -237,9 +237,11 @@ void evaluate_once(train::TrainedRun& run, const nn::AttentionConfig* swap, int6
                                      ? ""
                                      : fmt::format("; clusters {}", a.clusters > 0 ? std::to_string(a.clusters)
                                                                                    : "ceil(sqrt(N)) rounded up to 8");
-    how = fmt::format("{} in place of the trained {}, the same weights{}{}", nn::mechanism_name(a.mechanism),
+    const bool hashed = a.mechanism == nn::Mechanism::clustered || a.mechanism == nn::Mechanism::iclustered;
+    how = fmt::format("{} in place of the trained {}, the same weights{}{}{}", nn::mechanism_name(a.mechanism),
                       nn::mechanism_name(trained), clusters,
-                      a.mechanism == nn::Mechanism::iclustered ? fmt::format(", top keys {}", a.topk) : "");
+                      a.mechanism == nn::Mechanism::iclustered ? fmt::format(", top keys {}", a.topk) : "",
+                      hashed ? fmt::format(", {} hash bits, {} iterations", a.bits, a.iterations) : "");
   }
   check_finite_loss(val, test, checkpoint, how);
   fmt::print("{} (step {}, task {}, attention {})\n", checkpoint, ck.step, ck.config.task, how);
@@ -249,13 +251,26 @@ void evaluate_once(train::TrainedRun& run, const nn::AttentionConfig* swap, int6
 
 }  // namespace
 
+// The clustering options --attention was not given, taken from the trained model where it has
+// them (a clustered or improved clustered model): swapped for its own mechanism, or for the other
+// of the two, it runs with its own hashes, iterations, cluster count and top keys, not with the
+// options' defaults.
+void inherit_trained_options(Swap& s, const nn::AttentionConfig& trained, const cli::Args& args) {
+  using M = nn::Mechanism;
+  if (trained.mechanism != M::clustered && trained.mechanism != M::iclustered) return;
+  if (!args.is_set("bits")) s.attention.bits = trained.bits;
+  if (!args.is_set("iterations")) s.attention.iterations = trained.iterations;
+  if (!args.is_set("clusters")) s.clusters = {trained.clusters}, s.attention.clusters = trained.clusters;
+  if (!args.is_set("topk") && trained.mechanism == M::iclustered) s.topks = {trained.topk}, s.attention.topk = trained.topk;
+}
+
 int command_eval(const std::vector<std::string>& argv) {
   cli::Args args = eval_args();
   if (!args.parse(argv)) return 0;
   const int64_t limit = args.integer("eval-limit", 0, int64_t{1} << 40);
   CAST_CHECK_USAGE(!args.str("checkpoint").empty(), "--checkpoint is required (see cast eval --help)");
   const std::string swap = args.str("attention");
-  const Swap s = swap_of(args);
+  Swap s = swap_of(args);
   const nn::AttentionConfig& attention = s.attention;
   const std::vector<std::string>& mechanisms = s.mechanisms;
   const std::vector<int64_t>&clusters = s.clusters, &topks = s.topks;
@@ -270,6 +285,7 @@ int command_eval(const std::vector<std::string>& argv) {
   if (!args.str("precision").empty()) train::use_precision(args.str("precision"), device);
   train::TrainedRun run = train::open_trained_run(args.str("checkpoint"), args.str("data"), device);
   if (!run.data_note.empty()) fmt::print("{}\n", run.data_note);
+  if (!swap.empty()) inherit_trained_options(s, run.checkpoint.config.model.attention, args);
   check_evaluation(run, clusters, args.is_set("topk") ? topks : std::vector<int64_t>{}, !mechanisms.empty(), limit);
   if (args.str("precision").empty())
     train::use_precision(device == Device::cuda ? run.checkpoint.config.precision : "fp32", device);

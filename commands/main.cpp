@@ -250,9 +250,12 @@ int main(int argc, char** argv) {
     } catch (const std::filesystem::filesystem_error& e) {
       // what() is "filesystem error: cannot create directories: <reason> [path]": the operation
       // is said with the path, not the reason alone
+      // is said with the path, not the reason alone; a status() query's name is no operation of
+      // the user's, so the reason stands alone there, in cast's words
       std::string what = e.what();
       if (what.rfind("filesystem error: ", 0) == 0) what.erase(0, std::strlen("filesystem error: "));
       if (const size_t bracket = what.find(" ["); bracket != std::string::npos) what.erase(bracket);
+      if (what.rfind("status: ", 0) == 0) what = cast::files::reason(e.code().value());
       std::fprintf(stderr, "cast %s: error: %s: %s\n", name.c_str(), e.path1().c_str(), what.c_str());
       return 1;
     } catch (const std::system_error& e) {

@@ -43,6 +43,7 @@ static void check_trace_is_no_run_file(const train::TrainConfig& config, const s
                                        const std::string& config_path, const std::string& resume) {
   files::check_not_an_input(trace, "--trace", {config_path, resume});
   const std::string run_dir = config.run_dir.empty() ? train::default_run_dir(config) : config.run_dir;
+  files::check_name_fits(trace, "--trace");
   CAST_CHECK_USAGE(!files::same_path(trace, run_dir) && !std::filesystem::is_directory(trace),
                    "--trace {} is a folder: name a file", trace);
   files::check_not_inside(trace, "--trace", train::data_folder(config), "data folder");

@@ -395,6 +395,17 @@ static void check_not_read_only(const std::string& path, const struct stat& st, 
                    what, path, st.st_mode & 07777);
 }
 
+void check_name_fits(const std::string& path, const std::string& what, size_t room) {
+  constexpr size_t kNameMax = 255, kPathMax = 4096;  // Linux's NAME_MAX and PATH_MAX
+  size_t longest = 0;
+  for (const fs::path& part : fs::path(path)) longest = std::max(longest, part.native().size());
+  CAST_CHECK_USAGE(longest <= kNameMax,
+                   "{} {}: the name is too long (a part of {} bytes; a file or folder name holds at most {})", what,
+                   path, longest, kNameMax);
+  CAST_CHECK_USAGE(path.size() + room < kPathMax, "{} {}: the name is too long (a path holds at most {} bytes)", what,
+                   path, kPathMax - 1 - room);
+}
+
 std::string output_target(const std::string& path, const std::string& what, Link link) {
   CAST_CHECK(!path.empty(), "{}: no path given", what);
   // the lock of the folder's owner: replaced, it would let a second process in beside it

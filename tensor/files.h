@@ -185,6 +185,10 @@ void flush_file_system(const std::string& folder, const std::string& what);
 // An output folder the command names: nothing there (it is made), or a folder; a file, a FIFO, a
 // device, a link loop or a dangling link is a usage error naming what it is.
 void check_output_folder(const std::string& folder, const std::string& what);
+// A path the file system can name: no part longer than 255 bytes and the whole, with `room` bytes
+// more for the files it will hold, under 4096. A usage error "<what> <path>: the name is too long"
+// otherwise, said before any work where a later status() would fail with the library's words.
+void check_name_fits(const std::string& path, const std::string& what, size_t room = 0);
 // Creates `folder` (and its parents) when missing and checks that a file can be made in it, with
 // a probe file created exclusively and removed again.
 void make_writable_folder(const std::string& folder, const std::string& what);

@@ -1756,3 +1756,69 @@ TEST(CliAttack, OneClusterAndDataFolderMixUpsAreSaid) {
   EXPECT_NE(is_set.err.find("run folder " + attack27_data() + ": is the data set " + attack27_data()), std::string::npos)
       << is_set.err;
 }
+
+// ---- the twenty-eighth attack
+
+// A name longer than the file system holds, in --trace, compare's --out, or a run folder a --vary
+// value spells: refused before any work with a line naming the setting (the library's "status:
+// File name too long" came after the first variant had trained).
+TEST(CliAttack, NamesTooLongAreRefusedByTheirSettingBeforeAnyWork) {
+  const std::string d = fresh_dir("attack28_long");
+  const std::string model = kTinyModel + " --data " + attack27_data();
+  const CliRun trace = run("train" + model + " --steps 1 --run " + d + "/r --trace " + d + "/" + std::string(252, 'd') + ".jsonl");
+  EXPECT_EQ(trace.code, 2) << trace.err;
+  EXPECT_NE(trace.err.find("--trace " + d + "/" + std::string(252, 'd') + ".jsonl: the name is too long"),
+            std::string::npos)
+      << trace.err;
+  const std::string long_out = d + "/" + std::string(256, 'f');
+  const CliRun out = run("compare" + model + " --steps 1 --attention full --out " + long_out);
+  EXPECT_EQ(out.code, 2) << out.err;
+  EXPECT_NE(out.err.find("comparison folder " + long_out + ": the name is too long"), std::string::npos) << out.err;
+  const std::string long_data = d + "/" + std::string(250, 'g');
+  fs::copy(attack27_data(), long_data, fs::copy_options::recursive);
+  const CliRun vary = run("compare" + kTinyModel + " --steps 1 --attention cast --vary data=" + attack27_data() + "," +
+                          long_data + " --out " + d + "/v");
+  EXPECT_EQ(vary.code, 2) << vary.err;
+  EXPECT_NE(vary.err.find(": run folder " + d + "/v/data-"), std::string::npos) << vary.err;
+  EXPECT_NE(vary.err.find("the name is too long"), std::string::npos) << vary.err;
+  EXPECT_FALSE(fs::exists(d + "/v"));  // nothing trained, nothing made
+}
+
+// A clustered model evaluated with --attention clustered (or iclustered) keeps its own hash bits,
+// iterations and cluster count where none are given: the plain evaluation's figures, said in the
+// header (it ran with the options' defaults, other figures under the same name).
+TEST(CliAttack, ASwapToTheTrainedMechanismKeepsItsOwnOptions) {
+  const std::string d = fresh_dir("attack28_swap");
+  ASSERT_EQ(run("train" + kTinyModel + " --data " + attack27_data() +
+                " --steps 2 --attention clustered --bits 1 --iterations 0 --run " + d + "/r")
+                .code,
+            0);
+  const std::string ckpt = d + "/r/checkpoint.safetensors";
+  const CliRun plain = run("eval --checkpoint " + ckpt + " --eval-limit 50");
+  const CliRun swapped = run("eval --checkpoint " + ckpt + " --eval-limit 50 --attention clustered");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(swapped.code, 0) << swapped.err;
+  const auto from = [](const std::string& out, const char* label) {
+    const size_t at = out.find(label);
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_EQ(from(swapped.out, "validation accuracy"), from(plain.out, "validation accuracy")) << swapped.out;
+  EXPECT_EQ(from(swapped.out, "test accuracy"), from(plain.out, "test accuracy")) << swapped.out;
+  EXPECT_NE(swapped.out.find("1 hash bits, 0 iterations"), std::string::npos) << swapped.out;
+}
+
+// --vary values that train one run twice: a default spelled as its value (clusters=0,8 where 0 is
+// 8 clusters) is refused; a value's '+' sign is not spelled as '-' in its folder's name.
+TEST(CliAttack, VaryValuesAreReadForWhatTheyMean) {
+  const std::string d = fresh_dir("attack28_vary");
+  const std::string model = kTinyModel + " --data " + attack27_data();
+  const CliRun same = run("compare" + model + " --steps 1 --attention cast --vary clusters=0,8 --out " + d + "/c");
+  EXPECT_EQ(same.code, 2) << same.err;
+  EXPECT_NE(same.err.find("the variants 'clusters=0' and 'clusters=8' train the same run"), std::string::npos)
+      << same.err;
+  EXPECT_FALSE(fs::exists(d + "/c"));
+  const CliRun plus = run("compare" + model + " --attention full --vary steps=1,+2 --out " + d + "/p");
+  EXPECT_EQ(plus.code, 0) << plus.err;
+  EXPECT_TRUE(fs::exists(d + "/p/steps-2-seed1/summary.json"));
+  EXPECT_FALSE(fs::exists(d + "/p/steps--2-seed1"));
+}

@@ -23,7 +23,10 @@ using json = nlohmann::json;
 
 std::string compare_run_name(const std::string& variant, uint64_t seed) {
   std::string name;
-  for (char ch : variant) name += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' ? ch : '-';
+  for (char ch : variant) {
+    if (ch == '+') continue;  // a number's sign written out (steps=+3): '-' would read as a minus
+    name += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' ? ch : '-';
+  }
   return fmt::format("{}-seed{}", name, seed);
 }
 
@@ -372,6 +375,16 @@ TrainResult run_naming_it(const std::string& progress, const std::string& dir, F
   }
 }
 
+// A run's settings as the model runs them, for telling two variants apart: the folder left out,
+// and a cluster count of 0 (the default) resolved at the longest sequence's tokens.
+std::string resolved_settings(TrainConfig c) {
+  c.run_dir.clear();
+  nn::AttentionConfig& a = c.model.attention;
+  if (a.clusters == 0 && a.mechanism != nn::Mechanism::full)
+    a.clusters = nn::default_clusters(c.model.tokens() + (c.model.cls_pooling ? 1 : 0));
+  return comparable(c, true).dump();
+}
+
 // Every run's folder and settings, checked before the first step is spent.
 std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spec) {
   std::vector<std::pair<CompareRun, TrainConfig>> plan;
@@ -389,13 +402,23 @@ std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spe
         if (spec.variants.size() == 1) throw;  // one run's settings: nothing to tell apart
         throw UsageError(fmt::format("variant {}: {}", label, e.what()));
       }
+      // a value spelled into the folder's name (--vary data=<a long path>) may make it too long
+      files::check_name_fits(r.dir, spec.variants.size() == 1 ? "run folder" : "variant " + label + ": run folder",
+                             std::string("/checkpoint.safetensors").size());
       c.run_dir = r.dir;
       c.on_start = spec.on_start;
       // what can be told before any run starts: two variants in one folder, more clusters than
       // the longest sequence's tokens, a data folder that is not there
-      for (const auto& [planned, other] : plan)
+      for (const auto& [planned, other] : plan) {
         CAST_CHECK_USAGE(planned.dir != r.dir, "--vary: the variants '{}' and '{}' would share the run folder {}",
                          planned.variant, r.variant, r.dir);
+        // two spellings of one run (clusters=0,8 where the default is 8 clusters): trained twice
+        CAST_CHECK_USAGE(planned.seed != r.seed || resolved_settings(other) != resolved_settings(c),
+                         "--vary: the variants '{}' and '{}' train the same run (their settings agree once a default "
+                         "is resolved, a cluster count of 0 at the model's sequence, and what the mechanism does not "
+                         "read is left out); list it once",
+                         planned.variant, r.variant);
+      }
       // what each run's start would refuse, refused before the first run trains
       CAST_CHECK_USAGE(!c.eval_best || c.eval_every > 0,
                        "variant {}: setting 'eval-best' needs 'eval-every' above 0: the best checkpoint is chosen at "
@@ -456,6 +479,7 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
   CAST_CHECK_USAGE(
       !spec.settings.contains("run") && !spec.settings.contains("seed"),
       "cast compare chooses each run's folder and seed: use --out and --seeds instead of --run and --seed");
+  files::check_name_fits(spec.out_dir, "comparison folder");
   files::check_output_folder(spec.out_dir, "comparison folder");  // a file, FIFO or dangling link: said as such
   check_not_in_a_data_set(spec.out_dir, "comparison folder", "--out");  // before its first run, not inside it
   // a run's folder is the run's: a comparison there would take its place as a run folder
