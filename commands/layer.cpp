@@ -217,13 +217,13 @@ LayerInputs load_inputs(const TensorFile& file, const nn::AttentionConfig& confi
   for (const auto& [name, t] : file.tensors) {
     const bool cast_only = name == "surrogates" || name == "gate_w" || name == "gate_b";
     if (cast_only && config.mechanism != nn::Mechanism::cast) {  // CAST's weights, under another mechanism
-      unread.insert(unread.begin(), name + " (read by --attention cast)");  // named first: the likely mistake
+      unread.insert(unread.begin(), "'" + name + "' (read by --attention cast)");  // named first: the likely mistake
       continue;
     }
     if (known.count(name)) continue;
     CAST_CHECK(!known.count(lower(name)), "{}: tensor '{}' is not an input of cast layer; did you mean '{}'?",
                file.source, name, lower(name));
-    unread.push_back(name);
+    unread.push_back("'" + name + "'");  // quoted: an empty name shows as ''
   }
   if (!unread.empty())
     fmt::print("note: {} holds {} tensor{} cast layer does not read: {}\n", file.source, unread.size(),
@@ -338,7 +338,8 @@ int command_layer(const std::vector<std::string>& argv) {
       train::attention_layer_bytes(config, B, N, D, device == Device::cuda) * (dtype == DType::f64 ? 2 : 1), device,
       fmt::format("{}: one {} attention layer on (B {}, N {}, D {})", file.source, nn::mechanism_name(config.mechanism),
                   B, N, D),
-      "a smaller input, or fewer --clusters");
+      config.mechanism == nn::Mechanism::full ? "a smaller input (fewer tokens or rows)"
+                                              : "a smaller input, or fewer --clusters");
   nn::Attention layer(config, dtype, device);
   load_weights(layer, file, config, dtype, device);
   const int64_t H = config.heads, C = config.clusters;

@@ -68,7 +68,20 @@ double nice_step(double lo, double hi, int target) {
 std::string tick_label(double v, double step) {
   if (std::abs(v) >= 10000 && step >= 1000) return fmt::format("{:g}k", v / 1000);
   const int decimals = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step)));
+  if (decimals > 6) return v == 0 ? "0" : fmt::format("{:.3g}", v);  // 2e-21, not twenty zeros
   return fmt::format("{:.{}f}", v, decimals);
+}
+
+// The ticks from `first` to `last`, `step` apart: counted, not summed until past `last` (a
+// step of 1e-21 against a slack of 1e-9 ran for ever), and never more than 100.
+std::vector<double> ticks(double first, double last, double step) {
+  std::vector<double> out;
+  for (int i = 0; i <= 100; ++i) {
+    const double t = first + i * step;
+    if (t > last + step * 1e-6) break;
+    out.push_back(t);
+  }
+  return out;
 }
 
 struct Series {
@@ -108,7 +121,7 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
                      x0 + w / 2, y0 - 12, xml_escape(title));
   // grid, ticks and tick values
   const double xs = nice_step(xmin, xmax, 6), ys = nice_step(ymin, ymax, 5);
-  for (double t = 0; t <= xmax + 1e-9; t += xs) {
+  for (double t : ticks(0, xmax, xs)) {
     svg += fmt::format(R"(<line x1="{0:.1f}" y1="{1:.1f}" x2="{0:.1f}" y2="{2:.1f}" stroke="#e4e4e4"/>)"
                        R"(<text x="{0:.1f}" y="{3:.1f}" font-size="12" text-anchor="middle">{4}</text>)"
                        "\n",
@@ -116,7 +129,7 @@ void panel(std::string& svg, double x0, double y0, double w, double h, const std
   }
   double first_tick = std::ceil(ymin / ys - 1e-9) * ys;
   if (first_tick == 0) first_tick = 0;  // never "-0.0"
-  for (double t = first_tick; t <= ymax + 1e-9; t += ys) {
+  for (double t : ticks(first_tick, ymax, ys)) {
     svg += fmt::format(R"(<line x1="{0:.1f}" y1="{1:.1f}" x2="{2:.1f}" y2="{1:.1f}" stroke="#e4e4e4"/>)"
                        R"(<text x="{3:.1f}" y="{4:.1f}" font-size="12" text-anchor="end">{5}</text>)"
                        "\n",
@@ -216,9 +229,14 @@ void category_colour(int index, uint8_t rgb[3]) {
 
 namespace {
 
+// The largest loss, rate or speed a metrics line may hold: far beyond any a run writes, and
+// small enough that a figure's axis (5% above it) stays finite.
+constexpr double kLargestValue = 1e300;
+
 struct MetricsLine {
   std::string split;
-  double step = 0, loss = 0, accuracy = 0;
+  int64_t step = 0;  // exact: two steps near 2^63 are one double
+  double loss = 0, accuracy = 0;
   bool final = false;  // a final evaluation's record beside the run's own of that step
 };
 
@@ -245,14 +263,18 @@ MetricsLine parse_metrics_line(const std::string& line, const std::string& where
   for (const auto& [key, value] : j.items())
     CAST_CHECK(keys.count(key), "{}: '{}' is no key of a {} record (cast train writes {})", where, visible(key),
                m.split, fmt::join(keys, ", "));
+  CAST_CHECK(!j.contains("step") || !j["step"].is_number_unsigned() ||
+                 j["step"].get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+             "{}: 'step' is {}: out of range (at most {})", where, files::json_excerpt(j["step"]), INT64_MAX);
   CAST_CHECK(j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() >= 0,
              "{}: 'step' is {}, not an integer 0 or more written as one (digits alone)", where,
              files::json_excerpt(j.value("step", nlohmann::json())));
-  m.step = static_cast<double>(j["step"].get<int64_t>());
+  m.step = j["step"].get<int64_t>();
   m.accuracy = number("accuracy", 0, 1);
-  if (m.split == "train" || j.contains("loss")) m.loss = number("loss", 0, 1e30);
+  // any finite value a run may write: a diverging run's loss, a learning rate the settings took
+  if (m.split == "train" || j.contains("loss")) m.loss = number("loss", 0, kLargestValue);
   for (const char* key : {"lr", "tokens_per_s"})  // files written before these keys lack them
-    if (j.contains(key)) number(key, 0, 1e30);
+    if (j.contains(key)) number(key, 0, kLargestValue);
   if (j.contains("final")) {
     CAST_CHECK(j["final"] == true, "{}: 'final' is {}, not true", where, files::json_excerpt(j["final"]));
     m.final = true;
@@ -275,6 +297,7 @@ Curves curves_of_metrics(const std::string& text, const std::string& path, const
   c.label = label;
   std::istringstream in(text);
   int line_no = 0;
+  int64_t last_train = -1, last_val = -1;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     if (line.empty()) continue;
@@ -283,17 +306,19 @@ Curves curves_of_metrics(const std::string& text, const std::string& path, const
     // the trainer writes a line per logged step and per validation, in step order; a final
     // evaluation's record of a step the run validated is not drawn (marked "final"; files written
     // before the mark repeat the step unmarked)
-    const std::vector<double>& earlier = m.split == "train" ? c.steps : c.val_steps;
-    const bool repeat = m.split == "val" && !earlier.empty() && m.step == earlier.back();
-    if (m.split != "test" && !m.final && !repeat)
-      CAST_CHECK(earlier.empty() || m.step > earlier.back(), "{}: {} step {} comes after step {}: not in step order",
-                 where, m.split, m.step, earlier.back());
+    int64_t& last = m.split == "train" ? last_train : last_val;  // -1: none yet
+    const bool repeat = m.split == "val" && last >= 0 && m.step == last;
+    if (m.split != "test" && !m.final && !repeat) {
+      CAST_CHECK(last < 0 || m.step > last, "{}: {} step {} comes after step {}: not in step order", where, m.split,
+                 m.step, last);
+      last = m.step;
+    }
     if (m.split == "train") {
-      c.steps.push_back(m.step);
+      c.steps.push_back(static_cast<double>(m.step));
       c.loss.push_back(m.loss);
       c.accuracy.push_back(m.accuracy);
     } else if (m.split == "val" && !m.final && !repeat) {
-      c.val_steps.push_back(m.step);
+      c.val_steps.push_back(static_cast<double>(m.step));
       c.val_accuracy.push_back(m.accuracy);
     }
   }

@@ -1251,7 +1251,7 @@ TEST(CliAttack, SchedulesThatNeverReachTheirRateAreNoted) {
   const CliRun warm = run("train --data " + data + " --run " + d + "/warm --attention full --warmup 5 --eval-limit 4" +
                           kTiny);
   EXPECT_EQ(warm.code, 0) << warm.err;
-  EXPECT_NE(warm.out.find("note: --warmup 5 is not below --steps 2"), std::string::npos) << warm.out;
+  EXPECT_NE(warm.out.find("note: --warmup 5 is above --steps 2"), std::string::npos) << warm.out;
 }
 
 // A checkpoint keeps the fingerprint of the set it trained on: evaluating or resuming it on
@@ -1821,4 +1821,59 @@ TEST(CliAttack, VaryValuesAreReadForWhatTheyMean) {
   EXPECT_EQ(plus.code, 0) << plus.err;
   EXPECT_TRUE(fs::exists(d + "/p/steps-2-seed1/summary.json"));
   EXPECT_FALSE(fs::exists(d + "/p/steps--2-seed1"));
+}
+
+// ---- the twenty-ninth attack
+
+// Figures of values cast may write: losses in a range of 1e-20 (the ticks were summed by a step
+// of 1e-21 against a slack of 1e-9: no end, and 296 MB at 1e-15), a diverging run's finite loss
+// of 8e30 and learning rate of 1e31 (refused as outside [0, 1e30] after the run had finished,
+// so it could never end), and steps near 2^63 (compared as doubles, two steps were one).
+TEST(CliAttack, FiguresTakeEveryValueARunMayWrite) {
+  const std::string d = fresh_dir("attack29_plot");
+  const auto plot = [&](const std::string& name, const std::string& lines) {
+    fs::create_directories(d + "/" + name);
+    put(d + "/" + name + "/metrics.jsonl", lines);
+    return run("plot " + d + "/" + name);
+  };
+  const std::string train = R"({"accuracy":0.5,"lr":0.001,"split":"train","tokens_per_s":10,)";
+  for (const char* loss : {"1e-20", "1e-15", "1e-300"}) {
+    const CliRun tiny = plot(std::string("tiny") + loss, train + R"("loss":0,"step":1})" + "\n" + train +
+                                                             R"("loss":)" + loss + R"(,"step":2})" + "\n");
+    EXPECT_EQ(tiny.code, 0) << loss << ": " << tiny.err;
+    EXPECT_LT(fs::file_size(d + "/tiny" + std::string(loss) + "/curves.svg"), 100000u) << loss;
+  }
+  const CliRun huge = plot("huge", R"({"accuracy":0.1,"loss":8e30,"lr":1e31,"split":"train","step":1,"tokens_per_s":9})"
+                                   "\n"
+                                   R"({"accuracy":0.1,"loss":8e30,"split":"val","step":1})"
+                                   "\n");
+  EXPECT_EQ(huge.code, 0) << huge.err;
+  const CliRun late = plot("late", train + R"("loss":1,"step":9223372036854775806})" + "\n" + train +
+                                       R"("loss":1,"step":9223372036854775807})" + "\n");
+  EXPECT_EQ(late.code, 0) << late.err;
+  const CliRun beyond = plot("beyond", train + R"("loss":1,"step":18446744073709551615})" + "\n");
+  EXPECT_EQ(beyond.code, 1) << beyond.err;
+  EXPECT_NE(beyond.err.find("'step' is 18446744073709551615: out of range"), std::string::npos) << beyond.err;
+}
+
+// A validation whose loss is no number stops the run before its record: JSON would hold null.
+// A run with no checkpoint of its own yet names the best validation's checkpoint as the last good
+// model ("No checkpoint was written yet" said there was none). --warmup equal to --steps reaches
+// the peak at the last step: no note.
+TEST(CliAttack, ARunThatDivergesWritesNoNonNumberAndNamesItsBestModel) {
+  const std::string d = fresh_dir("attack29_nan");
+  const CliRun nan = run("train" + kTinyModel + " --data " + attack27_data() +
+                         " --steps 1 --lr 1e39 --warmup 0 --schedule constant --weight-decay 0 --eval-every 1 --run " +
+                         d + "/r");
+  EXPECT_EQ(nan.code, 1) << nan.err;
+  EXPECT_NE(nan.err.find("step 1: the validation loss is nan"), std::string::npos) << nan.err;
+  EXPECT_EQ(slurp(d + "/r/metrics.jsonl").find("null"), std::string::npos) << slurp(d + "/r/metrics.jsonl");
+  const std::string best_only = copy_run("attack29_best");
+  fs::rename(best_only + "/checkpoint.safetensors", best_only + "/best.safetensors");
+  EXPECT_EQ(train::last_good_checkpoint(best_only + "/checkpoint.safetensors"),
+            "No checkpoint.safetensors was written yet; the best validation's " + best_only +
+                "/best.safetensors (step 3, every value checked finite) is the last good model");
+  const CliRun warm = run("train" + kTinyModel + " --data " + attack27_data() + " --steps 2 --warmup 2 --run " + d + "/w");
+  EXPECT_EQ(warm.code, 0) << warm.err;
+  EXPECT_EQ(warm.out.find("note: --warmup"), std::string::npos) << warm.out;
 }

@@ -58,7 +58,20 @@ std::string no_checkpoint_at(const std::string& path) {
 
 std::string last_good_checkpoint(const std::string& path, bool* usable) {
   if (usable) *usable = false;
-  if (!files::exists(path)) return no_checkpoint_at(path);
+  if (!files::exists(path)) {
+    // the best checkpoint a validation wrote before the run's first own one is a good model too
+    const std::string best = (std::filesystem::path(path).parent_path() / "best.safetensors").string();
+    if (path != best && files::exists(best)) {
+      try {
+        if (checkpoint_damage(best).empty())
+          return fmt::format("No {} was written yet; the best validation's {} (step {}, every value checked finite) "
+                             "is the last good model",
+                             std::filesystem::path(path).filename().string(), best, read_checkpoint_header(best).step);
+      } catch (const Error&) {  // unreadable: no good model to name
+      }
+    }
+    return no_checkpoint_at(path);
+  }
   try {
     const Checkpoint ck = read_checkpoint_header(path);
     const std::string damage = checkpoint_damage(path);

@@ -292,9 +292,9 @@ void note_cut_examples(const data::TaskData& task, int64_t max_len) {
 
 // A schedule whose rate never reaches --lr, or is 0 at every step, is said, not run silently.
 void note_schedule(const TrainConfig& c) {
-  if (c.warmup >= c.steps && c.warmup > 1)
-    fmt::print("note: --warmup {} is not below --steps {}: the learning rate rises for the whole run and never reaches "
-               "--lr {}\n",
+  if (c.warmup > c.steps)  // at warmup = steps the last step reaches the peak
+    fmt::print("note: --warmup {} is above --steps {}: the learning rate rises for the whole run and never reaches "
+               "its peak (--lr {})\n",
                c.warmup, c.steps, c.lr);
   else if (c.schedule == "cosine" && c.steps == 1 && c.warmup == 0)
     fmt::print("note: the cosine schedule reaches 0 at the last step, and the one step is the last: it trains at "
@@ -406,6 +406,12 @@ json evaluation_record(int64_t step, const char* split_name, const EvalResult& r
 
 EvalResult evaluate_split(Run& run, const char* split_name, const std::vector<data::Example>& split) {
   EvalResult r = evaluate(*run.model, run.task, split, run.c.batch, run.c.eval_limit, run.device);
+  // a record holds numbers only (JSON would write NaN as null): a model that gives none stops here
+  if (!std::isfinite(r.loss))
+    throw Error(fmt::format("step {}: the {} loss is {}: the model's outputs are no longer finite; training stopped. {}",
+                            run.step, std::string(split_name) == "val" ? "validation" : split_name,
+                            std::isnan(r.loss) ? "nan" : "inf",
+                            last_good_checkpoint(run.checkpoint)));
   append_metrics(run, evaluation_record(run.step, split_name, r));
   return r;
 }
