@@ -132,6 +132,7 @@ struct PathfinderSpec {
 void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uint64_t seed, bool overwrite = false,
                          const StopCheck& stop_check = {}, const std::string& rerun = "");
 // Reads every metadata/*.npy of `dir`; splits 80/10/10 in file order.
-TaskData load_pathfinder(const std::string& dir);
+// `task`: pathfinder or pathx, whose generator the advice for a missing set or file names.
+TaskData load_pathfinder(const std::string& dir, const std::string& task = "pathfinder");
 
 }  // namespace cast::data

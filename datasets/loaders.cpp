@@ -29,9 +29,13 @@ static std::string read_all(const std::string& path, const std::string& what) {
 }
 
 // ---------------------------------------------------------------- IMDb
+// The reviews of both classes alternately (neg, pos, neg, ...; the rest of the larger class at
+// the end), so that the first examples of a split, which --eval-limit takes, hold both classes:
+// one folder after the other, any limit up to 12 500 evaluated the negative reviews alone.
 static std::vector<Example> read_imdb_split(const std::string& dir, int64_t max_len) {
-  std::vector<Example> out;
+  std::vector<Example> by_class[2];
   for (const char* sentiment : {"neg", "pos"}) {
+    std::vector<Example>& out = by_class[std::string(sentiment) == "pos" ? 1 : 0];
     const std::string folder = dir + "/" + sentiment;
     files::require_folder(folder, "IMDb folder (the aclImdb layout {train,test}/{pos,neg}/*.txt)");
     std::vector<std::string> files;
@@ -49,6 +53,10 @@ static std::vector<Example> read_imdb_split(const std::string& dir, int64_t max_
       out.push_back(std::move(e));
     }
   }
+  std::vector<Example> out;
+  for (size_t i = 0; i < std::max(by_class[0].size(), by_class[1].size()); ++i)
+    for (std::vector<Example>& examples : by_class)
+      if (i < examples.size()) out.push_back(std::move(examples[i]));
   return out;
 }
 

@@ -249,7 +249,11 @@ static void check_not_numpy_binary(const std::string& path) {
              path);
 }
 
-TaskData load_pathfinder(const std::string& dir) {
+TaskData load_pathfinder(const std::string& dir, const std::string& task) {
+  // the advice where the set or a file of it is missing: the generator of the task asked for
+  const auto hint = [&] {
+    return generate_hint(dir, [&](const std::string& out) { return "cast data " + task + " --out " + out; });
+  };
   check_data_finished(dir);
   files::require_folder(dir, "Pathfinder data folder");
   const std::string meta_dir = dir + "/metadata";
@@ -258,14 +262,13 @@ TaskData load_pathfinder(const std::string& dir) {
              "Pathfinder data folder {}: it holds a {} set made by cast data, not Pathfinder: give --data a Pathfinder "
              "folder",
              dir, there);
-  CAST_CHECK(files::exists(meta_dir), "Pathfinder data folder {}: it has no metadata folder ({})", dir,
-             generate_hint(dir, [](const std::string& out) { return "cast data pathfinder --out " + out; }));
+  CAST_CHECK(files::exists(meta_dir), "Pathfinder data folder {}: it has no metadata folder ({})", dir, hint());
   files::require_folder(meta_dir, "Pathfinder metadata folder");
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(meta_dir))
     if (e.path().extension() == ".npy") files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
-  CAST_CHECK(!files.empty(), "{}: no metadata files", meta_dir);
+  CAST_CHECK(!files.empty(), "{}: no metadata files ({})", meta_dir, hint());
   std::vector<Example> all;
   int side = 0;
   std::string first;  // where the first image, which set the side, was named
@@ -287,7 +290,7 @@ TaskData load_pathfinder(const std::string& dir) {
       const auto [earlier, fresh] = named.emplace(fs::path(image).lexically_normal().string(), where);
       CAST_CHECK(fresh, "{}: image {} is named again (first at {}): each image belongs to one split", where,
                  (fs::path(cols[0]) / cols[1]).string(), earlier->second);
-      CAST_CHECK(files::exists(image), "{}: names image {}, which does not exist", where, image);
+      CAST_CHECK(files::exists(image), "{}: names image {}, which does not exist ({})", where, image, hint());
       png::Image img = png::read_gray(image);
       CAST_CHECK(img.width == img.height, "{}: image {}x{} is not square", where, img.width, img.height);
       if (side == 0) side = img.width, first = where + " (" + cols[1] + ")";

@@ -1877,3 +1877,59 @@ TEST(CliAttack, ARunThatDivergesWritesNoNonNumberAndNamesItsBestModel) {
   EXPECT_EQ(warm.code, 0) << warm.err;
   EXPECT_EQ(warm.out.find("note: --warmup"), std::string::npos) << warm.out;
 }
+
+// ---- the thirtieth attack
+
+// A best checkpoint of a step after the run's checkpoint (an older cast saved only the best, and
+// the process was killed before its next checkpoint): the resume trained every step, then failed
+// at the end. Refused before the first step, naming what to do.
+TEST(CliAttack, ABestCheckpointNewerThanTheRunsIsRefusedBeforeTheFirstStep) {
+  const std::string d = fresh_dir("attack30_best"), r = d + "/r", ckpt = r + "/checkpoint.safetensors";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + " --steps 2 --run " + r).code, 0);
+  fs::copy_file(ckpt, d + "/step2.safetensors");
+  ASSERT_EQ(run("train --resume " + ckpt + " --steps 4").code, 0);
+  fs::copy_file(ckpt, r + "/best.safetensors");  // of step 4
+  fs::copy_file(d + "/step2.safetensors", ckpt, fs::copy_options::overwrite_existing);
+  fs::remove(r + "/summary.json");
+  const CliRun resumed = run("train --resume " + ckpt + " --steps 6");
+  EXPECT_EQ(resumed.code, 2) << resumed.err;
+  EXPECT_NE(resumed.err.find(r + "/best.safetensors is of step 4, after the checkpoint's step 2"), std::string::npos)
+      << resumed.err;
+  EXPECT_EQ(resumed.out.find("step 3"), std::string::npos) << resumed.out;  // no step trained
+}
+
+// The image tasks' advice for a missing set or file names the task's generator, with --overwrite
+// where cast data made the set; a branch from a best checkpoint takes the run's history, not the
+// evaluation the run did at its end; the rsqrt schedule's peak is its own, not --lr.
+TEST(CliAttack, AdviceAndRecordsOfTheMainPathsHoldWhenFollowed) {
+  const std::string d = fresh_dir("attack30_paths");
+  fs::create_directories(d + "/px");
+  const CliRun px = run("train --task pathx" + kTinyModel + " --steps 1 --data " + d + "/px");
+  EXPECT_EQ(px.code, 1) << px.err;
+  EXPECT_NE(px.err.find("cast data pathx --out " + d + "/px"), std::string::npos) << px.err;
+  ASSERT_EQ(run("data pathfinder --count 20 --out " + d + "/pf").code, 0);
+  fs::remove(d + "/pf/imgs/0/sample_3.png");
+  const CliRun pf = run("train --task pathfinder" + kTinyModel + " --steps 1 --data " + d + "/pf");
+  EXPECT_EQ(pf.code, 1) << pf.err;
+  EXPECT_NE(pf.err.find("which does not exist (generate it again with `cast data pathfinder --count 20 --out " + d +
+                        "/pf --overwrite`"),
+            std::string::npos)
+      << pf.err;
+
+  const std::string r = d + "/r", branch = d + "/branch";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + " --steps 4 --eval-every 2 --eval-best --run " + r).code, 0);
+  const CliRun b = run("train --resume " + r + "/best.safetensors --run " + branch + " --steps 6");
+  ASSERT_EQ(b.code, 0) << b.err;
+  const std::string records = slurp(branch + "/metrics.jsonl");
+  size_t tests = 0;
+  for (size_t at = records.find("\"split\":\"test\""); at != std::string::npos; at = records.find("\"split\":\"test\"", at + 1))
+    ++tests;
+  EXPECT_EQ(tests, 1u) << records;  // its own final evaluation's
+
+  const CliRun rsqrt = run("train --data " + attack27_data() + kTinyModel +
+                           " --steps 2 --schedule rsqrt --warmup 100 --lr 0.05 --run " + d + "/q");
+  EXPECT_EQ(rsqrt.code, 0) << rsqrt.err;
+  EXPECT_NE(rsqrt.out.find("never reaches its peak (0.005 at step 100: --lr 0.05 over the square root of --warmup)"),
+            std::string::npos)
+      << rsqrt.out;
+}

@@ -345,3 +345,16 @@ INSTANTIATE_TEST_SUITE_P(AllMechanisms, RecomputedSteps,
                                            StepCase{nn::Mechanism::clustered, false, false, 1, true},
                                            StepCase{nn::Mechanism::cast, false, false, 1, true}),
                          step_case_name);
+
+// A step's record counts the tokens the blocks see: under --patch one a patch, not a pixel (the
+// progress line's tok/s, and metrics.jsonl's tokens_per_s, were pixels per second).
+TEST(TrainingStepRecords, CountTheTokensTheBlocksSee) {
+  for (int64_t patch : {int64_t{1}, int64_t{2}}) {
+    const StepCase c{nn::Mechanism::full, false, false, patch};
+    Side side = make_side(step_model(c, 1, 3), Device::cpu);
+    const nn::Batch batch = step_batch(c, Device::cpu);
+    side.step->compute(batch, 1);
+    EXPECT_EQ(side.step->read().at(0).tokens, static_cast<double>(batch.real_tokens) / static_cast<double>(patch * patch))
+        << "patch " << patch;
+  }
+}

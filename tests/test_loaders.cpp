@@ -270,6 +270,13 @@ TEST(Imdb, ReadsTheAclImdbLayout) {
   EXPECT_EQ(t.train[0].tokens, (std::vector<int32_t>{'B' + 1, 'a' + 1, 'd' + 1, '.' + 1, 256}));
   EXPECT_EQ(t.train[1].tokens.size(), 8u);  // cut to max_len
   EXPECT_EQ(t.train[1].label, 1);
+  // the classes alternate, the larger's rest at the end: a split's first examples hold both
+  // (--eval-limit takes them; one folder after the other gave a limit of one class)
+  for (const char* name : {"2_1.txt", "3_1.txt"}) write_text(dir + "/test/neg/" + name, "No.");
+  const std::vector<data::Example> test = data::load_imdb(dir, 8).test;
+  std::vector<int> labels;
+  for (const data::Example& e : test) labels.push_back(e.label);
+  EXPECT_EQ(labels, (std::vector<int>{0, 1, 0, 0}));
   fs::remove_all(dir + "/test/neg");
   EXPECT_CAST_ERROR(data::load_imdb(dir, 8), "test/neg: no such file or folder");
 }

@@ -152,6 +152,26 @@ void check_checkpoint_is_the_newest(const TrainConfig& c, const std::string& res
                    resume_from, resume_step, c.run_dir, latest, metrics, reach);
 }
 
+// The best checkpoint of a run is never of a step after its checkpoint (a new best saves the
+// checkpoint first). One that is (written by an older cast, which saved only the best, before
+// the process was killed) is of steps the resume trains again on another path: the run's end
+// would refuse it after all its steps, so it is refused now, before the first.
+void check_best_is_not_newer(const TrainConfig& c, int64_t resume_step) {
+  const std::string best = c.run_dir + "/best.safetensors";
+  if (!files::exists(best)) return;
+  int64_t best_step = -1;
+  try {
+    best_step = read_checkpoint_header(best).step;
+  } catch (const Error&) {
+    return;  // unreadable: the run's end says so where it reads it
+  }
+  CAST_CHECK_USAGE(best_step <= resume_step,
+                   "{} is of step {}, after the checkpoint's step {} (the process that wrote it was stopped before "
+                   "its next checkpoint): the resumed run would train those steps again on another path; move it "
+                   "out of {} to keep it, then resume",
+                   best, best_step, resume_step, c.run_dir);
+}
+
 // A resume into the checkpoint's own folder continues the run from its newest checkpoint only;
 // a finished run there continues only with more steps.
 void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
@@ -181,6 +201,7 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
                      resume_from, resume_step, c.run_dir, finished_at);
   }
   check_checkpoint_is_the_newest(c, resume_from, resume_step);
+  check_best_is_not_newer(c, resume_step);
   CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on with a larger --steps",
@@ -387,9 +408,14 @@ int64_t keep_metrics_until(const std::string& path, int64_t last_step, const std
                files::same_path(path, out)
                    ? "resuming rewrites the file and would drop that line: fix it, or copy it elsewhere and remove it"
                    : fmt::format("the new run's {} starts from its records: remove or fix that line", out));
-    const bool keep = record && j["step"].get<int64_t>() <= last_step;
+    // a new folder (a branch) takes the run's history up to its step, not the evaluation the run
+    // did at its end of the model it branches from (test records, and those marked final, carry
+    // that model's step though they came after every step of the run)
+    const bool end_of_other_run = !files::same_path(path, out) && record &&
+                                  ((j.contains("split") && j["split"] == "test") || (j.contains("final") && j["final"] == true));
+    const bool keep = record && !end_of_other_run && j["step"].get<int64_t>() <= last_step;
     if (keep) kept += line + '\n';
-    else if (record) ++dropped;
+    else if (record && !end_of_other_run) ++dropped;
     checked += (keep ? line : "") + '\n';
   }
   // the run's figure reads every line again at its end: a line it would refuse (a record of

@@ -54,7 +54,7 @@ static data::TaskData load_task_data(const std::string& t, const std::string& di
   if (t == "image") return data::load_cifar10(dir);
   if (t == "fashion-mnist" || t == "fashion-mnist-14" || t == "fashion-mnist-lra")
     return data::load_fashion_mnist(dir, t == "fashion-mnist-14" ? 2 : 1);
-  if (t == "pathfinder" || t == "pathx") return data::load_pathfinder(dir);
+  if (t == "pathfinder" || t == "pathx") return data::load_pathfinder(dir, t);
   throw Error(fmt::format("task '{}' has no loader", t));
 }
 

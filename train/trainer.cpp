@@ -165,6 +165,7 @@ struct Run {
   std::string schedule_note;  // said once the run is accepted, not before a refusal
   // Where this process starts: step 0, or a checkpoint's step, best validation and cost.
   int64_t start_step = 0, step = 0;
+  int64_t saved_step = -1;  // the step of the checkpoint this process wrote last (not written twice)
   double best_val = -1;
   RunCost earlier;  // what the processes before this one spent
   // The model and its AdamW moments.
@@ -294,8 +295,10 @@ void note_cut_examples(const data::TaskData& task, int64_t max_len) {
 void note_schedule(const TrainConfig& c) {
   if (c.warmup > c.steps)  // at warmup = steps the last step reaches the peak
     fmt::print("note: --warmup {} is above --steps {}: the learning rate rises for the whole run and never reaches "
-               "its peak (--lr {})\n",
-               c.warmup, c.steps, c.lr);
+               "its peak ({:.3g} at step {}{})\n",
+               c.warmup, c.steps, learning_rate(c, c.warmup), c.warmup,
+               c.schedule == "rsqrt" ? fmt::format(": --lr {} over the square root of --warmup", c.lr)
+                                     : fmt::format(", --lr"));
   else if (c.schedule == "cosine" && c.steps == 1 && c.warmup == 0)
     fmt::print("note: the cosine schedule reaches 0 at the last step, and the one step is the last: it trains at "
                "learning rate 0 (give --warmup 1, or more steps)\n");
@@ -489,6 +492,10 @@ void validate_now(Run& run) {
   }
   if (r.accuracy > run.best_val) {
     run.best_val = r.accuracy;
+    // the run's checkpoint first: a best model is never of a step after the checkpoint, so a
+    // process killed later loses the steps since then, not the best model of the steps kept
+    save(run, run.checkpoint);
+    run.saved_step = run.step;
     save(run, run.c.run_dir + "/best.safetensors");
   }
   if (!run.quiet)
@@ -567,7 +574,7 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
                       "with: {}",
                       step, files::standard_output_failure(e.code().value()), run.checkpoint, resume_with(run)));
     }
-    if (save_step || stop) save(run, run.checkpoint);
+    if ((save_step || stop) && run.saved_step != step) save(run, run.checkpoint);
     if (stop) {
       if (run.terminal) fmt::print("\n");
       stopped(run, stop, fmt::format("after step {} of {}", step, c.steps));

@@ -45,7 +45,9 @@ void TrainingStep::compute(const nn::Batch& batch, int64_t step) {
   StepRecord r;
   r.step = step;
   r.examples = static_cast<double>(batch.host_labels.size());
-  r.tokens = static_cast<double>(batch.real_tokens);
+  // the tokens the blocks see: under --patch one a patch of pixels (images have no padding)
+  const int64_t patch = model_.config().patch;
+  r.tokens = static_cast<double>(batch.real_tokens) / static_cast<double>(patch * patch);
   records_.push_back(r);
 }
 
