@@ -1140,7 +1140,7 @@ TEST(CliAttack, ALayerFileWithCastWeightsUnderAnotherMechanismSaysTheyAreUnread)
   const CliRun r = run("layer --in " + std::string(CAST_TEST_DATA_DIR) + "/layer_cast.safetensors --out " + d +
                        "/o.safetensors --attention full --heads 2");
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("surrogates (read by --attention cast)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("'surrogates' (read by --attention cast)"), std::string::npos) << r.out;
 }
 
 // Advice that works (sixth attack): a compare run's foreign file is not answered with an
