@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -458,13 +459,91 @@ static std::string head_of(const std::string& path, const std::string& what) {
   return head;
 }
 
+// ---------------------------------------------------------------- what an output may replace
+// check_may_replace decides before the command's work; the write comes after it, minutes later
+// perhaps. What the check found at each output's path (no file, or which file) is kept here, and
+// the write replaces only that: a file made or changed there meanwhile is moved aside first.
+namespace {
+struct Found {
+  bool existed = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const Found& o) const {
+    return existed == o.existed && dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns;
+  }
+};
+std::mutex g_found_mutex;
+std::map<std::string, Found> g_found;  // by the written file's absolute path
+
+std::string found_key(const std::string& target) {
+  std::error_code ec;
+  const fs::path p = fs::absolute(target, ec);
+  return (ec ? fs::path(target) : p).lexically_normal().string();
+}
+Found found_at(const std::string& target) {
+  struct stat st {};
+  Found f;
+  if (::lstat(target.c_str(), &st) != 0) return f;
+  f.existed = true, f.dev = st.st_dev, f.ino = st.st_ino, f.size = st.st_size;
+  f.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return f;
+}
+void remember_found(const std::string& target) {
+  const std::lock_guard<std::mutex> guard(g_found_mutex);
+  g_found[found_key(target)] = found_at(target);
+}
+
+// `path` to `<path>.kept` (or `.kept-2`, ...; never over a file); the name it took.
+std::string move_aside(const std::string& path) {
+  for (int n = 1;; ++n) {
+    const std::string kept = n == 1 ? path + ".kept" : fmt::format("{}.kept-{}", path, n);
+    if (::link(path.c_str(), kept.c_str()) == 0) {  // fails where the name is taken: nothing replaced
+      if (::unlink(path.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(kept.c_str());
+        throw Error(fmt::format("{}: cannot move it aside to {}: {}", path, kept, reason(err)));
+      }
+      return kept;
+    }
+    if (errno != EEXIST) throw Error(fmt::format("{}: cannot move it aside to {}: {}", path, kept, reason(errno)));
+  }
+}
+
+// Before `target` is replaced: where the check saw another state there (a file made, or the one
+// it saw changed), that file is moved aside and named in a note. Nothing where the check did not
+// see the path (a run's own files), or the file has gone.
+void keep_what_came_since_the_check(const std::string& target, const std::string& what, const std::string& path) {
+  Found then;
+  {
+    const std::lock_guard<std::mutex> guard(g_found_mutex);
+    const auto it = g_found.find(found_key(target));
+    if (it == g_found.end()) return;
+    then = it->second;
+  }
+  const Found now = found_at(target);
+  if (!now.existed || now == then) return;
+  const std::string kept = move_aside(target);
+  fmt::print("note: {} {} was {} while cast ran: it is kept as {}, and cast's {} is written in its place\n", what, path,
+             then.existed ? "changed" : "made", kept, what);
+  std::fflush(stdout);
+}
+void remember_written(const std::string& target) {
+  const std::lock_guard<std::mutex> guard(g_found_mutex);
+  const auto it = g_found.find(found_key(target));
+  if (it != g_found.end()) it->second = found_at(target);  // the next write of it replaces this one
+}
+}  // namespace
+
 void check_may_replace(const std::string& path, const std::string& what, const std::string& kind, std::string_view mark,
                        bool overwrite, std::string_view remedy, Digest digest) {
   // where it goes is checked now when its folder exists (a read-only folder, a FIFO): no work first
   if (overwrite || !exists(path)) {
-    if (exists(folder_of(path))) output_target(path, what, Link::follow_once);
+    remember_found(exists(folder_of(path)) ? output_target(path, what, Link::follow_once) : path);
     return;
   }
+  remember_found(output_target(path, what, Link::follow_once));
   const std::string head = head_of(path, what);
   if (head.empty()) return;
   if (head.find(mark) == std::string::npos)
@@ -539,18 +618,7 @@ std::string set_aside_if_changed(const std::string& path, std::string_view mark)
   std::error_code ec;
   if (!std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec))) return "";
   if (is_unchanged_cast_output(read_file(path, "output"), mark)) return "";
-  for (int n = 1;; ++n) {
-    const std::string kept = n == 1 ? path + ".kept" : fmt::format("{}.kept-{}", path, n);
-    if (::link(path.c_str(), kept.c_str()) == 0) {  // fails where the name is taken: nothing replaced
-      if (::unlink(path.c_str()) != 0) {
-        const int err = errno;
-        ::unlink(kept.c_str());
-        throw Error(fmt::format("{}: cannot move it aside to {}: {}", path, kept, reason(err)));
-      }
-      return kept;
-    }
-    if (errno != EEXIST) throw Error(fmt::format("{}: cannot move it aside to {}: {}", path, kept, reason(errno)));
-  }
+  return move_aside(path);
 }
 
 // Creates a temporary file for writing beside `stem` ("<stem>.tmp", else "<stem>.1.tmp", ...):
@@ -647,8 +715,10 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
     CAST_CHECK(flush == Flush::with_folder || ::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path,
                reason(errno));
     CAST_CHECK(::close(fd.release()) == 0, "{} {}: close failed: {}", what, path, reason(errno));
+    keep_what_came_since_the_check(target, what, path);
     CAST_CHECK(::rename(tmp.c_str(), target.c_str()) == 0, "{} {}: cannot move the new file into place: {}", what, path,
                reason(errno));
+    remember_written(target);
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;

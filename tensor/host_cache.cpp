@@ -1,5 +1,7 @@
 #include "tensor/host_cache.h"
 
+#include <sys/resource.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -71,7 +73,15 @@ void* allocate(size_t bytes) {
     free_cached();
     p = std::aligned_alloc(64, bytes);
   }
-  if (!p) throw Error(fmt::format("out of host memory allocating {} bytes", bytes));
+  if (!p) {
+    struct rlimit limit {};
+    const bool limited = ::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+    throw Error(fmt::format("out of host memory allocating {} bytes{}: lower the batch or the model's size{}", bytes,
+                            limited ? fmt::format(" under the address-space limit (ulimit -v) of {:.2f} GiB",
+                                                  static_cast<double>(limit.rlim_cur) / (1 << 30))
+                                    : std::string(),
+                            limited ? ", or raise the limit" : ""));
+  }
   return p;
 }
 

@@ -1933,3 +1933,29 @@ TEST(CliAttack, AdviceAndRecordsOfTheMainPathsHoldWhenFollowed) {
             std::string::npos)
       << rsqrt.out;
 }
+
+// ---- the thirty-first attack
+
+// The memory estimate counts an address-space limit (ulimit -v), not only the machine's memory:
+// a step beyond it is refused before any folder is made, naming the limit and the settings (it
+// died at its first step with "out of host memory allocating N bytes"). A relation between two
+// settings names the settings file that gave one of them.
+TEST(CliAttack, LimitsAndRelationsAreSaidWithTheirSource) {
+  const std::string d = fresh_dir("attack31_limits");
+  const std::string err = d + "/err";
+  const int status = std::system(("ulimit -v 1500000; timeout 60 " + std::string(CAST_BINARY) + " train --data " +
+                                  attack27_data() +
+                                  " --dim 256 --heads 2 --mlp-dim 1024 --layers 1 --batch 4096 --steps 3 --device cpu "
+                                  "--run " + d + "/uv > /dev/null 2> " + err)
+                                     .c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 1) << slurp(err);
+  EXPECT_NE(slurp(err).find("the address-space limit (ulimit -v) leaves"), std::string::npos) << slurp(err);
+  EXPECT_NE(slurp(err).find("lower --batch"), std::string::npos) << slurp(err);
+  EXPECT_FALSE(fs::exists(d + "/uv"));
+  put(d + "/cfg.json", R"({"lr": 1e308})");
+  const CliRun relation = run("train --data " + attack27_data() + kTinyModel + " --config " + d + "/cfg.json --steps 1 --run " + d + "/r");
+  EXPECT_EQ(relation.code, 2) << relation.err;
+  EXPECT_NE(relation.err.find("config file " + d + "/cfg.json: setting 'weight-decay' is 0.01: with 'lr' 1e+308"),
+            std::string::npos)
+      << relation.err;
+}

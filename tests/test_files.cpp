@@ -385,6 +385,33 @@ TEST(Files, AnOutputChangedWhileACommandRanIsSetAsideNotReplaced) {
   EXPECT_TRUE(std::filesystem::is_directory(out));
 }
 
+// An output is checked before the command's work and written after it: a file made at its path
+// meanwhile, or the one the check saw changed meanwhile, is moved aside and kept, not replaced
+// (thirty-first attack: a figure, a trace, a plot and compare's results replaced a user's file
+// that appeared while the command ran). The command's own writes, one after another, replace
+// each other.
+TEST(Files, AFileMadeOrChangedAfterTheCheckIsKeptNotReplaced) {
+  const std::string d = fresh_dir("since_check"), out = d + "/fig.svg";
+  const std::string figure = std::string(files::kFigureMark) + " " + std::string(files::kDigestSlot);
+  files::check_may_replace(out, "figure", "a figure drawn by cast", files::kFigureMark, false);
+  put(out, "my notes");  // made while the command ran
+  files::write_stamped(out, figure, "figure");
+  EXPECT_EQ(slurp(out + ".kept"), "my notes");
+  EXPECT_NE(slurp(out).find(files::kFigureMark), std::string::npos);
+  files::write_stamped(out, figure + " again", "figure");  // the command's own, written again
+  EXPECT_FALSE(files::exists(out + ".kept-2"));
+  // checked as cast's figure, then changed by hand before the write
+  files::check_may_replace(out, "figure", "a figure drawn by cast", files::kFigureMark, false);
+  put(out, "edited meanwhile, a longer text");
+  files::write_stamped(out, figure, "figure");
+  EXPECT_EQ(slurp(out + ".kept-2"), "edited meanwhile, a longer text");
+  // --overwrite over the user's file the check saw: replaced, as asked
+  put(d + "/mine.svg", "mine");
+  files::check_may_replace(d + "/mine.svg", "figure", "a figure drawn by cast", files::kFigureMark, true);
+  files::write_stamped(d + "/mine.svg", figure, "figure");
+  EXPECT_FALSE(files::exists(d + "/mine.svg.kept"));
+}
+
 // A cast output carries a digest of itself (files::kDigestSlot, filled by write_stamped): one
 // changed by hand after cast wrote it is told from one it wrote, and is not replaced by the same
 // kind of output without --overwrite (twenty-fourth attack: a figure, a trace, a cast bench

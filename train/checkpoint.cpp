@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 #include <filesystem>
 
 #include "tensor/files.h"
@@ -233,11 +234,14 @@ Checkpoint read_checkpoint_header(const std::string& path) {
       ck.cost.wall_seconds = whole("wall_seconds", [](const std::string& t, size_t* u) { return std::stod(t, u); });
       ck.cost.step_seconds = whole("step_seconds", [](const std::string& t, size_t* u) { return std::stod(t, u); });
       ck.cost.peak_bytes = whole("peak_bytes", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
-      for (const auto& [key, value] : {std::pair<const char*, double>{"wall_seconds", ck.cost.wall_seconds},
-                                       {"step_seconds", ck.cost.step_seconds},
-                                       {"peak_bytes", static_cast<double>(ck.cost.peak_bytes)}})
-        CAST_CHECK(std::isfinite(value) && value >= 0, "'{}' is '{}': a cost is a finite number, not negative", key,
-                   get(key));
+      // the bounds a run's summary.json is read with (train/compare.cpp): what a checkpoint
+      // carries into its run's summary must be a value its reader takes
+      for (const auto& [key, value, most] :
+           {std::tuple<const char*, double, double>{"wall_seconds", ck.cost.wall_seconds, 1e12},
+            {"step_seconds", ck.cost.step_seconds, 1e12},
+            {"peak_bytes", static_cast<double>(ck.cost.peak_bytes), 1e18}})
+        CAST_CHECK(std::isfinite(value) && value >= 0 && value <= most,
+                   "'{}' is '{}': a cost is a finite number from 0 to {:g}", key, get(key), most);
     }
     CAST_CHECK(ck.step >= 0 && ck.step <= ck.config.steps, "'step' is {}, outside [0, {}] (the run's steps)", ck.step,
                ck.config.steps);

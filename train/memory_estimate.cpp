@@ -1,5 +1,10 @@
 #include "train/memory_estimate.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
+
 #include <omp.h>
 
 #include <algorithm>
@@ -151,9 +156,27 @@ std::string StepBytes::largest() const {
                      attention_options.empty() ? "" : ", or " + attention_options, or_recompute);
 }
 
+namespace {
+// What an address-space limit (ulimit -v) leaves this process beside what it has mapped already;
+// a negative value where there is no limit.
+double address_space_left() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return -1;
+  std::ifstream statm("/proc/self/statm");
+  double mapped_pages = 0;
+  statm >> mapped_pages;
+  return std::max(0.0, static_cast<double>(limit.rlim_cur) - mapped_pages * static_cast<double>(::getpagesize()));
+}
+}  // namespace
+
 void require_memory(double bytes, Device device, const std::string& what, const std::string& hint) {
   double available = static_cast<double>(host_memory_total());
   const char* where = "this machine has";
+  // the estimate errs high: a limit below the machine's memory is what the run meets first
+  if (const double left = address_space_left(); left >= 0 && (available <= 0 || left < available)) {
+    available = left;
+    where = "the address-space limit (ulimit -v) leaves";
+  }
 #ifdef CAST_WITH_CUDA
   if (device == Device::cuda) {
     const auto gpus = cuda::devices();

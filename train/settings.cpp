@@ -785,6 +785,11 @@ std::string naming_settings_file(const std::string& message, const json& file, c
     if (at != 0 && (at < 2 || message.compare(at - 2, 2, ": ") != 0)) continue;
     return message.substr(0, at) + fmt::format("config file {}: ", path) + message.substr(at);
   }
+  // a relation between settings that names the file's setting second ("setting 'weight-decay'
+  // is 0.01: with 'lr' 1e+308 ..."): the file is named before the whole message
+  for (const auto& [key, value] : file.items())
+    if ((!flags.is_object() || !flags.contains(key)) && message.find("'" + key + "'") != std::string::npos)
+      return fmt::format("config file {}: {}", path, message);
   return message;
 }
 

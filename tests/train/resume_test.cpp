@@ -341,7 +341,11 @@ TEST(Training, CheckpointMetadataIsParsedStrictly) {
   EXPECT_NO_THROW(train::read_checkpoint_header(with("best_val", "-1")));
   // a cost out of range names its own key (twenty-seventh attack: one line named all three)
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("peak_bytes", "-1")),
-                    "'peak_bytes' is '-1': a cost is a finite number, not negative");
+                    "'peak_bytes' is '-1': a cost is a finite number from 0 to 1e+18");
+  // beyond what the run's summary is read with (thirty-first attack: a resumed run wrote a
+  // summary.json of 1.8e308 seconds that cast compare then refused)
+  EXPECT_CAST_ERROR(train::read_checkpoint_header(with("wall_seconds", "1.7976931348623157e308")),
+                    "'wall_seconds' is '1.7976931348623157e308': a cost is a finite number from 0 to 1e+12");
   EXPECT_CAST_ERROR(train::read_checkpoint_header(with("step_seconds", "inf")), "'step_seconds' is 'inf'");
   // the run's cost is kept whole: one of its three keys missing is said once, with the path once
   // (twenty-third attack: "X: corrupt checkpoint metadata: X: not a cast checkpoint (no 'peak_bytes'…")
