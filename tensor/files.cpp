@@ -703,6 +703,8 @@ void remove_temporaries_now() {
 }
 
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what, Link link, Flush flush) {
+  // a file or link made at the path itself since the check (a link is refused by output_target)
+  keep_what_came_since_the_check(path, what, path);
   const std::string target = output_target(path, what, link);
   std::string tmp;
   Fd fd = create_exclusive(target, tmp, what, path);

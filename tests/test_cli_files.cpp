@@ -1706,6 +1706,11 @@ TEST(CliAttack, AnOlderCheckpointPutBackIntoAnUnfinishedRunIsRefused) {
   EXPECT_NE(rewind.err.find("is of step 20, but run " + r + " has records up to step 40"), std::string::npos)
       << rewind.err;
   EXPECT_EQ(slurp(r + "/metrics.jsonl"), records);
+  // the resume's own --checkpoint-every is for the steps to come: it widens no reach (thirty-second
+  // attack: --checkpoint-every 100000 let the same rewind through)
+  const CliRun wider = run("train --resume " + ckpt + " --steps 60 --checkpoint-every 100000");
+  EXPECT_EQ(wider.code, 2) << wider.err;
+  EXPECT_EQ(slurp(r + "/metrics.jsonl"), records);
   // the records of a run killed at step 35, before its checkpoint at 40: within reach
   std::istringstream in(records);
   std::string kept;
@@ -1962,4 +1967,19 @@ TEST(CliAttack, LimitsAndRelationsAreSaidWithTheirSource) {
   EXPECT_NE(relation.err.find("config file " + d + "/cfg.json: setting 'weight-decay' is 0.01: with 'lr' 1e+308"),
             std::string::npos)
       << relation.err;
+}
+
+// ---- the thirty-second attack
+
+// A comparison refused for a run an earlier invocation left with other settings changes nothing:
+// no lock file is made in its folder (the check came after the folder was locked).
+TEST(CliAttack, ARefusedComparisonLeavesNoLockFile) {
+  const std::string d = fresh_dir("attack32_lock");
+  const std::string model = " --heads 2 --mlp-dim 16 --layers 1 --eval-limit 5 --batch 4 --device cpu --data " +
+                            attack27_data();
+  ASSERT_EQ(run("train" + model + " --dim 32 --attention full --steps 1 --run " + d + "/q/full-seed1").code, 0);
+  const CliRun refused = run("compare" + model + " --dim 16 --attention full --steps 1 --out " + d + "/q");
+  EXPECT_EQ(refused.code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("this run was started with setting 'dim' = 32"), std::string::npos) << refused.err;
+  EXPECT_FALSE(fs::exists(d + "/q/.cast.lock"));
 }

@@ -405,6 +405,16 @@ TEST(Files, AFileMadeOrChangedAfterTheCheckIsKeptNotReplaced) {
   put(out, "edited meanwhile, a longer text");
   files::write_stamped(out, figure, "figure");
   EXPECT_EQ(slurp(out + ".kept-2"), "edited meanwhile, a longer text");
+  // a link made at the path meanwhile: moved aside too, not refused after the work (thirty-second
+  // attack: a comparison stopped with exit 2 after writing its results.md)
+  const std::string linked = d + "/linked.svg";
+  files::check_may_replace(linked, "figure", "a figure drawn by cast", files::kFigureMark, false);
+  put(d + "/precious.txt", "precious");
+  std::filesystem::create_symlink("precious.txt", linked);
+  files::write_stamped(linked, figure, "figure", files::Link::refuse);
+  EXPECT_TRUE(std::filesystem::is_symlink(linked + ".kept"));
+  EXPECT_EQ(slurp(d + "/precious.txt"), "precious");
+  EXPECT_NE(slurp(linked).find(files::kFigureMark), std::string::npos);
   // --overwrite over the user's file the check saw: replaced, as asked
   put(d + "/mine.svg", "mine");
   files::check_may_replace(d + "/mine.svg", "figure", "a figure drawn by cast", files::kFigureMark, true);

@@ -488,6 +488,18 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
                      "comparison folder {}: holds a run ({}): choose another --out", spec.out_dir, spec.out_dir + theirs);
   std::vector<std::pair<CompareRun, TrainConfig>> plan = plan_runs(spec);
   check_outputs_may_be_replaced(spec);  // reads only: a refusal leaves the folder as it was
+  // a run an earlier invocation left that this comparison's settings do not match: refused before
+  // the folder is locked, so that the refusal changes nothing (its lock file was left behind)
+  {
+    SameData same_data;
+    for (const auto& [run, config] : plan) {
+      const std::string checkpoint = run.dir + "/checkpoint.safetensors";
+      if (!std::filesystem::exists(checkpoint)) continue;
+      const Checkpoint stored = read_checkpoint_header(checkpoint);
+      check_same_run(checkpoint, stored, config);
+      same_data.check(checkpoint, stored, config);
+    }
+  }
   files::make_writable_folder(spec.out_dir, "comparison folder");
   const files::FolderLock held(spec.out_dir, "comparison folder");  // one comparison in it at a time
   CompareResult result;

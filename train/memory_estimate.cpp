@@ -172,23 +172,31 @@ double address_space_left() {
 void require_memory(double bytes, Device device, const std::string& what, const std::string& hint) {
   double available = static_cast<double>(host_memory_total());
   const char* where = "this machine has";
+  bool known = available > 0;  // 0: the machine's memory could not be read, and nothing is refused
   // the estimate errs high: a limit below the machine's memory is what the run meets first
   if (const double left = address_space_left(); left >= 0 && (available <= 0 || left < available)) {
-    available = left;
-    where = "the address-space limit (ulimit -v) leaves";
+    // beside the estimate, the BLAS maps its work buffers at its first product (OpenBLAS: one of
+    // 128 MiB a thread and one more, seen in gdb), and where it cannot it retries without end
+    // instead of failing (a run under ulimit -v 1100000 spun in blas_memory_alloc's mmap)
+    const double blas_buffers = 128.0 * (1 << 20) * (omp_get_max_threads() + 1);
+    available = std::max(0.0, left - blas_buffers);
+    where = "the address-space limit (ulimit -v) leaves, beside the BLAS's work buffers,";
+    known = true;
   }
 #ifdef CAST_WITH_CUDA
   if (device == Device::cuda) {
     const auto gpus = cuda::devices();
     available = gpus.empty() ? 0.0 : static_cast<double>(gpus[0].total_bytes);
+    known = available > 0;
     where = "the GPU has";
   }
 #endif
   (void)device;
-  if (available <= 0 || bytes <= available) return;
+  if (!known || bytes <= available) return;
   constexpr double GiB = 1024.0 * 1024 * 1024;
-  throw Error(fmt::format("{} needs about {:.1f} GiB (an estimate that errs high) but {} {:.1f} GiB: {}", what,
-                          bytes / GiB, where, available / GiB, hint));
+  const bool limited = std::string_view(where).find("ulimit") != std::string_view::npos;
+  throw Error(fmt::format("{} needs about {:.1f} GiB (an estimate that errs high) but {} {:.1f} GiB: {}{}", what,
+                          bytes / GiB, where, available / GiB, hint, limited ? "; or raise the limit" : ""));
 }
 
 }  // namespace cast::train

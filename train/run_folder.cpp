@@ -138,11 +138,13 @@ int64_t latest_record_step(const std::string& path) {
 // checkpoint by at most that many (a run killed before its next one). Records further on mean a
 // newer checkpoint was written and this older one put back in its place (a copy kept aside):
 // continuing from it would drop them. Where either the checkpoint's run or this one writes no
-// periodic checkpoints (0), the records cannot tell, and nothing is refused.
+// periodic checkpoints (0), the records cannot tell, and nothing is refused. A run killed after
+// a resume that raised --checkpoint-every may be refused here too; it continues into a new folder.
 void check_checkpoint_is_the_newest(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
-  const int64_t written_every = read_checkpoint_header(resume_from).config.checkpoint_every;
-  if (written_every <= 0 || c.checkpoint_every <= 0) return;
-  const int64_t reach = std::max(written_every, c.checkpoint_every);
+  // the reach is the run's own setting, as the checkpoint holds it: the resume's --checkpoint-every
+  // is for the steps to come and says nothing of the records already written
+  const int64_t reach = read_checkpoint_header(resume_from).config.checkpoint_every;
+  if (reach <= 0) return;
   const std::string metrics = c.run_dir + "/metrics.jsonl";
   const int64_t latest = latest_record_step(metrics);
   CAST_CHECK_USAGE(latest <= resume_step + reach,
