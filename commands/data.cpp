@@ -81,9 +81,11 @@ static void generate(const std::string& task, const std::string& out, int64_t co
     }
     if (min_length > 0) spec.min_length = static_cast<int>(min_length);
     CAST_CHECK_USAGE(spec.min_length >= 1 && spec.min_length + 1 < spec.max_length,
-                     "ListOps keeps lengths strictly between the shortest ({}) and the longest ({}): none are; give "
+                     "ListOps keeps lengths strictly between the shortest ({}{}) and the longest ({}): none are; give "
                      "--min-length at least 1 and --max-length at least 2 above it",
-                     spec.min_length, spec.max_length);
+                     spec.min_length,
+                     min_length > 0 || max_length == 0 ? "" : fmt::format(", a quarter of --max-length {}", max_length),
+                     spec.max_length);
     data::generate_listops(out, spec, static_cast<uint64_t>(seed), overwrite, stop_check(out), rerun);
   } else {
     data::PathfinderSpec spec =

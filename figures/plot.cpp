@@ -66,6 +66,7 @@ double nice_step(double lo, double hi, int target) {
 }
 
 std::string tick_label(double v, double step) {
+  if (std::abs(v) >= 1e7) return fmt::format("{:.3g}", v);  // 2e+18, not 2e+15k
   if (std::abs(v) >= 10000 && step >= 1000) return fmt::format("{:g}k", v / 1000);
   const int decimals = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step)));
   if (decimals > 6) return v == 0 ? "0" : fmt::format("{:.3g}", v);  // 2e-21, not twenty zeros

@@ -88,7 +88,7 @@ TEST(Cli, SettingsOutOfRangeAreUsageErrorsBeforeAnyWork) {
       {"data pathfinder --count 99999999", "--count is 99999999: it must be in [0, 1000000]"},
       {"data pathfinder --max-length 100", "--max-length and --min-length are ListOps options"},
       {"data listops --max-length 40 --min-length 39", "strictly between the shortest (39) and the longest (40): none"},
-      {"data listops --max-length 3", "strictly between the shortest (0) and the longest (3)"},
+      {"data listops --max-length 3", "strictly between the shortest (0, a quarter of --max-length 3) and the longest (3)"},
       {"compare --task bogus", "unknown task 'bogus'"},
       {"train --task bogus", "unknown task 'bogus'"},
       {"compare --vary precision=fp32,fp16", "setting 'precision' is 'fp16': it must be one of fp32 | tf32 | bf16"},
