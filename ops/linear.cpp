@@ -14,10 +14,10 @@ namespace {
 // A view of t with its leading dims folded into rows: (..., n) -> (R, n).
 Tensor rows_of(const Tensor& t) { return t.view({t.numel() / t.dim(-1), t.dim(-1)}); }
 
+// x may be a BF16 operand beside an FP32 w where the products take BF16 (ops::check_operand_pair)
 void check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  check_float("linear", x, "x");
-  check_same_dtype("linear", x, w);
-  check_same_dtype("linear", x, b);
+  check_operand_pair("linear", x, "x", w, "w");
+  check_same_dtype("linear", w, b);
   check_same_device("linear", x, w);
   check_same_device("linear", x, b);
   CAST_CHECK(x.ndim() >= 1 && w.ndim() == 2 && b.ndim() == 1 && w.dim(0) == x.dim(-1) && b.dim(0) == w.dim(1),
@@ -73,7 +73,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   check_linear(x, w, b);
   Shape shape = x.shape();
   shape.back() = w.dim(1);
-  Tensor y = Tensor::empty(shape, x.dtype(), x.device());
+  Tensor y = Tensor::empty(shape, w.dtype(), x.device());  // x may be a BF16 operand
   linear_forward(y, x, w, b);
   if (autograd::needs_grad({&x, &w, &b})) {
     auto node = std::make_unique<LinearNode>();

@@ -231,10 +231,29 @@ void gemm_laid_out(Tensor& c, const MatrixLayout& lc, const Tensor& a, const Mat
   });
 }
 
+bool products_take_bf16(const Tensor& x) {
+  return x.is_cuda() && current_precision() == Precision::bf16 && bf16_gemm() == Bf16Gemm::bf16_operands;
+}
+
+void check_operand_pair(const char* op, const Tensor& a, const char* a_name, const Tensor& b, const char* b_name) {
+  const bool a16 = a.defined() && a.dtype() == DType::bf16, b16 = b.defined() && b.dtype() == DType::bf16;
+  if (!a16 && !b16) {
+    check_float(op, a, a_name);
+    check_float(op, b, b_name);
+    return check_same_dtype(op, a, b);
+  }
+  const Tensor& x = a16 ? a : b;  // a BF16 one
+  const Tensor& other = a16 ? b : a;
+  CAST_CHECK(products_take_bf16(x), "{}: a BF16 operand {} ({}) is read only by products on CUDA at --precision bf16, "
+             "not on {} at {}", op, a16 ? a_name : b_name, x.describe(), device_name(x.device()),
+             precision_name(current_precision()));
+  CAST_CHECK(other.defined() && (other.dtype() == DType::f32 || other.dtype() == DType::bf16),
+             "{}: a BF16 operand {} is read beside f32 or BF16 ones, not beside {}", op, a16 ? a_name : b_name,
+             other.describe());
+}
+
 Tensor as_product_operand(const Tensor& x) {
-  if (!x.is_cuda() || current_precision() != Precision::bf16 || bf16_gemm() != Bf16Gemm::bf16_operands ||
-      x.dtype() != DType::f32)
-    return x;
+  if (!products_take_bf16(x) || x.dtype() != DType::f32) return x;
   Tensor copy = Tensor::empty(x.shape(), DType::bf16, x.device());
   convert_forward(copy, x);
   return copy;
@@ -242,8 +261,7 @@ Tensor as_product_operand(const Tensor& x) {
 
 // ---------------------------------------------------------------- shapes
 GemmShape matmul_shape(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  check_float("matmul", a, "a");
-  check_same_dtype("matmul", a, b);
+  check_operand_pair("matmul", a, "a", b, "b");
   check_same_device("matmul", a, b);
   CAST_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: operands need 2+ dims, got {} and {}", a.describe(),
              b.describe());
@@ -272,15 +290,17 @@ void matmul_forward(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool t
 void matmul_backward(Tensor* da, Tensor* db, const Tensor& dc, const Tensor& a, const Tensor& b, bool ta, bool tb,
                      double beta_a, double beta_b) {
   GemmShape s = matmul_shape(a, b, ta, tb);
+  // both products read dc: where they take BF16 it is rounded once, not once by each
+  const Tensor dc_read = da && db ? as_product_operand(dc) : dc;
   if (da) {
     // d op(a) = dc op(b)ᵀ : (m, k). Stored transposed when ta.
-    if (!ta) gemm(*da, dc, b, false, !tb, 1.0, beta_a, GemmShape{s.batch, s.m, s.k, s.n});
-    else gemm(*da, b, dc, tb, true, 1.0, beta_a, GemmShape{s.batch, s.k, s.m, s.n});
+    if (!ta) gemm(*da, dc_read, b, false, !tb, 1.0, beta_a, GemmShape{s.batch, s.m, s.k, s.n});
+    else gemm(*da, b, dc_read, tb, true, 1.0, beta_a, GemmShape{s.batch, s.k, s.m, s.n});
   }
   if (db) {
     // d op(b) = op(a)ᵀ dc : (k, n). Stored transposed when tb.
-    if (!tb) gemm(*db, a, dc, !ta, false, 1.0, beta_b, GemmShape{s.batch, s.k, s.n, s.m});
-    else gemm(*db, dc, a, true, ta, 1.0, beta_b, GemmShape{s.batch, s.n, s.k, s.m});
+    if (!tb) gemm(*db, a, dc_read, !ta, false, 1.0, beta_b, GemmShape{s.batch, s.k, s.n, s.m});
+    else gemm(*db, dc_read, a, true, ta, 1.0, beta_b, GemmShape{s.batch, s.n, s.k, s.m});
   }
 }
 

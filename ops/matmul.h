@@ -30,9 +30,16 @@ void gemm_laid_out(Tensor& c, const MatrixLayout& lc, const Tensor& a, const Mat
                    const MatrixLayout& lb, bool trans_a, bool trans_b, double alpha, double beta,
                    const GemmShape& shape);
 
+// Whether the products on x's device read BF16 operands: on CUDA at --precision bf16 (with BF16
+// operand copies, tensor/precision.h). A BF16 tensor may then be an operand beside FP32 ones, and
+// an op whose output only products read may write it in BF16 (ops::mlp's hidden activation).
+bool products_take_bf16(const Tensor& x);
 // x as the products at the current precision read it on x's device: a BF16 copy on CUDA at
 // --precision bf16, x itself otherwise.
 Tensor as_product_operand(const Tensor& x);
+// a and b as one product's operands: float tensors of one dtype, or BF16 beside FP32 where the
+// products take BF16 (products_take_bf16); throws naming the op otherwise.
+void check_operand_pair(const char* op, const Tensor& a, const char* a_name, const Tensor& b, const char* b_name);
 
 // c += alpha Σ_i op(a_i) op(b_i) over the leading dim i of a and b; c has the shape of one term.
 // The gradient of an operand a whole batch shares (CAST's surrogates). The CPU adds the terms

@@ -6,6 +6,7 @@
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
+#include "ops/matmul.h"
 #include "ops/unary.h"
 #ifdef CAST_WITH_CUDA
 #include "cuda/mlp.h"
@@ -32,6 +33,12 @@ void check_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor
              "mlp: x {}, w1 {}, b1 {}, w2 {} and b2 {} are not (..., D), (D, H), (H), (H, E) and (E)", x.describe(),
              w1.describe(), b1.describe(), w2.describe(), b2.describe());
 }
+
+// The dtype of the hidden activation a = GELU(z). Only W2's products read it (y = a W2 + b2 in
+// the forward, dW2 = aᵀ dy in the backward), so where the products take BF16 operands the kernel
+// that forms it writes it rounded to BF16, the values the products' own copy would hold: no FP32
+// a is written and read back to be copied (two passes over the largest activation of a block).
+DType hidden_dtype(const Tensor& z) { return products_take_bf16(z) ? DType::bf16 : z.dtype(); }
 
 // z += b1 in place, then a = GELU(z): the reference's add and gelu ops (their CPU loops), in one
 // kernel on the GPU.
@@ -63,7 +70,7 @@ void mlp_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w1, const 
                  const Tensor& b2) {
   check_mlp(x, w1, b1, w2, b2);
   linear_product(z, x, w1);
-  Tensor a = Tensor::empty(z.shape(), z.dtype(), z.device());  // (..., hidden), gone with this call
+  Tensor a = Tensor::empty(z.shape(), hidden_dtype(z), z.device());  // (..., hidden), gone with this call
   bias_gelu(z, a, b1);
   linear_forward(y, a, w2, b2);
 }
@@ -71,8 +78,12 @@ void mlp_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w1, const 
 void mlp_backward(const MlpGrads& g, const Tensor& dy, const Tensor& x, const Tensor& z, const Tensor& w1,
                   const Tensor& w2) {
   // a = GELU(z) as the forward formed it, for W2's gradient
-  Tensor a = Tensor::empty(z.shape(), z.dtype(), z.device());
-  unary_forward(a, UnaryOp::gelu, z);
+  Tensor a = Tensor::empty(z.shape(), hidden_dtype(z), z.device());
+#ifdef CAST_WITH_CUDA
+  if (a.dtype() == DType::bf16) cuda::gelu_bf16(a, z);
+  else
+#endif
+    unary_forward(a, UnaryOp::gelu, z);
   // da = dy W2ᵀ, then dz = da · GELU'(z), added into zeros as the reference's gelu node adds
   Tensor da = Tensor::empty(z.shape(), z.dtype(), z.device());
   linear_backward(&da, g.dw2, g.db2, dy, a, w2, 0.0, g.beta[3], g.beta[4]);

@@ -443,7 +443,15 @@ TEST(CudaVsCpu, Bf16OperandsOutsideBf16ProductsAreRefused) {
                     "matmul: a BF16 operand a (");
   EXPECT_CAST_ERROR(ops::gemm_laid_out(c, {0, 4, 16}, a, {0, 4, 16}, b, {0, 4, 16}, false, false, 1.0, 0.0, {1, 4, 4, 4}),
                     "at fp32");
+  // a product or a linear layer reading a BF16 operand beside an FP32 one: only where products take BF16
+  const Tensor bias = rand32({4}, 75, -1.0, 1.0, false).to(Device::cuda);
+  EXPECT_CAST_ERROR(ops::matmul_forward(c, a, b, false, false), "matmul: a BF16 operand a (");
+  EXPECT_CAST_ERROR(ops::linear(a, b, bias), "linear: a BF16 operand x (");
   PrecisionGuard bf16(Precision::bf16);
   EXPECT_EQ(ops::as_product_operand(b.to(Device::cpu)).dtype(), DType::f32);  // the CPU computes in FP32
+  // at bf16 on CUDA: the values of its FP32 form (which the products round to the same BF16)
+  EXPECT_EQ(ops::linear(a, b, bias).to_double_vector(), ops::linear(ops::convert(a, DType::f32), b, bias).to_double_vector());
+  EXPECT_CAST_ERROR(ops::matmul_forward(c, a, Tensor::zeros({4, 4}, DType::i32, Device::cuda), false, false),
+                    "beside f32 or BF16 ones, not");
 }
 #endif

@@ -1,8 +1,14 @@
 // Layer 1: finite-difference gradient checks in f64 for every differentiable op,
 // over several shapes including odd sizes.
+#include <algorithm>
 #include <limits>
+#include <string>
 
 #include "autograd/recompute.h"
+#include "tensor/precision.h"
+#ifdef CAST_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 #include "tests/devices.h"
 #include "tests/test_util.h"
 
@@ -240,19 +246,27 @@ TEST(Grad, Mlp) {
 // ops::mlp, the fast path, gives what its reference (linear, gelu, linear) gives, bit for bit, on
 // every device here: the same ops on the same values, GELU formed again in the backward by the
 // same kernel; in f32 and f64 (the CPU's), over odd shapes; its forward and backward write every
-// element of buffers poisoned with NaN first, and a second backward adds into the gradients.
+// element of buffers poisoned with NaN first, and a second backward adds into the gradients. On
+// CUDA also at --precision bf16, where the fast op writes its hidden activation in BF16 and the
+// reference rounds an FP32 one for the products: the same values, so the same bits. Hidden widths
+// 9 and 16: the products' copies then run their element and their eights kernels.
 TEST(Grad, MlpAgreesWithItsThreeOps) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (Device device : devices_here())
-    for (DType dtype : {DType::f32, DType::f64}) {
+    for (DType dtype : {DType::f32, DType::f64})
+      for (Precision precision : {Precision::fp32, Precision::bf16})
+        for (int64_t hidden : {9, 16}) {
       if (device == Device::cuda && dtype == DType::f64) continue;  // the device runs f32
+      if (precision == Precision::bf16 && device != Device::cuda) continue;  // the CPU computes f32 and f64
+      const PrecisionGuard at(precision);
       for (const Shape& xs : {Shape{5, 7}, Shape{2, 3, 7}, Shape{1, 1, 7}, Shape{0, 7}}) {
-        SCOPED_TRACE(dims(xs) + " " + device_name(device) + " " + dtype_name(dtype));
+        SCOPED_TRACE(dims(xs) + " " + device_name(device) + " " + dtype_name(dtype) + " " +
+                     precision_name(precision) + " hidden " + std::to_string(hidden));
         auto on = [&](const Tensor& t) { return t.to(dtype).to(device); };
-        const Tensor x = on(param(xs, 65)), w1 = on(param({7, 9}, 66)), b1 = on(param({9}, 67)),
-                     w2 = on(param({9, 6}, 68)), b2 = on(param({6}, 69));
+        const Tensor x = on(param(xs, 65)), w1 = on(param({7, hidden}, 66)), b1 = on(param({hidden}, 67)),
+                     w2 = on(param({hidden, 6}, 68)), b2 = on(param({6}, 69));
         Shape ys = xs, zs = xs;
-        ys.back() = 6, zs.back() = 9;
+        ys.back() = 6, zs.back() = hidden;
         const Tensor dy = on(param(ys, 70));
         // the reference, recorded
         std::vector<Tensor> r;
@@ -261,12 +275,26 @@ TEST(Grad, MlpAgreesWithItsThreeOps) {
         autograd::backward(ry, dy);
         // the fast op's forward and backward, into poisoned buffers, then added into once more
         Tensor y = on(Tensor::full(ys, nan, DType::f64)), z = on(Tensor::full(zs, nan, DType::f64));
+        std::vector<std::string> launched;
+#ifdef CAST_WITH_CUDA
+        if (device == Device::cuda) cuda::set_launch_log(&launched);
+#endif
         ops::mlp_forward(y, z, x, w1, b1, w2, b2);
         EXPECT_EQ(y.to_double_vector(), ry.to_double_vector());
         std::vector<Tensor> d;
         for (const Tensor* t : {&x, &w1, &b1, &w2, &b2}) d.push_back(on(Tensor::full(t->shape(), nan, DType::f64)));
         ops::MlpGrads g{&d[0], &d[1], &d[2], &d[3], &d[4]};
         ops::mlp_backward(g, dy, x, z, w1, w2);
+#ifdef CAST_WITH_CUDA
+        cuda::set_launch_log(nullptr);
+#endif
+        if (device == Device::cuda && x.numel() > 0) {  // a BF16 activation at bf16, formed by the BF16 kernels
+          const auto count = [&](const std::string& name) { return std::count(launched.begin(), launched.end(), name); };
+          const bool bf16 = precision == Precision::bf16;
+          EXPECT_EQ(count("bias_gelu_kernel<uint16_t>"), bf16 ? 1 : 0);
+          EXPECT_EQ(count("gelu_bf16_kernel"), bf16 ? 1 : 0);
+          EXPECT_EQ(count("unary_forward_kernel"), bf16 ? 0 : 1);
+        }
         for (int i = 0; i < 5; ++i) EXPECT_EQ(d[i].to_double_vector(), r[i].grad().to_double_vector()) << i;
         for (double& beta : g.beta) beta = 1.0;
         ops::mlp_backward(g, dy, x, z, w1, w2);
