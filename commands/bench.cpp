@@ -5,6 +5,7 @@
 
 #include "commands/attention_options.h"
 
+#include <filesystem>
 #include <map>
 #include <set>
 #include <omp.h>
@@ -129,33 +130,49 @@ TransferCounts transfer_counts(Device device) {
 }
 
 // --json FILE: the rows as JSON lines. The path is checked before any work (a folder, a device or
-// a read-only folder is one error, exit 1), and the file is rewritten atomically after each row,
-// so an interrupted benchmark keeps the rows it finished.
+// a read-only folder is one error, exit 1), and the rows are written atomically after each row, so
+// an interrupted benchmark keeps the rows it finished: into FILE where it did not exist, else into
+// FILE.partial until the last row (an earlier FILE stays whole until this benchmark has all of its
+// rows; a Ctrl-C leaves it as it was, with this run's rows beside it), then into FILE.
 class JsonLines {
  public:
   static constexpr std::string_view kMark = "\"made_by\":\"cast bench\"";
-  JsonLines(std::string path, bool overwrite) : path_(std::move(path)) {
+  JsonLines(std::string path, bool overwrite) : path_(std::move(path)), rows_path_(path_) {
     if (path_.empty()) return;
     train::check_user_output(path_, "--json", "rows of cast bench", kMark, overwrite);
+    if (!files::exists(path_)) return;
+    rows_path_ = path_ + ".partial";
+    train::check_user_output(rows_path_, "--json", "rows of cast bench", kMark, overwrite);
+    fmt::print("--json {}: kept as it is until the last row; the rows go to {} until then\n", path_, rows_path_);
   }
   void add(nlohmann::json row) {
     if (path_.empty()) return;
     row["made_by"] = "cast bench";  // the mark: what a later --json may replace
     if (text_.empty()) row["digest"] = files::kDigestSlot;  // that nobody changed it since
     text_ += row.dump() + '\n';
-    try {
-      files::write_stamped(path_, text_, "--json");
-    } catch (const Error&) {
-      unwritable_ = true;
-      throw;
-    }
+    write(rows_path_);
+  }
+  // The benchmark has all of its rows: they replace an earlier FILE, and FILE.partial goes.
+  void finish() {
+    if (path_.empty() || rows_path_ == path_ || text_.empty()) return;
+    write(path_);
+    std::error_code ec;
+    std::filesystem::remove(rows_path_, ec);
   }
   // The file could not be written (a full disk, a file-size limit): the rows that follow could
   // not be either, so the benchmark stops there rather than going on as if one row had failed.
   bool unwritable() const { return unwritable_; }
 
  private:
-  std::string path_, text_;
+  void write(const std::string& path) {
+    try {
+      files::write_stamped(path, text_, "--json");
+    } catch (const Error&) {
+      unwritable_ = true;
+      throw;
+    }
+  }
+  std::string path_, rows_path_, text_;
   bool unwritable_ = false;
 };
 
@@ -331,6 +348,7 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
   for (const Variant& v : mechanisms)
     fmt::print("{:<12} runs {}\n", v.name,
                fmt::join(nn::step_implementations(layer_config(v, ns.front()), device), ", "));
+  json_out.finish();
   return failed ? 1 : 0;  // a failed row is a failed benchmark
 }
 
@@ -471,6 +489,7 @@ int bench_train(const cli::Args& args, train::Trace* trace) {
     }
     std::fflush(stdout);
   }
+  json_out.finish();
   return failed ? 1 : 0;
 }
 
@@ -548,6 +567,7 @@ int bench_gemm(const cli::Args& args) {
   }
   bench_bandwidth(repeats, warmup, json_out);
   bench_tiles(repeats, warmup, json_out);
+  json_out.finish();
   return 0;
 }
 
@@ -738,6 +758,7 @@ int bench_flash(const cli::Args& args) {
       cuda::set_flash_warp_rows(0);
       cuda::set_flash_copy_stages(0);
     }
+  json_out.finish();
   return 0;
 #else
   (void)args;

@@ -1,5 +1,6 @@
 // `cast compare`: its options, turned into a comparison (train/compare.h).
 #include <algorithm>
+#include <cctype>
 
 #include "tensor/error.h"
 #include "tensor/files.h"
@@ -130,6 +131,9 @@ std::vector<uint64_t> seeds_of(const std::string& list) {
     size_t used = 0;
     int64_t s = -1;
     bool out_of_range = false;
+    // digits only: stoll would pass over a leading space or sign, which no other list takes
+    CAST_CHECK_USAGE(!seed.empty() && std::isdigit(static_cast<unsigned char>(seed[0])),
+                     "--seeds: '{}' is not a seed (a whole number, 0 or more)", seed);
     try {
       s = std::stoll(seed, &used);
     } catch (const std::out_of_range&) {

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -83,7 +84,9 @@ int command_info(const std::vector<std::string>& argv) {
              std::string(CAST_BUILD_ISA) == "native" ? "built for this machine" : "portable build",
              std::string(CAST_BUILD_ISA) == "native" ? "OFF" : "ON");
   fmt::print("blas:      OpenBLAS, {} kernels\n", ops::blas_core());
-  fmt::print("openmp:    {} threads, wait policy {}\n", omp_get_max_threads(), ops::openmp_wait_policy());
+  // OMP_THREAD_LIMIT caps what a parallel region gets below OMP_NUM_THREADS' count
+  const int threads = std::min(omp_get_max_threads(), omp_get_thread_limit());
+  fmt::print("openmp:    {} thread{}, wait policy {}\n", threads, threads == 1 ? "" : "s", ops::openmp_wait_policy());
 #ifdef CAST_WITH_CUDA
   auto gpus = cuda::devices();
   if (gpus.empty()) {

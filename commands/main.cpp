@@ -167,7 +167,9 @@ static bool openmp_settings_are_sane() {
     }
     if (v.empty() || v.size() > 12 || v.find_first_not_of("0123456789") != std::string::npos)
       return refuse("OMP_STACKSIZE", value, "not a stack size (a whole number with B, K, M or G)");
-    const uint64_t bytes = std::stoull(v) * unit;
+    const uint64_t count = std::stoull(v);  // at most 12 digits: no overflow here
+    // a product past 2^64 would wrap to a small size the runtime refuses with its own warning
+    const uint64_t bytes = count > UINT64_MAX / unit ? UINT64_MAX : count * unit;
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     const uint64_t memory = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
     if (memory > 0 && bytes > memory / 4)

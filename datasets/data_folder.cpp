@@ -16,8 +16,8 @@ namespace {
 
 constexpr std::string_view kSettingsLine = "\nsettings: ", kCommandLine = "\ncommand: ", kContentsLine = "\ncontents: ";
 
-std::string mark_text(const std::string& dir) {
-  const std::string mark = dir + "/" + kDataFolderMark;
+std::string mark_text(const std::string& dir, const char* name = kDataFolderMark) {
+  const std::string mark = dir + "/" + name;
   if (!files::exists(mark)) return "";
   try {
     return files::read_file(mark, "data folder mark");
@@ -26,9 +26,10 @@ std::string mark_text(const std::string& dir) {
   }
 }
 
-// The rest of the mark's line that starts with `line` ("\nsettings: "), or "".
-std::string marked_line(const std::string& dir, std::string_view line) {
-  const std::string text = mark_text(dir);
+// The rest of the mark's line that starts with `line` ("\nsettings: "), or "" (the unfinished
+// mark's with `name` kDataUnfinishedMark).
+std::string marked_line(const std::string& dir, std::string_view line, const char* name = kDataFolderMark) {
+  const std::string text = mark_text(dir, name);
   const size_t at = text.find(line);
   if (at == std::string::npos) return "";
   const size_t begin = at + line.size(), end = text.find('\n', begin);
@@ -180,8 +181,23 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
                    "another folder)",
                    dir, replace);
   // a whole set of other settings: the runs trained on it would meet other examples under its
-  // name. A set marked unfinished is no whole set (its rerun, of any settings, completes a set).
+  // name. A set marked unfinished is no whole set, but its files may still be a whole set the
+  // stopped run had not yet changed: the rerun that finishes it is of the settings its unfinished
+  // mark records (an older cast data's records none: any).
   const bool finished = existed && !fs::exists(dir + "/" + kDataUnfinishedMark, ec);
+  // (an unfinished mark that records none, an older cast data's or a hand-made one: the settings
+  // of the whole set the folder's mark still names, whose files it may still hold)
+  const bool recorded = !finished && !marked_line(dir, kSettingsLine, kDataUnfinishedMark).empty();
+  const char* making_mark = recorded ? kDataUnfinishedMark : kDataFolderMark;
+  const std::string making = existed && !finished ? marked_line(dir, kSettingsLine, making_mark) : "";
+  const std::string making_by = making.empty() ? "" : marked_line(dir, kCommandLine, making_mark);
+  CAST_CHECK_USAGE(overwrite || making.empty() || making == settings,
+                   "data folder {}: holds an unfinished {} set of other settings ({}), not these ({}), whose files "
+                   "may still be a whole set; finish it with {}, or choose another folder ({} it)",
+                   dir, kind, making, settings,
+                   making_by.empty() ? std::string("the cast data of those settings")
+                                     : fmt::format("`{} --out {}`", making_by, text::shell_word(dir)),
+                   replace);
   const std::string made_with = finished ? marked_settings(dir) : "";
   CAST_CHECK_USAGE(overwrite || made_with.empty() || made_with == settings,
                    "data folder {}: holds a {} set cast data made with other settings ({}), not these ({}); the "
@@ -207,9 +223,11 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
   return lock;
 }
 
-void mark_data_unfinished(const std::string& dir) {
+void mark_data_unfinished(const std::string& dir, const std::string& settings, const std::string& rerun) {
   files::write_atomic(dir + "/" + kDataUnfinishedMark,
-                      "cast data is writing this data set, or was stopped before it finished: run it again\n",
+                      fmt::format("cast data is writing this data set, or was stopped before it finished: run it "
+                                  "again{}{}{}{}\n",
+                                  kSettingsLine, settings, rerun.empty() ? "" : kCommandLine, rerun),
                       "data folder mark", files::Link::refuse);
 }
 

@@ -239,12 +239,23 @@ void for_each_line(const std::string& path, const std::string& what,
     ~Buffer() { std::free(data); }
   } buffer;
   std::string line;
+  // a line longer than the memory holds (a file of one huge line): named by its number
+  const auto out_of_memory = [&](int64_t number, size_t bytes) {
+    return Error(fmt::format("{} {}: line {}: out of memory reading it (a line of {} bytes or more)", what, path,
+                             number, bytes));
+  };
   for (int64_t number = 1;; ++number) {
+    errno = 0;
     const ssize_t n = ::getline(&buffer.data, &buffer.capacity, file.get());
+    if (n < 0 && errno == ENOMEM) throw out_of_memory(number, buffer.capacity);
     if (n < 0) break;
-    line.assign(buffer.data, static_cast<size_t>(n));
-    if (!line.empty() && line.back() == '\n') line.pop_back();
-    fn(line, number);
+    try {
+      line.assign(buffer.data, static_cast<size_t>(n));
+      if (!line.empty() && line.back() == '\n') line.pop_back();
+      fn(line, number);
+    } catch (const std::bad_alloc&) {
+      throw out_of_memory(number, static_cast<size_t>(n));
+    }
   }
   CAST_CHECK(!std::ferror(file.get()), "{} {}: read failed: {}", what, path, reason(errno));
 }
@@ -788,6 +799,11 @@ void check_output_folder(const std::string& folder, const std::string& what) {
 }
 
 
+void check_folder_can_be_made(const std::string& folder, const std::string& what) {
+  check_output_folder(folder, what);
+  check_folder_takes_files(exists(folder) ? folder : existing_ancestor(folder), what, folder);
+}
+
 void make_writable_folder(const std::string& folder, const std::string& what) {
   check_output_folder(folder, what);  // a FIFO, a file or a link loop is refused by name
   if (!exists(folder)) {
@@ -832,6 +848,45 @@ bool held_here(const std::string& folder) {
   return g_held.contains(key);
 }
 
+namespace {
+// The folders this process writes an output into while another cast process may own them: a
+// shared lock on each folder, kept to the end of the process (by key, as g_held).
+std::map<std::string, Fd> g_shared;
+
+// "another cast process (pid N)": the pid the lock file names where its holder wrote one (a
+// FolderLock), "unknown" where the folder is held by an output's writer (share_folder)
+std::string holder_of(const std::string& folder) {
+  Fd fd(::open((folder + "/.cast.lock").c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) return "unknown";
+  if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) return "unknown";  // nobody holds the file: a writer of outputs
+  char holder[32] = {};
+  const ssize_t n = ::pread(fd.get(), holder, sizeof holder - 1, 0);
+  std::string pid(holder, static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  pid = pid.substr(0, pid.find_first_not_of("0123456789"));
+  return pid.empty() ? "unknown" : pid;
+}
+
+Error in_use_error(const std::string& what, const std::string& folder) {
+  return Error(fmt::format("{} {} is in use by another cast process (pid {}): wait for it to end, or choose another "
+                           "folder",
+                           what, folder, holder_of(folder)));
+}
+}  // namespace
+
+void share_folder(const std::string& folder, const std::string& what) {
+  if (held_here(folder)) return;
+  const std::string key = held_key(folder);
+  const std::lock_guard<std::mutex> guard(g_held_mutex);
+  if (g_shared.contains(key)) return;
+  Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() < 0) return;  // no folder to hold: the write names what is wrong with it
+  if (::flock(dir.get(), LOCK_SH | LOCK_NB) != 0) {
+    CAST_CHECK(errno == EWOULDBLOCK, "{} {}: cannot lock it: {}", what, folder, reason(errno));
+    throw in_use_error(what, folder);
+  }
+  g_shared.emplace(key, std::move(dir));
+}
+
 std::string FolderLock::path_now() const {
   if (dir_.get() < 0) return "";
   std::error_code failed;
@@ -872,16 +927,11 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
   struct stat st {};
   CAST_CHECK(::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode), "{} {}: its lock file {} is {}", what, folder, path,
              kind_of(st.st_mode));
-  const auto in_use = [&] {
-    char holder[32] = {};
-    const ssize_t n = ::pread(fd.get(), holder, sizeof holder - 1, 0);
-    std::string pid(holder, static_cast<size_t>(std::max<ssize_t>(n, 0)));
-    pid = pid.substr(0, pid.find_first_not_of("0123456789"));
-    return Error(
-        fmt::format("{} {} is in use by another cast process (pid {}): wait for it to end, or choose another "
-                    "folder",
-                    what, folder, pid.empty() ? "unknown" : pid));
-  };
+  const auto in_use = [&] { return in_use_error(what, folder); };
+  {  // a folder this process shares for an output it writes there (share_folder) it now holds alone
+    const std::lock_guard<std::mutex> guard(g_held_mutex);
+    g_shared.erase(held_key(folder));
+  }
   // The folder itself is locked too: a lock file deleted under a running process (a clean-up of
   // dot files) would otherwise let a second one in beside it.
   Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));

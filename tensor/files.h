@@ -192,6 +192,9 @@ void check_name_fits(const std::string& path, const std::string& what, size_t ro
 // Creates `folder` (and its parents) when missing and checks that a file can be made in it, with
 // a probe file created exclusively and removed again.
 void make_writable_folder(const std::string& folder, const std::string& what);
+// What make_writable_folder would refuse, said without making anything: the folder (or, where it
+// is missing, the nearest folder above it) is a folder that takes files.
+void check_folder_can_be_made(const std::string& folder, const std::string& what);
 
 // Holds a folder for this process: an exclusive lock (flock) on `<folder>/.cast.lock`, taken
 // before the folder's files are written and let go when the object goes or the process ends,
@@ -217,6 +220,11 @@ class FolderLock {
 };
 // True when this process holds `folder` (a FolderLock of it is alive here).
 bool held_here(const std::string& folder);
+// Takes a shared lock on `folder`, kept until the process ends, for an output this process writes
+// into a folder cast holds for a run or a comparison: refused with one line naming the holder's
+// pid while another cast process holds it (a FolderLock), and while it is kept, no other process
+// takes the folder (a training started meanwhile is refused). Nothing where this process holds it.
+void share_folder(const std::string& folder, const std::string& what);
 
 // A file written line by line (metrics.jsonl): opened without following a link and without
 // blocking, a regular file only; each append is written whole or is an error.

@@ -1983,3 +1983,165 @@ TEST(CliAttack, ARefusedComparisonLeavesNoLockFile) {
   EXPECT_NE(refused.err.find("this run was started with setting 'dim' = 32"), std::string::npos) << refused.err;
   EXPECT_FALSE(fs::exists(d + "/q/.cast.lock"));
 }
+
+// ---- the thirty-third attack
+
+// cast bench --json over an earlier file of its own: the earlier rows stay whole until the new
+// benchmark has all of its rows (a Ctrl-C or SIGTERM after its first row had left one row in their
+// place);
+// until then the rows go to FILE.partial, which the finished benchmark removes.
+TEST(CliAttack, BenchJsonKeepsAnEarlierFileUntilItsLastRow) {
+  const std::string d = fresh_dir("attack33_json");
+  const std::string quick = "bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full";
+  ASSERT_EQ(run(quick + " --json " + d + "/b.jsonl").code, 0);
+  const std::string earlier = slurp(d + "/b.jsonl");
+  // the second row (N 4096) takes many seconds: stopped once the first row is written
+  put(d + "/stop.sh", "cd '" + d + "'\n" + std::string(CAST_BINARY) +
+                          " bench attention --lengths 16,4096 --dim 256 --heads 4 --repeats 50 --warmup 0 "
+                          "--mechanisms full --device cpu --json b.jsonl > out 2>&1 & pid=$!\n"
+                          "for i in $(seq 600); do [ -s b.jsonl.partial ] && break; sleep 0.1; done\n"
+                          "kill -TERM $pid; wait $pid; echo $? > code\n");  // a script's background job ignores SIGINT
+  ASSERT_EQ(std::system(("bash '" + d + "/stop.sh'").c_str()), 0);
+  EXPECT_EQ(slurp(d + "/code"), "143\n") << slurp(d + "/out");
+  EXPECT_EQ(slurp(d + "/b.jsonl"), earlier);
+  EXPECT_EQ(lines(slurp(d + "/b.jsonl.partial")), 1);
+  EXPECT_NE(slurp(d + "/out").find("--json b.jsonl: kept as it is until the last row; the rows go to b.jsonl.partial"),
+            std::string::npos)
+      << slurp(d + "/out");
+  // finished: the new rows replace the earlier ones, and the partial file goes
+  ASSERT_EQ(run("bench attention --lengths 16,32 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full --json " + d +
+                "/b.jsonl")
+                .code,
+            0);
+  EXPECT_EQ(lines(slurp(d + "/b.jsonl")), 2);
+  EXPECT_FALSE(fs::exists(d + "/b.jsonl.partial"));
+}
+
+// A data set whose rerun was stopped (marked unfinished) may still hold the whole set it had:
+// only a rerun of its settings finishes it; other settings need --overwrite (they replaced it).
+TEST(CliAttack, AnUnfinishedSetIsFinishedOnlyByItsOwnSettings) {
+  const std::string d = fresh_dir("attack33_unfinished");
+  ASSERT_EQ(run("data listops-short --count 300 --out " + d + "/s").code, 0);
+  const std::string train = slurp(d + "/s/basic_train.tsv");
+  put(d + "/s/.cast-data-unfinished", "");  // an older cast data's mark records no settings
+  const CliRun other = run("data listops-short --count 50 --seed 9 --out " + d + "/s");
+  EXPECT_EQ(other.code, 2) << other.err;
+  EXPECT_NE(other.err.find("holds an unfinished ListOps set of other settings (300 training"), std::string::npos)
+      << other.err;
+  EXPECT_NE(other.err.find("finish it with `cast data listops-short --count 300 --out " + d + "/s`"), std::string::npos)
+      << other.err;
+  EXPECT_EQ(slurp(d + "/s/basic_train.tsv"), train);
+  // its own settings finish it; a rerun that stops records them in the mark it leaves
+  EXPECT_EQ(run("data listops-short --count 300 --out " + d + "/s").code, 0);
+  EXPECT_FALSE(fs::exists(d + "/s/.cast-data-unfinished"));
+  EXPECT_EQ(run("data listops-short --count 50 --seed 9 --out " + d + "/s --overwrite").code, 0);
+}
+
+// An output into a folder another cast process holds (a run training, a comparison) is refused
+// with the line `cast plot` gives, naming the holder; here the holder is a lock on the folder
+// taken as a FolderLock takes it.
+TEST(CliAttack, AnOutputIntoAFolderAnotherProcessHoldsIsRefused) {
+  const std::string d = fresh_dir("attack33_held");
+  fs::create_directories(d + "/R");
+  put(d + "/R/.cast.lock", "");
+  put(d + "/hold.sh", "cd '" + d + "' && flock -x R sleep 30 & holder=$!\n"
+                          "cd '" + d + "'; for i in $(seq 200); do flock -n -s R true || break; sleep 0.05; done\n" +
+                          std::string(CAST_BINARY) +
+                          " bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
+                          "--device cpu --json R/x.jsonl > out 2> err; echo $? > code\n"
+                          "pkill -P $holder; kill $holder; wait\n");
+  ASSERT_EQ(std::system(("bash '" + d + "/hold.sh'").c_str()), 0);
+  EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
+  EXPECT_NE(slurp(d + "/err").find("--json R/x.jsonl: folder R is in use by another cast process"), std::string::npos)
+      << slurp(d + "/err");
+  EXPECT_FALSE(fs::exists(d + "/R/x.jsonl"));
+}
+
+// A comparison reads every run's data and counts its memory before it makes its folder or trains
+// its first run; two variants of one run on this machine (device cpu and auto, without a GPU) are
+// refused as one run twice.
+TEST(CliAttack, AComparisonChecksEveryRunsDataAndMemoryFirst) {
+  const std::string d = fresh_dir("attack33_compare");
+  fs::create_directories(d + "/bad");
+  put(d + "/bad/basic_train.tsv", "Source\tTarget\tX\n( ( [MAX 1 2 ] ) )\t2\t3\n");
+  fs::copy_file(attack27_data() + "/basic_val.tsv", d + "/bad/basic_val.tsv");
+  fs::copy_file(attack27_data() + "/basic_test.tsv", d + "/bad/basic_test.tsv");
+  const CliRun bad = run("compare --data " + d + "/bad" + kTinyModel + " --steps 1 --attention full --out " + d + "/a/b");
+  EXPECT_EQ(bad.code, 1) << bad.err;
+  EXPECT_NE(bad.err.find("basic_train.tsv:1: expected the header"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(d + "/a"));
+  const std::string model = " --dim 8 --heads 2 --mlp-dim 8 --layers 1";
+  const CliRun big = run("compare --data " + attack27_data() + model +
+                         " --device cpu --steps 1 --attention full --vary batch=2,1048576 --out " + d + "/v");
+  EXPECT_EQ(big.code, 1) << big.err;
+  EXPECT_NE(big.err.find("variant batch=1048576: a training step of batch 1048576"), std::string::npos) << big.err;
+  EXPECT_FALSE(fs::exists(d + "/v"));
+  if (train::resolve_device("auto") == Device::cpu) {
+    const CliRun twice = run("compare --data " + attack27_data() + model +
+                             " --batch 4 --steps 1 --attention full --vary device=cpu,auto --out " + d + "/dv");
+    EXPECT_EQ(twice.code, 2) << twice.err;
+    EXPECT_NE(twice.err.find("the variants 'device=cpu' and 'device=auto' train the same run"), std::string::npos)
+        << twice.err;
+  }
+}
+
+// The default `cast train` checks that its run folder can be made before it generates its data;
+// a best.safetensors of another run's model is refused before a resumed run's first step, not
+// after its last; a seed list takes digits only; an OpenMP stack size past 2^64 bytes is refused.
+TEST(CliAttack, WhatARunWouldRefuseAtItsEndIsRefusedAtItsStart) {
+  const std::string d = fresh_dir("attack33_start");
+  put(d + "/runs", "x");
+  const CliRun file = run("train --dim 8 --heads 2 --mlp-dim 8 --layers 1 --steps 1 --device cpu", d);
+  EXPECT_EQ(file.code, 1) << file.err;
+  EXPECT_NE(file.err.find("run folder runs/listops-short-cast: runs is a file"), std::string::npos) << file.err;
+  EXPECT_FALSE(fs::exists(d + "/data"));
+
+  const std::string every = " --eval-every 2 --checkpoint-every 2 --eval-best --steps 4 --eval-limit 8";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --run " + d + "/a").code, 0);
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --seed 7 --run " + d + "/b").code, 0);
+  fs::copy_file(d + "/b/best.safetensors", d + "/a/best.safetensors", fs::copy_options::overwrite_existing);
+  const CliRun foreign = run("train --resume " + d + "/a/checkpoint.safetensors --steps 6");
+  EXPECT_EQ(foreign.code, 2) << foreign.err;
+  EXPECT_NE(foreign.err.find(d + "/a/best.safetensors is of another model than this run's ('seed' is 7"),
+            std::string::npos)
+      << foreign.err;
+  EXPECT_EQ(foreign.out.find("step 5"), std::string::npos) << foreign.out;
+
+  const CliRun seeds = run("compare --data " + attack27_data() + kTinyModel + " --steps 1 --seeds ' 1' --out " + d + "/s");
+  EXPECT_EQ(seeds.code, 2) << seeds.err;
+  EXPECT_NE(seeds.err.find("--seeds: ' 1' is not a seed"), std::string::npos) << seeds.err;
+  const int stack = std::system(("OMP_STACKSIZE=17179869185G timeout 60 " + std::string(CAST_BINARY) +
+                                  " info > /dev/null 2> " + d + "/stack_err").c_str());
+  EXPECT_EQ(WEXITSTATUS(stack), 2) << slurp(d + "/stack_err");
+  EXPECT_NE(slurp(d + "/stack_err").find("cast: error: OMP_STACKSIZE=17179869185G: more stack per thread than"),
+            std::string::npos)
+      << slurp(d + "/stack_err");
+}
+
+// A data file with a line longer than the memory holds (here under an address-space limit) is
+// named with its line, not left to the general out-of-memory line.
+TEST(CliAttack, ALineLongerThanTheMemoryIsNamed) {
+  const std::string d = fresh_dir("attack33_line");
+  fs::create_directories(d + "/big");
+  {
+    std::ofstream f(d + "/big/basic_train.tsv", std::ios::binary);
+    f << "Source\tTarget\n( ( [MAX ";
+    const std::string ones(1 << 20, '1');
+    std::string chunk;
+    for (size_t i = 0; i < ones.size(); ++i) chunk += i % 2 ? ' ' : '1';
+    for (int i = 0; i < 80; ++i) f << chunk;  // 80 MiB on one line
+    f << "] ) )\t1\n";
+  }
+  fs::copy_file(attack27_data() + "/basic_val.tsv", d + "/big/basic_val.tsv");
+  fs::copy_file(attack27_data() + "/basic_test.tsv", d + "/big/basic_test.tsv");
+  const std::string err = d + "/err";
+  const int status = std::system(("ulimit -v 1200000; OMP_NUM_THREADS=1 timeout 60 " + std::string(CAST_BINARY) +
+                                  " train --data " + d + "/big" + kTinyModel + " --steps 1 --run " + d +
+                                  "/r > /dev/null 2> " + err)
+                                     .c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 1) << slurp(err);
+  EXPECT_NE(slurp(err).find("data file " + d + "/big/basic_train.tsv: line 2: out of memory reading it"),
+            std::string::npos)
+      << slurp(err);
+  fs::remove_all(d + "/big");
+}

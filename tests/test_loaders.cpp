@@ -98,7 +98,11 @@ TEST(ListOps, AStoppedGeneratorLeavesTheSetUnfinishedAndARefusedOneLeavesItWhole
                Stop);
   EXPECT_TRUE(fs::exists(dir + "/" + data::kDataUnfinishedMark));
   EXPECT_CAST_ERROR(data::load_listops(dir, 48), "did not finish");
-  data::generate_listops(dir, spec, 3);  // the rerun completes it
+  // the mark names the settings of the stopped run (seed 4): the set's own settings (seed 3) need
+  // overwrite to make the set again (thirty-third attack: a stopped rerun that had changed no file
+  // was replaced by a third set's settings without it)
+  EXPECT_CAST_ERROR(data::generate_listops(dir, spec, 3), "holds an unfinished ListOps set of other settings");
+  data::generate_listops(dir, spec, 3, true);  // the rerun completes it
   EXPECT_FALSE(fs::exists(dir + "/" + data::kDataUnfinishedMark));
   EXPECT_EQ(slurp(dir + "/basic_train.tsv"), train_rows);
 
@@ -111,8 +115,8 @@ TEST(ListOps, AStoppedGeneratorLeavesTheSetUnfinishedAndARefusedOneLeavesItWhole
 
 // A whole set made with other settings is replaced only with overwrite: the runs trained on it
 // would find other examples under its name (twenty-second attack). The same settings regenerate
-// it, an unfinished set is completed by any, and a mark from before marks kept settings says
-// nothing against a regeneration.
+// it, an unfinished set is completed by the settings its marks record, and a mark from before
+// marks kept settings says nothing against a regeneration.
 TEST(ListOps, ASetOfOtherSettingsIsReplacedOnlyWithOverwrite) {
   const std::string dir = fresh_dir("listops_settings");
   data::ListOpsSpec spec = data::ListOpsSpec::short_cpu();
@@ -135,8 +139,15 @@ TEST(ListOps, ASetOfOtherSettingsIsReplacedOnlyWithOverwrite) {
   EXPECT_EQ(slurp(dir + "/basic_train.tsv"), train_rows);
   data::generate_listops(dir, more, 3, true);
   EXPECT_EQ(data::load_listops(dir, 48).train.size(), 80u);
-  // unfinished: no whole set to keep, so any settings complete it
+  // unfinished: its mark records the settings of the run that stopped, and only those finish it
+  // (thirty-third attack: a stopped rerun may have changed no file of the whole set); a mark that
+  // records none (an older cast data's) stands for the settings of the set the folder's mark
+  // names, whose files it may still hold
   write_text(dir + "/" + data::kDataUnfinishedMark, "stopped\n");
+  EXPECT_CAST_ERROR(data::generate_listops(dir, spec, 3), "holds an unfinished ListOps set of other settings (80 training");
+  write_text(dir + "/" + data::kDataUnfinishedMark,
+             "stopped\nsettings: 60 training, 10 validation and 10 test examples, depth at most 3, at most 5 "
+             "arguments, lengths 6 to 48, seed 3\n");
   data::generate_listops(dir, spec, 3);
   EXPECT_EQ(slurp(dir + "/basic_train.tsv"), train_rows);
   // a mark of before marks kept settings, or a digest: it cannot tell a hand edit, so only

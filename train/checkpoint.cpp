@@ -290,6 +290,11 @@ static void check_only_model_tensors(const TensorFile& f, const nn::ParamList& p
                path, name);
 }
 
+std::string model_difference(const nn::ModelConfig& theirs, const nn::ModelConfig& mine) {
+  const json a = used_model_json(theirs), b = used_model_json(mine);
+  return a == b ? "" : first_difference(a, b, "");
+}
+
 void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v) {
   TensorFile f = read_safetensors(path, "checkpoint");
   // A NaN weight evaluates to a plausible-looking accuracy and poisons a resumed run: every

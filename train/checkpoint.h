@@ -49,6 +49,9 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
 // Reads the configs and counters; loads parameters (and moments when m, v are given) into
 // `model`, which must have been built from the same model config.
 Checkpoint read_checkpoint_header(const std::string& path);
+// "" when a checkpoint of model `theirs` loads into a model built from `mine`, else the first
+// setting where they differ ("'seed' is 7 in the checkpoint but 1 in this model").
+std::string model_difference(const nn::ModelConfig& theirs, const nn::ModelConfig& mine);
 // Refuses (naming the tensor) a file holding a NaN or infinity: such a model evaluates to a
 // plausible-looking accuracy and poisons a resumed run.
 void load_checkpoint(const std::string& path, nn::Transformer& model, std::vector<Tensor>* m, std::vector<Tensor>* v);

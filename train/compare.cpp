@@ -376,13 +376,43 @@ TrainResult run_naming_it(const std::string& progress, const std::string& dir, F
 }
 
 // A run's settings as the model runs them, for telling two variants apart: the folder left out,
-// and a cluster count of 0 (the default) resolved at the longest sequence's tokens.
+// a cluster count of 0 (the default) resolved at the longest sequence's tokens, and the device
+// `auto` resolved to the one this machine gives it.
 std::string resolved_settings(TrainConfig c) {
   c.run_dir.clear();
+  c.device = device_name(resolve_device(c.device, false));
   nn::AttentionConfig& a = c.model.attention;
   if (a.clusters == 0 && a.mechanism != nn::Mechanism::full)
     a.clusters = nn::default_clusters(c.model.tokens() + (c.model.cls_pooling ? 1 : 0));
   return comparable(c, true).dump();
+}
+
+// Every run still to train, against its data: what its start would refuse (a data file that does
+// not read, a split with no examples, a step beyond the device's memory) is refused before the
+// comparison's folder is made and before its first run trains. Each data folder is read once
+// here; a task's default folder not made yet is made and checked when its run starts.
+void check_runs_fit(const CompareSpec& spec, const std::vector<std::pair<CompareRun, TrainConfig>>& plan) {
+  std::map<std::string, data::TaskData> read;  // by task, folder and --max-len
+  for (const auto& [run, config] : plan) {
+    if (files::exists(run.dir + "/summary.json")) continue;  // finished earlier
+    const std::string folder = data_folder(config);
+    if (config.data_dir.empty() && !std::filesystem::exists(folder)) continue;
+    const auto named = [&](const Error& e) {
+      return spec.variants.size() == 1 ? std::string(e.what()) : fmt::format("variant {}: {}", run.variant, e.what());
+    };
+    try {
+      const std::string key = fmt::format("{}\n{}\n{}", config.task, folder, config.model.max_len);
+      auto it = read.find(key);
+      if (it == read.end()) it = read.emplace(key, load_task(config, false)).first;
+      check_run_fits(config, it->second);
+    } catch (const UsageError& e) {
+      throw UsageError(named(e));
+    } catch (const Stopped&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(named(e));
+    }
+  }
 }
 
 // Every run's folder and settings, checked before the first step is spent.
@@ -415,8 +445,8 @@ std::vector<std::pair<CompareRun, TrainConfig>> plan_runs(const CompareSpec& spe
         // two spellings of one run (clusters=0,8 where the default is 8 clusters): trained twice
         CAST_CHECK_USAGE(planned.seed != r.seed || resolved_settings(other) != resolved_settings(c),
                          "--vary: the variants '{}' and '{}' train the same run (their settings agree once a default "
-                         "is resolved, a cluster count of 0 at the model's sequence, and what the mechanism does not "
-                         "read is left out); list it once",
+                         "is resolved, a cluster count of 0 at the model's sequence and the device auto on this "
+                         "machine, and what the mechanism does not read is left out); list it once",
                          planned.variant, r.variant);
       }
       // what each run's start would refuse, refused before the first run trains
@@ -500,6 +530,7 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       same_data.check(checkpoint, stored, config);
     }
   }
+  check_runs_fit(spec, plan);
   files::make_writable_folder(spec.out_dir, "comparison folder");
   const files::FolderLock held(spec.out_dir, "comparison folder");  // one comparison in it at a time
   CompareResult result;

@@ -96,6 +96,9 @@ void check_user_output(const std::string& out, const std::string& option, const 
   CAST_CHECK_USAGE(data.empty(),
                    "{} {}{}: is inside {}, {}, whose files only cast data writes: choose a path outside it", option,
                    out, through, data.empty() || files::same_path(data, folder) ? folder : data, held_by);
+  // not while another cast process owns the folder (a run training, a comparison), and no other
+  // takes it while this output is written
+  files::share_folder(folder, fmt::format("{} {}{}: folder", option, out, through));
   // the run's files, and those a comparison keeps beside its runs
   std::vector<std::string> kept = run_folder_files(folder);
   for (const char* name : {"curves.svg", "results.md", "results.json", "comparison.svg"})
@@ -162,11 +165,19 @@ void check_best_is_not_newer(const TrainConfig& c, int64_t resume_step) {
   const std::string best = c.run_dir + "/best.safetensors";
   if (!files::exists(best)) return;
   int64_t best_step = -1;
+  std::string other_model;
   try {
-    best_step = read_checkpoint_header(best).step;
+    const Checkpoint header = read_checkpoint_header(best);
+    best_step = header.step;
+    other_model = model_difference(header.config.model, c.model);
   } catch (const Error&) {
     return;  // unreadable: the run's end says so where it reads it
   }
+  // a best of another run's model (copied in): the run's end would refuse it after every step
+  CAST_CHECK_USAGE(other_model.empty(),
+                   "{} is of another model than this run's ({}): it is no best of this run; move it out of {} to "
+                   "keep it, then resume",
+                   best, other_model, c.run_dir);
   CAST_CHECK_USAGE(best_step <= resume_step,
                    "{} is of step {}, after the checkpoint's step {} (the process that wrote it was stopped before "
                    "its next checkpoint): the resumed run would train those steps again on another path; move it "

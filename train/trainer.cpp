@@ -245,10 +245,10 @@ void choose_compute(Run& run) {
   run.c.model.recompute = run.c.recompute;
 }
 
+}  // namespace
+
 // The task has examples, fits the model, and a step fits in the device's memory.
-void check_task_fits(const Run& run) {
-  const TrainConfig& c = run.c;
-  const data::TaskData& task = run.task;
+static void check_task_fits(const TrainConfig& c, const data::TaskData& task, Device device) {
   for (const auto& [split, examples] :
        {std::pair<const char*, const std::vector<data::Example>*>{"training", &task.train},
         {"validation", &task.val},
@@ -273,10 +273,19 @@ void check_task_fits(const Run& run) {
   }
   const int64_t length = std::min(c.model.max_len, task.max_len);
   check_clusters_fit(c.model, length);
-  const StepBytes parts = training_step_parts(c.model, c.batch, length, run.device == Device::cuda);
-  require_memory(parts.total(), run.device, fmt::format("a training step of batch {} at length {}", c.batch, length),
+  const StepBytes parts = training_step_parts(c.model, c.batch, length, device == Device::cuda);
+  require_memory(parts.total(), device, fmt::format("a training step of batch {} at length {}", c.batch, length),
                  parts.largest());
 }
+
+void check_run_fits(TrainConfig c, const data::TaskData& task) {
+  // as choose_compute sets them for the run
+  c.model.attention.fused = !c.reference;
+  c.model.recompute = c.recompute;
+  check_task_fits(c, task, resolve_device(c.device, false));
+}
+
+namespace {
 
 // Examples the loader cut to --max-len are said, not trained on silently.
 void note_cut_examples(const data::TaskData& task, int64_t max_len) {
@@ -682,8 +691,10 @@ TrainResult run_training(TrainConfig c, const std::string& resume_from, int64_t 
   if (c.precision != "fp32")
     use_precision(c.precision, resolve_device(c.device, true), "setting 'precision'",
                   resume_from.empty() ? "" : kResumedPrecisionHint);
-  // what the run folder's path is (a file, a '..' out of nothing) is said before data is made
+  // what the run folder's path is (a file, a '..' out of nothing) is said before data is made;
+  // before the default data is made, also that the folder can be made and takes files
   if (!c.run_dir.empty()) files::check_output_folder(c.run_dir, "run folder");
+  if (may_generate) files::check_folder_can_be_made(c.run_dir.empty() ? default_run_dir(c) : c.run_dir, "run folder");
   data::TaskData task;
   try {
     task = load_task(c, may_generate);
@@ -703,7 +714,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   check_run_settings(run, resume_from);
   choose_compute(run);
   if (run.c.run_dir.empty()) run.c.run_dir = default_run_dir(run.c);
-  check_task_fits(run);  // before the folder is touched
+  check_task_fits(run.c, run.task, run.device);  // before the folder is touched
   // the checkpoint read whole (a non-finite value, another model: refused) before the folder is
   // made or locked, or the run's header printed
   build_model(run, resume_from);

@@ -37,6 +37,10 @@ TrainResult run_training(TrainConfig config, const std::string& resume_from = ""
 TrainResult train_on(TrainConfig config, const data::TaskData& task, const std::string& resume_from = "",
                      int64_t stop_after = 0, bool quiet = false);
 
+// What a run's start refuses about its task before the folder is touched: a split with no
+// examples, a task that does not fit the model, a step beyond the device's memory (cast compare
+// asks it of every run before its first).
+void check_run_fits(TrainConfig config, const data::TaskData& task);
 // Refuses more clusters than a sequence of `length` (tokens, or pixels under patches) has.
 void check_clusters_fit(const nn::ModelConfig& m, int64_t length);
 // `from_checkpoint`: the name may be a checkpoint's, kept by a resumed run or an evaluation.
