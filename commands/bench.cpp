@@ -141,8 +141,12 @@ class JsonLines {
     if (path_.empty()) return;
     train::check_user_output(path_, "--json", "rows of cast bench", kMark, overwrite);
     if (!files::exists(path_)) return;
+    // a name cast chooses, so no --overwrite reaches it: never through a link, and replacing only
+    // the rows an earlier benchmark left there
     rows_path_ = path_ + ".partial";
-    train::check_user_output(rows_path_, "--json", "rows of cast bench", kMark, overwrite);
+    files::output_target(rows_path_, "--json", files::Link::refuse);
+    train::check_user_output(rows_path_, "--json", "rows of cast bench", kMark, false, "",
+                             "this benchmark's rows go there until its last row: move it, or choose another --json");
     fmt::print("--json {}: kept as it is until the last row; the rows go to {} until then\n", path_, rows_path_);
   }
   void add(nlohmann::json row) {
@@ -150,12 +154,12 @@ class JsonLines {
     row["made_by"] = "cast bench";  // the mark: what a later --json may replace
     if (text_.empty()) row["digest"] = files::kDigestSlot;  // that nobody changed it since
     text_ += row.dump() + '\n';
-    write(rows_path_);
+    write(rows_path_, rows_path_ == path_ ? files::Link::follow_once : files::Link::refuse);
   }
   // The benchmark has all of its rows: they replace an earlier FILE, and FILE.partial goes.
   void finish() {
     if (path_.empty() || rows_path_ == path_ || text_.empty()) return;
-    write(path_);
+    write(path_, files::Link::follow_once);
     std::error_code ec;
     std::filesystem::remove(rows_path_, ec);
   }
@@ -164,9 +168,9 @@ class JsonLines {
   bool unwritable() const { return unwritable_; }
 
  private:
-  void write(const std::string& path) {
+  void write(const std::string& path, files::Link link) {
     try {
-      files::write_stamped(path, text_, "--json");
+      files::write_stamped(path, text_, "--json", link);
     } catch (const Error&) {
       unwritable_ = true;
       throw;

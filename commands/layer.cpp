@@ -309,6 +309,8 @@ int command_layer(const std::vector<std::string>& argv) {
   CAST_CHECK(x_raw.ndim() == 3, "{}: tensor 'x' must be (B, N, D), got shape {}", file.source,
              shape_str(x_raw.shape()));
   const int64_t B = x_raw.dim(0), N = x_raw.dim(1), D = x_raw.dim(2);
+  CAST_CHECK(D > 0, "{}: tensor 'x' has shape {}: a token needs a width D of at least one", file.source,
+             shape_str(x_raw.shape()));
 
   config.mechanism = nn::parse_mechanism(args.choice("attention", {"full", "cast", "clustered", "iclustered"}));
   cli::check_options_of_mechanisms(args, {config.mechanism});

@@ -807,6 +807,9 @@ void check_folder_can_be_made(const std::string& folder, const std::string& what
 void make_writable_folder(const std::string& folder, const std::string& what) {
   check_output_folder(folder, what);  // a FIFO, a file or a link loop is refused by name
   if (!exists(folder)) {
+    // never made inside a folder another cast process holds (a run training, a comparison)
+    if (const std::string above = existing_ancestor(folder); exists(above + "/.cast.lock"))
+      share_folder(above, fmt::format("{} {}: folder", what, folder));
     // nothing is created under a read-only folder, even by root
     check_folder_takes_files(existing_ancestor(folder), what, folder);
     std::error_code ec;

@@ -2049,7 +2049,7 @@ TEST(CliAttack, AnOutputIntoAFolderAnotherProcessHoldsIsRefused) {
                           std::string(CAST_BINARY) +
                           " bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
                           "--device cpu --json R/x.jsonl > out 2> err; echo $? > code\n"
-                          "pkill -P $holder; kill $holder; wait\n");
+                          "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
   ASSERT_EQ(std::system(("bash '" + d + "/hold.sh'").c_str()), 0);
   EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
   EXPECT_NE(slurp(d + "/err").find("--json R/x.jsonl: folder R is in use by another cast process"), std::string::npos)
@@ -2144,4 +2144,88 @@ TEST(CliAttack, ALineLongerThanTheMemoryIsNamed) {
             std::string::npos)
       << slurp(err);
   fs::remove_all(d + "/big");
+}
+
+// ---- the thirty-fourth attack
+
+// FILE.partial is a name cast chooses: no --overwrite reaches a file of the user's there, and a
+// link there is never written through (it replaced the file it pointed to).
+TEST(CliAttack, BenchJsonsPartialFileIsNeverTheUsers) {
+  const std::string d = fresh_dir("attack34_partial");
+  const std::string bench = "bench attention --lengths 8 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
+                            "--device cpu --json ";
+  put(d + "/res.json", "user results\n");
+  put(d + "/res.json.partial", "my draft\n");
+  const CliRun draft = run(bench + d + "/res.json --overwrite");
+  EXPECT_EQ(draft.code, 2) << draft.err;
+  EXPECT_NE(draft.err.find("res.json.partial"), std::string::npos) << draft.err;
+  EXPECT_EQ(slurp(d + "/res.json.partial"), "my draft\n");
+  EXPECT_EQ(slurp(d + "/res.json"), "user results\n");
+  ASSERT_EQ(run(bench + d + "/other.jsonl").code, 0);
+  const std::string other = slurp(d + "/other.jsonl");
+  ASSERT_EQ(run(bench + d + "/b.jsonl").code, 0);
+  fs::create_symlink("other.jsonl", d + "/b.jsonl.partial");
+  const CliRun link = run(bench + d + "/b.jsonl");
+  EXPECT_NE(link.code, 0) << link.err;
+  EXPECT_NE(link.err.find("b.jsonl.partial"), std::string::npos) << link.err;
+  EXPECT_EQ(slurp(d + "/other.jsonl"), other);
+  EXPECT_TRUE(fs::is_symlink(d + "/b.jsonl.partial"));
+}
+
+// A comparison that varies --max-len reads its one data folder once per length: rerun when
+// finished, it finds each run's set unchanged (each had been compared with the first length's).
+TEST(CliAttack, AComparisonOfMaxLengthsRerunsWhenFinished) {
+  const std::string d = fresh_dir("attack34_maxlen");
+  const std::string cmp = "compare --data " + attack27_data() +
+                          " --attention full --steps 1 --dim 8 --layers 1 --heads 2 --mlp-dim 8 --batch 4 "
+                          "--eval-limit 4 --device cpu --vary max-len=48,8 --out " + d + "/cmp";
+  ASSERT_EQ(run(cmp).code, 0);
+  const CliRun again = run(cmp);
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.out.find("finished earlier"), std::string::npos) << again.out;
+}
+
+// A data set or a comparison is never made inside a folder another cast process holds; a best
+// model that cannot be read is refused before a resumed run's first step where its end would
+// evaluate it; a `cast layer` input of width 0 is named by its file and tensor.
+TEST(CliAttack, NothingIsMadeInAHeldFolderAndABrokenBestIsRefusedFirst) {
+  const std::string d = fresh_dir("attack34_held");
+  fs::create_directories(d + "/R");
+  put(d + "/R/.cast.lock", "");
+  put(d + "/hold.sh", "cd '" + d + "' && flock -x R sleep 30 & holder=$!\n"
+                          "cd '" + d + "'; for i in $(seq 200); do flock -n -s R true || break; sleep 0.05; done\n" +
+                          std::string(CAST_BINARY) + " data listops-short --count 20 --out R/sub > out 2> err; echo $? > code\n" +
+                          std::string(CAST_BINARY) + " compare --data " + attack27_data() + kTinyModel +
+                          " --attention full --steps 1 --out R/cmp > out2 2> err2; echo $? > code2\n"
+                          "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
+  ASSERT_EQ(std::system(("bash '" + d + "/hold.sh'").c_str()), 0);
+  EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
+  EXPECT_NE(slurp(d + "/err").find("data folder R/sub: folder R is in use by another cast process"), std::string::npos)
+      << slurp(d + "/err");
+  EXPECT_EQ(slurp(d + "/code2"), "1\n") << slurp(d + "/err2");
+  EXPECT_NE(slurp(d + "/err2").find("R/cmp: folder R is in use by another cast process"), std::string::npos)
+      << slurp(d + "/err2");
+  EXPECT_FALSE(fs::exists(d + "/R/sub"));
+  EXPECT_FALSE(fs::exists(d + "/R/cmp"));
+
+  const std::string every = " --eval-every 2 --checkpoint-every 2 --steps 4 --eval-limit 8";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --run " + d + "/a").code, 0);
+  put(d + "/a/best.safetensors", "garbage\n");
+  const CliRun broken = run("train --resume " + d + "/a/checkpoint.safetensors --steps 6 --eval-best");
+  EXPECT_EQ(broken.code, 2) << broken.err;
+  EXPECT_NE(broken.err.find(d + "/a/best.safetensors cannot be read as this run's best model"), std::string::npos)
+      << broken.err;
+  EXPECT_EQ(broken.out.find("step 5"), std::string::npos) << broken.out;
+
+  {
+    std::map<std::string, Tensor> t;
+    t["x"] = Tensor::zeros({1, 4, 0});
+    t["dout"] = Tensor::zeros({1, 4, 0});
+    for (const char* w : {"wq", "wk", "wv", "wo"}) t[w] = Tensor::zeros({0, 0});
+    write_safetensors(d + "/d0.st", t);
+  }
+  const CliRun zero = run("layer --in " + d + "/d0.st --out " + d + "/o.st --heads 1");
+  EXPECT_EQ(zero.code, 1) << zero.err;
+  EXPECT_NE(zero.err.find(d + "/d0.st: tensor 'x' has shape [1, 4, 0]: a token needs a width D"), std::string::npos)
+      << zero.err;
 }

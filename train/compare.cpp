@@ -477,8 +477,10 @@ class SameData {
   void check(const std::string& checkpoint, const Checkpoint& stored, const TrainConfig& config) {
     if (stored.data.empty()) return;  // a checkpoint from before fingerprints
     const std::string folder = data_folder(config);
-    auto it = now_.find(folder);
-    if (it == now_.end()) it = now_.emplace(folder, data::fingerprint(load_task(config, false))).first;
+    // the set as the run reads it: cut to its --max-len (a --vary max-len reads one folder two ways)
+    const std::string key = fmt::format("{}\n{}\n{}", config.task, folder, config.model.max_len);
+    auto it = now_.find(key);
+    if (it == now_.end()) it = now_.emplace(key, data::fingerprint(load_task(config, false))).first;
     CAST_CHECK_USAGE(stored.data == it->second,
                      "{}: this run trained on another set than data folder {} now holds ({}; now {}); use another "
                      "--out, or the set it trained on",
@@ -486,7 +488,7 @@ class SameData {
   }
 
  private:
-  std::map<std::string, std::string> now_;  // data folder -> the fingerprint of its set
+  std::map<std::string, std::string> now_;  // task, data folder and --max-len -> the fingerprint of the set
 };
 
 // A run not started in its own folder that another finished run of the comparison already is

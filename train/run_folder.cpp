@@ -165,15 +165,24 @@ void check_best_is_not_newer(const TrainConfig& c, int64_t resume_step) {
   const std::string best = c.run_dir + "/best.safetensors";
   if (!files::exists(best)) return;
   int64_t best_step = -1;
-  std::string other_model;
+  std::string other_model, unusable;
   try {
     const Checkpoint header = read_checkpoint_header(best);
     best_step = header.step;
     other_model = model_difference(header.config.model, c.model);
-  } catch (const Error&) {
-    return;  // unreadable: the run's end says so where it reads it
+    // read whole where the run's end evaluates it (--eval-best): a truncated copy reads its header
+    if (c.eval_best)
+      if (const std::string damage = checkpoint_damage(best); !damage.empty()) unusable = damage + " is not finite";
+  } catch (const Error& e) {
+    if (!c.eval_best) return;  // never read by this run
+    unusable = e.what();
   }
-  // a best of another run's model (copied in): the run's end would refuse it after every step
+  // what the run's end would refuse after every step, refused before the first
+  CAST_CHECK_USAGE(unusable.empty(),
+                   "{} cannot be read as this run's best model ({}), which its end evaluates (--eval-best); move it "
+                   "out of {}, then resume",
+                   best, unusable, c.run_dir);
+  // a best of another run's model (copied in)
   CAST_CHECK_USAGE(other_model.empty(),
                    "{} is of another model than this run's ({}): it is no best of this run; move it out of {} to "
                    "keep it, then resume",
