@@ -5,6 +5,10 @@
 
 #include "commands/attention_options.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <map>
 #include <set>
@@ -139,11 +143,29 @@ class JsonLines {
   static constexpr std::string_view kMark = "\"made_by\":\"cast bench\"";
   JsonLines(std::string path, bool overwrite) : path_(std::move(path)), rows_path_(path_) {
     if (path_.empty()) return;
+    files::check_name_fits(path_, "--json", std::string_view(".partial").size());
+    // room for FILE.partial, where the rows go while an earlier FILE is kept
+    const size_t name = std::filesystem::path(path_).filename().native().size(), most = 255 - 8;
+    CAST_CHECK_USAGE(name <= most,
+                     "--json {}: the name is too long (its {} bytes leave no room for the .partial its rows go to "
+                     "over an earlier file; at most {})",
+                     path_, name, most);
     train::check_user_output(path_, "--json", "rows of cast bench", kMark, overwrite);
     if (!files::exists(path_)) return;
+    // one benchmark at a time over an earlier FILE: a second would share its partial file
+    hold_ = files::Fd(::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+    if (hold_.get() >= 0 && ::flock(hold_.get(), LOCK_EX | LOCK_NB) != 0)
+      throw Error(fmt::format("--json {}: another cast bench is writing its rows over it (into {}.partial): wait for "
+                              "it to end, or choose another path",
+                              path_, path_));
     // a name cast chooses, so no --overwrite reaches it: never through a link, and replacing only
     // the rows an earlier benchmark left there
     rows_path_ = path_ + ".partial";
+    struct stat st {};
+    CAST_CHECK_USAGE(::lstat(rows_path_.c_str(), &st) != 0 || !S_ISLNK(st.st_mode),
+                     "--json {}: {} is a symbolic link, where this benchmark writes its rows until its last row "
+                     "(never through a link): remove it, or choose another --json",
+                     path_, rows_path_);
     files::output_target(rows_path_, "--json", files::Link::refuse);
     train::check_user_output(rows_path_, "--json", "rows of cast bench", kMark, false, "",
                              "this benchmark's rows go there until its last row: move it, or choose another --json");
@@ -178,6 +200,7 @@ class JsonLines {
   }
   std::string path_, rows_path_, text_;
   bool unwritable_ = false;
+  files::Fd hold_;  // an flock on an earlier FILE while this benchmark's rows go to FILE.partial
 };
 
 std::string device_label(Device device) {

@@ -807,9 +807,10 @@ void check_folder_can_be_made(const std::string& folder, const std::string& what
 void make_writable_folder(const std::string& folder, const std::string& what) {
   check_output_folder(folder, what);  // a FIFO, a file or a link loop is refused by name
   if (!exists(folder)) {
-    // never made inside a folder another cast process holds (a run training, a comparison)
-    if (const std::string above = existing_ancestor(folder); exists(above + "/.cast.lock"))
-      share_folder(above, fmt::format("{} {}: folder", what, folder));
+    // never made inside a folder another cast process holds (a run training, a comparison, a
+    // command writing an output there), however deep
+    for (const std::string& above : cast_folders_above(existing_ancestor(folder)))
+      check_not_held_elsewhere(above, fmt::format("{} {}: folder", what, folder));
     // nothing is created under a read-only folder, even by root
     check_folder_takes_files(existing_ancestor(folder), what, folder);
     std::error_code ec;
@@ -875,6 +876,46 @@ Error in_use_error(const std::string& what, const std::string& folder) {
                            what, folder, holder_of(folder)));
 }
 }  // namespace
+
+std::vector<std::string> cast_folders_above(const std::string& folder) {
+  std::vector<std::string> found;
+  const auto look = [&](const fs::path& p) {
+    if (exists((p / ".cast.lock").string())) found.push_back(p.string());
+  };
+  fs::path p = fs::path(folder.empty() ? "." : folder).lexically_normal();
+  if (p.has_relative_path() && p.filename().empty()) p = p.parent_path();  // "a/b/" → "a/b"
+  // as the user spelled it while it goes down from here ("C/run" and "C"), then from the
+  // working folder up, as absolute paths
+  if (p.is_relative() && *p.begin() != "..") {
+    for (; !p.empty() && p != "."; p = p.parent_path()) look(p);
+    std::error_code ec;
+    p = fs::current_path(ec);
+    if (ec) return found;
+  } else {
+    std::error_code ec;
+    p = fs::absolute(p, ec).lexically_normal();
+    if (ec) return found;
+  }
+  for (;; p = p.parent_path()) {
+    look(p);
+    if (!p.has_relative_path()) break;  // the root
+  }
+  return found;
+}
+
+void check_not_held_elsewhere(const std::string& folder, const std::string& what) {
+  if (held_here(folder)) return;
+  {
+    const std::lock_guard<std::mutex> guard(g_held_mutex);
+    if (g_shared.contains(held_key(folder))) return;  // shared here: a probe would meet this process's own lock
+  }
+  Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() < 0) return;
+  if (::flock(dir.get(), LOCK_EX | LOCK_NB) != 0) {
+    CAST_CHECK(errno == EWOULDBLOCK, "{} {}: cannot lock it: {}", what, folder, reason(errno));
+    throw in_use_error(what, folder);
+  }
+}
 
 void share_folder(const std::string& folder, const std::string& what) {
   if (held_here(folder)) return;

@@ -225,6 +225,13 @@ bool held_here(const std::string& folder);
 // pid while another cast process holds it (a FolderLock), and while it is kept, no other process
 // takes the folder (a training started meanwhile is refused). Nothing where this process holds it.
 void share_folder(const std::string& folder, const std::string& what);
+// `folder` and the folders above it that hold `.cast.lock` (a run's, a comparison's or a data
+// set's folder), nearest first: as spelled in `folder` where they are part of it, the others
+// (above the working folder) as absolute paths.
+std::vector<std::string> cast_folders_above(const std::string& folder);
+// Refused with the line share_folder gives while any other cast process holds `folder`, shared or
+// alone (nothing is made inside it); nothing is kept held.
+void check_not_held_elsewhere(const std::string& folder, const std::string& what);
 
 // A file written line by line (metrics.jsonl): opened without following a link and without
 // blocking, a regular file only; each append is written whole or is an error.

@@ -2102,7 +2102,7 @@ TEST(CliAttack, WhatARunWouldRefuseAtItsEndIsRefusedAtItsStart) {
   fs::copy_file(d + "/b/best.safetensors", d + "/a/best.safetensors", fs::copy_options::overwrite_existing);
   const CliRun foreign = run("train --resume " + d + "/a/checkpoint.safetensors --steps 6");
   EXPECT_EQ(foreign.code, 2) << foreign.err;
-  EXPECT_NE(foreign.err.find(d + "/a/best.safetensors is of another model than this run's ('seed' is 7"),
+  EXPECT_NE(foreign.err.find(d + "/a/best.safetensors is of another run than this one (setting 'seed' is 7 there"),
             std::string::npos)
       << foreign.err;
   EXPECT_EQ(foreign.out.find("step 5"), std::string::npos) << foreign.out;
@@ -2228,4 +2228,90 @@ TEST(CliAttack, NothingIsMadeInAHeldFolderAndABrokenBestIsRefusedFirst) {
   EXPECT_EQ(zero.code, 1) << zero.err;
   EXPECT_NE(zero.err.find(d + "/d0.st: tensor 'x' has shape [1, 4, 0]: a token needs a width D"), std::string::npos)
       << zero.err;
+}
+
+// ---- the thirty-fifth attack
+
+// A best model of another run is refused whatever tells it apart: a setting the run cannot change
+// (its lr), named with the values the user gave; a branch does not take one along; nothing is
+// written or made in a run folder of a comparison another process holds, nor made inside a folder
+// a command holds shared; two benchmarks over one earlier --json file are not run at once; a
+// --json name too long for its partial file is refused before any work.
+TEST(CliAttack, ARunsBestAndAHeldComparisonAreTheirOwn) {
+  const std::string d = fresh_dir("attack35");
+  const std::string every = " --eval-every 2 --checkpoint-every 2 --eval-best --steps 4 --eval-limit 8";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --run " + d + "/a").code, 0);
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --lr 0.01 --run " + d + "/b").code, 0);
+  fs::copy_file(d + "/b/best.safetensors", d + "/a/best.safetensors", fs::copy_options::overwrite_existing);
+  const CliRun lr = run("train --resume " + d + "/a/checkpoint.safetensors --steps 6");
+  EXPECT_EQ(lr.code, 2) << lr.err;
+  EXPECT_NE(lr.err.find("is of another run than this one (setting 'lr' is 0.01 there but"), std::string::npos)
+      << lr.err;
+  const CliRun branch = run("train --resume " + d + "/a/checkpoint.safetensors --steps 6 --run " + d + "/branch");
+  EXPECT_EQ(branch.code, 2) << branch.err;
+  EXPECT_NE(branch.err.find(d + "/a/best.safetensors is of another run than this one"), std::string::npos)
+      << branch.err;
+  EXPECT_FALSE(fs::exists(d + "/branch"));
+
+  // a comparison C holding its folder (here a lock as its FolderLock takes it) around a run folder
+  fs::create_directories(d + "/C/run");
+  put(d + "/C/.cast.lock", "");
+  put(d + "/C/run/.cast.lock", "");
+  put(d + "/hold.sh", "cd '" + d + "' && flock -x C sleep 30 & holder=$!\n"
+                          "cd '" + d + "'; for i in $(seq 200); do flock -n -s C true || break; sleep 0.05; done\n" +
+                          std::string(CAST_BINARY) +
+                          " bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
+                          "--device cpu --json C/run/x.jsonl > out 2> err; echo $? > code\n" +
+                          std::string(CAST_BINARY) + " data listops-short --count 20 --out C/run/dd > out2 2> err2; echo $? > code2\n"
+                          "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
+  ASSERT_EQ(std::system(("bash '" + d + "/hold.sh'").c_str()), 0);
+  EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
+  EXPECT_NE(slurp(d + "/err").find("--json C/run/x.jsonl: folder C is in use by another cast process"),
+            std::string::npos)
+      << slurp(d + "/err");
+  EXPECT_EQ(slurp(d + "/code2"), "1\n") << slurp(d + "/err2");
+  EXPECT_NE(slurp(d + "/err2").find("folder C is in use by another cast process"), std::string::npos)
+      << slurp(d + "/err2");
+  EXPECT_FALSE(fs::exists(d + "/C/run/x.jsonl"));
+  EXPECT_FALSE(fs::exists(d + "/C/run/dd"));
+
+  // held shared (a command writing an output there): no folder is made inside it
+  fs::create_directories(d + "/S");
+  put(d + "/S/.cast.lock", "");
+  put(d + "/share.sh", "cd '" + d + "' && flock -s S sleep 30 & holder=$!\n"
+                           "cd '" + d + "'; for i in $(seq 200); do flock -n -x S true || break; sleep 0.05; done\n" +
+                           std::string(CAST_BINARY) + " data listops-short --count 20 --out S/sub > out3 2> err3; echo $? > code3\n"
+                           "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
+  ASSERT_EQ(std::system(("bash '" + d + "/share.sh'").c_str()), 0);
+  EXPECT_EQ(slurp(d + "/code3"), "1\n") << slurp(d + "/err3");
+  EXPECT_NE(slurp(d + "/err3").find("folder S is in use by another cast process (pid unknown)"), std::string::npos)
+      << slurp(d + "/err3");
+  EXPECT_FALSE(fs::exists(d + "/S/sub"));
+
+  // --json: a benchmark over an earlier file it shares with another is refused; a name with no room
+  const std::string bench = "bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
+                            "--device cpu --json ";
+  ASSERT_EQ(run(bench + d + "/w.jsonl").code, 0);
+  put(d + "/twice.sh", "cd '" + d + "' && flock -x w.jsonl sleep 30 & holder=$!\n"
+                           "cd '" + d + "'; for i in $(seq 200); do flock -n -s w.jsonl true || break; sleep 0.05; done\n" +
+                           std::string(CAST_BINARY) + " " + bench + "w.jsonl > out4 2> err4; echo $? > code4\n"
+                           "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
+  ASSERT_EQ(std::system(("bash '" + d + "/twice.sh'").c_str()), 0);
+  EXPECT_EQ(slurp(d + "/code4"), "1\n") << slurp(d + "/err4");
+  EXPECT_NE(slurp(d + "/err4").find("--json w.jsonl: another cast bench is writing its rows over it"),
+            std::string::npos)
+      << slurp(d + "/err4");
+  EXPECT_FALSE(fs::exists(d + "/w.jsonl.partial"));
+  fs::create_symlink("w.jsonl", d + "/w2.jsonl.partial");
+  ASSERT_EQ(run(bench + d + "/w2.jsonl").code, 0);  // w2.jsonl is new: no partial file then
+  fs::remove(d + "/w2.jsonl.partial");
+  fs::create_symlink("w.jsonl", d + "/w2.jsonl.partial");
+  const CliRun link = run(bench + d + "/w2.jsonl");
+  EXPECT_EQ(link.code, 2) << link.err;
+  EXPECT_NE(link.err.find("w2.jsonl.partial is a symbolic link, where this benchmark writes its rows"),
+            std::string::npos)
+      << link.err;
+  const CliRun long_name = run(bench + d + "/" + std::string(250, 'n'));
+  EXPECT_EQ(long_name.code, 2) << long_name.err;
+  EXPECT_NE(long_name.err.find("the name is too long"), std::string::npos) << long_name.err;
 }

@@ -393,7 +393,9 @@ std::string resolved_settings(TrainConfig c) {
 // here; a task's default folder not made yet is made and checked when its run starts.
 void check_runs_fit(const CompareSpec& spec, const std::vector<std::pair<CompareRun, TrainConfig>>& plan) {
   std::map<std::string, data::TaskData> read;  // by task, folder and --max-len
-  for (const auto& [run, config] : plan) {
+  for (const auto& planned : plan) {
+    const CompareRun& run = planned.first;  // not a structured binding, which clang 14's lambdas cannot capture
+    const TrainConfig& config = planned.second;
     if (files::exists(run.dir + "/summary.json")) continue;  // finished earlier
     const std::string folder = data_folder(config);
     if (config.data_dir.empty() && !std::filesystem::exists(folder)) continue;

@@ -88,6 +88,11 @@ void check_user_output(const std::string& out, const std::string& option, const 
   if (!out.empty()) files::output_target(out, option, files::Link::follow_once);
   const std::string folder = folder_of(target);
   const bool own = !owner.empty() && files::same_path(folder, owner);
+  // not while another cast process holds a folder it lies in (a comparison around a run's folder
+  // too), and no other takes them while this output is written; the command's own folder is its
+  if (!target.empty())
+    for (const std::string& above : files::cast_folders_above(folder))
+      if (!own || !files::same_path(above, owner)) files::share_folder(above, fmt::format("{} {}: folder", option, out));
   const std::string data = target.empty() ? "" : data_set_around(folder);
   const bool held = !data.empty() || (!target.empty() && files::exists(folder + "/.cast.lock"));
   if (!held || own) return files::check_may_replace(out, option, kind, mark, overwrite, remedy);
@@ -96,9 +101,6 @@ void check_user_output(const std::string& out, const std::string& option, const 
   CAST_CHECK_USAGE(data.empty(),
                    "{} {}{}: is inside {}, {}, whose files only cast data writes: choose a path outside it", option,
                    out, through, data.empty() || files::same_path(data, folder) ? folder : data, held_by);
-  // not while another cast process owns the folder (a run training, a comparison), and no other
-  // takes it while this output is written
-  files::share_folder(folder, fmt::format("{} {}{}: folder", option, out, through));
   // the run's files, and those a comparison keeps beside its runs
   std::vector<std::string> kept = run_folder_files(folder);
   for (const char* name : {"curves.svg", "results.md", "results.json", "comparison.svg"})
@@ -161,15 +163,17 @@ void check_checkpoint_is_the_newest(const TrainConfig& c, const std::string& res
 // checkpoint first). One that is (written by an older cast, which saved only the best, before
 // the process was killed) is of steps the resume trains again on another path: the run's end
 // would refuse it after all its steps, so it is refused now, before the first.
-void check_best_is_not_newer(const TrainConfig& c, int64_t resume_step) {
-  const std::string best = c.run_dir + "/best.safetensors";
+void check_best_is_not_newer(const TrainConfig& c, const std::string& folder, int64_t resume_step) {
+  const std::string best = folder + "/best.safetensors";
   if (!files::exists(best)) return;
   int64_t best_step = -1;
-  std::string other_model, unusable;
+  std::string other_run, unusable;
   try {
     const Checkpoint header = read_checkpoint_header(best);
     best_step = header.step;
-    other_model = model_difference(header.config.model, c.model);
+    // a setting the run cannot change (its lr, its seed), then the model's own
+    other_run = fixed_setting_difference(header.config, c);
+    if (other_run.empty()) other_run = model_difference(header.config.model, c.model);
     // read whole where the run's end evaluates it (--eval-best): a truncated copy reads its header
     if (c.eval_best)
       if (const std::string damage = checkpoint_damage(best); !damage.empty()) unusable = damage + " is not finite";
@@ -181,17 +185,17 @@ void check_best_is_not_newer(const TrainConfig& c, int64_t resume_step) {
   CAST_CHECK_USAGE(unusable.empty(),
                    "{} cannot be read as this run's best model ({}), which its end evaluates (--eval-best); move it "
                    "out of {}, then resume",
-                   best, unusable, c.run_dir);
-  // a best of another run's model (copied in)
-  CAST_CHECK_USAGE(other_model.empty(),
-                   "{} is of another model than this run's ({}): it is no best of this run; move it out of {} to "
-                   "keep it, then resume",
-                   best, other_model, c.run_dir);
+                   best, unusable, folder);
+  // a best of another run (copied in), which a branch would also take along
+  CAST_CHECK_USAGE(other_run.empty(),
+                   "{} is of another run than this one ({}): it is no best of this run; move it out of {} to keep "
+                   "it, then resume",
+                   best, other_run, folder);
   CAST_CHECK_USAGE(best_step <= resume_step,
                    "{} is of step {}, after the checkpoint's step {} (the process that wrote it was stopped before "
                    "its next checkpoint): the resumed run would train those steps again on another path; move it "
                    "out of {} to keep it, then resume",
-                   best, best_step, resume_step, c.run_dir);
+                   best, best_step, resume_step, folder);
 }
 
 // A resume into the checkpoint's own folder continues the run from its newest checkpoint only;
@@ -223,7 +227,7 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
                      resume_from, resume_step, c.run_dir, finished_at);
   }
   check_checkpoint_is_the_newest(c, resume_from, resume_step);
-  check_best_is_not_newer(c, resume_step);
+  check_best_is_not_newer(c, c.run_dir, resume_step);
   CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on with a larger --steps",
@@ -384,6 +388,12 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   // nor among another data set's files, at any depth: cast data there would replace the run's
   check_not_in_a_data_set(c.run_dir, "run folder", "--run");
   check_not_in_a_comparison(c.run_dir);
+  // the best a branch takes along (copy_best) is held to the rule of a resume in place, before
+  // the branch's folder is made
+  if (const std::string source = folder_of(resume_from);
+      !resume_from.empty() && !files::same_file(source, c.run_dir) &&
+      !files::same_file(resume_from, source + "/best.safetensors"))
+    check_best_is_not_newer(c, source, resume_step);
   // What would refuse the run is checked before the folder is made or locked, so that a refusal
   // leaves it as it was (no lock file in a user's folder), and again once it is held. First what
   // the folder is: one that takes no files, or one another cast process holds, is said as such

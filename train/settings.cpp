@@ -684,6 +684,19 @@ bool mechanism_reads(nn::Mechanism mechanism, const std::string& name) {
   return true;  // the mechanism itself
 }
 
+std::string fixed_setting_difference(const TrainConfig& theirs, const TrainConfig& mine) {
+  for (const Setting& s : settings()) {
+    if (s.resumable) continue;
+    if (s.home == Home::attention && !mechanism_reads(mine.model.attention.mechanism, s.name) &&
+        !mechanism_reads(theirs.model.attention.mechanism, s.name))
+      continue;
+    if (s.get(theirs) != s.get(mine))
+      return fmt::format("setting '{}' is {} there but {} in this run", s.name, setting_value(theirs, s.name),
+                         setting_value(mine, s.name));
+  }
+  return "";
+}
+
 json used_model_json(const nn::ModelConfig& m) {
   json j = model_json(m);
   for (const Setting& s : settings())

@@ -110,6 +110,10 @@ std::string naming_settings_file(const std::string& message, const nlohmann::jso
                                                const nlohmann::json& flags, const std::string& path);
 // A setting's value in `c`, as its flag would spell it (the inverse of setting_from_text).
 std::string setting_value(const TrainConfig& c, const std::string& name);
+// The first setting a resumed run may not change (not `resumable`) whose values in `theirs` and
+// `mine` differ, as "setting 'lr' is 0.01 there but 0.001 in this run"; "" where none does (what
+// the mechanism does not read is left out): whether a file is of the same run.
+std::string fixed_setting_difference(const TrainConfig& theirs, const TrainConfig& mine);
 // One setting's value from text ("--vary lr=1e-3,3e-3", a flag's value), typed as the setting is.
 nlohmann::json setting_from_text(const std::string& name, const std::string& text);
 
