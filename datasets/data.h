@@ -73,9 +73,10 @@ constexpr const char* kDataUnfinishedMark = ".cast-data-unfinished";
 // with both; the mark keeps it, so that advice for a set missing files repeats it); "" for none.
 files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, const std::vector<std::string>& outputs,
                                     const std::string& kind, const std::string& settings, const std::string& rerun);
-// The unfinished mark records the settings and the command of the generator writing: only a rerun
+// The unfinished mark records the kind, the settings and the command of the generator writing: only a rerun
 // of those settings (or --overwrite) may finish or replace the set it stopped in.
-void mark_data_unfinished(const std::string& dir, const std::string& settings, const std::string& rerun);
+void mark_data_unfinished(const std::string& dir, const std::string& kind, const std::string& settings,
+                          const std::string& rerun);
 void mark_data_folder(const std::string& dir, const std::string& kind, const std::string& settings,
                       const std::string& rerun);
 // The kind of set a folder's mark names ("ListOps", "Pathfinder"); "" for a mark that names none

@@ -14,7 +14,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::string_view kSettingsLine = "\nsettings: ", kCommandLine = "\ncommand: ", kContentsLine = "\ncontents: ";
+constexpr std::string_view kSettingsLine = "\nsettings: ", kCommandLine = "\ncommand: ", kContentsLine = "\ncontents: ",
+                           kKindLine = "\nkind: ";  // the unfinished mark's (the whole set's mark names it in its text)
 
 std::string mark_text(const std::string& dir, const char* name = kDataFolderMark) {
   const std::string mark = dir + "/" + name;
@@ -171,7 +172,9 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
                    "them: choose another folder",
                    dir, theirs);
   // another kind of set: its files would stay beside the new set's, which no --overwrite changes
-  const std::string there = existed ? marked_kind(dir) : "";
+  // (an unfinished one's kind as its mark records it)
+  std::string there = existed ? marked_kind(dir) : "";
+  if (existed && there.empty()) there = marked_line(dir, kKindLine, kDataUnfinishedMark);
   CAST_CHECK_USAGE(there.empty() || there == kind,
                    "data folder {}: holds a {} set made by cast data; a {} set there would lie beside its files: "
                    "choose another folder",
@@ -192,9 +195,10 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
   const std::string making = existed && !finished ? marked_line(dir, kSettingsLine, making_mark) : "";
   const std::string making_by = making.empty() ? "" : marked_line(dir, kCommandLine, making_mark);
   CAST_CHECK_USAGE(overwrite || making.empty() || making == settings,
-                   "data folder {}: holds an unfinished {} set of other settings ({}), not these ({}), whose files "
-                   "may still be a whole set; finish it with {}, or choose another folder ({} it)",
-                   dir, kind, making, settings,
+                   "data folder {}: holds an unfinished {} set of other settings ({}), not these ({}){}; finish it "
+                   "with {}, or choose another folder ({} it)",
+                   dir, there.empty() ? kind : there, making, settings,
+                   fs::exists(dir + "/" + kDataFolderMark, ec) ? ", whose files may still be a whole set" : "",
                    making_by.empty() ? std::string("the cast data of those settings")
                                      : fmt::format("`{} --out {}`", making_by, text::shell_word(dir)),
                    replace);
@@ -223,11 +227,12 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
   return lock;
 }
 
-void mark_data_unfinished(const std::string& dir, const std::string& settings, const std::string& rerun) {
+void mark_data_unfinished(const std::string& dir, const std::string& kind, const std::string& settings,
+                          const std::string& rerun) {
   files::write_atomic(dir + "/" + kDataUnfinishedMark,
                       fmt::format("cast data is writing this data set, or was stopped before it finished: run it "
-                                  "again{}{}{}{}\n",
-                                  kSettingsLine, settings, rerun.empty() ? "" : kCommandLine, rerun),
+                                  "again{}{}{}{}{}{}\n",
+                                  kKindLine, kind, kSettingsLine, settings, rerun.empty() ? "" : kCommandLine, rerun),
                       "data folder mark", files::Link::refuse);
 }
 

@@ -170,7 +170,7 @@ void generate_listops(const std::string& dir, const ListOpsSpec& spec, uint64_t 
   auto part = [&](int64_t begin, int64_t n) {
     return std::vector<std::pair<std::string, int>>(rows.begin() + begin, rows.begin() + begin + n);
   };
-  mark_data_unfinished(dir, settings, rerun);  // the examples are drawn: the set's files change from here
+  mark_data_unfinished(dir, "ListOps", settings, rerun);  // the examples are drawn: the set's files change from here
   write_split(dir + "/basic_train.tsv", part(0, spec.train));
   if (stop_check) stop_check();
   write_split(dir + "/basic_val.tsv", part(spec.train, spec.val));

@@ -191,7 +191,7 @@ void generate_pathfinder(const std::string& dir, const PathfinderSpec& spec, uin
                                            spec.count, spec.side, spec.side, spec.contour_length, spec.distractors,
                                            seed);
   const files::FolderLock lock = claim_data_folder(dir, overwrite, {dir + "/metadata/0.npy"}, "Pathfinder", settings, rerun);
-  mark_data_unfinished(dir, settings, rerun);  // images are written as they are drawn
+  mark_data_unfinished(dir, "Pathfinder", settings, rerun);  // images are written as they are drawn
   files::make_writable_folder(dir + "/imgs/0", "Pathfinder folder");
   remove_stale_images(dir + "/imgs/0", -1);  // a stopped run's temporary files
   files::make_writable_folder(dir + "/metadata", "Pathfinder folder");

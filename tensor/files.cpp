@@ -900,6 +900,18 @@ std::vector<std::string> cast_folders_above(const std::string& folder) {
     look(p);
     if (!p.has_relative_path()) break;  // the root
   }
+  // and the folders it really lies in, its links resolved (a link into a held folder, "link/.."),
+  // where the spelled path did not pass them
+  std::error_code ec;
+  fs::path real = fs::weakly_canonical(fs::absolute(folder.empty() ? "." : folder, ec), ec);
+  if (ec) return found;
+  std::set<std::string> seen;
+  for (const std::string& f : found) seen.insert(held_key(f));
+  for (;; real = real.parent_path()) {
+    if (exists((real / ".cast.lock").string()) && seen.insert(held_key(real.string())).second)
+      found.push_back(real.string());
+    if (!real.has_relative_path()) break;
+  }
   return found;
 }
 

@@ -2315,3 +2315,48 @@ TEST(CliAttack, ARunsBestAndAHeldComparisonAreTheirOwn) {
   EXPECT_EQ(long_name.code, 2) << long_name.err;
   EXPECT_NE(long_name.err.find("the name is too long"), std::string::npos) << long_name.err;
 }
+
+// ---- the thirty-sixth attack
+
+// A link into a held folder is no way around its holder: the folders an output or a new folder
+// really lies in are found with their links resolved ("link/x", "link/.."). An unfinished set of
+// one kind is no place for a set of another, --overwrite or not, and its refusal names its kind.
+TEST(CliAttack, ALinkIntoAHeldFolderAndAnUnfinishedSetOfAnotherKindAreRefused) {
+  const std::string d = fresh_dir("attack36");
+  fs::create_directories(d + "/R/deeper");
+  put(d + "/R/.cast.lock", "");
+  fs::create_directory_symlink("R/deeper", d + "/DL");
+  put(d + "/hold.sh", "cd '" + d + "' && flock -x R sleep 30 & holder=$!\n"
+                          "cd '" + d + "'; for i in $(seq 200); do flock -n -s R true || break; sleep 0.05; done\n" +
+                          std::string(CAST_BINARY) +
+                          " bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
+                          "--device cpu --json DL/../y.jsonl > out 2> err; echo $? > code\n" +
+                          std::string(CAST_BINARY) + " data listops-short --count 20 --out DL/dd > out2 2> err2; echo $? > code2\n"
+                          "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
+  ASSERT_EQ(std::system(("bash '" + d + "/hold.sh'").c_str()), 0);
+  EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
+  EXPECT_NE(slurp(d + "/err").find("R is in use by another cast process"), std::string::npos) << slurp(d + "/err");
+  EXPECT_EQ(slurp(d + "/code2"), "1\n") << slurp(d + "/err2");
+  EXPECT_NE(slurp(d + "/err2").find("R is in use by another cast process"), std::string::npos) << slurp(d + "/err2");
+  EXPECT_FALSE(fs::exists(d + "/R/y.jsonl"));
+  EXPECT_FALSE(fs::exists(d + "/R/deeper/dd"));
+
+  // a Pathfinder set stopped before it finished (as its generator leaves it: images, the mark)
+  ASSERT_EQ(run("data pathfinder --count 20 --out " + d + "/pf").code, 0);
+  fs::remove(d + "/pf/.made-by-cast");
+  put(d + "/pf/.cast-data-unfinished", "cast data is writing this data set\nkind: Pathfinder\nsettings: 8 images\n");
+  for (const std::string& flags : {"", " --overwrite"}) {
+    const CliRun other = run("data listops-short --count 50 --out " + d + "/pf" + flags);
+    EXPECT_EQ(other.code, 2) << other.err;
+    EXPECT_NE(other.err.find("holds a Pathfinder set made by cast data; a ListOps set there would lie beside its files"),
+              std::string::npos)
+        << other.err;
+  }
+  EXPECT_FALSE(fs::exists(d + "/pf/basic_train.tsv"));
+  const CliRun same_kind = run("data pathfinder --count 10 --out " + d + "/pf");
+  EXPECT_EQ(same_kind.code, 2) << same_kind.err;
+  EXPECT_NE(same_kind.err.find("holds an unfinished Pathfinder set of other settings (8 images), not these"),
+            std::string::npos)
+      << same_kind.err;
+  EXPECT_EQ(same_kind.err.find("may still be a whole set"), std::string::npos) << same_kind.err;
+}
