@@ -943,6 +943,13 @@ void share_folder(const std::string& folder, const std::string& what) {
   g_shared.emplace(key, std::move(dir));
 }
 
+bool FolderLock::still_at(const std::string& path) const {
+  if (dir_.get() < 0) return true;
+  struct stat held {}, there {};
+  if (::fstat(dir_.get(), &held) != 0) return true;  // cannot tell: the write says what is wrong
+  return ::stat(path.c_str(), &there) == 0 && there.st_dev == held.st_dev && there.st_ino == held.st_ino;
+}
+
 std::string FolderLock::path_now() const {
   if (dir_.get() < 0) return "";
   std::error_code failed;
@@ -1007,7 +1014,8 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
   // this name (a checkpoint copied there, a user's note) is locked as it is, never rewritten
   char held[24] = {};
   const ssize_t n = ::pread(fd.get(), held, sizeof held, 0);
-  const std::string before(held, static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  std::string before(held, static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  while (!before.empty() && std::isspace(static_cast<unsigned char>(before.back()))) before.pop_back();  // "1\n"
   if (st.st_size <= 20 && before.find_first_not_of("0123456789") == std::string::npos && ::ftruncate(fd.get(), 0) == 0)
     (void)!::pwrite(fd.get(), pid.data(), pid.size(), 0);
   fd_ = std::move(fd);

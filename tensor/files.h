@@ -211,6 +211,9 @@ class FolderLock {
   // Where the held folder is now (it may have been moved while held): its absolute path, or ""
   // where that cannot be told (not held, or not on Linux's /proc).
   std::string path_now() const;
+  // Whether `path` still names the held folder (not moved away, nor another folder put at its
+  // name); true where nothing is held.
+  bool still_at(const std::string& path) const;
 
  private:
   void forget();  // leaves held_here()'s list

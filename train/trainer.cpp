@@ -353,9 +353,8 @@ std::string how_to_continue(const Run& run) {
     const std::string now = run.folder_lock.path_now();  // the held folder, wherever it went
     if (!now.empty() && files::exists(now + "/checkpoint.safetensors")) {
       if (!run.c.resume_command.empty())  // a comparison's run: the comparison goes on, from where its folder went
-        return fmt::format("{}: the folder is now {}; run the comparison again with --out {} ({})",
-                           no_checkpoint_at(run.checkpoint), now, std::filesystem::path(now).parent_path().string(),
-                           run.c.resume_command);
+        return fmt::format("{}: the folder is now {}; run the same cast compare again with --out {}",
+                           no_checkpoint_at(run.checkpoint), now, std::filesystem::path(now).parent_path().string());
       return fmt::format("{}: the folder is now {}; resume with: cast train --resume {}",
                          no_checkpoint_at(run.checkpoint), now, shell_quote(now + "/checkpoint.safetensors"));
     }
@@ -378,9 +377,29 @@ void note_for_a_second_signal(const Run& run) {
     set_second_signal_note(": no checkpoint was written yet; " + run_again(run));
 }
 
+// The run's files go into the folder it holds. Where that folder was moved, or another folder (or
+// a link elsewhere) now has its name, a write by name would land in someone else's folder: the
+// run stops before it, naming where its folder is now and how to go on from there.
+void check_folder_in_place(const Run& run) {
+  if (run.folder_lock.still_at(run.c.run_dir)) return;
+  const std::string now = run.folder_lock.path_now();
+  const bool resumable = !now.empty() && files::exists(now + "/checkpoint.safetensors");
+  std::string go_on;
+  if (!resumable)
+    go_on = now.empty() ? "start it again" : fmt::format("no checkpoint of it was written yet: {}", run_again(run));
+  else if (!run.c.resume_command.empty())  // a comparison's run: the comparison goes on from where its folder went
+    go_on = fmt::format("run the same cast compare again with --out {}", std::filesystem::path(now).parent_path().string());
+  else
+    go_on = fmt::format("resume with: cast train --resume {}", shell_quote(now + "/checkpoint.safetensors"));
+  throw Error(fmt::format("run folder {}: was moved while the run went on{} (what is at {} now is not the run's "
+                          "folder, and nothing more is written there); {}",
+                          run.c.run_dir, now.empty() ? "" : fmt::format(" and is now {}", now), run.c.run_dir, go_on));
+}
+
 // Every checkpoint is checked finite before it is written: an update that overflowed stops
 // the run here, and the file on disk stays the last good one.
 void save(Run& run, const std::string& path) {
+  check_folder_in_place(run);
   try {
     save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window,
                     run.data);
@@ -405,6 +424,7 @@ void save(Run& run, const std::string& path) {
 // A metrics line; a write that failed (a full disk, a file-size limit) was taken back, and the
 // error says which checkpoint the run continues from.
 void append_metrics(Run& run, const json& record) {
+  check_folder_in_place(run);
   try {
     run.metrics->append(record.dump() + '\n');
   } catch (const Error& e) {
@@ -646,9 +666,11 @@ void finish(Run& run, TrainResult& result) {
         kept.push_back(fmt::format(
             "note: run folder {}: {} was written or changed by hand while the run went on; it is kept as {}",
             c.run_dir, name, aside));
+  check_folder_in_place(run);
   plot_run(c.run_dir + "/curves.svg", run_title(c), read_curves(c.run_dir), files::Link::refuse);
   const RunCost cost = cost_now(run);
   const int64_t step = run.step;
+  check_folder_in_place(run);
   write_summary(c.run_dir, {{"task", c.task},
                             {"attention", nn::mechanism_name(c.model.attention.mechanism)},
                             {"steps", step},
