@@ -164,6 +164,8 @@ files::FolderLock claim_data_folder(const std::string& dir, bool overwrite, cons
   // a link to nowhere or a loop would read as a missing folder, then fail as one: say what it is
   files::check_output_folder(dir, "data folder");
   const bool existed = fs::is_directory(dir, ec);
+  // another cast data writing it now: said as that, not as a set it left unfinished
+  if (existed && fs::exists(dir + "/.cast.lock", ec)) files::check_not_held_elsewhere(dir, "data folder");
   const bool ours = cast_data_may_write(dir);
   // a run's or a comparison's folder is theirs, --overwrite or not
   const std::string theirs = run_file_in(dir);

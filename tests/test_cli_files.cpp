@@ -2360,3 +2360,21 @@ TEST(CliAttack, ALinkIntoAHeldFolderAndAnUnfinishedSetOfAnotherKindAreRefused) {
       << same_kind.err;
   EXPECT_EQ(same_kind.err.find("may still be a whole set"), std::string::npos) << same_kind.err;
 }
+
+// ---- the thirty-eighth attack
+
+// A data folder another cast data is writing is said to be in use, not to hold a set it left
+// unfinished (two started at once: the second was told to finish or replace the first's set).
+TEST(CliAttack, ADataFolderBeingWrittenIsInUse) {
+  const std::string d = fresh_dir("attack38");
+  ASSERT_EQ(run("data listops-short --count 40 --out " + d + "/x").code, 0);
+  put(d + "/x/.cast-data-unfinished", "cast data is writing this data set\nkind: ListOps\nsettings: another\n");
+  put(d + "/busy.sh", "cd '" + d + "' && flock -x x sleep 30 & holder=$!\n"
+                          "cd '" + d + "'; for i in $(seq 200); do flock -n -s x true || break; sleep 0.05; done\n" +
+                          std::string(CAST_BINARY) + " data listops-short --count 40 --out x > out 2> err; echo $? > code\n"
+                          "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
+  ASSERT_EQ(std::system(("bash '" + d + "/busy.sh'").c_str()), 0);
+  EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
+  EXPECT_NE(slurp(d + "/err").find("data folder x is in use by another cast process"), std::string::npos)
+      << slurp(d + "/err");
+}
