@@ -347,8 +347,35 @@ std::string run_again(const Run& run) {
                                       : "run the same command again (" + run.c.resume_command + ")";
 }
 
+// Where the run's folder went, when its path no longer names the folder the run holds (moved, or
+// another folder or a link put at its name), and how to go on from there; "" while it is in place.
+std::string moved_folder(const Run& run) {
+  if (run.folder_lock.still_at(run.c.run_dir)) return "";
+  const std::string now = run.folder_lock.path_now();
+  const bool resumable = !now.empty() && files::exists(now + "/checkpoint.safetensors");
+  std::string go_on;
+  if (!resumable)
+    go_on = now.empty() ? "start it again" : fmt::format("no checkpoint of it was written yet: {}", run_again(run));
+  else if (!run.c.resume_command.empty())  // a comparison's run: the comparison goes on from where its folder went
+    go_on = fmt::format("run the same cast compare again with --out {}", std::filesystem::path(now).parent_path().string());
+  else
+    go_on = fmt::format("resume with: cast train --resume {}", shell_quote(now + "/checkpoint.safetensors"));
+  return fmt::format("run folder {}: was moved while the run went on{} (what is at {} now is not the run's folder, "
+                     "and nothing more is written there); {}",
+                     run.c.run_dir, now.empty() ? "" : fmt::format(" and is now {}", now), run.c.run_dir, go_on);
+}
+
+// The run's files go into the folder it holds. Where that folder was moved, or another folder (or
+// a link elsewhere) now has its name, a write by name would land in someone else's folder: the
+// run stops before it. (The check and the write are two steps: a move in between still fails
+// the write, which then says where the folder went, through how_to_continue.)
+void check_folder_in_place(const Run& run) {
+  if (const std::string moved = moved_folder(run); !moved.empty()) throw Error(moved);
+}
+
 // After a failed write: which checkpoint the run continues from, and how; or that it starts again.
 std::string how_to_continue(const Run& run) {
+  if (const std::string moved = moved_folder(run); !moved.empty()) return moved;
   if (!files::exists(run.checkpoint) && !files::exists(run.c.run_dir)) {  // moved away: the same command finds nothing
     const std::string now = run.folder_lock.path_now();  // the held folder, wherever it went
     if (!now.empty() && files::exists(now + "/checkpoint.safetensors")) {
@@ -375,25 +402,6 @@ void note_for_a_second_signal(const Run& run) {
         fmt::format(": the last checkpoint written ({}) is whole; resume with: {}", run.checkpoint, resume_with(run)));
   else
     set_second_signal_note(": no checkpoint was written yet; " + run_again(run));
-}
-
-// The run's files go into the folder it holds. Where that folder was moved, or another folder (or
-// a link elsewhere) now has its name, a write by name would land in someone else's folder: the
-// run stops before it, naming where its folder is now and how to go on from there.
-void check_folder_in_place(const Run& run) {
-  if (run.folder_lock.still_at(run.c.run_dir)) return;
-  const std::string now = run.folder_lock.path_now();
-  const bool resumable = !now.empty() && files::exists(now + "/checkpoint.safetensors");
-  std::string go_on;
-  if (!resumable)
-    go_on = now.empty() ? "start it again" : fmt::format("no checkpoint of it was written yet: {}", run_again(run));
-  else if (!run.c.resume_command.empty())  // a comparison's run: the comparison goes on from where its folder went
-    go_on = fmt::format("run the same cast compare again with --out {}", std::filesystem::path(now).parent_path().string());
-  else
-    go_on = fmt::format("resume with: cast train --resume {}", shell_quote(now + "/checkpoint.safetensors"));
-  throw Error(fmt::format("run folder {}: was moved while the run went on{} (what is at {} now is not the run's "
-                          "folder, and nothing more is written there); {}",
-                          run.c.run_dir, now.empty() ? "" : fmt::format(" and is now {}", now), run.c.run_dir, go_on));
 }
 
 // Every checkpoint is checked finite before it is written: an update that overflowed stops
