@@ -254,7 +254,7 @@ void check_data_finished(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(dir + "/" + kDataUnfinishedMark, ec)) return;
   // a cast data still writing it: "in use by another cast process (pid N): wait for it to end"
-  if (fs::exists(dir + "/.cast.lock", ec) && !files::held_here(dir)) files::FolderLock probe(dir, "data folder");
+  if (fs::exists(dir + "/.cast.lock", ec)) files::check_not_held_elsewhere(dir, "data folder");
   CAST_CHECK(false,
              "data folder {}: the cast data that wrote it did not finish (it was stopped, or the disk filled), so it "
              "may hold parts of two sets; run the same cast data again",

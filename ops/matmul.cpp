@@ -180,8 +180,7 @@ void check_layout(const char* name, const Tensor& t, const MatrixLayout& l, int6
 // CUDA at --precision bf16 (a BF16 copy made once for several products).
 void check_operand_dtype(const char* name, const Tensor& x, const Tensor& c) {
   if (x.dtype() != DType::bf16) return check_same_dtype("matmul", x, c);
-  CAST_CHECK(c.dtype() == DType::f32 && c.is_cuda() && current_precision() == Precision::bf16 &&
-                 bf16_gemm() == Bf16Gemm::bf16_operands,
+  CAST_CHECK(c.dtype() == DType::f32 && products_take_bf16(c),
              "matmul: a BF16 operand {} ({}) is read only by products into f32 on CUDA at --precision bf16, not into "
              "{} at {}", name, x.describe(), c.describe(), precision_name(current_precision()));
 }

@@ -875,6 +875,17 @@ Error in_use_error(const std::string& what, const std::string& folder) {
                            "folder",
                            what, folder, holder_of(folder)));
 }
+
+// flock(`op`, without waiting) on `fd`, the folder or (`lock_file`) its lock file: where another
+// process's lock stands in the way, the in-use line; any other failure named as such.
+void lock_or_refuse(int fd, int op, const std::string& what, const std::string& folder,
+                    const std::string& lock_file = "") {
+  if (::flock(fd, op | LOCK_NB) == 0) return;
+  const int err = errno;
+  CAST_CHECK(err == EWOULDBLOCK, "{} {}: cannot lock it{}: {}", what, folder,
+             lock_file.empty() ? "" : " (" + lock_file + ")", reason(err));
+  throw in_use_error(what, folder);
+}
 }  // namespace
 
 std::vector<std::string> cast_folders_above(const std::string& folder) {
@@ -922,11 +933,7 @@ void check_not_held_elsewhere(const std::string& folder, const std::string& what
     if (g_shared.contains(held_key(folder))) return;  // shared here: a probe would meet this process's own lock
   }
   Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() < 0) return;
-  if (::flock(dir.get(), LOCK_EX | LOCK_NB) != 0) {
-    CAST_CHECK(errno == EWOULDBLOCK, "{} {}: cannot lock it: {}", what, folder, reason(errno));
-    throw in_use_error(what, folder);
-  }
+  if (dir.get() >= 0) lock_or_refuse(dir.get(), LOCK_EX, what, folder);  // let go with `dir`
 }
 
 void share_folder(const std::string& folder, const std::string& what) {
@@ -936,10 +943,7 @@ void share_folder(const std::string& folder, const std::string& what) {
   if (g_shared.contains(key)) return;
   Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() < 0) return;  // no folder to hold: the write names what is wrong with it
-  if (::flock(dir.get(), LOCK_SH | LOCK_NB) != 0) {
-    CAST_CHECK(errno == EWOULDBLOCK, "{} {}: cannot lock it: {}", what, folder, reason(errno));
-    throw in_use_error(what, folder);
-  }
+  lock_or_refuse(dir.get(), LOCK_SH, what, folder);
   g_shared.emplace(key, std::move(dir));
 }
 
@@ -990,7 +994,6 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
   struct stat st {};
   CAST_CHECK(::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode), "{} {}: its lock file {} is {}", what, folder, path,
              kind_of(st.st_mode));
-  const auto in_use = [&] { return in_use_error(what, folder); };
   {  // a folder this process shares for an output it writes there (share_folder) it now holds alone
     const std::lock_guard<std::mutex> guard(g_held_mutex);
     g_shared.erase(held_key(folder));
@@ -999,16 +1002,8 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
   // dot files) would otherwise let a second one in beside it.
   Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   CAST_CHECK(dir.get() >= 0, "{} {}: cannot open it to lock it: {}", what, folder, reason(errno));
-  if (::flock(dir.get(), LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    CAST_CHECK(err == EWOULDBLOCK, "{} {}: cannot lock it: {}", what, folder, reason(err));
-    throw in_use();
-  }
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    CAST_CHECK(err == EWOULDBLOCK, "{} {}: cannot lock it ({}): {}", what, folder, path, reason(err));
-    throw in_use();
-  }
+  lock_or_refuse(dir.get(), LOCK_EX, what, folder);
+  lock_or_refuse(fd.get(), LOCK_EX, what, folder, path);
   const std::string pid = std::to_string(::getpid());
   // the pid, for the message only, and only over a pid or nothing: a file of another kind under
   // this name (a checkpoint copied there, a user's note) is locked as it is, never rewritten

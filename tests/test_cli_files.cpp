@@ -1654,6 +1654,20 @@ TEST(CliAttack, NoDigestNoCutLineAComparisonInADataSetAndAPlotOfARunningRun) {
 // ---- the twenty-seventh attack
 
 namespace {
+// Runs `commands` (shell lines, in folder `d`) while another process holds `held` (a folder or a
+// file in `d`) as cast's locks do: alone as a FolderLock, or shared as a command writing an output
+// there; the holder is gone when it returns. Its exit status.
+enum class Hold { alone, shared };
+int while_held(const std::string& d, const std::string& held, Hold hold, const std::string& commands) {
+  const std::string lock = hold == Hold::alone ? "-x" : "-s", probe = hold == Hold::alone ? "-s" : "-x";
+  const std::string hold_it = "cd '" + d + "' && flock " + lock + " " + held + " sleep 30 & holder=$!\n";
+  // until a lock the holder's conflicts with is refused: the holder holds it
+  const std::string wait_for_it =
+      "cd '" + d + "'; for i in $(seq 200); do flock -n " + probe + " " + held + " true || break; sleep 0.05; done\n";
+  put(d + "/held.sh", hold_it + wait_for_it + commands + "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
+  return std::system(("bash '" + d + "/held.sh'").c_str());
+}
+
 // A tiny model's flags without a step count, and a ListOps set of 200 training examples (500
 // validation and test) made once per test process.
 const std::string kTinyModel = " --batch 4 --dim 8 --heads 2 --mlp-dim 8 --layers 1 --device cpu";
@@ -2044,13 +2058,11 @@ TEST(CliAttack, AnOutputIntoAFolderAnotherProcessHoldsIsRefused) {
   const std::string d = fresh_dir("attack33_held");
   fs::create_directories(d + "/R");
   put(d + "/R/.cast.lock", "");
-  put(d + "/hold.sh", "cd '" + d + "' && flock -x R sleep 30 & holder=$!\n"
-                          "cd '" + d + "'; for i in $(seq 200); do flock -n -s R true || break; sleep 0.05; done\n" +
-                          std::string(CAST_BINARY) +
-                          " bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
-                          "--device cpu --json R/x.jsonl > out 2> err; echo $? > code\n"
-                          "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
-  ASSERT_EQ(std::system(("bash '" + d + "/hold.sh'").c_str()), 0);
+  ASSERT_EQ(while_held(d, "R", Hold::alone,
+                       std::string(CAST_BINARY) +
+                           " bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
+                           "--device cpu --json R/x.jsonl > out 2> err; echo $? > code\n"),
+            0);
   EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
   EXPECT_NE(slurp(d + "/err").find("--json R/x.jsonl: folder R is in use by another cast process"), std::string::npos)
       << slurp(d + "/err");
@@ -2192,13 +2204,12 @@ TEST(CliAttack, NothingIsMadeInAHeldFolderAndABrokenBestIsRefusedFirst) {
   const std::string d = fresh_dir("attack34_held");
   fs::create_directories(d + "/R");
   put(d + "/R/.cast.lock", "");
-  put(d + "/hold.sh", "cd '" + d + "' && flock -x R sleep 30 & holder=$!\n"
-                          "cd '" + d + "'; for i in $(seq 200); do flock -n -s R true || break; sleep 0.05; done\n" +
-                          std::string(CAST_BINARY) + " data listops-short --count 20 --out R/sub > out 2> err; echo $? > code\n" +
-                          std::string(CAST_BINARY) + " compare --data " + attack27_data() + kTinyModel +
-                          " --attention full --steps 1 --out R/cmp > out2 2> err2; echo $? > code2\n"
-                          "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
-  ASSERT_EQ(std::system(("bash '" + d + "/hold.sh'").c_str()), 0);
+  ASSERT_EQ(while_held(d, "R", Hold::alone,
+                       std::string(CAST_BINARY) +
+                           " data listops-short --count 20 --out R/sub > out 2> err; echo $? > code\n" +
+                           std::string(CAST_BINARY) + " compare --data " + attack27_data() + kTinyModel +
+                           " --attention full --steps 1 --out R/cmp > out2 2> err2; echo $? > code2\n"),
+            0);
   EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
   EXPECT_NE(slurp(d + "/err").find("data folder R/sub: folder R is in use by another cast process"), std::string::npos)
       << slurp(d + "/err");
@@ -2257,14 +2268,13 @@ TEST(CliAttack, ARunsBestAndAHeldComparisonAreTheirOwn) {
   fs::create_directories(d + "/C/run");
   put(d + "/C/.cast.lock", "");
   put(d + "/C/run/.cast.lock", "");
-  put(d + "/hold.sh", "cd '" + d + "' && flock -x C sleep 30 & holder=$!\n"
-                          "cd '" + d + "'; for i in $(seq 200); do flock -n -s C true || break; sleep 0.05; done\n" +
-                          std::string(CAST_BINARY) +
-                          " bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
-                          "--device cpu --json C/run/x.jsonl > out 2> err; echo $? > code\n" +
-                          std::string(CAST_BINARY) + " data listops-short --count 20 --out C/run/dd > out2 2> err2; echo $? > code2\n"
-                          "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
-  ASSERT_EQ(std::system(("bash '" + d + "/hold.sh'").c_str()), 0);
+  ASSERT_EQ(while_held(d, "C", Hold::alone,
+                       std::string(CAST_BINARY) +
+                           " bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
+                           "--device cpu --json C/run/x.jsonl > out 2> err; echo $? > code\n" +
+                           std::string(CAST_BINARY) +
+                           " data listops-short --count 20 --out C/run/dd > out2 2> err2; echo $? > code2\n"),
+            0);
   EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
   EXPECT_NE(slurp(d + "/err").find("--json C/run/x.jsonl: folder C is in use by another cast process"),
             std::string::npos)
@@ -2278,25 +2288,23 @@ TEST(CliAttack, ARunsBestAndAHeldComparisonAreTheirOwn) {
   // held shared (a command writing an output there): no folder is made inside it
   fs::create_directories(d + "/S");
   put(d + "/S/.cast.lock", "");
-  put(d + "/share.sh", "cd '" + d + "' && flock -s S sleep 30 & holder=$!\n"
-                           "cd '" + d + "'; for i in $(seq 200); do flock -n -x S true || break; sleep 0.05; done\n" +
-                           std::string(CAST_BINARY) + " data listops-short --count 20 --out S/sub > out3 2> err3; echo $? > code3\n"
-                           "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
-  ASSERT_EQ(std::system(("bash '" + d + "/share.sh'").c_str()), 0);
+  ASSERT_EQ(while_held(d, "S", Hold::shared,
+                       std::string(CAST_BINARY) +
+                           " data listops-short --count 20 --out S/sub > out3 2> err3; echo $? > code3\n"),
+            0);
   EXPECT_EQ(slurp(d + "/code3"), "1\n") << slurp(d + "/err3");
   EXPECT_NE(slurp(d + "/err3").find("folder S is in use by another cast process (pid unknown)"), std::string::npos)
       << slurp(d + "/err3");
   EXPECT_FALSE(fs::exists(d + "/S/sub"));
 
   // --json: a benchmark over an earlier file it shares with another is refused; a name with no room
-  const std::string bench = "bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
-                            "--device cpu --json ";
+  const std::string bench =
+      "bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
+      "--device cpu --json ";
   ASSERT_EQ(run(bench + d + "/w.jsonl").code, 0);
-  put(d + "/twice.sh", "cd '" + d + "' && flock -x w.jsonl sleep 30 & holder=$!\n"
-                           "cd '" + d + "'; for i in $(seq 200); do flock -n -s w.jsonl true || break; sleep 0.05; done\n" +
-                           std::string(CAST_BINARY) + " " + bench + "w.jsonl > out4 2> err4; echo $? > code4\n"
-                           "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
-  ASSERT_EQ(std::system(("bash '" + d + "/twice.sh'").c_str()), 0);
+  ASSERT_EQ(while_held(d, "w.jsonl", Hold::alone,
+                       std::string(CAST_BINARY) + " " + bench + "w.jsonl > out4 2> err4; echo $? > code4\n"),
+            0);
   EXPECT_EQ(slurp(d + "/code4"), "1\n") << slurp(d + "/err4");
   EXPECT_NE(slurp(d + "/err4").find("--json w.jsonl: another cast bench is writing its rows over it"),
             std::string::npos)
@@ -2326,14 +2334,13 @@ TEST(CliAttack, ALinkIntoAHeldFolderAndAnUnfinishedSetOfAnotherKindAreRefused) {
   fs::create_directories(d + "/R/deeper");
   put(d + "/R/.cast.lock", "");
   fs::create_directory_symlink("R/deeper", d + "/DL");
-  put(d + "/hold.sh", "cd '" + d + "' && flock -x R sleep 30 & holder=$!\n"
-                          "cd '" + d + "'; for i in $(seq 200); do flock -n -s R true || break; sleep 0.05; done\n" +
-                          std::string(CAST_BINARY) +
-                          " bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
-                          "--device cpu --json DL/../y.jsonl > out 2> err; echo $? > code\n" +
-                          std::string(CAST_BINARY) + " data listops-short --count 20 --out DL/dd > out2 2> err2; echo $? > code2\n"
-                          "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
-  ASSERT_EQ(std::system(("bash '" + d + "/hold.sh'").c_str()), 0);
+  ASSERT_EQ(while_held(d, "R", Hold::alone,
+                       std::string(CAST_BINARY) +
+                           " bench attention --lengths 16 --dim 8 --heads 2 --repeats 1 --warmup 0 --mechanisms full "
+                           "--device cpu --json DL/../y.jsonl > out 2> err; echo $? > code\n" +
+                           std::string(CAST_BINARY) +
+                           " data listops-short --count 20 --out DL/dd > out2 2> err2; echo $? > code2\n"),
+            0);
   EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
   EXPECT_NE(slurp(d + "/err").find("R is in use by another cast process"), std::string::npos) << slurp(d + "/err");
   EXPECT_EQ(slurp(d + "/code2"), "1\n") << slurp(d + "/err2");
@@ -2369,11 +2376,10 @@ TEST(CliAttack, ADataFolderBeingWrittenIsInUse) {
   const std::string d = fresh_dir("attack38");
   ASSERT_EQ(run("data listops-short --count 40 --out " + d + "/x").code, 0);
   put(d + "/x/.cast-data-unfinished", "cast data is writing this data set\nkind: ListOps\nsettings: another\n");
-  put(d + "/busy.sh", "cd '" + d + "' && flock -x x sleep 30 & holder=$!\n"
-                          "cd '" + d + "'; for i in $(seq 200); do flock -n -s x true || break; sleep 0.05; done\n" +
-                          std::string(CAST_BINARY) + " data listops-short --count 40 --out x > out 2> err; echo $? > code\n"
-                          "pkill -P $holder; kill $holder 2> /dev/null; wait\n");
-  ASSERT_EQ(std::system(("bash '" + d + "/busy.sh'").c_str()), 0);
+  ASSERT_EQ(
+      while_held(d, "x", Hold::alone,
+                 std::string(CAST_BINARY) + " data listops-short --count 40 --out x > out 2> err; echo $? > code\n"),
+      0);
   EXPECT_EQ(slurp(d + "/code"), "1\n") << slurp(d + "/err");
   EXPECT_NE(slurp(d + "/err").find("data folder x is in use by another cast process"), std::string::npos)
       << slurp(d + "/err");

@@ -387,12 +387,18 @@ std::string resolved_settings(TrainConfig c) {
   return comparable(c, true).dump();
 }
 
+// A data set as one run reads it: its task's loader on its folder, cut to its --max-len (a --vary
+// max-len reads one folder two ways).
+std::string set_as_read(const TrainConfig& c) {
+  return fmt::format("{}\n{}\n{}", c.task, data_folder(c), c.model.max_len);
+}
+
 // Every run still to train, against its data: what its start would refuse (a data file that does
 // not read, a split with no examples, a step beyond the device's memory) is refused before the
 // comparison's folder is made and before its first run trains. Each data folder is read once
 // here; a task's default folder not made yet is made and checked when its run starts.
 void check_runs_fit(const CompareSpec& spec, const std::vector<std::pair<CompareRun, TrainConfig>>& plan) {
-  std::map<std::string, data::TaskData> read;  // by task, folder and --max-len
+  std::map<std::string, data::TaskData> read;  // by set_as_read
   for (const auto& planned : plan) {
     const CompareRun& run = planned.first;  // not a structured binding, which clang 14's lambdas cannot capture
     const TrainConfig& config = planned.second;
@@ -403,9 +409,8 @@ void check_runs_fit(const CompareSpec& spec, const std::vector<std::pair<Compare
       return spec.variants.size() == 1 ? std::string(e.what()) : fmt::format("variant {}: {}", run.variant, e.what());
     };
     try {
-      const std::string key = fmt::format("{}\n{}\n{}", config.task, folder, config.model.max_len);
-      auto it = read.find(key);
-      if (it == read.end()) it = read.emplace(key, load_task(config, false)).first;
+      auto it = read.find(set_as_read(config));
+      if (it == read.end()) it = read.emplace(set_as_read(config), load_task(config, false)).first;
       check_run_fits(config, it->second);
     } catch (const UsageError& e) {
       throw UsageError(named(e));
@@ -479,10 +484,8 @@ class SameData {
   void check(const std::string& checkpoint, const Checkpoint& stored, const TrainConfig& config) {
     if (stored.data.empty()) return;  // a checkpoint from before fingerprints
     const std::string folder = data_folder(config);
-    // the set as the run reads it: cut to its --max-len (a --vary max-len reads one folder two ways)
-    const std::string key = fmt::format("{}\n{}\n{}", config.task, folder, config.model.max_len);
-    auto it = now_.find(key);
-    if (it == now_.end()) it = now_.emplace(key, data::fingerprint(load_task(config, false))).first;
+    auto it = now_.find(set_as_read(config));
+    if (it == now_.end()) it = now_.emplace(set_as_read(config), data::fingerprint(load_task(config, false))).first;
     CAST_CHECK_USAGE(stored.data == it->second,
                      "{}: this run trained on another set than data folder {} now holds ({}; now {}); use another "
                      "--out, or the set it trained on",
@@ -490,7 +493,7 @@ class SameData {
   }
 
  private:
-  std::map<std::string, std::string> now_;  // task, data folder and --max-len -> the fingerprint of the set
+  std::map<std::string, std::string> now_;  // set_as_read -> the fingerprint of the set
 };
 
 // A run not started in its own folder that another finished run of the comparison already is

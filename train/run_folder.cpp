@@ -163,7 +163,7 @@ void check_checkpoint_is_the_newest(const TrainConfig& c, const std::string& res
 // checkpoint first). One that is (written by an older cast, which saved only the best, before
 // the process was killed) is of steps the resume trains again on another path: the run's end
 // would refuse it after all its steps, so it is refused now, before the first.
-void check_best_is_not_newer(const TrainConfig& c, const std::string& folder, int64_t resume_step) {
+void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, int64_t resume_step) {
   const std::string best = folder + "/best.safetensors";
   if (!files::exists(best)) return;
   int64_t best_step = -1;
@@ -227,7 +227,7 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
                      resume_from, resume_step, c.run_dir, finished_at);
   }
   check_checkpoint_is_the_newest(c, resume_from, resume_step);
-  check_best_is_not_newer(c, c.run_dir, resume_step);
+  check_best_is_the_runs(c, c.run_dir, resume_step);
   CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on with a larger --steps",
@@ -256,8 +256,8 @@ void check_not_in_a_comparison(const std::string& run_dir) {
                    "run folder {}: is a comparison folder (it holds cast compare's results.json): choose another --run",
                    run_dir);
   const std::string parent = folder_of(run_dir);
-  if (files::exists(parent + "/.cast.lock") && !files::held_here(parent))
-    files::FolderLock probe(parent, fmt::format("run folder {}: its folder", run_dir));
+  if (files::exists(parent + "/.cast.lock"))
+    files::check_not_held_elsewhere(parent, fmt::format("run folder {}: its folder", run_dir));
 }
 
 }  // namespace
@@ -393,7 +393,7 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   if (const std::string source = folder_of(resume_from);
       !resume_from.empty() && !files::same_file(source, c.run_dir) &&
       !files::same_file(resume_from, source + "/best.safetensors"))
-    check_best_is_not_newer(c, source, resume_step);
+    check_best_is_the_runs(c, source, resume_step);
   // What would refuse the run is checked before the folder is made or locked, so that a refusal
   // leaves it as it was (no lock file in a user's folder), and again once it is held. First what
   // the folder is: one that takes no files, or one another cast process holds, is said as such

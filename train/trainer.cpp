@@ -375,19 +375,7 @@ void check_folder_in_place(const Run& run) {
 
 // After a failed write: which checkpoint the run continues from, and how; or that it starts again.
 std::string how_to_continue(const Run& run) {
-  if (const std::string moved = moved_folder(run); !moved.empty()) return moved;
-  if (!files::exists(run.checkpoint) && !files::exists(run.c.run_dir)) {  // moved away: the same command finds nothing
-    const std::string now = run.folder_lock.path_now();  // the held folder, wherever it went
-    if (!now.empty() && files::exists(now + "/checkpoint.safetensors")) {
-      if (!run.c.resume_command.empty())  // a comparison's run: the comparison goes on, from where its folder went
-        return fmt::format("{}: the folder is now {}; run the same cast compare again with --out {}",
-                           no_checkpoint_at(run.checkpoint), now, std::filesystem::path(now).parent_path().string());
-      return fmt::format("{}: the folder is now {}; resume with: cast train --resume {}",
-                         no_checkpoint_at(run.checkpoint), now, shell_quote(now + "/checkpoint.safetensors"));
-    }
-    return no_checkpoint_at(run.checkpoint) +
-           ": resume from its checkpoint where the folder is now (cast train --resume <there>/checkpoint.safetensors)";
-  }
+  if (const std::string moved = moved_folder(run); !moved.empty()) return moved;  // gone from its path, or replaced
   if (!files::exists(run.checkpoint)) return no_checkpoint_at(run.checkpoint) + ": " + run_again(run);
   bool usable = false;
   const std::string last = last_good_checkpoint(run.checkpoint, &usable);
