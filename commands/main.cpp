@@ -186,6 +186,15 @@ static bool openmp_settings_are_sane() {
   return true;
 }
 
+static bool working_folder_exists() {
+  std::vector<char> buffer(4096);
+  while (::getcwd(buffer.data(), buffer.size()) == nullptr) {
+    if (errno != ERANGE) return errno != ENOENT;  // only a removed folder is known to be gone
+    buffer.resize(buffer.size() * 2);
+  }
+  return true;
+}
+
 int main(int argc, char** argv) {
   library_start_done();
   cast::ops::restore_stderr_after_restart();
@@ -214,6 +223,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   for (const auto& c : cast::commands()) {
     if (name != c.name) continue;
+    // A working folder removed under the shell: every relative path, the defaults (runs/, data/)
+    // among them, names nothing, and each would fail later in words of its own
+    if (name != "info" && !working_folder_exists()) {
+      std::fprintf(stderr,
+                   "cast %s: error: the working folder was removed (getcwd: no such file or folder), so no relative "
+                   "path, the default runs/ and data/ among them, can be found or made: cd into a folder that exists\n",
+                   cast::visible(name).c_str());
+      return 2;
+    }
     // Ctrl-C, SIGTERM or SIGHUP while training: the current step is finished and saved first.
     // `cast eval`: the evaluation stops between batches (nothing is written, so nothing to save).
     // `cast data`: the generator stops between examples and says the set is unfinished.
@@ -251,7 +269,6 @@ int main(int argc, char** argv) {
       return 1;
     } catch (const std::filesystem::filesystem_error& e) {
       // what() is "filesystem error: cannot create directories: <reason> [path]": the operation
-      // is said with the path, not the reason alone
       // is said with the path, not the reason alone; a status() query's name is no operation of
       // the user's, so the reason stands alone there, in cast's words
       std::string what = e.what();

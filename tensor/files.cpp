@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <set>
 #include <utility>
 #include <filesystem>
+#include <random>
 
 #include "tensor/error.h"
 #include "tensor/tensor.h"  // host_memory_total
@@ -648,8 +650,13 @@ static void keep_mode_and_owner(int fd, const struct stat& old) {
 static Fd create_exclusive(const std::string& stem, std::string& tmp, const std::string& what,
                            const std::string& path) {
   std::string base = stem;
+  // the first hundred names in turn; past them (a folder full of temporaries that killed writes
+  // left), numbers drawn at random, so that leftovers never make a write fail
+  std::minstd_rand draw(static_cast<uint32_t>(::getpid()) * 2654435761u ^
+                        static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
   for (int attempt = 0;; ++attempt) {
-    tmp = attempt == 0 ? base + ".tmp" : fmt::format("{}.{}.tmp", base, attempt);
+    const uint64_t number = attempt < 100 ? static_cast<uint64_t>(attempt) : 100 + draw() % 999999900;
+    tmp = attempt == 0 ? base + ".tmp" : fmt::format("{}.{}.tmp", base, number);
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (fd.get() >= 0) return fd;
     const int err = errno;
@@ -658,7 +665,7 @@ static Fd create_exclusive(const std::string& stem, std::string& tmp, const std:
       attempt = -1;
       continue;
     }
-    if ((err != EEXIST && err != ELOOP) || attempt >= 99)
+    if ((err != EEXIST && err != ELOOP) || attempt >= 1100)
       throw Error(fmt::format("{} {}: cannot create {}: {}", what, path, tmp, reason(err)));
   }
 }

@@ -364,6 +364,7 @@ pid_t start_cast(const std::string& args, const std::string& err, const std::str
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
+    signal(SIGQUIT, SIG_DFL);
     const std::string cmd =
         shell_prefix + "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err + " < /dev/null";
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
@@ -563,6 +564,91 @@ TEST(Cli, ARunFolderMovedDuringItsRunIsFoundWhereItWent) {
   const std::string cmp_said = slurp(err), cmp_now = fs::canonical(dir / "cmp2").string();
   EXPECT_NE(cmp_said.find("is now " + cmp_now + "/full-seed1"), std::string::npos) << cmp_said;
   EXPECT_NE(cmp_said.find("run the same cast compare again with --out " + cmp_now), std::string::npos) << cmp_said;
+  fs::remove_all(dir);
+}
+
+// A run folder removed while its run goes on (thirty-eighth attack): the run stops at its next
+// write and says the folder was removed, not that it moved to "... (deleted)".
+TEST(Cli, ARunFolderRemovedDuringItsRunIsSaidRemoved) {
+  const fs::path dir = lifecycle_dir("removed_run");
+  const std::string err = (dir / "err").string();
+  std::string args = tiny_train(dir, "gone", 100000);
+  args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
+  const pid_t pid = start_cast(args, err);
+  if (!wait_for_lines((dir / "gone" / "metrics.jsonl").string(), 3)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    FAIL() << "the run did not start: " << slurp(err);
+  }
+  std::error_code busy;  // the run may write a file in it meanwhile: removed again
+  for (int tries = 0; tries < 100 && fs::exists(dir / "gone"); ++tries) fs::remove_all(dir / "gone", busy);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string said = slurp(err);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << ": " << said;
+  EXPECT_NE(said.find("run folder " + (dir / "gone").string() + ": was removed while the run went on"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("its checkpoints went with it: run the same command again"), std::string::npos) << said;
+  EXPECT_EQ(said.find("(deleted)"), std::string::npos) << said;
+  EXPECT_FALSE(fs::exists(dir / "gone")) << said;  // nothing made again at its name
+  fs::remove_all(dir);
+}
+
+// A folder mounted over a run folder while its run goes on (thirty-eighth attack): the run stops
+// at its next write, writing nothing into the mounted folder, and says its folder is hidden, not
+// that it moved to the same path. Needs a mount namespace of its own (unshare -rm).
+TEST(Cli, ARunFolderHiddenByAMountIsSaidHidden) {
+  if (std::system("unshare -rm true > /dev/null 2>&1") != 0) GTEST_SKIP() << "no mount namespace here (unshare -rm)";
+  const fs::path dir = lifecycle_dir("hidden_run");
+  std::string args = tiny_train(dir, "hid", 100000);
+  args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
+  const std::string d = dir.string();
+  const std::string script = fmt::format(
+      "cd {0} && mkdir other && unshare -rm sh -c '{1} {2} > out 2> err < /dev/null & p=$!; n=0; "
+      "while [ \"$(cat hid/metrics.jsonl 2>/dev/null | wc -l)\" -lt 3 ] && [ $n -lt 3000 ]; do sleep 0.02; "
+      "n=$((n+1)); done; mount --bind other hid; wait $p; echo $? > code'",
+      d, CAST_BINARY, args);
+  ASSERT_EQ(std::system(script.c_str()), 0);
+  const std::string said = slurp(d + "/err");
+  EXPECT_EQ(slurp(d + "/code"), "1\n") << said;
+  EXPECT_NE(said.find("run folder " + d + "/hid: is hidden by another folder at its path (one mounted over it)"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("once its own folder is back at that path, resume with: cast train --resume " + d +
+                      "/hid/checkpoint.safetensors"),
+            std::string::npos)
+      << said;
+  EXPECT_TRUE(fs::is_empty(dir / "other")) << said;  // nothing written into the folder mounted over it
+  EXPECT_NO_THROW(cast::read_safetensors(d + "/hid/checkpoint.safetensors"));  // its own, whole
+  fs::remove_all(dir);
+}
+
+// SIGQUIT (Ctrl-\) stops a run at once, by the signal, with one line naming the whole checkpoint
+// and no temporary file left (thirty-eighth attack: it died by the default action).
+TEST(Cli, SigquitStopsARunAtOnceAndNamesTheWholeCheckpoint) {
+  const fs::path dir = lifecycle_dir("sigquit");
+  const std::string err = (dir / "err").string();
+  std::string args = tiny_train(dir, "quit", 100000);
+  args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
+  const pid_t pid = start_cast(args, err, "ulimit -c 0; ");  // no core file of the signal's default action
+  if (!wait_for_lines((dir / "quit" / "metrics.jsonl").string(), 3)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    FAIL() << "the run did not start: " << slurp(err);
+  }
+  kill(pid, SIGQUIT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string said = slurp(err), ckpt = (dir / "quit" / "checkpoint.safetensors").string();
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGQUIT) << "status " << status << ": " << said;
+  EXPECT_NE(said.find("cast: stopped at once by SIGQUIT: the last checkpoint written (" + ckpt +
+                      ") is whole; resume with: cast train --resume " + ckpt),
+            std::string::npos)
+      << said;
+  EXPECT_NO_THROW(cast::read_safetensors(ckpt));
+  for (const auto& entry : fs::directory_iterator(dir / "quit"))
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
   fs::remove_all(dir);
 }
 

@@ -2384,3 +2384,75 @@ TEST(CliAttack, ADataFolderBeingWrittenIsInUse) {
   EXPECT_NE(slurp(d + "/err").find("data folder x is in use by another cast process"), std::string::npos)
       << slurp(d + "/err");
 }
+
+// ---- the thirty-eighth attack, what was left of it
+
+// A best model of another run whose every setting agrees with this one's but a resumable one
+// (--steps here) is told apart by the run id each run draws at step 0; a branch keeps the id, so
+// its own best (taken along) is its run's.
+TEST(CliAttack, ABestOfAnotherRunOfTheSameSettingsIsTheOtherRuns) {
+  const std::string d = fresh_dir("attack38_run_id");
+  const std::string every = " --eval-every 2 --checkpoint-every 2 --eval-best --eval-limit 8";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --steps 4 --run " + d + "/a").code, 0);
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --steps 6 --run " + d + "/b").code, 0);
+  const std::string a_id = train::read_checkpoint_header(d + "/a/checkpoint.safetensors").run_id;
+  EXPECT_EQ(a_id.size(), 16u);
+  EXPECT_NE(a_id, train::read_checkpoint_header(d + "/b/checkpoint.safetensors").run_id);
+  EXPECT_EQ(train::read_checkpoint_header(d + "/a/best.safetensors").run_id, a_id);
+
+  // a's own best goes along a branch, and the branch resumes with it
+  ASSERT_EQ(run("train --resume " + d + "/a/checkpoint.safetensors --steps 6 --run " + d + "/branch").code, 0);
+  EXPECT_EQ(train::read_checkpoint_header(d + "/branch/checkpoint.safetensors").run_id, a_id);
+  const CliRun own = run("train --resume " + d + "/branch/checkpoint.safetensors --steps 8");
+  EXPECT_EQ(own.code, 0) << own.err;
+
+  fs::copy_file(d + "/b/best.safetensors", d + "/a/best.safetensors", fs::copy_options::overwrite_existing);
+  const CliRun other = run("train --resume " + d + "/a/checkpoint.safetensors --steps 8");
+  EXPECT_EQ(other.code, 2) << other.err;
+  EXPECT_NE(other.err.find(d + "/a/best.safetensors is of another run than this one (its run id is "),
+            std::string::npos)
+      << other.err;
+  EXPECT_EQ(other.out.find("step 5"), std::string::npos) << other.out;
+  const CliRun branch = run("train --resume " + d + "/a/checkpoint.safetensors --steps 8 --run " + d + "/branch2");
+  EXPECT_EQ(branch.code, 2) << branch.err;
+  EXPECT_FALSE(fs::exists(d + "/branch2"));
+
+  // an id that is no id is an edited file's
+  std::map<std::string, std::string> meta;
+  const auto file = read_safetensors(d + "/b/checkpoint.safetensors");
+  meta = file.metadata;
+  meta["run_id"] = "zz";
+  write_safetensors(d + "/edited.safetensors", file.tensors, meta);
+  const CliRun edited = run("eval --checkpoint " + d + "/edited.safetensors --data " + attack27_data());
+  EXPECT_EQ(edited.code, 1) << edited.err;
+  EXPECT_NE(edited.err.find("'run_id' is \"zz\", not 16 lowercase hexadecimal digits"), std::string::npos)
+      << edited.err;
+}
+
+// A working folder removed under the shell: one line saying so, not the library's "cannot make
+// absolute path" or a data folder that cannot be made; a hundred temporaries a killed writer left
+// beside a run's checkpoint do not make its next checkpoint fail.
+TEST(CliAttack, ARemovedWorkingFolderAndLeftTemporariesAreNoLateFailure) {
+  const std::string d = fresh_dir("attack38_left");
+  const int status = std::system(("cd " + d + " && mkdir gone && cd gone && rmdir ../gone && timeout 60 " +
+                                  std::string(CAST_BINARY) + " train" + kTinyModel + " --steps 1 > " + d + "/out 2> " +
+                                  d + "/err; echo $? > " + d + "/code")
+                                     .c_str());
+  ASSERT_EQ(status, 0);
+  EXPECT_EQ(slurp(d + "/code"), "2\n") << slurp(d + "/err");
+  EXPECT_EQ(slurp(d + "/err"),
+            "cast train: error: the working folder was removed (getcwd: no such file or folder), so no relative path, "
+            "the default runs/ and data/ among them, can be found or made: cd into a folder that exists\n");
+
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + " --checkpoint-every 2 --steps 2 --run " + d + "/r").code,
+            0);
+  put(d + "/r/checkpoint.safetensors.tmp", "left");
+  for (int n = 1; n < 100; ++n) put(d + "/r/checkpoint.safetensors." + std::to_string(n) + ".tmp", "left");
+  const CliRun resumed = run("train --resume " + d + "/r/checkpoint.safetensors --steps 4");
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("checkpoint.safetensors.99.tmp (4 B)"), std::string::npos) << resumed.out;
+  EXPECT_EQ(train::read_checkpoint_header(d + "/r/checkpoint.safetensors").step, 4);
+  int left = 0;
+  for (const auto& entry : fs::directory_iterator(d + "/r")) left += entry.path().extension() == ".tmp";
+  EXPECT_EQ(left, 100);  // the user's to delete, as the note says; none of the run's own left
+}

@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 #include <filesystem>
+#include <random>
 
 #include "tensor/files.h"
 #include "tensor/safetensors.h"
@@ -19,7 +20,18 @@ static const char* kFormat = "cast-checkpoint-1";
 // Every key of a checkpoint's metadata (save_checkpoint writes them; 'data' where the set is known).
 static const std::set<std::string> kMetadataKeys = {
     "format",      "model",       "train",        "step",       "rng_offset", "clustering_draws",
-    "best_val",    "wall_seconds", "step_seconds", "peak_bytes", "log_window", "data"};
+    "best_val",    "wall_seconds", "step_seconds", "peak_bytes", "log_window", "data",
+    "run_id"};
+
+std::string new_run_id() {
+  std::random_device source;
+  const uint64_t id = (static_cast<uint64_t>(source()) << 32) ^ source();
+  return fmt::format("{:016x}", id);
+}
+
+static bool is_run_id(const std::string& text) {
+  return text.size() == 16 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
 
 // ---------------------------------------------------------------- finite values
 std::string non_finite_in(const std::map<std::string, Tensor>& tensors) {
@@ -88,7 +100,8 @@ std::string last_good_checkpoint(const std::string& path, bool* usable) {
 // ---------------------------------------------------------------- writing
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
                      const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
-                     const RunCost& cost, const LogWindow& window, const std::string& data) {
+                     const RunCost& cost, const LogWindow& window, const std::string& data,
+                     const std::string& run_id) {
   std::map<std::string, Tensor> tensors;
   nn::ParamList params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -113,6 +126,7 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
                                                                         window.correct, window.examples,
                                                                         window.tokens)}};
   if (!data.empty()) meta["data"] = data;
+  if (!run_id.empty()) meta["run_id"] = run_id;
   // A checkpoint is only ever written finite, so the one on disk is always a good one.
   const std::string damage = non_finite_in(tensors);
   if (!damage.empty()) throw NonFiniteCheckpoint(fmt::format("{}: not written: {}", path, damage));
@@ -256,6 +270,11 @@ Checkpoint read_checkpoint_header(const std::string& path) {
                  get("log_window"), most, ck.step, ck.config.batch);
     }
     if (f.metadata.count("data")) ck.data = get("data");
+    if (f.metadata.count("run_id")) {
+      ck.run_id = get("run_id");
+      CAST_CHECK(is_run_id(ck.run_id), "'run_id' is {}, not 16 lowercase hexadecimal digits",
+                 files::json_excerpt(json(ck.run_id)));
+    }
   } catch (const std::exception& e) {
     throw Error(fmt::format("{}: corrupt checkpoint metadata: {}", path, files::json_message(e)));
   }

@@ -36,7 +36,13 @@ struct Checkpoint {
   RunCost cost;       // zero in checkpoints written before it was recorded
   LogWindow window;   // empty in checkpoints written before it was recorded
   std::string data;   // data::fingerprint of the set it trained on; "" where not recorded
+  // Drawn when the run starts at step 0 and kept by every resume and branch of it, so a file of
+  // another run (a best.safetensors copied in) is told apart even where every setting agrees;
+  // "" in checkpoints written before it was recorded.
+  std::string run_id;
 };
+// A fresh run id: 16 lowercase hexadecimal digits from the system's random source.
+std::string new_run_id();
 // save_checkpoint refuses to write a NaN or infinity (so the checkpoint on disk stays the last
 // good one): this error names the tensor.
 class NonFiniteCheckpoint : public Error {
@@ -45,7 +51,8 @@ class NonFiniteCheckpoint : public Error {
 };
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
                      const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
-                     const RunCost& cost = {}, const LogWindow& window = {}, const std::string& data = "");
+                     const RunCost& cost = {}, const LogWindow& window = {}, const std::string& data = "",
+                     const std::string& run_id = "");
 // Reads the configs and counters; loads parameters (and moments when m, v are given) into
 // `model`, which must have been built from the same model config.
 Checkpoint read_checkpoint_header(const std::string& path);

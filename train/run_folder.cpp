@@ -163,7 +163,8 @@ void check_checkpoint_is_the_newest(const TrainConfig& c, const std::string& res
 // checkpoint first). One that is (written by an older cast, which saved only the best, before
 // the process was killed) is of steps the resume trains again on another path: the run's end
 // would refuse it after all its steps, so it is refused now, before the first.
-void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, int64_t resume_step) {
+void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, const std::string& resume_from,
+                            int64_t resume_step) {
   const std::string best = folder + "/best.safetensors";
   if (!files::exists(best)) return;
   int64_t best_step = -1;
@@ -174,6 +175,13 @@ void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, int
     // a setting the run cannot change (its lr, its seed), then the model's own
     other_run = fixed_setting_difference(header.config, c);
     if (other_run.empty()) other_run = model_difference(header.config.model, c.model);
+    // where every setting agrees (another run of other --steps or --data), the id each run drew
+    // at its start; a file of an older cast has none, and says nothing either way
+    const std::string run_id = read_checkpoint_header(resume_from).run_id;
+    if (other_run.empty() && !header.run_id.empty() && !run_id.empty() && header.run_id != run_id)
+      other_run = fmt::format("its run id is {}, the checkpoint's {}: each run draws its own at step 0 and keeps it "
+                              "through every resume and branch",
+                              header.run_id, run_id);
     // read whole where the run's end evaluates it (--eval-best): a truncated copy reads its header
     if (c.eval_best)
       if (const std::string damage = checkpoint_damage(best); !damage.empty()) unusable = damage + " is not finite";
@@ -227,7 +235,7 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
                      resume_from, resume_step, c.run_dir, finished_at);
   }
   check_checkpoint_is_the_newest(c, resume_from, resume_step);
-  check_best_is_the_runs(c, c.run_dir, resume_step);
+  check_best_is_the_runs(c, c.run_dir, resume_from, resume_step);
   CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on with a larger --steps",
@@ -393,7 +401,7 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   if (const std::string source = folder_of(resume_from);
       !resume_from.empty() && !files::same_file(source, c.run_dir) &&
       !files::same_file(resume_from, source + "/best.safetensors"))
-    check_best_is_the_runs(c, source, resume_step);
+    check_best_is_the_runs(c, source, resume_from, resume_step);
   // What would refuse the run is checked before the folder is made or locked, so that a refusal
   // leaves it as it was (no lock file in a user's folder), and again once it is held. First what
   // the folder is: one that takes no files, or one another cast process holds, is said as such

@@ -57,7 +57,11 @@ void say(const char* text) {
 
 // The name of a signal a handler here catches, or nullptr; no allocation, so handlers may call it.
 const char* known_signal_name(int signal) {
-  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : nullptr;
+  return signal == SIGINT    ? "SIGINT"
+         : signal == SIGTERM ? "SIGTERM"
+         : signal == SIGHUP  ? "SIGHUP"
+         : signal == SIGQUIT ? "SIGQUIT"
+                             : nullptr;
 }
 
 // Ends the process by the signal itself (its default action), so that a shell running it in a
@@ -84,7 +88,15 @@ void quiet_standard_output() {
 
 extern "C" void on_stop_signal(int signal) {
   // A second signal: the user does not want to wait for the step to finish. _exit, unlink, write
-  // and clock_gettime are async-signal-safe; exit() and the stdio it flushes are not.
+  // and clock_gettime are async-signal-safe; exit() and the stdio it flushes are not. SIGQUIT
+  // (Ctrl-\) asks for that at once: it is never a first signal.
+  if (signal == SIGQUIT) {
+    files::remove_temporaries_now();
+    say("cast: stopped at once by SIGQUIT");
+    if (g_note_ready.load()) say(g_second_note);
+    say("\n");
+    die_by(signal);
+  }
   if (g_stop.load() != 0) {
     const int64_t first = g_first_ns.load();
     if (first != 0 && now_ns() - first < kSameSignalNs) return;
@@ -141,7 +153,7 @@ void install(void (*handler)(int)) {
   action.sa_handler = handler;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // reads and writes in progress go on instead of failing with EINTR
-  for (int signal : {SIGINT, SIGTERM, SIGHUP}) {  // SIGHUP: the terminal went away
+  for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {  // SIGHUP: the terminal went away
     // A signal ignored when the process started stays ignored: a shell ignores SIGINT for the
     // jobs a script puts in the background, and nohup-style launchers do the same on purpose.
     struct sigaction before {};

@@ -178,6 +178,7 @@ struct Run {
   double step_seconds = 0;  // this process's, steps only
   Window window;            // since the last progress line
   std::string data;         // data::fingerprint(task), kept in each checkpoint
+  std::string run_id;       // the checkpoint's, or drawn now (checkpoint.h)
 };
 
 // The command that continues the run: the comparison's own, or a resume from its checkpoint.
@@ -202,8 +203,10 @@ std::string changed_schedule_note(const TrainConfig& before, const TrainConfig& 
 }
 
 void read_resume_point(Run& run, const std::string& resume_from) {
+  run.run_id = new_run_id();  // a new run's, and an older cast's run's from its first resume on
   if (resume_from.empty()) return;
   const Checkpoint ck = read_checkpoint_header(resume_from);  // a different model is refused by load_checkpoint
+  if (!ck.run_id.empty()) run.run_id = ck.run_id;
   run.start_step = run.step = ck.step;
   run.checkpoint_steps = ck.config.steps;
   run.best_val = ck.best_val;
@@ -351,7 +354,24 @@ std::string run_again(const Run& run) {
 // another folder or a link put at its name), and how to go on from there; "" while it is in place.
 std::string moved_folder(const Run& run) {
   if (run.folder_lock.still_at(run.c.run_dir)) return "";
-  const std::string now = run.folder_lock.path_now();
+  std::string now = run.folder_lock.path_now();
+  // the held folder removed (the system's name for it ends so), or still at its old path and
+  // hidden there by another one (a mount over it, or a rename back and forth)
+  constexpr std::string_view kRemoved = " (deleted)";
+  const bool removed = now.size() > kRemoved.size() && now.compare(now.size() - kRemoved.size(), kRemoved.size(),
+                                                                    kRemoved) == 0;
+  if (removed || (!now.empty() && files::same_path(now, run.c.run_dir))) {
+    const bool saved = run.checkpoint_steps >= 0;  // a checkpoint written by this process or the one resumed
+    return fmt::format("run folder {}: {} while the run went on (what is at {} now is not the run's folder, and "
+                       "nothing more is written there); {}",
+                       run.c.run_dir,
+                       removed ? "was removed" : "is hidden by another folder at its path (one mounted over it)",
+                       run.c.run_dir,
+                       removed  ? (saved ? "its checkpoints went with it: " : "no checkpoint of it was written yet: ") +
+                                      run_again(run)
+                       : saved ? fmt::format("once its own folder is back at that path, resume with: {}", resume_with(run))
+                               : "no checkpoint of it was written yet: " + run_again(run));
+  }
   const bool resumable = !now.empty() && files::exists(now + "/checkpoint.safetensors");
   std::string go_on;
   if (!resumable)
@@ -398,7 +418,7 @@ void save(Run& run, const std::string& path) {
   check_folder_in_place(run);
   try {
     save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window,
-                    run.data);
+                    run.data, run.run_id);
     if (path == run.checkpoint) {
       run.checkpoint_steps = run.c.steps;
       note_for_a_second_signal(run);
