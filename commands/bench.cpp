@@ -340,9 +340,13 @@ int bench_attention(const cli::Args& args, train::Trace* trace) {
     for (int64_t N : ns) {
       CAST_CHECK_USAGE(v.config.mechanism == nn::Mechanism::full || clusters <= N,
                        "--clusters {} is more than the {} tokens of --lengths {}", clusters, N, N);
+      const nn::Mechanism m = v.config.mechanism;
       train::require_memory(train::attention_layer_bytes(layer_config(v, N), B, N, D, device == Device::cuda), device,
                             fmt::format("{} attention at N {} (batch {}, D {})", v.name, N, B, D),
-                            "lower --lengths or --batch");
+                            fmt::format("the attention layer takes all of it: lower --lengths or --batch{}",
+                                        m == nn::Mechanism::full   ? ""
+                                        : m == nn::Mechanism::cast ? ", or --clusters or --cluster-size"
+                                                                   : ", or --clusters"));
     }
   fmt::print("attention benchmark on {}: B {}, D {}, {} heads, median of {} runs after {} warm-up{}\n",
              device_label(device), B, D, H, repeats, warmup, precision_note());

@@ -11,6 +11,7 @@
 #include "train/stop.h"
 #include "commands/attention_options.h"
 #include "commands/commands.h"
+#include "tensor/text.h"
 
 namespace cast {
 
@@ -124,24 +125,17 @@ void check_config_settings(const std::string& task, json settings, const std::st
   }
 }
 
-// --seeds: distinct whole numbers ("1,01" is one seed twice).
+// --seeds: distinct whole numbers ("1,01" and "+1,1" are one seed twice), written as every other
+// integer setting is (text::read_decimal: a sign, then digits; no space).
 std::vector<uint64_t> seeds_of(const std::string& list) {
   std::vector<uint64_t> seeds;
   for (const std::string& seed : cli::comma_list("seeds", list)) {
-    size_t used = 0;
     int64_t s = -1;
-    bool out_of_range = false;
-    // digits only: stoll would pass over a leading space or sign, which no other list takes
-    CAST_CHECK_USAGE(!seed.empty() && std::isdigit(static_cast<unsigned char>(seed[0])),
-                     "--seeds: '{}' is not a seed (a whole number, 0 or more)", seed);
-    try {
-      s = std::stoll(seed, &used);
-    } catch (const std::out_of_range&) {
-      out_of_range = true;
-    } catch (const std::exception&) {
-    }
-    CAST_CHECK_USAGE(!out_of_range, "--seeds: {} is out of range (seeds are 0 to 9223372036854775807)", seed);
-    CAST_CHECK_USAGE(used == seed.size() && s >= 0, "--seeds: '{}' is not a seed (a whole number, 0 or more)", seed);
+    const text::Decimal read = text::read_decimal(seed, s);
+    CAST_CHECK_USAGE(read != text::Decimal::out_of_range,
+                     "--seeds: {} is out of range (seeds are 0 to 9223372036854775807)", seed);
+    CAST_CHECK_USAGE(read == text::Decimal::ok && s >= 0, "--seeds: '{}' is not a seed (a whole number, 0 or more)",
+                     seed);
     CAST_CHECK_USAGE(std::find(seeds.begin(), seeds.end(), static_cast<uint64_t>(s)) == seeds.end(),
                      "--seeds: seed {} is listed twice ('{}')", s, list);
     seeds.push_back(static_cast<uint64_t>(s));

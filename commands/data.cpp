@@ -8,6 +8,7 @@
 #include "datasets/data.h"
 #include "tensor/files.h"
 #include "train/cli.h"
+#include "train/run_folder.h"
 #include "train/stop.h"
 #include "train/tasks.h"
 
@@ -144,6 +145,8 @@ int command_data(const std::vector<std::string>& argv) {
   const int64_t max_length = args.integer("max-length", 0, 100000), min_length = args.integer("min-length", 0, 100000);
   std::string out = args.str("out");
   if (out.empty()) out = train::find_task(task).data_dir;
+  // a set inside another: the outer set's next cast data would take its files for edits of its own
+  train::check_not_in_a_data_set(out, "data folder", "--out", /*may_be_the_set=*/true);
   const NewFolders new_folders(out);
   try {
     generate(task, out, count, max_length, min_length, seed, args.is_set("overwrite"), rerun);

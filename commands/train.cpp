@@ -106,6 +106,7 @@ static int train_with(const cli::Args& args, const json& file) {
     const json flags = train::settings_from_flags(args);  // a named object: items() does not keep a temporary alive
     for (auto& [k, v] : flags.items()) changes[k] = v;
     if (args.is_set("task")) changes["task"] = args.str("task");
+    train::check_task_of(train::read_checkpoint_header(args.str("resume")), args.str("resume"));
     config = train::resume_config(args.str("resume"), changes);
   } else {
     config = train::preset(train::task_of(args.str("task"), args.is_set("task"), file, args.str("config")));

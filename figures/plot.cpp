@@ -258,9 +258,9 @@ MetricsLine parse_metrics_line(const std::string& line, const std::string& where
   m.split = j["split"].get<std::string>();
   CAST_CHECK(m.split == "train" || m.split == "val" || m.split == "test", "{}: 'split' is '{}', not train, val or test",
              where, m.split);
-  const std::set<std::string> keys = m.split == "train"
-                                         ? std::set<std::string>{"step", "split", "loss", "accuracy", "lr", "tokens_per_s"}
-                                         : std::set<std::string>{"step", "split", "loss", "accuracy", "final"};
+  const std::set<std::string> keys =
+      m.split == "train" ? std::set<std::string>{"step", "split", "loss", "accuracy", "lr", "tokens_per_s", "run"}
+                         : std::set<std::string>{"step", "split", "loss", "accuracy", "final", "run"};
   for (const auto& [key, value] : j.items())
     CAST_CHECK(keys.count(key), "{}: '{}' is no key of a {} record (cast train writes {})", where, visible(key),
                m.split, fmt::join(keys, ", "));
@@ -276,6 +276,9 @@ MetricsLine parse_metrics_line(const std::string& line, const std::string& where
   if (m.split == "train" || j.contains("loss")) m.loss = number("loss", 0, kLargestValue);
   for (const char* key : {"lr", "tokens_per_s"})  // files written before these keys lack them
     if (j.contains(key)) number(key, 0, kLargestValue);
+  // the id of the run that wrote it (records written before it was kept lack it)
+  CAST_CHECK(!j.contains("run") || (j["run"].is_string() && text::is_run_id(j["run"].get<std::string>())),
+             "{}: 'run' is {}, not a run id (16 lowercase hexadecimal digits)", where, files::json_excerpt(j["run"]));
   if (j.contains("final")) {
     CAST_CHECK(j["final"] == true, "{}: 'final' is {}, not true", where, files::json_excerpt(j["final"]));
     m.final = true;

@@ -56,6 +56,7 @@ Block::Block(const ModelConfig& c, int index, Initializer& init)
   attention = std::make_unique<Attention>(a, init.dtype, init.device);
   mlp.up.fused = mlp.down.fused = c.attention.fused;
   recompute = c.recompute;
+  fused = c.attention.fused;
 }
 
 Tensor Block::forward(const Tensor& x, const Tensor& mask, bool train, uint64_t& rng) {
@@ -90,18 +91,20 @@ Tensor Block::forward(const Tensor& x, const Tensor& mask, bool train, uint64_t&
 }
 
 Tensor Block::run(const Tensor& x, const Tensor& mask, bool train, uint64_t& rng) {
-  auto drop = [&](const Tensor& t) {
-    if (!train || dropout == 0.0) return t;
-    Tensor y = ops::dropout(t, dropout, seed, rng);
+  // x + dropout(t): one op on the fast path (ops::dropout_add), the same values as its two
+  auto residual = [&](const Tensor& stream, const Tensor& t) {
+    if (!train || dropout == 0.0) return ops::add(stream, t);
+    Tensor y = fused ? ops::dropout_add(stream, t, dropout, seed, rng)
+                     : ops::add(stream, ops::dropout(t, dropout, seed, rng));
     rng += static_cast<uint64_t>(t.numel());
     return y;
   };
   const Tensor normed = norm1.forward(x);
   if (keep_attention_input) attention_input = normed, attention_mask = mask;
   last = attention->forward(normed, mask);
-  Tensor h = ops::add(x, drop(last.out));
+  Tensor h = residual(x, last.out);
   last.out = Tensor();  // read by nobody later; under --recompute nothing else would hold it
-  return ops::add(h, drop(mlp.forward(norm2.forward(h))));
+  return residual(h, mlp.forward(norm2.forward(h)));
 }
 
 void Block::collect_parameters(ParamList& out, const std::string& prefix) {

@@ -63,6 +63,7 @@ class Block : public Module {
   bool keep_attention_input = false;
   Tensor attention_input, attention_mask;
   bool recompute = false;  // ModelConfig::recompute
+  bool fused = true;       // AttentionConfig::fused: a residual's dropout as one op (ops::dropout_add)
 
  private:
   Tensor run(const Tensor& x, const Tensor& mask, bool train, uint64_t& rng);

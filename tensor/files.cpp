@@ -2,7 +2,9 @@
 #include "tensor/text.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,7 +38,11 @@ bool g_standard_output_closed = false;
 void note_standard_output_closed_at_start() { g_standard_output_closed = true; }
 
 std::string standard_output_failure(int err) {
-  return g_standard_output_closed ? "it was closed when cast started" : reason(err);
+  if (g_standard_output_closed) return "it was closed when cast started";
+  // a terminal that went away (its window closed, a dropped session) whose hangup signal never
+  // came to cast: a wrapper that ignores SIGHUP keeps it from the processes it started
+  if (err == EIO) return "input/output error: a terminal that went away, whose hangup (SIGHUP) did not reach cast";
+  return reason(err);
 }
 
 std::string reason(int err) {
@@ -402,11 +408,25 @@ static void check_folder_takes_files(const std::string& folder, const std::strin
 
 // A file nobody may write (mode without a w bit) was made read-only by its owner, who meant it to
 // stay: no output replaces or appends to it, even as root, whom the bits do not stop.
+// The file's immutable or append-only attribute (chattr +i, +a), which no write permission
+// overrides, root's neither: "" where it has neither, or they cannot be read (not this file system's).
+static std::string fixed_attribute(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+  int flags = 0;
+  if (fd.get() < 0 || ::ioctl(fd.get(), FS_IOC_GETFLAGS, &flags) != 0) return "";
+  return flags & FS_IMMUTABLE_FL ? "immutable (chattr +i)" : flags & FS_APPEND_FL ? "append-only (chattr +a)" : "";
+}
+
 static void check_not_read_only(const std::string& path, const struct stat& st, const std::string& what) {
-  CAST_CHECK_USAGE(!S_ISREG(st.st_mode) || (st.st_mode & 0222) != 0,
+  if (!S_ISREG(st.st_mode)) return;
+  CAST_CHECK_USAGE((st.st_mode & 0222) != 0,
                    "{} {}: is read-only (mode {:04o}); not writing to a file made read-only (make it writable, or "
                    "write elsewhere)",
                    what, path, st.st_mode & 07777);
+  const std::string fixed = fixed_attribute(path);
+  CAST_CHECK_USAGE(fixed.empty(), "{} {}: is {}, so it cannot be replaced; not writing to it (chattr -i or -a, or "
+                   "write elsewhere)",
+                   what, path, fixed);
 }
 
 void check_name_fits(const std::string& path, const std::string& what, size_t room) {
@@ -1056,6 +1076,13 @@ AppendFile::AppendFile(const std::string& path, bool truncate, const std::string
 }
 
 void AppendFile::append(std::string_view text) {
+  // made read-only since it was opened (chmod a-w): the open descriptor could still write, but
+  // a read-only file is never appended to, as at the start
+  struct stat st {};
+  if (::fstat(fd_.get(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0222) == 0)
+    throw Error(fmt::format("{} {}: was made read-only (mode {:04o}) while it was written; nothing more is appended "
+                            "to it (make it writable again)",
+                            what_, path_, st.st_mode & 07777));
   // a write cut short (a full disk, a file-size limit) is taken back: no torn last line
   const off_t before = ::lseek(fd_.get(), 0, SEEK_END);
   try {

@@ -55,6 +55,11 @@ inline size_t utf8_length(const std::string& s, size_t i) {
 // A control character (a newline, an escape, DEL): it would break a one-line message that
 // repeats the value, or a file that records it.
 inline bool is_control(unsigned char c) { return c < 0x20 || c == 0x7F; }
+
+// A run id as a run draws it (train/checkpoint.h): 16 lowercase hexadecimal digits.
+inline bool is_run_id(const std::string& s) {
+  return s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
 // A C1 control character (U+0080 to U+009F, the UTF-8 bytes C2 80 to C2 9F) at s[i]: U+009B starts
 // a terminal's escape sequence as ESC [ does.
 inline bool is_c1_control(const std::string& s, size_t i) {

@@ -652,6 +652,32 @@ TEST(Cli, SigquitStopsARunAtOnceAndNamesTheWholeCheckpoint) {
   fs::remove_all(dir);
 }
 
+// metrics.jsonl made read-only while the run goes on (thirty-ninth attack): the open file could
+// still be appended to, but a read-only file is never written; the run stops at its next record.
+TEST(Cli, AMetricsFileMadeReadOnlyMidRunIsNotAppendedTo) {
+  const fs::path dir = lifecycle_dir("read_only_metrics");
+  const std::string err = (dir / "err").string(), metrics = (dir / "ro" / "metrics.jsonl").string();
+  const pid_t pid = start_cast(tiny_train(dir, "ro", 100000), err);
+  if (!wait_for_lines(metrics, 3)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    FAIL() << "the run did not start: " << slurp(err);
+  }
+  fs::permissions(metrics, fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  const std::string at_chmod = slurp(metrics);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string said = slurp(err);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << ": " << said;
+  EXPECT_NE(said.find("metrics file " + metrics + ": was made read-only (mode 0444) while it was written; nothing "
+                      "more is appended to it"),
+            std::string::npos)
+      << said;
+  // at most the record being written as the mode changed
+  EXPECT_LE(lines(slurp(metrics)), lines(at_chmod) + 1);
+  fs::remove_all(dir);
+}
+
 TEST(Cli, CompareStopsOnCtrlCAndTheSameCommandResumesIt) {
   const fs::path dir = lifecycle_dir("compare_sigint");
   const std::string out = (dir / "cmp").string();

@@ -944,8 +944,11 @@ TEST(CliAttack, AResumeKeepsOrRefusesEveryMetricsLine) {
   }
   const std::string with_note = slurp(metrics);
   const CliRun refused = run("train --resume " + run_dir + "/checkpoint.safetensors --steps 5 --device cpu");
-  EXPECT_EQ(refused.code, 1) << refused.err;
-  EXPECT_NE(refused.err.find("line 1 is not a metrics record"), std::string::npos) << refused.err;
+  EXPECT_EQ(refused.code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("line 1 is not JSON (a number such as NaN, or a line cut or edited), so it is no metrics "
+                             "record"),
+            std::string::npos)
+      << refused.err;
   EXPECT_EQ(slurp(metrics), with_note);
   {
     std::ofstream f(metrics, std::ios::trunc);
@@ -1623,8 +1626,10 @@ TEST(CliAttack, NoDigestNoCutLineAComparisonInADataSetAndAPlotOfARunningRun) {
     fs::remove(noted + "/summary.json");  // the run's only obstacle is the line
     std::ofstream(noted + "/metrics.jsonl", std::ios::app) << tail;
     const CliRun r = run("train --resume " + noted + "/checkpoint.safetensors --steps 5");
-    EXPECT_EQ(r.code, 1) << tail << ": " << r.err;
-    EXPECT_NE(r.err.find("is not a metrics record"), std::string::npos) << r.err;
+    EXPECT_EQ(r.code, 2) << tail << ": " << r.err;
+    EXPECT_NE(r.err.find(tail[0] == '{' ? "has no \"step\", so it is no metrics record" : "is not JSON"),
+              std::string::npos)
+        << r.err;
     EXPECT_NE(slurp(noted + "/metrics.jsonl").find(tail), std::string::npos) << tail;
   }
   const std::string cut = copy_run("cut_last_line");  // a record cut short is still left behind
@@ -2455,4 +2460,207 @@ TEST(CliAttack, ARemovedWorkingFolderAndLeftTemporariesAreNoLateFailure) {
   int left = 0;
   for (const auto& entry : fs::directory_iterator(d + "/r")) left += entry.path().extension() == ".tmp";
   EXPECT_EQ(left, 100);  // the user's to delete, as the note says; none of the run's own left
+}
+
+// ---- the thirty-ninth attack (files, runs, resume)
+
+namespace {
+// A checkpoint's metadata key set to `value` in place (the tensors as they were).
+void set_metadata(const std::string& path, const std::string& key, const std::string& value) {
+  TensorFile f = read_safetensors(path);
+  f.metadata[key] = value;
+  write_safetensors(path, f.tensors, f.metadata);
+}
+// The same for a key of a JSON metadata entry ("train" or "model").
+void set_in_metadata(const std::string& path, const std::string& entry, const std::string& key,
+                     const nlohmann::json& value) {
+  TensorFile f = read_safetensors(path);
+  nlohmann::json j = nlohmann::json::parse(f.metadata.at(entry));
+  j[key] = value;
+  f.metadata[entry] = j.dump();
+  write_safetensors(path, f.tensors, f.metadata);
+}
+}  // namespace
+
+// A run stopped (or its disk full) between a new best's checkpoint and its best.safetensors left a
+// checkpoint of the best step and no best model of it: the resume writes the best from that
+// checkpoint, with a note, instead of losing it (the next validation need not beat it).
+TEST(CliAttack, ABestModelNotWrittenIsWrittenFromItsCheckpoint) {
+  const std::string d = fresh_dir("attack39_best");
+  const std::string every = " --eval-every 2 --checkpoint-every 2 --eval-limit 8";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --steps 2 --run " + d + "/r").code, 0);
+  const train::Checkpoint ck = train::read_checkpoint_header(d + "/r/checkpoint.safetensors");
+  EXPECT_EQ(ck.best_step, 2);
+  const std::string model = slurp(d + "/r/checkpoint.safetensors");
+  fs::remove(d + "/r/best.safetensors");  // the second write never happened
+  const CliRun resumed = run("train --resume " + d + "/r/checkpoint.safetensors --steps 4");
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("note: " + d + "/r/best.safetensors was not written at step 2 (the run was stopped, or "
+                                            "its disk full, between the checkpoint and the best model): written now "
+                                            "from " + d + "/r/checkpoint.safetensors, which is of that step"),
+            std::string::npos)
+      << resumed.out;
+  ASSERT_TRUE(fs::exists(d + "/r/best.safetensors"));
+  const train::Checkpoint best = train::read_checkpoint_header(d + "/r/best.safetensors");
+  if (best.step == 2) EXPECT_EQ(slurp(d + "/r/best.safetensors"), model);  // else a better one at step 4 replaced it
+
+  // a best_step that is not the best validation's is an edited file's; a number with a space before it too
+  fs::copy_file(d + "/r/checkpoint.safetensors", d + "/edited.safetensors");
+  set_metadata(d + "/edited.safetensors", "best_step", "9");
+  const CliRun late = run("eval --checkpoint " + d + "/edited.safetensors --data " + attack27_data());
+  EXPECT_EQ(late.code, 1) << late.err;
+  EXPECT_NE(late.err.find("'best_step' is 9: the step of the best validation, from 0 to the checkpoint's step 4"),
+            std::string::npos)
+      << late.err;
+  set_metadata(d + "/edited.safetensors", "best_step", "2");
+  set_metadata(d + "/edited.safetensors", "step", " 4");
+  const CliRun spaced = run("eval --checkpoint " + d + "/edited.safetensors --data " + attack27_data());
+  EXPECT_EQ(spaced.code, 1) << spaced.err;
+  EXPECT_NE(spaced.err.find("'step' is ' 4', not a number in range"), std::string::npos) << spaced.err;
+}
+
+// Each record and summary names the run that wrote it: a checkpoint or a metrics file of another
+// run copied into a run's folder is refused on resume (the two runs' histories would join in one
+// file), before anything is written; a summary of another run too.
+TEST(CliAttack, RecordsOfAnotherRunAreNotContinued) {
+  const std::string d = fresh_dir("attack39_records");
+  const std::string every = " --eval-every 2 --checkpoint-every 2 --eval-limit 8 --steps 4";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --run " + d + "/g").code, 0);
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --seed 2 --run " + d + "/s").code, 0);
+  const std::string g_id = train::read_checkpoint_header(d + "/g/checkpoint.safetensors").run_id;
+  const std::string s_id = train::read_checkpoint_header(d + "/s/checkpoint.safetensors").run_id;
+  EXPECT_NE(slurp(d + "/g/metrics.jsonl").find("\"run\":\"" + g_id + "\""), std::string::npos);
+  EXPECT_NE(slurp(d + "/g/summary.json").find("\"run_id\": \"" + g_id + "\""), std::string::npos);
+
+  // another run's checkpoint in g's folder
+  fs::copy(d + "/g", d + "/a", fs::copy_options::recursive);
+  fs::copy_file(d + "/s/checkpoint.safetensors", d + "/a/checkpoint.safetensors", fs::copy_options::overwrite_existing);
+  fs::remove(d + "/a/best.safetensors");
+  const std::string before = slurp(d + "/a/metrics.jsonl");
+  const CliRun checkpoint = run("train --resume " + d + "/a/checkpoint.safetensors --steps 6");
+  EXPECT_EQ(checkpoint.code, 2) << checkpoint.err;
+  EXPECT_NE(checkpoint.err.find(d + "/a/metrics.jsonl line 1 is a record of run \"" + g_id + "\", but --resume " + d +
+                                "/a/checkpoint.safetensors is of run " + s_id +
+                                ": a checkpoint and records of two runs"),
+            std::string::npos)
+      << checkpoint.err;
+  EXPECT_EQ(slurp(d + "/a/metrics.jsonl"), before);
+  // and into a new folder: nothing made
+  const CliRun branch = run("train --resume " + d + "/a/checkpoint.safetensors --steps 6 --run " + d + "/a2");
+  EXPECT_EQ(branch.code, 2) << branch.err;
+  EXPECT_FALSE(fs::exists(d + "/a2"));
+
+  // another run's metrics in g's folder
+  fs::copy(d + "/g", d + "/b", fs::copy_options::recursive);
+  fs::copy_file(d + "/s/metrics.jsonl", d + "/b/metrics.jsonl", fs::copy_options::overwrite_existing);
+  const CliRun metrics = run("train --resume " + d + "/b/checkpoint.safetensors --steps 6");
+  EXPECT_EQ(metrics.code, 2) << metrics.err;
+  EXPECT_NE(metrics.err.find("is a record of run \"" + s_id + "\""), std::string::npos) << metrics.err;
+
+  // another run's summary, the records gone
+  fs::copy(d + "/g", d + "/c", fs::copy_options::recursive);
+  fs::remove(d + "/c/metrics.jsonl");
+  fs::copy_file(d + "/s/summary.json", d + "/c/summary.json", fs::copy_options::overwrite_existing);
+  const CliRun summary = run("train --resume " + d + "/c/checkpoint.safetensors --steps 6");
+  EXPECT_EQ(summary.code, 2) << summary.err;
+  EXPECT_NE(summary.err.find(d + "/c/summary.json is the summary of run \"" + s_id + "\""), std::string::npos)
+      << summary.err;
+
+  // g itself goes on
+  EXPECT_EQ(run("train --resume " + d + "/g/checkpoint.safetensors --steps 6").code, 0);
+}
+
+// Messages of the thirty-ninth attack: an edited task or class count is the checkpoint's, a copy
+// of the newest checkpoint is no rewind, an immutable run file is refused before the first step.
+TEST(CliAttack, EditedCheckpointsAndCopiesAreSaidAsSuch) {
+  const std::string d = fresh_dir("attack39_said");
+  const std::string every = " --checkpoint-every 2 --steps 2";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --run " + d + "/r").code, 0);
+  fs::copy_file(d + "/r/checkpoint.safetensors", d + "/task.safetensors");
+  set_in_metadata(d + "/task.safetensors", "train", "task", "nope");
+  const CliRun task = run("eval --checkpoint " + d + "/task.safetensors");
+  EXPECT_EQ(task.code, 1) << task.err;
+  EXPECT_NE(task.err.find(d + "/task.safetensors: corrupt checkpoint metadata: 'train' metadata: 'task' is 'nope', no "
+                              "task of cast"),
+            std::string::npos)
+      << task.err;
+  fs::copy_file(d + "/r/checkpoint.safetensors", d + "/classes.safetensors");
+  set_in_metadata(d + "/classes.safetensors", "model", "classes", 3);
+  const CliRun classes = run("eval --checkpoint " + d + "/classes.safetensors --data " + attack27_data());
+  EXPECT_EQ(classes.code, 1) << classes.err;
+  EXPECT_NE(classes.err.find(d + "/classes.safetensors: corrupt checkpoint metadata: 'model' metadata: 3 classes, but "
+                                 "task listops-short has 10"),
+            std::string::npos)
+      << classes.err;
+
+  fs::copy_file(d + "/r/checkpoint.safetensors", d + "/r/mine.safetensors");
+  const CliRun copy = run("train --resume " + d + "/r/mine.safetensors --steps 4");
+  EXPECT_EQ(copy.code, 2) << copy.err;
+  EXPECT_NE(copy.err.find("--resume " + d + "/r/mine.safetensors is a copy of step 2 beside run " + d +
+                          "/r's own checkpoint " + d + "/r/checkpoint.safetensors, of that step"),
+            std::string::npos)
+      << copy.err;
+  fs::remove(d + "/r/mine.safetensors");
+
+  // an immutable summary (where the file system keeps the attribute)
+  if (std::system(("chattr +i " + d + "/r/summary.json 2> /dev/null").c_str()) == 0) {
+    const CliRun fixed = run("train --resume " + d + "/r/checkpoint.safetensors --steps 4");
+    std::system(("chattr -i " + d + "/r/summary.json").c_str());
+    EXPECT_EQ(fixed.code, 2) << fixed.err;
+    EXPECT_NE(fixed.err.find(d + "/r/summary.json: is immutable (chattr +i), so it cannot be replaced"),
+              std::string::npos)
+        << fixed.err;
+    EXPECT_EQ(train::read_checkpoint_header(d + "/r/checkpoint.safetensors").step, 2);  // no step taken
+  }
+}
+
+// ---- the thirty-ninth attack (signals, settings, messages)
+
+// A --max-len far above the data's longest example is sized by that example, not refused for
+// memory the run never takes (a batch is padded to its longest example); a benchmark's memory
+// refusal names the attention and its cluster options; a data set inside another is refused (the
+// outer set's next cast data took its files for edits); a seed may carry a '+' as every other
+// whole number may; a limit the libraries take nearly whole is said as such, not as the batch.
+TEST(CliAttack, RefusalsSayWhatTakesTheMemoryAndSetsNestNot) {
+  const std::string d = fresh_dir("attack39_settings");
+  const CliRun long_max = run("train --data " + attack27_data() + kTinyModel +
+                              " --steps 1 --eval-limit 8 --max-len 1000000 --run " + d + "/ml");
+  EXPECT_EQ(long_max.code, 0) << long_max.err;
+
+  const CliRun bench = run("bench attention --device cpu --lengths 1048576 --mechanisms cast-topk --repeats 1 --warmup 0");
+  EXPECT_EQ(bench.code, 1) << bench.err;
+  EXPECT_NE(bench.err.find("the attention layer takes all of it: lower --lengths or --batch, or --clusters or "
+                           "--cluster-size"),
+            std::string::npos)
+      << bench.err;
+
+  ASSERT_EQ(run("data listops-short --count 40 --out " + d + "/D").code, 0);
+  const CliRun nested = run("data listops-short --count 10 --out " + d + "/D/sub");
+  EXPECT_EQ(nested.code, 2) << nested.err;
+  EXPECT_NE(nested.err.find("data folder " + d + "/D/sub: is inside the data set " + d + "/D"), std::string::npos)
+      << nested.err;
+  EXPECT_FALSE(fs::exists(d + "/D/sub"));
+  EXPECT_EQ(run("data listops-short --count 40 --out " + d + "/D").code, 0);  // made again, as before
+
+  const CliRun plus = run("compare --data " + attack27_data() + kTinyModel +
+                          " --steps 1 --eval-limit 8 --attention full --seeds +1,1 --out " + d + "/c");
+  EXPECT_EQ(plus.code, 2) << plus.err;
+  EXPECT_NE(plus.err.find("--seeds: seed 1 is listed twice ('+1,1')"), std::string::npos) << plus.err;
+
+  // where this machine's libraries leave room under the limit the step runs; where not, the line
+  // says the libraries and their buffers take the limit, and asks for no smaller batch
+  const std::string err = d + "/err";
+  const int status = std::system(("ulimit -v 1250000; OMP_NUM_THREADS=2 timeout 60 " + std::string(CAST_BINARY) +
+                                  " train --data " + attack27_data() + kTinyModel + " --steps 1 --eval-limit 8 --run " +
+                                  d + "/uv > /dev/null 2> " + err)
+                                     .c_str());
+  const std::string said = slurp(err);
+  if (WEXITSTATUS(status) != 0) {
+    EXPECT_NE(said.find("beside what this process has mapped already (its libraries), where the BLAS's work "
+                        "buffers alone need 384 MiB (2 threads: 128 MiB each and one more): raise the limit by at "
+                        "least"),
+              std::string::npos)
+        << said;
+    EXPECT_EQ(said.find("--batch"), std::string::npos) << said;
+  }
 }

@@ -155,6 +155,8 @@ TEST(CudaVsCpu, LossDropoutTopk) {
   expect_devices_agree([&](const Inputs& x) { return ops::cross_entropy(x[0], on(labels, x[0])); },
                        Inputs{rand32({5, 10}, 21, -3, 3)});
   expect_devices_agree([](const Inputs& x) { return ops::dropout(x[0], 0.4, 1234, 99); }, Inputs{rand32({3001}, 22)});
+  expect_devices_agree([](const Inputs& x) { return ops::dropout_add(x[0], x[1], 0.4, 1234, 99); },
+                       Inputs{rand32({3001}, 24), rand32({3001}, 25)});
   Tensor mask = Tensor::from_vector<float>({1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1}, {2, 6});
   expect_devices_agree([&](const Inputs& x) { return ops::topk(x[0], 4, on(mask, x[0])); },
                        Inputs{rand32({2, 3, 6}, 23, -1, 1, false)});

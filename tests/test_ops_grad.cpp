@@ -201,6 +201,56 @@ TEST(Grad, Dropout) {
   EXPECT_GRADCHECK([](const Inputs& x) { return ops::dropout(x[0], 0.3, 99, 7); }, Inputs{param({5, 7}, 24)});
 }
 
+// x + dropout(t) as one op: alone, with its stream read again later (x's gradient added into,
+// not taken over), and with t = x.
+TEST(Grad, DropoutAdd) {
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::dropout_add(x[0], x[1], 0.3, 99, 7); },
+                   (Inputs{param({5, 7}, 24), param({5, 7}, 25)}));
+  EXPECT_GRADCHECK(
+      [](const Inputs& x) { return ops::mul(ops::dropout_add(x[0], ops::gelu(x[1]), 0.5, 3, 11), ops::add(x[0], x[1])); },
+      (Inputs{param({3, 4}, 26), param({3, 4}, 27)}));
+  EXPECT_GRADCHECK([](const Inputs& x) { return ops::dropout_add(x[0], x[0], 0.2, 5, 0); }, Inputs{param({9}, 28)});
+}
+
+// ops::dropout_add, the fast path, gives what its reference add(x, dropout(t)) gives, bit for bit,
+// on every device here, in f32 and f64 (the CPU's), over odd shapes (one past a chunk of the CPU's
+// words, and empty): the forward writes every element of a buffer poisoned with NaN; recorded in
+// a graph that reads the stream again, so that x's gradient is added into, the gradients agree
+// with the reference's; and recorded alone, where x takes the output's gradient buffer over.
+TEST(Grad, DropoutAddAgreesWithItsTwoOps) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (Device device : devices_here())
+    for (DType dtype : {DType::f32, DType::f64})
+      for (const Shape& shape : {Shape{5, 7}, Shape{2, 3, 1025}, Shape{0, 7}}) {
+        if (device == Device::cuda && dtype == DType::f64) continue;  // the device runs f32
+        SCOPED_TRACE(dims(shape) + " " + device_name(device) + " " + dtype_name(dtype));
+        auto on = [&](const Tensor& t) { return t.to(dtype).to(device); };
+        const Tensor x = on(param(shape, 71)), t = on(param(shape, 72)), c = on(param(shape, 73));
+        const Tensor ones = on(Tensor::full(shape, 1.0, DType::f64));
+        const double p = 0.35;
+        const uint64_t seed = 1234, offset = 77;
+        Tensor y = on(Tensor::full(shape, nan, DType::f64));
+        ops::dropout_add_forward(y, x, t, p, seed, offset);
+        Tensor rx = x.clone().set_requires_grad(), rt = t.clone().set_requires_grad();
+        const Tensor ry = ops::add(rx, ops::dropout(rt, p, seed, offset));
+        EXPECT_EQ(y.to_double_vector(), ry.to_double_vector());
+        autograd::backward(ops::add(ops::mul(ry, c), rx), ones);
+        Tensor fx = x.clone().set_requires_grad(), ft = t.clone().set_requires_grad();
+        autograd::backward(ops::add(ops::mul(ops::dropout_add(fx, ft, p, seed, offset), c), fx), ones);
+        EXPECT_EQ(fx.grad().to_double_vector(), rx.grad().to_double_vector());
+        EXPECT_EQ(ft.grad().to_double_vector(), rt.grad().to_double_vector());
+        // alone: the output's gradient is the caller's, so x's is a copy of it, never that buffer
+        Tensor ax = x.clone().set_requires_grad(), at = t.clone().set_requires_grad();
+        const Tensor ay = ops::dropout_add(ax, at, p, seed, offset);
+        autograd::backward(ay, c);
+        EXPECT_EQ(ax.grad().to_double_vector(), c.to_double_vector());
+        if (c.numel() > 0) EXPECT_NE(ax.grad().raw_data(), ay.grad().raw_data());
+        Tensor dt = on(Tensor::zeros(shape, DType::f64));
+        ops::dropout_backward(dt, c, p, seed, offset);
+        EXPECT_EQ(at.grad().to_double_vector(), dt.to_double_vector());
+      }
+}
+
 // An add or sub inside a graph (not the output, whose gradient the caller keeps): the first
 // input may take the output's gradient buffer itself (autograd::pass_gradient). Cases: a residual
 // stream, a broadcast second input, an input that reaches the node before and after another use,

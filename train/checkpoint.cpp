@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <set>
 #include <tuple>
@@ -9,6 +10,7 @@
 
 #include "tensor/files.h"
 #include "tensor/safetensors.h"
+#include "tensor/text.h"
 #include "train/tasks.h"
 #include "train/trainer.h"  // check_clusters_fit
 
@@ -21,7 +23,7 @@ static const char* kFormat = "cast-checkpoint-1";
 static const std::set<std::string> kMetadataKeys = {
     "format",      "model",       "train",        "step",       "rng_offset", "clustering_draws",
     "best_val",    "wall_seconds", "step_seconds", "peak_bytes", "log_window", "data",
-    "run_id"};
+    "run_id",      "best_step"};
 
 std::string new_run_id() {
   std::random_device source;
@@ -29,9 +31,6 @@ std::string new_run_id() {
   return fmt::format("{:016x}", id);
 }
 
-static bool is_run_id(const std::string& text) {
-  return text.size() == 16 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
-}
 
 // ---------------------------------------------------------------- finite values
 std::string non_finite_in(const std::map<std::string, Tensor>& tensors) {
@@ -101,7 +100,7 @@ std::string last_good_checkpoint(const std::string& path, bool* usable) {
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
                      const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
                      const RunCost& cost, const LogWindow& window, const std::string& data,
-                     const std::string& run_id) {
+                     const std::string& run_id, int64_t best_step) {
   std::map<std::string, Tensor> tensors;
   nn::ParamList params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -127,6 +126,7 @@ void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transfor
                                                                         window.tokens)}};
   if (!data.empty()) meta["data"] = data;
   if (!run_id.empty()) meta["run_id"] = run_id;
+  if (best_step >= 0) meta["best_step"] = std::to_string(best_step);
   // A checkpoint is only ever written finite, so the one on disk is always a good one.
   const std::string damage = non_finite_in(tensors);
   if (!damage.empty()) throw NonFiniteCheckpoint(fmt::format("{}: not written: {}", path, damage));
@@ -233,8 +233,10 @@ Checkpoint read_checkpoint_header(const std::string& path) {
       const std::string text = get(key);
       size_t used = 0;
       try {
+        // as cast writes it: no space or '+' before it, which the parser would skip
+        const bool plain = !text.empty() && !std::isspace(static_cast<unsigned char>(text[0])) && text[0] != '+';
         const auto value = parse(text, &used);
-        if (used == text.size() && !text.empty()) return value;
+        if (plain && used == text.size()) return value;
       } catch (const std::logic_error&) {  // not a number, or out of range
       }
       throw Error(fmt::format("'{}' is '{}', not a number in range", key, text));
@@ -270,9 +272,16 @@ Checkpoint read_checkpoint_header(const std::string& path) {
                  get("log_window"), most, ck.step, ck.config.batch);
     }
     if (f.metadata.count("data")) ck.data = get("data");
+    if (f.metadata.count("best_step")) {
+      ck.best_step = whole("best_step", [](const std::string& t, size_t* u) { return std::stoll(t, u); });
+      CAST_CHECK(ck.best_val >= 0 && ck.best_step >= 0 && ck.best_step <= ck.step,
+                 "'best_step' is {}: the step of the best validation, from 0 to the checkpoint's step {}, and only "
+                 "beside a best accuracy ('best_val' {})",
+                 ck.best_step, ck.step, ck.best_val);
+    }
     if (f.metadata.count("run_id")) {
       ck.run_id = get("run_id");
-      CAST_CHECK(is_run_id(ck.run_id), "'run_id' is {}, not 16 lowercase hexadecimal digits",
+      CAST_CHECK(text::is_run_id(ck.run_id), "'run_id' is {}, not 16 lowercase hexadecimal digits",
                  files::json_excerpt(json(ck.run_id)));
     }
   } catch (const std::exception& e) {
@@ -378,14 +387,24 @@ void throw_from_recorded_data_folder(const Error& e, const std::string& folder, 
   throw Error(why);
 }
 
+void check_task_of(const Checkpoint& ck, const std::string& path) {
+  const std::vector<std::string>& known = task_names();  // an edited file's: said as the file's, not the data's
+  CAST_CHECK(std::find(known.begin(), known.end(), ck.config.task) != known.end(),
+             "{}: corrupt checkpoint metadata: 'train' metadata: 'task' is '{}', no task of cast ({})", path,
+             ck.config.task, fmt::join(known, ", "));
+  // the sizes a run takes from its task (train/tasks.cpp)
+  const Task& task = find_task(ck.config.task);
+  const nn::ModelConfig& m = ck.config.model;
+  CAST_CHECK(m.classes == task.classes && m.dual == task.dual,
+             "{}: corrupt checkpoint metadata: 'model' metadata: {} classes{}, but task {} has {}{}", path, m.classes,
+             m.dual ? " of two texts" : "", ck.config.task, task.classes, task.dual ? " of two texts" : "");
+}
+
 TrainedRun open_trained_run(const std::string& path, const std::string& data_dir, Device device) {
   TrainedRun run;
   run.checkpoint = read_checkpoint_header(path);
+  check_task_of(run.checkpoint, path);
   if (!data_dir.empty()) run.checkpoint.config.data_dir = data_dir;
-  const std::string& task = run.checkpoint.config.task;
-  const std::vector<std::string>& known = task_names();
-  CAST_CHECK(std::find(known.begin(), known.end(), task) != known.end(), "{}: unknown task '{}' ({})", path, task,
-             fmt::join(known, ", "));
   run.model = std::make_unique<nn::Transformer>(run.checkpoint.config.model, DType::f32, device);
   load_checkpoint(path, *run.model, nullptr, nullptr);
   try {

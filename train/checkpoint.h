@@ -33,6 +33,7 @@ struct Checkpoint {
   int64_t step = 0;
   uint64_t rng_offset = 0;
   double best_val = -1;
+  int64_t best_step = -1;  // the step of that validation; -1 where not recorded (an older cast's)
   RunCost cost;       // zero in checkpoints written before it was recorded
   LogWindow window;   // empty in checkpoints written before it was recorded
   std::string data;   // data::fingerprint of the set it trained on; "" where not recorded
@@ -52,7 +53,7 @@ class NonFiniteCheckpoint : public Error {
 void save_checkpoint(const std::string& path, const TrainConfig& c, nn::Transformer& model,
                      const std::vector<Tensor>& m, const std::vector<Tensor>& v, int64_t step, double best_val,
                      const RunCost& cost = {}, const LogWindow& window = {}, const std::string& data = "",
-                     const std::string& run_id = "");
+                     const std::string& run_id = "", int64_t best_step = -1);
 // Reads the configs and counters; loads parameters (and moments when m, v are given) into
 // `model`, which must have been built from the same model config.
 Checkpoint read_checkpoint_header(const std::string& path);
@@ -73,6 +74,11 @@ std::string last_good_checkpoint(const std::string& path, bool* usable = nullptr
 // Why there is no checkpoint at `path`: none written yet, or its folder gone (moved away while
 // the run went on), as the first words of a sentence.
 std::string no_checkpoint_at(const std::string& path);
+
+// Refuses a checkpoint (at `path`) of a task cast does not have, or whose model's classes are
+// not its task's: an edited file's, said as such (the commands that read a task's data from a
+// checkpoint; the library's own tasks, in tests, are not the registry's).
+void check_task_of(const Checkpoint& ck, const std::string& path);
 
 // The settings of a resumed run: the checkpoint's, with `changes` (a config file's keys, then
 // the flags') applied where a run may change on the way (the table's resumable settings) and a

@@ -1,6 +1,7 @@
 // A comparison: its runs, their resumption, the results table and the comparison figure.
 // (The command, `cast compare`, is commands/compare.cpp.)
 #include "train/compare.h"
+#include "tensor/text.h"
 
 #include <algorithm>
 #include <cmath>
@@ -148,11 +149,15 @@ json read_summary(const std::string& path, const TrainConfig& config) {
   const std::set<std::string> keys = {"task",          "attention",     "steps",         "seconds",
                                       "step_seconds",  "peak_bytes",    "device",        "val_accuracy",
                                       "test_accuracy", "val_examples",  "test_examples", "majority_rate",
-                                      "evaluated",     "evaluated_step", "made_by",       "digest"};
+                                      "evaluated",     "evaluated_step", "made_by",       "digest",
+                                      "run_id"};
   for (const auto& [key, value] : j.items())
     CAST_CHECK(keys.count(key), "run summary {}: '{}' is no key of a summary cast train writes ({})", path,
                visible(key), fix);
   word("made_by", {"cast train"}, false);  // summaries written before the mark lack it
+  CAST_CHECK(!j.contains("run_id") || (j["run_id"].is_string() && text::is_run_id(j["run_id"].get<std::string>())),
+             "run summary {}: 'run_id' is {}, not a run id (16 lowercase hexadecimal digits) ({})", path,
+             files::json_excerpt(j["run_id"]), fix);
   word("task", {config.task}, false);
   word("attention", {nn::mechanism_name(config.model.attention.mechanism)}, false);
   word("device", {"cpu", "cuda"}, false);

@@ -169,6 +169,13 @@ double address_space_left() {
 }
 }  // namespace
 
+// "512 MiB" below a GiB, "3.2 GiB" from there
+static std::string in_mib_or_gib(double bytes) {
+  constexpr double MiB = 1024.0 * 1024, GiB = 1024 * MiB;
+  if (bytes < MiB) return "under 1 MiB";
+  return bytes < GiB ? fmt::format("{:.0f} MiB", bytes / MiB) : fmt::format("{:.1f} GiB", bytes / GiB);
+}
+
 void require_memory(double bytes, Device device, const std::string& what, const std::string& hint) {
   double available = static_cast<double>(host_memory_total());
   const char* where = "this machine has";
@@ -178,8 +185,21 @@ void require_memory(double bytes, Device device, const std::string& what, const 
     // beside the estimate, the BLAS maps its work buffers at its first product (OpenBLAS: one of
     // 128 MiB a thread and one more, seen in gdb), and where it cannot it retries without end
     // instead of failing (a run under ulimit -v 1100000 spun in blas_memory_alloc's mmap)
-    const double blas_buffers = 128.0 * (1 << 20) * (omp_get_max_threads() + 1);
+    const int threads = omp_get_max_threads();
+    const double blas_buffers = 128.0 * (1 << 20) * (threads + 1);
     available = std::max(0.0, left - blas_buffers);
+    // a limit the libraries and their buffers take nearly whole: no setting of the run helps
+    if (bytes > available && bytes < blas_buffers) {
+      struct rlimit limit {};
+      ::getrlimit(RLIMIT_AS, &limit);
+      throw Error(fmt::format(
+          "{} needs about {} (an estimate that errs high), but the address-space limit (ulimit -v {} KiB) leaves "
+          "{} beside what this process has mapped already (its libraries), where the BLAS's work buffers alone need "
+          "{} ({} threads: 128 MiB each and one more): raise the limit by at least {} KiB, or run fewer threads "
+          "(OMP_NUM_THREADS)",
+          what, in_mib_or_gib(bytes), limit.rlim_cur / 1024, in_mib_or_gib(left), in_mib_or_gib(blas_buffers),
+          threads, static_cast<uint64_t>((bytes + blas_buffers - left) / 1024) + 1));
+    }
     where = "the address-space limit (ulimit -v) leaves, beside the BLAS's work buffers,";
     known = true;
   }
@@ -193,10 +213,10 @@ void require_memory(double bytes, Device device, const std::string& what, const 
 #endif
   (void)device;
   if (!known || bytes <= available) return;
-  constexpr double GiB = 1024.0 * 1024 * 1024;
   const bool limited = std::string_view(where).find("ulimit") != std::string_view::npos;
-  throw Error(fmt::format("{} needs about {:.1f} GiB (an estimate that errs high) but {} {:.1f} GiB: {}{}", what,
-                          bytes / GiB, where, available / GiB, hint, limited ? "; or raise the limit" : ""));
+  throw Error(fmt::format("{} needs about {} (an estimate that errs high) but {} {}: {}{}", what,
+                          in_mib_or_gib(bytes), where, in_mib_or_gib(available), hint,
+                          limited ? "; or raise the limit" : ""));
 }
 
 }  // namespace cast::train

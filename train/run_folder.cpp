@@ -66,8 +66,10 @@ std::string data_set_around(const std::string& folder) {
 
 }  // namespace
 
-void check_not_in_a_data_set(const std::string& folder, const std::string& what, const std::string& option) {
+void check_not_in_a_data_set(const std::string& folder, const std::string& what, const std::string& option,
+                             bool may_be_the_set) {
   const std::string set = data_set_around(folder);
+  if (may_be_the_set && !set.empty() && files::same_path(folder, set)) return;
   CAST_CHECK_USAGE(set.empty(), "{} {}: is {}the data set {}, whose files only cast data writes: choose another {}",
                    what, folder, files::same_path(folder, set) ? "" : "inside ", set, option);
 }
@@ -206,6 +208,42 @@ void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, con
                    best, best_step, resume_step, folder);
 }
 
+// The records a resume continues (folder's metrics.jsonl, and in place its summary.json) are the
+// checkpoint's run's: each carries the id of the run that wrote it. A checkpoint or a metrics file
+// copied in from another run would join two runs' histories in one file. Records after the
+// checkpoint's step are left out anyway, and a checkpoint or record of an older cast has no id.
+void check_records_are_the_runs(const std::string& resume_from, const std::string& folder, bool in_place) {
+  const Checkpoint ck = read_checkpoint_header(resume_from);
+  if (ck.run_id.empty()) return;
+  const char* remedy = "a checkpoint and records of two runs; put the run's own back beside each other";
+  const std::string metrics = folder + "/metrics.jsonl";
+  if (files::exists(metrics)) {
+    std::istringstream in(files::read_file(metrics, "metrics file"));
+    int64_t number = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++number;
+      const json j = json::parse(line, nullptr, false);
+      if (!j.is_object() || !j.contains("run") || !j["run"].is_string() || !j.contains("step") ||
+          !j["step"].is_number_integer() || j["step"].get<int64_t>() > ck.step)
+        continue;
+      const std::string run = j["run"].get<std::string>();
+      CAST_CHECK_USAGE(run == ck.run_id,
+                       "{} line {} is a record of run {}, but --resume {} is of run {}: {}", metrics, number,
+                       files::json_excerpt(json(run)), resume_from, ck.run_id, remedy);
+    }
+  }
+  const std::string summary = folder + "/summary.json";
+  if (!in_place || !files::exists(summary)) return;
+  std::string run;
+  try {
+    run = json::parse(files::read_file(summary, "run summary")).value("run_id", std::string());
+  } catch (const std::exception&) {
+    return;  // unreadable, or not a run's: said by the checks of the run's files
+  }
+  CAST_CHECK_USAGE(run.empty() || run == ck.run_id, "{} is the summary of run {}, but --resume {} is of run {}: {}",
+                   summary, files::json_excerpt(json(run)), resume_from, ck.run_id, remedy);
+}
+
 // A resume into the checkpoint's own folder continues the run from its newest checkpoint only;
 // a finished run there continues only with more steps.
 void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
@@ -214,10 +252,23 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
                    "--resume {}: its folder {} holds no checkpoint.safetensors, so it is no run to continue in "
                    "place: give --run with a new folder to train on from it",
                    resume_from, c.run_dir);
-  CAST_CHECK_USAGE(files::same_file(resume_from, newest),
-                   "--resume {} would rewind run {}, whose newest checkpoint is {}: resume from that, or give --run "
-                   "with a new folder to train on from {}",
-                   resume_from, c.run_dir, newest, resume_from);
+  if (!files::same_file(resume_from, newest)) {
+    int64_t newest_step = -1;
+    try {
+      newest_step = read_checkpoint_header(newest).step;
+    } catch (const Error&) {  // unreadable: the run's own is still the one to resume
+    }
+    const std::string what =
+        newest_step == resume_step && std::filesystem::path(resume_from).filename() != "best.safetensors"
+            ? fmt::format("is a copy of step {} beside run {}'s own checkpoint {}, of that step",
+                                                 resume_step, c.run_dir, newest)
+        : newest_step >= 0 && newest_step < resume_step
+            ? fmt::format("is of step {}, after run {}'s own checkpoint {} (step {}): a checkpoint of elsewhere",
+                          resume_step, c.run_dir, newest, newest_step)
+            : fmt::format("would rewind run {}, whose newest checkpoint is {}", c.run_dir, newest);
+    throw UsageError(fmt::format("--resume {} {}: resume from that, or give --run with a new folder to train on from {}",
+                                 resume_from, what, resume_from));
+  }
   // a checkpoint older than the run's own end (put back, or copied in from elsewhere): continuing
   // from it would drop the records and summary of the steps after it
   const std::string summary = c.run_dir + "/summary.json";
@@ -402,6 +453,8 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
       !resume_from.empty() && !files::same_file(source, c.run_dir) &&
       !files::same_file(resume_from, source + "/best.safetensors"))
     check_best_is_the_runs(c, source, resume_from, resume_step);
+  if (!resume_from.empty())
+    check_records_are_the_runs(resume_from, folder_of(resume_from), files::same_file(folder_of(resume_from), c.run_dir));
   // What would refuse the run is checked before the folder is made or locked, so that a refusal
   // leaves it as it was (no lock file in a user's folder), and again once it is held. First what
   // the folder is: one that takes no files, or one another cast process holds, is said as such
@@ -443,8 +496,13 @@ int64_t keep_metrics_until(const std::string& path, int64_t last_step, const std
     // (a prefix of a record: an object begun and not ended; a whole one, or text, is no cut)
     const bool cut_short = in.eof() && !text.empty() && text.back() != '\n' && line[0] == '{' && j.is_discarded();
     // in place the file is rewritten, and the line would be lost; into a new folder it is copied
-    CAST_CHECK(record || cut_short,
-               "{} line {} is not a metrics record (a JSON object with an integer \"step\"); {}", path, number,
+    // what is wrong, in its own words: no JSON (a NaN, a torn line), no object, or no step in range
+    const std::string why = j.is_discarded()  ? "is not JSON (a number such as NaN, or a line cut or edited)"
+                            : !j.is_object()  ? "is not a JSON object"
+                            : !j.contains("step") ? "has no \"step\""
+                                                  : fmt::format("has \"step\" {}, not a whole number in range",
+                                                                files::json_excerpt(j["step"]));
+    CAST_CHECK_USAGE(record || cut_short, "{} line {} {}, so it is no metrics record; {}", path, number, why,
                files::same_path(path, out)
                    ? "resuming rewrites the file and would drop that line: fix it, or copy it elsewhere and remove it"
                    : fmt::format("the new run's {} starts from its records: remove or fix that line", out));
@@ -485,6 +543,25 @@ int64_t continue_run_files(const std::string& resume_from, int64_t step, const s
   const int64_t dropped = keep_metrics_until(folder_of(resume_from) + "/metrics.jsonl", step, run_dir + "/metrics.jsonl");
   if (!in_place) copy_best(resume_from, run_dir);
   return dropped;
+}
+
+std::string restore_best(const std::string& resume_from, const std::string& run_dir) {
+  const Checkpoint ck = read_checkpoint_header(resume_from);
+  if (ck.best_step < 0 || ck.best_step != ck.step) return "";
+  const std::string best = run_dir + "/best.safetensors";
+  if (files::exists(best)) {
+    int64_t best_step = -1;
+    try {
+      best_step = read_checkpoint_header(best).step;
+    } catch (const Error&) {  // refused before the first step where it is read (--eval-best); else left alone
+      return "";
+    }
+    if (best_step == ck.best_step) return "";
+  }
+  files::write_atomic(best, files::read_file(resume_from, "checkpoint"), "best checkpoint", files::Link::refuse);
+  return fmt::format("note: {} was not written at step {} (the run was stopped, or its disk full, between the "
+                     "checkpoint and the best model): written now from {}, which is of that step",
+                     best, ck.best_step, resume_from);
 }
 
 void write_summary(const std::string& run_dir, json summary) {

@@ -15,7 +15,9 @@ namespace cast::train {
 
 // A run's or a comparison's folder never lies in a data set, at any depth (cast data there
 // would replace its files): `what` ("run folder") and the `option` that names it in the refusal.
-void check_not_in_a_data_set(const std::string& folder, const std::string& what, const std::string& option);
+// may_be_the_set: a folder that is itself the set passes (cast data making it again).
+void check_not_in_a_data_set(const std::string& folder, const std::string& what, const std::string& option,
+                             bool may_be_the_set = false);
 
 // A new run's folder that holds no run: the files it would write may replace only what a cast
 // run left there, or anything with --overwrite (read only: prepare_run_folder, and cast compare
@@ -60,6 +62,11 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
 // the checkpoint's folder's lines and best checkpoint, which are read, never written.
 // Returns how many metrics records after the checkpoint's step were left out.
 int64_t continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place);
+// A new best validation writes the checkpoint, then best.safetensors: a run stopped between the
+// two (killed, or a full disk at the second) left a checkpoint of the best step and no best model
+// of that step in run_dir. The checkpoint resumed from, where it is of its best step, is that
+// model: written again under the best's name. Returns a note saying so, or "".
+std::string restore_best(const std::string& resume_from, const std::string& run_dir);
 
 // The mark in every summary.json a run writes ("made_by": "cast train").
 constexpr const char* kSummaryMark = "\"made_by\": \"cast train\"";

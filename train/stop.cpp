@@ -174,6 +174,13 @@ int stop_signal() {
   }
   return g_stop.load();
 }
+int stop_signal_within(int milliseconds) {
+  for (int waited = 0;; waited += 5) {
+    if (const int signal = stop_signal()) return signal;
+    if (waited >= milliseconds) return 0;
+    ::usleep(5000);
+  }
+}
 void request_stop(int signal) { g_stop.store(signal); }
 void request_stop_after_polls(int signal, int64_t polls) {
   g_polls_left.store(polls);

@@ -16,6 +16,7 @@ void install_stop_handlers();
 // file of a write in progress (files::write_atomic), says so in one line and exits 128 + signal.
 void install_exit_handlers();
 int stop_signal();              // the signal that asked to stop, 0 when none did
+int stop_signal_within(int milliseconds);  // the same, waiting up to that long for one to come
 void request_stop(int signal);  // what the handler does; tests call it to stop at a known step
 // Tests: the stop request comes at the (polls + 1)-th poll of stop_signal() from now, to stop
 // inside an evaluation (one poll a step, one a batch) at a known batch.

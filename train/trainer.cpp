@@ -167,6 +167,7 @@ struct Run {
   int64_t start_step = 0, step = 0;
   int64_t saved_step = -1;  // the step of the checkpoint this process wrote last (not written twice)
   double best_val = -1;
+  int64_t best_step = -1;  // the step of the best validation
   RunCost earlier;  // what the processes before this one spent
   // The model and its AdamW moments.
   std::unique_ptr<nn::Transformer> model;
@@ -210,6 +211,7 @@ void read_resume_point(Run& run, const std::string& resume_from) {
   run.start_step = run.step = ck.step;
   run.checkpoint_steps = ck.config.steps;
   run.best_val = ck.best_val;
+  run.best_step = ck.best_step;
   run.earlier = ck.cost;
   static_cast<LogWindow&>(run.window) = ck.window;
   run.window.untimed_tokens = ck.window.tokens;
@@ -250,6 +252,14 @@ void choose_compute(Run& run) {
 
 }  // namespace
 
+// The most tokens of an example of any split (of either text, where there are two).
+static int64_t longest_example(const data::TaskData& task) {
+  size_t most = 0;
+  for (const auto* split : {&task.train, &task.val, &task.test})
+    for (const data::Example& e : *split) most = std::max({most, e.tokens.size(), e.tokens2.size()});
+  return static_cast<int64_t>(most);
+}
+
 // The task has examples, fits the model, and a step fits in the device's memory.
 static void check_task_fits(const TrainConfig& c, const data::TaskData& task, Device device) {
   for (const auto& [split, examples] :
@@ -276,8 +286,17 @@ static void check_task_fits(const TrainConfig& c, const data::TaskData& task, De
   }
   const int64_t length = std::min(c.model.max_len, task.max_len);
   check_clusters_fit(c.model, length);
-  const StepBytes parts = training_step_parts(c.model, c.batch, length, device == Device::cuda);
-  require_memory(parts.total(), device, fmt::format("a training step of batch {} at length {}", c.batch, length),
+  // A batch is padded to its longest example, not to --max-len: the step is sized by the longest
+  // the data holds, with the cluster count the model takes from --max-len (nn::Block)
+  const int64_t longest = std::min(length, longest_example(task));
+  nn::ModelConfig sized = c.model;
+  const nn::Mechanism mechanism = sized.attention.mechanism;
+  if (mechanism != nn::Mechanism::full && sized.attention.clusters <= 0)
+    sized.attention.clusters = nn::default_clusters(c.model.tokens() + (c.model.cls_pooling ? 1 : 0));
+  const StepBytes parts = training_step_parts(sized, c.batch, longest, device == Device::cuda);
+  require_memory(parts.total(), device,
+                 fmt::format("a training step of batch {} at length {}{}", c.batch, longest,
+                             longest < length ? " (the longest example)" : ""),
                  parts.largest());
 }
 
@@ -418,7 +437,7 @@ void save(Run& run, const std::string& path) {
   check_folder_in_place(run);
   try {
     save_checkpoint(path, run.c, *run.model, run.m, run.v, run.step, run.best_val, cost_now(run), run.window,
-                    run.data, run.run_id);
+                    run.data, run.run_id, run.best_step);
     if (path == run.checkpoint) {
       run.checkpoint_steps = run.c.steps;
       note_for_a_second_signal(run);
@@ -439,8 +458,9 @@ void save(Run& run, const std::string& path) {
 
 // A metrics line; a write that failed (a full disk, a file-size limit) was taken back, and the
 // error says which checkpoint the run continues from.
-void append_metrics(Run& run, const json& record) {
+void append_metrics(Run& run, json record) {
   check_folder_in_place(run);
+  record["run"] = run.run_id;  // whose record: a resume refuses a file of another run's
   try {
     run.metrics->append(record.dump() + '\n');
   } catch (const Error& e) {
@@ -537,6 +557,7 @@ void validate_now(Run& run) {
   }
   if (r.accuracy > run.best_val) {
     run.best_val = r.accuracy;
+    run.best_step = run.step;
     // the run's checkpoint first: a best model is never of a step after the checkpoint, so a
     // process killed later loses the steps since then, not the best model of the steps kept
     save(run, run.checkpoint);
@@ -614,6 +635,11 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
       if (eval_step) validate_now(run);
     } catch (const std::system_error& e) {  // standard output failed (a reader gone, a full disk): saved, then said
       save(run, run.checkpoint);
+      // a terminal that closed fails the write (EIO) a moment before its hangup's SIGHUP arrives:
+      // the run stops as that signal stops it, with its exit code
+      if (const int hangup = e.code().value() == EIO ? stop_signal_within(200) : stop_signal())
+        stopped(run, hangup, fmt::format("after step {} of {} (standard output: {})", step, c.steps,
+                                         files::standard_output_failure(e.code().value())));
       throw Error(
           fmt::format("cannot write to standard output after step {} ({}): checkpoint {} written; resume "
                       "with: {}",
@@ -700,7 +726,8 @@ void finish(Run& run, TrainResult& result) {
                             {"test_examples", result.test.examples},
                             {"majority_rate", result.majority},
                             {"evaluated", evaluate_best ? "best" : "final"},
-                            {"evaluated_step", evaluated_step}});
+                            {"evaluated_step", evaluated_step},
+                            {"run_id", run.run_id}});
   for (const std::string& note : kept) fmt::print(stderr, "{}\n", note);
   if (run.quiet) return;
   if (evaluate_best)
@@ -776,6 +803,8 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
       fmt::print("note: {} metrics record{} after step {} (the checkpoint's) {} left out; the run goes on from its "
                  "checkpoint\n",
                  dropped, dropped == 1 ? "" : "s", run.start_step, dropped == 1 ? "is" : "are");
+    const std::string restored = restore_best(resume_from, run.c.run_dir);
+    if (!restored.empty() && !quiet) fmt::print("{}\n", restored);
   }
   run.metrics.emplace(run.c.run_dir + "/metrics.jsonl", run.start_step == 0, "metrics file");
   run.t0 = Clock::now();

@@ -906,8 +906,9 @@ std::vector<std::string> evaluation_lines(const std::string& run_dir) {
   std::vector<std::string> lines;
   std::ifstream in(run_dir + "/metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["split"] != "train") lines.push_back(line);
+    auto j = nlohmann::json::parse(line);
+    j.erase("run");  // each run's own id: the two runs compared are two
+    if (j["split"] != "train") lines.push_back(j.dump());
   }
   return lines;
 }

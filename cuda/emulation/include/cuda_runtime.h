@@ -146,6 +146,16 @@ inline void __threadfence() {}
 
 // ---------------------------------------------------------------- math intrinsics
 inline float __expf(float x) { return std::exp(x); }
+// Rounded on their own, never contracted into a multiply-add (nor by the host compiler: the
+// volatile result is a value it cannot see through)
+inline float __fmul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
