@@ -56,14 +56,16 @@ static data::StopCheck stop_check(const std::string& out) {
   train::set_second_signal_note(fmt::format(
       ": data folder {} is unfinished if it is marked so (training refuses it then); run the same cast data again",
       out));
-  return [out] {
+  const bool existed = files::exists(out);  // what a stop before the first file leaves: what was there
+  return [out, existed] {
     const int signal = train::stop_signal();
     if (signal == 0) return;
     // stopped while the examples were drawn in memory: no file of the set has changed
     if (!files::exists(out + "/" + data::kDataUnfinishedMark))
       throw train::Stopped(signal, fmt::format("stopped by {} before any file of the set was written: data folder {} "
-                                               "holds what it held before",
-                                               train::signal_name(signal), out));
+                                               "{}",
+                                               train::signal_name(signal), out,
+                                               existed ? "holds what it held before" : "was not made"));
     throw train::Stopped(signal, fmt::format("stopped by {}: data folder {} is unfinished (training refuses it); "
                                              "run the same cast data again to complete it",
                                              train::signal_name(signal), out));

@@ -735,6 +735,44 @@ TEST(Cli, CastDataStoppedBeforeWritingLeavesTheSetUsable) {
       << stopped.err;
   EXPECT_FALSE(fs::exists(out + "/" + cast::data::kDataUnfinishedMark));
   EXPECT_EQ(slurp(out + "/basic_train.tsv"), rows);
+  // a folder that was not there: it is not made (fortieth attack: "holds what it held before")
+  const std::string fresh = (dir / "new").string();
+  const pid_t new_pid = start_cast("data listops --count 100000 --out " + fresh, err);
+  wait_for_holder(fresh, new_pid);
+  kill(new_pid, SIGINT);
+  waitpid(new_pid, &status, 0);
+  const std::string said = slurp(err);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 130) << status << ": " << said;
+  EXPECT_NE(said.find("stopped by SIGINT before any file of the set was written: data folder " + fresh +
+                      " was not made"),
+            std::string::npos)
+      << said;
+  EXPECT_FALSE(fs::exists(fresh)) << said;
+  fs::remove_all(dir);
+}
+
+// Another signal right after the first is a second request, not the first delivered twice
+// (thirty-ninth attack: a SIGTERM 0.1 s after a Ctrl-C was dropped without a word).
+TEST(Cli, AnotherSignalRightAfterTheFirstStopsAtOnce) {
+  const fs::path dir = lifecycle_dir("other_signal");
+  const std::string err = (dir / "err").string(), metrics = (dir / "slow" / "metrics.jsonl").string();
+  const std::string args = fmt::format(
+      "train --data {} --run {} --attention full --dim 256 --heads 4 --layers 4 --mlp-dim 1024 --batch 128 --steps 100 "
+      "--log-every 1 --checkpoint-every 1 --eval-limit 8 --device cpu",
+      (dir / "listops").string(), (dir / "slow").string());
+  const pid_t pid = start_cast(args, err);
+  wait_for_lines(metrics, 1);
+  kill(pid, SIGINT);
+  usleep(100000);  // within the half second in which the same signal is the first one again
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string said = slurp(err);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "status " << status << ": " << said;
+  // what it names to continue from depends on whether the first checkpoint was written by then
+  EXPECT_NE(said.find("cast: stopped at once by a second SIGTERM: "), std::string::npos) << said;
+  for (const auto& entry : fs::directory_iterator(dir / "slow"))
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
   fs::remove_all(dir);
 }
 

@@ -46,9 +46,16 @@ char g_first_note[512] = "";
 std::atomic<bool> g_first_note_ready{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 
-// Writes text to standard error from a signal handler (write and strlen are async-signal-safe).
-void say(const char* text) {
-  for (size_t n = std::strlen(text); n > 0;) {
+// Writes a line of up to four pieces to standard error from a signal handler, in one write so
+// that no other writer's text falls between its pieces (write and strlen are async-signal-safe;
+// the copy is a plain loop).
+void say(const char* a, const char* b = "", const char* c = "", const char* d = "") {
+  char line[sizeof(g_second_note) + 256];
+  size_t n = 0;
+  for (const char* piece : {a, b, c, d})
+    for (; *piece != '\0' && n + 2 < sizeof(line); ++piece) line[n++] = *piece;
+  line[n++] = '\n';
+  for (const char* text = line; n > 0;) {
     const ssize_t w = write(STDERR_FILENO, text, n);
     if (w <= 0) return;
     text += w, n -= static_cast<size_t>(w);
@@ -92,20 +99,16 @@ extern "C" void on_stop_signal(int signal) {
   // (Ctrl-\) asks for that at once: it is never a first signal.
   if (signal == SIGQUIT) {
     files::remove_temporaries_now();
-    say("cast: stopped at once by SIGQUIT");
-    if (g_note_ready.load()) say(g_second_note);
-    say("\n");
+    say("cast: stopped at once by SIGQUIT", g_note_ready.load() ? g_second_note : "");
     die_by(signal);
   }
-  if (g_stop.load() != 0) {
+  if (const int first_signal = g_stop.load(); first_signal != 0) {
+    // the same signal again this soon is the first one delivered twice; another one is the user's
     const int64_t first = g_first_ns.load();
-    if (first != 0 && now_ns() - first < kSameSignalNs) return;
+    if (signal == first_signal && first != 0 && now_ns() - first < kSameSignalNs) return;
     files::remove_temporaries_now();  // a checkpoint being written: its temporary file goes
     const char* name = known_signal_name(signal);
-    say("cast: stopped at once by a second ");
-    say(name ? name : "signal");
-    if (g_note_ready.load()) say(g_second_note);
-    say("\n");
+    say("cast: stopped at once by a second ", name ? name : "signal", g_note_ready.load() ? g_second_note : "");
     die_by(signal);
   }
   if (signal == SIGHUP) quiet_standard_output();  // the terminal is gone: progress lines go nowhere
@@ -113,10 +116,7 @@ extern "C" void on_stop_signal(int signal) {
   g_stop.store(signal);
   if (g_first_note_ready.load()) {  // heard at once: a step may take a minute to finish
     const char* name = known_signal_name(signal);
-    say("cast: ");
-    say(name ? name : "signal");
-    say(g_first_note);
-    say("\n");
+    say("cast: ", name ? name : "signal", g_first_note);
   }
 }
 }  // namespace
@@ -142,9 +142,7 @@ namespace {
 extern "C" void on_exit_signal(int signal) {
   files::remove_temporaries_now();
   const char* name = known_signal_name(signal);
-  say("cast: stopped by ");
-  say(name ? name : "signal");
-  say("\n");
+  say("cast: stopped by ", name ? name : "signal");
   die_by(signal);
 }
 
