@@ -75,6 +75,7 @@ static void hold_stop_signals(bool hold) {
   sigaddset(&stops, SIGINT);
   sigaddset(&stops, SIGTERM);
   sigaddset(&stops, SIGHUP);
+  sigaddset(&stops, SIGQUIT);
   sigprocmask(hold ? SIG_BLOCK : SIG_UNBLOCK, &stops, nullptr);
 }
 
@@ -232,7 +233,8 @@ int main(int argc, char** argv) {
                    cast::visible(name).c_str());
       return 2;
     }
-    // Ctrl-C, SIGTERM or SIGHUP while training: the current step is finished and saved first.
+    // Ctrl-C, SIGTERM or SIGHUP while training: the current step is finished and saved first (SIGQUIT:
+    // at once).
     // `cast eval`: the evaluation stops between batches (nothing is written, so nothing to save).
     // `cast data`: the generator stops between examples and says the set is unfinished.
     if (name == "train" || name == "compare" || name == "eval" || name == "data") {

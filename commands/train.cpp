@@ -50,6 +50,11 @@ static void check_trace_is_no_run_file(const train::TrainConfig& config, const s
   for (const std::string& f : run_files(config))
     CAST_CHECK_USAGE(!files::same_path(trace, f), "--trace {} is the run's own {}: name a file outside the run's files",
                      trace, f);
+  // the run's own lock file is made after this check, and held: no output replaces one
+  CAST_CHECK_USAGE(std::filesystem::path(trace).filename() != ".cast.lock",
+                   "--trace {}: is the name of a folder's lock file (.cast.lock), which only the cast process holding "
+                   "the folder writes; choose another name",
+                   trace);
 }
 
 // The steps traced before a stop or a failure are written; that error, not one of the trace's,

@@ -239,6 +239,7 @@ struct MetricsLine {
   int64_t step = 0;  // exact: two steps near 2^63 are one double
   double loss = 0, accuracy = 0;
   bool final = false;  // a final evaluation's record beside the run's own of that step
+  std::string run;     // the id of the run that wrote it; "" in records written before it was kept
 };
 
 // One metrics.jsonl line, checked key by key: the keys the trainer writes for its split, each of
@@ -279,6 +280,7 @@ MetricsLine parse_metrics_line(const std::string& line, const std::string& where
   // the id of the run that wrote it (records written before it was kept lack it)
   CAST_CHECK(!j.contains("run") || (j["run"].is_string() && text::is_run_id(j["run"].get<std::string>())),
              "{}: 'run' is {}, not a run id (16 lowercase hexadecimal digits)", where, files::json_excerpt(j["run"]));
+  if (j.contains("run")) m.run = j["run"].get<std::string>();
   if (j.contains("final")) {
     CAST_CHECK(j["final"] == true, "{}: 'final' is {}, not true", where, files::json_excerpt(j["final"]));
     m.final = true;
@@ -302,11 +304,17 @@ Curves curves_of_metrics(const std::string& text, const std::string& path, const
   std::istringstream in(text);
   int line_no = 0;
   int64_t last_train = -1, last_val = -1;
+  std::string run;  // the first record's run id, and its line
+  int run_line = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     if (line.empty()) continue;
     const std::string where = fmt::format("metrics file {}:{}", path, line_no);
     const MetricsLine m = parse_metrics_line(line, where);
+    // one run's records (a branch's history is given the branch's id as it is copied)
+    if (!m.run.empty() && run.empty()) run = m.run, run_line = line_no;
+    CAST_CHECK(m.run.empty() || m.run == run, "{}: a record of run {}, but line {} is of run {}: two runs' records in one "
+               "file", where, m.run, run_line, run);
     // the trainer writes a line per logged step and per validation, in step order; a final
     // evaluation's record of a step the run validated is not drawn (marked "final"; files written
     // before the mark repeat the step unmarked)

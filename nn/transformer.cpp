@@ -43,16 +43,18 @@ json ModelConfig::to_json() const {
                 {"iterations", a.iterations}}}};
 }
 
+int64_t ModelConfig::cluster_count() const {
+  if (attention.mechanism == Mechanism::full) return attention.clusters;
+  return attention.clusters > 0 ? attention.clusters : default_clusters(tokens() + (cls_pooling ? 1 : 0));
+}
+
 Block::Block(const ModelConfig& c, int index, Initializer& init)
     : norm1(c.dim, init), norm2(c.dim, init), mlp(c.dim, c.mlp_dim, init), dropout(c.dropout), seed(c.seed) {
   AttentionConfig a = c.attention;
   a.dim = c.dim;
   a.heads = c.heads;
   a.seed = c.seed * 1000 + static_cast<uint64_t>(index) + 1;
-  const int64_t n = c.tokens() + (c.cls_pooling ? 1 : 0);
-  if ((a.mechanism == Mechanism::cast || a.mechanism == Mechanism::clustered || a.mechanism == Mechanism::iclustered) &&
-      a.clusters <= 0)
-    a.clusters = default_clusters(n);
+  a.clusters = c.cluster_count();
   attention = std::make_unique<Attention>(a, init.dtype, init.device);
   mlp.up.fused = mlp.down.fused = c.attention.fused;
   recompute = c.recompute;

@@ -36,6 +36,9 @@ struct ModelConfig {
 
   nlohmann::json to_json() const;  // the fields by their C++ names (files: train/settings.h)
   int64_t tokens() const { return max_len / (patch * patch); }  // longest sequence the blocks see
+  // The cluster count of a clustering mechanism's layers: the setting, or where it is 0 the
+  // default for the blocks' longest sequence (the CLS token with it); 0 for full attention.
+  int64_t cluster_count() const;
 };
 
 struct Batch {

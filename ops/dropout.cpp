@@ -109,8 +109,17 @@ struct DropoutAddNode final : autograd::Node {
   }
   bool backward_reads_outputs() const override { return false; }
   // dt first, written where t has no gradient yet; then x takes dy's own buffer (the residual
-  // stream's, which nobody reads once this node has run), or adds it where it cannot.
+  // stream's, which nobody reads once this node has run), or adds it where it cannot. With t = x
+  // the sums come in the reference's order, x's dy before the mask's: (g + dy) + mask(dy).
   void backward() override {
+    if (t.same_as(x)) {
+      if (!x.requires_grad()) return;
+      autograd::accumulate(x, outputs[0].grad());
+      bool fresh = false;
+      Tensor dx = x.grad_buffer(&fresh);
+      apply_mask(dx, outputs[0].grad(), p, seed, offset, true);
+      return;
+    }
     if (t.requires_grad()) {
       bool fresh = false;
       Tensor dt = t.grad_buffer(&fresh);

@@ -33,6 +33,8 @@ namespace fs = std::filesystem;
 
 namespace {
 bool g_standard_output_closed = false;
+// read as the process starts, before any write could meet a terminal that went away
+const bool g_standard_output_was_terminal = ::isatty(STDOUT_FILENO) != 0;
 }
 
 void note_standard_output_closed_at_start() { g_standard_output_closed = true; }
@@ -41,7 +43,8 @@ std::string standard_output_failure(int err) {
   if (g_standard_output_closed) return "it was closed when cast started";
   // a terminal that went away (its window closed, a dropped session) whose hangup signal never
   // came to cast: a wrapper that ignores SIGHUP keeps it from the processes it started
-  if (err == EIO) return "input/output error: a terminal that went away, whose hangup (SIGHUP) did not reach cast";
+  if (err == EIO && g_standard_output_was_terminal)
+    return "input/output error: a terminal that went away, whose hangup (SIGHUP) did not reach cast";
   return reason(err);
 }
 
@@ -55,6 +58,7 @@ std::string reason(int err) {
     case ENOTDIR: return "a part of the path is not a folder";
     case ENOSPC: return "no space left on the disk";
     case EROFS: return "read-only file system";
+    case EBUSY: return "busy (something is mounted there)";
     case ENAMETOOLONG: return "the name is too long";
     case ENXIO: return "a FIFO or device with nothing on the other end";
     case EFBIG: return "file too large (beyond the file-size limit, ulimit -f)";
@@ -396,6 +400,16 @@ static std::string folder_of(const std::string& path) {
 
 // The folder a new file goes into must exist, be a folder, and not be read-only. Write bits are
 // checked by hand because root ignores them: a folder made read-only is respected even by root.
+// The file's or folder's immutable or append-only attribute (chattr +i, +a), which no write
+// permission overrides, root's neither: "" where it has neither, or they cannot be read (not this
+// file system's).
+static std::string fixed_attribute(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+  int flags = 0;
+  if (fd.get() < 0 || ::ioctl(fd.get(), FS_IOC_GETFLAGS, &flags) != 0) return "";
+  return flags & FS_IMMUTABLE_FL ? "immutable (chattr +i)" : flags & FS_APPEND_FL ? "append-only (chattr +a)" : "";
+}
+
 static void check_folder_takes_files(const std::string& folder, const std::string& what, const std::string& path) {
   struct stat st {};
   if (::stat(folder.c_str(), &st) != 0)
@@ -404,19 +418,16 @@ static void check_folder_takes_files(const std::string& folder, const std::strin
              S_ISREG(st.st_mode) ? "a file" : kind_of(st.st_mode));
   CAST_CHECK((st.st_mode & 0222) != 0 && ::access(folder.c_str(), W_OK) == 0,
              "{} {}: folder {} is read-only (permission denied); nothing was written", what, path, folder);
+  // an append-only folder takes new files but lets none be renamed over or removed: every
+  // atomic write would fail after the work, leaving its temporary file
+  const std::string fixed = fixed_attribute(folder);
+  CAST_CHECK(fixed.empty(), "{} {}: folder {} is {}, so no file in it can be replaced; nothing was written (chattr -a "
+             "or -i, or write elsewhere)", what, path, folder, fixed);
 }
 
 // A file nobody may write (mode without a w bit) was made read-only by its owner, who meant it to
-// stay: no output replaces or appends to it, even as root, whom the bits do not stop.
-// The file's immutable or append-only attribute (chattr +i, +a), which no write permission
-// overrides, root's neither: "" where it has neither, or they cannot be read (not this file system's).
-static std::string fixed_attribute(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
-  int flags = 0;
-  if (fd.get() < 0 || ::ioctl(fd.get(), FS_IOC_GETFLAGS, &flags) != 0) return "";
-  return flags & FS_IMMUTABLE_FL ? "immutable (chattr +i)" : flags & FS_APPEND_FL ? "append-only (chattr +a)" : "";
-}
-
+// stay: no output replaces or appends to it, even as root, whom the bits do not stop; nor one
+// made immutable or append-only.
 static void check_not_read_only(const std::string& path, const struct stat& st, const std::string& what) {
   if (!S_ISREG(st.st_mode)) return;
   CAST_CHECK_USAGE((st.st_mode & 0222) != 0,
@@ -740,7 +751,8 @@ void remove_temporaries_now() {
     if (t.state.load() == 2) ::unlink(t.path);
 }
 
-void write_atomic(const std::string& path, std::string_view bytes, const std::string& what, Link link, Flush flush) {
+void write_atomic(const std::string& path, std::string_view bytes, const std::string& what, Link link, Flush flush,
+                  const std::string& mode_like) {
   // a file or link made at the path itself since the check (a link is refused by output_target)
   keep_what_came_since_the_check(path, what, path);
   const std::string target = output_target(path, what, link);
@@ -751,6 +763,8 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
     // the replacement keeps the old file's mode (a private 0600 stays private)
     struct stat old {};
     if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode)) keep_mode_and_owner(fd.get(), old);
+    else if (!mode_like.empty() && ::stat(mode_like.c_str(), &old) == 0 && S_ISREG(old.st_mode))
+      keep_mode_and_owner(fd.get(), old);
     write_all(fd.get(), bytes, what, path);
     CAST_CHECK(flush == Flush::with_folder || ::fsync(fd.get()) == 0, "{} {}: flush to disk failed: {}", what, path,
                reason(errno));
@@ -768,8 +782,9 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
   if (dir.get() >= 0) ::fsync(dir.get());  // the rename itself reaches the disk
 }
 
-void write_stamped(const std::string& path, std::string_view bytes, const std::string& what, Link link) {
-  write_atomic(path, with_digest(bytes), what, link);
+void write_stamped(const std::string& path, std::string_view bytes, const std::string& what, Link link,
+                   const std::string& mode_like) {
+  write_atomic(path, with_digest(bytes), what, link, Flush::now, mode_like);
 }
 
 void flush_file_system(const std::string& folder, const std::string& what) {
@@ -1078,8 +1093,14 @@ AppendFile::AppendFile(const std::string& path, bool truncate, const std::string
 void AppendFile::append(std::string_view text) {
   // made read-only since it was opened (chmod a-w): the open descriptor could still write, but
   // a read-only file is never appended to, as at the start
-  struct stat st {};
-  if (::fstat(fd_.get(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0222) == 0)
+  struct stat st {}, there {};
+  // removed, or something else put at its name: the records would go into a file nobody sees
+  const bool same = ::fstat(fd_.get(), &st) == 0 && ::lstat(path_.c_str(), &there) == 0 && S_ISREG(there.st_mode) &&
+                    there.st_dev == st.st_dev && there.st_ino == st.st_ino;
+  if (!same)
+    throw Error(fmt::format("{} {}: was removed or replaced while it was written; nothing more is appended to it",
+                            what_, path_));
+  if (S_ISREG(st.st_mode) && (st.st_mode & 0222) == 0)
     throw Error(fmt::format("{} {}: was made read-only (mode {:04o}) while it was written; nothing more is appended "
                             "to it (make it writable again)",
                             what_, path_, st.st_mode & 07777));

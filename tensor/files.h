@@ -172,11 +172,13 @@ enum class Flush { now, with_folder };
 // Writes `bytes` to `path` atomically: a temporary file beside it (`<target>.tmp`, or the next
 // free `<target>.N.tmp`: created exclusively, no link followed, nothing there removed), flush,
 // rename, flush of the folder.
+// The file replaced keeps its permission bits; a new one takes those of `mode_like` where given
+// and there (a run's summary.json those of its checkpoint, which the user may have made private).
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what,
-                  Link link = Link::follow_once, Flush flush = Flush::now);
+                  Link link = Link::follow_once, Flush flush = Flush::now, const std::string& mode_like = "");
 // write_atomic of an output that carries kDigestSlot, filled in first (with_digest).
 void write_stamped(const std::string& path, std::string_view bytes, const std::string& what,
-                   Link link = Link::follow_once);
+                   Link link = Link::follow_once, const std::string& mode_like = "");
 // Removes the temporary files write_atomic is writing, on any thread: for a process about to end
 // at once (a second Ctrl-C), which would leave them behind. Async-signal-safe.
 void remove_temporaries_now();

@@ -2455,7 +2455,8 @@ TEST(CliAttack, ARemovedWorkingFolderAndLeftTemporariesAreNoLateFailure) {
   for (int n = 1; n < 100; ++n) put(d + "/r/checkpoint.safetensors." + std::to_string(n) + ".tmp", "left");
   const CliRun resumed = run("train --resume " + d + "/r/checkpoint.safetensors --steps 4");
   EXPECT_EQ(resumed.code, 0) << resumed.err;
-  EXPECT_NE(resumed.out.find("checkpoint.safetensors.99.tmp (4 B)"), std::string::npos) << resumed.out;
+  EXPECT_NE(resumed.out.find("checkpoint.safetensors.1.tmp (4 B), "), std::string::npos) << resumed.out;
+  EXPECT_NE(resumed.out.find(", and 95 more of those names, left by a write"), std::string::npos) << resumed.out;
   EXPECT_EQ(train::read_checkpoint_header(d + "/r/checkpoint.safetensors").step, 4);
   int left = 0;
   for (const auto& entry : fs::directory_iterator(d + "/r")) left += entry.path().extension() == ".tmp";
@@ -2662,5 +2663,178 @@ TEST(CliAttack, RefusalsSayWhatTakesTheMemoryAndSetsNestNot) {
               std::string::npos)
         << said;
     EXPECT_EQ(said.find("--batch"), std::string::npos) << said;
+  }
+}
+
+// ---- the fortieth attack (files, runs, resume)
+
+namespace {
+// Every record of a metrics file with its "run" taken out, as an older cast wrote them.
+void strip_run_ids(const std::string& metrics) {
+  std::istringstream in(slurp(metrics));
+  std::string out;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    j.erase("run");
+    out += j.dump() + "\n";
+  }
+  put(metrics, out);
+}
+void remove_metadata(const std::string& path, const std::string& key) {
+  TensorFile f = read_safetensors(path);
+  f.metadata.erase(key);
+  write_safetensors(path, f.tensors, f.metadata);
+}
+}  // namespace
+
+// A branch is a run of its own: it draws its own id, and the records and best model it takes
+// along are given it; so the branch's best or records copied back into the run it came from are
+// refused there. A checkpoint of an older cast (no id) gives its records one derived from it, the
+// same at every resume; one whose id was taken out while its records keep theirs is refused.
+TEST(CliAttack, ABranchIsARunOfItsOwn) {
+  const std::string d = fresh_dir("attack40_branch");
+  const std::string every = " --eval-every 2 --checkpoint-every 2 --eval-limit 8";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --steps 4 --run " + d + "/o").code, 0);
+  ASSERT_EQ(run("train --resume " + d + "/o/checkpoint.safetensors --steps 8 --run " + d + "/br").code, 0);
+  const std::string o_id = train::read_checkpoint_header(d + "/o/checkpoint.safetensors").run_id;
+  const std::string br_id = train::read_checkpoint_header(d + "/br/checkpoint.safetensors").run_id;
+  EXPECT_NE(o_id, br_id);
+  EXPECT_EQ(train::read_checkpoint_header(d + "/br/best.safetensors").run_id, br_id);
+  EXPECT_EQ(slurp(d + "/br/metrics.jsonl").find(o_id), std::string::npos);  // its history under its own id
+  EXPECT_EQ(run("plot " + d + "/br --out " + d + "/br.svg").code, 0);
+
+  ASSERT_EQ(run("train --resume " + d + "/o/checkpoint.safetensors --steps 6").code, 0);
+  fs::copy(d + "/o", d + "/o2", fs::copy_options::recursive);
+  fs::copy_file(d + "/br/best.safetensors", d + "/o/best.safetensors", fs::copy_options::overwrite_existing);
+  const CliRun best = run("train --resume " + d + "/o/checkpoint.safetensors --steps 10 --eval-best");
+  EXPECT_EQ(best.code, 2) << best.err;
+  EXPECT_NE(best.err.find(d + "/o/best.safetensors is of another run than this one (its run id is " + br_id),
+            std::string::npos)
+      << best.err;
+  fs::copy_file(d + "/br/metrics.jsonl", d + "/o2/metrics.jsonl", fs::copy_options::overwrite_existing);
+  const CliRun records = run("train --resume " + d + "/o2/checkpoint.safetensors --steps 10");
+  EXPECT_EQ(records.code, 2) << records.err;
+  EXPECT_NE(records.err.find("is a record of run \"" + br_id + "\""), std::string::npos) << records.err;
+
+  // an older cast's run: no ids anywhere; two resumes give their records one id
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --steps 2 --run " + d + "/old").code, 0);
+  for (const char* file : {"/old/checkpoint.safetensors", "/old/best.safetensors"}) {
+    remove_metadata(d + file, "run_id");
+    remove_metadata(d + file, "best_step");
+  }
+  strip_run_ids(d + "/old/metrics.jsonl");
+  fs::remove(d + "/old/summary.json");
+  fs::copy(d + "/old", d + "/old_again", fs::copy_options::recursive);
+  ASSERT_EQ(run("train --resume " + d + "/old/checkpoint.safetensors --steps 4").code, 0);
+  const std::string derived = train::read_checkpoint_header(d + "/old/checkpoint.safetensors").run_id;
+  EXPECT_EQ(derived.size(), 16u);
+  // a process that resumed the same checkpoint and was killed left its records: the same id
+  ASSERT_EQ(run("train --resume " + d + "/old_again/checkpoint.safetensors --steps 4").code, 0);
+  EXPECT_EQ(train::read_checkpoint_header(d + "/old_again/checkpoint.safetensors").run_id, derived);
+
+  // a new checkpoint whose id was taken out, beside records that keep theirs
+  fs::copy(d + "/o", d + "/cut", fs::copy_options::recursive);
+  fs::remove(d + "/cut/best.safetensors");
+  remove_metadata(d + "/cut/checkpoint.safetensors", "run_id");
+  const CliRun cut = run("train --resume " + d + "/cut/checkpoint.safetensors --steps 10");
+  EXPECT_EQ(cut.code, 2) << cut.err;
+  EXPECT_NE(cut.err.find("or a checkpoint whose run id was taken out"), std::string::npos) << cut.err;
+}
+
+// A finished run a comparison reports is held to the same rule: another run's summary, records
+// or checkpoint in its folder is refused, not reported as the comparison's.
+TEST(CliAttack, AComparisonReportsOnlyItsOwnRuns) {
+  const std::string d = fresh_dir("attack40_compare");
+  const std::string cmp = "compare --data " + attack27_data() + kTinyModel + " --steps 2 --eval-limit 8 --attention full --out " + d + "/c";
+  ASSERT_EQ(run(cmp).code, 0);
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + " --steps 2 --eval-limit 8 --attention full --seed 7 --run " +
+                d + "/other")
+                .code,
+            0);
+  const std::string results = slurp(d + "/c/results.md");
+  for (const char* file : {"/summary.json", "/metrics.jsonl"}) {
+    fs::copy(d + "/c", d + "/keep", fs::copy_options::recursive);
+    fs::copy_file(d + "/other" + std::string(file), d + "/c/full-seed1" + file, fs::copy_options::overwrite_existing);
+    const CliRun again = run(cmp);
+    EXPECT_EQ(again.code, 2) << file << ": " << again.err;
+    EXPECT_NE(again.err.find("of run \""), std::string::npos) << again.err;
+    EXPECT_EQ(slurp(d + "/c/results.md"), results);
+    fs::remove_all(d + "/c");
+    fs::rename(d + "/keep", d + "/c");
+  }
+}
+
+// Messages and modes of the fortieth attack: a best model of another step than the checkpoint's
+// best validation; a summary written again keeps the run's private mode; a resume notes a cut
+// last line and an emptied history; a metrics file of two runs is no figure; a malformed run id
+// is said as such; --trace at a lock file's name and an append-only folder refused before work.
+TEST(CliAttack, BestStepsModesAndNotesOfTheFortiethAttack) {
+  const std::string d = fresh_dir("attack40_notes");
+  const std::string every = " --eval-every 2 --checkpoint-every 2 --eval-limit 8";
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + every + " --steps 4 --run " + d + "/r").code, 0);
+  const train::Checkpoint ck = train::read_checkpoint_header(d + "/r/checkpoint.safetensors");
+  const int64_t best_step = train::read_checkpoint_header(d + "/r/best.safetensors").step;
+  ASSERT_EQ(ck.best_step, best_step);
+
+  fs::copy(d + "/r", d + "/b", fs::copy_options::recursive);
+  fs::remove(d + "/b/summary.json");
+  set_metadata(d + "/b/checkpoint.safetensors", "best_step", best_step == 2 ? "0" : "2");
+  const CliRun edited = run("train --resume " + d + "/b/checkpoint.safetensors --steps 6 --eval-best");
+  EXPECT_EQ(edited.code, 2) << edited.err;
+  EXPECT_NE(edited.err.find(fmt::format("(it is of step {}, but the checkpoint's best validation was at step {}",
+                                        best_step, best_step == 2 ? 0 : 2)),
+            std::string::npos)
+      << edited.err;
+
+  fs::copy(d + "/r", d + "/p", fs::copy_options::recursive);
+  for (const auto& entry : fs::directory_iterator(d + "/p"))
+    fs::permissions(entry.path(), fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_EQ(run("train --resume " + d + "/p/checkpoint.safetensors --steps 6").code, 0);
+  EXPECT_EQ(fs::status(d + "/p/summary.json").permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+
+  fs::copy(d + "/r", d + "/t", fs::copy_options::recursive);
+  fs::remove(d + "/t/summary.json");
+  const std::string text = slurp(d + "/t/metrics.jsonl");
+  put(d + "/t/metrics.jsonl", text.substr(0, text.size() - 10));
+  const CliRun cut = run("train --resume " + d + "/t/checkpoint.safetensors --steps 6");
+  EXPECT_EQ(cut.code, 0) << cut.err;
+  EXPECT_NE(cut.out.find("note: the last line of " + d + "/t/metrics.jsonl was cut short"), std::string::npos) << cut.out;
+  fs::copy(d + "/r", d + "/e", fs::copy_options::recursive);
+  put(d + "/e/metrics.jsonl", "");
+  const CliRun emptied = run("train --resume " + d + "/e/checkpoint.safetensors --steps 6");
+  EXPECT_EQ(emptied.code, 0) << emptied.err;
+  EXPECT_NE(emptied.out.find("note: " + d + "/e/metrics.jsonl holds no records up to step 4"), std::string::npos)
+      << emptied.out;
+
+  fs::copy(d + "/r", d + "/m", fs::copy_options::recursive);
+  std::string lines = slurp(d + "/m/metrics.jsonl");
+  lines.replace(lines.find(ck.run_id), 16, "0123456789abcdef");
+  put(d + "/m/metrics.jsonl", lines);
+  const CliRun mixed = run("plot " + d + "/m --out " + d + "/m.svg");
+  EXPECT_EQ(mixed.code, 1) << mixed.err;
+  EXPECT_NE(mixed.err.find("two runs' records in one file"), std::string::npos) << mixed.err;
+  lines.replace(lines.find("0123456789abcdef"), 16, "ZZZZ");
+  put(d + "/m/metrics.jsonl", lines);
+  fs::remove(d + "/m/summary.json");
+  const CliRun malformed = run("train --resume " + d + "/m/checkpoint.safetensors --steps 6");
+  EXPECT_EQ(malformed.code, 2) << malformed.err;
+  EXPECT_NE(malformed.err.find("'run' is \"ZZZZ\", not a run id"), std::string::npos) << malformed.err;
+
+  const CliRun lock = run("train --data " + attack27_data() + kTinyModel + " --steps 2 --run " + d + "/lt --trace " + d +
+                          "/lt/.cast.lock");
+  EXPECT_EQ(lock.code, 2) << lock.err;
+  EXPECT_NE(lock.err.find("is the name of a folder's lock file (.cast.lock)"), std::string::npos) << lock.err;
+  EXPECT_FALSE(fs::exists(d + "/lt/checkpoint.safetensors"));
+
+  fs::create_directories(d + "/ao");
+  if (std::system(("chattr +a " + d + "/ao 2> /dev/null").c_str()) == 0) {
+    const CliRun appending = run("train --data " + attack27_data() + kTinyModel + " --steps 2 --run " + d + "/ao");
+    std::system(("chattr -a " + d + "/ao").c_str());
+    EXPECT_EQ(appending.code, 1) << appending.err;
+    EXPECT_NE(appending.err.find("is append-only (chattr +a), so no file in it can be replaced; nothing was written"),
+              std::string::npos)
+        << appending.err;
+    EXPECT_TRUE(fs::is_empty(d + "/ao")) << appending.err;
   }
 }

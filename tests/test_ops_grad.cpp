@@ -215,8 +215,9 @@ TEST(Grad, DropoutAdd) {
 // ops::dropout_add, the fast path, gives what its reference add(x, dropout(t)) gives, bit for bit,
 // on every device here, in f32 and f64 (the CPU's), over odd shapes (one past a chunk of the CPU's
 // words, and empty): the forward writes every element of a buffer poisoned with NaN; recorded in
-// a graph that reads the stream again, so that x's gradient is added into, the gradients agree
-// with the reference's; and recorded alone, where x takes the output's gradient buffer over.
+// a graph that reads the stream again (x's gradient added into), in one where x takes the
+// output's gradient buffer over (the op inside the graph), with t = x and a gradient of x before,
+// and alone (the output's gradient is the caller's, so x's is a copy of it).
 TEST(Grad, DropoutAddAgreesWithItsTwoOps) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (Device device : devices_here())
@@ -239,6 +240,18 @@ TEST(Grad, DropoutAddAgreesWithItsTwoOps) {
         autograd::backward(ops::add(ops::mul(ops::dropout_add(fx, ft, p, seed, offset), c), fx), ones);
         EXPECT_EQ(fx.grad().to_double_vector(), rx.grad().to_double_vector());
         EXPECT_EQ(ft.grad().to_double_vector(), rt.grad().to_double_vector());
+        // inside the graph, read once: x takes the buffer over
+        Tensor px = x.clone().set_requires_grad(), pt = t.clone().set_requires_grad();
+        Tensor qx = x.clone().set_requires_grad(), qt = t.clone().set_requires_grad();
+        autograd::backward(ops::mul(ops::add(qx, ops::dropout(qt, p, seed, offset)), c), ones);
+        autograd::backward(ops::mul(ops::dropout_add(px, pt, p, seed, offset), c), ones);
+        EXPECT_EQ(px.grad().to_double_vector(), qx.grad().to_double_vector());
+        EXPECT_EQ(pt.grad().to_double_vector(), qt.grad().to_double_vector());
+        // t = x, whose gradient the graph's last op gives first
+        Tensor sx = x.clone().set_requires_grad(), ux = x.clone().set_requires_grad();
+        autograd::backward(ops::add(ops::mul(ops::add(ux, ops::dropout(ux, p, seed, offset)), c), ux), ones);
+        autograd::backward(ops::add(ops::mul(ops::dropout_add(sx, sx, p, seed, offset), c), sx), ones);
+        EXPECT_EQ(sx.grad().to_double_vector(), ux.grad().to_double_vector());
         // alone: the output's gradient is the caller's, so x's is a copy of it, never that buffer
         Tensor ax = x.clone().set_requires_grad(), at = t.clone().set_requires_grad();
         const Tensor ay = ops::dropout_add(ax, at, p, seed, offset);

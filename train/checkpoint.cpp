@@ -25,6 +25,15 @@ static const std::set<std::string> kMetadataKeys = {
     "best_val",    "wall_seconds", "step_seconds", "peak_bytes", "log_window", "data",
     "run_id",      "best_step"};
 
+std::string run_id_of(const Checkpoint& ck) {
+  if (!ck.run_id.empty()) return ck.run_id;
+  const std::string text = run_settings_json(ck.config).dump() + '\n' + model_json(ck.config.model).dump() + '\n' +
+                           std::to_string(ck.step) + '\n' + std::to_string(ck.rng_offset);
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a, 64 bits
+  for (const unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return fmt::format("{:016x}", hash);
+}
+
 std::string new_run_id() {
   std::random_device source;
   const uint64_t id = (static_cast<uint64_t>(source()) << 32) ^ source();

@@ -44,6 +44,10 @@ struct Checkpoint {
 };
 // A fresh run id: 16 lowercase hexadecimal digits from the system's random source.
 std::string new_run_id();
+// The run id of a checkpoint: its own, or for one written before ids were kept, one derived from
+// its settings, step and dropout offset, so that every process resuming it gives its records the
+// same id.
+std::string run_id_of(const Checkpoint& ck);
 // save_checkpoint refuses to write a NaN or infinity (so the checkpoint on disk stays the last
 // good one): this error names the tensor.
 class NonFiniteCheckpoint : public Error {

@@ -386,9 +386,7 @@ TrainResult run_naming_it(const std::string& progress, const std::string& dir, F
 std::string resolved_settings(TrainConfig c) {
   c.run_dir.clear();
   c.device = device_name(resolve_device(c.device, false));
-  nn::AttentionConfig& a = c.model.attention;
-  if (a.clusters == 0 && a.mechanism != nn::Mechanism::full)
-    a.clusters = nn::default_clusters(c.model.tokens() + (c.model.cls_pooling ? 1 : 0));
+  c.model.attention.clusters = c.model.cluster_count();
   return comparable(c, true).dump();
 }
 
@@ -508,6 +506,7 @@ bool reuse_finished_run(const CompareSpec& spec, const TrainConfig& config, Comp
   const std::string same = finished_run_like(spec.out_dir, config);
   if (same.empty()) return false;
   same_data.check(same + "/checkpoint.safetensors", read_checkpoint_header(same + "/checkpoint.safetensors"), config);
+  check_records_are_the_runs(same + "/checkpoint.safetensors", same, true);
   run.dir = same;
   run.summary = read_summary(same + "/summary.json", config);
   if (!progress.empty()) fmt::print("{}: the same settings as the finished run {}; using it\n", progress, same);
@@ -540,6 +539,8 @@ CompareResult run_comparison(const CompareSpec& spec, int64_t stop_after, bool q
       const Checkpoint stored = read_checkpoint_header(checkpoint);
       check_same_run(checkpoint, stored, config);
       same_data.check(checkpoint, stored, config);
+      // a finished run is reported as it lies: its records and summary are its checkpoint's run's
+      if (std::filesystem::exists(run.dir + "/summary.json")) check_records_are_the_runs(checkpoint, run.dir, true);
     }
   }
   check_runs_fit(spec, plan);

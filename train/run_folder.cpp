@@ -7,6 +7,8 @@
 #include "datasets/data.h"
 #include "figures/plot.h"
 #include "tensor/files.h"
+#include "tensor/safetensors.h"
+#include "tensor/text.h"
 #include "train/checkpoint.h"
 #include "train/trace.h"  // human_bytes
 #include "train/stop.h"  // shell_quote
@@ -85,6 +87,7 @@ void check_user_output(const std::string& out, const std::string& option, const 
   CAST_CHECK_USAGE(name_written != data::kDataFolderMark && name_written != data::kDataUnfinishedMark,
                    "{} {}: is the name of a data set's mark ({}), which only cast data writes; choose another name",
                    option, out, name_written);
+
   // where it goes, now rather than after the work: its folder is there and takes files, and it is
   // no folder, FIFO or link chain (these commands make no folders for their outputs)
   if (!out.empty()) files::output_target(out, option, files::Link::follow_once);
@@ -115,6 +118,50 @@ void check_user_output(const std::string& out, const std::string& option, const 
   files::check_may_replace(
       out, option, kind, mark, false,
       fmt::format("{} is {}; --overwrite replaces no other kind of file there: choose another path", folder, held_by));
+}
+
+// The records a resume continues (folder's metrics.jsonl, and in place its summary.json) are the
+// checkpoint's run's: each carries the id of the run that wrote it. A checkpoint or a metrics file
+// copied in from another run would join two runs' histories in one file. Records after the
+// checkpoint's step are left out anyway, and a checkpoint or record of an older cast has no id.
+void check_records_are_the_runs(const std::string& resume_from, const std::string& folder, bool in_place) {
+  const Checkpoint ck = read_checkpoint_header(resume_from);
+  const std::string id = run_id_of(ck);  // an older cast's checkpoint: the id its resumes give their records
+  const char* remedy = ck.run_id.empty()
+                           ? "a checkpoint and records of two runs, or a checkpoint whose run id was taken out; put "
+                             "the run's own back beside each other"
+                           : "a checkpoint and records of two runs; put the run's own back beside each other";
+  const std::string metrics = folder + "/metrics.jsonl";
+  if (files::exists(metrics)) {
+    std::istringstream in(files::read_file(metrics, "metrics file"));
+    int64_t number = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++number;
+      json j;
+      try {  // as the run's figure reads it (a key given twice refused); what it refuses, it says
+        j = files::parse_json(line, "metrics line");
+      } catch (const std::exception&) {
+        continue;
+      }
+      if (!j.is_object() || !j.contains("run") || !j["run"].is_string() ||
+          !text::is_run_id(j["run"].get<std::string>()) || !j.contains("step") || !j["step"].is_number_integer() ||
+          j["step"].get<int64_t>() > ck.step)
+        continue;
+      const std::string run = j["run"].get<std::string>();
+      CAST_CHECK_USAGE(run == id, "{} line {} is a record of run {}, but --resume {} is of run {}: {}", metrics,
+                       number, files::json_excerpt(json(run)), resume_from, id, remedy);
+    }
+  }
+  const std::string summary = folder + "/summary.json";
+  if (!in_place || !files::exists(summary)) return;
+  std::string run;
+  try {
+    run = json::parse(files::read_file(summary, "run summary")).value("run_id", std::string());
+  } catch (const std::exception&) {
+    return;  // unreadable, or not a run's: said by the checks of the run's files
+  }
+  CAST_CHECK_USAGE(run.empty() || run == id, "{} is the summary of run {}, but --resume {} is of run {}: {}", summary,
+                   files::json_excerpt(json(run)), resume_from, id, remedy);
 }
 
 void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint,
@@ -165,7 +212,7 @@ void check_checkpoint_is_the_newest(const TrainConfig& c, const std::string& res
 // checkpoint first). One that is (written by an older cast, which saved only the best, before
 // the process was killed) is of steps the resume trains again on another path: the run's end
 // would refuse it after all its steps, so it is refused now, before the first.
-void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, const std::string& resume_from,
+void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, const Checkpoint& resumed,
                             int64_t resume_step) {
   const std::string best = folder + "/best.safetensors";
   if (!files::exists(best)) return;
@@ -178,12 +225,19 @@ void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, con
     other_run = fixed_setting_difference(header.config, c);
     if (other_run.empty()) other_run = model_difference(header.config.model, c.model);
     // where every setting agrees (another run of other --steps or --data), the id each run drew
-    // at its start; a file of an older cast has none, and says nothing either way
-    const std::string run_id = read_checkpoint_header(resume_from).run_id;
+    // at its start (a branch draws its own); a file of an older cast has none, and says nothing
+    const std::string& run_id = resumed.run_id;
     if (other_run.empty() && !header.run_id.empty() && !run_id.empty() && header.run_id != run_id)
       other_run = fmt::format("its run id is {}, the checkpoint's {}: each run draws its own at step 0 and keeps it "
-                              "through every resume and branch",
+                              "through every resume",
                               header.run_id, run_id);
+    // the checkpoint names its best validation's step: a best of another step is not that model,
+    // but where the checkpoint is of that very step, the best's write was cut off after it, and
+    // the resume writes the best again from the checkpoint (restore_best)
+    if (other_run.empty() && resumed.best_step >= 0 && resumed.best_step != resumed.step &&
+        header.step != resumed.best_step)
+      other_run = fmt::format("it is of step {}, but the checkpoint's best validation was at step {} (accuracy {:.4g})",
+                              header.step, resumed.best_step, resumed.best_val);
     // read whole where the run's end evaluates it (--eval-best): a truncated copy reads its header
     if (c.eval_best)
       if (const std::string damage = checkpoint_damage(best); !damage.empty()) unusable = damage + " is not finite";
@@ -208,42 +262,6 @@ void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, con
                    best, best_step, resume_step, folder);
 }
 
-// The records a resume continues (folder's metrics.jsonl, and in place its summary.json) are the
-// checkpoint's run's: each carries the id of the run that wrote it. A checkpoint or a metrics file
-// copied in from another run would join two runs' histories in one file. Records after the
-// checkpoint's step are left out anyway, and a checkpoint or record of an older cast has no id.
-void check_records_are_the_runs(const std::string& resume_from, const std::string& folder, bool in_place) {
-  const Checkpoint ck = read_checkpoint_header(resume_from);
-  if (ck.run_id.empty()) return;
-  const char* remedy = "a checkpoint and records of two runs; put the run's own back beside each other";
-  const std::string metrics = folder + "/metrics.jsonl";
-  if (files::exists(metrics)) {
-    std::istringstream in(files::read_file(metrics, "metrics file"));
-    int64_t number = 0;
-    for (std::string line; std::getline(in, line);) {
-      ++number;
-      const json j = json::parse(line, nullptr, false);
-      if (!j.is_object() || !j.contains("run") || !j["run"].is_string() || !j.contains("step") ||
-          !j["step"].is_number_integer() || j["step"].get<int64_t>() > ck.step)
-        continue;
-      const std::string run = j["run"].get<std::string>();
-      CAST_CHECK_USAGE(run == ck.run_id,
-                       "{} line {} is a record of run {}, but --resume {} is of run {}: {}", metrics, number,
-                       files::json_excerpt(json(run)), resume_from, ck.run_id, remedy);
-    }
-  }
-  const std::string summary = folder + "/summary.json";
-  if (!in_place || !files::exists(summary)) return;
-  std::string run;
-  try {
-    run = json::parse(files::read_file(summary, "run summary")).value("run_id", std::string());
-  } catch (const std::exception&) {
-    return;  // unreadable, or not a run's: said by the checks of the run's files
-  }
-  CAST_CHECK_USAGE(run.empty() || run == ck.run_id, "{} is the summary of run {}, but --resume {} is of run {}: {}",
-                   summary, files::json_excerpt(json(run)), resume_from, ck.run_id, remedy);
-}
-
 // A resume into the checkpoint's own folder continues the run from its newest checkpoint only;
 // a finished run there continues only with more steps.
 void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
@@ -258,14 +276,22 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
       newest_step = read_checkpoint_header(newest).step;
     } catch (const Error&) {  // unreadable: the run's own is still the one to resume
     }
-    const std::string what =
-        newest_step == resume_step && std::filesystem::path(resume_from).filename() != "best.safetensors"
-            ? fmt::format("is a copy of step {} beside run {}'s own checkpoint {}, of that step",
-                                                 resume_step, c.run_dir, newest)
-        : newest_step >= 0 && newest_step < resume_step
-            ? fmt::format("is of step {}, after run {}'s own checkpoint {} (step {}): a checkpoint of elsewhere",
-                          resume_step, c.run_dir, newest, newest_step)
-            : fmt::format("would rewind run {}, whose newest checkpoint is {}", c.run_dir, newest);
+    const bool best = std::filesystem::path(resume_from).filename() == "best.safetensors";
+    std::string what;
+    if (best && newest_step >= 0 && resume_step >= newest_step)
+      what = fmt::format("is run {}'s best model, of step {}, and a resume in place continues from the run's newest "
+                         "checkpoint {} (step {})",
+                         c.run_dir, resume_step, newest, newest_step);
+    else if (best)
+      what = fmt::format("would rewind run {}, whose newest checkpoint is {}", c.run_dir, newest);
+    else if (newest_step == resume_step)
+      what = fmt::format("is a copy of step {} beside run {}'s own checkpoint {}, of that step", resume_step, c.run_dir,
+                         newest);
+    else if (newest_step >= 0 && newest_step < resume_step)
+      what = fmt::format("is of step {}, after run {}'s own checkpoint {} (step {}): a checkpoint of elsewhere",
+                         resume_step, c.run_dir, newest, newest_step);
+    else
+      what = fmt::format("would rewind run {}, whose newest checkpoint is {}", c.run_dir, newest);
     throw UsageError(fmt::format("--resume {} {}: resume from that, or give --run with a new folder to train on from {}",
                                  resume_from, what, resume_from));
   }
@@ -286,7 +312,7 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
                      resume_from, resume_step, c.run_dir, finished_at);
   }
   check_checkpoint_is_the_newest(c, resume_from, resume_step);
-  check_best_is_the_runs(c, c.run_dir, resume_from, resume_step);
+  check_best_is_the_runs(c, c.run_dir, read_checkpoint_header(resume_from), resume_step);
   CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on with a larger --steps",
@@ -373,6 +399,13 @@ std::string left_temporaries_note(const std::string& run_dir) {
   }
   if (left.empty()) return "";
   std::sort(left.begin(), left.end());
+  // hundreds of them: the first few named, the rest counted
+  constexpr size_t kNamed = 5;
+  if (left.size() > kNamed + 1) {
+    const size_t more = left.size() - kNamed;
+    left.resize(kNamed);
+    left.push_back(fmt::format("and {} more of those names", more));
+  }
   return fmt::format("note: run folder {} holds {}, left by a write that was cut short (the process killed); no cast "
                      "process writes {} now: delete {} to free the space",
                      run_dir, fmt::join(left, ", "), left.size() == 1 ? "it" : "them", left.size() == 1 ? "it" : "them");
@@ -452,7 +485,7 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
   if (const std::string source = folder_of(resume_from);
       !resume_from.empty() && !files::same_file(source, c.run_dir) &&
       !files::same_file(resume_from, source + "/best.safetensors"))
-    check_best_is_the_runs(c, source, resume_from, resume_step);
+    check_best_is_the_runs(c, source, read_checkpoint_header(resume_from), resume_step);
   if (!resume_from.empty())
     check_records_are_the_runs(resume_from, folder_of(resume_from), files::same_file(folder_of(resume_from), c.run_dir));
   // What would refuse the run is checked before the folder is made or locked, so that a refusal
@@ -478,11 +511,13 @@ namespace {
 // Writes to `out` the lines of the metrics file `path` of steps up to `last_step` (atomically;
 // `out` may be `path`); returns how many records after it were left out. No file at `path`:
 // `out` starts empty.
-int64_t keep_metrics_until(const std::string& path, int64_t last_step, const std::string& out) {
+KeptRecords keep_metrics_until(const std::string& path, int64_t last_step, const std::string& out,
+                               const std::string& run_id) {
   const std::string text = files::exists(path) ? files::read_file(path, "metrics file") : std::string();
   std::istringstream in(text);
   std::string kept, checked, line;  // checked: the kept lines in their places, the others blank
-  int64_t number = 0, dropped = 0;
+  int64_t number = 0;
+  KeptRecords result;
   while (std::getline(in, line)) {
     ++number;
     if (line.empty()) {  // a blank line holds nothing to keep
@@ -512,9 +547,18 @@ int64_t keep_metrics_until(const std::string& path, int64_t last_step, const std
     const bool end_of_other_run = !files::same_path(path, out) && record &&
                                   ((j.contains("split") && j["split"] == "test") || (j.contains("final") && j["final"] == true));
     const bool keep = record && !end_of_other_run && j["step"].get<int64_t>() <= last_step;
-    if (keep) kept += line + '\n';
-    else if (record && !end_of_other_run) ++dropped;
-    checked += (keep ? line : "") + '\n';
+    // into a branch, under the branch's own id (the same text otherwise: records are written
+    // with their keys in order, as dump() writes them)
+    std::string as_kept = line;
+    if (keep && !files::same_path(path, out) && j.contains("run")) {
+      json own = j;
+      own["run"] = run_id;
+      as_kept = own.dump();
+    }
+    if (keep) kept += as_kept + '\n', ++result.kept;
+    else if (record && !end_of_other_run) ++result.dropped;
+    result.cut_line = result.cut_line || cut_short;
+    checked += (keep ? as_kept : "") + '\n';
   }
   // the run's figure reads every line again at its end: a line it would refuse (a record of
   // another split, a value out of range, a step out of order) is refused now, before any step
@@ -525,49 +569,67 @@ int64_t keep_metrics_until(const std::string& path, int64_t last_step, const std
                                  e.what()));
   }
   files::write_atomic(out, kept, "metrics file", files::Link::refuse);
-  return dropped;
+  return result;
+}
+
+// A checkpoint file written at `to` as `from` holds it, under run id `run_id` (a branch's copy of
+// its source's best model; the bytes as they are where the id is already that).
+void copy_checkpoint_as(const std::string& from, const std::string& to, const std::string& run_id) {
+  TensorFile f = read_safetensors(from, "checkpoint");
+  const auto id = f.metadata.find("run_id");
+  if (id == f.metadata.end() || id->second == run_id) {
+    files::write_atomic(to, files::read_file(from, "checkpoint"), "best checkpoint", files::Link::refuse);
+    return;
+  }
+  id->second = run_id;
+  write_safetensors(to, f.tensors, f.metadata, "best checkpoint", files::Link::refuse);
 }
 
 // A run resumed into a new folder takes its best checkpoint along, so that --eval-best there
 // still finds the best model of the whole run.
-void copy_best(const std::string& checkpoint, const std::string& run_dir) {
+void copy_best(const std::string& checkpoint, const std::string& run_dir, const std::string& run_id) {
   const std::string best = folder_of(checkpoint) + "/best.safetensors";
-  if (!files::exists(best)) return;
-  files::write_atomic(run_dir + "/best.safetensors", files::read_file(best, "best checkpoint"), "best checkpoint",
-                      files::Link::refuse);
+  if (files::exists(best)) copy_checkpoint_as(best, run_dir + "/best.safetensors", run_id);
+}
+
+// The step of the checkpoint at `path`, or -1 where it cannot be read as one.
+int64_t step_or_none(const std::string& path) {
+  try {
+    return read_checkpoint_header(path).step;
+  } catch (const Error&) {
+    return -1;
+  }
 }
 
 }  // namespace
 
-int64_t continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place) {
-  const int64_t dropped = keep_metrics_until(folder_of(resume_from) + "/metrics.jsonl", step, run_dir + "/metrics.jsonl");
-  if (!in_place) copy_best(resume_from, run_dir);
-  return dropped;
+KeptRecords continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place,
+                               const std::string& run_id) {
+  const KeptRecords kept =
+      keep_metrics_until(folder_of(resume_from) + "/metrics.jsonl", step, run_dir + "/metrics.jsonl", run_id);
+  if (!in_place) copy_best(resume_from, run_dir, run_id);
+  return kept;
 }
 
-std::string restore_best(const std::string& resume_from, const std::string& run_dir) {
+std::string restore_best(const std::string& resume_from, const std::string& run_dir, const std::string& run_id) {
   const Checkpoint ck = read_checkpoint_header(resume_from);
   if (ck.best_step < 0 || ck.best_step != ck.step) return "";
   const std::string best = run_dir + "/best.safetensors";
-  if (files::exists(best)) {
-    int64_t best_step = -1;
-    try {
-      best_step = read_checkpoint_header(best).step;
-    } catch (const Error&) {  // refused before the first step where it is read (--eval-best); else left alone
-      return "";
-    }
-    if (best_step == ck.best_step) return "";
-  }
-  files::write_atomic(best, files::read_file(resume_from, "checkpoint"), "best checkpoint", files::Link::refuse);
+  // unreadable: refused before the first step where it is read (--eval-best), else left alone
+  if (files::exists(best) && (step_or_none(best) == ck.best_step || step_or_none(best) < 0)) return "";
+  copy_checkpoint_as(resume_from, best, run_id);
+  const std::string missing = folder_of(resume_from) + "/best.safetensors";
   return fmt::format("note: {} was not written at step {} (the run was stopped, or its disk full, between the "
-                     "checkpoint and the best model): written now from {}, which is of that step",
-                     best, ck.best_step, resume_from);
+                     "checkpoint and the best model): {} written now from {}, which is of that step",
+                     missing, ck.best_step, best, resume_from);
 }
 
 void write_summary(const std::string& run_dir, json summary) {
   summary["made_by"] = "cast train";         // kSummaryMark: what a later run may replace
   summary["digest"] = files::kDigestSlot;  // that nobody changed it since
-  files::write_stamped(run_dir + "/summary.json", summary.dump(2) + "\n", "run summary", files::Link::refuse);
+  // a new summary takes the checkpoint's permission bits (a run made private stays so)
+  files::write_stamped(run_dir + "/summary.json", summary.dump(2) + "\n", "run summary", files::Link::refuse,
+                       run_dir + "/checkpoint.safetensors");
 }
 
 void remove_passed_summary(const std::string& run_dir, int64_t step) {

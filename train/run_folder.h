@@ -55,18 +55,30 @@ struct RunFolder {
   files::FolderLock lock;  // this process's hold on the folder, for the whole run
   std::string note;        // temporary files an interrupted write left there, or ""
 };
+// The records a resume continues (folder's metrics.jsonl, and in place its summary.json) are the
+// run's of the checkpoint `resume_from`: a record of another run's id is refused, naming its line.
+void check_records_are_the_runs(const std::string& resume_from, const std::string& folder, bool in_place);
+
 RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step);
 
 // A resumed run continues the metrics of its checkpoint's step: lines an interrupted process
 // wrote after that step are dropped, so no step appears twice. In a new folder it starts from
 // the checkpoint's folder's lines and best checkpoint, which are read, never written.
 // Returns how many metrics records after the checkpoint's step were left out.
-int64_t continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place);
+// A branch (a new folder) takes them under its own run id (`run_id`): its records and best model
+// are its own from then on, and no other run's.
+struct KeptRecords {
+  int64_t kept = 0;       // records continued
+  int64_t dropped = 0;    // records after the checkpoint's step, left out
+  bool cut_line = false;  // a last line cut short (the process killed while writing it), left out
+};
+KeptRecords continue_run_files(const std::string& resume_from, int64_t step, const std::string& run_dir, bool in_place,
+                               const std::string& run_id);
 // A new best validation writes the checkpoint, then best.safetensors: a run stopped between the
 // two (killed, or a full disk at the second) left a checkpoint of the best step and no best model
 // of that step in run_dir. The checkpoint resumed from, where it is of its best step, is that
 // model: written again under the best's name. Returns a note saying so, or "".
-std::string restore_best(const std::string& resume_from, const std::string& run_dir);
+std::string restore_best(const std::string& resume_from, const std::string& run_dir, const std::string& run_id);
 
 // The mark in every summary.json a run writes ("made_by": "cast train").
 constexpr const char* kSummaryMark = "\"made_by\": \"cast train\"";

@@ -1,6 +1,7 @@
 #include "train/stop.h"
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,8 +25,8 @@ static_assert(std::atomic<int>::is_always_lock_free);
 std::atomic<int64_t> g_first_ns{0};
 static_assert(std::atomic<int64_t>::is_always_lock_free);
 // One Ctrl-C can arrive twice within microseconds: from the terminal to the whole process group,
-// and from a wrapper that forwards what it gets (`timeout`, a scheduler). A signal this soon after
-// the first is that one again, not the user's second.
+// and from a wrapper that forwards what it gets (`timeout`, a scheduler), perhaps as SIGTERM. A
+// stop signal this soon after the first is that one again, not the user's second.
 constexpr int64_t kSameSignalNs = 500'000'000;
 
 int64_t now_ns() {
@@ -46,13 +47,13 @@ char g_first_note[512] = "";
 std::atomic<bool> g_first_note_ready{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 
-// Writes a line of up to four pieces to standard error from a signal handler, in one write so
+// Writes a line of up to five pieces to standard error from a signal handler, in one write so
 // that no other writer's text falls between its pieces (write and strlen are async-signal-safe;
 // the copy is a plain loop).
-void say(const char* a, const char* b = "", const char* c = "", const char* d = "") {
+void say(const char* a, const char* b = "", const char* c = "", const char* d = "", const char* e = "") {
   char line[sizeof(g_second_note) + 256];
   size_t n = 0;
-  for (const char* piece : {a, b, c, d})
+  for (const char* piece : {a, b, c, d, e})
     for (; *piece != '\0' && n + 2 < sizeof(line); ++piece) line[n++] = *piece;
   line[n++] = '\n';
   for (const char* text = line; n > 0;) {
@@ -100,12 +101,21 @@ extern "C" void on_stop_signal(int signal) {
   if (signal == SIGQUIT) {
     files::remove_temporaries_now();
     say("cast: stopped at once by SIGQUIT", g_note_ready.load() ? g_second_note : "");
+    ::prctl(PR_SET_DUMPABLE, 0);  // SIGQUIT's default action: a stop, not a core file in the user's folder
     die_by(signal);
   }
   if (const int first_signal = g_stop.load(); first_signal != 0) {
-    // the same signal again this soon is the first one delivered twice; another one is the user's
+    // a signal this soon after the first is that stop delivered again (a wrapper forwards what it
+    // gets, or turns a Ctrl-C into SIGTERM for its children): said, when it is another signal
     const int64_t first = g_first_ns.load();
-    if (signal == first_signal && first != 0 && now_ns() - first < kSameSignalNs) return;
+    if (first != 0 && now_ns() - first < kSameSignalNs) {
+      if (signal != first_signal) {
+        const char *name = known_signal_name(signal), *before = known_signal_name(first_signal);
+        say("cast: ", name ? name : "signal", ": the same stop as the ", before ? before : "signal",
+            " just before (send a signal again to stop at once)");
+      }
+      return;
+    }
     files::remove_temporaries_now();  // a checkpoint being written: its temporary file goes
     const char* name = known_signal_name(signal);
     say("cast: stopped at once by a second ", name ? name : "signal", g_note_ready.load() ? g_second_note : "");

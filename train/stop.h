@@ -10,9 +10,11 @@ namespace cast::train {
 
 // SIGINT, SIGTERM and SIGHUP: the first one raises the flag (after this, a second one ends the process
 // at once with 128 + its number; the last checkpoint written stays, as every write is atomic).
-// A signal the process was started ignoring stays ignored.
+// One within half a second of the first is that stop delivered again (another signal than the
+// first says so). SIGQUIT ends the process at once, as a second signal does. A signal the
+// process was started ignoring stays ignored.
 void install_stop_handlers();
-// The other commands, which have nothing to save: SIGINT, SIGTERM or SIGHUP removes the temporary
+// The other commands, which have nothing to save: SIGINT, SIGTERM, SIGHUP or SIGQUIT removes the temporary
 // file of a write in progress (files::write_atomic), says so in one line and exits 128 + signal.
 void install_exit_handlers();
 int stop_signal();              // the signal that asked to stop, 0 when none did

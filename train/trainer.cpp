@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -204,10 +205,10 @@ std::string changed_schedule_note(const TrainConfig& before, const TrainConfig& 
 }
 
 void read_resume_point(Run& run, const std::string& resume_from) {
-  run.run_id = new_run_id();  // a new run's, and an older cast's run's from its first resume on
+  run.run_id = new_run_id();  // a new run's (a branch draws its own once its folder is known)
   if (resume_from.empty()) return;
   const Checkpoint ck = read_checkpoint_header(resume_from);  // a different model is refused by load_checkpoint
-  if (!ck.run_id.empty()) run.run_id = ck.run_id;
+  run.run_id = run_id_of(ck);
   run.start_step = run.step = ck.step;
   run.checkpoint_steps = ck.config.steps;
   run.best_val = ck.best_val;
@@ -290,9 +291,7 @@ static void check_task_fits(const TrainConfig& c, const data::TaskData& task, De
   // the data holds, with the cluster count the model takes from --max-len (nn::Block)
   const int64_t longest = std::min(length, longest_example(task));
   nn::ModelConfig sized = c.model;
-  const nn::Mechanism mechanism = sized.attention.mechanism;
-  if (mechanism != nn::Mechanism::full && sized.attention.clusters <= 0)
-    sized.attention.clusters = nn::default_clusters(c.model.tokens() + (c.model.cls_pooling ? 1 : 0));
+  sized.attention.clusters = c.model.cluster_count();
   const StepBytes parts = training_step_parts(sized, c.batch, longest, device == Device::cuda);
   require_memory(parts.total(), device,
                  fmt::format("a training step of batch {} at length {}{}", c.batch, longest,
@@ -614,6 +613,11 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
       run.model->set_clustering_draws(draws_before);
       --run.step;
       save(run, run.checkpoint);
+      if (const int signal = e.code().value() == EIO ? stop_signal_within(200) : stop_signal())
+        stopped(run, signal,
+                fmt::format("during step {}, which is undone ({})", step,
+                            signal == SIGHUP ? "its terminal went away"
+                                             : "standard output: " + files::standard_output_failure(e.code().value())));
       throw Error(fmt::format("cannot write to standard output during step {} ({}): checkpoint {} written at step {}; "
                               "resume with: {}",
                               step, files::standard_output_failure(e.code().value()), run.checkpoint, run.step, resume_with(run)));
@@ -637,9 +641,11 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
       save(run, run.checkpoint);
       // a terminal that closed fails the write (EIO) a moment before its hangup's SIGHUP arrives:
       // the run stops as that signal stops it, with its exit code
-      if (const int hangup = e.code().value() == EIO ? stop_signal_within(200) : stop_signal())
-        stopped(run, hangup, fmt::format("after step {} of {} (standard output: {})", step, c.steps,
-                                         files::standard_output_failure(e.code().value())));
+      if (const int signal = e.code().value() == EIO ? stop_signal_within(200) : stop_signal())
+        stopped(run, signal,
+                fmt::format("after step {} of {} ({})", step, c.steps,
+                            signal == SIGHUP ? "its terminal went away"
+                                             : "standard output: " + files::standard_output_failure(e.code().value())));
       throw Error(
           fmt::format("cannot write to standard output after step {} ({}): checkpoint {} written; resume "
                       "with: {}",
@@ -797,13 +803,24 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
 
   run.terminal = !quiet && isatty(STDOUT_FILENO);
   if (run.start_step > 0) {
+    // a branch is a run of its own from here: its own id, which the history it takes along is given
+    if (!in_place) run.run_id = new_run_id();
     // records a stopped (or killed) run wrote after its checkpoint: dropped, as documented, and said
-    const int64_t dropped = continue_run_files(resume_from, run.start_step, run.c.run_dir, in_place);
+    const KeptRecords kept = continue_run_files(resume_from, run.start_step, run.c.run_dir, in_place, run.run_id);
+    const int64_t dropped = kept.dropped;
     if (dropped > 0 && !quiet)
       fmt::print("note: {} metrics record{} after step {} (the checkpoint's) {} left out; the run goes on from its "
                  "checkpoint\n",
                  dropped, dropped == 1 ? "" : "s", run.start_step, dropped == 1 ? "is" : "are");
-    const std::string restored = restore_best(resume_from, run.c.run_dir);
+    if (kept.cut_line && !quiet)
+      fmt::print("note: the last line of {}/metrics.jsonl was cut short (the process killed while writing it) and is "
+                 "left out\n",
+                 folder_of(resume_from));
+    if (kept.kept == 0 && !quiet)
+      fmt::print("note: {}/metrics.jsonl holds no records up to step {} (missing or emptied): the run's curves start "
+                 "at step {}\n",
+                 folder_of(resume_from), run.start_step, run.start_step);
+    const std::string restored = restore_best(resume_from, run.c.run_dir, run.run_id);
     if (!restored.empty() && !quiet) fmt::print("{}\n", restored);
   }
   run.metrics.emplace(run.c.run_dir + "/metrics.jsonl", run.start_step == 0, "metrics file");
