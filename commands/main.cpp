@@ -25,6 +25,7 @@
 #include "tensor/error.h"
 #include "tensor/files.h"
 #include "commands/commands.h"
+#include "train/memory_estimate.h"
 #include "train/stop.h"
 
 static void usage() {
@@ -187,6 +188,24 @@ static bool openmp_settings_are_sane() {
   return true;
 }
 
+// A stop signal heard (its line said "stopping") after the last point where the command could
+// stop: said, so that the line is not left unanswered. A command that finished its work exits 0;
+// one whose terminal went away (SIGHUP) had its last lines shown nowhere, and exits 129. cast data
+// says its own line.
+static int signal_that_came_too_late(const std::string& name) {
+  const int signal = cast::train::stop_signal();
+  if (signal == 0 || name == "data" || (name != "train" && name != "compare" && name != "eval")) return 0;
+  const std::string heard = cast::train::signal_name(signal);
+  if (signal == SIGHUP && cast::files::standard_output_was_terminal()) {
+    std::fprintf(stderr, "cast %s: %s came as it finished: the work is done, but its terminal went away before its "
+                 "last lines could be shown\n", name.c_str(), heard.c_str());
+    return 128 + signal;
+  }
+  std::fprintf(stderr, "cast %s: %s came as it finished: the work was done, not stopped\n", name.c_str(),
+               heard.c_str());
+  return 0;
+}
+
 static bool working_folder_exists() {
   std::vector<char> buffer(4096);
   while (::getcwd(buffer.data(), buffer.size()) == nullptr) {
@@ -233,6 +252,17 @@ int main(int argc, char** argv) {
                    cast::visible(name).c_str());
       return 2;
     }
+    // Under an address-space limit that leaves the BLAS no room for its work buffers, its first
+    // product would retry to map them without end: refused first (the commands that size their
+    // work refuse it later with the work's size; plot, data and info run no products)
+    if (name != "info" && name != "plot" && name != "data") {
+      try {
+        cast::train::require_blas_room("");
+      } catch (const cast::Error& e) {
+        std::fprintf(stderr, "cast %s: error: %s\n", cast::visible(name).c_str(), e.what());
+        return 1;
+      }
+    }
     // Ctrl-C, SIGTERM or SIGHUP while training: the current step is finished and saved first (SIGQUIT:
     // at once).
     // `cast eval`: the evaluation stops between batches (nothing is written, so nothing to save).
@@ -246,10 +276,11 @@ int main(int argc, char** argv) {
                              "again to stop at once");
     } else {
       cast::train::install_exit_handlers();  // nothing to save: a write in progress leaves no temporary file
-    }  // nothing to save: a write in progress leaves no temporary file
+    }
     hold_stop_signals(false);  // a signal that came meanwhile arrives now
     try {
-      return check_standard_output(name, c.run(args));
+      const int code = check_standard_output(name, c.run(args));
+      return code == 0 ? signal_that_came_too_late(name) : code;
     } catch (const cast::train::Stopped& e) {  // the shell's convention: 128 + the signal
       std::fprintf(stderr, "cast %s: %s\n", name.c_str(), e.what());
       return 128 + e.signal();

@@ -38,6 +38,7 @@ const bool g_standard_output_was_terminal = ::isatty(STDOUT_FILENO) != 0;
 }
 
 void note_standard_output_closed_at_start() { g_standard_output_closed = true; }
+bool standard_output_was_terminal() { return g_standard_output_was_terminal; }
 
 std::string standard_output_failure(int err) {
   if (g_standard_output_closed) return "it was closed when cast started";
@@ -678,8 +679,10 @@ static void keep_mode_and_owner(int fd, const struct stat& old) {
   ::fchmod(fd, old.st_mode & 0777);
 }
 
+// `dir`: the folder's descriptor where the file goes into a folder this process holds (the names
+// then relative to it), else AT_FDCWD.
 static Fd create_exclusive(const std::string& stem, std::string& tmp, const std::string& what,
-                           const std::string& path) {
+                           const std::string& path, int dir = AT_FDCWD) {
   std::string base = stem;
   // the first hundred names in turn; past them (a folder full of temporaries that killed writes
   // left), numbers drawn at random, so that leftovers never make a write fail
@@ -688,7 +691,8 @@ static Fd create_exclusive(const std::string& stem, std::string& tmp, const std:
   for (int attempt = 0;; ++attempt) {
     const uint64_t number = attempt < 100 ? static_cast<uint64_t>(attempt) : 100 + draw() % 999999900;
     tmp = attempt == 0 ? base + ".tmp" : fmt::format("{}.{}.tmp", base, number);
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    const std::string name = dir == AT_FDCWD ? tmp : fs::path(tmp).filename().string();
+    Fd fd(::openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (fd.get() >= 0) return fd;
     const int err = errno;
     if (err == ENAMETOOLONG && base == stem) {
@@ -751,18 +755,28 @@ void remove_temporaries_now() {
     if (t.state.load() == 2) ::unlink(t.path);
 }
 
+int held_folder_descriptor(const std::string& folder);  // below, with the folder locks
+
 void write_atomic(const std::string& path, std::string_view bytes, const std::string& what, Link link, Flush flush,
                   const std::string& mode_like) {
   // a file or link made at the path itself since the check (a link is refused by output_target)
   keep_what_came_since_the_check(path, what, path);
   const std::string target = output_target(path, what, link);
+  // Into a folder this process holds (a run's), the file is made and renamed relative to the
+  // folder's descriptor, not its path: a folder moved, or hidden by one mounted at its path,
+  // between the holder's check and this write gets the file, and whatever now has the path
+  // gets nothing. Elsewhere, by path.
+  const int held = held_folder_descriptor(folder_of(target));
+  const int dir = held >= 0 ? held : AT_FDCWD;
+  const std::string name = held >= 0 ? fs::path(target).filename().string() : target;
   std::string tmp;
-  Fd fd = create_exclusive(target, tmp, what, path);
+  Fd fd = create_exclusive(target, tmp, what, path, dir);
+  const std::string tmp_name = held >= 0 ? fs::path(tmp).filename().string() : tmp;
   const TemporaryInFlight in_flight(tmp);
   try {  // on any failure the temporary file goes and the old file stays as it was
     // the replacement keeps the old file's mode (a private 0600 stays private)
     struct stat old {};
-    if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode)) keep_mode_and_owner(fd.get(), old);
+    if (::fstatat(dir, name.c_str(), &old, 0) == 0 && S_ISREG(old.st_mode)) keep_mode_and_owner(fd.get(), old);
     else if (!mode_like.empty() && ::stat(mode_like.c_str(), &old) == 0 && S_ISREG(old.st_mode))
       keep_mode_and_owner(fd.get(), old);
     write_all(fd.get(), bytes, what, path);
@@ -770,16 +784,20 @@ void write_atomic(const std::string& path, std::string_view bytes, const std::st
                reason(errno));
     CAST_CHECK(::close(fd.release()) == 0, "{} {}: close failed: {}", what, path, reason(errno));
     keep_what_came_since_the_check(target, what, path);
-    CAST_CHECK(::rename(tmp.c_str(), target.c_str()) == 0, "{} {}: cannot move the new file into place: {}", what, path,
-               reason(errno));
+    CAST_CHECK(::renameat(dir, tmp_name.c_str(), dir, name.c_str()) == 0, "{} {}: cannot move the new file into place: {}",
+               what, path, reason(errno));
     remember_written(target);
   } catch (...) {
-    ::unlink(tmp.c_str());
+    ::unlinkat(dir, tmp_name.c_str(), 0);
     throw;
   }
   if (flush == Flush::with_folder) return;
-  Fd dir(::open(folder_of(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() >= 0) ::fsync(dir.get());  // the rename itself reaches the disk
+  if (held >= 0) {
+    ::fsync(held);  // the rename itself reaches the disk
+    return;
+  }
+  Fd folder(::open(folder_of(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (folder.get() >= 0) ::fsync(folder.get());
 }
 
 void write_stamped(const std::string& path, std::string_view bytes, const std::string& what, Link link,
@@ -880,6 +898,7 @@ namespace {
 // The folders this process holds, by their absolute, normalised path.
 std::mutex g_held_mutex;
 std::multiset<std::string> g_held;
+std::multimap<std::string, int> g_held_dirs;  // each held folder's descriptor, by key
 
 std::string held_key(const std::string& folder) {
   std::error_code ec;
@@ -887,6 +906,14 @@ std::string held_key(const std::string& folder) {
   return ec ? folder : p.string();
 }
 }  // namespace
+
+// The descriptor of a folder this process holds (FolderLock), by its path as it is now, or -1.
+int held_folder_descriptor(const std::string& folder) {
+  const std::string key = held_key(folder);
+  const std::lock_guard<std::mutex> guard(g_held_mutex);
+  const auto it = g_held_dirs.find(key);
+  return it == g_held_dirs.end() ? -1 : it->second;
+}
 
 bool held_here(const std::string& folder) {
   const std::string key = held_key(folder);
@@ -1022,6 +1049,11 @@ void FolderLock::forget() {
   if (held_.empty()) return;
   const std::lock_guard<std::mutex> guard(g_held_mutex);
   if (auto it = g_held.find(held_); it != g_held.end()) g_held.erase(it);
+  for (auto it = g_held_dirs.find(held_); it != g_held_dirs.end() && it->first == held_; ++it)
+    if (it->second == dir_.get()) {
+      g_held_dirs.erase(it);
+      break;
+    }
   held_.clear();
 }
 
@@ -1060,6 +1092,7 @@ FolderLock::FolderLock(const std::string& folder, const std::string& what) {
   held_ = held_key(folder);
   const std::lock_guard<std::mutex> guard(g_held_mutex);
   g_held.insert(held_);
+  g_held_dirs.emplace(held_, dir_.get());
 }
 
 AppendFile::AppendFile(const std::string& path, bool truncate, const std::string& what) : path_(path), what_(what) {

@@ -30,6 +30,7 @@ std::string reason(int err);
 // takes descriptor 1), that.
 void note_standard_output_closed_at_start();
 std::string standard_output_failure(int err);
+bool standard_output_was_terminal();  // as the process started
 
 // True when both paths name existing files that are one file (same device and inode; links
 // followed), whatever their spelling.

@@ -701,6 +701,33 @@ TEST(Cli, AMetricsFileRemovedMidRunIsNotWrittenInto) {
   fs::remove_all(dir);
 }
 
+// SIGHUP with standard output in a file: the lines stdio still held for it reach it (fortieth
+// attack: the handler pointed standard output at /dev/null, and the file stayed empty).
+TEST(Cli, SighupKeepsTheLinesOfAStandardOutputFile) {
+  const fs::path dir = lifecycle_dir("hangup_file");
+  const std::string out = (dir / "out").string(), err = (dir / "err").string();
+  // start_cast sends standard output to /dev/null: a shell of its own sends it to a file here
+  const std::string script = fmt::format("exec {} {} > {} 2> {} < /dev/null", CAST_BINARY, tiny_train(dir, "hup2", 100000),
+                                         out, err);
+  const pid_t shell = fork();
+  if (shell == 0) {
+    signal(SIGHUP, SIG_DFL);
+    execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  if (!wait_for_lines((dir / "hup2" / "metrics.jsonl").string(), 3)) {
+    kill(shell, SIGKILL);
+    waitpid(shell, nullptr, 0);
+    FAIL() << "the run did not start: " << slurp(err);
+  }
+  kill(shell, SIGHUP);
+  int status = 0;
+  waitpid(shell, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 129) << status << ": " << slurp(err);
+  EXPECT_NE(slurp(out).find("cast train: task listops-short, attention full"), std::string::npos) << slurp(out);
+  fs::remove_all(dir);
+}
+
 TEST(Cli, CompareStopsOnCtrlCAndTheSameCommandResumesIt) {
   const fs::path dir = lifecycle_dir("compare_sigint");
   const std::string out = (dir / "cmp").string();

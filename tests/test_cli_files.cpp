@@ -2393,8 +2393,8 @@ TEST(CliAttack, ADataFolderBeingWrittenIsInUse) {
 // ---- the thirty-eighth attack, what was left of it
 
 // A best model of another run whose every setting agrees with this one's but a resumable one
-// (--steps here) is told apart by the run id each run draws at step 0; a branch keeps the id, so
-// its own best (taken along) is its run's.
+// (--steps here) is told apart by the run id each run draws at step 0; a branch draws its own and
+// gives it to the best it takes along, so that best is its run's.
 TEST(CliAttack, ABestOfAnotherRunOfTheSameSettingsIsTheOtherRuns) {
   const std::string d = fresh_dir("attack38_run_id");
   const std::string every = " --eval-every 2 --checkpoint-every 2 --eval-best --eval-limit 8";
@@ -2405,9 +2405,11 @@ TEST(CliAttack, ABestOfAnotherRunOfTheSameSettingsIsTheOtherRuns) {
   EXPECT_NE(a_id, train::read_checkpoint_header(d + "/b/checkpoint.safetensors").run_id);
   EXPECT_EQ(train::read_checkpoint_header(d + "/a/best.safetensors").run_id, a_id);
 
-  // a's own best goes along a branch, and the branch resumes with it
+  // a's own best goes along a branch, under the branch's own id, and the branch resumes with it
   ASSERT_EQ(run("train --resume " + d + "/a/checkpoint.safetensors --steps 6 --run " + d + "/branch").code, 0);
-  EXPECT_EQ(train::read_checkpoint_header(d + "/branch/checkpoint.safetensors").run_id, a_id);
+  const std::string branch_id = train::read_checkpoint_header(d + "/branch/checkpoint.safetensors").run_id;
+  EXPECT_NE(branch_id, a_id);
+  EXPECT_EQ(train::read_checkpoint_header(d + "/branch/best.safetensors").run_id, branch_id);
   const CliRun own = run("train --resume " + d + "/branch/checkpoint.safetensors --steps 8");
   EXPECT_EQ(own.code, 0) << own.err;
 
@@ -2837,4 +2839,37 @@ TEST(CliAttack, BestStepsModesAndNotesOfTheFortiethAttack) {
         << appending.err;
     EXPECT_TRUE(fs::is_empty(d + "/ao")) << appending.err;
   }
+}
+
+// ---- the fortieth attack (signals, settings, messages)
+
+// cast eval under an address-space limit that leaves the BLAS no room for its buffers is refused
+// with the limit's line (it spun in OpenBLAS's malloc, past SIGTERM); a config file's unknown task
+// names the file; a cluster count beyond the data's longest sequence is refused whatever --max-len.
+TEST(CliAttack, EvalUnderALimitConfigTasksAndClustersOfTheData) {
+  const std::string d = fresh_dir("attack40_eval");
+  ASSERT_EQ(run("train --data " + attack27_data() + kTinyModel + " --steps 2 --eval-limit 8 --run " + d + "/r").code, 0);
+  const std::string err = d + "/err";
+  const int status = std::system(("ulimit -v 1150000; OMP_NUM_THREADS=2 timeout 60 " + std::string(CAST_BINARY) +
+                                  " eval --checkpoint " + d + "/r/checkpoint.safetensors --data " + attack27_data() +
+                                  " > /dev/null 2> " + err)
+                                     .c_str());
+  const int code = WEXITSTATUS(status);
+  EXPECT_NE(code, 124) << "timed out: " << slurp(err);
+  if (code != 0)  // where the libraries leave the buffers room, it evaluates
+    EXPECT_NE(slurp(err).find("where the BLAS's work buffers alone need 384 MiB (2 threads"), std::string::npos)
+        << slurp(err);
+
+  put(d + "/task.json", R"({"steps": 1, "task": "bogus"})");
+  for (const std::string command : {"train --device cpu --run " + d + "/t", "compare --device cpu --out " + d + "/c"}) {
+    const CliRun r = run(command + " --config " + d + "/task.json");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("config file " + d + "/task.json: unknown task 'bogus'"), std::string::npos) << r.err;
+  }
+
+  const CliRun clusters = run("train --data " + attack27_data() + kTinyModel +
+                              " --steps 1 --clusters 200 --max-len 2000 --run " + d + "/cl");
+  EXPECT_EQ(clusters.code, 2) << clusters.err;
+  EXPECT_NE(clusters.err.find("setting 'clusters' is 200: more than the"), std::string::npos) << clusters.err;
+  EXPECT_FALSE(fs::exists(d + "/cl"));
 }

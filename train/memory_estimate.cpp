@@ -169,11 +169,43 @@ double address_space_left() {
 }
 }  // namespace
 
-// "512 MiB" below a GiB, "3.2 GiB" from there
+// "512 MiB" below a GiB, "3.2 GiB" from there; "under 1 MiB" below that
 static std::string in_mib_or_gib(double bytes) {
   constexpr double MiB = 1024.0 * 1024, GiB = 1024 * MiB;
   if (bytes < MiB) return "under 1 MiB";
   return bytes < GiB ? fmt::format("{:.0f} MiB", bytes / MiB) : fmt::format("{:.1f} GiB", bytes / GiB);
+}
+// "about 3 MiB", or "under 1 MiB"
+static std::string about(double bytes) {
+  const std::string size = in_mib_or_gib(bytes);
+  return size.rfind("under", 0) == 0 ? size : "about " + size;
+}
+
+// Beside the work itself, the BLAS maps its work buffers at its first product (OpenBLAS: one of
+// 128 MiB a thread and one more, seen in gdb), and where an address-space limit (ulimit -v)
+// leaves no room for them it retries without end instead of failing (a run under ulimit -v
+// 1100000 spun in blas_memory_alloc's mmap; cast eval in its malloc). A refusal where the limit
+// leaves no room for them and `bytes`, work smaller than they are (else the work's own size is
+// what to lower, which require_memory says); "" where they fit, or there is no limit.
+static std::string blas_room_refusal(double bytes, const std::string& what) {
+  const double left = address_space_left();
+  const int threads = omp_get_max_threads();
+  const double blas_buffers = 128.0 * (1 << 20) * (threads + 1);
+  if (left < 0 || bytes >= blas_buffers || left >= blas_buffers + bytes) return "";
+  struct rlimit limit {};
+  ::getrlimit(RLIMIT_AS, &limit);
+  return fmt::format(
+      "{}{}the address-space limit (ulimit -v {} KiB) leaves {} beside what this process has mapped already (its "
+      "libraries), where the BLAS's work buffers alone need {} ({} thread{}: 128 MiB each and one more): raise the "
+      "limit by at least {} KiB{}",
+      what, bytes > 0 ? fmt::format(" needs {} (an estimate that errs high), but ", about(bytes)) : what.empty() ? "" : ": ",
+      limit.rlim_cur / 1024, in_mib_or_gib(left), in_mib_or_gib(blas_buffers), threads, threads == 1 ? "" : "s",
+      static_cast<uint64_t>((bytes + blas_buffers - left) / 1024) + 1,
+      threads > 1 ? ", or run fewer threads (OMP_NUM_THREADS)" : "");
+}
+
+void require_blas_room(const std::string& what) {
+  if (const std::string refusal = blas_room_refusal(0, what); !refusal.empty()) throw Error(refusal);
 }
 
 void require_memory(double bytes, Device device, const std::string& what, const std::string& hint) {
@@ -182,24 +214,9 @@ void require_memory(double bytes, Device device, const std::string& what, const 
   bool known = available > 0;  // 0: the machine's memory could not be read, and nothing is refused
   // the estimate errs high: a limit below the machine's memory is what the run meets first
   if (const double left = address_space_left(); left >= 0 && (available <= 0 || left < available)) {
-    // beside the estimate, the BLAS maps its work buffers at its first product (OpenBLAS: one of
-    // 128 MiB a thread and one more, seen in gdb), and where it cannot it retries without end
-    // instead of failing (a run under ulimit -v 1100000 spun in blas_memory_alloc's mmap)
-    const int threads = omp_get_max_threads();
-    const double blas_buffers = 128.0 * (1 << 20) * (threads + 1);
-    available = std::max(0.0, left - blas_buffers);
     // a limit the libraries and their buffers take nearly whole: no setting of the run helps
-    if (bytes > available && bytes < blas_buffers) {
-      struct rlimit limit {};
-      ::getrlimit(RLIMIT_AS, &limit);
-      throw Error(fmt::format(
-          "{} needs about {} (an estimate that errs high), but the address-space limit (ulimit -v {} KiB) leaves "
-          "{} beside what this process has mapped already (its libraries), where the BLAS's work buffers alone need "
-          "{} ({} threads: 128 MiB each and one more): raise the limit by at least {} KiB, or run fewer threads "
-          "(OMP_NUM_THREADS)",
-          what, in_mib_or_gib(bytes), limit.rlim_cur / 1024, in_mib_or_gib(left), in_mib_or_gib(blas_buffers),
-          threads, static_cast<uint64_t>((bytes + blas_buffers - left) / 1024) + 1));
-    }
+    if (const std::string refusal = blas_room_refusal(bytes, what); !refusal.empty()) throw Error(refusal);
+    available = std::max(0.0, left - 128.0 * (1 << 20) * (omp_get_max_threads() + 1));
     where = "the address-space limit (ulimit -v) leaves, beside the BLAS's work buffers,";
     known = true;
   }
@@ -214,9 +231,8 @@ void require_memory(double bytes, Device device, const std::string& what, const 
   (void)device;
   if (!known || bytes <= available) return;
   const bool limited = std::string_view(where).find("ulimit") != std::string_view::npos;
-  throw Error(fmt::format("{} needs about {} (an estimate that errs high) but {} {}: {}{}", what,
-                          in_mib_or_gib(bytes), where, in_mib_or_gib(available), hint,
-                          limited ? "; or raise the limit" : ""));
+  throw Error(fmt::format("{} needs {} (an estimate that errs high) but {} {}: {}{}", what, about(bytes), where,
+                          in_mib_or_gib(available), hint, limited ? "; or raise the limit" : ""));
 }
 
 }  // namespace cast::train

@@ -38,5 +38,9 @@ double training_step_bytes(const nn::ModelConfig& m, int64_t B, int64_t N, bool 
 // Throws a one-line Error when `bytes` exceed the memory of `device` (the host's, or the GPU's).
 // `what` names the work, `hint` says which settings make it smaller.
 void require_memory(double bytes, Device device, const std::string& what, const std::string& hint);
+// Refuses (naming `what`) where an address-space limit (ulimit -v) leaves no room for the BLAS's
+// work buffers, which it would retry to map without end at its first product: for the commands
+// whose work the memory estimate does not size (eval, clusters, bench gemm, demo).
+void require_blas_room(const std::string& what);
 
 }  // namespace cast::train

@@ -620,8 +620,8 @@ std::string restore_best(const std::string& resume_from, const std::string& run_
   copy_checkpoint_as(resume_from, best, run_id);
   const std::string missing = folder_of(resume_from) + "/best.safetensors";
   return fmt::format("note: {} was not written at step {} (the run was stopped, or its disk full, between the "
-                     "checkpoint and the best model): {} written now from {}, which is of that step",
-                     missing, ck.best_step, best, resume_from);
+                     "checkpoint and the best model): written now{} from {}, which is of that step",
+                     missing, ck.best_step, files::same_path(missing, best) ? "" : " as " + best, resume_from);
 }
 
 void write_summary(const std::string& run_dir, json summary) {

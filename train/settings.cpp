@@ -775,6 +775,9 @@ std::string task_of(const std::string& task_flag, bool flag_given, const json& s
   const std::string task = settings["task"].get<std::string>();
   CAST_CHECK_USAGE(!flag_given || task == task_flag, "config file {} names task '{}' and --task names '{}': give one",
                    path, task, task_flag);
+  const std::vector<std::string>& known = task_names();
+  CAST_CHECK_USAGE(std::find(known.begin(), known.end(), task) != known.end(), "config file {}: unknown task '{}' ({})",
+                   path, visible(task), fmt::join(known, ", "));
   return task;
 }
 

@@ -45,6 +45,7 @@ char g_second_note[4096] = "";
 std::atomic<bool> g_note_ready{false};
 char g_first_note[512] = "";
 std::atomic<bool> g_first_note_ready{false};
+std::atomic<bool> g_output_is_terminal{false};  // standard output, as the handlers were installed
 static_assert(std::atomic<bool>::is_always_lock_free);
 
 // Writes a line of up to five pieces to standard error from a signal handler, in one write so
@@ -121,7 +122,8 @@ extern "C" void on_stop_signal(int signal) {
     say("cast: stopped at once by a second ", name ? name : "signal", g_note_ready.load() ? g_second_note : "");
     die_by(signal);
   }
-  if (signal == SIGHUP) quiet_standard_output();  // the terminal is gone: progress lines go nowhere
+  // the terminal is gone: progress lines go nowhere (a file keeps what stdio holds for it)
+  if (signal == SIGHUP && g_output_is_terminal.load()) quiet_standard_output();
   g_first_ns.store(now_ns());
   g_stop.store(signal);
   if (g_first_note_ready.load()) {  // heard at once: a step may take a minute to finish
@@ -157,6 +159,7 @@ extern "C" void on_exit_signal(int signal) {
 }
 
 void install(void (*handler)(int)) {
+  g_output_is_terminal.store(::isatty(STDOUT_FILENO) != 0);
   struct sigaction action {};
   action.sa_handler = handler;
   sigemptyset(&action.sa_mask);

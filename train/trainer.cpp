@@ -290,6 +290,8 @@ static void check_task_fits(const TrainConfig& c, const data::TaskData& task, De
   // A batch is padded to its longest example, not to --max-len: the step is sized by the longest
   // the data holds, with the cluster count the model takes from --max-len (nn::Block)
   const int64_t longest = std::min(length, longest_example(task));
+  // a cluster count or top-key count the user gave is held to the sequences the data has
+  if (longest < length) check_clusters_fit(c.model, longest);
   nn::ModelConfig sized = c.model;
   sized.attention.clusters = c.model.cluster_count();
   const StepBytes parts = training_step_parts(sized, c.batch, longest, device == Device::cuda);
