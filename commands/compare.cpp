@@ -176,6 +176,21 @@ static int compare_with(const cli::Args& args, const std::vector<std::string>& a
                      own);
   std::string attention = args.str("attention");  // the flag, else the file's mechanisms
   const bool attention_from_file = attention.empty() && spec.settings.contains("attention");
+  // the file's mechanisms under the flag's are read all the same: checked as every value is
+  if (!attention_from_file && spec.settings.contains("attention")) {
+    const json& theirs = spec.settings["attention"];
+    CAST_CHECK_USAGE(theirs.is_string() && !theirs.get<std::string>().empty(),
+                     "config file {}: setting 'attention' is {}, where a mechanism or a comma-separated list of them "
+                     "is expected",
+                     config, files::json_excerpt(theirs));
+    try {
+      for (const std::string& name : cli::comma_list("attention", theirs.get<std::string>())) usage_mechanism(name);
+    } catch (const UsageError& e) {
+      std::string said = e.what();
+      if (said.rfind("--attention: ", 0) == 0) said.erase(0, 13);
+      throw UsageError(fmt::format("config file {}: setting 'attention': {}", config, said));
+    }
+  }
   if (attention_from_file) {
     CAST_CHECK_USAGE(spec.settings["attention"].is_string(),
                      "config file {}: setting 'attention' is {}, where a string is expected: a mechanism or a "

@@ -6,6 +6,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <csignal>
@@ -255,7 +256,9 @@ int main(int argc, char** argv) {
     // Under an address-space limit that leaves the BLAS no room for its work buffers, its first
     // product would retry to map them without end: refused first (the commands that size their
     // work refuse it later with the work's size; plot, data and info run no products)
-    if (name != "info" && name != "plot" && name != "data") {
+    const bool help = std::find(args.begin(), args.end(), "--help") != args.end() ||
+                      std::find(args.begin(), args.end(), "-h") != args.end();
+    if (name != "info" && name != "plot" && name != "data" && !help) {
       try {
         cast::train::require_blas_room("");
       } catch (const cast::Error& e) {

@@ -255,10 +255,13 @@ void check_data_finished(const std::string& dir) {
   if (!fs::exists(dir + "/" + kDataUnfinishedMark, ec)) return;
   // a cast data still writing it: "in use by another cast process (pid N): wait for it to end"
   if (fs::exists(dir + "/.cast.lock", ec)) files::check_not_held_elsewhere(dir, "data folder");
+  const std::string command = marked_line(dir, kCommandLine, kDataUnfinishedMark);
   CAST_CHECK(false,
              "data folder {}: the cast data that wrote it did not finish (it was stopped, or the disk filled), so it "
-             "may hold parts of two sets; run the same cast data again",
-             dir);
+             "may hold parts of two sets; {}",
+             dir,
+             command.empty() ? "run the same cast data again"
+                             : fmt::format("finish it with `{} --out {}`", command, text::shell_word(dir)));
 }
 
 }  // namespace cast::data

@@ -315,6 +315,9 @@ Curves curves_of_metrics(const std::string& text, const std::string& path, const
     if (!m.run.empty() && run.empty()) run = m.run, run_line = line_no;
     CAST_CHECK(m.run.empty() || m.run == run, "{}: a record of run {}, but line {} is of run {}: two runs' records in one "
                "file", where, m.run, run_line, run);
+    // an older cast's records carry no id, and come before any that do
+    CAST_CHECK(!m.run.empty() || run.empty(), "{}: a record with no run id after line {}, a record of run {}: a record "
+               "taken out of its run's file, or edited", where, run_line, run);
     // the trainer writes a line per logged step and per validation, in step order; a final
     // evaluation's record of a step the run validated is not drawn (marked "final"; files written
     // before the mark repeat the step unmarked)

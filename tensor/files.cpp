@@ -22,6 +22,8 @@
 #include <set>
 #include <utility>
 #include <filesystem>
+#include <sstream>
+#include <fstream>
 #include <random>
 
 #include "tensor/error.h"
@@ -39,6 +41,22 @@ const bool g_standard_output_was_terminal = ::isatty(STDOUT_FILENO) != 0;
 
 void note_standard_output_closed_at_start() { g_standard_output_closed = true; }
 bool standard_output_was_terminal() { return g_standard_output_was_terminal; }
+
+bool is_mount_point(const std::string& path) {
+  std::error_code ec;
+  const std::string at = fs::weakly_canonical(fs::absolute(path, ec), ec).string();
+  if (ec) return false;
+  std::ifstream info("/proc/self/mountinfo");
+  for (std::string line; std::getline(info, line);) {
+    // "36 35 98:0 /mnt1 /mnt2 rw ...": the fifth field is the mount point, a space as \040
+    std::istringstream fields(line);
+    std::string id, parent, device, root, point;
+    fields >> id >> parent >> device >> root >> point;
+    for (size_t escape; (escape = point.find("\\040")) != std::string::npos;) point.replace(escape, 4, " ");
+    if (point == at) return true;
+  }
+  return false;
+}
 
 std::string standard_output_failure(int err) {
   if (g_standard_output_closed) return "it was closed when cast started";

@@ -31,6 +31,9 @@ std::string reason(int err);
 void note_standard_output_closed_at_start();
 std::string standard_output_failure(int err);
 bool standard_output_was_terminal();  // as the process started
+// Whether something is mounted at `path` (a mount point in /proc/self/mountinfo): a file or folder
+// there is not the one the path named before.
+bool is_mount_point(const std::string& path);
 
 // True when both paths name existing files that are one file (same device and inode; links
 // followed), whatever their spelling.

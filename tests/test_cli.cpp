@@ -624,6 +624,32 @@ TEST(Cli, ARunFolderHiddenByAMountIsSaidHidden) {
   fs::remove_all(dir);
 }
 
+// A file mounted over a run's checkpoint mid-run (forty-first attack: the run read the mounted
+// file back and said no good checkpoint was left): the line says what is mounted and how to
+// resume once it is gone. Needs a mount namespace of its own.
+TEST(Cli, AFileMountedOverTheCheckpointIsSaidMounted) {
+  if (std::system("unshare -rm true > /dev/null 2>&1") != 0) GTEST_SKIP() << "no mount namespace here (unshare -rm)";
+  const fs::path dir = lifecycle_dir("mounted_checkpoint");
+  std::string args = tiny_train(dir, "mc", 100000);
+  args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
+  const std::string d = dir.string();
+  const std::string script = fmt::format(
+      "cd {0} && echo hi > note && unshare -rm sh -c '{1} {2} > out 2> err < /dev/null & p=$!; n=0; "
+      "while [ \"$(cat mc/metrics.jsonl 2>/dev/null | wc -l)\" -lt 3 ] && [ $n -lt 3000 ]; do sleep 0.02; "
+      "n=$((n+1)); done; mount --bind note mc/checkpoint.safetensors; wait $p; echo $? > code'",
+      d, CAST_BINARY, args);
+  ASSERT_EQ(std::system(script.c_str()), 0);
+  const std::string said = slurp(d + "/err");
+  EXPECT_EQ(slurp(d + "/code"), "1\n") << said;
+  EXPECT_NE(said.find("something is mounted at " + d + "/mc/checkpoint.safetensors, over the run's own checkpoint, "
+                      "which is whole beneath it: unmount it, then resume with: cast train --resume"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(slurp(d + "/note"), "hi\n");
+  EXPECT_NO_THROW(cast::read_safetensors(d + "/mc/checkpoint.safetensors"));  // its own, whole
+  fs::remove_all(dir);
+}
+
 // SIGQUIT (Ctrl-\) stops a run at once, by the signal, with one line naming the whole checkpoint
 // and no temporary file left (thirty-eighth attack: it died by the default action).
 TEST(Cli, SigquitStopsARunAtOnceAndNamesTheWholeCheckpoint) {

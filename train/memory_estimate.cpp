@@ -197,10 +197,11 @@ static std::string blas_room_refusal(double bytes, const std::string& what) {
   return fmt::format(
       "{}{}the address-space limit (ulimit -v {} KiB) leaves {} beside what this process has mapped already (its "
       "libraries), where the BLAS's work buffers alone need {} ({} thread{}: 128 MiB each and one more): raise the "
-      "limit by at least {} KiB{}",
+      "limit by about {} KiB{}",
       what, bytes > 0 ? fmt::format(" needs {} (an estimate that errs high), but ", about(bytes)) : what.empty() ? "" : ": ",
       limit.rlim_cur / 1024, in_mib_or_gib(left), in_mib_or_gib(blas_buffers), threads, threads == 1 ? "" : "s",
-      static_cast<uint64_t>((bytes + blas_buffers - left) / 1024) + 1,
+      // the libraries map a little more as they start their work: 64 MiB to spare, to a MiB
+      (static_cast<uint64_t>((bytes + blas_buffers - left) / (1 << 20)) + 65) * 1024,
       threads > 1 ? ", or run fewer threads (OMP_NUM_THREADS)" : "");
 }
 

@@ -148,7 +148,7 @@ void check_records_are_the_runs(const std::string& resume_from, const std::strin
           j["step"].get<int64_t>() > ck.step)
         continue;
       const std::string run = j["run"].get<std::string>();
-      CAST_CHECK_USAGE(run == id, "{} line {} is a record of run {}, but --resume {} is of run {}: {}", metrics,
+      CAST_CHECK_USAGE(run == id, "{} line {} is a record of run {}, but checkpoint {} is of run {}: {}", metrics,
                        number, files::json_excerpt(json(run)), resume_from, id, remedy);
     }
   }
@@ -160,8 +160,8 @@ void check_records_are_the_runs(const std::string& resume_from, const std::strin
   } catch (const std::exception&) {
     return;  // unreadable, or not a run's: said by the checks of the run's files
   }
-  CAST_CHECK_USAGE(run.empty() || run == id, "{} is the summary of run {}, but --resume {} is of run {}: {}", summary,
-                   files::json_excerpt(json(run)), resume_from, id, remedy);
+  CAST_CHECK_USAGE(run.empty() || run == id, "{} is the summary of run {}, but checkpoint {} is of run {}: {}",
+                   summary, files::json_excerpt(json(run)), resume_from, id, remedy);
 }
 
 void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint,
@@ -245,7 +245,9 @@ void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, con
     if (!c.eval_best) return;  // never read by this run
     unusable = e.what();
   }
-  // what the run's end would refuse after every step, refused before the first
+  // what the run's end would refuse after every step, refused before the first; but a best of
+  // the checkpoint's own best step is written again from it (restore_best)
+  if (!unusable.empty() && resumed.best_step >= 0 && resumed.best_step == resumed.step) return;
   CAST_CHECK_USAGE(unusable.empty(),
                    "{} cannot be read as this run's best model ({}), which its end evaluates (--eval-best); move it "
                    "out of {}, then resume",
@@ -615,10 +617,23 @@ std::string restore_best(const std::string& resume_from, const std::string& run_
   const Checkpoint ck = read_checkpoint_header(resume_from);
   if (ck.best_step < 0 || ck.best_step != ck.step) return "";
   const std::string best = run_dir + "/best.safetensors";
-  // unreadable: refused before the first step where it is read (--eval-best), else left alone
-  if (files::exists(best) && (step_or_none(best) == ck.best_step || step_or_none(best) < 0)) return "";
+  const bool there = files::exists(best);
+  std::string damage;  // a best model there that cannot be read whole (damaged since): written again too
+  if (there) {
+    try {
+      damage = checkpoint_damage(best);
+      if (damage.empty() && read_checkpoint_header(best).step == ck.best_step) return "";
+      if (!damage.empty()) damage += " is not finite";
+    } catch (const Error& e) {
+      damage = e.what();
+    }
+  }
   copy_checkpoint_as(resume_from, best, run_id);
   const std::string missing = folder_of(resume_from) + "/best.safetensors";
+  if (!damage.empty())
+    return fmt::format("note: {} could not be read as the best model of step {} ({}): written again from {}, which is "
+                       "of that step",
+                       best, ck.best_step, damage, resume_from);
   return fmt::format("note: {} was not written at step {} (the run was stopped, or its disk full, between the "
                      "checkpoint and the best model): written now{} from {}, which is of that step",
                      missing, ck.best_step, files::same_path(missing, best) ? "" : " as " + best, resume_from);

@@ -416,6 +416,11 @@ void check_folder_in_place(const Run& run) {
 // After a failed write: which checkpoint the run continues from, and how; or that it starts again.
 std::string how_to_continue(const Run& run) {
   if (const std::string moved = moved_folder(run); !moved.empty()) return moved;  // gone from its path, or replaced
+  // a file mounted over the checkpoint: what the path reads now is not the run's checkpoint
+  if (files::is_mount_point(run.checkpoint))
+    return fmt::format("something is mounted at {}, over the run's own checkpoint, which is whole beneath it: unmount "
+                       "it, then resume with: {}",
+                       run.checkpoint, resume_with(run));
   if (!files::exists(run.checkpoint)) return no_checkpoint_at(run.checkpoint) + ": " + run_again(run);
   bool usable = false;
   const std::string last = last_good_checkpoint(run.checkpoint, &usable);
