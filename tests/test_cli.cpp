@@ -355,8 +355,9 @@ std::string tiny_train(const fs::path& dir, const std::string& run_name, int ste
 int lines_in(const std::string& path) { return lines(slurp(path)); }
 
 // Starts `cast <args>` in the background (after `shell_prefix`, shell commands run first), its
-// stderr into `err`; returns its pid.
-pid_t start_cast(const std::string& args, const std::string& err, const std::string& shell_prefix = "") {
+// stderr into `err` and its stdout into `out`; returns its pid.
+pid_t start_cast(const std::string& args, const std::string& err, const std::string& shell_prefix = "",
+                 const std::string& out = "/dev/null") {
   const pid_t pid = fork();
   if (pid == 0) {
     // as from a terminal, whatever started the tests: a background job of a script starts
@@ -366,7 +367,7 @@ pid_t start_cast(const std::string& args, const std::string& err, const std::str
     signal(SIGHUP, SIG_DFL);
     signal(SIGQUIT, SIG_DFL);
     const std::string cmd =
-        shell_prefix + "exec " + std::string(CAST_BINARY) + " " + args + " > /dev/null 2> " + err + " < /dev/null";
+        shell_prefix + "exec " + std::string(CAST_BINARY) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -383,6 +384,34 @@ void wait_for_holder(const std::string& folder, pid_t pid) {
 bool wait_for_lines(const std::string& metrics, int count) {
   for (int waited = 0; waited < 120000 && lines_in(metrics) < count; waited += 2) usleep(2000);
   return lines_in(metrics) >= count;
+}
+
+// Whether the run `pid` got going (three metrics lines); one that never does is killed, so that
+// the test says so instead of waiting on it.
+bool under_way(pid_t pid, const std::string& metrics) {
+  if (wait_for_lines(metrics, 3)) return true;
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return false;
+}
+
+// tiny_train with a checkpoint at every step.
+std::string checkpointing_train(const fs::path& dir, const std::string& run_name) {
+  std::string args = tiny_train(dir, run_name, 100000);
+  return args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
+}
+
+// In `dir`, after the shell commands `prepare`: checkpointing_train's run `run_name` in a mount
+// namespace of its own, its stderr into err, with `mount` run there once its run is under way;
+// its exit code goes into the file code. The system() status of it all.
+int train_then_mount(const fs::path& dir, const std::string& prepare, const std::string& run_name,
+                     const std::string& mount) {
+  const std::string script = fmt::format(
+      "cd {0} && {1} && unshare -rm sh -c '{2} {3} > out 2> err < /dev/null & p=$!; n=0; "
+      "while [ \"$(cat {4}/metrics.jsonl 2>/dev/null | wc -l)\" -lt 3 ] && [ $n -lt 3000 ]; do sleep 0.02; "
+      "n=$((n+1)); done; {5}; wait $p; echo $? > code'",
+      dir.string(), prepare, CAST_BINARY, checkpointing_train(dir, run_name), run_name, mount);
+  return std::system(script.c_str());
 }
 
 // Starts `cast <args>` (after `shell_prefix`), and for each (n, signal) of `plan` waits until
@@ -529,14 +558,9 @@ TEST(Cli, ASecondCtrlCStopsAtOnceAndNamesTheWholeCheckpoint) {
 TEST(Cli, ARunFolderMovedDuringItsRunIsFoundWhereItWent) {
   const fs::path dir = lifecycle_dir("moved_run");
   const std::string err = (dir / "err").string();
-  std::string args = tiny_train(dir, "first", 100000);
-  args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
+  const std::string args = checkpointing_train(dir, "first");
   const pid_t pid = start_cast(args, err);
-  if (!wait_for_lines((dir / "first" / "metrics.jsonl").string(), 3)) {  // it never got going: said, not waited on
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    FAIL() << "the run did not start: " << slurp(err);
-  }
+  ASSERT_TRUE(under_way(pid, (dir / "first" / "metrics.jsonl").string())) << "the run did not start: " << slurp(err);
   fs::rename(dir / "first", dir / "second");
   // another folder at its name (thirty-seventh attack: the run wrote its checkpoints into it by
   // name, into another run's folder that another process held, and said the folder was moved)
@@ -554,11 +578,7 @@ TEST(Cli, ARunFolderMovedDuringItsRunIsFoundWhereItWent) {
   std::string compare = "compare --out " + (dir / "cmp").string() + args.substr(args.find(" --data"));
   compare.replace(compare.find(" --run "), 7 + (dir / "first").string().size(), "");
   const pid_t cmp_pid = start_cast(compare, err);
-  if (!wait_for_lines((dir / "cmp" / "full-seed1" / "metrics.jsonl").string(), 3)) {
-    kill(cmp_pid, SIGKILL);
-    waitpid(cmp_pid, nullptr, 0);
-    FAIL() << "the comparison did not start: " << slurp(err);
-  }
+  ASSERT_TRUE(under_way(cmp_pid, (dir / "cmp" / "full-seed1" / "metrics.jsonl").string())) << "the comparison did not start: " << slurp(err);
   fs::rename(dir / "cmp", dir / "cmp2");
   waitpid(cmp_pid, &status, 0);
   const std::string cmp_said = slurp(err), cmp_now = fs::canonical(dir / "cmp2").string();
@@ -572,14 +592,9 @@ TEST(Cli, ARunFolderMovedDuringItsRunIsFoundWhereItWent) {
 TEST(Cli, ARunFolderRemovedDuringItsRunIsSaidRemoved) {
   const fs::path dir = lifecycle_dir("removed_run");
   const std::string err = (dir / "err").string();
-  std::string args = tiny_train(dir, "gone", 100000);
-  args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
+  const std::string args = checkpointing_train(dir, "gone");
   const pid_t pid = start_cast(args, err);
-  if (!wait_for_lines((dir / "gone" / "metrics.jsonl").string(), 3)) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    FAIL() << "the run did not start: " << slurp(err);
-  }
+  ASSERT_TRUE(under_way(pid, (dir / "gone" / "metrics.jsonl").string())) << "the run did not start: " << slurp(err);
   std::error_code busy;  // the run may write a file in it meanwhile: removed again
   for (int tries = 0; tries < 100 && fs::exists(dir / "gone"); ++tries) fs::remove_all(dir / "gone", busy);
   int status = 0;
@@ -601,15 +616,8 @@ TEST(Cli, ARunFolderRemovedDuringItsRunIsSaidRemoved) {
 TEST(Cli, ARunFolderHiddenByAMountIsSaidHidden) {
   if (std::system("unshare -rm true > /dev/null 2>&1") != 0) GTEST_SKIP() << "no mount namespace here (unshare -rm)";
   const fs::path dir = lifecycle_dir("hidden_run");
-  std::string args = tiny_train(dir, "hid", 100000);
-  args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
   const std::string d = dir.string();
-  const std::string script = fmt::format(
-      "cd {0} && mkdir other && unshare -rm sh -c '{1} {2} > out 2> err < /dev/null & p=$!; n=0; "
-      "while [ \"$(cat hid/metrics.jsonl 2>/dev/null | wc -l)\" -lt 3 ] && [ $n -lt 3000 ]; do sleep 0.02; "
-      "n=$((n+1)); done; mount --bind other hid; wait $p; echo $? > code'",
-      d, CAST_BINARY, args);
-  ASSERT_EQ(std::system(script.c_str()), 0);
+  ASSERT_EQ(train_then_mount(dir, "mkdir other", "hid", "mount --bind other hid"), 0);
   const std::string said = slurp(d + "/err");
   EXPECT_EQ(slurp(d + "/code"), "1\n") << said;
   EXPECT_NE(said.find("run folder " + d + "/hid: is hidden by another folder at its path (one mounted over it)"),
@@ -630,15 +638,8 @@ TEST(Cli, ARunFolderHiddenByAMountIsSaidHidden) {
 TEST(Cli, AFileMountedOverTheCheckpointIsSaidMounted) {
   if (std::system("unshare -rm true > /dev/null 2>&1") != 0) GTEST_SKIP() << "no mount namespace here (unshare -rm)";
   const fs::path dir = lifecycle_dir("mounted_checkpoint");
-  std::string args = tiny_train(dir, "mc", 100000);
-  args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
   const std::string d = dir.string();
-  const std::string script = fmt::format(
-      "cd {0} && echo hi > note && unshare -rm sh -c '{1} {2} > out 2> err < /dev/null & p=$!; n=0; "
-      "while [ \"$(cat mc/metrics.jsonl 2>/dev/null | wc -l)\" -lt 3 ] && [ $n -lt 3000 ]; do sleep 0.02; "
-      "n=$((n+1)); done; mount --bind note mc/checkpoint.safetensors; wait $p; echo $? > code'",
-      d, CAST_BINARY, args);
-  ASSERT_EQ(std::system(script.c_str()), 0);
+  ASSERT_EQ(train_then_mount(dir, "echo hi > note", "mc", "mount --bind note mc/checkpoint.safetensors"), 0);
   const std::string said = slurp(d + "/err");
   EXPECT_EQ(slurp(d + "/code"), "1\n") << said;
   EXPECT_NE(said.find("something is mounted at " + d + "/mc/checkpoint.safetensors, over the run's own checkpoint, "
@@ -655,14 +656,9 @@ TEST(Cli, AFileMountedOverTheCheckpointIsSaidMounted) {
 TEST(Cli, SigquitStopsARunAtOnceAndNamesTheWholeCheckpoint) {
   const fs::path dir = lifecycle_dir("sigquit");
   const std::string err = (dir / "err").string();
-  std::string args = tiny_train(dir, "quit", 100000);
-  args.replace(args.find("--checkpoint-every 0"), 20, "--checkpoint-every 1");
+  const std::string args = checkpointing_train(dir, "quit");
   const pid_t pid = start_cast(args, err, "ulimit -c 0; ");  // no core file of the signal's default action
-  if (!wait_for_lines((dir / "quit" / "metrics.jsonl").string(), 3)) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    FAIL() << "the run did not start: " << slurp(err);
-  }
+  ASSERT_TRUE(under_way(pid, (dir / "quit" / "metrics.jsonl").string())) << "the run did not start: " << slurp(err);
   kill(pid, SIGQUIT);
   int status = 0;
   waitpid(pid, &status, 0);
@@ -684,11 +680,7 @@ TEST(Cli, AMetricsFileMadeReadOnlyMidRunIsNotAppendedTo) {
   const fs::path dir = lifecycle_dir("read_only_metrics");
   const std::string err = (dir / "err").string(), metrics = (dir / "ro" / "metrics.jsonl").string();
   const pid_t pid = start_cast(tiny_train(dir, "ro", 100000), err);
-  if (!wait_for_lines(metrics, 3)) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    FAIL() << "the run did not start: " << slurp(err);
-  }
+  ASSERT_TRUE(under_way(pid, metrics)) << "the run did not start: " << slurp(err);
   fs::permissions(metrics, fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
   const std::string at_chmod = slurp(metrics);
   int status = 0;
@@ -710,11 +702,7 @@ TEST(Cli, AMetricsFileRemovedMidRunIsNotWrittenInto) {
   const fs::path dir = lifecycle_dir("removed_metrics");
   const std::string err = (dir / "err").string(), metrics = (dir / "rm" / "metrics.jsonl").string();
   const pid_t pid = start_cast(tiny_train(dir, "rm", 100000), err);
-  if (!wait_for_lines(metrics, 3)) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    FAIL() << "the run did not start: " << slurp(err);
-  }
+  ASSERT_TRUE(under_way(pid, metrics)) << "the run did not start: " << slurp(err);
   fs::remove(metrics);
   int status = 0;
   waitpid(pid, &status, 0);
@@ -732,23 +720,11 @@ TEST(Cli, AMetricsFileRemovedMidRunIsNotWrittenInto) {
 TEST(Cli, SighupKeepsTheLinesOfAStandardOutputFile) {
   const fs::path dir = lifecycle_dir("hangup_file");
   const std::string out = (dir / "out").string(), err = (dir / "err").string();
-  // start_cast sends standard output to /dev/null: a shell of its own sends it to a file here
-  const std::string script = fmt::format("exec {} {} > {} 2> {} < /dev/null", CAST_BINARY, tiny_train(dir, "hup2", 100000),
-                                         out, err);
-  const pid_t shell = fork();
-  if (shell == 0) {
-    signal(SIGHUP, SIG_DFL);
-    execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  if (!wait_for_lines((dir / "hup2" / "metrics.jsonl").string(), 3)) {
-    kill(shell, SIGKILL);
-    waitpid(shell, nullptr, 0);
-    FAIL() << "the run did not start: " << slurp(err);
-  }
-  kill(shell, SIGHUP);
+  const pid_t pid = start_cast(tiny_train(dir, "hup2", 100000), err, "", out);
+  ASSERT_TRUE(under_way(pid, (dir / "hup2" / "metrics.jsonl").string())) << "the run did not start: " << slurp(err);
+  kill(pid, SIGHUP);
   int status = 0;
-  waitpid(shell, &status, 0);
+  waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 129) << status << ": " << slurp(err);
   EXPECT_NE(slurp(out).find("cast train: task listops-short, attention full"), std::string::npos) << slurp(out);
   fs::remove_all(dir);

@@ -187,10 +187,12 @@ static std::string about(double bytes) {
 // 1100000 spun in blas_memory_alloc's mmap; cast eval in its malloc). A refusal where the limit
 // leaves no room for them and `bytes`, work smaller than they are (else the work's own size is
 // what to lower, which require_memory says); "" where they fit, or there is no limit.
+static double blas_buffer_bytes() { return 128.0 * (1 << 20) * (omp_get_max_threads() + 1); }
+
 static std::string blas_room_refusal(double bytes, const std::string& what) {
   const double left = address_space_left();
   const int threads = omp_get_max_threads();
-  const double blas_buffers = 128.0 * (1 << 20) * (threads + 1);
+  const double blas_buffers = blas_buffer_bytes();
   if (left < 0 || bytes >= blas_buffers || left >= blas_buffers + bytes) return "";
   struct rlimit limit {};
   ::getrlimit(RLIMIT_AS, &limit);
@@ -217,7 +219,7 @@ void require_memory(double bytes, Device device, const std::string& what, const 
   if (const double left = address_space_left(); left >= 0 && (available <= 0 || left < available)) {
     // a limit the libraries and their buffers take nearly whole: no setting of the run helps
     if (const std::string refusal = blas_room_refusal(bytes, what); !refusal.empty()) throw Error(refusal);
-    available = std::max(0.0, left - 128.0 * (1 << 20) * (omp_get_max_threads() + 1));
+    available = std::max(0.0, left - blas_buffer_bytes());
     where = "the address-space limit (ulimit -v) leaves, beside the BLAS's work buffers,";
     known = true;
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "datasets/data.h"
@@ -120,12 +121,21 @@ void check_user_output(const std::string& out, const std::string& option, const 
       fmt::format("{} is {}; --overwrite replaces no other kind of file there: choose another path", folder, held_by));
 }
 
+// The step of the checkpoint at `path`, or -1 where it cannot be read as one.
+static int64_t step_or_none(const std::string& path) {
+  try {
+    return read_checkpoint_header(path).step;
+  } catch (const Error&) {
+    return -1;
+  }
+}
+
 // The records a resume continues (folder's metrics.jsonl, and in place its summary.json) are the
 // checkpoint's run's: each carries the id of the run that wrote it. A checkpoint or a metrics file
 // copied in from another run would join two runs' histories in one file. Records after the
 // checkpoint's step are left out anyway, and a checkpoint or record of an older cast has no id.
-void check_records_are_the_runs(const std::string& resume_from, const std::string& folder, bool in_place) {
-  const Checkpoint ck = read_checkpoint_header(resume_from);
+static void check_records_are_the_runs(const Checkpoint& ck, const std::string& resume_from,
+                                       const std::string& folder, bool in_place) {
   const std::string id = run_id_of(ck);  // an older cast's checkpoint: the id its resumes give their records
   const char* remedy = ck.run_id.empty()
                            ? "a checkpoint and records of two runs, or a checkpoint whose run id was taken out; put "
@@ -164,6 +174,10 @@ void check_records_are_the_runs(const std::string& resume_from, const std::strin
                    summary, files::json_excerpt(json(run)), resume_from, id, remedy);
 }
 
+void check_records_are_the_runs(const std::string& resume_from, const std::string& folder, bool in_place) {
+  check_records_are_the_runs(read_checkpoint_header(resume_from), resume_from, folder, in_place);
+}
+
 void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint,
                          bool overwrite) {
   std::vector<std::string> inputs = run_folder_files(folder_of(checkpoint));
@@ -194,10 +208,10 @@ int64_t latest_record_step(const std::string& path) {
 // continuing from it would drop them. Where either the checkpoint's run or this one writes no
 // periodic checkpoints (0), the records cannot tell, and nothing is refused. A run killed after
 // a resume that raised --checkpoint-every may be refused here too; it continues into a new folder.
-void check_checkpoint_is_the_newest(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
+void check_checkpoint_is_the_newest(const TrainConfig& c, const std::string& resume_from, const Checkpoint& resumed) {
   // the reach is the run's own setting, as the checkpoint holds it: the resume's --checkpoint-every
   // is for the steps to come and says nothing of the records already written
-  const int64_t reach = read_checkpoint_header(resume_from).config.checkpoint_every;
+  const int64_t reach = resumed.config.checkpoint_every, resume_step = resumed.step;
   if (reach <= 0) return;
   const std::string metrics = c.run_dir + "/metrics.jsonl";
   const int64_t latest = latest_record_step(metrics);
@@ -212,8 +226,8 @@ void check_checkpoint_is_the_newest(const TrainConfig& c, const std::string& res
 // checkpoint first). One that is (written by an older cast, which saved only the best, before
 // the process was killed) is of steps the resume trains again on another path: the run's end
 // would refuse it after all its steps, so it is refused now, before the first.
-void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, const Checkpoint& resumed,
-                            int64_t resume_step) {
+void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, const Checkpoint& resumed) {
+  const int64_t resume_step = resumed.step;
   const std::string best = folder + "/best.safetensors";
   if (!files::exists(best)) return;
   int64_t best_step = -1;
@@ -266,18 +280,15 @@ void check_best_is_the_runs(const TrainConfig& c, const std::string& folder, con
 
 // A resume into the checkpoint's own folder continues the run from its newest checkpoint only;
 // a finished run there continues only with more steps.
-void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
+void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_from, const Checkpoint& resumed) {
+  const int64_t resume_step = resumed.step;
   const std::string newest = c.run_dir + "/checkpoint.safetensors";
   CAST_CHECK_USAGE(files::exists(newest),
                    "--resume {}: its folder {} holds no checkpoint.safetensors, so it is no run to continue in "
                    "place: give --run with a new folder to train on from it",
                    resume_from, c.run_dir);
   if (!files::same_file(resume_from, newest)) {
-    int64_t newest_step = -1;
-    try {
-      newest_step = read_checkpoint_header(newest).step;
-    } catch (const Error&) {  // unreadable: the run's own is still the one to resume
-    }
+    const int64_t newest_step = step_or_none(newest);  // unreadable: the run's own is still the one to resume
     const bool best = std::filesystem::path(resume_from).filename() == "best.safetensors";
     std::string what;
     if (best && newest_step >= 0 && resume_step >= newest_step)
@@ -313,8 +324,8 @@ void check_resume_goes_forward(const TrainConfig& c, const std::string& resume_f
                      "with a new folder to train on from it",
                      resume_from, resume_step, c.run_dir, finished_at);
   }
-  check_checkpoint_is_the_newest(c, resume_from, resume_step);
-  check_best_is_the_runs(c, c.run_dir, read_checkpoint_header(resume_from), resume_step);
+  check_checkpoint_is_the_newest(c, resume_from, resumed);
+  check_best_is_the_runs(c, c.run_dir, resumed);
   CAST_CHECK_USAGE(!(resume_step >= c.steps && files::exists(c.run_dir + "/summary.json")),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on with a larger --steps",
@@ -415,7 +426,7 @@ std::string left_temporaries_note(const std::string& run_dir) {
 
 // Every check of the run's files that may refuse the run, and (act) what the run then removes:
 // true where the run resumes in its checkpoint's own folder.
-bool check_run_files(const TrainConfig& c, const std::string& resume_from, int64_t resume_step, bool act) {
+bool check_run_files(const TrainConfig& c, const std::string& resume_from, const Checkpoint* resumed, bool act) {
   for (const char* name : kRunFileNames)  // a FIFO or link there: refused now
     files::output_target(c.run_dir + "/" + name, "run file", files::Link::refuse);
   const std::string checkpoint = c.run_dir + "/checkpoint.safetensors";
@@ -434,12 +445,13 @@ bool check_run_files(const TrainConfig& c, const std::string& resume_from, int64
                              remedy);
     files::check_may_replace(c.run_dir + "/curves.svg", "run file", "a figure drawn by cast", files::kFigureMark,
                              false, remedy);
-    check_resume_goes_forward(c, resume_from, resume_step);
+    check_resume_goes_forward(c, resume_from, *resumed);
     return true;
   }
   // a finished run copied elsewhere with no step to train would only be evaluated again
   const std::string source = folder_of(resume_from);
-  CAST_CHECK_USAGE(resume_from.empty() || resume_step < c.steps || !files::exists(source + "/summary.json"),
+  const int64_t resume_step = resumed ? resumed->step : 0;
+  CAST_CHECK_USAGE(!resumed || resume_step < c.steps || !files::exists(source + "/summary.json"),
                    "run {} is finished (step {} of {}, summary.json written): evaluate it with cast eval "
                    "--checkpoint {}, or train on into --run {} with a larger --steps",
                    source, resume_step, c.steps, shell_quote(resume_from), shell_quote(c.run_dir));
@@ -476,20 +488,22 @@ bool check_run_files(const TrainConfig& c, const std::string& resume_from, int64
 
 }  // namespace
 
-RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step) {
+RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from) {
   // a run among the data it reads: a later cast data there would replace the data under it
   files::check_not_inside(c.run_dir, "run folder", data_folder(c), "data folder");
   // nor among another data set's files, at any depth: cast data there would replace the run's
   check_not_in_a_data_set(c.run_dir, "run folder", "--run");
   check_not_in_a_comparison(c.run_dir);
+  // the checkpoint resumed from, read once for every check below
+  std::optional<Checkpoint> resumed;
+  if (!resume_from.empty()) resumed = read_checkpoint_header(resume_from);
+  const Checkpoint* from = resumed ? &*resumed : nullptr;
+  const std::string source = folder_of(resume_from);
   // the best a branch takes along (copy_best) is held to the rule of a resume in place, before
   // the branch's folder is made
-  if (const std::string source = folder_of(resume_from);
-      !resume_from.empty() && !files::same_file(source, c.run_dir) &&
-      !files::same_file(resume_from, source + "/best.safetensors"))
-    check_best_is_the_runs(c, source, read_checkpoint_header(resume_from), resume_step);
-  if (!resume_from.empty())
-    check_records_are_the_runs(resume_from, folder_of(resume_from), files::same_file(folder_of(resume_from), c.run_dir));
+  if (from && !files::same_file(source, c.run_dir) && !files::same_file(resume_from, source + "/best.safetensors"))
+    check_best_is_the_runs(c, source, *from);
+  if (from) check_records_are_the_runs(*from, resume_from, source, files::same_file(source, c.run_dir));
   // What would refuse the run is checked before the folder is made or locked, so that a refusal
   // leaves it as it was (no lock file in a user's folder), and again once it is held. First what
   // the folder is: one that takes no files, or one another cast process holds, is said as such
@@ -498,12 +512,12 @@ RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_fro
     files::make_writable_folder(c.run_dir, "run folder");
     if (files::exists(c.run_dir + "/.cast.lock") && !files::held_here(c.run_dir))
       files::FolderLock probe(c.run_dir, "run folder");
-    check_run_files(c, resume_from, resume_step, /*act=*/false);
+    check_run_files(c, resume_from, from, /*act=*/false);
   }
   files::make_writable_folder(c.run_dir, "run folder");
   RunFolder folder;
   folder.lock = files::FolderLock(c.run_dir, "run folder");  // before anything in it is written or removed
-  folder.in_place = check_run_files(c, resume_from, resume_step, /*act=*/true);
+  folder.in_place = check_run_files(c, resume_from, from, /*act=*/true);
   folder.note = left_temporaries_note(c.run_dir);
   return folder;
 }
@@ -594,14 +608,6 @@ void copy_best(const std::string& checkpoint, const std::string& run_dir, const 
   if (files::exists(best)) copy_checkpoint_as(best, run_dir + "/best.safetensors", run_id);
 }
 
-// The step of the checkpoint at `path`, or -1 where it cannot be read as one.
-int64_t step_or_none(const std::string& path) {
-  try {
-    return read_checkpoint_header(path).step;
-  } catch (const Error&) {
-    return -1;
-  }
-}
 
 }  // namespace
 

@@ -44,6 +44,10 @@ void check_user_output(const std::string& out, const std::string& option, const 
 void check_figure_output(const std::string& out, const std::string& option, const std::string& checkpoint,
                          bool overwrite);
 
+// The records a resume continues (folder's metrics.jsonl, and in place its summary.json) are the
+// run's of the checkpoint `resume_from`: a record of another run's id is refused, naming its line.
+void check_records_are_the_runs(const std::string& resume_from, const std::string& folder, bool in_place);
+
 // Makes c.run_dir ready to take the run's files, or refuses it before any step: a folder another
 // process holds, a folder that cannot be written, a FIFO or link where a file goes, a folder
 // holding another run (unless c.overwrite, which removes that run's best checkpoint, summary and
@@ -55,11 +59,7 @@ struct RunFolder {
   files::FolderLock lock;  // this process's hold on the folder, for the whole run
   std::string note;        // temporary files an interrupted write left there, or ""
 };
-// The records a resume continues (folder's metrics.jsonl, and in place its summary.json) are the
-// run's of the checkpoint `resume_from`: a record of another run's id is refused, naming its line.
-void check_records_are_the_runs(const std::string& resume_from, const std::string& folder, bool in_place);
-
-RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from, int64_t resume_step);
+RunFolder prepare_run_folder(const TrainConfig& c, const std::string& resume_from);
 
 // A resumed run continues the metrics of its checkpoint's step: lines an interrupted process
 // wrote after that step are dropped, so no step appears twice. In a new folder it starts from

@@ -286,12 +286,11 @@ static void check_task_fits(const TrainConfig& c, const data::TaskData& task, De
                      task.image_side * task.image_side, c.model.max_len);
   }
   const int64_t length = std::min(c.model.max_len, task.max_len);
-  check_clusters_fit(c.model, length);
   // A batch is padded to its longest example, not to --max-len: the step is sized by the longest
-  // the data holds, with the cluster count the model takes from --max-len (nn::Block)
+  // the data holds, with the cluster count the model takes from --max-len (nn::Block), and a
+  // cluster or top-key count the user gave is held to that sequence
   const int64_t longest = std::min(length, longest_example(task));
-  // a cluster count or top-key count the user gave is held to the sequences the data has
-  if (longest < length) check_clusters_fit(c.model, longest);
+  check_clusters_fit(c.model, longest);
   nn::ModelConfig sized = c.model;
   sized.attention.clusters = c.model.cluster_count();
   const StepBytes parts = training_step_parts(sized, c.batch, longest, device == Device::cuda);
@@ -548,6 +547,17 @@ void log_progress(Run& run, Window& window, double lr) {
                     resume_with(run));
 }
 
+// Standard output failed (`failed`) with the checkpoint saved: where a stop signal came, the run
+// stops as that signal stops it, with its exit code. A terminal that closed fails the write (EIO)
+// a moment before its hangup's SIGHUP arrives, so that one is waited for a little.
+void stop_if_signalled(const Run& run, const std::system_error& failed, const std::string& when) {
+  const int err = failed.code().value();
+  if (const int signal = err == EIO ? stop_signal_within(200) : stop_signal())
+    stopped(run, signal,
+            fmt::format("{} ({})", when,
+                        signal == SIGHUP ? "its terminal went away" : "standard output: " + files::standard_output_failure(err)));
+}
+
 // A validation during training; the best model so far is kept as best.safetensors.
 void validate_now(Run& run) {
   EvalResult r;
@@ -620,11 +630,7 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
       run.model->set_clustering_draws(draws_before);
       --run.step;
       save(run, run.checkpoint);
-      if (const int signal = e.code().value() == EIO ? stop_signal_within(200) : stop_signal())
-        stopped(run, signal,
-                fmt::format("during step {}, which is undone ({})", step,
-                            signal == SIGHUP ? "its terminal went away"
-                                             : "standard output: " + files::standard_output_failure(e.code().value())));
+      stop_if_signalled(run, e, fmt::format("during step {}, which is undone", step));
       throw Error(fmt::format("cannot write to standard output during step {} ({}): checkpoint {} written at step {}; "
                               "resume with: {}",
                               step, files::standard_output_failure(e.code().value()), run.checkpoint, run.step, resume_with(run)));
@@ -646,13 +652,7 @@ void train_steps(Run& run, int64_t stop_after, TrainResult& result) {
       if (eval_step) validate_now(run);
     } catch (const std::system_error& e) {  // standard output failed (a reader gone, a full disk): saved, then said
       save(run, run.checkpoint);
-      // a terminal that closed fails the write (EIO) a moment before its hangup's SIGHUP arrives:
-      // the run stops as that signal stops it, with its exit code
-      if (const int signal = e.code().value() == EIO ? stop_signal_within(200) : stop_signal())
-        stopped(run, signal,
-                fmt::format("after step {} of {} ({})", step, c.steps,
-                            signal == SIGHUP ? "its terminal went away"
-                                             : "standard output: " + files::standard_output_failure(e.code().value())));
+      stop_if_signalled(run, e, fmt::format("after step {} of {}", step, c.steps));
       throw Error(
           fmt::format("cannot write to standard output after step {} ({}): checkpoint {} written; resume "
                       "with: {}",
@@ -796,7 +796,7 @@ TrainResult train_on(TrainConfig c, const data::TaskData& task, const std::strin
   // the checkpoint read whole (a non-finite value, another model: refused) before the folder is
   // made or locked, or the run's header printed
   build_model(run, resume_from);
-  RunFolder folder = prepare_run_folder(run.c, resume_from, run.start_step);  // before any step is spent
+  RunFolder folder = prepare_run_folder(run.c, resume_from);  // before any step is spent
   run.folder_lock = std::move(folder.lock);
   if (!quiet && !folder.note.empty()) fmt::print("{}\n", folder.note);
   if (!quiet && !run.schedule_note.empty()) fmt::print("{}\n", run.schedule_note);
